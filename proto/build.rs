@@ -1,0 +1,21 @@
+//! Generates the Rust code for `proto/` with a vendored `protoc`, so no system protoc is needed,
+//! and writes the file descriptor set that the daemon serves through gRPC reflection.
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
+    // SAFETY: build scripts are single-threaded; prost-build reads PROTOC from the environment.
+    unsafe { std::env::set_var("PROTOC", protoc) };
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out_dir.join("tunecache_descriptor.bin"))
+        .compile_protos(
+            &[
+                "tunecache/v1/tunecache.proto",
+                "tunecache/tuner/v1/tuner.proto",
+            ],
+            &["."],
+        )?;
+    println!("cargo:rerun-if-changed=tunecache");
+    Ok(())
+}

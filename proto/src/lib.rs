@@ -1,0 +1,21 @@
+//! Generated types for the TuneCache gRPC contract (`tunecache.v1`) and the private
+//! daemon/worker protocol (`tunecache.tuner.v1`).
+//!
+//! The `.proto` files under `proto/tunecache/` are the source of truth; Python stubs are
+//! generated from the same files.
+
+pub mod v1 {
+    tonic::include_proto!("tunecache.v1");
+}
+
+pub mod tuner {
+    pub mod v1 {
+        tonic::include_proto!("tunecache.tuner.v1");
+    }
+}
+
+/// Encoded `FileDescriptorSet` of every proto here, served by gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("tunecache_descriptor");
+
+/// The fully qualified gRPC service name, as reflection and health report it.
+pub const SERVICE_NAME: &str = "tunecache.v1.TuneCache";
