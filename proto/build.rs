@@ -13,6 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             &[
                 "tunecache/v1/tunecache.proto",
                 "tunecache/tuner/v1/tuner.proto",
+                "tunecache/journal/v1/journal.proto",
             ],
             &["."],
         )?;

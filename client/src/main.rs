@@ -1,0 +1,241 @@
+//! `tunecache`: the command-line client of the node daemon, for operators and scripts.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use serde_json::{json, Value};
+use tunecache_client::{key, proto, Client};
+
+#[derive(Parser)]
+#[command(name = "tunecache", version, about = "Query and fill the tunecached node cache")]
+struct Cli {
+    /// Daemon socket [default: $TUNECACHE_SOCKET, then $XDG_RUNTIME_DIR/tunecache/tunecache.sock,
+    /// then /tmp/tunecache-<uid>/tunecache.sock]
+    #[arg(long, global = true, env = "TUNECACHE_SOCKET")]
+    socket: Option<PathBuf>,
+
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args)]
+struct KeyArgs {
+    #[arg(long)]
+    namespace: String,
+    #[arg(long)]
+    op: String,
+    #[arg(long, default_value = "")]
+    device: String,
+    #[arg(long, default_value = "")]
+    problem: String,
+    /// The rank's own entry; omit for the entry shared by all ranks.
+    #[arg(long)]
+    rank: Option<u32>,
+}
+
+impl KeyArgs {
+    fn to_key(&self) -> proto::Key {
+        key(&self.namespace, &self.op, &self.device, &self.problem, self.rank)
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Look one key up.
+    Get(KeyArgs),
+    /// Record one result.
+    Put {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// The chosen config, as JSON text.
+        #[arg(long)]
+        config: String,
+        #[arg(long)]
+        time_us: f64,
+        #[arg(long, default_value = "tunecache-cli")]
+        tuned_by: String,
+    },
+    /// List entries, optionally of one namespace and device.
+    Scan {
+        #[arg(long, default_value = "")]
+        namespace: String,
+        #[arg(long, default_value = "")]
+        device: String,
+    },
+    /// Show the daemon's counters.
+    Stats,
+}
+
+fn key_json(key: &proto::Key) -> Value {
+    json!({
+        "namespace": key.namespace,
+        "op": key.op,
+        "device": key.device,
+        "problem": key.problem,
+        "rank": key.rank,
+    })
+}
+
+fn entry_json(entry: &proto::Entry) -> Value {
+    let key = entry.key.as_ref().map(key_json).unwrap_or(Value::Null);
+    let result = entry.result.as_ref().map_or(Value::Null, |r| {
+        json!({
+            // The daemon only stores valid JSON configs; fall back to the text regardless.
+            "config": serde_json::from_str::<Value>(&r.config).unwrap_or_else(|_| Value::String(r.config.clone())),
+            "time_us": r.time_us,
+            "tuned_by": r.tuned_by,
+            "tuned_at_unix_ms": r.tuned_at_unix_ms,
+        })
+    });
+    json!({ "key": key, "result": result })
+}
+
+fn entry_line(entry: &proto::Entry) -> String {
+    let (Some(k), Some(r)) = (&entry.key, &entry.result) else {
+        return String::from("(incomplete entry)");
+    };
+    let rank = k.rank.map_or_else(|| "shared".to_owned(), |n| format!("rank {n}"));
+    format!(
+        "{}/{} [{}] {} ({}): {} in {:.3} us by {}",
+        k.namespace, k.op, k.device, k.problem, rank, r.config, r.time_us, r.tuned_by
+    )
+}
+
+fn unix_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn print_stats(stats: &proto::StatsResponse, as_json: bool) {
+    let rows: Vec<(&str, String)> = vec![
+        ("node", stats.node_name.clone()),
+        ("version", stats.version.clone()),
+        ("uptime_ms", stats.uptime_ms.to_string()),
+        ("entries", stats.entries.to_string()),
+        ("lookups", stats.lookups.to_string()),
+        ("hits", stats.hits.to_string()),
+        ("misses", stats.misses.to_string()),
+        ("records", stats.records.to_string()),
+        ("entries_stored", stats.entries_stored.to_string()),
+        ("entries_unchanged", stats.entries_unchanged.to_string()),
+        ("journal_bytes", stats.journal_bytes.to_string()),
+        ("journal_compactions", stats.journal_compactions.to_string()),
+        ("fsync_policy", stats.fsync_policy.clone()),
+        ("resolves", stats.resolves.to_string()),
+        ("leases_granted", stats.leases_granted.to_string()),
+        ("leases_expired", stats.leases_expired.to_string()),
+        ("leases_released_dead", stats.leases_released_dead.to_string()),
+        ("leases_given_up", stats.leases_given_up.to_string()),
+        ("waits_satisfied", stats.waits_satisfied.to_string()),
+        ("waits_timed_out", stats.waits_timed_out.to_string()),
+        ("waiters", stats.waiters.to_string()),
+        ("leases_active", stats.leases_active.to_string()),
+        ("shared_dir", stats.shared_dir.clone()),
+        ("last_snapshot_unix_ms", stats.last_snapshot_unix_ms.to_string()),
+        ("snapshots_written", stats.snapshots_written.to_string()),
+        ("snapshot_errors", stats.snapshot_errors.to_string()),
+        ("stuck_operation", stats.stuck_operation.clone()),
+        ("tuner_backend", stats.tuner_backend.clone()),
+        ("tuner_state", stats.tuner_state.clone()),
+        ("tuner_queue_depth", stats.tuner_queue_depth.to_string()),
+    ];
+    if as_json {
+        let object: serde_json::Map<String, Value> = rows
+            .into_iter()
+            .map(|(name, value)| {
+                let value = value
+                    .parse::<i64>()
+                    .map_or(Value::String(value), |n| Value::from(n));
+                (name.to_owned(), value)
+            })
+            .collect();
+        println!("{}", Value::Object(object));
+    } else {
+        for (name, value) in rows {
+            println!("{name:<24} {value}");
+        }
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tunecache: {error:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let socket = cli
+        .socket
+        .clone()
+        .unwrap_or_else(tunecache_client::default_socket_path);
+    let client = Client::connect(&socket).await?;
+    match cli.command {
+        Command::Get(key_args) => {
+            let hits = client.lookup(vec![key_args.to_key()]).await?;
+            match hits.first() {
+                Some(entry) if cli.json => println!("{}", entry_json(entry)),
+                Some(entry) => println!("{}", entry_line(entry)),
+                None => {
+                    if cli.json {
+                        println!("null");
+                    } else {
+                        eprintln!("miss");
+                    }
+                    std::process::exit(1);
+                }
+            }
+        }
+        Command::Put {
+            key,
+            config,
+            time_us,
+            tuned_by,
+        } => {
+            let entry = proto::Entry {
+                key: Some(key.to_key()),
+                result: Some(proto::Result {
+                    config,
+                    time_us,
+                    tuned_by,
+                    tuned_at_unix_ms: unix_now_ms(),
+                }),
+            };
+            let response = client.record(vec![entry]).await.context("record")?;
+            if cli.json {
+                println!(
+                    "{}",
+                    json!({"stored": response.stored, "unchanged": response.unchanged})
+                );
+            } else if response.stored == 1 {
+                println!("stored");
+            } else {
+                println!("unchanged (the cache holds a result at least as good)");
+            }
+        }
+        Command::Scan { namespace, device } => {
+            let entries = client.scan(&namespace, &device).await?;
+            if cli.json {
+                let list: Vec<Value> = entries.iter().map(entry_json).collect();
+                println!("{}", Value::Array(list));
+            } else {
+                for entry in &entries {
+                    println!("{}", entry_line(entry));
+                }
+            }
+        }
+        Command::Stats => print_stats(&client.stats().await?, cli.json),
+    }
+    Ok(())
+}

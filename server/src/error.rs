@@ -1,0 +1,56 @@
+//! The daemon library's one error type. Binaries wrap it in `anyhow`; the gRPC layer maps
+//! the variants a request can meet onto status codes.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{context} {}: {source}", path.display())]
+    Io {
+        context: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("another tunecached is already serving on {}", .0.display())]
+    AlreadyServing(PathBuf),
+
+    #[error("{} exists and is not a socket; refusing to remove it", .0.display())]
+    NotASocket(PathBuf),
+
+    #[error("the journal writer has stopped")]
+    WriterGone,
+
+    #[error("journal write failed: {0}")]
+    JournalWrite(String),
+
+    #[error(transparent)]
+    Transport(#[from] tonic::transport::Error),
+
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+impl Error {
+    /// Builds an `Io` error that names what was being done and to which path.
+    pub fn io(context: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            context,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::WriterGone => tonic::Status::unavailable(error.to_string()),
+            Error::JournalWrite(_) => tonic::Status::unavailable(error.to_string()),
+            other => tonic::Status::internal(other.to_string()),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

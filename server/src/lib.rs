@@ -1,0 +1,20 @@
+//! `tunecached`, the per-node daemon that owns the GPU autotuning cache.
+//!
+//! Ranks talk to it over gRPC on a Unix socket. One writer thread serialises every change
+//! (`store`), makes it durable in a node-local journal (`journal`) and publishes immutable
+//! versions that readers use without waiting. Which result wins is decided in one place
+//! (`merge`).
+
+pub mod config;
+pub mod entry;
+pub mod error;
+pub mod journal;
+pub mod listener;
+pub mod merge;
+pub mod server;
+pub mod service;
+pub mod store;
+pub mod validate;
+
+pub use config::Config;
+pub use error::{Error, Result};

@@ -1,0 +1,100 @@
+//! The daemon's Unix socket: parent directory, one-daemon-per-socket guard, stale-socket
+//! removal, bind, permissions, and removal of the socket when the daemon exits.
+
+use std::fs::{DirBuilder, File, OpenOptions, Permissions};
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::error::{Error, Result};
+
+/// Mode of the socket: owner and group may connect.
+const SOCKET_MODE: u32 = 0o660;
+
+/// Removes the socket when dropped, and holds the instance guard until then.
+pub struct SocketGuard {
+    path: PathBuf,
+    // An advisory lock on `<socket>.lock` held for the daemon's lifetime. It only makes
+    // "is another daemon starting on this socket?" race-free when many ranks auto-start a
+    // daemon at once; no cache data is ever behind a lock.
+    _instance: Flock<File>,
+}
+
+impl SocketGuard {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        if let Err(error) = std::fs::remove_file(&self.path) {
+            if error.kind() != ErrorKind::NotFound {
+                tracing::warn!(path = %self.path.display(), %error, "could not remove socket");
+            }
+        }
+    }
+}
+
+fn instance_guard(socket: &Path) -> Result<Flock<File>> {
+    let mut lock_path = socket.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let lock_path = PathBuf::from(lock_path);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| Error::io("opening instance guard", &lock_path, e))?;
+    Flock::lock(file, FlockArg::LockExclusiveNonblock)
+        .map_err(|_| Error::AlreadyServing(socket.to_path_buf()))
+}
+
+/// Removes a socket file nobody answers on. A live daemon on it is an error.
+fn remove_stale_socket(path: &Path) -> Result<()> {
+    let metadata = match std::fs::symlink_metadata(path) {
+        Ok(metadata) => metadata,
+        Err(error) if error.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(Error::io("inspecting socket path", path, error)),
+    };
+    if !metadata.file_type().is_socket() {
+        return Err(Error::NotASocket(path.to_path_buf()));
+    }
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => Err(Error::AlreadyServing(path.to_path_buf())),
+        Err(_) => {
+            tracing::info!(path = %path.display(), "removing stale socket");
+            std::fs::remove_file(path).map_err(|e| Error::io("removing stale socket", path, e))
+        }
+    }
+}
+
+/// Creates the parent directory, takes the instance guard, clears a stale socket, binds and
+/// sets mode 0660. Must run inside the tokio runtime.
+pub fn bind(path: &Path) -> Result<(tokio::net::UnixListener, SocketGuard)> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(parent)
+            .map_err(|e| Error::io("creating socket directory", parent, e))?;
+    }
+    let instance = instance_guard(path)?;
+    remove_stale_socket(path)?;
+    let listener = std::os::unix::net::UnixListener::bind(path)
+        .map_err(|e| Error::io("binding socket", path, e))?;
+    let guard = SocketGuard {
+        path: path.to_path_buf(),
+        _instance: instance,
+    };
+    std::fs::set_permissions(path, Permissions::from_mode(SOCKET_MODE))
+        .map_err(|e| Error::io("setting socket permissions", path, e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::io("configuring socket", path, e))?;
+    let listener = tokio::net::UnixListener::from_std(listener)
+        .map_err(|e| Error::io("registering socket", path, e))?;
+    Ok((listener, guard))
+}

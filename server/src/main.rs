@@ -1,0 +1,45 @@
+//! `tunecached`: flags, logging, runtime and signals. Everything else lives in the library.
+
+use anyhow::Context;
+use clap::Parser;
+use tokio::signal::unix::{signal, SignalKind};
+use tracing_subscriber::EnvFilter;
+use tunecache_server::config::{Config, LogFormat};
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn shutdown_signal() {
+    let (Ok(mut terminate), Ok(mut interrupt)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop the daemon with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM received"),
+        _ = interrupt.recv() => tracing::info!("SIGINT received"),
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let config = Config::parse();
+    init_logging(config.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("tunecached")
+        .build()
+        .context("building the tokio runtime")?;
+    runtime
+        .block_on(tunecache_server::server::run(config, shutdown_signal()))
+        .context("tunecached failed")
+}

@@ -1,0 +1,101 @@
+//! The one rule that decides which result wins. Every path that changes the store uses it:
+//! Record, journal replay, snapshot load and node-to-node merge.
+//!
+//! The rule is a total order on results: lower `time_us` wins, and ties are broken on the
+//! config text, then `tuned_by`, then `tuned_at_unix_ms` (earlier wins). Because it is a
+//! total order, merging the same results in any order, on any node, ends with the same
+//! winner and therefore the same bytes.
+
+use std::cmp::Ordering;
+
+use crate::entry::TunedResult;
+
+/// What merging an incoming result into the current one decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MergeOutcome {
+    /// The incoming result is new or beats the current one: store it.
+    Replace,
+    /// The current result is as good or better: nothing changes.
+    Keep,
+}
+
+/// Orders results from best to worst. `Ordering::Less` means `a` beats `b`.
+pub fn rank_results(a: &TunedResult, b: &TunedResult) -> Ordering {
+    a.time_us
+        .total_cmp(&b.time_us)
+        .then_with(|| a.config.cmp(&b.config))
+        .then_with(|| a.tuned_by.cmp(&b.tuned_by))
+        .then_with(|| a.tuned_at_unix_ms.cmp(&b.tuned_at_unix_ms))
+}
+
+/// Decides whether `incoming` replaces `current`. Equal results keep the current one, so a
+/// repeated Record is reported as unchanged and writes nothing.
+pub fn merge(current: Option<&TunedResult>, incoming: &TunedResult) -> MergeOutcome {
+    match current {
+        None => MergeOutcome::Replace,
+        Some(current) if rank_results(incoming, current) == Ordering::Less => {
+            MergeOutcome::Replace
+        }
+        Some(_) => MergeOutcome::Keep,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(time_us: f64, config: &str, tuned_by: &str, at: i64) -> TunedResult {
+        TunedResult {
+            config: config.to_owned(),
+            time_us,
+            tuned_by: tuned_by.to_owned(),
+            tuned_at_unix_ms: at,
+        }
+    }
+
+    #[test]
+    fn lower_time_wins_and_equal_keeps_current() {
+        let fast = result(1.0, "{}", "a", 1);
+        let slow = result(2.0, "{}", "a", 1);
+        assert_eq!(merge(None, &slow), MergeOutcome::Replace);
+        assert_eq!(merge(Some(&slow), &fast), MergeOutcome::Replace);
+        assert_eq!(merge(Some(&fast), &slow), MergeOutcome::Keep);
+        assert_eq!(merge(Some(&fast), &fast.clone()), MergeOutcome::Keep);
+    }
+
+    #[test]
+    fn ties_break_on_config_then_tuner_then_time() {
+        let a = result(1.0, r#"{"t":1}"#, "z", 9);
+        let b = result(1.0, r#"{"t":2}"#, "a", 1);
+        assert_eq!(rank_results(&a, &b), Ordering::Less);
+        let c = result(1.0, "{}", "host-a", 5);
+        let d = result(1.0, "{}", "host-b", 1);
+        assert_eq!(rank_results(&c, &d), Ordering::Less);
+        let e = result(1.0, "{}", "h", 1);
+        let f = result(1.0, "{}", "h", 2);
+        assert_eq!(rank_results(&e, &f), Ordering::Less);
+    }
+
+    #[test]
+    fn any_merge_order_gives_the_same_winner() {
+        let candidates = [
+            result(3.0, "{}", "a", 1),
+            result(1.0, r#"{"b":1}"#, "b", 2),
+            result(1.0, r#"{"a":1}"#, "c", 3),
+            result(2.0, "{}", "d", 4),
+        ];
+        let mut orders = vec![vec![0, 1, 2, 3], vec![3, 2, 1, 0], vec![1, 3, 0, 2], vec![2, 0, 3, 1]];
+        let mut winners = Vec::new();
+        for order in orders.drain(..) {
+            let mut current: Option<TunedResult> = None;
+            for index in order {
+                if merge(current.as_ref(), &candidates[index]) == MergeOutcome::Replace {
+                    current = Some(candidates[index].clone());
+                }
+            }
+            winners.push(current);
+        }
+        assert!(winners.iter().all(|w| w == &winners[0]));
+        assert_eq!(winners[0].as_ref().map(|w| w.config.as_str()), Some(r#"{"a":1}"#));
+    }
+}

@@ -1,0 +1,123 @@
+//! Assembles a running daemon from a `Config`: opens the store, binds the socket, serves
+//! TuneCache with health and reflection, and shuts down in order when told to.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+use tunecache_proto::v1::tune_cache_server::TuneCacheServer;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::service::TuneCacheService;
+use crate::store::Store;
+
+/// How long in-flight calls may take to finish after a shutdown signal.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(7);
+/// Largest request or response message; a full 10,000-entry batch fits.
+const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+
+fn log_replay(report: &crate::journal::ReplayReport, state_dir: &std::path::Path) {
+    if let Some((offset, len)) = report.torn_tail {
+        tracing::warn!(
+            offset,
+            bytes = len,
+            "journal: truncated a torn tail (a write cut short by a crash)"
+        );
+    }
+    for skipped in &report.skipped {
+        tracing::warn!(
+            offset = skipped.offset,
+            bytes = skipped.len,
+            reason = skipped.reason,
+            "journal: skipped a damaged stretch; a copy of the damaged file is kept in {}",
+            state_dir.display()
+        );
+    }
+    tracing::info!(
+        frames = report.frames,
+        entries = report.entries,
+        "journal replayed"
+    );
+}
+
+/// Runs the daemon until `shutdown` resolves, then drains calls, flushes the journal and
+/// removes the socket.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+    let state_dir = config.state_dir();
+    let fsync = config.fsync;
+    let open_dir = state_dir.clone();
+    let (store_guard, report) =
+        tokio::task::spawn_blocking(move || Store::open(&open_dir, fsync))
+            .await
+            .map_err(|e| Error::io("opening the store", &state_dir, std::io::Error::other(e)))??;
+    log_replay(&report, &state_dir);
+    let store = store_guard.store();
+
+    let socket_path = config.socket_path();
+    let (listener, socket_guard) = crate::listener::bind(&socket_path)?;
+
+    let stop = CancellationToken::new();
+    let service = TuneCacheService::new(store.clone(), config.node_name());
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<TuneCacheServer<TuneCacheService>>()
+        .await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tunecache_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tunecache_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    let serve_stop = stop.clone();
+    let server = Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(
+            TuneCacheServer::new(service)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+            serve_stop.cancelled().await
+        });
+    tracing::info!(
+        socket = %socket_guard.path().display(),
+        state_dir = %state_dir.display(),
+        entries = store.len(),
+        "tunecached serving"
+    );
+
+    let mut server = tokio::spawn(server);
+    tokio::select! {
+        result = &mut server => {
+            stop.cancel();
+            result.map_err(|e| Error::io("serving", socket_guard.path(), std::io::Error::other(e)))??;
+        }
+        () = shutdown => {
+            tracing::info!("shutting down: draining in-flight calls");
+            stop.cancel();
+            match tokio::time::timeout(DRAIN_TIMEOUT, &mut server).await {
+                Ok(result) => {
+                    result.map_err(|e| Error::io("serving", socket_guard.path(), std::io::Error::other(e)))??;
+                }
+                Err(_) => {
+                    tracing::warn!("calls still in flight after {DRAIN_TIMEOUT:?}; closing anyway");
+                    server.abort();
+                }
+            }
+        }
+    }
+    drop(store);
+    // Flushing the journal may block on the disk; keep it off the runtime's workers.
+    let _ = tokio::task::spawn_blocking(move || store_guard.shutdown()).await;
+    drop(socket_guard);
+    tracing::info!("tunecached stopped");
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! The `tunecache.v1.TuneCache` gRPC service: turns requests into store calls and store
+//! state into responses. Validation happens here, before anything reaches the writer.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+use tunecache_proto::v1::{self, tune_cache_server::TuneCache};
+
+use crate::entry::{to_wire_entry, CacheKey};
+use crate::store::Store;
+use crate::validate;
+
+/// Scan chunks hold at most this many entries...
+const SCAN_CHUNK_ENTRIES: usize = 1024;
+/// ...or about this many bytes, whichever comes first.
+const SCAN_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// Request counters reported by Stats.
+#[derive(Default)]
+pub struct RequestCounters {
+    pub lookups: AtomicU64,
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub records: AtomicU64,
+    pub entries_stored: AtomicU64,
+    pub entries_unchanged: AtomicU64,
+}
+
+pub struct TuneCacheService {
+    store: Store,
+    counters: Arc<RequestCounters>,
+    node_name: String,
+    started: Instant,
+}
+
+impl TuneCacheService {
+    pub fn new(store: Store, node_name: String) -> Self {
+        TuneCacheService {
+            store,
+            counters: Arc::default(),
+            node_name,
+            started: Instant::now(),
+        }
+    }
+}
+
+fn count(counter: &AtomicU64, n: usize) {
+    counter.fetch_add(n as u64, Ordering::Relaxed);
+}
+
+type ScanStream = Pin<Box<dyn Stream<Item = Result<v1::ScanResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl TuneCache for TuneCacheService {
+    async fn lookup(
+        &self,
+        request: Request<v1::LookupRequest>,
+    ) -> Result<Response<v1::LookupResponse>, Status> {
+        let keys = validate::keys(request.into_inner().keys)?;
+        let map = self.store.current();
+        let hits: Vec<v1::Entry> = keys
+            .iter()
+            .filter_map(|key| map.get(key).map(|result| to_wire_entry(key, result)))
+            .collect();
+        count(&self.counters.lookups, keys.len());
+        count(&self.counters.hits, hits.len());
+        count(&self.counters.misses, keys.len() - hits.len());
+        Ok(Response::new(v1::LookupResponse { hits }))
+    }
+
+    async fn record(
+        &self,
+        request: Request<v1::RecordRequest>,
+    ) -> Result<Response<v1::RecordResponse>, Status> {
+        let request = request.into_inner();
+        let entries = validate::entries(request.entries)?;
+        count(&self.counters.records, 1);
+        let outcome = self.store.apply(entries).await?;
+        count(&self.counters.entries_stored, outcome.stored as usize);
+        count(&self.counters.entries_unchanged, outcome.unchanged as usize);
+        Ok(Response::new(v1::RecordResponse {
+            stored: outcome.stored,
+            unchanged: outcome.unchanged,
+        }))
+    }
+
+    type ScanStream = ScanStream;
+
+    async fn scan(
+        &self,
+        request: Request<v1::ScanRequest>,
+    ) -> Result<Response<Self::ScanStream>, Status> {
+        let v1::ScanRequest { namespace, device } = request.into_inner();
+        // One immutable version: the scan sees a consistent cache while writes go on.
+        let map = self.store.current();
+        let (chunks, receiver) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let matching = map
+                .range(CacheKey::namespace_start(&namespace)..)
+                .take_while(|(key, _)| namespace.is_empty() || key.namespace == namespace)
+                .filter(|(key, _)| device.is_empty() || key.device == device);
+            let mut chunk = Vec::new();
+            let mut chunk_bytes = 0;
+            for (key, result) in matching {
+                chunk_bytes += key.encoded_len_estimate() + result.encoded_len_estimate();
+                chunk.push(to_wire_entry(key, result));
+                if chunk.len() >= SCAN_CHUNK_ENTRIES || chunk_bytes >= SCAN_CHUNK_BYTES {
+                    let entries = std::mem::take(&mut chunk);
+                    chunk_bytes = 0;
+                    if chunks.send(Ok(v1::ScanResponse { entries })).await.is_err() {
+                        return; // the caller went away
+                    }
+                }
+            }
+            if !chunk.is_empty() {
+                let _ = chunks.send(Ok(v1::ScanResponse { entries: chunk })).await;
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(receiver),
+        )))
+    }
+
+    async fn stats(
+        &self,
+        _request: Request<v1::StatsRequest>,
+    ) -> Result<Response<v1::StatsResponse>, Status> {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let store = self.store.counters();
+        let stats = v1::StatsResponse {
+            node_name: self.node_name.clone(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            entries: self.store.len() as u64,
+            lookups: load(&self.counters.lookups),
+            hits: load(&self.counters.hits),
+            misses: load(&self.counters.misses),
+            records: load(&self.counters.records),
+            entries_stored: load(&self.counters.entries_stored),
+            entries_unchanged: load(&self.counters.entries_unchanged),
+            journal_bytes: load(&store.journal_bytes),
+            journal_live_bytes: load(&store.journal_live_bytes),
+            journal_compactions: load(&store.journal_compactions),
+            fsync_policy: self.store.fsync_policy().as_str().to_owned(),
+            ..Default::default()
+        };
+        Ok(Response::new(stats))
+    }
+
+    async fn resolve(
+        &self,
+        _request: Request<v1::ResolveRequest>,
+    ) -> Result<Response<v1::ResolveResponse>, Status> {
+        Err(Status::unimplemented("Resolve is not available yet"))
+    }
+
+    async fn snapshot(
+        &self,
+        _request: Request<v1::SnapshotRequest>,
+    ) -> Result<Response<v1::SnapshotResponse>, Status> {
+        Err(Status::failed_precondition(
+            "no shared directory: start the daemon with --shared-dir",
+        ))
+    }
+
+    async fn devices(
+        &self,
+        _request: Request<v1::DevicesRequest>,
+    ) -> Result<Response<v1::DevicesResponse>, Status> {
+        Ok(Response::new(v1::DevicesResponse { devices: vec![] }))
+    }
+}

@@ -1,0 +1,279 @@
+//! The cache itself: a sorted in-memory map published as immutable versions, and the one
+//! writer thread that owns every mutation and the journal.
+//!
+//! Readers (`Lookup`, `Scan`, snapshots) load the current version with one atomic pointer
+//! read and never wait for the writer or its disk I/O. Writers send their batch to the
+//! writer thread; it merges every batch that has queued up meanwhile into one new version,
+//! appends the changes to the journal as one write (group commit), then publishes the
+//! version and acknowledges. So an acknowledged Record is in the journal, and a batch is
+//! applied whole or not at all.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+
+use arc_swap::ArcSwap;
+use tokio::sync::oneshot;
+
+use crate::entry::{CacheKey, TunedResult};
+use crate::error::{Error, Result};
+use crate::journal::{FsyncPolicy, Journal, ReplayReport, BATCH_SYNC_INTERVAL};
+use crate::merge::{merge, MergeOutcome};
+
+/// One immutable version of the cache. Cloning is O(1) (structural sharing).
+pub type CacheMap = imbl::OrdMap<CacheKey, TunedResult>;
+
+/// Compaction waits until the journal is at least this big, so small caches never churn.
+const MIN_COMPACT_BYTES: u64 = 1024 * 1024;
+/// Most write requests merged into one group commit.
+const MAX_GROUP: usize = 1024;
+
+/// Told, on the writer thread, about every entry that changed, after it is durable and
+/// visible to readers. Coordinated tuning uses it to wake callers waiting for a key.
+pub trait ChangeListener: Send + Sync {
+    fn entries_changed(&self, changed: &[(CacheKey, TunedResult)]);
+}
+
+/// Counts of a batch applied through the merge rule.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ApplyOutcome {
+    /// Entries that were new or beat the stored result.
+    pub stored: u32,
+    /// Entries that did not beat the stored result; nothing was written for them.
+    pub unchanged: u32,
+}
+
+enum WriteCommand {
+    Apply {
+        entries: Vec<(CacheKey, TunedResult)>,
+        reply: oneshot::Sender<Result<ApplyOutcome>>,
+    },
+}
+
+#[derive(Default)]
+pub struct StoreCounters {
+    pub journal_bytes: AtomicU64,
+    pub journal_live_bytes: AtomicU64,
+    pub journal_compactions: AtomicU64,
+    /// Bumped each time a new version is published; lets snapshots skip unchanged state.
+    pub generation: AtomicU64,
+}
+
+struct Shared {
+    map: ArcSwap<CacheMap>,
+    counters: StoreCounters,
+    listener: OnceLock<Arc<dyn ChangeListener>>,
+    fsync: FsyncPolicy,
+}
+
+/// Cheap, cloneable handle to the cache.
+#[derive(Clone)]
+pub struct Store {
+    shared: Arc<Shared>,
+    writes: mpsc::Sender<WriteCommand>,
+}
+
+/// Owns the writer thread. Dropping it (or calling `shutdown`) stops accepting writes,
+/// lets the writer finish what is queued, syncs the journal and joins the thread.
+pub struct StoreGuard {
+    store: Option<Store>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl Store {
+    /// Opens the store in `state_dir`: replays the journal (blocking; call it off the async
+    /// runtime) and starts the writer thread.
+    pub fn open(state_dir: &std::path::Path, fsync: FsyncPolicy) -> Result<(StoreGuard, ReplayReport)> {
+        let mut map = CacheMap::new();
+        let (mut journal, report) = Journal::open(state_dir, fsync, |key, result| {
+            if merge(map.get(&key), &result) == MergeOutcome::Replace {
+                map.insert(key, result);
+            }
+        })?;
+        if !report.skipped.is_empty() {
+            // Damage was skipped: write the journal clean so it is not met again.
+            journal.rewrite(map.iter())?;
+        }
+        let live_bytes = map
+            .iter()
+            .map(|(k, r)| (k.encoded_len_estimate() + r.encoded_len_estimate()) as u64)
+            .sum();
+        let shared = Arc::new(Shared {
+            map: ArcSwap::from_pointee(map),
+            counters: StoreCounters::default(),
+            listener: OnceLock::new(),
+            fsync,
+        });
+        shared.counters.journal_bytes.store(journal.len(), Ordering::Relaxed);
+        shared.counters.journal_live_bytes.store(live_bytes, Ordering::Relaxed);
+
+        let (writes, commands) = mpsc::channel();
+        let writer_shared = Arc::clone(&shared);
+        let writer = std::thread::Builder::new()
+            .name("tunecache-writer".into())
+            .spawn(move || run_writer(journal, commands, writer_shared))
+            .map_err(|e| Error::io("starting the writer thread", state_dir, e))?;
+        let store = Store { shared, writes };
+        Ok((
+            StoreGuard {
+                store: Some(store),
+                writer: Some(writer),
+            },
+            report,
+        ))
+    }
+
+    /// Registers the one listener told about changed entries. Later calls are ignored.
+    pub fn set_change_listener(&self, listener: Arc<dyn ChangeListener>) {
+        let _ = self.shared.listener.set(listener);
+    }
+
+    /// The current version of the whole cache, for scans and snapshots.
+    pub fn current(&self) -> Arc<CacheMap> {
+        self.shared.map.load_full()
+    }
+
+    pub fn get(&self, key: &CacheKey) -> Option<TunedResult> {
+        self.shared.map.load().get(key).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.shared.map.load().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn counters(&self) -> &StoreCounters {
+        &self.shared.counters
+    }
+
+    pub fn fsync_policy(&self) -> FsyncPolicy {
+        self.shared.fsync
+    }
+
+    /// Merges `entries` into the cache through the merge rule and returns once the changes
+    /// are in the journal and visible. All or nothing.
+    pub async fn apply(&self, entries: Vec<(CacheKey, TunedResult)>) -> Result<ApplyOutcome> {
+        let (reply, outcome) = oneshot::channel();
+        self.writes
+            .send(WriteCommand::Apply { entries, reply })
+            .map_err(|_| Error::WriterGone)?;
+        outcome.await.map_err(|_| Error::WriterGone)?
+    }
+}
+
+impl StoreGuard {
+    pub fn store(&self) -> Store {
+        // The store is only taken out in shutdown, which consumes the guard.
+        self.store.clone().expect("store present until shutdown")
+    }
+
+    /// Stops the writer after it has drained queued writes, and syncs the journal.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        // The writer exits once every sender is gone; handles still held elsewhere (by
+        // in-flight requests) keep it alive until they finish.
+        self.store.take();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+impl Drop for StoreGuard {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn run_writer(mut journal: Journal, commands: mpsc::Receiver<WriteCommand>, shared: Arc<Shared>) {
+    let mut live_bytes = shared.counters.journal_live_bytes.load(Ordering::Relaxed);
+    loop {
+        let first = if journal.sync_pending() {
+            match commands.recv_timeout(BATCH_SYNC_INTERVAL) {
+                Ok(command) => command,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Err(error) = journal.sync() {
+                        tracing::warn!(%error, "journal sync failed");
+                    }
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        } else {
+            match commands.recv() {
+                Ok(command) => command,
+                Err(_) => break,
+            }
+        };
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match commands.try_recv() {
+                Ok(command) => group.push(command),
+                Err(_) => break,
+            }
+        }
+
+        let mut next = CacheMap::clone(&shared.map.load());
+        let mut changed = Vec::new();
+        let mut replies = Vec::with_capacity(group.len());
+        let live_before = live_bytes;
+        for WriteCommand::Apply { entries, reply } in group {
+            let mut outcome = ApplyOutcome::default();
+            for (key, result) in entries {
+                let current = next.get(&key);
+                if merge(current, &result) == MergeOutcome::Keep {
+                    outcome.unchanged += 1;
+                    continue;
+                }
+                let old = current.map_or(0, |r| r.encoded_len_estimate() + key.encoded_len_estimate());
+                live_bytes = live_bytes + (key.encoded_len_estimate() + result.encoded_len_estimate()) as u64 - old as u64;
+                next.insert(key.clone(), result.clone());
+                changed.push((key, result));
+                outcome.stored += 1;
+            }
+            replies.push((reply, outcome));
+        }
+
+        if !changed.is_empty() {
+            if let Err(error) = journal.append(&changed) {
+                tracing::error!(%error, "journal append failed; the batch is refused");
+                live_bytes = live_before;
+                for (reply, _) in replies {
+                    let _ = reply.send(Err(Error::JournalWrite(error.to_string())));
+                }
+                continue;
+            }
+            shared.map.store(Arc::new(next));
+            shared.counters.generation.fetch_add(1, Ordering::Release);
+            if let Some(listener) = shared.listener.get() {
+                listener.entries_changed(&changed);
+            }
+        }
+        for (reply, outcome) in replies {
+            let _ = reply.send(Ok(outcome));
+        }
+
+        if journal.len() > MIN_COMPACT_BYTES && journal.len() > 2 * live_bytes {
+            let map = shared.map.load_full();
+            match journal.rewrite(map.iter()) {
+                Ok(()) => {
+                    shared.counters.journal_compactions.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(bytes = journal.len(), entries = map.len(), "journal compacted");
+                }
+                Err(error) => tracing::warn!(%error, "journal compaction failed; will retry"),
+            }
+        }
+        shared.counters.journal_bytes.store(journal.len(), Ordering::Relaxed);
+        shared.counters.journal_live_bytes.store(live_bytes, Ordering::Relaxed);
+    }
+    if let Err(error) = journal.sync() {
+        tracing::warn!(%error, "final journal sync failed");
+    }
+}
