@@ -8,7 +8,11 @@ use serde_json::{json, Value};
 use tunecache_client::{key, proto, Client};
 
 #[derive(Parser)]
-#[command(name = "tunecache", version, about = "Query and fill the tunecached node cache")]
+#[command(
+    name = "tunecache",
+    version,
+    about = "Query and fill the tunecached node cache"
+)]
 struct Cli {
     /// Daemon socket [default: $TUNECACHE_SOCKET, then $XDG_RUNTIME_DIR/tunecache/tunecache.sock,
     /// then /tmp/tunecache-<uid>/tunecache.sock]
@@ -40,7 +44,13 @@ struct KeyArgs {
 
 impl KeyArgs {
     fn to_key(&self) -> proto::Key {
-        key(&self.namespace, &self.op, &self.device, &self.problem, self.rank)
+        key(
+            &self.namespace,
+            &self.op,
+            &self.device,
+            &self.problem,
+            self.rank,
+        )
     }
 }
 
@@ -99,7 +109,9 @@ fn entry_line(entry: &proto::Entry) -> String {
     let (Some(k), Some(r)) = (&entry.key, &entry.result) else {
         return String::from("(incomplete entry)");
     };
-    let rank = k.rank.map_or_else(|| "shared".to_owned(), |n| format!("rank {n}"));
+    let rank = k
+        .rank
+        .map_or_else(|| "shared".to_owned(), |n| format!("rank {n}"));
     format!(
         "{}/{} [{}] {} ({}): {} in {:.3} us by {}",
         k.namespace, k.op, k.device, k.problem, rank, r.config, r.time_us, r.tuned_by
@@ -130,14 +142,20 @@ fn print_stats(stats: &proto::StatsResponse, as_json: bool) {
         ("resolves", stats.resolves.to_string()),
         ("leases_granted", stats.leases_granted.to_string()),
         ("leases_expired", stats.leases_expired.to_string()),
-        ("leases_released_dead", stats.leases_released_dead.to_string()),
+        (
+            "leases_released_dead",
+            stats.leases_released_dead.to_string(),
+        ),
         ("leases_given_up", stats.leases_given_up.to_string()),
         ("waits_satisfied", stats.waits_satisfied.to_string()),
         ("waits_timed_out", stats.waits_timed_out.to_string()),
         ("waiters", stats.waiters.to_string()),
         ("leases_active", stats.leases_active.to_string()),
         ("shared_dir", stats.shared_dir.clone()),
-        ("last_snapshot_unix_ms", stats.last_snapshot_unix_ms.to_string()),
+        (
+            "last_snapshot_unix_ms",
+            stats.last_snapshot_unix_ms.to_string(),
+        ),
         ("snapshots_written", stats.snapshots_written.to_string()),
         ("snapshot_errors", stats.snapshot_errors.to_string()),
         ("stuck_operation", stats.stuck_operation.clone()),
@@ -151,7 +169,7 @@ fn print_stats(stats: &proto::StatsResponse, as_json: bool) {
             .map(|(name, value)| {
                 let value = value
                     .parse::<i64>()
-                    .map_or(Value::String(value), |n| Value::from(n));
+                    .map_or(Value::String(value), Value::from);
                 (name.to_owned(), value)
             })
             .collect();

@@ -21,7 +21,9 @@ pub fn default_socket_path() -> PathBuf {
 /// variable themselves).
 pub fn fallback_socket_path() -> PathBuf {
     if let Some(runtime_dir) = non_empty_env("XDG_RUNTIME_DIR") {
-        return PathBuf::from(runtime_dir).join("tunecache").join("tunecache.sock");
+        return PathBuf::from(runtime_dir)
+            .join("tunecache")
+            .join("tunecache.sock");
     }
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };

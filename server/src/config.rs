@@ -69,7 +69,9 @@ impl Config {
         match home {
             Some(home) => PathBuf::from(home).join(".local/state/tunecache"),
             // SAFETY: getuid has no preconditions and cannot fail.
-            None => PathBuf::from(format!("/tmp/tunecache-{}/state", unsafe { libc::getuid() })),
+            None => PathBuf::from(format!("/tmp/tunecache-{}/state", unsafe {
+                libc::getuid()
+            })),
         }
     }
 

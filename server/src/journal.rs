@@ -368,20 +368,23 @@ mod tests {
     fn replays_frames_and_skips_damage_in_the_middle() {
         let dir = tempfile::tempdir().unwrap();
         let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Never, |_, _| {}).unwrap();
+        let mut frame_starts = Vec::new();
         for i in 0..3 {
+            frame_starts.push(journal.len() as usize);
             journal.append(&[entry(i)]).unwrap();
         }
         drop(journal);
         let path = journal_path(dir.path());
         let mut bytes = std::fs::read(&path).unwrap();
-        let frame_len = bytes.len() / 3;
-        bytes[frame_len + 14] ^= 0xff; // damage the second frame's payload
+        let second = frame_starts[1];
+        bytes[second + 14] ^= 0xff; // damage the second frame's payload
         std::fs::write(&path, &bytes).unwrap();
 
         let (seen, report) = replay(dir.path());
         assert_eq!(seen, vec![entry(0), entry(2)]);
         assert_eq!(report.skipped.len(), 1);
-        assert_eq!(report.skipped[0].offset, frame_len as u64);
+        assert_eq!(report.skipped[0].offset, second as u64);
+        assert_eq!(report.skipped[0].len, (frame_starts[2] - second) as u64);
         assert_eq!(report.skipped[0].reason, "checksum mismatch");
         assert!(report.torn_tail.is_none());
     }
@@ -396,7 +399,12 @@ mod tests {
         drop(journal);
         let path = journal_path(dir.path());
         let full = std::fs::metadata(&path).unwrap().len();
-        OpenOptions::new().write(true).open(&path).unwrap().set_len(full - 3).unwrap();
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(full - 3)
+            .unwrap();
 
         let (seen, report) = replay(dir.path());
         assert_eq!(seen, vec![entry(1)]);

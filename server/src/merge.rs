@@ -33,9 +33,7 @@ pub fn rank_results(a: &TunedResult, b: &TunedResult) -> Ordering {
 pub fn merge(current: Option<&TunedResult>, incoming: &TunedResult) -> MergeOutcome {
     match current {
         None => MergeOutcome::Replace,
-        Some(current) if rank_results(incoming, current) == Ordering::Less => {
-            MergeOutcome::Replace
-        }
+        Some(current) if rank_results(incoming, current) == Ordering::Less => MergeOutcome::Replace,
         Some(_) => MergeOutcome::Keep,
     }
 }
@@ -84,7 +82,12 @@ mod tests {
             result(1.0, r#"{"a":1}"#, "c", 3),
             result(2.0, "{}", "d", 4),
         ];
-        let mut orders = vec![vec![0, 1, 2, 3], vec![3, 2, 1, 0], vec![1, 3, 0, 2], vec![2, 0, 3, 1]];
+        let mut orders = vec![
+            vec![0, 1, 2, 3],
+            vec![3, 2, 1, 0],
+            vec![1, 3, 0, 2],
+            vec![2, 0, 3, 1],
+        ];
         let mut winners = Vec::new();
         for order in orders.drain(..) {
             let mut current: Option<TunedResult> = None;
@@ -96,6 +99,9 @@ mod tests {
             winners.push(current);
         }
         assert!(winners.iter().all(|w| w == &winners[0]));
-        assert_eq!(winners[0].as_ref().map(|w| w.config.as_str()), Some(r#"{"a":1}"#));
+        assert_eq!(
+            winners[0].as_ref().map(|w| w.config.as_str()),
+            Some(r#"{"a":1}"#)
+        );
     }
 }

@@ -45,14 +45,16 @@ fn log_replay(report: &crate::journal::ReplayReport, state_dir: &std::path::Path
 
 /// Runs the daemon until `shutdown` resolves, then drains calls, flushes the journal and
 /// removes the socket.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
     let state_dir = config.state_dir();
     let fsync = config.fsync;
     let open_dir = state_dir.clone();
-    let (store_guard, report) =
-        tokio::task::spawn_blocking(move || Store::open(&open_dir, fsync))
-            .await
-            .map_err(|e| Error::io("opening the store", &state_dir, std::io::Error::other(e)))??;
+    let (store_guard, report) = tokio::task::spawn_blocking(move || Store::open(&open_dir, fsync))
+        .await
+        .map_err(|e| Error::io("opening the store", &state_dir, std::io::Error::other(e)))??;
     log_replay(&report, &state_dir);
     let store = store_guard.store();
 

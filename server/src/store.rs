@@ -84,7 +84,10 @@ pub struct StoreGuard {
 impl Store {
     /// Opens the store in `state_dir`: replays the journal (blocking; call it off the async
     /// runtime) and starts the writer thread.
-    pub fn open(state_dir: &std::path::Path, fsync: FsyncPolicy) -> Result<(StoreGuard, ReplayReport)> {
+    pub fn open(
+        state_dir: &std::path::Path,
+        fsync: FsyncPolicy,
+    ) -> Result<(StoreGuard, ReplayReport)> {
         let mut map = CacheMap::new();
         let (mut journal, report) = Journal::open(state_dir, fsync, |key, result| {
             if merge(map.get(&key), &result) == MergeOutcome::Replace {
@@ -105,8 +108,14 @@ impl Store {
             listener: OnceLock::new(),
             fsync,
         });
-        shared.counters.journal_bytes.store(journal.len(), Ordering::Relaxed);
-        shared.counters.journal_live_bytes.store(live_bytes, Ordering::Relaxed);
+        shared
+            .counters
+            .journal_bytes
+            .store(journal.len(), Ordering::Relaxed);
+        shared
+            .counters
+            .journal_live_bytes
+            .store(live_bytes, Ordering::Relaxed);
 
         let (writes, commands) = mpsc::channel();
         let writer_shared = Arc::clone(&shared);
@@ -232,8 +241,11 @@ fn run_writer(mut journal: Journal, commands: mpsc::Receiver<WriteCommand>, shar
                     outcome.unchanged += 1;
                     continue;
                 }
-                let old = current.map_or(0, |r| r.encoded_len_estimate() + key.encoded_len_estimate());
-                live_bytes = live_bytes + (key.encoded_len_estimate() + result.encoded_len_estimate()) as u64 - old as u64;
+                let old =
+                    current.map_or(0, |r| r.encoded_len_estimate() + key.encoded_len_estimate());
+                live_bytes = live_bytes
+                    + (key.encoded_len_estimate() + result.encoded_len_estimate()) as u64
+                    - old as u64;
                 next.insert(key.clone(), result.clone());
                 changed.push((key, result));
                 outcome.stored += 1;
@@ -264,14 +276,27 @@ fn run_writer(mut journal: Journal, commands: mpsc::Receiver<WriteCommand>, shar
             let map = shared.map.load_full();
             match journal.rewrite(map.iter()) {
                 Ok(()) => {
-                    shared.counters.journal_compactions.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(bytes = journal.len(), entries = map.len(), "journal compacted");
+                    shared
+                        .counters
+                        .journal_compactions
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        bytes = journal.len(),
+                        entries = map.len(),
+                        "journal compacted"
+                    );
                 }
                 Err(error) => tracing::warn!(%error, "journal compaction failed; will retry"),
             }
         }
-        shared.counters.journal_bytes.store(journal.len(), Ordering::Relaxed);
-        shared.counters.journal_live_bytes.store(live_bytes, Ordering::Relaxed);
+        shared
+            .counters
+            .journal_bytes
+            .store(journal.len(), Ordering::Relaxed);
+        shared
+            .counters
+            .journal_live_bytes
+            .store(live_bytes, Ordering::Relaxed);
     }
     if let Err(error) = journal.sync() {
         tracing::warn!(%error, "final journal sync failed");

@@ -95,7 +95,10 @@ pub fn result(path: &str, result: Option<v1::Result>) -> Result<TunedResult, Inv
     if result.tuned_by.len() > MAX_KEY_FIELD_BYTES {
         return Err(InvalidField::new(
             format!("{path}.tuned_by"),
-            format!("{} bytes, at most {MAX_KEY_FIELD_BYTES}", result.tuned_by.len()),
+            format!(
+                "{} bytes, at most {MAX_KEY_FIELD_BYTES}",
+                result.tuned_by.len()
+            ),
         ));
     }
     let mut result = TunedResult::from(result);
@@ -162,13 +165,18 @@ mod tests {
 
         for bad in [f64::NAN, f64::INFINITY, -1.0] {
             let batch = vec![wire_entry("ns", "{}", 1.0), wire_entry("ns", "{}", bad)];
-            assert_eq!(entries(batch).unwrap_err().path, "entries[1].result.time_us");
+            assert_eq!(
+                entries(batch).unwrap_err().path,
+                "entries[1].result.time_us"
+            );
         }
     }
 
     #[test]
     fn negative_zero_is_normalised() {
-        let (_, result) = entries(vec![wire_entry("ns", "{}", -0.0)]).unwrap().remove(0);
+        let (_, result) = entries(vec![wire_entry("ns", "{}", -0.0)])
+            .unwrap()
+            .remove(0);
         assert!(result.time_us.is_sign_positive());
     }
 }

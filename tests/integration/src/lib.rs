@@ -1,0 +1,241 @@
+//! Test harness: starts the real `tunecached` binary on a temporary socket and state
+//! directory, waits until it answers, and stops it with real signals.
+//!
+//! The binaries must be built first (`cargo build --workspace --bins`, which README's test
+//! command does); `TUNECACHE_BIN_DIR` overrides where they are looked for.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tunecache_client::{proto, Client};
+
+/// Directory holding the workspace's binaries: `$TUNECACHE_BIN_DIR`, else the cargo target
+/// directory this test binary was built into (`target/<profile>/deps/<test>` → `target/<profile>`).
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TUNECACHE_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    let exe = std::env::current_exe().expect("current test executable");
+    let deps = exe.parent().expect("test binary lives in a directory");
+    deps.parent().expect("deps has a parent").to_path_buf()
+}
+
+/// Path of a workspace binary; panics with the build command when it is missing.
+pub fn bin(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} not found: build the binaries first with `cargo build --workspace --bins`",
+        path.display()
+    );
+    path
+}
+
+/// A running daemon owned by a test. Killed (SIGKILL) if still running when dropped.
+pub struct Daemon {
+    child: Option<Child>,
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+    pub log_path: PathBuf,
+    args: Vec<String>,
+}
+
+/// Options for starting a daemon. `dir` holds the socket, the state and the log.
+pub struct DaemonOptions {
+    pub dir: PathBuf,
+    pub args: Vec<String>,
+    pub state_dir: Option<PathBuf>,
+}
+
+impl DaemonOptions {
+    pub fn new(dir: &Path) -> Self {
+        DaemonOptions {
+            dir: dir.to_path_buf(),
+            args: Vec::new(),
+            state_dir: None,
+        }
+    }
+
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+}
+
+impl Daemon {
+    /// Starts a daemon in `dir` with default options and waits until it serves.
+    pub async fn start(dir: &Path) -> Daemon {
+        Daemon::start_with(DaemonOptions::new(dir)).await
+    }
+
+    pub async fn start_with(options: DaemonOptions) -> Daemon {
+        let state_dir = options
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| options.dir.join("state"));
+        let mut daemon = Daemon {
+            child: None,
+            socket: options.dir.join("tunecache.sock"),
+            state_dir,
+            log_path: options.dir.join("daemon.log"),
+            args: options.args,
+        };
+        daemon.spawn();
+        daemon.wait_ready().await;
+        daemon
+    }
+
+    /// The command line this daemon runs with (socket and state dir included).
+    pub fn command(&self) -> Command {
+        let mut command = Command::new(bin("tunecached"));
+        command
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .args(&self.args)
+            .env_remove("TUNECACHE_SOCKET")
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            );
+        command
+    }
+
+    fn spawn(&mut self) {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .expect("daemon log file");
+        let child = self
+            .command()
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log handle"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn tunecached");
+        self.child = Some(child);
+    }
+
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "tunecached exited early with {status}; log:\n{}",
+                    self.log()
+                );
+            }
+            if let Ok(client) = Client::connect(&self.socket).await {
+                if client.stats().await.is_ok() {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tunecached did not serve within 20 s; log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(&self.socket)
+            .await
+            .expect("connect to daemon")
+    }
+
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.as_ref().expect("daemon running").id() as i32)
+    }
+
+    /// Everything the daemon logged so far (all its runs in this directory).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for the exit (at most `limit`); returns status and time taken.
+    pub fn terminate(&mut self, limit: Duration) -> (ExitStatus, Duration) {
+        let started = Instant::now();
+        kill(self.pid(), Signal::SIGTERM).expect("send SIGTERM");
+        let status = self.wait_exit(limit);
+        (status, started.elapsed())
+    }
+
+    /// SIGKILL: no chance to flush or clean up.
+    pub fn kill(&mut self) {
+        kill(self.pid(), Signal::SIGKILL).expect("send SIGKILL");
+        self.wait_exit(Duration::from_secs(10));
+    }
+
+    fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let child = self.child.as_mut().expect("daemon running");
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait for daemon") {
+                self.child = None;
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "tunecached did not exit within {limit:?}; log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts the daemon again with the same socket, state dir and flags.
+    pub async fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop the daemon before restarting it");
+        self.spawn();
+        self.wait_ready().await;
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A shared-by-all-ranks key in namespace `test`.
+pub fn test_key(op: &str, problem: &str) -> proto::Key {
+    tunecache_client::key("test", op, "test-device", problem, None)
+}
+
+pub fn entry(key: proto::Key, config: &str, time_us: f64, tuned_by: &str) -> proto::Entry {
+    proto::Entry {
+        key: Some(key),
+        result: Some(proto::Result {
+            config: config.to_owned(),
+            time_us,
+            tuned_by: tuned_by.to_owned(),
+            tuned_at_unix_ms: 1_700_000_000_000,
+        }),
+    }
+}
