@@ -136,6 +136,121 @@ impl Client {
     }
 }
 
+/// What `Resolve` told the caller to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// Cached, or tuned by someone else while the caller waited.
+    Hit(v1::Result),
+    /// The caller tunes it now, then records with this lease.
+    TuneHere(v1::Lease),
+    /// Nobody will have a result in time; the reason says why. Use the default tactic.
+    Miss(String),
+}
+
+/// How a rank resolves a key.
+#[derive(Debug, Clone, Copy)]
+pub struct ResolveOptions {
+    /// How long to wait for someone else's result.
+    pub wait: Duration,
+    /// Whether this caller can tune the problem itself.
+    pub can_tune: bool,
+    /// How long tuning takes at most, if this caller gets the lease (zero: daemon default).
+    pub lease: Duration,
+}
+
+impl Default for ResolveOptions {
+    fn default() -> Self {
+        ResolveOptions {
+            wait: Duration::from_secs(120),
+            can_tune: true,
+            lease: Duration::ZERO,
+        }
+    }
+}
+
+/// How the rank flow ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RankOutcome {
+    /// Cached, or tuned by another rank or the node's tuner.
+    Cached(v1::Result),
+    /// This rank tuned it and recorded the result.
+    Tuned(v1::Result),
+    /// No result: use the fallback (default tactic). The reason says why.
+    Fallback(String),
+}
+
+impl RankOutcome {
+    /// The result, if any; `None` means use the fallback.
+    pub fn result(&self) -> Option<&v1::Result> {
+        match self {
+            RankOutcome::Cached(result) | RankOutcome::Tuned(result) => Some(result),
+            RankOutcome::Fallback(_) => None,
+        }
+    }
+}
+
+fn millis_u32(duration: Duration) -> u32 {
+    u32::try_from(duration.as_millis()).unwrap_or(u32::MAX)
+}
+
+impl Client {
+    /// Asks the daemon for `key`: a hit, a lease to tune it here, or a miss after waiting.
+    pub async fn resolve(&self, key: v1::Key, options: ResolveOptions) -> Result<Resolution> {
+        use v1::resolve_response::Outcome;
+        let message = v1::ResolveRequest {
+            key: Some(key),
+            wait_ms: millis_u32(options.wait),
+            can_tune: options.can_tune,
+            lease_ms: millis_u32(options.lease),
+        };
+        let request = self.request(message, options.wait + self.timeout);
+        let response = self.inner.clone().resolve(request).await?.into_inner();
+        Ok(match response.outcome {
+            Some(Outcome::Hit(result)) => Resolution::Hit(result),
+            Some(Outcome::TuneHere(lease)) => Resolution::TuneHere(lease),
+            Some(Outcome::Miss(miss)) => Resolution::Miss(miss.reason),
+            None => Resolution::Miss("the daemon sent no outcome".to_owned()),
+        })
+    }
+
+    /// The whole rank flow: resolve; if told to tune, run `tune` and record its result
+    /// with the lease (or give the lease up if `tune` fails); on a miss, fall back. Errors
+    /// talking to the daemon also fall back: a rank never fails because of its cache.
+    pub async fn get_or_tune<F, Fut, E>(
+        &self,
+        key: v1::Key,
+        options: ResolveOptions,
+        tune: F,
+    ) -> RankOutcome
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<v1::Result, E>>,
+        E: std::fmt::Display,
+    {
+        let lease = match self.resolve(key.clone(), options).await {
+            Ok(Resolution::Hit(result)) => return RankOutcome::Cached(result),
+            Ok(Resolution::Miss(reason)) => return RankOutcome::Fallback(reason),
+            Ok(Resolution::TuneHere(lease)) => lease,
+            Err(error) => return RankOutcome::Fallback(format!("tunecache unavailable: {error}")),
+        };
+        match tune().await {
+            Ok(result) => {
+                let entry = v1::Entry {
+                    key: Some(key),
+                    result: Some(result.clone()),
+                };
+                // The result is ours even if recording fails; the next run tunes again.
+                let _ = self.record_with_lease(vec![entry], lease.lease_id).await;
+                RankOutcome::Tuned(result)
+            }
+            Err(error) => {
+                let _ = self.record_with_lease(Vec::new(), lease.lease_id).await;
+                RankOutcome::Fallback(format!("tuning failed: {error}"))
+            }
+        }
+    }
+}
+
 /// Builds a key; `rank: None` is the entry shared by all ranks.
 pub fn key(namespace: &str, op: &str, device: &str, problem: &str, rank: Option<u32>) -> v1::Key {
     v1::Key {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
-use tunecache_client::{key, proto, Client};
+use tunecache_client::{key, proto, Client, Resolution};
 
 #[derive(Parser)]
 #[command(
@@ -69,6 +69,9 @@ enum Command {
         time_us: f64,
         #[arg(long, default_value = "tunecache-cli")]
         tuned_by: String,
+        /// Completes the lease `resolve` granted.
+        #[arg(long, default_value = "")]
+        lease_id: String,
     },
     /// List entries, optionally of one namespace and device.
     Scan {
@@ -79,6 +82,20 @@ enum Command {
     },
     /// Show the daemon's counters.
     Stats,
+    /// Resolve one key: print the hit, the lease granted to tune it, or the miss.
+    Resolve {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// How long to wait for someone else's result, in ms.
+        #[arg(long, default_value_t = 0)]
+        wait_ms: u64,
+        /// This caller can tune the problem (it may be handed the lease).
+        #[arg(long)]
+        can_tune: bool,
+        /// Lease length in ms if granted (0: daemon default).
+        #[arg(long, default_value_t = 0)]
+        lease_ms: u64,
+    },
 }
 
 fn key_json(key: &proto::Key) -> Value {
@@ -116,6 +133,40 @@ fn entry_line(entry: &proto::Entry) -> String {
         "{}/{} [{}] {} ({}): {} in {:.3} us by {}",
         k.namespace, k.op, k.device, k.problem, rank, r.config, r.time_us, r.tuned_by
     )
+}
+
+fn print_resolution(key: &proto::Key, resolution: &Resolution, as_json: bool) {
+    let value = match resolution {
+        Resolution::Hit(result) => {
+            let entry = proto::Entry {
+                key: Some(key.clone()),
+                result: Some(result.clone()),
+            };
+            if !as_json {
+                println!("hit: {}", entry_line(&entry));
+                return;
+            }
+            json!({"outcome": "hit", "entry": entry_json(&entry)})
+        }
+        Resolution::TuneHere(lease) => {
+            if !as_json {
+                println!(
+                    "tune here: lease {} expires in {} ms; record with --lease-id",
+                    lease.lease_id, lease.expires_in_ms
+                );
+                return;
+            }
+            json!({"outcome": "tune_here", "lease_id": lease.lease_id, "expires_in_ms": lease.expires_in_ms})
+        }
+        Resolution::Miss(reason) => {
+            if !as_json {
+                println!("miss: {reason}");
+                return;
+            }
+            json!({"outcome": "miss", "reason": reason})
+        }
+    };
+    println!("{value}");
 }
 
 fn unix_now_ms() -> i64 {
@@ -220,6 +271,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             config,
             time_us,
             tuned_by,
+            lease_id,
         } => {
             let entry = proto::Entry {
                 key: Some(key.to_key()),
@@ -230,7 +282,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     tuned_at_unix_ms: unix_now_ms(),
                 }),
             };
-            let response = client.record(vec![entry]).await.context("record")?;
+            let response = client
+                .record_with_lease(vec![entry], lease_id)
+                .await
+                .context("record")?;
             if cli.json {
                 println!(
                     "{}",
@@ -254,6 +309,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Stats => print_stats(&client.stats().await?, cli.json),
+        Command::Resolve {
+            key,
+            wait_ms,
+            can_tune,
+            lease_ms,
+        } => {
+            let options = tunecache_client::ResolveOptions {
+                wait: std::time::Duration::from_millis(wait_ms),
+                can_tune,
+                lease: std::time::Duration::from_millis(lease_ms),
+            };
+            let resolution = client.resolve(key.to_key(), options).await?;
+            print_resolution(&key.to_key(), &resolution, cli.json);
+        }
     }
     Ok(())
 }

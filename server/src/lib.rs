@@ -6,6 +6,7 @@
 //! (`merge`).
 
 pub mod config;
+pub mod coord;
 pub mod entry;
 pub mod error;
 pub mod journal;

@@ -10,6 +10,7 @@ use tonic::transport::Server;
 use tunecache_proto::v1::tune_cache_server::TuneCacheServer;
 
 use crate::config::Config;
+use crate::coord::Coordinator;
 use crate::error::{Error, Result};
 use crate::service::TuneCacheService;
 use crate::store::Store;
@@ -62,7 +63,8 @@ pub async fn run(
     let (listener, socket_guard) = crate::listener::bind(&socket_path)?;
 
     let stop = CancellationToken::new();
-    let service = TuneCacheService::new(store.clone(), config.node_name());
+    let coordinator = Coordinator::new(store.clone(), stop.clone());
+    let service = TuneCacheService::new(store.clone(), coordinator, config.node_name());
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<TuneCacheServer<TuneCacheService>>()

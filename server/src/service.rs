@@ -4,12 +4,13 @@
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use tunecache_proto::v1::{self, tune_cache_server::TuneCache};
 
+use crate::coord::{Coordinator, ResolveCall, DEFAULT_LEASE, MAX_LEASE, MAX_WAIT};
 use crate::entry::{to_wire_entry, CacheKey};
 use crate::store::Store;
 use crate::validate;
@@ -32,20 +33,31 @@ pub struct RequestCounters {
 
 pub struct TuneCacheService {
     store: Store,
+    coordinator: Arc<Coordinator>,
     counters: Arc<RequestCounters>,
     node_name: String,
     started: Instant,
 }
 
 impl TuneCacheService {
-    pub fn new(store: Store, node_name: String) -> Self {
+    pub fn new(store: Store, coordinator: Arc<Coordinator>, node_name: String) -> Self {
         TuneCacheService {
             store,
+            coordinator,
             counters: Arc::default(),
             node_name,
             started: Instant::now(),
         }
     }
+}
+
+/// The calling process, from the Unix socket's peer credentials.
+fn caller_pid<T>(request: &Request<T>) -> Option<i32> {
+    request
+        .extensions()
+        .get::<tonic::transport::server::UdsConnectInfo>()
+        .and_then(|info| info.peer_cred)
+        .and_then(|cred| cred.pid())
 }
 
 fn count(counter: &AtomicU64, n: usize) {
@@ -79,7 +91,16 @@ impl TuneCache for TuneCacheService {
         let request = request.into_inner();
         let entries = validate::entries(request.entries)?;
         count(&self.counters.records, 1);
-        let outcome = self.store.apply(entries).await?;
+        let outcome = if entries.is_empty() {
+            Default::default()
+        } else {
+            self.store.apply(entries).await?
+        };
+        if !request.lease_id.is_empty() {
+            // After the apply: waiters are woken with the merged result, or, for an empty
+            // Record, the lease is given up and passes to the next waiter that can tune.
+            self.coordinator.complete_lease(&request.lease_id);
+        }
         count(&self.counters.entries_stored, outcome.stored as usize);
         count(&self.counters.entries_unchanged, outcome.unchanged as usize);
         Ok(Response::new(v1::RecordResponse {
@@ -131,6 +152,8 @@ impl TuneCache for TuneCacheService {
     ) -> Result<Response<v1::StatsResponse>, Status> {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let store = self.store.counters();
+        let coord = self.coordinator.counters();
+        let (waiters, leases_active) = self.coordinator.gauges();
         let stats = v1::StatsResponse {
             node_name: self.node_name.clone(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -146,6 +169,15 @@ impl TuneCache for TuneCacheService {
             journal_live_bytes: load(&store.journal_live_bytes),
             journal_compactions: load(&store.journal_compactions),
             fsync_policy: self.store.fsync_policy().as_str().to_owned(),
+            resolves: load(&coord.resolves),
+            leases_granted: load(&coord.leases_granted),
+            leases_expired: load(&coord.leases_expired),
+            leases_released_dead: load(&coord.leases_released_dead),
+            leases_given_up: load(&coord.leases_given_up),
+            waits_satisfied: load(&coord.waits_satisfied),
+            waits_timed_out: load(&coord.waits_timed_out),
+            waiters,
+            leases_active,
             ..Default::default()
         };
         Ok(Response::new(stats))
@@ -153,9 +185,23 @@ impl TuneCache for TuneCacheService {
 
     async fn resolve(
         &self,
-        _request: Request<v1::ResolveRequest>,
+        request: Request<v1::ResolveRequest>,
     ) -> Result<Response<v1::ResolveResponse>, Status> {
-        Err(Status::unimplemented("Resolve is not available yet"))
+        let caller_pid = caller_pid(&request);
+        let request = request.into_inner();
+        let key = validate::key("key", request.key)?;
+        let lease = match request.lease_ms {
+            0 => DEFAULT_LEASE,
+            ms => Duration::from_millis(u64::from(ms)).min(MAX_LEASE),
+        };
+        let call = ResolveCall {
+            key,
+            wait: Duration::from_millis(u64::from(request.wait_ms)).min(MAX_WAIT),
+            can_tune: request.can_tune,
+            lease,
+            caller_pid,
+        };
+        Ok(Response::new(self.coordinator.resolve(call).await.into()))
     }
 
     async fn snapshot(

@@ -1,0 +1,556 @@
+//! Coordinated tuning: `Resolve` makes each missing problem get tuned once per node.
+//!
+//! Owns the in-flight problems ("flights"): for each key being tuned, who holds it (a rank's
+//! lease, the tuner worker, or nobody yet) and who waits for it. Waiting costs a oneshot
+//! channel and a timer, no thread. A flight ends when the key is stored (by anyone: the
+//! store's change listener wakes every waiter with the merged result), or its holder goes
+//! away: the lease expires, the holder process exits (watched with a pidfd), or the holder
+//! gives up; the lease then passes to the next waiter that can tune.
+//!
+//! Leases and waiters live in memory only: after a daemon restart callers simply Resolve
+//! again.
+
+use std::collections::HashMap;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tunecache_proto::v1;
+
+use crate::entry::{CacheKey, TunedResult};
+use crate::store::{ChangeListener, Store};
+
+/// Longest a caller may wait for someone else's result.
+pub const MAX_WAIT: Duration = Duration::from_secs(600);
+/// Lease length when the caller does not say.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(120);
+/// Longest lease a caller may ask for.
+pub const MAX_LEASE: Duration = Duration::from_secs(3600);
+
+#[derive(Default)]
+pub struct CoordCounters {
+    pub resolves: AtomicU64,
+    pub leases_granted: AtomicU64,
+    pub leases_expired: AtomicU64,
+    pub leases_released_dead: AtomicU64,
+    pub leases_given_up: AtomicU64,
+    pub waits_satisfied: AtomicU64,
+    pub waits_timed_out: AtomicU64,
+}
+
+/// What a Resolve call ends with.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    Hit(TunedResult),
+    TuneHere {
+        lease_id: String,
+        expires_in: Duration,
+    },
+    Miss(String),
+}
+
+impl From<Resolution> for v1::ResolveResponse {
+    fn from(resolution: Resolution) -> Self {
+        use v1::resolve_response::Outcome;
+        let outcome = match resolution {
+            Resolution::Hit(result) => Outcome::Hit(result.into()),
+            Resolution::TuneHere {
+                lease_id,
+                expires_in,
+            } => Outcome::TuneHere(v1::Lease {
+                lease_id,
+                expires_in_ms: u32::try_from(expires_in.as_millis()).unwrap_or(u32::MAX),
+            }),
+            Resolution::Miss(reason) => Outcome::Miss(v1::Miss { reason }),
+        };
+        v1::ResolveResponse {
+            outcome: Some(outcome),
+        }
+    }
+}
+
+/// One Resolve request, validated.
+pub struct ResolveCall {
+    pub key: CacheKey,
+    pub wait: Duration,
+    pub can_tune: bool,
+    pub lease: Duration,
+    /// The caller's pid from the socket's peer credentials, when known.
+    pub caller_pid: Option<i32>,
+}
+
+/// Who is producing a flight's result.
+enum Holder {
+    /// Nobody yet: the waiters wait for a caller that can tune.
+    Nobody,
+    Lease(LeaseHolder),
+    /// The daemon's own tuner worker; `what` describes the job for miss reasons.
+    Tuner {
+        what: String,
+    },
+}
+
+struct LeaseHolder {
+    id: String,
+    pid: Option<i32>,
+    /// Cancelled when the lease ends, which stops its expiry/death watch.
+    ended: CancellationToken,
+}
+
+struct Waiter {
+    id: u64,
+    can_tune: bool,
+    pid: Option<i32>,
+    lease: Duration,
+    reply: oneshot::Sender<Resolution>,
+}
+
+struct Flight {
+    holder: Holder,
+    /// When the current holder took over, for miss reasons.
+    since: SystemTime,
+    waiters: Vec<Waiter>,
+}
+
+#[derive(Default)]
+struct State {
+    flights: HashMap<CacheKey, Flight>,
+    /// lease id → the key it is for.
+    leases: HashMap<String, CacheKey>,
+    next_id: u64,
+}
+
+pub struct Coordinator {
+    state: Mutex<State>,
+    store: Store,
+    counters: CoordCounters,
+    shutdown: CancellationToken,
+    lease_prefix: String,
+    me: Weak<Coordinator>,
+    /// Lease watches are spawned from here, also when a lease ends on a non-runtime thread.
+    runtime: tokio::runtime::Handle,
+}
+
+/// Why a lease ended without a result.
+#[derive(Clone, Copy, Debug)]
+enum LeaseEnd {
+    Expired,
+    HolderDied,
+    GivenUp,
+}
+
+fn describe_since(since: SystemTime) -> String {
+    let ago = since.elapsed().unwrap_or_default();
+    let at_ms = since
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!("since unix ms {at_ms} ({:.1} s ago)", ago.as_secs_f64())
+}
+
+impl Coordinator {
+    /// Creates the coordinator and registers it as the store's change listener. Call it
+    /// inside the tokio runtime.
+    pub fn new(store: Store, shutdown: CancellationToken) -> Arc<Coordinator> {
+        let nonce = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()) << 32;
+        let coordinator = Arc::new_cyclic(|me| Coordinator {
+            state: Mutex::new(State::default()),
+            store: store.clone(),
+            counters: CoordCounters::default(),
+            shutdown,
+            lease_prefix: format!("{nonce:016x}"),
+            me: me.clone(),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        store.set_change_listener(coordinator.clone());
+        coordinator
+    }
+
+    pub fn counters(&self) -> &CoordCounters {
+        &self.counters
+    }
+
+    /// Callers waiting right now, and flights in progress.
+    pub fn gauges(&self) -> (u64, u64) {
+        let state = self.lock();
+        let waiters = state.flights.values().map(|f| f.waiters.len() as u64).sum();
+        let active = state
+            .flights
+            .values()
+            .filter(|f| !matches!(f.holder, Holder::Nobody))
+            .count() as u64;
+        (waiters, active)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave State half-updated in a way that
+        // matters more than refusing all future Resolves would; keep serving.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn new_lease(
+        &self,
+        state: &mut State,
+        key: &CacheKey,
+        pid: Option<i32>,
+        length: Duration,
+    ) -> (LeaseHolder, Resolution) {
+        state.next_id += 1;
+        let id = format!("{}-{:x}", self.lease_prefix, state.next_id);
+        state.leases.insert(id.clone(), key.clone());
+        let ended = CancellationToken::new();
+        self.counters.leases_granted.fetch_add(1, Ordering::Relaxed);
+        if let Some(me) = self.me.upgrade() {
+            self.runtime.spawn(watch_lease(
+                me,
+                key.clone(),
+                id.clone(),
+                pid,
+                length,
+                ended.clone(),
+            ));
+        }
+        let holder = LeaseHolder {
+            id: id.clone(),
+            pid,
+            ended,
+        };
+        let resolution = Resolution::TuneHere {
+            lease_id: id,
+            expires_in: length,
+        };
+        (holder, resolution)
+    }
+
+    /// Resolves one key: a hit, a lease to tune it here, or a wait for someone else.
+    pub async fn resolve(&self, call: ResolveCall) -> Resolution {
+        self.counters.resolves.fetch_add(1, Ordering::Relaxed);
+        if let Some(result) = self.store.get(&call.key) {
+            return Resolution::Hit(result);
+        }
+        let (waiter_id, receiver) = {
+            let mut state = self.lock();
+            // Checked again under the lock: the store publishes before it notifies, so a
+            // result stored after the first check is either visible here or will wake us.
+            if let Some(result) = self.store.get(&call.key) {
+                return Resolution::Hit(result);
+            }
+            let state = &mut *state;
+            let can_take_lease = match state.flights.get(&call.key) {
+                None => true,
+                Some(flight) => matches!(flight.holder, Holder::Nobody),
+            };
+            if call.can_tune && can_take_lease {
+                let (holder, resolution) =
+                    self.new_lease(state, &call.key, call.caller_pid, call.lease);
+                let flight = state
+                    .flights
+                    .entry(call.key.clone())
+                    .or_insert_with(|| Flight {
+                        holder: Holder::Nobody,
+                        since: SystemTime::now(),
+                        waiters: Vec::new(),
+                    });
+                flight.holder = Holder::Lease(holder);
+                flight.since = SystemTime::now();
+                return resolution;
+            }
+            if call.wait.is_zero() {
+                let reason = match state.flights.get(&call.key) {
+                    Some(flight) => self.busy_reason(flight),
+                    None => {
+                        "not cached, and the caller cannot tune it and will not wait".to_owned()
+                    }
+                };
+                self.counters
+                    .waits_timed_out
+                    .fetch_add(1, Ordering::Relaxed);
+                return Resolution::Miss(reason);
+            }
+            state.next_id += 1;
+            let waiter_id = state.next_id;
+            let (reply, receiver) = oneshot::channel();
+            let flight = state
+                .flights
+                .entry(call.key.clone())
+                .or_insert_with(|| Flight {
+                    holder: Holder::Nobody,
+                    since: SystemTime::now(),
+                    waiters: Vec::new(),
+                });
+            flight.waiters.push(Waiter {
+                id: waiter_id,
+                can_tune: call.can_tune,
+                pid: call.caller_pid,
+                lease: call.lease,
+                reply,
+            });
+            (waiter_id, receiver)
+        };
+
+        // Removes this waiter if the call ends any other way than through its channel:
+        // timeout, shutdown, or the caller going away (the future is dropped).
+        let guard = WaiterGuard {
+            coordinator: self,
+            key: &call.key,
+            waiter_id,
+        };
+        let outcome = tokio::select! {
+            outcome = receiver => outcome.ok(),
+            () = tokio::time::sleep(call.wait) => None,
+            () = self.shutdown.cancelled() => {
+                return Resolution::Miss("the daemon is shutting down".to_owned());
+            }
+        };
+        match outcome {
+            Some(resolution) => {
+                std::mem::forget(guard);
+                if matches!(resolution, Resolution::Hit(_)) {
+                    self.counters
+                        .waits_satisfied
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                resolution
+            }
+            None => {
+                let reason = {
+                    let state = self.lock();
+                    match state.flights.get(&call.key) {
+                        Some(flight) => self.busy_reason(flight),
+                        None => "the flight ended without a result".to_owned(),
+                    }
+                };
+                drop(guard);
+                self.counters
+                    .waits_timed_out
+                    .fetch_add(1, Ordering::Relaxed);
+                Resolution::Miss(format!(
+                    "no result within {} ms: {reason}",
+                    call.wait.as_millis()
+                ))
+            }
+        }
+    }
+
+    fn busy_reason(&self, flight: &Flight) -> String {
+        let since = describe_since(flight.since);
+        match &flight.holder {
+            Holder::Lease(lease) => match lease.pid {
+                Some(pid) => format!(
+                    "pid {pid} holds lease {} and is tuning it, {since}",
+                    lease.id
+                ),
+                None => format!("lease {} is tuning it, {since}", lease.id),
+            },
+            Holder::Tuner { what } => {
+                format!("the node's tuner worker is tuning it ({what}), {since}")
+            }
+            Holder::Nobody => format!("no caller that can tune it has asked, waiting {since}"),
+        }
+    }
+
+    /// A Record carrying `lease_id` was applied: the lease is complete. If the key now has
+    /// a result the change listener has already woken the waiters; otherwise (the Record
+    /// did not hold the key, or was empty) the lease is given up and passes on.
+    pub fn complete_lease(&self, lease_id: &str) {
+        let mut state = self.lock();
+        let Some(key) = state.leases.get(lease_id).cloned() else {
+            return; // unknown, expired or already completed: nothing to do
+        };
+        match self.store.get(&key) {
+            Some(result) => self.finish(&mut state, &key, &result),
+            None => self.end_lease(&mut state, &key, lease_id, LeaseEnd::GivenUp),
+        }
+    }
+
+    /// Wakes every waiter of `key` with `result` and forgets the flight.
+    fn finish(&self, state: &mut State, key: &CacheKey, result: &TunedResult) {
+        let Some(flight) = state.flights.remove(key) else {
+            return;
+        };
+        if let Holder::Lease(lease) = &flight.holder {
+            lease.ended.cancel();
+            state.leases.remove(&lease.id);
+        }
+        for waiter in flight.waiters {
+            let _ = waiter.reply.send(Resolution::Hit(result.clone()));
+        }
+    }
+
+    /// The lease `lease_id` on `key` ended without a result: hand it to the next waiter
+    /// that can tune, if any.
+    fn end_lease(&self, state: &mut State, key: &CacheKey, lease_id: &str, why: LeaseEnd) {
+        let current = match state.flights.get(key).map(|f| &f.holder) {
+            Some(Holder::Lease(lease)) if lease.id == lease_id => true,
+            _ => false,
+        };
+        state.leases.remove(lease_id);
+        if !current {
+            return;
+        }
+        let counter = match why {
+            LeaseEnd::Expired => &self.counters.leases_expired,
+            LeaseEnd::HolderDied => &self.counters.leases_released_dead,
+            LeaseEnd::GivenUp => &self.counters.leases_given_up,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(lease = lease_id, problem = %key.problem, reason = ?why, "lease ended without a result");
+        self.hand_over(state, key);
+    }
+
+    /// Gives the flight of `key` to its first live waiter that can tune, or to nobody.
+    fn hand_over(&self, state: &mut State, key: &CacheKey) {
+        loop {
+            let Some(flight) = state.flights.get_mut(key) else {
+                return;
+            };
+            if let Holder::Lease(lease) = &flight.holder {
+                lease.ended.cancel();
+            }
+            flight.holder = Holder::Nobody;
+            flight.since = SystemTime::now();
+            let next = flight
+                .waiters
+                .iter()
+                .position(|w| w.can_tune && !w.reply.is_closed());
+            let Some(index) = next else {
+                if flight_is_idle(Some(flight)) {
+                    state.flights.remove(key);
+                }
+                return;
+            };
+            let waiter = flight.waiters.remove(index);
+            let (holder, resolution) = self.new_lease(state, key, waiter.pid, waiter.lease);
+            if waiter.reply.send(resolution).is_ok() {
+                if let Some(flight) = state.flights.get_mut(key) {
+                    flight.holder = Holder::Lease(holder);
+                }
+                return;
+            }
+            // The waiter left between the check and the send: take the lease back.
+            holder.ended.cancel();
+            state.leases.remove(&holder.id);
+        }
+    }
+
+    fn remove_waiter(&self, key: &CacheKey, waiter_id: u64) {
+        let mut state = self.lock();
+        if let Some(flight) = state.flights.get_mut(key) {
+            flight.waiters.retain(|w| w.id != waiter_id);
+        }
+        if flight_is_idle(state.flights.get(key)) {
+            state.flights.remove(key);
+        }
+    }
+
+    /// Marks `key` as being tuned by the node's tuner worker. Returns false if a flight
+    /// for it already exists (the caller then just waits).
+    pub fn begin_tuner_job(&self, key: &CacheKey, what: String) -> bool {
+        let mut state = self.lock();
+        if state.flights.contains_key(key) {
+            return false;
+        }
+        state.flights.insert(
+            key.clone(),
+            Flight {
+                holder: Holder::Tuner { what },
+                since: SystemTime::now(),
+                waiters: Vec::new(),
+            },
+        );
+        true
+    }
+
+    /// The tuner could not produce a result for `key`: its waiters get a miss with `reason`.
+    pub fn fail_tuner_job(&self, key: &CacheKey, reason: &str) {
+        let mut state = self.lock();
+        if let Some(flight) = state.flights.remove(key) {
+            for waiter in flight.waiters {
+                let _ = waiter.reply.send(Resolution::Miss(reason.to_owned()));
+            }
+        }
+    }
+}
+
+fn flight_is_idle(flight: Option<&Flight>) -> bool {
+    flight.is_some_and(|f| matches!(f.holder, Holder::Nobody) && f.waiters.is_empty())
+}
+
+impl ChangeListener for Coordinator {
+    fn entries_changed(&self, changed: &[(CacheKey, TunedResult)]) {
+        let mut state = self.lock();
+        if state.flights.is_empty() {
+            return;
+        }
+        for (key, result) in changed {
+            self.finish(&mut state, key, result);
+        }
+    }
+}
+
+struct WaiterGuard<'a> {
+    coordinator: &'a Coordinator,
+    key: &'a CacheKey,
+    waiter_id: u64,
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        self.coordinator.remove_waiter(self.key, self.waiter_id);
+    }
+}
+
+/// Opens a pidfd for `pid`: readable once the process exits (zombie or reaped).
+fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the kernel returned a fresh fd that nothing else owns.
+    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Waits until `pid` exits. Never returns if the process cannot be watched.
+async fn process_exit(pid: Option<i32>) {
+    let Some(fd) = pid.and_then(pidfd_open) else {
+        return std::future::pending().await;
+    };
+    // SAFETY: the AsyncFd owns the only handle to this freshly opened pidfd, so the fd
+    // stays valid and unshared for as long as it is registered.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+    };
+    match registered {
+        Ok(async_fd) => {
+            let _ = async_fd.readable().await;
+        }
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// Ends the lease when it expires or its holder process exits, unless it ends first.
+async fn watch_lease(
+    coordinator: Arc<Coordinator>,
+    key: CacheKey,
+    lease_id: String,
+    pid: Option<i32>,
+    length: Duration,
+    ended: CancellationToken,
+) {
+    let deadline = Instant::now() + length;
+    let why = tokio::select! {
+        () = ended.cancelled() => return,
+        () = tokio::time::sleep_until(deadline.into()) => LeaseEnd::Expired,
+        () = process_exit(pid) => LeaseEnd::HolderDied,
+    };
+    let mut state = coordinator.lock();
+    coordinator.end_lease(&mut state, &key, &lease_id, why);
+}

@@ -1,0 +1,114 @@
+//! `tunecache-test-rank`: plays one rank process for the coordinated-tuning tests.
+//!
+//! It waits for a start file (so many ranks begin together), then runs the client's rank
+//! flow (`get_or_tune`) for each of its keys in a seeded order. "Tuning" appends the
+//! problem to a count file (one `write` with O_APPEND, so lines from many processes never
+//! interleave), sleeps, and returns a result naming this pid. One JSON line per key on
+//! stdout says how that key ended.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use serde_json::json;
+use tunecache_client::{key, proto, Client, RankOutcome, ResolveOptions};
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long)]
+    socket: PathBuf,
+    #[arg(long, default_value = "test")]
+    namespace: String,
+    #[arg(long, default_value = "gemm")]
+    op: String,
+    /// Keys are problems `p0` .. `p<count-1>`.
+    #[arg(long, default_value_t = 1)]
+    key_count: usize,
+    /// 0 keeps the natural order; anything else shuffles with this seed.
+    #[arg(long, default_value_t = 0)]
+    order_seed: u64,
+    #[arg(long, default_value_t = 0)]
+    tune_ms: u64,
+    /// Tuning never finishes (the test kills this process).
+    #[arg(long)]
+    hang: bool,
+    #[arg(long)]
+    count_file: PathBuf,
+    #[arg(long)]
+    start_file: Option<PathBuf>,
+    #[arg(long, default_value_t = 30_000)]
+    wait_ms: u64,
+    #[arg(long, default_value_t = 0)]
+    lease_ms: u64,
+}
+
+fn shuffled(count: usize, seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..count).collect();
+    if seed == 0 {
+        return order;
+    }
+    // xorshift64*: enough to give each rank its own order, reproducibly.
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for i in (1..count).rev() {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        let j = (state.wrapping_mul(0x2545_F491_4F6C_DD1D) % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if let Some(start) = &args.start_file {
+        while !start.exists() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    let client = Client::connect(&args.socket).await?;
+    let pid = std::process::id();
+    let options = ResolveOptions {
+        wait: Duration::from_millis(args.wait_ms),
+        can_tune: true,
+        lease: Duration::from_millis(args.lease_ms),
+    };
+    let stdout = std::io::stdout();
+    for index in shuffled(args.key_count, args.order_seed) {
+        let problem = format!("p{index}");
+        let k = key(&args.namespace, &args.op, "test-device", &problem, None);
+        let count_file = args.count_file.clone();
+        let outcome = client
+            .get_or_tune(k, options, || async {
+                let mut file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&count_file)?;
+                file.write_all(format!("{problem} {pid}\n").as_bytes())?;
+                if args.hang {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(Duration::from_millis(args.tune_ms)).await;
+                Ok::<_, std::io::Error>(proto::Result {
+                    config: json!({"tile": index % 7, "tuned_by_pid": pid}).to_string(),
+                    time_us: 10.0 + index as f64,
+                    tuned_by: format!("rank-pid-{pid}"),
+                    tuned_at_unix_ms: 0,
+                })
+            })
+            .await;
+        let line = match &outcome {
+            RankOutcome::Cached(r) => {
+                json!({"key": index, "outcome": "cached", "config": r.config})
+            }
+            RankOutcome::Tuned(r) => json!({"key": index, "outcome": "tuned", "config": r.config}),
+            RankOutcome::Fallback(reason) => {
+                json!({"key": index, "outcome": "fallback", "reason": reason})
+            }
+        };
+        writeln!(stdout.lock(), "{line}")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,398 @@
+//! Coordinated tuning against the real daemon and real rank processes: one tuner per
+//! problem per node, lease hand-over on holder death, expiry and give-up, bounded waits.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tunecache_client::{key, proto, Client, Resolution, ResolveOptions};
+use tunecache_integration::{bin, Daemon};
+
+fn rank_command(daemon: &Daemon, dir: &Path, extra: &[&str]) -> Command {
+    let mut command = Command::new(bin("tunecache-test-rank"));
+    command
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .arg("--count-file")
+        .arg(dir.join("tuned.txt"))
+        .arg("--start-file")
+        .arg(dir.join("start"))
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    command
+}
+
+/// Starts every command, releases them together, and returns each one's JSON lines.
+fn run_together(mut commands: Vec<Command>, dir: &Path) -> Vec<Vec<Value>> {
+    let children: Vec<Child> = commands
+        .iter_mut()
+        .map(|c| c.spawn().expect("spawn rank"))
+        .collect();
+    std::fs::write(dir.join("start"), b"go").unwrap();
+    children
+        .into_iter()
+        .map(|child| {
+            let output = child.wait_with_output().expect("rank output");
+            assert!(output.status.success(), "rank failed: {}", output.status);
+            String::from_utf8(output.stdout)
+                .unwrap()
+                .lines()
+                .map(|line| serde_json::from_str(line).expect("rank JSON line"))
+                .collect()
+        })
+        .collect()
+}
+
+/// How many times each problem was tuned, from the count file.
+fn tune_counts(dir: &Path) -> HashMap<String, usize> {
+    let text = std::fs::read_to_string(dir.join("tuned.txt")).unwrap_or_default();
+    let mut counts = HashMap::new();
+    for line in text.lines() {
+        let problem = line.split_whitespace().next().unwrap().to_owned();
+        *counts.entry(problem).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_processes_one_fresh_key_exactly_one_tunes() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path()).await;
+    let commands = (0..8)
+        .map(|_| rank_command(&daemon, dir.path(), &["--tune-ms", "300"]))
+        .collect();
+    let outputs = tokio::task::spawn_blocking({
+        let dir = dir.path().to_path_buf();
+        move || run_together(commands, &dir)
+    })
+    .await
+    .unwrap();
+
+    assert_eq!(tune_counts(dir.path()).get("p0"), Some(&1));
+    let outcomes: Vec<&str> = outputs
+        .iter()
+        .map(|o| o[0]["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == "tuned").count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == "cached").count(),
+        7,
+        "{outcomes:?}"
+    );
+    let configs: Vec<&Value> = outputs.iter().map(|o| &o[0]["config"]).collect();
+    assert!(configs.iter().all(|c| *c == configs[0]), "{configs:?}");
+
+    let stats = daemon.client().await.stats().await.unwrap();
+    assert_eq!(stats.leases_granted, 1);
+    assert_eq!(stats.waits_satisfied, 7);
+    assert_eq!(stats.waiters, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_processes_500_keys_each_tuned_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path()).await;
+    let commands = (0..16)
+        .map(|rank| {
+            let seed = (rank + 1).to_string();
+            rank_command(
+                &daemon,
+                dir.path(),
+                &[
+                    "--key-count",
+                    "500",
+                    "--order-seed",
+                    &seed,
+                    "--tune-ms",
+                    "1",
+                ],
+            )
+        })
+        .collect();
+    let outputs = tokio::task::spawn_blocking({
+        let dir = dir.path().to_path_buf();
+        move || run_together(commands, &dir)
+    })
+    .await
+    .unwrap();
+
+    let counts = tune_counts(dir.path());
+    assert_eq!(counts.len(), 500);
+    let tuned_twice: Vec<_> = counts.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(
+        tuned_twice.is_empty(),
+        "tuned more than once: {tuned_twice:?}"
+    );
+
+    // Every rank ended every key with the one recorded config.
+    let mut config_of: HashMap<u64, Value> = HashMap::new();
+    for lines in &outputs {
+        assert_eq!(lines.len(), 500);
+        for line in lines {
+            assert_ne!(line["outcome"], "fallback", "{line}");
+            let k = line["key"].as_u64().unwrap();
+            let config = config_of.entry(k).or_insert_with(|| line["config"].clone());
+            assert_eq!(*config, line["config"], "key {k}");
+        }
+    }
+    let stats = daemon.client().await.stats().await.unwrap();
+    assert_eq!(stats.entries, 500);
+    assert_eq!(stats.leases_granted, 500);
+}
+
+async fn wait_for_count(dir: &Path, problem: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tune_counts(dir).get(problem).copied().unwrap_or(0) < n {
+        assert!(Instant::now() < deadline, "{problem} never started tuning");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_holder_hands_the_lease_to_a_waiter_long_before_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path()).await;
+    std::fs::write(dir.path().join("start"), b"go").unwrap();
+    let mut holder = rank_command(&daemon, dir.path(), &["--hang", "--lease-ms", "120000"])
+        .spawn()
+        .unwrap();
+    wait_for_count(dir.path(), "p0", 1).await;
+
+    let client = daemon.client().await;
+    let waiter = tokio::spawn({
+        let client = client.clone();
+        async move {
+            let options = ResolveOptions {
+                wait: Duration::from_secs(60),
+                can_tune: true,
+                lease: Duration::ZERO,
+            };
+            let resolution = client
+                .resolve(key("test", "gemm", "test-device", "p0", None), options)
+                .await;
+            (resolution, Instant::now())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(client.stats().await.unwrap().waiters, 1);
+
+    holder.kill().unwrap(); // SIGKILL, mid-tune
+    let killed_at = Instant::now();
+    let (resolution, handed_at) = waiter.await.unwrap();
+    assert!(matches!(resolution.unwrap(), Resolution::TuneHere(_)));
+    let took = handed_at - killed_at;
+    // The lease had two minutes left: a hand-over within seconds can only be the death watch.
+    assert!(took < Duration::from_secs(5), "hand-over took {took:?}");
+    let _ = holder.wait();
+    let stats = client.stats().await.unwrap();
+    assert_eq!(stats.leases_released_dead, 1);
+    assert_eq!(stats.leases_expired, 0);
+}
+
+fn options(wait_ms: u64, can_tune: bool, lease_ms: u64) -> ResolveOptions {
+    ResolveOptions {
+        wait: Duration::from_millis(wait_ms),
+        can_tune,
+        lease: Duration::from_millis(lease_ms),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_timeout_and_give_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path()).await;
+    let client = daemon.client().await;
+    let k = |p: &str| key("test", "gemm", "test-device", p, None);
+
+    // Expiry: a 300 ms lease nobody completes passes to the next caller that can tune.
+    let Resolution::TuneHere(first) = client
+        .resolve(k("expiry"), options(0, true, 300))
+        .await
+        .unwrap()
+    else {
+        panic!("first caller should get the lease");
+    };
+    let second = client
+        .resolve(k("expiry"), options(10_000, true, 60_000))
+        .await
+        .unwrap();
+    let Resolution::TuneHere(second) = second else {
+        panic!("expected hand-over, got {second:?}")
+    };
+    assert_ne!(first.lease_id, second.lease_id);
+    assert_eq!(client.stats().await.unwrap().leases_expired, 1);
+
+    // A wait that times out is a miss whose reason names who is tuning and since when.
+    let miss = client
+        .resolve(k("expiry"), options(200, false, 0))
+        .await
+        .unwrap();
+    let Resolution::Miss(reason) = miss else {
+        panic!("expected a miss, got {miss:?}")
+    };
+    assert!(reason.contains("no result within 200 ms"), "{reason}");
+    assert!(reason.contains(&second.lease_id), "{reason}");
+    assert!(
+        reason.contains(&format!("pid {}", std::process::id())),
+        "{reason}"
+    );
+    assert!(reason.contains("since unix ms"), "{reason}");
+    assert_eq!(client.stats().await.unwrap().waits_timed_out, 1);
+
+    // Give-up: an empty Record with the lease passes it to the waiter that can tune.
+    let Resolution::TuneHere(lease) = client
+        .resolve(k("give-up"), options(0, true, 60_000))
+        .await
+        .unwrap()
+    else {
+        panic!("expected the lease");
+    };
+    let waiter = tokio::spawn({
+        let client = client.clone();
+        let key = k("give-up");
+        async move { client.resolve(key, options(10_000, true, 60_000)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    client
+        .record_with_lease(vec![], lease.lease_id)
+        .await
+        .unwrap();
+    let handed = waiter.await.unwrap().unwrap();
+    assert!(matches!(handed, Resolution::TuneHere(_)), "{handed:?}");
+    assert_eq!(client.stats().await.unwrap().leases_given_up, 1);
+
+    // Completing that lease with a result wakes a waiter with the recorded result.
+    let Resolution::TuneHere(lease) = handed else {
+        unreachable!()
+    };
+    let waiter = tokio::spawn({
+        let client = client.clone();
+        let key = k("give-up");
+        async move { client.resolve(key, options(10_000, false, 0)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let result = proto::Result {
+        config: r#"{"tile":64}"#.into(),
+        time_us: 3.5,
+        tuned_by: "me".into(),
+        tuned_at_unix_ms: 1,
+    };
+    let entry = proto::Entry {
+        key: Some(k("give-up")),
+        result: Some(result.clone()),
+    };
+    client
+        .record_with_lease(vec![entry], lease.lease_id)
+        .await
+        .unwrap();
+    assert_eq!(waiter.await.unwrap().unwrap(), Resolution::Hit(result));
+    let stats = client.stats().await.unwrap();
+    assert_eq!(
+        (stats.waiters, stats.leases_active),
+        (0, 1),
+        "only the expiry key's lease remains"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_disconnects_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path()).await;
+    let client = daemon.client().await;
+    let k = key("test", "gemm", "test-device", "leak", None);
+    let Resolution::TuneHere(_) = client
+        .resolve(k.clone(), options(0, true, 60_000))
+        .await
+        .unwrap()
+    else {
+        panic!("expected the lease");
+    };
+
+    // 50 waiters on their own connections; then every connection goes away.
+    let mut waiters = Vec::new();
+    for _ in 0..50 {
+        let own = Client::connect(&daemon.socket).await.unwrap();
+        let k = k.clone();
+        waiters.push(tokio::spawn(async move {
+            own.resolve(k, options(60_000, true, 0)).await
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.stats().await.unwrap().waiters < 50 {
+        assert!(Instant::now() < deadline, "waiters never registered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for waiter in &waiters {
+        waiter.abort();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = client.stats().await.unwrap();
+        if stats.waiters == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} waiters leaked",
+            stats.waiters
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bitblas_scenario_ranks_share_one_tuning_per_matmul() {
+    // Tensor parallelism hands every rank the same op configs; each rank used to tune
+    // them and overwrite the others' database entries. Here 4 ranks ask for the same 3
+    // matmul configs (namespace "bitblas") in different orders.
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path()).await;
+    let commands = (0..4)
+        .map(|rank| {
+            let seed = (rank + 11).to_string();
+            rank_command(
+                &daemon,
+                dir.path(),
+                &[
+                    "--namespace",
+                    "bitblas",
+                    "--op",
+                    "matmul",
+                    "--key-count",
+                    "3",
+                    "--order-seed",
+                    &seed,
+                    "--tune-ms",
+                    "100",
+                ],
+            )
+        })
+        .collect();
+    let outputs = tokio::task::spawn_blocking({
+        let dir = dir.path().to_path_buf();
+        move || run_together(commands, &dir)
+    })
+    .await
+    .unwrap();
+    let counts = tune_counts(dir.path());
+    assert_eq!(counts.values().copied().collect::<Vec<_>>(), vec![1, 1, 1]);
+    for k in 0..3u64 {
+        let configs: Vec<&Value> = outputs
+            .iter()
+            .flat_map(|lines| lines.iter().filter(|l| l["key"] == k).map(|l| &l["config"]))
+            .collect();
+        assert_eq!(configs.len(), 4);
+        assert!(configs.iter().all(|c| *c == configs[0]));
+    }
+    let client = daemon.client().await;
+    assert_eq!(client.scan("bitblas", "").await.unwrap().len(), 3);
+    let stats = client.stats().await.unwrap();
+    assert_eq!(stats.entries_stored, 3, "nothing was overwritten");
+}
