@@ -387,10 +387,10 @@ impl Coordinator {
     /// The lease `lease_id` on `key` ended without a result: hand it to the next waiter
     /// that can tune, if any.
     fn end_lease(&self, state: &mut State, key: &CacheKey, lease_id: &str, why: LeaseEnd) {
-        let current = match state.flights.get(key).map(|f| &f.holder) {
-            Some(Holder::Lease(lease)) if lease.id == lease_id => true,
-            _ => false,
-        };
+        let current = matches!(
+            state.flights.get(key).map(|f| &f.holder),
+            Some(Holder::Lease(lease)) if lease.id == lease_id
+        );
         state.leases.remove(lease_id);
         if !current {
             return;
