@@ -12,6 +12,8 @@ use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tunecache_proto::v1::{self, tune_cache_client::TuneCacheClient};
 
+pub mod trtllm;
+
 pub use tunecache_proto::socket_path::default_socket_path;
 pub use tunecache_proto::v1 as proto;
 

@@ -1,0 +1,206 @@
+# Owns the pytest fixtures of the Python client tests: the import path of the in-tree package,
+# the real `tunecached` daemon (started per test, stopped with SIGTERM) and a fake in-process
+# TuneCache server for testing get_or_tune's flows without the daemon.
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+PYTHON_PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # client/python
+REPO_ROOT = Path(__file__).resolve().parents[3]
+# The tests run against the source tree (with stubs from gen_stubs.py), installed or not.
+sys.path.insert(0, str(PYTHON_PACKAGE_ROOT))
+
+import grpc  # noqa: E402
+
+import tunecache  # noqa: E402
+from tunecache.v1 import tunecache_pb2 as pb  # noqa: E402
+from tunecache.v1 import tunecache_pb2_grpc as pb_grpc  # noqa: E402
+
+DAEMON_BIN_ENV = "TUNECACHE_DAEMON_BIN"
+# Extra daemon arguments, for flags these tests do not know about (shell-quoted).
+DAEMON_ARGS_ENV = "TUNECACHE_DAEMON_ARGS"
+DAEMON_START_TIMEOUT_S = 30.0
+DAEMON_STOP_TIMEOUT_S = 15.0
+
+
+def daemon_binary() -> Path:
+    configured = os.environ.get(DAEMON_BIN_ENV, "")
+    return Path(configured) if configured else REPO_ROOT / "target" / "debug" / "tunecached"
+
+
+def short_temp_dir(prefix: str) -> Path:
+    # A Unix socket path must fit in sun_path (108 bytes); pytest's tmp_path can be longer.
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+@pytest.fixture
+def socket_dir():
+    directory = short_temp_dir("tc-py-")
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def fresh_warning_state(monkeypatch):
+    """Each test sees get_or_tune's once-per-process warning afresh."""
+    monkeypatch.setattr(tunecache.client, "_warned_pid", None)
+
+
+@dataclass
+class Daemon:
+    socket_path: str
+    state_dir: Path
+    log_path: Path
+    process: subprocess.Popen
+
+    def client(self, timeout: float = 5.0) -> tunecache.Client:
+        return tunecache.Client(self.socket_path, timeout=timeout)
+
+    def log_tail(self, max_chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-max_chars:]
+        except OSError as err:
+            return f"(no daemon log: {err})"
+
+
+def _wait_until_answering(daemon: Daemon) -> None:
+    deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
+    last_error = None
+    with daemon.client(timeout=1.0) as client:
+        while time.monotonic() < deadline:
+            if daemon.process.poll() is not None:
+                pytest.fail(
+                    f"tunecached exited with {daemon.process.returncode} before answering; "
+                    f"log:\n{daemon.log_tail()}"
+                )
+            if os.path.exists(daemon.socket_path):
+                try:
+                    client.stats()
+                    return
+                except grpc.RpcError as err:
+                    last_error = err
+            time.sleep(0.05)
+    daemon.process.kill()
+    daemon.process.wait()
+    pytest.fail(
+        f"tunecached did not answer Stats on {daemon.socket_path} within "
+        f"{DAEMON_START_TIMEOUT_S}s (last error: {last_error}); log:\n{daemon.log_tail()}"
+    )
+
+
+@pytest.fixture
+def daemon(socket_dir):
+    """The real tunecached on a fresh socket and state dir; skipped when the binary is absent."""
+    binary = daemon_binary()
+    if not binary.is_file():
+        pytest.skip(
+            f"tunecached binary not found at {binary}: build it (cargo build -p tunecached) "
+            f"or set {DAEMON_BIN_ENV}"
+        )
+    socket_path = socket_dir / "s.sock"
+    state_dir = socket_dir / "state"
+    log_path = socket_dir / "daemon.log"
+    command = [str(binary), "--socket", str(socket_path), "--state-dir", str(state_dir)]
+    command += shlex.split(os.environ.get(DAEMON_ARGS_ENV, ""))
+    environment = dict(os.environ)
+    environment.setdefault("RUST_LOG", "info")
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=environment
+        )
+    running = Daemon(str(socket_path), state_dir, log_path, process)
+    try:
+        _wait_until_answering(running)
+        yield running
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=DAEMON_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                pytest.fail(
+                    f"tunecached did not exit within {DAEMON_STOP_TIMEOUT_S}s of SIGTERM; "
+                    f"log:\n{running.log_tail()}"
+                )
+
+
+def unique_key(**overrides) -> pb.Key:
+    """A key no earlier test used, in a namespace the daemon has no tuner for."""
+    fields = dict(namespace="pytest", op="gemm", device="cpu|pytest", problem=f'{{"id":"{uuid.uuid4()}"}}')
+    fields.update(overrides)
+    return pb.Key(**fields)
+
+
+# --- fake daemon ---------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeTuneCache(pb_grpc.TuneCacheServicer):
+    """Just enough of the Resolve/Record contract: the first caller that can tune gets a lease,
+    later callers get the result or a miss; a Record with the lease and no entries gives it up."""
+
+    results: dict = field(default_factory=dict)
+    leases: dict = field(default_factory=dict)  # lease_id -> key bytes
+    record_requests: list = field(default_factory=list)
+    resolve_requests: list = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @staticmethod
+    def _key_bytes(key: pb.Key) -> bytes:
+        return key.SerializeToString(deterministic=True)
+
+    def Resolve(self, request, context):
+        with self.lock:
+            self.resolve_requests.append(request)
+            key = self._key_bytes(request.key)
+            if key in self.results:
+                return pb.ResolveResponse(hit=self.results[key])
+            if request.can_tune and key not in self.leases.values():
+                lease_id = str(uuid.uuid4())
+                self.leases[lease_id] = key
+                return pb.ResolveResponse(tune_here=pb.Lease(lease_id=lease_id, expires_in_ms=10_000))
+            return pb.ResolveResponse(miss=pb.Miss(reason="fake: nobody will tune this"))
+
+    def Record(self, request, context):
+        with self.lock:
+            self.record_requests.append(request)
+            if request.lease_id:
+                self.leases.pop(request.lease_id, None)
+            stored = 0
+            for entry in request.entries:
+                key = self._key_bytes(entry.key)
+                held = self.results.get(key)
+                if held is None or entry.result.time_us < held.time_us:
+                    self.results[key] = entry.result
+                    stored += 1
+            return pb.RecordResponse(stored=stored, unchanged=len(request.entries) - stored)
+
+
+@pytest.fixture
+def fake_daemon(socket_dir):
+    servicer = FakeTuneCache()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_TuneCacheServicer_to_server(servicer, server)
+    socket_path = str(socket_dir / "fake.sock")
+    server.add_insecure_port(f"unix:{socket_path}")
+    server.start()
+    try:
+        yield socket_path, servicer
+    finally:
+        server.stop(grace=None)

@@ -1,0 +1,153 @@
+# Owns the client tests against the real tunecached (fixture `daemon` in conftest.py, skipped when
+# the binary is absent): Record/Lookup round trip and the merge rule, Scan completeness, and
+# several rank processes resolving one fresh key with exactly one tuner.
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from conftest import PYTHON_PACKAGE_ROOT, unique_key
+from tunecache.v1 import tunecache_pb2 as pb
+
+RANK_PROCESSES = 4
+RANK_TUNE_SECONDS = 1.0
+
+
+def entry(key: pb.Key, config: str, time_us: float) -> pb.Entry:
+    return pb.Entry(
+        key=key,
+        result=pb.Result(config=config, time_us=time_us, tuned_by="pytest", tuned_at_unix_ms=int(time.time() * 1000)),
+    )
+
+
+def test_record_then_lookup_round_trip(daemon):
+    with daemon.client() as client:
+        key = unique_key(rank=3)
+        shared_key = unique_key(problem=key.problem)  # same key without a rank: a different key
+        assert client.record([entry(key, '{"tile": [64, 128], "stages": 3}', 12.5)]).stored == 1
+
+        (hit,) = client.lookup([shared_key, key, unique_key()])
+        assert hit.key == key
+        assert json.loads(hit.result.config) == {"tile": [64, 128], "stages": 3}
+        assert hit.result.time_us == 12.5
+
+        # Merge rule: a slower result leaves the entry alone, a faster one replaces it.
+        assert client.record([entry(key, '{"tile": [32, 32]}', 20.0)]).unchanged == 1
+        assert json.loads(client.lookup([key])[0].result.config) == {"tile": [64, 128], "stages": 3}
+        assert client.record([entry(key, '{"tile": [256, 64]}', 8.0)]).stored == 1
+        (hit,) = client.lookup([key])
+        assert (json.loads(hit.result.config), hit.result.time_us) == ({"tile": [256, 64]}, 8.0)
+        assert client.stats().entries >= 1
+
+
+def test_scan_returns_every_recorded_entry(daemon):
+    # More than one 1,024-entry chunk, in two namespaces and two devices.
+    recorded = {}
+    for index in range(2_500):
+        namespace = "pytest-a" if index % 2 else "pytest-b"
+        device = "cpu|scan-0" if index % 3 else "cpu|scan-1"
+        key = unique_key(namespace=namespace, device=device, problem=f'{{"i":{index}}}')
+        recorded[(namespace, device, key.problem)] = entry(key, f'{{"i": {index}}}', float(index))
+    with daemon.client() as client:
+        batch = list(recorded.values())
+        for start in range(0, len(batch), 500):
+            assert client.record(batch[start : start + 500]).stored == len(batch[start : start + 500])
+
+        def scanned(namespace="", device=""):
+            found = {}
+            for chunk in client.scan(namespace=namespace, device=device):
+                assert len(chunk) <= 1024
+                for item in chunk:
+                    found[(item.key.namespace, item.key.device, item.key.problem)] = item
+            return found
+
+        everything = scanned()
+        assert set(recorded) <= set(everything)
+        for identity, item in recorded.items():
+            assert everything[identity].result.time_us == item.result.time_us
+            assert json.loads(everything[identity].result.config) == json.loads(item.result.config)
+        assert set(scanned(namespace="pytest-a")) == {k for k in recorded if k[0] == "pytest-a"}
+        assert set(scanned(device="cpu|scan-1")) == {k for k in recorded if k[1] == "cpu|scan-1"}
+        assert set(scanned(namespace="pytest-b", device="cpu|scan-0")) == {
+            k for k in recorded if k[0] == "pytest-b" and k[1] == "cpu|scan-0"
+        }
+
+
+def test_ranks_tune_a_fresh_key_exactly_once(daemon, socket_dir):
+    key = unique_key(op="trtllm::fused_moe::gemm1")
+    key_json = json.dumps({f.name: getattr(key, f.name) for f in key.DESCRIPTOR.fields if f.name != "rank"})
+    counter_path = socket_dir / "tune-count"
+    go_path = socket_dir / "go"
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PYTHON_PACKAGE_ROOT), os.environ.get("PYTHONPATH")])))
+    ranks = []
+    for rank in range(RANK_PROCESSES):
+        ready_path = socket_dir / f"ready-{rank}"
+        command = [
+            sys.executable,
+            str(PYTHON_PACKAGE_ROOT / "tests" / "rank_worker.py"),
+            daemon.socket_path,
+            key_json,
+            str(counter_path),
+            str(ready_path),
+            str(go_path),
+            str(RANK_TUNE_SECONDS),
+        ]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+        ranks.append((process, ready_path))
+    try:
+        # Release the ranks together, once all have imported grpc and made their client.
+        deadline = time.monotonic() + 60
+        while not all(ready.exists() for _, ready in ranks):
+            assert time.monotonic() < deadline, "rank processes did not start"
+            assert all(p.poll() is None for p, _ in ranks), [p.communicate() for p, _ in ranks if p.poll() is not None]
+            time.sleep(0.02)
+        go_path.touch()
+        outputs = []
+        for process, _ in ranks:
+            stdout, stderr = process.communicate(timeout=90)
+            assert process.returncode == 0, stderr
+            outputs.append(json.loads(stdout.strip().splitlines()[-1]))
+    finally:
+        for process, _ in ranks:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+    tuner_pids = counter_path.read_text().split()
+    assert len(tuner_pids) == 1, f"tune_fn ran {len(tuner_pids)} times: {tuner_pids}; log:\n{daemon.log_tail()}"
+    results = [output["result"] for output in outputs]
+    assert results[0] != "FALLBACK", outputs
+    assert all(result == results[0] for result in results), outputs
+    assert results[0] == {"runner_id": 1, "tactic": [128, 64], "tuned_by_pid": int(tuner_pids[0])}
+
+    with daemon.client() as client:
+        (hit,) = client.lookup([key])
+        assert json.loads(hit.result.config) == results[0]
+        assert hit.result.time_us == 42.5
+
+
+def test_giving_the_lease_up_frees_the_key_at_once(daemon):
+    key = unique_key()
+    calls = []
+
+    def failing_tune():
+        calls.append("failing")
+        raise RuntimeError("no kernel fits")
+
+    def good_tune():
+        calls.append("good")
+        return {"tactic": 5}, 3.0
+
+    with daemon.client() as client:
+        assert client.get_or_tune(key, failing_tune, "FALLBACK", wait_ms=2_000, lease_ms=120_000) == "FALLBACK"
+        started = time.monotonic()
+        # Had the lease not been given up, this caller would wait the full wait_ms and miss.
+        assert client.get_or_tune(key, good_tune, "FALLBACK", wait_ms=8_000) == {"tactic": 5}
+        assert time.monotonic() - started < 6.0
+        assert calls == ["failing", "good"]
+        # Now cached: a caller that cannot tune gets the hit.
+        assert client.get_or_tune(key, good_tune, "FALLBACK", can_tune=False, wait_ms=0) == {"tactic": 5}
+        assert calls == ["failing", "good"]

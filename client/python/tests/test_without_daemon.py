@@ -1,0 +1,233 @@
+# Owns the client tests that need no tunecached: socket resolution, behaviour when the daemon is
+# absent or hung (fallback, bounded time, one warning, no exception), and get_or_tune's flows
+# against a fake in-process TuneCache server.
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+
+import pytest
+
+import tunecache
+from conftest import unique_key
+from tunecache.v1 import tunecache_pb2 as pb
+
+FALLBACK = {"runner_id": 0, "tactic": -1}
+DAEMON_WARNING = "unavailable or failing"
+
+
+def daemon_warnings(caplog) -> list:
+    return [r for r in caplog.records if r.name == "tunecache" and r.levelno == logging.WARNING and DAEMON_WARNING in r.getMessage()]
+
+
+# --- socket resolution ------------------------------------------------------------------------------
+
+
+def test_socket_env_wins_over_everything():
+    environ = {"TUNECACHE_SOCKET": "/run/custom.sock", "XDG_RUNTIME_DIR": "/run/user/7"}
+    assert tunecache.default_socket_path(environ, uid=7) == "/run/custom.sock"
+
+
+def test_xdg_runtime_dir_is_second():
+    environ = {"XDG_RUNTIME_DIR": "/run/user/7"}
+    assert tunecache.default_socket_path(environ, uid=7) == "/run/user/7/tunecache/tunecache.sock"
+
+
+def test_tmp_per_uid_is_last():
+    assert tunecache.default_socket_path({}, uid=1234) == "/tmp/tunecache-1234/tunecache.sock"
+
+
+def test_empty_variables_count_as_unset():
+    environ = {"TUNECACHE_SOCKET": "", "XDG_RUNTIME_DIR": ""}
+    assert tunecache.default_socket_path(environ, uid=5) == "/tmp/tunecache-5/tunecache.sock"
+
+
+def test_client_uses_the_default_socket_unless_given_one(monkeypatch):
+    monkeypatch.setenv("TUNECACHE_SOCKET", "/tmp/from-env.sock")
+    with tunecache.Client() as client:
+        assert client.socket_path == "/tmp/from-env.sock"
+    with tunecache.Client("/tmp/explicit.sock") as client:
+        assert client.socket_path == "/tmp/explicit.sock"
+    monkeypatch.delenv("TUNECACHE_SOCKET")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/42")
+    with tunecache.Client() as client:
+        assert client.socket_path == "/run/user/42/tunecache/tunecache.sock"
+
+
+def test_channel_sets_a_valid_authority():
+    assert ("grpc.default_authority", "localhost") in tunecache.CHANNEL_OPTIONS
+
+
+# --- daemon absent or hung ------------------------------------------------------------------------
+
+
+def must_not_run():
+    raise AssertionError("tune_fn must not run without a daemon")
+
+
+def test_absent_daemon_gives_the_fallback_quickly_and_warns_once(socket_dir, caplog):
+    caplog.set_level(logging.DEBUG, logger="tunecache")
+    client = tunecache.Client(str(socket_dir / "nobody-here.sock"), timeout=2.0)
+    started = time.monotonic()
+    results = [
+        client.get_or_tune(unique_key(), must_not_run, FALLBACK, wait_ms=5_000) for _ in range(3)
+    ]
+    elapsed = time.monotonic() - started
+    assert results == [FALLBACK] * 3
+    # No daemon means an immediate connection failure, not a wait for wait_ms.
+    assert elapsed < 4.0, elapsed
+    assert len(daemon_warnings(caplog)) == 1, caplog.text
+
+
+def test_module_helper_uses_the_default_socket_and_never_raises(socket_dir, monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="tunecache")
+    monkeypatch.setenv("TUNECACHE_SOCKET", str(socket_dir / "absent.sock"))
+    monkeypatch.setattr(tunecache.client, "_default_client", None)
+    started = time.monotonic()
+    assert tunecache.get_or_tune(unique_key(), must_not_run, "fallback", wait_ms=1_000) == "fallback"
+    assert tunecache.get_or_tune(unique_key(), must_not_run, "fallback", wait_ms=1_000) == "fallback"
+    assert time.monotonic() - started < 4.0
+    assert len(daemon_warnings(caplog)) == 1, caplog.text
+    assert str(socket_dir / "absent.sock") in daemon_warnings(caplog)[0].getMessage()
+
+
+def test_stale_socket_file_gives_the_fallback(socket_dir, caplog):
+    caplog.set_level(logging.WARNING, logger="tunecache")
+    path = str(socket_dir / "stale.sock")
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(path)  # bound, never listening: connect() is refused
+    try:
+        client = tunecache.Client(path, timeout=2.0)
+        started = time.monotonic()
+        assert client.get_or_tune(unique_key(), must_not_run, FALLBACK, wait_ms=5_000) == FALLBACK
+        assert time.monotonic() - started < 4.0
+        assert len(daemon_warnings(caplog)) == 1
+    finally:
+        stale.close()
+
+
+def test_hung_daemon_is_bounded_by_wait_ms_plus_timeout(socket_dir, caplog):
+    caplog.set_level(logging.WARNING, logger="tunecache")
+    path = str(socket_dir / "hung.sock")
+    hung = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    hung.bind(path)
+    hung.listen(16)  # connections complete in the kernel, but nobody ever speaks HTTP/2
+    try:
+        client = tunecache.Client(path, timeout=0.5)
+        started = time.monotonic()
+        assert client.get_or_tune(unique_key(), must_not_run, FALLBACK, wait_ms=300) == FALLBACK
+        elapsed = time.monotonic() - started
+        assert 0.5 < elapsed < 3.0, elapsed
+        assert len(daemon_warnings(caplog)) == 1
+    finally:
+        hung.close()
+
+
+def test_unusable_key_gives_the_fallback(socket_dir):
+    client = tunecache.Client(str(socket_dir / "absent.sock"), timeout=1.0)
+    assert client.get_or_tune({"no_such_field": 1}, must_not_run, FALLBACK) == FALLBACK
+
+
+# --- get_or_tune against a fake daemon ------------------------------------------------------------
+
+
+class CountingTuner:
+    def __init__(self, output=({"runner_id": 2, "tactic": [128, 64]}, 42.5), error=None):
+        self.calls = 0
+        self.output = output
+        self.error = error
+
+    def __call__(self):
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return self.output
+
+
+def test_told_to_tune_runs_tune_fn_once_and_records_with_the_lease(fake_daemon):
+    socket_path, servicer = fake_daemon
+    client = tunecache.Client(socket_path)
+    key = unique_key(rank=3)
+    tuner = CountingTuner()
+    assert client.get_or_tune(key, tuner, FALLBACK) == {"runner_id": 2, "tactic": [128, 64]}
+    assert tuner.calls == 1
+    (record,) = servicer.record_requests
+    assert record.lease_id
+    (entry,) = record.entries
+    assert entry.key == key
+    assert json.loads(entry.result.config) == {"runner_id": 2, "tactic": [128, 64]}
+    assert entry.result.time_us == 42.5
+    assert entry.result.tuned_by and entry.result.tuned_at_unix_ms > 0
+    # The second call is a hit: the same value, no tuning.
+    assert client.get_or_tune(key, tuner, FALLBACK) == {"runner_id": 2, "tactic": [128, 64]}
+    assert tuner.calls == 1
+    assert servicer.resolve_requests[0].can_tune
+
+
+def test_config_text_is_recorded_verbatim(fake_daemon):
+    socket_path, servicer = fake_daemon
+    client = tunecache.Client(socket_path)
+    result = client.get_or_tune(unique_key(), lambda: ('{"b": 1, "a": [1.5]}', 7), FALLBACK)
+    assert result == {"b": 1, "a": [1.5]}
+    assert servicer.record_requests[0].entries[0].result.config == '{"b": 1, "a": [1.5]}'
+
+
+@pytest.mark.parametrize(
+    "tuner",
+    [
+        CountingTuner(error=RuntimeError("kernel launch failed")),
+        CountingTuner(output=({"tactic": 1}, float("nan"))),
+        CountingTuner(output=({"tactic": 1}, -1.0)),
+        CountingTuner(output=("not json {", 1.0)),
+        CountingTuner(output=({"tactic": object()}, 1.0)),
+        CountingTuner(output="not a pair"),
+    ],
+    ids=["raises", "nan-time", "negative-time", "bad-json", "unserializable", "not-a-pair"],
+)
+def test_failed_tuning_gives_the_lease_up_and_the_fallback(fake_daemon, tuner):
+    socket_path, servicer = fake_daemon
+    client = tunecache.Client(socket_path)
+    key = unique_key()
+    assert client.get_or_tune(key, tuner, FALLBACK) == FALLBACK
+    assert tuner.calls == 1
+    (give_up,) = servicer.record_requests
+    assert give_up.lease_id and not give_up.entries
+    # The lease is free again: the next caller is told to tune at once.
+    good = CountingTuner()
+    assert client.get_or_tune(key, good, FALLBACK) == {"runner_id": 2, "tactic": [128, 64]}
+    assert good.calls == 1
+
+
+def test_interrupted_tuning_gives_the_lease_up_and_propagates(fake_daemon):
+    socket_path, servicer = fake_daemon
+    client = tunecache.Client(socket_path)
+    with pytest.raises(KeyboardInterrupt):
+        client.get_or_tune(unique_key(), CountingTuner(error=KeyboardInterrupt()), FALLBACK)
+    (give_up,) = servicer.record_requests
+    assert give_up.lease_id and not give_up.entries
+
+
+def test_miss_gives_the_fallback_without_tuning(fake_daemon, caplog):
+    socket_path, servicer = fake_daemon
+    caplog.set_level(logging.WARNING, logger="tunecache")
+    client = tunecache.Client(socket_path)
+    tuner = CountingTuner()
+    assert client.get_or_tune(unique_key(), tuner, FALLBACK, can_tune=False, wait_ms=10) == FALLBACK
+    assert tuner.calls == 0
+    assert not servicer.resolve_requests[0].can_tune
+    assert servicer.resolve_requests[0].wait_ms == 10
+    assert not daemon_warnings(caplog)
+
+
+def test_client_calls_reach_the_server(fake_daemon):
+    socket_path, servicer = fake_daemon
+    with tunecache.Client(socket_path) as client:
+        key = unique_key()
+        entry = {"key": key, "result": {"config": '{"x": 1}', "time_us": 3.0}}
+        assert client.record([entry]).stored == 1
+        response = client.resolve(key, wait_ms=0, can_tune=False)
+        assert response.WhichOneof("outcome") == "hit"
+        assert response.hit.config == '{"x": 1}'
+        assert isinstance(response, pb.ResolveResponse)

@@ -1,0 +1,31 @@
+# Owns the public names of the `tunecache` Python package; the implementation is in client.py and
+# the generated stubs (from proto/tunecache/v1/tunecache.proto) in v1/.
+"""Python client for tunecached, the per-node GPU autotuning cache daemon."""
+
+from tunecache.client import (
+    CHANNEL_OPTIONS,
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_WAIT_MS,
+    SOCKET_ENV,
+    Client,
+    Entry,
+    Key,
+    Result,
+    default_socket_path,
+    describe_key,
+    get_or_tune,
+)
+
+__all__ = [
+    "CHANNEL_OPTIONS",
+    "DEFAULT_TIMEOUT_S",
+    "DEFAULT_WAIT_MS",
+    "SOCKET_ENV",
+    "Client",
+    "Entry",
+    "Key",
+    "Result",
+    "default_socket_path",
+    "describe_key",
+    "get_or_tune",
+]

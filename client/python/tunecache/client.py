@@ -1,0 +1,345 @@
+# Owns the Python side of talking to tunecached: where the socket is, the gRPC channel and the
+# calls with their deadlines, and the rank helper get_or_tune, which turns every cache problem
+# into "use the fallback" so that nothing here can stop or crash a model.
+"""Client for tunecached, the per-node GPU autotuning cache daemon."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import platform
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Tuple, Union
+
+import grpc
+
+try:
+    from tunecache.v1 import tunecache_pb2 as pb
+    from tunecache.v1 import tunecache_pb2_grpc as pb_grpc
+except ImportError as err:
+    raise ImportError(
+        "tunecache: the generated gRPC stubs are missing; run "
+        "`python client/python/gen_stubs.py` (needs grpcio-tools)"
+    ) from err
+except RuntimeError as err:
+    # The stubs check at import that grpcio/protobuf are at least as new as their generator.
+    raise ImportError(
+        f"tunecache: the generated gRPC stubs do not match the installed grpcio/protobuf ({err}); "
+        "regenerate them in this environment with `python client/python/gen_stubs.py`"
+    ) from err
+
+logger = logging.getLogger("tunecache")
+
+SOCKET_ENV = "TUNECACHE_SOCKET"
+SOCKET_DIR_NAME = "tunecache"
+SOCKET_FILE_NAME = "tunecache.sock"
+
+# Deadline of one plain call. The daemon is local and answers from memory, so seconds are plenty;
+# a daemon that takes longer is as good as absent for a rank.
+DEFAULT_TIMEOUT_S = 5.0
+# Scan streams the whole cache; its deadline covers the full stream.
+DEFAULT_SCAN_TIMEOUT_S = 60.0
+# How long get_or_tune waits for another rank that is tuning the same key.
+DEFAULT_WAIT_MS = 60_000
+# The daemon caps Resolve waits at 10 minutes; asking for more only stretches our deadline.
+MAX_WAIT_MS = 600_000
+
+# Over a Unix socket grpcio (>= 1.57) sends the %-encoded socket path as the HTTP/2 `:authority`,
+# which is not a valid authority; tonic's HTTP/2 layer (h2) rejects such requests outright.
+CHANNEL_OPTIONS = (("grpc.default_authority", "localhost"),)
+
+Key = pb.Key
+Result = pb.Result
+Entry = pb.Entry
+KeyLike = Union[pb.Key, Mapping[str, Any]]
+EntryLike = Union[pb.Entry, Mapping[str, Any]]
+# What a tune function returns: the winning config (JSON text, or a JSON-serializable value)
+# and its measured time in microseconds.
+TuneOutput = Tuple[Union[str, Any], float]
+
+
+def default_socket_path(environ: Optional[Mapping[str, str]] = None, uid: Optional[int] = None) -> str:
+    """The socket the daemon and every client use by default: $TUNECACHE_SOCKET, else
+    $XDG_RUNTIME_DIR/tunecache/tunecache.sock, else /tmp/tunecache-<uid>/tunecache.sock.
+    An empty variable counts as unset."""
+    environ = os.environ if environ is None else environ
+    explicit = environ.get(SOCKET_ENV, "")
+    if explicit:
+        return explicit
+    runtime_dir = environ.get("XDG_RUNTIME_DIR", "")
+    if runtime_dir:
+        return os.path.join(runtime_dir, SOCKET_DIR_NAME, SOCKET_FILE_NAME)
+    uid = os.getuid() if uid is None else uid
+    return os.path.join("/tmp", f"tunecache-{uid}", SOCKET_FILE_NAME)
+
+
+def _as_key(key: KeyLike) -> pb.Key:
+    if isinstance(key, pb.Key):
+        return key
+    return pb.Key(**dict(key))
+
+
+def _as_entry(entry: EntryLike) -> pb.Entry:
+    if isinstance(entry, pb.Entry):
+        return entry
+    fields = dict(entry)
+    if isinstance(fields.get("key"), Mapping):
+        fields["key"] = pb.Key(**fields["key"])
+    if isinstance(fields.get("result"), Mapping):
+        fields["result"] = pb.Result(**fields["result"])
+    return pb.Entry(**fields)
+
+
+def describe_key(key: pb.Key) -> str:
+    rank = f" rank {key.rank}" if key.HasField("rank") else ""
+    return f"{key.namespace}/{key.op} on {key.device!r}{rank}: {key.problem}"
+
+
+class Client:
+    """One channel to tunecached. Thread-safe; create it after fork (gRPC channels do not survive
+    a fork). Every call has a deadline: `timeout` seconds unless the call says otherwise."""
+
+    def __init__(self, socket: Union[str, os.PathLike, None] = None, timeout: float = DEFAULT_TIMEOUT_S):
+        self.socket_path = os.fspath(socket) if socket is not None else default_socket_path()
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(
+            "unix:" + os.path.abspath(self.socket_path), options=CHANNEL_OPTIONS
+        )
+        self._stub = pb_grpc.TuneCacheStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def _deadline(self, timeout: Optional[float]) -> float:
+        return self.timeout if timeout is None else timeout
+
+    def lookup(self, keys: Iterable[KeyLike], timeout: Optional[float] = None) -> list:
+        """The cached entries among `keys` (hits only, in request order)."""
+        request = pb.LookupRequest(keys=[_as_key(key) for key in keys])
+        return list(self._stub.Lookup(request, timeout=self._deadline(timeout)).hits)
+
+    def record(
+        self, entries: Iterable[EntryLike], lease_id: str = "", timeout: Optional[float] = None
+    ) -> pb.RecordResponse:
+        """Stores entries (a lower time_us wins over what the cache holds). With the lease_id from
+        Resolve it completes that lease; with a lease_id and no entries it gives the lease up."""
+        request = pb.RecordRequest(entries=[_as_entry(entry) for entry in entries], lease_id=lease_id)
+        return self._stub.Record(request, timeout=self._deadline(timeout))
+
+    def scan(
+        self, namespace: str = "", device: str = "", timeout: Optional[float] = DEFAULT_SCAN_TIMEOUT_S
+    ) -> Iterator[list]:
+        """Yields the matching entries chunk by chunk (a list of Entry per chunk); empty filters
+        match everything. The deadline covers the whole stream."""
+        request = pb.ScanRequest(namespace=namespace, device=device)
+        for chunk in self._stub.Scan(request, timeout=self._deadline(timeout)):
+            yield list(chunk.entries)
+
+    def stats(self, timeout: Optional[float] = None) -> pb.StatsResponse:
+        return self._stub.Stats(pb.StatsRequest(), timeout=self._deadline(timeout))
+
+    def devices(self, timeout: Optional[float] = None) -> list:
+        return list(self._stub.Devices(pb.DevicesRequest(), timeout=self._deadline(timeout)).devices)
+
+    def snapshot(self, timeout: Optional[float] = None) -> pb.SnapshotResponse:
+        return self._stub.Snapshot(pb.SnapshotRequest(), timeout=self._deadline(timeout))
+
+    def resolve(
+        self,
+        key: KeyLike,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        can_tune: bool = True,
+        lease_ms: int = 0,
+        timeout: Optional[float] = None,
+    ) -> pb.ResolveResponse:
+        """Asks for key's result: `hit` (use it), `tune_here` (tune, then record with
+        tune_here.lease_id) or `miss` (use a fallback). The daemon may hold the call up to
+        wait_ms, so the deadline is wait_ms plus the usual timeout."""
+        wait_ms = max(0, min(int(wait_ms), MAX_WAIT_MS))
+        request = pb.ResolveRequest(
+            key=_as_key(key), wait_ms=wait_ms, can_tune=can_tune, lease_ms=max(0, int(lease_ms))
+        )
+        return self._stub.Resolve(request, timeout=wait_ms / 1000.0 + self._deadline(timeout))
+
+    def get_or_tune(
+        self,
+        key: KeyLike,
+        tune_fn: Callable[[], TuneOutput],
+        fallback: Any,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        can_tune: bool = True,
+        lease_ms: int = 0,
+    ) -> Any:
+        """The rank helper. Resolves key; on a hit returns the cached config decoded from JSON;
+        when told to tune, runs tune_fn() -> (config, time_us), records it under the lease and
+        returns the config decoded from JSON (so the tuning rank gets what the others get); if
+        tune_fn raises or returns something unusable, gives the lease up and returns fallback; on
+        a miss returns fallback. When the daemon is absent or fails, returns fallback and logs one
+        warning per process. Never raises (except KeyboardInterrupt/SystemExit from tune_fn) and
+        never blocks longer than wait_ms plus the client timeout, plus tune_fn's own time."""
+        try:
+            key_message = _as_key(key)
+        except Exception as err:
+            logger.warning("tunecache: unusable key %r (%s); using the fallback", key, err)
+            return fallback
+        try:
+            response = self.resolve(key_message, wait_ms=wait_ms, can_tune=can_tune, lease_ms=lease_ms)
+        except Exception as err:
+            _warn_once_daemon_problem(self.socket_path, "Resolve", err)
+            return fallback
+        try:
+            outcome = response.WhichOneof("outcome")
+            if outcome == "hit":
+                return _decoded_config(response.hit.config, key_message, fallback)
+            if outcome == "tune_here":
+                return self._tune_and_record(key_message, response.tune_here.lease_id, tune_fn, fallback)
+            if outcome == "miss":
+                logger.debug("tunecache: miss for %s: %s", describe_key(key_message), response.miss.reason)
+                return fallback
+            _warn_once_daemon_problem(self.socket_path, "Resolve", f"answer without an outcome ({outcome!r})")
+            return fallback
+        except Exception as err:  # a bug here must not reach the model either
+            logger.warning("tunecache: get_or_tune failed for %s: %s", describe_key(key_message), err, exc_info=True)
+            return fallback
+
+    def _tune_and_record(
+        self, key: pb.Key, lease_id: str, tune_fn: Callable[[], TuneOutput], fallback: Any
+    ) -> Any:
+        try:
+            config, time_us = tune_fn()
+            config_text = config if isinstance(config, str) else json.dumps(config)
+            decoded = json.loads(config_text)
+            time_us = float(time_us)
+            if not math.isfinite(time_us) or time_us < 0:
+                raise ValueError(f"time_us must be finite and >= 0, got {time_us}")
+        except Exception:
+            logger.warning(
+                "tunecache: tuning %s failed; giving the lease up and using the fallback",
+                describe_key(key),
+                exc_info=True,
+            )
+            self._give_up(lease_id)
+            return fallback
+        except BaseException:
+            # Interrupted: hand the lease back so waiting ranks need not wait for it to expire.
+            self._give_up(lease_id)
+            raise
+        entry = pb.Entry(
+            key=key,
+            result=pb.Result(
+                config=config_text,
+                time_us=time_us,
+                tuned_by=_tuned_by(key),
+                tuned_at_unix_ms=int(time.time() * 1000),
+            ),
+        )
+        try:
+            self.record([entry], lease_id=lease_id)
+        except grpc.RpcError as err:
+            if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                _warn_once_daemon_problem(self.socket_path, "Record", err)
+            else:
+                # The daemon refused the lease (e.g. it expired while we tuned); the result is
+                # still worth keeping, and the merge rule keeps whichever is faster.
+                self._record_without_lease(entry, err)
+        except Exception as err:
+            _warn_once_daemon_problem(self.socket_path, "Record", err)
+        # We have a tuned config; the model should use it even if storing it failed.
+        return decoded
+
+    def _record_without_lease(self, entry: pb.Entry, lease_error: grpc.RpcError) -> None:
+        logger.info("tunecache: Record with the lease failed (%s); recording without it", lease_error.code())
+        try:
+            self.record([entry])
+        except Exception as err:
+            _warn_once_daemon_problem(self.socket_path, "Record", err)
+
+    def _give_up(self, lease_id: str) -> None:
+        try:
+            self.record([], lease_id=lease_id)
+        except Exception as err:
+            _warn_once_daemon_problem(self.socket_path, "Record (giving the lease up)", err)
+
+
+def _decoded_config(config_text: str, key: pb.Key, fallback: Any) -> Any:
+    try:
+        return json.loads(config_text)
+    except ValueError:
+        logger.warning("tunecache: cached config for %s is not JSON; using the fallback", describe_key(key))
+        return fallback
+
+
+def _tuned_by(key: pb.Key) -> str:
+    rank = f" rank {key.rank}" if key.HasField("rank") else ""
+    return f"{platform.node()} pid {os.getpid()}{rank} (python get_or_tune)"
+
+
+# --- once-per-process warning -------------------------------------------------------------------
+# A model calls get_or_tune for every tuned op; with the daemon down, a warning per call would
+# flood the logs. The pid makes a forked child warn once on its own.
+_warned_pid: Optional[int] = None
+_warn_lock = threading.Lock()
+
+
+def _warn_once_daemon_problem(socket_path: str, call: str, problem: Any) -> None:
+    global _warned_pid
+    detail = problem.details() if isinstance(problem, grpc.RpcError) else problem
+    with _warn_lock:
+        first = _warned_pid != os.getpid()
+        _warned_pid = os.getpid()
+    if first:
+        logger.warning(
+            "tunecache: daemon at %s unavailable or failing (%s: %s); using fallbacks. "
+            "Further tunecache errors in this process are logged at DEBUG.",
+            socket_path,
+            call,
+            detail,
+        )
+    else:
+        logger.debug("tunecache: %s failed: %s", call, detail)
+
+
+# --- process-wide default client -------------------------------------------------------------------
+_default_client: Optional[Client] = None
+_default_client_pid: Optional[int] = None
+_default_client_lock = threading.Lock()
+
+
+def _process_client() -> Client:
+    global _default_client, _default_client_pid
+    with _default_client_lock:
+        if _default_client is None or _default_client_pid != os.getpid():
+            # After a fork the parent's channel is unusable in the child; make a new one.
+            _default_client = Client()
+            _default_client_pid = os.getpid()
+        return _default_client
+
+
+def get_or_tune(
+    key: KeyLike,
+    tune_fn: Callable[[], TuneOutput],
+    fallback: Any,
+    wait_ms: int = DEFAULT_WAIT_MS,
+    can_tune: bool = True,
+    lease_ms: int = 0,
+    client: Optional[Client] = None,
+) -> Any:
+    """Client.get_or_tune on `client`, or on a per-process client for the default socket."""
+    if client is None:
+        try:
+            client = _process_client()
+        except Exception as err:
+            _warn_once_daemon_problem(default_socket_path(), "connect", err)
+            return fallback
+    return client.get_or_tune(
+        key, tune_fn, fallback, wait_ms=wait_ms, can_tune=can_tune, lease_ms=lease_ms
+    )
