@@ -49,6 +49,9 @@ enum WriteCommand {
         entries: Vec<(CacheKey, TunedResult)>,
         reply: oneshot::Sender<Result<ApplyOutcome>>,
     },
+    /// Finish what is queued before this, sync, and stop. Handles still held elsewhere
+    /// (by connections that outlive the shutdown) then get `WriterGone`.
+    Stop,
 }
 
 #[derive(Default)]
@@ -186,9 +189,9 @@ impl StoreGuard {
     }
 
     fn stop(&mut self) {
-        // The writer exits once every sender is gone; handles still held elsewhere (by
-        // in-flight requests) keep it alive until they finish.
-        self.store.take();
+        if let Some(store) = self.store.take() {
+            let _ = store.writes.send(WriteCommand::Stop);
+        }
         if let Some(writer) = self.writer.take() {
             let _ = writer.join();
         }
@@ -221,84 +224,108 @@ fn run_writer(mut journal: Journal, commands: mpsc::Receiver<WriteCommand>, shar
                 Err(_) => break,
             }
         };
-        let mut group = vec![first];
-        while group.len() < MAX_GROUP {
-            match commands.try_recv() {
-                Ok(command) => group.push(command),
-                Err(_) => break,
-            }
-        }
-
-        let mut next = CacheMap::clone(&shared.map.load());
-        let mut changed = Vec::new();
-        let mut replies = Vec::with_capacity(group.len());
-        let live_before = live_bytes;
-        for WriteCommand::Apply { entries, reply } in group {
-            let mut outcome = ApplyOutcome::default();
-            for (key, result) in entries {
-                let current = next.get(&key);
-                if merge(current, &result) == MergeOutcome::Keep {
-                    outcome.unchanged += 1;
-                    continue;
+        // Group commit: everything queued meanwhile goes into one version and one append.
+        let mut group = Vec::new();
+        let mut stop = false;
+        let mut next_command = Some(first);
+        while let Some(command) = next_command.take() {
+            match command {
+                WriteCommand::Apply { entries, reply } => group.push((entries, reply)),
+                WriteCommand::Stop => {
+                    stop = true;
+                    break;
                 }
-                let old =
-                    current.map_or(0, |r| r.encoded_len_estimate() + key.encoded_len_estimate());
-                live_bytes = live_bytes
-                    + (key.encoded_len_estimate() + result.encoded_len_estimate()) as u64
-                    - old as u64;
-                next.insert(key.clone(), result.clone());
-                changed.push((key, result));
-                outcome.stored += 1;
             }
-            replies.push((reply, outcome));
-        }
-
-        if !changed.is_empty() {
-            if let Err(error) = journal.append(&changed) {
-                tracing::error!(%error, "journal append failed; the batch is refused");
-                live_bytes = live_before;
-                for (reply, _) in replies {
-                    let _ = reply.send(Err(Error::JournalWrite(error.to_string())));
-                }
-                continue;
-            }
-            shared.map.store(Arc::new(next));
-            shared.counters.generation.fetch_add(1, Ordering::Release);
-            if let Some(listener) = shared.listener.get() {
-                listener.entries_changed(&changed);
+            if group.len() < MAX_GROUP {
+                next_command = commands.try_recv().ok();
             }
         }
-        for (reply, outcome) in replies {
-            let _ = reply.send(Ok(outcome));
+        if !group.is_empty() {
+            apply_group(&mut journal, group, &shared, &mut live_bytes);
         }
-
-        if journal.len() > MIN_COMPACT_BYTES && journal.len() > 2 * live_bytes {
-            let map = shared.map.load_full();
-            match journal.rewrite(map.iter()) {
-                Ok(()) => {
-                    shared
-                        .counters
-                        .journal_compactions
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(
-                        bytes = journal.len(),
-                        entries = map.len(),
-                        "journal compacted"
-                    );
-                }
-                Err(error) => tracing::warn!(%error, "journal compaction failed; will retry"),
-            }
+        if stop {
+            break;
         }
-        shared
-            .counters
-            .journal_bytes
-            .store(journal.len(), Ordering::Relaxed);
-        shared
-            .counters
-            .journal_live_bytes
-            .store(live_bytes, Ordering::Relaxed);
     }
     if let Err(error) = journal.sync() {
         tracing::warn!(%error, "final journal sync failed");
     }
+}
+
+type Reply = oneshot::Sender<Result<ApplyOutcome>>;
+
+/// Merges a group of write requests into one new version, journals the changes in one
+/// append, publishes, then acknowledges each request.
+fn apply_group(
+    journal: &mut Journal,
+    group: Vec<(Vec<(CacheKey, TunedResult)>, Reply)>,
+    shared: &Shared,
+    live_bytes: &mut u64,
+) {
+    let mut next = CacheMap::clone(&shared.map.load());
+    let mut changed = Vec::new();
+    let mut replies = Vec::with_capacity(group.len());
+    let live_before = *live_bytes;
+    for (entries, reply) in group {
+        let mut outcome = ApplyOutcome::default();
+        for (key, result) in entries {
+            let current = next.get(&key);
+            if merge(current, &result) == MergeOutcome::Keep {
+                outcome.unchanged += 1;
+                continue;
+            }
+            let old = current.map_or(0, |r| r.encoded_len_estimate() + key.encoded_len_estimate());
+            *live_bytes = *live_bytes
+                + (key.encoded_len_estimate() + result.encoded_len_estimate()) as u64
+                - old as u64;
+            next.insert(key.clone(), result.clone());
+            changed.push((key, result));
+            outcome.stored += 1;
+        }
+        replies.push((reply, outcome));
+    }
+
+    if !changed.is_empty() {
+        if let Err(error) = journal.append(&changed) {
+            tracing::error!(%error, "journal append failed; the batch is refused");
+            *live_bytes = live_before;
+            for (reply, _) in replies {
+                let _ = reply.send(Err(Error::JournalWrite(error.to_string())));
+            }
+            return;
+        }
+        shared.map.store(Arc::new(next));
+        shared.counters.generation.fetch_add(1, Ordering::Release);
+        if let Some(listener) = shared.listener.get() {
+            listener.entries_changed(&changed);
+        }
+    }
+    for (reply, outcome) in replies {
+        let _ = reply.send(Ok(outcome));
+    }
+
+    if journal.len() > MIN_COMPACT_BYTES && journal.len() > 2 * *live_bytes {
+        let map = shared.map.load_full();
+        match journal.rewrite(map.iter()) {
+            Ok(()) => {
+                shared
+                    .counters
+                    .journal_compactions
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    bytes = journal.len(),
+                    entries = map.len(),
+                    "journal compacted"
+                );
+            }
+            Err(error) => tracing::warn!(%error, "journal compaction failed; will retry"),
+        }
+    }
+    let counters = &shared.counters;
+    counters
+        .journal_bytes
+        .store(journal.len(), Ordering::Relaxed);
+    counters
+        .journal_live_bytes
+        .store(*live_bytes, Ordering::Relaxed);
 }
