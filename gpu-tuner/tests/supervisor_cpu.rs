@@ -287,3 +287,25 @@ async fn bad_problems_and_foreign_devices_are_refused() {
     let counters = tuner.counters();
     assert_eq!((counters.jobs_failed, counters.restarts), (1, 0));
 }
+
+#[tokio::test]
+async fn auto_picks_cuda_only_when_the_driver_loads_and_cuda_without_one_is_a_start_error() {
+    let driver = tunecache_gpu_tuner::backend::cuda::driver_library_present();
+    let mut auto = config(Duration::from_secs(5), 4);
+    auto.backend = BackendChoice::Auto;
+    let tuner = Supervisor::start(auto).await.expect("auto always starts");
+    if driver {
+        // With a driver but no device, auto still falls back; with one, it is cuda.
+        assert!(["cuda", "cpu"].contains(&tuner.backend().as_str()));
+    } else {
+        assert_eq!(tuner.backend(), "cpu");
+        assert!(tuner.note().contains("libcuda.so.1"), "{}", tuner.note());
+        let mut cuda = config(Duration::from_secs(5), 4);
+        cuda.backend = BackendChoice::Cuda;
+        let error = Supervisor::start(cuda)
+            .await
+            .expect_err("no driver here")
+            .to_string();
+        assert!(error.contains("libcuda.so.1"), "{error}");
+    }
+}
