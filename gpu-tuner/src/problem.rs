@@ -47,7 +47,8 @@
 //! * `buffers`: device allocations, each `name` (identifier, unique), `dtype`
 //!   (`f32|f16|bf16|i32|u32`), `len` in elements (1..=2^30, all buffers ≤ 16 GiB together) and
 //!   `init`: `"zeros"`, `"ones"` or `"random"` (default; deterministic values in [-1, 1) for
-//!   floats, in [-8, 8) for integers, so every run and every candidate sees the same data).
+//!   floats, in [-8, 8) for i32 and [0, 16) for u32, so every run and every candidate sees
+//!   the same data).
 //!   Buffers are re-initialised before every correctness run.
 //! * `args`: positional kernel arguments, each exactly one of `{"buffer": name}` (a device
 //!   pointer), `{"i32": v}`, `{"u32": v}`, `{"i64": v}`, `{"u64": v}`, `{"f32": v}`.

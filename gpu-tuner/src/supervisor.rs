@@ -14,6 +14,46 @@
 //! * restarts back off exponentially (200 ms doubling to 30 s, reset by a successful job);
 //! * when the last [`TunerHandle`] is dropped, or [`TunerHandle::shutdown`] is called, the
 //!   worker is killed (and `kill_on_drop` covers a runtime that shuts down first).
+//!
+//! One worker runs one job at a time, so jobs are serialised per node (and so per device).
+//!
+//! # Wiring into the daemon
+//!
+//! ```no_run
+//! # async fn wire() {
+//! use std::time::Duration;
+//! use tunecache_gpu_tuner::backend::BackendChoice;
+//! use tunecache_gpu_tuner::problem::canonicalize;
+//! use tunecache_gpu_tuner::supervisor::{SubmitError, Supervisor, SupervisorConfig, TunerHandle};
+//!
+//! let config = SupervisorConfig {
+//!     worker_path: "/usr/libexec/tunecache-tuner".into(),
+//!     backend: BackendChoice::Auto,
+//!     job_timeout: Duration::from_secs(600),
+//!     queue_capacity: 64,
+//! };
+//! let tuner = match Supervisor::start(config).await {
+//!     Ok(tuner) => tuner,
+//!     Err(error) => {
+//!         eprintln!("tuning off: {error}"); // the daemon keeps serving
+//!         TunerHandle::off(error.to_string())
+//!     }
+//! };
+//! // Resolve with key.namespace == "tunecache": malformed problems are INVALID_ARGUMENT.
+//! let problem = canonicalize("gemm", r#"{"m":8,"n":8,"k":8,"dtype":"f32","layout":"nn"}"#)
+//!     .expect("map to INVALID_ARGUMENT");
+//! let device = tuner.devices()[0].fingerprint.clone(); // normally key.device
+//! match tuner.submit("gemm", &problem, &device) {
+//!     Ok(reply) => match reply.await {
+//!         Ok(Ok(_result)) => { /* Record it under the key; answer the waiters */ }
+//!         Ok(Err(_why)) => { /* Miss { reason: why } */ }
+//!         Err(_) => { /* the supervisor stopped: Miss */ }
+//!     },
+//!     Err(SubmitError::QueueFull { .. }) => { /* RESOURCE_EXHAUSTED */ }
+//!     Err(other) => { /* Miss { reason: other.to_string() } */ }
+//! }
+//! # }
+//! ```
 
 use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;

@@ -10,8 +10,9 @@ use tunecache_gpu_tuner::backend::BackendChoice;
 use tunecache_gpu_tuner::supervisor::{SubmitError, Supervisor, SupervisorConfig, TunerHandle};
 
 const SMALL_GEMM: &str = r#"{"m":64,"n":48,"k":80,"dtype":"f32","layout":"nn"}"#;
-/// Seconds per run in a debug build, dozens of runs per job: reliably in flight when killed.
-const BIG_GEMM: &str = r#"{"m":512,"n":512,"k":512,"dtype":"f32","layout":"nt"}"#;
+/// A billion multiply-adds per run and dozens of runs per job, even in release builds: in
+/// flight when killed, and far beyond the short job timeout.
+const BIG_GEMM: &str = r#"{"m":1024,"n":1024,"k":1024,"dtype":"f32","layout":"nt"}"#;
 
 fn config(job_timeout: Duration, queue_capacity: usize) -> SupervisorConfig {
     SupervisorConfig {
