@@ -1,0 +1,145 @@
+//! Tuning backends: what the worker process tunes on, and the pieces they share.
+//!
+//! A backend owns its devices (reported in `Ready`) and turns one `TuneJob` into the winning
+//! `tunecache.v1.Result`. `cpu` is a real-but-slow stand-in used where no GPU is present;
+//! `cuda` drives cuBLASLt and NVRTC through cudarc with the driver loaded at run time.
+
+pub mod cpu;
+pub mod cuda;
+
+use std::str::FromStr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tunecache_proto::tuner::v1::TuneJob;
+use tunecache_proto::v1;
+
+use crate::measure::MeasureConfig;
+
+/// One tuning backend, used by one worker thread at a time.
+pub trait Backend {
+    /// `"cuda"` or `"cpu"`, as in `Ready.backend` and `Device.backend`.
+    fn name(&self) -> &'static str;
+    /// The devices this backend tunes; a job names one of them by fingerprint.
+    fn devices(&self) -> &[v1::Device];
+    /// Tunes one job. `Err` means the problem cannot be tuned here (not retried).
+    fn tune(&mut self, job: &TuneJob) -> Result<v1::Result, String>;
+}
+
+/// The `--backend` choice of the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// cuda when the driver loads and shows a device, else cpu.
+    Auto,
+    Cuda,
+    Cpu,
+}
+
+impl FromStr for BackendChoice {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "auto" => Ok(BackendChoice::Auto),
+            "cuda" => Ok(BackendChoice::Cuda),
+            "cpu" => Ok(BackendChoice::Cpu),
+            other => Err(format!(
+                "unknown backend {other:?} (expected auto, cuda or cpu)"
+            )),
+        }
+    }
+}
+
+impl BackendChoice {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Cuda => "cuda",
+            BackendChoice::Cpu => "cpu",
+        }
+    }
+}
+
+/// Opens the chosen backend and says why it was chosen (the `Ready.note`).
+pub fn select(
+    choice: BackendChoice,
+    measure: MeasureConfig,
+) -> Result<(Box<dyn Backend>, String), String> {
+    match choice {
+        BackendChoice::Cpu => Ok((
+            Box::new(cpu::CpuBackend::new(measure)),
+            "cpu backend requested; CPU stand-in, not a GPU measurement".to_string(),
+        )),
+        BackendChoice::Cuda => {
+            let backend = cuda::CudaBackend::open(measure)?;
+            let note = format!("cuda backend requested; {}", backend.summary());
+            Ok((Box::new(backend), note))
+        }
+        BackendChoice::Auto => match cuda::CudaBackend::open(measure.clone()) {
+            Ok(backend) => {
+                let note = format!("auto: {}", backend.summary());
+                Ok((Box::new(backend), note))
+            }
+            Err(why) => Ok((
+                Box::new(cpu::CpuBackend::new(measure)),
+                format!("auto: cuda unavailable ({why}); using the CPU stand-in"),
+            )),
+        },
+    }
+}
+
+/// `tuned_by` of results from this process.
+pub fn tuned_by(backend: &str) -> String {
+    format!("tunecache-tuner/{backend}@{}", hostname())
+}
+
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "unknown-host".to_string())
+}
+
+pub fn now_unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Builds the result from a winner's config JSON and median time.
+pub fn make_result(backend: &str, config: &serde_json::Value, time_us: f64) -> v1::Result {
+    v1::Result {
+        config: config.to_string(),
+        time_us,
+        tuned_by: tuned_by(backend),
+        tuned_at_unix_ms: now_unix_ms(),
+    }
+}
+
+/// When to stop measuring further tactics: 80% of the job's timeout, leaving time to
+/// verify and answer before the supervisor gives up on the job.
+pub fn tactic_deadline(job: &TuneJob) -> Option<Instant> {
+    (job.timeout_ms > 0)
+        .then(|| Instant::now() + Duration::from_millis(u64::from(job.timeout_ms)) * 4 / 5)
+}
+
+/// Deterministic pseudo-random values (splitmix64), so every run and every tactic sees the
+/// same data and results are reproducible across workers.
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    pub fn next_signed_unit(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}

@@ -1,0 +1,821 @@
+//! The daemon side of tuning: runs the `tunecache-tuner` worker as a child process, feeds it
+//! one job at a time from a bounded queue, and restarts it when it dies.
+//!
+//! Why a separate process: a faulting kernel poisons its CUDA context for good and a hung
+//! kernel cannot be interrupted, so the only safe recovery is to kill the process that owns
+//! the context. Keeping that process separate means only the worker dies, never the daemon.
+//!
+//! Guarantees:
+//! * a job is only accepted for a device fingerprint the running worker reported in `Ready`,
+//!   so results measured on one device kind never answer keys of another;
+//! * a job whose worker died is retried once on a fresh worker; if that worker dies too, the
+//!   caller gets an error naming the death (exit status or signal, last stderr lines);
+//! * a job running past `job_timeout` gets the worker killed and fails with a reason;
+//! * restarts back off exponentially (200 ms doubling to 30 s, reset by a successful job);
+//! * when the last [`TunerHandle`] is dropped, or [`TunerHandle::shutdown`] is called, the
+//!   worker is killed (and `kill_on_drop` covers a runtime that shuts down first).
+//!
+//! One worker runs one job at a time, so jobs are serialised per node (and so per device).
+//!
+//! # Wiring into the daemon
+//!
+//! ```no_run
+//! # async fn wire() {
+//! use std::time::Duration;
+//! use tunecache_gpu_tuner::backend::BackendChoice;
+//! use tunecache_gpu_tuner::problem::canonicalize;
+//! use tunecache_gpu_tuner::supervisor::{SubmitError, Supervisor, SupervisorConfig, TunerHandle};
+//!
+//! let config = SupervisorConfig {
+//!     worker_path: "/usr/libexec/tunecache-tuner".into(),
+//!     backend: BackendChoice::Auto,
+//!     job_timeout: Duration::from_secs(600),
+//!     queue_capacity: 64,
+//! };
+//! let tuner = match Supervisor::start(config).await {
+//!     Ok(tuner) => tuner,
+//!     Err(error) => {
+//!         eprintln!("tuning off: {error}"); // the daemon keeps serving
+//!         TunerHandle::off(error.to_string())
+//!     }
+//! };
+//! // Resolve with key.namespace == "tunecache": malformed problems are INVALID_ARGUMENT.
+//! let problem = canonicalize("gemm", r#"{"m":8,"n":8,"k":8,"dtype":"f32","layout":"nn"}"#)
+//!     .expect("map to INVALID_ARGUMENT");
+//! let device = tuner.devices()[0].fingerprint.clone(); // normally key.device
+//! match tuner.submit("gemm", &problem, &device) {
+//!     Ok(reply) => match reply.await {
+//!         Ok(Ok(_result)) => { /* Record it under the key; answer the waiters */ }
+//!         Ok(Err(_why)) => { /* Miss { reason: why } */ }
+//!         Err(_) => { /* the supervisor stopped: Miss */ }
+//!     },
+//!     Err(SubmitError::QueueFull { .. }) => { /* RESOURCE_EXHAUSTED */ }
+//!     Err(other) => { /* Miss { reason: other.to_string() } */ }
+//! }
+//! # }
+//! ```
+
+use std::collections::VecDeque;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tunecache_proto::tuner::v1::{
+    from_worker, job_done, to_worker, FromWorker, Ready, ToWorker, TuneJob,
+};
+use tunecache_proto::v1;
+
+use crate::backend::BackendChoice;
+use crate::frame::{read_frame_async, write_frame_async};
+use crate::problem::{canonicalize, ProblemError};
+
+/// How long a starting worker may take to say `Ready` (CUDA init on many GPUs takes seconds).
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+const INITIAL_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Lines of worker stderr kept to explain a death.
+const STDERR_TAIL_LINES: usize = 20;
+/// Lines of that tail quoted in a death reason.
+const STDERR_LINES_IN_REASON: usize = 4;
+
+/// How to run the worker.
+#[derive(Debug, Clone)]
+pub struct SupervisorConfig {
+    /// Path of the `tunecache-tuner` binary.
+    pub worker_path: PathBuf,
+    /// Passed as `--backend`.
+    pub backend: BackendChoice,
+    /// Longest one job may run before the worker is killed.
+    pub job_timeout: Duration,
+    /// Jobs that may wait behind the running one; more are refused with `QueueFull`.
+    pub queue_capacity: usize,
+}
+
+/// Why the supervisor could not start; the daemon logs "tuning off: {error}" and carries on.
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("invalid tuner config: {0}")]
+    Config(String),
+    #[error("cannot start tuner worker {path}: {source}")]
+    Spawn {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("tuner worker {path} did not come up: {reason}")]
+    Handshake { path: PathBuf, reason: String },
+}
+
+/// Why a job was not accepted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    /// Maps to RESOURCE_EXHAUSTED.
+    #[error("tuner queue is full ({capacity} jobs waiting)")]
+    QueueFull { capacity: usize },
+    /// The worker does not tune this fingerprint.
+    #[error("no tuner device {fingerprint:?} on this node (devices: {available:?})")]
+    NoDevice {
+        fingerprint: String,
+        available: Vec<String>,
+    },
+    #[error("tuning is off: {0}")]
+    Off(String),
+    /// Maps to INVALID_ARGUMENT.
+    #[error("invalid problem: {0}")]
+    InvalidProblem(#[from] ProblemError),
+}
+
+/// Counters for the daemon's Stats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TunerCounters {
+    /// Jobs accepted and not yet answered (waiting or running).
+    pub queue_depth: u64,
+    /// Jobs answered with a result.
+    pub jobs_done: u64,
+    /// Jobs answered with an error.
+    pub jobs_failed: u64,
+    /// Workers started after the first one.
+    pub restarts: u64,
+}
+
+/// What the caller of [`TunerHandle::submit`] eventually receives.
+pub type JobReply = Result<v1::Result, String>;
+
+#[derive(Debug, Clone)]
+enum Phase {
+    Running,
+    Restarting,
+    Off(String),
+}
+
+#[derive(Debug)]
+struct Status {
+    phase: Phase,
+    backend: String,
+    note: String,
+    devices: Vec<v1::Device>,
+    worker_pid: Option<u32>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    status: Mutex<Status>,
+    queue_depth: AtomicU64,
+    jobs_done: AtomicU64,
+    jobs_failed: AtomicU64,
+    restarts: AtomicU64,
+}
+
+impl Shared {
+    fn status(&self) -> MutexGuard<'_, Status> {
+        // A poisoned lock only means a panic elsewhere mid-update of plain data; keep serving.
+        self.status
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn set_phase(&self, phase: Phase) {
+        self.status().phase = phase;
+    }
+
+    fn adopt(&self, ready: &Ready, pid: Option<u32>) {
+        let mut status = self.status();
+        status.phase = Phase::Running;
+        status.backend = ready.backend.clone();
+        status.note = ready.note.clone();
+        status.devices = ready.devices.clone();
+        status.worker_pid = pid;
+    }
+
+    fn answer(&self, job: QueuedJob, reply: JobReply) {
+        let counter = if reply.is_ok() {
+            &self.jobs_done
+        } else {
+            &self.jobs_failed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.queue_depth.fetch_sub(1, Ordering::Relaxed);
+        // The caller may have stopped waiting; that is its business.
+        let _ = job.reply.send(reply);
+    }
+}
+
+struct QueuedJob {
+    op: String,
+    problem: String,
+    device: String,
+    /// Worker deaths this job has already seen.
+    deaths: u32,
+    reply: oneshot::Sender<JobReply>,
+}
+
+/// Starts the worker supervisor.
+pub struct Supervisor;
+
+impl Supervisor {
+    /// Spawns the worker, waits for its `Ready`, and supervises it from a background task.
+    pub async fn start(config: SupervisorConfig) -> Result<TunerHandle, SupervisorError> {
+        if config.queue_capacity == 0 {
+            return Err(SupervisorError::Config(
+                "queue_capacity must be at least 1".into(),
+            ));
+        }
+        if config.job_timeout.is_zero() {
+            return Err(SupervisorError::Config(
+                "job_timeout must be positive".into(),
+            ));
+        }
+        let (worker, ready) = spawn_worker(&config).await?;
+        tracing::info!(backend = %ready.backend, note = %ready.note, devices = ready.devices.len(), pid = ?worker.pid, "tuner worker ready");
+        let shared = Arc::new(Shared {
+            status: Mutex::new(Status {
+                phase: Phase::Running,
+                backend: String::new(),
+                note: String::new(),
+                devices: Vec::new(),
+                worker_pid: None,
+            }),
+            queue_depth: AtomicU64::new(0),
+            jobs_done: AtomicU64::new(0),
+            jobs_failed: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
+        });
+        shared.adopt(&ready, worker.pid);
+        let (jobs_tx, jobs_rx) = mpsc::channel(config.queue_capacity);
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let capacity = config.queue_capacity;
+        let task = tokio::spawn(supervise(
+            config,
+            shared.clone(),
+            jobs_rx,
+            shutdown_rx,
+            worker,
+        ));
+        Ok(TunerHandle {
+            inner: Arc::new(HandleInner {
+                shared,
+                jobs: jobs_tx,
+                capacity,
+                shutdown: shutdown_tx,
+                task: Mutex::new(Some(task)),
+            }),
+        })
+    }
+}
+
+/// Cheap-to-clone handle to the tuner; the worker is killed when the last clone is dropped.
+#[derive(Clone)]
+pub struct TunerHandle {
+    inner: Arc<HandleInner>,
+}
+
+struct HandleInner {
+    shared: Arc<Shared>,
+    jobs: mpsc::Sender<QueuedJob>,
+    capacity: usize,
+    shutdown: watch::Sender<bool>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for HandleInner {
+    fn drop(&mut self) {
+        // Drop guard: tell the supervisor task to kill the worker and fail what is queued.
+        let _ = self.shutdown.send(true);
+    }
+}
+
+impl std::fmt::Debug for TunerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TunerHandle")
+            .field("state", &self.state())
+            .field("backend", &self.backend())
+            .field("counters", &self.counters())
+            .finish()
+    }
+}
+
+impl TunerHandle {
+    /// A handle for a node where tuning is off (e.g. the worker could not start): every
+    /// submit fails with [`SubmitError::Off`] and Stats say why.
+    pub fn off(reason: impl Into<String>) -> TunerHandle {
+        let (jobs, _) = mpsc::channel(1);
+        let (shutdown, _) = watch::channel(false);
+        TunerHandle {
+            inner: Arc::new(HandleInner {
+                shared: Arc::new(Shared {
+                    status: Mutex::new(Status {
+                        phase: Phase::Off(reason.into()),
+                        backend: String::new(),
+                        note: String::new(),
+                        devices: Vec::new(),
+                        worker_pid: None,
+                    }),
+                    queue_depth: AtomicU64::new(0),
+                    jobs_done: AtomicU64::new(0),
+                    jobs_failed: AtomicU64::new(0),
+                    restarts: AtomicU64::new(0),
+                }),
+                jobs,
+                capacity: 1,
+                shutdown,
+                task: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// The devices of the current worker (those of the last `Ready` while restarting).
+    pub fn devices(&self) -> Vec<v1::Device> {
+        let status = self.inner.shared.status();
+        match status.phase {
+            Phase::Off(_) => Vec::new(),
+            _ => status.devices.clone(),
+        }
+    }
+
+    /// `"cuda"`, `"cpu"`, or `"off"` when no worker is supervised.
+    pub fn backend(&self) -> String {
+        let status = self.inner.shared.status();
+        match status.phase {
+            Phase::Off(_) => "off".to_string(),
+            _ => status.backend.clone(),
+        }
+    }
+
+    /// `"running"`, `"restarting"` or `"off: <why>"`, for Stats.
+    pub fn state(&self) -> String {
+        match &self.inner.shared.status().phase {
+            Phase::Running => "running".to_string(),
+            Phase::Restarting => "restarting".to_string(),
+            Phase::Off(why) => format!("off: {why}"),
+        }
+    }
+
+    /// Why the worker chose its backend (its `Ready.note`).
+    pub fn note(&self) -> String {
+        self.inner.shared.status().note.clone()
+    }
+
+    /// Process id of the current worker, if one is running.
+    pub fn worker_pid(&self) -> Option<u32> {
+        self.inner.shared.status().worker_pid
+    }
+
+    pub fn counters(&self) -> TunerCounters {
+        let shared = &self.inner.shared;
+        TunerCounters {
+            queue_depth: shared.queue_depth.load(Ordering::Relaxed),
+            jobs_done: shared.jobs_done.load(Ordering::Relaxed),
+            jobs_failed: shared.jobs_failed.load(Ordering::Relaxed),
+            restarts: shared.restarts.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Queues a tuning job for `device_fingerprint`. The problem is canonicalised again here
+    /// (cheap) so a job never runs on text the worker would read differently.
+    pub fn submit(
+        &self,
+        op: &str,
+        canonical_problem: &str,
+        device_fingerprint: &str,
+    ) -> Result<oneshot::Receiver<JobReply>, SubmitError> {
+        let problem = canonicalize(op, canonical_problem)?;
+        {
+            let status = self.inner.shared.status();
+            if let Phase::Off(why) = &status.phase {
+                return Err(SubmitError::Off(why.clone()));
+            }
+            if !status
+                .devices
+                .iter()
+                .any(|d| d.fingerprint == device_fingerprint)
+            {
+                return Err(SubmitError::NoDevice {
+                    fingerprint: device_fingerprint.to_string(),
+                    available: status
+                        .devices
+                        .iter()
+                        .map(|d| d.fingerprint.clone())
+                        .collect(),
+                });
+            }
+        }
+        let (reply, receiver) = oneshot::channel();
+        let job = QueuedJob {
+            op: op.to_string(),
+            problem,
+            device: device_fingerprint.to_string(),
+            deaths: 0,
+            reply,
+        };
+        let shared = &self.inner.shared;
+        shared.queue_depth.fetch_add(1, Ordering::Relaxed);
+        match self.inner.jobs.try_send(job) {
+            Ok(()) => Ok(receiver),
+            Err(refused) => {
+                shared.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                Err(match refused {
+                    mpsc::error::TrySendError::Full(_) => SubmitError::QueueFull {
+                        capacity: self.inner.capacity,
+                    },
+                    mpsc::error::TrySendError::Closed(_) => {
+                        SubmitError::Off("the tuner supervisor has stopped".to_string())
+                    }
+                })
+            }
+        }
+    }
+
+    /// Kills the worker, fails queued jobs, and waits for the supervisor task to finish.
+    pub async fn shutdown(&self) {
+        let _ = self.inner.shutdown.send(true);
+        let task = self
+            .inner
+            .task
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(task) = task {
+            if let Err(error) = task.await {
+                tracing::warn!(%error, "tuner supervisor task ended abnormally");
+            }
+        }
+    }
+}
+
+/// One running worker process and its pipes.
+struct Worker {
+    child: Child,
+    pid: Option<u32>,
+    stdin: ChildStdin,
+    /// Frames from stdout; closed when stdout ends (the worker died or closed it).
+    frames: mpsc::UnboundedReceiver<FromWorker>,
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    stderr_task: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Waits until the worker's stdout ends, ignoring stray frames; returns why it died.
+    async fn wait_for_death(&mut self) -> String {
+        while let Some(frame) = self.frames.recv().await {
+            tracing::warn!(?frame, "tuner worker sent a frame while idle; ignored");
+        }
+        self.death_reason().await
+    }
+
+    async fn kill(&mut self) {
+        if let Err(error) = self.child.kill().await {
+            tracing::warn!(%error, pid = ?self.pid, "could not kill the tuner worker");
+        }
+    }
+
+    /// Reaps the worker and describes its end: exit status or signal, plus last stderr lines.
+    async fn death_reason(&mut self) -> String {
+        let ending = match tokio::time::timeout(Duration::from_secs(2), self.child.wait()).await {
+            Ok(Ok(status)) => describe_exit(status),
+            Ok(Err(error)) => format!("could not be reaped ({error})"),
+            Err(_) => {
+                self.kill().await;
+                "closed its stdout without exiting, so it was killed".to_string()
+            }
+        };
+        // Let the stderr reader drain what the worker wrote last.
+        if let Some(task) = self.stderr_task.take() {
+            let _ = tokio::time::timeout(Duration::from_millis(500), task).await;
+        }
+        let tail: Vec<String> = {
+            let lines = self.stderr_tail.lock().unwrap_or_else(|p| p.into_inner());
+            lines
+                .iter()
+                .rev()
+                .take(STDERR_LINES_IN_REASON)
+                .rev()
+                .cloned()
+                .collect()
+        };
+        let pid = self.pid.map_or_else(|| "?".to_string(), |p| p.to_string());
+        if tail.is_empty() {
+            format!("tuner worker (pid {pid}) died: {ending}")
+        } else {
+            format!(
+                "tuner worker (pid {pid}) died: {ending}; last stderr: {}",
+                tail.join(" | ")
+            )
+        }
+    }
+}
+
+fn describe_exit(status: ExitStatus) -> String {
+    if let Some(signal) = status.signal() {
+        let name = match signal {
+            6 => " (SIGABRT)",
+            9 => " (SIGKILL)",
+            11 => " (SIGSEGV)",
+            15 => " (SIGTERM)",
+            _ => "",
+        };
+        format!("killed by signal {signal}{name}")
+    } else {
+        match status.code() {
+            Some(code) => format!("exited with status {code}"),
+            None => "exited".to_string(),
+        }
+    }
+}
+
+async fn spawn_worker(config: &SupervisorConfig) -> Result<(Worker, Ready), SupervisorError> {
+    let handshake = |reason: String| SupervisorError::Handshake {
+        path: config.worker_path.clone(),
+        reason,
+    };
+    let mut child = Command::new(&config.worker_path)
+        .arg("--backend")
+        .arg(config.backend.as_str())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| SupervisorError::Spawn {
+            path: config.worker_path.clone(),
+            source,
+        })?;
+    let pid = child.id();
+    let (Some(stdin), Some(mut stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err(handshake("the worker's pipes were not set up".to_string()));
+    };
+
+    let stderr_tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL_LINES)));
+    let tail = stderr_tail.clone();
+    let stderr_task = tokio::spawn(async move {
+        let mut lines = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            tracing::info!(target: "tunecache_tuner_worker", pid = ?pid, "{line}");
+            let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
+            if tail.len() == STDERR_TAIL_LINES {
+                tail.pop_front();
+            }
+            tail.push_back(line);
+        }
+    });
+
+    // Reading frames is not cancel-safe, so one task owns stdout and forwards whole frames.
+    let (frames_tx, frames) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            match read_frame_async::<_, FromWorker>(&mut stdout).await {
+                Ok(Some(frame)) => {
+                    if frames_tx.send(frame).is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::warn!(%error, pid = ?pid, "bad frame from the tuner worker; treating it as dead");
+                    break;
+                }
+            }
+        }
+    });
+
+    let mut worker = Worker {
+        child,
+        pid,
+        stdin,
+        frames,
+        stderr_tail,
+        stderr_task: Some(stderr_task),
+    };
+    match tokio::time::timeout(READY_TIMEOUT, worker.frames.recv()).await {
+        Ok(Some(FromWorker {
+            msg: Some(from_worker::Msg::Ready(ready)),
+        })) => {
+            if ready.devices.is_empty() {
+                return Err(handshake(format!(
+                    "backend {:?} reported no devices ({})",
+                    ready.backend, ready.note
+                )));
+            }
+            Ok((worker, ready))
+        }
+        Ok(Some(other)) => Err(handshake(format!("expected Ready, got {other:?}"))),
+        Ok(None) => Err(handshake(worker.death_reason().await)),
+        Err(_) => Err(handshake(format!(
+            "no Ready within {} s",
+            READY_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+enum JobOutcome {
+    Done(v1::Result),
+    Failed(String),
+    WorkerDied(String),
+    TimedOut,
+    Shutdown,
+}
+
+async fn run_job(
+    worker: &mut Worker,
+    job_id: u64,
+    job: &QueuedJob,
+    job_timeout: Duration,
+    shutdown: &mut watch::Receiver<bool>,
+) -> JobOutcome {
+    let frame = ToWorker {
+        msg: Some(to_worker::Msg::Job(TuneJob {
+            job_id,
+            op: job.op.clone(),
+            problem: job.problem.clone(),
+            device: job.device.clone(),
+            timeout_ms: u32::try_from(job_timeout.as_millis()).unwrap_or(u32::MAX),
+        })),
+    };
+    if let Err(error) = write_frame_async(&mut worker.stdin, &frame).await {
+        tracing::warn!(%error, "could not send a job to the tuner worker");
+        return JobOutcome::WorkerDied(worker.death_reason().await);
+    }
+    let deadline = tokio::time::Instant::now() + job_timeout;
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return JobOutcome::Shutdown,
+            _ = tokio::time::sleep_until(deadline) => return JobOutcome::TimedOut,
+            frame = worker.frames.recv() => match frame {
+                None => return JobOutcome::WorkerDied(worker.death_reason().await),
+                Some(FromWorker { msg: Some(from_worker::Msg::Done(done)) }) if done.job_id == job_id => {
+                    return match done.outcome {
+                        Some(job_done::Outcome::Result(result)) => match check_result(&result) {
+                            Ok(()) => JobOutcome::Done(result),
+                            Err(why) => JobOutcome::Failed(format!("the tuner worker returned an invalid result: {why}")),
+                        },
+                        Some(job_done::Outcome::Error(error)) => JobOutcome::Failed(error),
+                        None => JobOutcome::Failed("the tuner worker answered with neither result nor error".to_string()),
+                    };
+                }
+                Some(other) => tracing::warn!(?other, job_id, "unexpected frame from the tuner worker; ignored"),
+            },
+        }
+    }
+}
+
+/// The daemon stores results as they are; make sure they obey the contract.
+fn check_result(result: &v1::Result) -> Result<(), String> {
+    if !result.time_us.is_finite() || result.time_us < 0.0 {
+        return Err(format!("time_us {} is not finite and >= 0", result.time_us));
+    }
+    serde_json::from_str::<serde_json::Value>(&result.config)
+        .map(|_| ())
+        .map_err(|e| format!("config is not JSON: {e}"))
+}
+
+async fn supervise(
+    config: SupervisorConfig,
+    shared: Arc<Shared>,
+    mut jobs: mpsc::Receiver<QueuedJob>,
+    mut shutdown: watch::Receiver<bool>,
+    first_worker: Worker,
+) {
+    let mut worker = Some(first_worker);
+    let mut backoff = INITIAL_BACKOFF;
+    // A job whose worker died, to run first on the next worker.
+    let mut retry: Option<QueuedJob> = None;
+    let mut next_job_id: u64 = 1;
+
+    'supervise: loop {
+        let mut current = match worker.take() {
+            Some(current) => current,
+            None => {
+                shared.set_phase(Phase::Restarting);
+                shared.status().worker_pid = None;
+                tracing::info!(
+                    backoff_ms = backoff.as_millis() as u64,
+                    "restarting the tuner worker"
+                );
+                tokio::select! {
+                    _ = shutdown.changed() => break 'supervise,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                match spawn_worker(&config).await {
+                    Ok((fresh, ready)) => {
+                        shared.restarts.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(backend = %ready.backend, pid = ?fresh.pid, "tuner worker restarted");
+                        shared.adopt(&ready, fresh.pid);
+                        fresh
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "tuner worker restart failed");
+                        continue 'supervise;
+                    }
+                }
+            }
+        };
+
+        let job = match retry.take() {
+            Some(job) => job,
+            None => {
+                enum Idle {
+                    Job(QueuedJob),
+                    Stop,
+                    Died(String),
+                }
+                let idle = tokio::select! {
+                    _ = shutdown.changed() => Idle::Stop,
+                    job = jobs.recv() => job.map_or(Idle::Stop, Idle::Job),
+                    reason = current.wait_for_death() => Idle::Died(reason),
+                };
+                match idle {
+                    Idle::Job(job) => job,
+                    Idle::Stop => {
+                        worker = Some(current);
+                        break 'supervise;
+                    }
+                    Idle::Died(reason) => {
+                        tracing::warn!(%reason, "tuner worker died while idle");
+                        continue 'supervise;
+                    }
+                }
+            }
+        };
+
+        let job_id = next_job_id;
+        next_job_id += 1;
+        match run_job(
+            &mut current,
+            job_id,
+            &job,
+            config.job_timeout,
+            &mut shutdown,
+        )
+        .await
+        {
+            JobOutcome::Done(result) => {
+                backoff = INITIAL_BACKOFF;
+                shared.answer(job, Ok(result));
+                worker = Some(current);
+            }
+            JobOutcome::Failed(error) => {
+                shared.answer(job, Err(error));
+                worker = Some(current);
+            }
+            JobOutcome::WorkerDied(reason) => {
+                tracing::warn!(%reason, job_id, "tuner worker died during a job");
+                let mut job = job;
+                job.deaths += 1;
+                if job.deaths < 2 {
+                    retry = Some(job);
+                } else {
+                    shared.answer(
+                        job,
+                        Err(format!(
+                            "tuning failed: the worker died twice on this job; last time: {reason}"
+                        )),
+                    );
+                }
+            }
+            JobOutcome::TimedOut => {
+                current.kill().await;
+                tracing::warn!(
+                    job_id,
+                    timeout_s = config.job_timeout.as_secs_f64(),
+                    "tuning job timed out; worker killed"
+                );
+                shared.answer(
+                    job,
+                    Err(format!(
+                        "tuning timed out after {:.1} s; the worker was killed (it may have hung in a kernel) and is restarted",
+                        config.job_timeout.as_secs_f64()
+                    )),
+                );
+            }
+            JobOutcome::Shutdown => {
+                shared.answer(job, Err("the tuner is shutting down".to_string()));
+                worker = Some(current);
+                break 'supervise;
+            }
+        }
+    }
+
+    // Shutdown: kill the worker and fail whatever is still waiting.
+    if let Some(mut current) = worker {
+        current.kill().await;
+    }
+    shared.set_phase(Phase::Off("shut down".to_string()));
+    shared.status().worker_pid = None;
+    if let Some(job) = retry {
+        shared.answer(job, Err("the tuner is shutting down".to_string()));
+    }
+    jobs.close();
+    while let Ok(job) = jobs.try_recv() {
+        shared.answer(job, Err("the tuner is shutting down".to_string()));
+    }
+    tracing::info!("tuner supervisor stopped");
+}

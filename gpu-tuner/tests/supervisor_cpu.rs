@@ -1,0 +1,312 @@
+//! The supervisor driving the real `tunecache-tuner` worker binary with the cpu backend:
+//! tuning, worker deaths mid-job, timeouts, a full queue, and bad input.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tunecache_gpu_tuner::backend::BackendChoice;
+use tunecache_gpu_tuner::supervisor::{SubmitError, Supervisor, SupervisorConfig, TunerHandle};
+
+const SMALL_GEMM: &str = r#"{"m":64,"n":48,"k":80,"dtype":"f32","layout":"nn"}"#;
+/// A billion multiply-adds per run and dozens of runs per job, even in release builds: in
+/// flight when killed, and far beyond the short job timeout.
+const BIG_GEMM: &str = r#"{"m":1024,"n":1024,"k":1024,"dtype":"f32","layout":"nt"}"#;
+
+fn config(job_timeout: Duration, queue_capacity: usize) -> SupervisorConfig {
+    SupervisorConfig {
+        worker_path: PathBuf::from(env!("CARGO_BIN_EXE_tunecache-tuner")),
+        backend: BackendChoice::Cpu,
+        job_timeout,
+        queue_capacity,
+    }
+}
+
+async fn start_cpu() -> TunerHandle {
+    Supervisor::start(config(Duration::from_secs(120), 4))
+        .await
+        .expect("the cpu worker starts")
+}
+
+fn fingerprint(tuner: &TunerHandle) -> String {
+    tuner.devices()[0].fingerprint.clone()
+}
+
+/// Polls `condition` for up to 30 s.
+async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn sigkill(pid: u32) {
+    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("kill the worker");
+}
+
+#[tokio::test]
+async fn cpu_worker_tunes_a_small_gemm_and_reports_stats() {
+    let tuner = start_cpu().await;
+    assert_eq!(tuner.backend(), "cpu");
+    assert_eq!(tuner.state(), "running");
+    let devices = tuner.devices();
+    assert_eq!(devices.len(), 1);
+    assert!(
+        devices[0].fingerprint.starts_with("cpu|"),
+        "{:?}",
+        devices[0]
+    );
+    assert!(devices[0].fingerprint.ends_with(std::env::consts::ARCH));
+    assert!(tuner.note().contains("CPU stand-in"), "{}", tuner.note());
+
+    let reply = tuner
+        .submit("gemm", SMALL_GEMM, &fingerprint(&tuner))
+        .expect("accepted")
+        .await
+        .expect("answered");
+    let result = reply.expect("tuned");
+    let config: serde_json::Value = serde_json::from_str(&result.config).expect("config is JSON");
+    let stats = &config["stats"];
+    assert_eq!(stats["backend"], "cpu");
+    assert_eq!(stats["median_us"].as_f64(), Some(result.time_us));
+    assert!(result.time_us > 0.0);
+    assert!(stats["min_us"].as_f64().unwrap() <= result.time_us);
+    assert!(stats["repeats"].as_u64().unwrap() >= 5);
+    assert!(stats["spread"].as_f64().unwrap() >= 0.0);
+    for block in ["mc", "nc", "kc"] {
+        assert!(config["tactic"][block].as_u64().unwrap() > 0);
+    }
+    assert!(config["note"]
+        .as_str()
+        .unwrap()
+        .contains("not a GPU measurement"));
+    assert!(
+        result.tuned_by.starts_with("tunecache-tuner/cpu@"),
+        "{}",
+        result.tuned_by
+    );
+    assert!(result.tuned_at_unix_ms > 0);
+
+    let counters = tuner.counters();
+    assert_eq!(
+        (
+            counters.jobs_done,
+            counters.jobs_failed,
+            counters.queue_depth,
+            counters.restarts
+        ),
+        (1, 0, 0, 0)
+    );
+    tuner.shutdown().await;
+    assert_eq!(tuner.backend(), "off");
+    assert!(tuner.state().starts_with("off: "));
+}
+
+#[tokio::test]
+async fn sigkill_mid_job_restarts_the_worker_retries_once_then_fails_naming_the_death() {
+    let tuner = start_cpu().await;
+    let device = fingerprint(&tuner);
+    let first_pid = tuner.worker_pid().expect("a worker pid");
+    let reply = tuner.submit("gemm", BIG_GEMM, &device).expect("accepted");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        tuner.counters().queue_depth,
+        1,
+        "the big job should be in flight"
+    );
+    sigkill(first_pid);
+
+    // The supervisor restarts the worker and runs the same job again on it.
+    eventually("a restarted worker", || {
+        tuner.worker_pid().is_some_and(|pid| pid != first_pid) && tuner.state() == "running"
+    })
+    .await;
+    assert_eq!(tuner.counters().restarts, 1);
+    let second_pid = tuner.worker_pid().expect("a worker pid");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        tuner.counters().queue_depth,
+        1,
+        "the job should be retried, not answered"
+    );
+    sigkill(second_pid);
+
+    let error = reply
+        .await
+        .expect("answered")
+        .expect_err("the job dies twice");
+    assert!(error.contains("died"), "{error}");
+    assert!(error.contains("SIGKILL"), "{error}");
+    eventually("a third worker", || {
+        tuner.worker_pid().is_some_and(|pid| pid != second_pid) && tuner.state() == "running"
+    })
+    .await;
+    let counters = tuner.counters();
+    assert_eq!(
+        (
+            counters.restarts,
+            counters.jobs_failed,
+            counters.queue_depth
+        ),
+        (2, 1, 0)
+    );
+
+    // The node keeps tuning after the deaths.
+    let result = tuner
+        .submit("gemm", SMALL_GEMM, &device)
+        .expect("accepted")
+        .await
+        .expect("answered");
+    assert!(result.is_ok(), "{result:?}");
+}
+
+#[tokio::test]
+async fn a_worker_killed_while_idle_is_restarted() {
+    let tuner = start_cpu().await;
+    let first_pid = tuner.worker_pid().expect("a worker pid");
+    sigkill(first_pid);
+    eventually("a restarted worker", || {
+        tuner.worker_pid().is_some_and(|pid| pid != first_pid) && tuner.state() == "running"
+    })
+    .await;
+    assert_eq!(tuner.counters().restarts, 1);
+    let result = tuner
+        .submit("gemm", SMALL_GEMM, &fingerprint(&tuner))
+        .expect("accepted")
+        .await
+        .expect("answered");
+    assert!(result.is_ok(), "{result:?}");
+}
+
+#[tokio::test]
+async fn a_job_past_its_timeout_kills_the_worker_and_fails_with_a_reason() {
+    let tuner = Supervisor::start(config(Duration::from_millis(1500), 4))
+        .await
+        .expect("starts");
+    let first_pid = tuner.worker_pid().expect("a worker pid");
+    let error = tuner
+        .submit("gemm", BIG_GEMM, &fingerprint(&tuner))
+        .expect("accepted")
+        .await
+        .expect("answered")
+        .expect_err("times out");
+    assert!(error.contains("timed out"), "{error}");
+    eventually("a restarted worker", || {
+        tuner.worker_pid().is_some_and(|pid| pid != first_pid) && tuner.state() == "running"
+    })
+    .await;
+    let counters = tuner.counters();
+    assert_eq!((counters.restarts, counters.jobs_failed), (1, 1));
+}
+
+#[tokio::test]
+async fn a_full_queue_refuses_jobs() {
+    let tuner = Supervisor::start(config(Duration::from_secs(120), 1))
+        .await
+        .expect("starts");
+    let device = fingerprint(&tuner);
+    let _running = tuner.submit("gemm", BIG_GEMM, &device).expect("runs");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _waiting = tuner.submit("gemm", SMALL_GEMM, &device).expect("waits");
+    assert_eq!(
+        tuner.submit("gemm", SMALL_GEMM, &device).err(),
+        Some(SubmitError::QueueFull { capacity: 1 })
+    );
+    assert_eq!(tuner.counters().queue_depth, 2);
+    let pid = tuner.worker_pid().expect("a worker pid");
+    drop(tuner);
+    // Dropping the last handle kills the worker.
+    eventually("the worker to be killed", || {
+        kill(Pid::from_raw(pid as i32), None).is_err()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|stat| stat.contains(") Z "))
+                .unwrap_or(true)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_missing_worker_binary_is_a_start_error() {
+    let mut config = config(Duration::from_secs(5), 4);
+    config.worker_path = PathBuf::from("/nonexistent/tunecache-tuner");
+    let error = Supervisor::start(config).await.expect_err("no binary");
+    let message = error.to_string();
+    assert!(
+        message.contains("/nonexistent/tunecache-tuner"),
+        "{message}"
+    );
+
+    let off = TunerHandle::off(message.clone());
+    assert_eq!(off.backend(), "off");
+    assert_eq!(off.state(), format!("off: {message}"));
+    assert!(matches!(
+        off.submit("gemm", SMALL_GEMM, "cpu|x|y"),
+        Err(SubmitError::Off(_))
+    ));
+}
+
+#[tokio::test]
+async fn bad_problems_and_foreign_devices_are_refused() {
+    let tuner = start_cpu().await;
+    let device = fingerprint(&tuner);
+
+    match tuner.submit(
+        "gemm",
+        r#"{"m":64,"n":0,"k":8,"dtype":"f32","layout":"nn"}"#,
+        &device,
+    ) {
+        Err(SubmitError::InvalidProblem(error)) => assert_eq!(error.field(), Some("n")),
+        other => panic!("expected InvalidProblem, got {other:?}"),
+    }
+    assert!(matches!(
+        tuner.submit("gemm", "not json", &device),
+        Err(SubmitError::InvalidProblem(_))
+    ));
+    assert!(matches!(
+        tuner.submit("conv", "{}", &device),
+        Err(SubmitError::InvalidProblem(_))
+    ));
+    match tuner.submit("gemm", SMALL_GEMM, "NVIDIA H200|sm_90|cuda 12.8") {
+        Err(SubmitError::NoDevice { available, .. }) => assert_eq!(available, vec![device.clone()]),
+        other => panic!("expected NoDevice, got {other:?}"),
+    }
+
+    // Valid but untunable here: the worker answers with an error, not a death.
+    let error = tuner
+        .submit(
+            "gemm",
+            r#"{"m":64,"n":64,"k":64,"dtype":"f16","layout":"nn"}"#,
+            &device,
+        )
+        .expect("accepted")
+        .await
+        .expect("answered")
+        .expect_err("f16 on cpu");
+    assert!(error.contains("f32 only"), "{error}");
+    let counters = tuner.counters();
+    assert_eq!((counters.jobs_failed, counters.restarts), (1, 0));
+}
+
+#[tokio::test]
+async fn auto_picks_cuda_only_when_the_driver_loads_and_cuda_without_one_is_a_start_error() {
+    let driver = tunecache_gpu_tuner::backend::cuda::driver_library_present();
+    let mut auto = config(Duration::from_secs(5), 4);
+    auto.backend = BackendChoice::Auto;
+    let tuner = Supervisor::start(auto).await.expect("auto always starts");
+    if driver {
+        // With a driver but no device, auto still falls back; with one, it is cuda.
+        assert!(["cuda", "cpu"].contains(&tuner.backend().as_str()));
+    } else {
+        assert_eq!(tuner.backend(), "cpu");
+        assert!(tuner.note().contains("libcuda.so.1"), "{}", tuner.note());
+        let mut cuda = config(Duration::from_secs(5), 4);
+        cuda.backend = BackendChoice::Cuda;
+        let error = Supervisor::start(cuda)
+            .await
+            .expect_err("no driver here")
+            .to_string();
+        assert!(error.contains("libcuda.so.1"), "{error}");
+    }
+}
