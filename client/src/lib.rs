@@ -30,8 +30,14 @@ pub enum ClientError {
         #[source]
         source: tonic::transport::Error,
     },
-    #[error("{}: {}", .0.code(), .0.message())]
-    Rpc(#[from] tonic::Status),
+    #[error("{} ({:?})", .0.message(), .0.code())]
+    Rpc(tonic::Status),
+}
+
+impl From<tonic::Status> for ClientError {
+    fn from(status: tonic::Status) -> Self {
+        ClientError::Rpc(status)
+    }
 }
 
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
@@ -130,6 +136,18 @@ impl Client {
             entries.extend(chunk.entries);
         }
         Ok(entries)
+    }
+
+    /// The node's tuning devices; `fingerprint` is the `Key.device` the node tuner answers.
+    pub async fn devices(&self) -> Result<Vec<v1::Device>> {
+        let request = self.request(v1::DevicesRequest {}, self.timeout);
+        Ok(self
+            .inner
+            .clone()
+            .devices(request)
+            .await?
+            .into_inner()
+            .devices)
     }
 
     pub async fn stats(&self) -> Result<v1::StatsResponse> {

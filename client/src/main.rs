@@ -82,6 +82,8 @@ enum Command {
     },
     /// Show the daemon's counters.
     Stats,
+    /// List the node's tuning devices and their fingerprints.
+    Devices,
     /// Resolve one key: print the hit, the lease granted to tune it, or the miss.
     Resolve {
         #[command(flatten)]
@@ -309,6 +311,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Stats => print_stats(&client.stats().await?, cli.json),
+        Command::Devices => {
+            for device in client.devices().await? {
+                if cli.json {
+                    println!(
+                        "{}",
+                        json!({
+                            "backend": device.backend,
+                            "name": device.name,
+                            "compute_capability": device.compute_capability,
+                            "memory_bytes": device.memory_bytes,
+                            "driver_version": device.driver_version,
+                            "cuda_version": device.cuda_version,
+                            "fingerprint": device.fingerprint,
+                        })
+                    );
+                } else {
+                    println!(
+                        "{}\t{}\t{}",
+                        device.backend, device.fingerprint, device.name
+                    );
+                }
+            }
+        }
         Command::Resolve {
             key,
             wait_ms,

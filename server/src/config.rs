@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+use tunecache_gpu_tuner::backend::BackendChoice;
+
 use crate::journal::FsyncPolicy;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -49,6 +51,30 @@ pub struct Config {
     /// Seconds between snapshots to, and loads from, the shared directory.
     #[arg(long, env = "TUNECACHE_SNAPSHOT_INTERVAL", default_value_t = 30)]
     pub snapshot_interval: u64,
+
+    /// The tuner worker binary, or `off` [default: tunecache-tuner next to tunecached]
+    #[arg(long, env = "TUNECACHE_TUNER")]
+    pub tuner: Option<String>,
+
+    /// Which backend the tuner worker measures on: `auto` uses CUDA when a driver and a GPU
+    /// are present, else the CPU stand-in.
+    #[arg(long, env = "TUNECACHE_TUNER_BACKEND", default_value = "auto")]
+    pub tuner_backend: BackendChoice,
+
+    /// Seconds one tuning job may run before the worker is killed and the job failed.
+    #[arg(long, env = "TUNECACHE_TUNER_JOB_TIMEOUT", default_value_t = 600)]
+    pub tuner_job_timeout: u64,
+
+    /// Tuning jobs that may queue; Resolve answers RESOURCE_EXHAUSTED beyond that.
+    #[arg(long, env = "TUNECACHE_TUNER_QUEUE", default_value_t = 64)]
+    pub tuner_queue: usize,
+}
+
+/// Where the tuner worker comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TunerSetting {
+    Off,
+    Worker(PathBuf),
 }
 
 impl Config {
@@ -82,6 +108,19 @@ impl Config {
                 .and_then(|name| name.into_string().ok())
                 .unwrap_or_else(|| "localhost".to_owned())
         })
+    }
+
+    pub fn tuner_setting(&self) -> TunerSetting {
+        match self.tuner.as_deref() {
+            Some("off") => TunerSetting::Off,
+            Some(path) => TunerSetting::Worker(PathBuf::from(path)),
+            None => {
+                let beside_daemon = std::env::current_exe()
+                    .ok()
+                    .and_then(|exe| exe.parent().map(|dir| dir.join("tunecache-tuner")));
+                TunerSetting::Worker(beside_daemon.unwrap_or_else(|| "tunecache-tuner".into()))
+            }
+        }
     }
 
     pub fn snapshot_interval(&self) -> Duration {

@@ -20,6 +20,8 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tunecache_proto::v1;
 
+use tunecache_gpu_tuner::supervisor::{JobReply, SubmitError, TunerHandle};
+
 use crate::entry::{CacheKey, TunedResult};
 use crate::store::{ChangeListener, Store};
 
@@ -126,6 +128,7 @@ struct State {
 pub struct Coordinator {
     state: Mutex<State>,
     store: Store,
+    tuner: TunerHandle,
     counters: CoordCounters,
     shutdown: CancellationToken,
     lease_prefix: String,
@@ -153,7 +156,7 @@ fn describe_since(since: SystemTime) -> String {
 impl Coordinator {
     /// Creates the coordinator and registers it as the store's change listener. Call it
     /// inside the tokio runtime.
-    pub fn new(store: Store, shutdown: CancellationToken) -> Arc<Coordinator> {
+    pub fn new(store: Store, tuner: TunerHandle, shutdown: CancellationToken) -> Arc<Coordinator> {
         let nonce = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
@@ -161,6 +164,7 @@ impl Coordinator {
         let coordinator = Arc::new_cyclic(|me| Coordinator {
             state: Mutex::new(State::default()),
             store: store.clone(),
+            tuner,
             counters: CoordCounters::default(),
             shutdown,
             lease_prefix: format!("{nonce:016x}"),
@@ -230,19 +234,23 @@ impl Coordinator {
     }
 
     /// Resolves one key: a hit, a lease to tune it here, or a wait for someone else.
-    pub async fn resolve(&self, call: ResolveCall) -> Resolution {
+    /// Refused only when the node's tuner should take the job but its queue is full.
+    pub async fn resolve(&self, call: ResolveCall) -> Result<Resolution, tonic::Status> {
         self.counters.resolves.fetch_add(1, Ordering::Relaxed);
         if let Some(result) = self.store.get(&call.key) {
-            return Resolution::Hit(result);
+            return Ok(Resolution::Hit(result));
         }
         let (waiter_id, receiver) = {
             let mut state = self.lock();
             // Checked again under the lock: the store publishes before it notifies, so a
             // result stored after the first check is either visible here or will wake us.
             if let Some(result) = self.store.get(&call.key) {
-                return Resolution::Hit(result);
+                return Ok(Resolution::Hit(result));
             }
             let state = &mut *state;
+            if !state.flights.contains_key(&call.key) {
+                self.start_tuner_job(state, &call.key)?;
+            }
             let can_take_lease = match state.flights.get(&call.key) {
                 None => true,
                 Some(flight) => matches!(flight.holder, Holder::Nobody),
@@ -260,7 +268,7 @@ impl Coordinator {
                     });
                 flight.holder = Holder::Lease(holder);
                 flight.since = SystemTime::now();
-                return resolution;
+                return Ok(resolution);
             }
             if call.wait.is_zero() {
                 let reason = match state.flights.get(&call.key) {
@@ -272,7 +280,7 @@ impl Coordinator {
                 self.counters
                     .waits_timed_out
                     .fetch_add(1, Ordering::Relaxed);
-                return Resolution::Miss(reason);
+                return Ok(Resolution::Miss(reason));
             }
             state.next_id += 1;
             let waiter_id = state.next_id;
@@ -306,7 +314,7 @@ impl Coordinator {
             outcome = receiver => outcome.ok(),
             () = tokio::time::sleep(call.wait) => None,
             () = self.shutdown.cancelled() => {
-                return Resolution::Miss("the daemon is shutting down".to_owned());
+                return Ok(Resolution::Miss("the daemon is shutting down".to_owned()));
             }
         };
         match outcome {
@@ -317,7 +325,7 @@ impl Coordinator {
                         .waits_satisfied
                         .fetch_add(1, Ordering::Relaxed);
                 }
-                resolution
+                Ok(resolution)
             }
             None => {
                 let reason = {
@@ -331,10 +339,10 @@ impl Coordinator {
                 self.counters
                     .waits_timed_out
                     .fetch_add(1, Ordering::Relaxed);
-                Resolution::Miss(format!(
+                Ok(Resolution::Miss(format!(
                     "no result within {} ms: {reason}",
                     call.wait.as_millis()
-                ))
+                )))
             }
         }
     }
@@ -450,26 +458,66 @@ impl Coordinator {
         }
     }
 
-    /// Marks `key` as being tuned by the node's tuner worker. Returns false if a flight
-    /// for it already exists (the caller then just waits).
-    pub fn begin_tuner_job(&self, key: &CacheKey, what: String) -> bool {
-        let mut state = self.lock();
-        if state.flights.contains_key(key) {
-            return false;
+    /// Whether the node's tuner measures this key: its namespace, and a device fingerprint
+    /// the worker reported. Keys of other devices follow the lease path.
+    fn tuner_takes(&self, key: &CacheKey) -> bool {
+        key.namespace == tunecache_gpu_tuner::problem::NAMESPACE
+            && self
+                .tuner
+                .devices()
+                .iter()
+                .any(|d| d.fingerprint == key.device)
+    }
+
+    /// Hands a new flight of `key` to the node's tuner when it measures such keys. Called
+    /// with the state locked and no flight for `key`.
+    fn start_tuner_job(&self, state: &mut State, key: &CacheKey) -> Result<(), tonic::Status> {
+        if !self.tuner_takes(key) {
+            return Ok(());
         }
+        let reply = match self.tuner.submit(&key.op, &key.problem, &key.device) {
+            Ok(reply) => reply,
+            Err(SubmitError::QueueFull { capacity }) => {
+                return Err(tonic::Status::resource_exhausted(format!(
+                    "the node's tuner queue is full ({capacity} jobs); resolve again later"
+                )));
+            }
+            Err(other) => {
+                // Off or no such device after all: the lease path takes over.
+                tracing::debug!(error = %other, "tuner declined a job");
+                return Ok(());
+            }
+        };
         state.flights.insert(
             key.clone(),
             Flight {
-                holder: Holder::Tuner { what },
+                holder: Holder::Tuner {
+                    what: format!("{} job on {}", key.op, key.device),
+                },
                 since: SystemTime::now(),
                 waiters: Vec::new(),
             },
         );
-        true
+        if let Some(me) = self.me.upgrade() {
+            self.runtime.spawn(finish_tuner_job(me, key.clone(), reply));
+        }
+        Ok(())
+    }
+
+    /// Wakes the waiters of `key` with the stored result, if there is one now.
+    fn finish_from_store(&self, key: &CacheKey) -> bool {
+        let mut state = self.lock();
+        match self.store.get(key) {
+            Some(result) => {
+                self.finish(&mut state, key, &result);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The tuner could not produce a result for `key`: its waiters get a miss with `reason`.
-    pub fn fail_tuner_job(&self, key: &CacheKey, reason: &str) {
+    fn fail_tuner_job(&self, key: &CacheKey, reason: &str) {
         let mut state = self.lock();
         if let Some(flight) = state.flights.remove(key) {
             for waiter in flight.waiters {
@@ -477,6 +525,30 @@ impl Coordinator {
             }
         }
     }
+}
+
+/// Records what the tuner measured for `key`, which wakes its waiters, or fails them.
+async fn finish_tuner_job(
+    coordinator: Arc<Coordinator>,
+    key: CacheKey,
+    reply: oneshot::Receiver<JobReply>,
+) {
+    let failure = match reply.await {
+        Ok(Ok(result)) => match crate::validate::result("tuner result", Some(result)) {
+            Ok(result) => match coordinator.store.apply(vec![(key.clone(), result)]).await {
+                // A better result recorded meanwhile leaves this one unchanged, and then
+                // the change listener has nothing to announce: finish from the store.
+                Ok(_) if coordinator.finish_from_store(&key) => return,
+                Ok(_) => "the tuned result was not stored".to_owned(),
+                Err(error) => format!("storing the tuned result failed: {error}"),
+            },
+            Err(invalid) => format!("the tuner returned an invalid result: {invalid}"),
+        },
+        Ok(Err(reason)) => format!("the node's tuner could not tune it: {reason}"),
+        Err(_) => "the node's tuner stopped before finishing".to_owned(),
+    };
+    tracing::warn!(problem = %key.problem, reason = %failure, "tuning job failed");
+    coordinator.fail_tuner_job(&key, &failure);
 }
 
 fn flight_is_idle(flight: Option<&Flight>) -> bool {

@@ -15,6 +15,7 @@ pub mod merge;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod tuner;
 pub mod validate;
 
 pub use config::Config;

@@ -63,8 +63,14 @@ pub async fn run(
     let (listener, socket_guard) = crate::listener::bind(&socket_path)?;
 
     let stop = CancellationToken::new();
-    let coordinator = Coordinator::new(store.clone(), stop.clone());
-    let service = TuneCacheService::new(store.clone(), coordinator, config.node_name());
+    let tuner = crate::tuner::start(&config).await;
+    let coordinator = Coordinator::new(store.clone(), tuner.clone(), stop.clone());
+    let service = TuneCacheService::new(
+        store.clone(),
+        coordinator,
+        tuner.clone(),
+        config.node_name(),
+    );
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<TuneCacheServer<TuneCacheService>>()
@@ -118,6 +124,7 @@ pub async fn run(
             }
         }
     }
+    tuner.shutdown().await;
     drop(store);
     // Flushing the journal may block on the disk; keep it off the runtime's workers.
     let _ = tokio::task::spawn_blocking(move || store_guard.shutdown()).await;

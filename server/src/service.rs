@@ -14,6 +14,7 @@ use crate::coord::{Coordinator, ResolveCall, DEFAULT_LEASE, MAX_LEASE, MAX_WAIT}
 use crate::entry::{to_wire_entry, CacheKey};
 use crate::store::Store;
 use crate::validate;
+use tunecache_gpu_tuner::supervisor::TunerHandle;
 
 /// Scan chunks hold at most this many entries...
 const SCAN_CHUNK_ENTRIES: usize = 1024;
@@ -34,16 +35,23 @@ pub struct RequestCounters {
 pub struct TuneCacheService {
     store: Store,
     coordinator: Arc<Coordinator>,
+    tuner: TunerHandle,
     counters: Arc<RequestCounters>,
     node_name: String,
     started: Instant,
 }
 
 impl TuneCacheService {
-    pub fn new(store: Store, coordinator: Arc<Coordinator>, node_name: String) -> Self {
+    pub fn new(
+        store: Store,
+        coordinator: Arc<Coordinator>,
+        tuner: TunerHandle,
+        node_name: String,
+    ) -> Self {
         TuneCacheService {
             store,
             coordinator,
+            tuner,
             counters: Arc::default(),
             node_name,
             started: Instant::now(),
@@ -154,6 +162,7 @@ impl TuneCache for TuneCacheService {
         let store = self.store.counters();
         let coord = self.coordinator.counters();
         let (waiters, leases_active) = self.coordinator.gauges();
+        let tuner = self.tuner.counters();
         let stats = v1::StatsResponse {
             node_name: self.node_name.clone(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -178,6 +187,12 @@ impl TuneCache for TuneCacheService {
             waits_timed_out: load(&coord.waits_timed_out),
             waiters,
             leases_active,
+            tuner_backend: self.tuner.backend(),
+            tuner_state: self.tuner.state(),
+            tuner_queue_depth: tuner.queue_depth,
+            tuner_jobs_done: tuner.jobs_done,
+            tuner_jobs_failed: tuner.jobs_failed,
+            tuner_restarts: tuner.restarts,
             ..Default::default()
         };
         Ok(Response::new(stats))
@@ -201,7 +216,7 @@ impl TuneCache for TuneCacheService {
             lease,
             caller_pid,
         };
-        Ok(Response::new(self.coordinator.resolve(call).await.into()))
+        Ok(Response::new(self.coordinator.resolve(call).await?.into()))
     }
 
     async fn snapshot(
@@ -217,6 +232,8 @@ impl TuneCache for TuneCacheService {
         &self,
         _request: Request<v1::DevicesRequest>,
     ) -> Result<Response<v1::DevicesResponse>, Status> {
-        Ok(Response::new(v1::DevicesResponse { devices: vec![] }))
+        Ok(Response::new(v1::DevicesResponse {
+            devices: self.tuner.devices(),
+        }))
     }
 }

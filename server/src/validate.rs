@@ -68,7 +68,14 @@ pub fn key(path: &str, key: Option<v1::Key>) -> Result<CacheKey, InvalidField> {
             ));
         }
     }
-    Ok(key.into())
+    let mut key = CacheKey::from(key);
+    if key.namespace == tunecache_gpu_tuner::problem::NAMESPACE {
+        // The node tuner's own namespace: problems are canonicalised so equal problems
+        // give equal keys, whichever way a rank spelled the JSON.
+        key.problem = tunecache_gpu_tuner::problem::canonicalize(&key.op, &key.problem)
+            .map_err(|error| InvalidField::new(format!("{path}.problem"), error.to_string()))?;
+    }
+    Ok(key)
 }
 
 /// Validates one result; `path` names it in errors (e.g. `entries[2].result`).

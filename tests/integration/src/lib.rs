@@ -239,3 +239,20 @@ pub fn entry(key: proto::Key, config: &str, time_us: f64, tuned_by: &str) -> pro
         }),
     }
 }
+
+/// Pids of the direct children of `parent`, read from /proc.
+pub fn child_pids(parent: Pid) -> Vec<Pid> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // Fields after the parenthesised command name: state, then the parent pid.
+            let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            after_name.split_whitespace().nth(1) == Some(&parent.as_raw().to_string())
+        })
+        .map(Pid::from_raw)
+        .collect()
+}

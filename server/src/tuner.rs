@@ -1,0 +1,44 @@
+//! Starts the node's tuner worker under supervision, or explains why tuning is off.
+//!
+//! The worker is a child process (`tunecache-tuner`) so that a faulting kernel or a driver
+//! error kills only the worker; the supervisor in `tunecache-gpu-tuner` restarts it. With
+//! no worker, the daemon serves as before and every miss follows the lease path.
+
+use std::time::Duration;
+
+use tunecache_gpu_tuner::supervisor::{Supervisor, SupervisorConfig, TunerHandle};
+
+use crate::config::{Config, TunerSetting};
+
+/// The tuner handle for this daemon: running, or `off` with the reason (logged once).
+pub async fn start(config: &Config) -> TunerHandle {
+    let worker_path = match config.tuner_setting() {
+        TunerSetting::Off => {
+            tracing::info!("tuning off: --tuner off");
+            return TunerHandle::off("--tuner off");
+        }
+        TunerSetting::Worker(path) => path,
+    };
+    let supervisor_config = SupervisorConfig {
+        worker_path: worker_path.clone(),
+        backend: config.tuner_backend,
+        job_timeout: Duration::from_secs(config.tuner_job_timeout.max(1)),
+        queue_capacity: config.tuner_queue.max(1),
+    };
+    match Supervisor::start(supervisor_config).await {
+        Ok(tuner) => {
+            let devices: Vec<String> = tuner.devices().into_iter().map(|d| d.fingerprint).collect();
+            tracing::info!(
+                backend = %tuner.backend(),
+                note = %tuner.note(),
+                ?devices,
+                "tuner worker running"
+            );
+            tuner
+        }
+        Err(error) => {
+            tracing::warn!(worker = %worker_path.display(), %error, "tuning off: the daemon serves without a tuner");
+            TunerHandle::off(error.to_string())
+        }
+    }
+}
