@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: every Rust test (unit, and integration tests that start the real
+# tunecached binary), then the Python client's tests against the real daemon.
+# GPU tests are #[ignore]d here; gpu-tuner/scripts/gpu-check.sh runs them on a GPU machine.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# Integration tests start the binaries, so build them first.
+cargo build --workspace --bins
+cargo test --workspace
+TUNECACHE_DAEMON_BIN="$PWD/target/debug/tunecached" client/python/run_tests.sh
