@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use tokio::sync::oneshot;
@@ -26,6 +27,8 @@ pub type CacheMap = imbl::OrdMap<CacheKey, TunedResult>;
 
 /// Compaction waits until the journal is at least this big, so small caches never churn.
 const MIN_COMPACT_BYTES: u64 = 1024 * 1024;
+/// Wait this long after a failed compaction before trying again.
+const COMPACT_RETRY: Duration = Duration::from_secs(60);
 /// Most write requests merged into one group commit.
 const MAX_GROUP: usize = 1024;
 
@@ -204,14 +207,30 @@ impl Drop for StoreGuard {
     }
 }
 
-fn run_writer(mut journal: Journal, commands: mpsc::Receiver<WriteCommand>, shared: Arc<Shared>) {
-    let mut live_bytes = shared.counters.journal_live_bytes.load(Ordering::Relaxed);
+/// State of the writer thread: the journal and what it needs to decide on compaction.
+struct Writer {
+    journal: Journal,
+    shared: Arc<Shared>,
+    /// Estimated journal bytes the live entries would take after a compaction.
+    live_bytes: u64,
+    /// After a failed compaction (e.g. a full disk), wait before trying again.
+    compact_not_before: Instant,
+}
+
+fn run_writer(journal: Journal, commands: mpsc::Receiver<WriteCommand>, shared: Arc<Shared>) {
+    let live_bytes = shared.counters.journal_live_bytes.load(Ordering::Relaxed);
+    let mut writer = Writer {
+        journal,
+        shared,
+        live_bytes,
+        compact_not_before: Instant::now(),
+    };
     loop {
-        let first = if journal.sync_pending() {
+        let first = if writer.journal.sync_pending() {
             match commands.recv_timeout(BATCH_SYNC_INTERVAL) {
                 Ok(command) => command,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if let Err(error) = journal.sync() {
+                    if let Err(error) = writer.journal.sync() {
                         tracing::warn!(%error, "journal sync failed");
                     }
                     continue;
@@ -241,91 +260,107 @@ fn run_writer(mut journal: Journal, commands: mpsc::Receiver<WriteCommand>, shar
             }
         }
         if !group.is_empty() {
-            apply_group(&mut journal, group, &shared, &mut live_bytes);
+            writer.apply_group(group);
+            writer.compact_if_due();
         }
         if stop {
             break;
         }
     }
-    if let Err(error) = journal.sync() {
+    if let Err(error) = writer.journal.sync() {
         tracing::warn!(%error, "final journal sync failed");
     }
 }
 
 type Reply = oneshot::Sender<Result<ApplyOutcome>>;
 
-/// Merges a group of write requests into one new version, journals the changes in one
-/// append, publishes, then acknowledges each request.
-fn apply_group(
-    journal: &mut Journal,
-    group: Vec<(Vec<(CacheKey, TunedResult)>, Reply)>,
-    shared: &Shared,
-    live_bytes: &mut u64,
-) {
-    let mut next = CacheMap::clone(&shared.map.load());
-    let mut changed = Vec::new();
-    let mut replies = Vec::with_capacity(group.len());
-    let live_before = *live_bytes;
-    for (entries, reply) in group {
-        let mut outcome = ApplyOutcome::default();
-        for (key, result) in entries {
-            let current = next.get(&key);
-            if merge(current, &result) == MergeOutcome::Keep {
-                outcome.unchanged += 1;
-                continue;
+impl Writer {
+    /// Merges a group of write requests into one new version, journals the changes in one
+    /// append, publishes, then acknowledges each request.
+    fn apply_group(&mut self, group: Vec<(Vec<(CacheKey, TunedResult)>, Reply)>) {
+        let mut next = CacheMap::clone(&self.shared.map.load());
+        let mut changed = Vec::new();
+        let mut replies = Vec::with_capacity(group.len());
+        let live_before = self.live_bytes;
+        for (entries, reply) in group {
+            let mut outcome = ApplyOutcome::default();
+            for (key, result) in entries {
+                let current = next.get(&key);
+                if merge(current, &result) == MergeOutcome::Keep {
+                    outcome.unchanged += 1;
+                    continue;
+                }
+                let key_bytes = key.encoded_len_estimate() as u64;
+                let old = current.map_or(0, |r| key_bytes + r.encoded_len_estimate() as u64);
+                self.live_bytes =
+                    self.live_bytes + key_bytes + result.encoded_len_estimate() as u64 - old;
+                next.insert(key.clone(), result.clone());
+                changed.push((key, result));
+                outcome.stored += 1;
             }
-            let old = current.map_or(0, |r| r.encoded_len_estimate() + key.encoded_len_estimate());
-            *live_bytes = *live_bytes
-                + (key.encoded_len_estimate() + result.encoded_len_estimate()) as u64
-                - old as u64;
-            next.insert(key.clone(), result.clone());
-            changed.push((key, result));
-            outcome.stored += 1;
+            replies.push((reply, outcome));
         }
-        replies.push((reply, outcome));
+
+        if !changed.is_empty() {
+            if let Err(error) = self.journal.append(&changed) {
+                tracing::error!(%error, "journal append failed; the batch is refused");
+                self.live_bytes = live_before;
+                for (reply, _) in replies {
+                    let _ = reply.send(Err(Error::JournalWrite(error.to_string())));
+                }
+                return;
+            }
+            self.shared.map.store(Arc::new(next));
+            self.shared
+                .counters
+                .generation
+                .fetch_add(1, Ordering::Release);
+            if let Some(listener) = self.shared.listener.get() {
+                listener.entries_changed(&changed);
+            }
+        }
+        for (reply, outcome) in replies {
+            let _ = reply.send(Ok(outcome));
+        }
+        let counters = &self.shared.counters;
+        counters
+            .journal_bytes
+            .store(self.journal.len(), Ordering::Relaxed);
+        counters
+            .journal_live_bytes
+            .store(self.live_bytes, Ordering::Relaxed);
     }
 
-    if !changed.is_empty() {
-        if let Err(error) = journal.append(&changed) {
-            tracing::error!(%error, "journal append failed; the batch is refused");
-            *live_bytes = live_before;
-            for (reply, _) in replies {
-                let _ = reply.send(Err(Error::JournalWrite(error.to_string())));
-            }
+    /// Rewrites the journal once it holds more than twice the live data.
+    fn compact_if_due(&mut self) {
+        let len = self.journal.len();
+        if len <= MIN_COMPACT_BYTES
+            || len <= 2 * self.live_bytes
+            || Instant::now() < self.compact_not_before
+        {
             return;
         }
-        shared.map.store(Arc::new(next));
-        shared.counters.generation.fetch_add(1, Ordering::Release);
-        if let Some(listener) = shared.listener.get() {
-            listener.entries_changed(&changed);
-        }
-    }
-    for (reply, outcome) in replies {
-        let _ = reply.send(Ok(outcome));
-    }
-
-    if journal.len() > MIN_COMPACT_BYTES && journal.len() > 2 * *live_bytes {
-        let map = shared.map.load_full();
-        match journal.rewrite(map.iter()) {
+        let map = self.shared.map.load_full();
+        match self.journal.rewrite(map.iter()) {
             Ok(()) => {
-                shared
+                self.shared
                     .counters
                     .journal_compactions
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::info!(
-                    bytes = journal.len(),
+                    bytes = self.journal.len(),
                     entries = map.len(),
                     "journal compacted"
                 );
             }
-            Err(error) => tracing::warn!(%error, "journal compaction failed; will retry"),
+            Err(error) => {
+                self.compact_not_before = Instant::now() + COMPACT_RETRY;
+                tracing::warn!(%error, "journal compaction failed; retrying in {COMPACT_RETRY:?}");
+            }
         }
+        let counters = &self.shared.counters;
+        counters
+            .journal_bytes
+            .store(self.journal.len(), Ordering::Relaxed);
     }
-    let counters = &shared.counters;
-    counters
-        .journal_bytes
-        .store(journal.len(), Ordering::Relaxed);
-    counters
-        .journal_live_bytes
-        .store(*live_bytes, Ordering::Relaxed);
 }

@@ -555,3 +555,40 @@ async fn health_serving_and_reflection_in_v1_and_v1alpha() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journal_is_compacted_and_replays_to_the_same_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::start(dir.path()).await;
+    let client = daemon.client().await;
+    // Ten rounds of improvements to the same 2,000 keys: the journal holds ten versions of
+    // each entry until compaction rewrites it with the live ones only.
+    let round = |r: usize| -> Vec<proto::Entry> {
+        (0..2000)
+            .map(|i| {
+                entry(
+                    test_key("gemm", &problem(i)),
+                    &format!(r#"{{"round":{r},"pad":"{}"}}"#, "p".repeat(40)),
+                    1000.0 - r as f64,
+                    "t",
+                )
+            })
+            .collect()
+    };
+    for r in 0..10 {
+        record_all(&client, round(r)).await;
+    }
+    let stats = client.stats().await.unwrap();
+    assert!(stats.journal_compactions >= 1, "{stats:?}");
+    assert!(
+        stats.journal_bytes <= 2 * stats.journal_live_bytes + 200_000,
+        "{stats:?}"
+    );
+    assert_eq!(stats.entries, 2000);
+
+    daemon.terminate(Duration::from_secs(10));
+    daemon.restart().await;
+    let last = round(9);
+    let keys = last.iter().map(|e| e.key.clone().unwrap()).collect();
+    assert_eq!(lookup_all(&daemon.client().await, keys).await, last);
+}
