@@ -258,14 +258,7 @@ impl Coordinator {
             if call.can_tune && can_take_lease {
                 let (holder, resolution) =
                     self.new_lease(state, &call.key, call.caller_pid, call.lease);
-                let flight = state
-                    .flights
-                    .entry(call.key.clone())
-                    .or_insert_with(|| Flight {
-                        holder: Holder::Nobody,
-                        since: SystemTime::now(),
-                        waiters: Vec::new(),
-                    });
+                let flight = flight_of(state, &call.key);
                 flight.holder = Holder::Lease(holder);
                 flight.since = SystemTime::now();
                 return Ok(resolution);
@@ -285,15 +278,7 @@ impl Coordinator {
             state.next_id += 1;
             let waiter_id = state.next_id;
             let (reply, receiver) = oneshot::channel();
-            let flight = state
-                .flights
-                .entry(call.key.clone())
-                .or_insert_with(|| Flight {
-                    holder: Holder::Nobody,
-                    since: SystemTime::now(),
-                    waiters: Vec::new(),
-                });
-            flight.waiters.push(Waiter {
+            flight_of(state, &call.key).waiters.push(Waiter {
                 id: waiter_id,
                 can_tune: call.can_tune,
                 pid: call.caller_pid,
@@ -549,6 +534,15 @@ async fn finish_tuner_job(
     };
     tracing::warn!(problem = %key.problem, reason = %failure, "tuning job failed");
     coordinator.fail_tuner_job(&key, &failure);
+}
+
+/// The flight of `key`, created (held by nobody yet) if there is none.
+fn flight_of<'a>(state: &'a mut State, key: &CacheKey) -> &'a mut Flight {
+    state.flights.entry(key.clone()).or_insert_with(|| Flight {
+        holder: Holder::Nobody,
+        since: SystemTime::now(),
+        waiters: Vec::new(),
+    })
 }
 
 fn flight_is_idle(flight: Option<&Flight>) -> bool {

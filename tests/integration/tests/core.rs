@@ -502,58 +502,41 @@ async fn health_serving_and_reflection_in_v1_and_v1alpha() {
         );
     }
 
-    {
-        use tonic_reflection::pb::v1::{
-            server_reflection_client::ServerReflectionClient,
-            server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
-            ServerReflectionRequest,
-        };
-        let request = ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(MessageRequest::ListServices(String::new())),
-        };
-        let mut reflection = ServerReflectionClient::new(channel.clone());
-        let mut responses = reflection
-            .server_reflection_info(futures::stream::iter(vec![request]))
-            .await
-            .unwrap()
-            .into_inner();
-        let response = responses.message().await.unwrap().unwrap();
-        let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
-            panic!("unexpected v1 reflection response");
-        };
-        let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-        assert!(
-            names.contains(&"tunecache.v1.TuneCache".to_owned()),
-            "{names:?}"
-        );
+    // v1 and v1alpha have the same shape in different modules; check both the same way.
+    macro_rules! listed_services {
+        ($pb:path) => {{
+            use pb::server_reflection_request::MessageRequest;
+            use pb::server_reflection_response::MessageResponse;
+            use $pb as pb;
+            let request = pb::ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::ListServices(String::new())),
+            };
+            let mut reflection =
+                pb::server_reflection_client::ServerReflectionClient::new(channel.clone());
+            let mut responses = reflection
+                .server_reflection_info(futures::stream::iter(vec![request]))
+                .await
+                .unwrap()
+                .into_inner();
+            let response = responses.message().await.unwrap().unwrap();
+            let Some(MessageResponse::ListServicesResponse(list)) = response.message_response
+            else {
+                panic!("unexpected reflection response from {}", stringify!($pb));
+            };
+            list.service
+                .into_iter()
+                .map(|s| s.name)
+                .collect::<Vec<String>>()
+        }};
     }
-    {
-        use tonic_reflection::pb::v1alpha::{
-            server_reflection_client::ServerReflectionClient,
-            server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
-            ServerReflectionRequest,
-        };
-        let request = ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(MessageRequest::ListServices(String::new())),
-        };
-        let mut reflection = ServerReflectionClient::new(channel);
-        let mut responses = reflection
-            .server_reflection_info(futures::stream::iter(vec![request]))
-            .await
-            .unwrap()
-            .into_inner();
-        let response = responses.message().await.unwrap().unwrap();
-        let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
-            panic!("unexpected v1alpha reflection response");
-        };
-        let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-        assert!(
-            names.contains(&"tunecache.v1.TuneCache".to_owned()),
-            "{names:?}"
-        );
-    }
+    let v1 = listed_services!(tonic_reflection::pb::v1);
+    assert!(v1.contains(&"tunecache.v1.TuneCache".to_owned()), "{v1:?}");
+    let v1alpha = listed_services!(tonic_reflection::pb::v1alpha);
+    assert!(
+        v1alpha.contains(&"tunecache.v1.TuneCache".to_owned()),
+        "{v1alpha:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

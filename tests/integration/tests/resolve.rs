@@ -25,6 +25,14 @@ fn rank_command(daemon: &Daemon, dir: &Path, extra: &[&str]) -> Command {
     command
 }
 
+/// Runs the commands together off the async runtime and returns each one's JSON lines.
+async fn run_ranks(commands: Vec<Command>, dir: &Path) -> Vec<Vec<Value>> {
+    let dir = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || run_together(commands, &dir))
+        .await
+        .expect("rank runner")
+}
+
 /// Starts every command, releases them together, and returns each one's JSON lines.
 fn run_together(mut commands: Vec<Command>, dir: &Path) -> Vec<Vec<Value>> {
     let children: Vec<Child> = commands
@@ -64,12 +72,7 @@ async fn eight_processes_one_fresh_key_exactly_one_tunes() {
     let commands = (0..8)
         .map(|_| rank_command(&daemon, dir.path(), &["--tune-ms", "300"]))
         .collect();
-    let outputs = tokio::task::spawn_blocking({
-        let dir = dir.path().to_path_buf();
-        move || run_together(commands, &dir)
-    })
-    .await
-    .unwrap();
+    let outputs = run_ranks(commands, dir.path()).await;
 
     assert_eq!(tune_counts(dir.path()).get("p0"), Some(&1));
     let outcomes: Vec<&str> = outputs
@@ -116,12 +119,7 @@ async fn sixteen_processes_500_keys_each_tuned_exactly_once() {
             )
         })
         .collect();
-    let outputs = tokio::task::spawn_blocking({
-        let dir = dir.path().to_path_buf();
-        move || run_together(commands, &dir)
-    })
-    .await
-    .unwrap();
+    let outputs = run_ranks(commands, dir.path()).await;
 
     let counts = tune_counts(dir.path());
     assert_eq!(counts.len(), 500);
@@ -375,12 +373,7 @@ async fn bitblas_scenario_ranks_share_one_tuning_per_matmul() {
             )
         })
         .collect();
-    let outputs = tokio::task::spawn_blocking({
-        let dir = dir.path().to_path_buf();
-        move || run_together(commands, &dir)
-    })
-    .await
-    .unwrap();
+    let outputs = run_ranks(commands, dir.path()).await;
     let counts = tune_counts(dir.path());
     assert_eq!(counts.values().copied().collect::<Vec<_>>(), vec![1, 1, 1]);
     for k in 0..3u64 {
