@@ -316,6 +316,7 @@ fn print_stats(stats: &proto::StatsResponse, as_json: bool) {
         ("entries_stored", stats.entries_stored.to_string()),
         ("entries_unchanged", stats.entries_unchanged.to_string()),
         ("journal_bytes", stats.journal_bytes.to_string()),
+        ("journal_live_bytes", stats.journal_live_bytes.to_string()),
         ("journal_compactions", stats.journal_compactions.to_string()),
         ("fsync_policy", stats.fsync_policy.clone()),
         ("resolves", stats.resolves.to_string()),
@@ -336,11 +337,22 @@ fn print_stats(stats: &proto::StatsResponse, as_json: bool) {
             stats.last_snapshot_unix_ms.to_string(),
         ),
         ("snapshots_written", stats.snapshots_written.to_string()),
+        (
+            "snapshots_skipped_unchanged",
+            stats.snapshots_skipped_unchanged.to_string(),
+        ),
         ("snapshot_errors", stats.snapshot_errors.to_string()),
+        ("last_snapshot_error", stats.last_snapshot_error.clone()),
+        ("peer_files_loaded", stats.peer_files_loaded.to_string()),
+        ("peer_files_skipped", stats.peer_files_skipped.to_string()),
         ("stuck_operation", stats.stuck_operation.clone()),
+        ("stuck_since_unix_ms", stats.stuck_since_unix_ms.to_string()),
         ("tuner_backend", stats.tuner_backend.clone()),
         ("tuner_state", stats.tuner_state.clone()),
         ("tuner_queue_depth", stats.tuner_queue_depth.to_string()),
+        ("tuner_jobs_done", stats.tuner_jobs_done.to_string()),
+        ("tuner_jobs_failed", stats.tuner_jobs_failed.to_string()),
+        ("tuner_restarts", stats.tuner_restarts.to_string()),
     ];
     if as_json {
         let object: serde_json::Map<String, Value> = rows
