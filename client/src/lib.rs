@@ -12,6 +12,7 @@ use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tunecache_proto::v1::{self, tune_cache_client::TuneCacheClient};
 
+pub mod autostart;
 pub mod trtllm;
 
 pub use tunecache_proto::socket_path::default_socket_path;
@@ -32,6 +33,8 @@ pub enum ClientError {
     },
     #[error("{} ({:?})", .0.message(), .0.code())]
     Rpc(tonic::Status),
+    #[error("auto-start: {0}")]
+    Autostart(#[from] autostart::AutostartError),
 }
 
 impl From<tonic::Status> for ClientError {
@@ -79,8 +82,32 @@ impl Client {
 
     /// Connects to the daemon at the default socket (`$TUNECACHE_SOCKET`, then
     /// `$XDG_RUNTIME_DIR/tunecache/tunecache.sock`, then `/tmp/tunecache-<uid>/...`).
+    /// With `TUNECACHE_AUTOSTART=1`, starts a daemon there if none answers.
     pub async fn connect_default() -> Result<Client> {
-        Client::connect(default_socket_path()).await
+        Client::connect_auto(default_socket_path()).await
+    }
+
+    /// [`Client::connect_or_start`] when `TUNECACHE_AUTOSTART=1`, else [`Client::connect`].
+    pub async fn connect_auto(path: impl AsRef<Path>) -> Result<Client> {
+        if autostart::enabled_by_env() {
+            Client::connect_or_start(path).await
+        } else {
+            Client::connect(path).await
+        }
+    }
+
+    /// Connects to the daemon at `path`, starting one (detached, exiting when idle) if none
+    /// answers, and waits until it answers. Safe for all ranks of a node to call at once:
+    /// exactly one daemon comes up (see [`autostart`]).
+    pub async fn connect_or_start(path: impl AsRef<Path>) -> Result<Client> {
+        let path = path.as_ref();
+        let answering = || async move {
+            let client = Client::connect(path).await?;
+            // Connected is not enough: the socket may belong to a daemon that is exiting.
+            client.stats().await?;
+            Ok::<_, ClientError>(client)
+        };
+        autostart::connect_or_start(path, autostart::DEFAULT_START_TIMEOUT, answering).await?
     }
 
     /// Sets the deadline of unary calls.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
-use tunecache_client::{key, proto, Client, Resolution};
+use tunecache_client::{key, proto, trtllm, Client, Resolution};
 
 #[derive(Parser)]
 #[command(
@@ -98,6 +98,134 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         lease_ms: u64,
     },
+    /// Record the entries of a tuning-cache file (TensorRT-LLM's TLLM_AUTOTUNER_CACHE_PATH).
+    Import {
+        #[arg(long, value_enum)]
+        format: CacheFormat,
+        /// Key.device for every entry, instead of the one built from the file's metadata.
+        #[arg(long)]
+        device: Option<String>,
+        file: PathBuf,
+    },
+    /// Write the cache's entries as a tuning-cache file, replacing FILE atomically.
+    Export {
+        #[arg(long, value_enum)]
+        format: CacheFormat,
+        /// Only entries of this Key.device (also names the device in a file whose entries
+        /// carry no imported metadata).
+        #[arg(long)]
+        device: Option<String>,
+        /// Write a rank_<N> section for every rank below N, even an empty one (TensorRT-LLM
+        /// refuses to load a file without its rank's section).
+        #[arg(long)]
+        world_size: Option<u32>,
+        file: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum CacheFormat {
+    /// TensorRT-LLM's autotuner cache (AutoTunerProfilingCache JSON).
+    Trtllm,
+}
+
+/// Entries per Record call on import: well under the daemon's batch limit.
+const IMPORT_BATCH: usize = 1000;
+
+fn print_skipped(skipped: &[trtllm::SkippedEntry]) {
+    for entry in skipped {
+        let key = if entry.key.is_empty() {
+            "(whole section)"
+        } else {
+            entry.key.as_str()
+        };
+        eprintln!("skipped [{}] {key}: {}", entry.section, entry.reason);
+    }
+}
+
+async fn import_trtllm(
+    client: &Client,
+    device: Option<String>,
+    file: &std::path::Path,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let outcome = trtllm::import_with(&text, &trtllm::ImportOptions { device })
+        .with_context(|| format!("reading {}", file.display()))?;
+    let (mut stored, mut unchanged) = (0u64, 0u64);
+    for batch in outcome.entries.chunks(IMPORT_BATCH) {
+        let response = client.record(batch.to_vec()).await.context("record")?;
+        stored += u64::from(response.stored);
+        unchanged += u64::from(response.unchanged);
+    }
+    let imported = outcome.entries.len();
+    if as_json {
+        let skipped: Vec<Value> = outcome
+            .skipped
+            .iter()
+            .map(|s| json!({"section": s.section, "key": s.key, "reason": s.reason}))
+            .collect();
+        println!(
+            "{}",
+            json!({"imported": imported, "stored": stored, "unchanged": unchanged, "skipped": skipped})
+        );
+    } else {
+        print_skipped(&outcome.skipped);
+        println!(
+            "imported {imported} entries ({stored} stored, {unchanged} unchanged), skipped {}",
+            outcome.skipped.len()
+        );
+    }
+    Ok(())
+}
+
+async fn export_trtllm(
+    client: &Client,
+    device: Option<String>,
+    world_size: Option<u32>,
+    file: &std::path::Path,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    let entries = client
+        .scan(trtllm::NAMESPACE, device.as_deref().unwrap_or(""))
+        .await?;
+    let metadata = match (trtllm::TrtllmMetadata::from_entries(&entries), &device) {
+        (Some(metadata), _) => metadata,
+        (None, Some(device)) => trtllm::TrtllmMetadata::for_device(device)?,
+        (None, None) if entries.is_empty() => {
+            anyhow::bail!("no {} entries in the cache to export", trtllm::NAMESPACE)
+        }
+        (None, None) => anyhow::bail!(
+            "the entries carry no TensorRT-LLM metadata (they were not imported); name the device \
+             with --device \"<device name>|sm_<major><minor>\""
+        ),
+    };
+    let options = trtllm::ExportOptions {
+        empty_rank_sections: (0..world_size.unwrap_or(0)).collect(),
+    };
+    let outcome = trtllm::export(&entries, &metadata, &options)?;
+    trtllm::write_atomically(file, outcome.json_text.as_bytes())?;
+    if as_json {
+        let skipped: Vec<Value> = outcome
+            .skipped
+            .iter()
+            .map(|s| json!({"section": s.section, "key": s.key, "reason": s.reason}))
+            .collect();
+        println!(
+            "{}",
+            json!({"exported": outcome.exported, "skipped": skipped})
+        );
+    } else {
+        print_skipped(&outcome.skipped);
+        println!(
+            "exported {} entries to {}, skipped {}",
+            outcome.exported,
+            file.display(),
+            outcome.skipped.len()
+        );
+    }
+    Ok(())
 }
 
 fn key_json(key: &proto::Key) -> Value {
@@ -190,6 +318,7 @@ fn print_stats(stats: &proto::StatsResponse, as_json: bool) {
         ("entries_stored", stats.entries_stored.to_string()),
         ("entries_unchanged", stats.entries_unchanged.to_string()),
         ("journal_bytes", stats.journal_bytes.to_string()),
+        ("journal_live_bytes", stats.journal_live_bytes.to_string()),
         ("journal_compactions", stats.journal_compactions.to_string()),
         ("fsync_policy", stats.fsync_policy.clone()),
         ("resolves", stats.resolves.to_string()),
@@ -210,11 +339,22 @@ fn print_stats(stats: &proto::StatsResponse, as_json: bool) {
             stats.last_snapshot_unix_ms.to_string(),
         ),
         ("snapshots_written", stats.snapshots_written.to_string()),
+        (
+            "snapshots_skipped_unchanged",
+            stats.snapshots_skipped_unchanged.to_string(),
+        ),
         ("snapshot_errors", stats.snapshot_errors.to_string()),
+        ("last_snapshot_error", stats.last_snapshot_error.clone()),
+        ("peer_files_loaded", stats.peer_files_loaded.to_string()),
+        ("peer_files_skipped", stats.peer_files_skipped.to_string()),
         ("stuck_operation", stats.stuck_operation.clone()),
+        ("stuck_since_unix_ms", stats.stuck_since_unix_ms.to_string()),
         ("tuner_backend", stats.tuner_backend.clone()),
         ("tuner_state", stats.tuner_state.clone()),
         ("tuner_queue_depth", stats.tuner_queue_depth.to_string()),
+        ("tuner_jobs_done", stats.tuner_jobs_done.to_string()),
+        ("tuner_jobs_failed", stats.tuner_jobs_failed.to_string()),
+        ("tuner_restarts", stats.tuner_restarts.to_string()),
     ];
     if as_json {
         let object: serde_json::Map<String, Value> = rows
@@ -251,7 +391,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .socket
         .clone()
         .unwrap_or_else(tunecache_client::default_socket_path);
-    let client = Client::connect(&socket).await?;
+    // TUNECACHE_AUTOSTART=1 starts a daemon when none answers.
+    let client = Client::connect_auto(&socket).await?;
     match cli.command {
         Command::Get(key_args) => {
             let hits = client.lookup(vec![key_args.to_key()]).await?;
@@ -348,6 +489,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let resolution = client.resolve(key.to_key(), options).await?;
             print_resolution(&key.to_key(), &resolution, cli.json);
         }
+        Command::Import {
+            format: CacheFormat::Trtllm,
+            device,
+            file,
+        } => import_trtllm(&client, device, &file, cli.json).await?,
+        Command::Export {
+            format: CacheFormat::Trtllm,
+            device,
+            world_size,
+            file,
+        } => export_trtllm(&client, device, world_size, &file, cli.json).await?,
     }
     Ok(())
 }

@@ -68,6 +68,41 @@ pub struct Config {
     /// Tuning jobs that may queue; Resolve answers RESOURCE_EXHAUSTED beyond that.
     #[arg(long, env = "TUNECACHE_TUNER_QUEUE", default_value_t = 64)]
     pub tuner_queue: usize,
+
+    // --- Deployment and access (issue 6) ---
+    /// Group (name or gid) given the socket, so its members can connect (mode is 0660).
+    /// Ignored under socket activation, where the unit's SocketGroup= applies.
+    #[arg(long, env = "TUNECACHE_SOCKET_GROUP", value_name = "NAME|GID")]
+    pub socket_group: Option<String>,
+
+    /// Also allow callers with this uid (repeatable, or comma-separated). The daemon's own
+    /// uid and root are always allowed; others get PERMISSION_DENIED.
+    #[arg(
+        long,
+        env = "TUNECACHE_ALLOW_UID",
+        value_delimiter = ',',
+        value_name = "UID"
+    )]
+    pub allow_uid: Vec<u32>,
+
+    /// Also allow callers in this group (name or gid), primary or supplementary
+    /// (repeatable, or comma-separated).
+    #[arg(
+        long,
+        env = "TUNECACHE_ALLOW_GID",
+        value_delimiter = ',',
+        value_name = "NAME|GID"
+    )]
+    pub allow_gid: Vec<String>,
+
+    /// Exit cleanly (as on SIGTERM) once no client has called for this many seconds.
+    #[arg(long, env = "TUNECACHE_EXIT_WHEN_IDLE", value_name = "SECS")]
+    pub exit_when_idle: Option<u64>,
+
+    /// Serve Prometheus metrics on http://ADDR/metrics: PORT (loopback only) or HOST:PORT.
+    /// Off by default.
+    #[arg(long, env = "TUNECACHE_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
 }
 
 /// Where the tuner worker comes from.
@@ -78,15 +113,23 @@ pub enum TunerSetting {
 }
 
 impl Config {
+    /// `--socket`/`$TUNECACHE_SOCKET`, then `$RUNTIME_DIRECTORY/tunecache.sock` (systemd's
+    /// `RuntimeDirectory=`), then the XDG/tmp default every client uses.
     pub fn socket_path(&self) -> PathBuf {
         self.socket
             .clone()
+            .or_else(|| crate::systemd::runtime_directory().map(|dir| dir.join("tunecache.sock")))
             .unwrap_or_else(tunecache_proto::socket_path::fallback_socket_path)
     }
 
+    /// `--state-dir`/`$TUNECACHE_STATE_DIR`, then `$STATE_DIRECTORY` (systemd's
+    /// `StateDirectory=`), then the XDG default.
     pub fn state_dir(&self) -> PathBuf {
         if let Some(dir) = &self.state_dir {
             return dir.clone();
+        }
+        if let Some(dir) = crate::systemd::state_directory() {
+            return dir;
         }
         if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
             return PathBuf::from(dir).join("tunecache");
@@ -125,5 +168,10 @@ impl Config {
 
     pub fn snapshot_interval(&self) -> Duration {
         Duration::from_secs(self.snapshot_interval.max(1))
+    }
+
+    pub fn exit_when_idle(&self) -> Option<Duration> {
+        self.exit_when_idle
+            .map(|secs| Duration::from_secs(secs.max(1)))
     }
 }

@@ -30,6 +30,16 @@ pub enum Error {
 
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+
+    // Deployment: socket activation, socket group, metrics endpoint.
+    #[error("socket activation: {0}")]
+    InheritedSocket(String),
+
+    #[error("group {0:?} does not exist (--socket-group / --allow-gid)")]
+    UnknownGroup(String),
+
+    #[error("--metrics-addr {0:?}: expected PORT (loopback) or HOST:PORT")]
+    BadMetricsAddr(String),
 }
 
 impl Error {

@@ -18,5 +18,12 @@ pub mod store;
 pub mod tuner;
 pub mod validate;
 
+// Deployment and operations (issue 6).
+pub mod access;
+pub mod idle;
+pub mod metrics;
+pub mod probe;
+pub mod systemd;
+
 pub use config::Config;
 pub use error::{Error, Result};

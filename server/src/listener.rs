@@ -1,5 +1,6 @@
 //! The daemon's Unix socket: parent directory, one-daemon-per-socket guard, stale-socket
-//! removal, bind, permissions, and removal of the socket when the daemon exits.
+//! removal, bind, permissions, and removal of the socket when the daemon exits; or, under
+//! socket activation, the socket systemd passed, which the daemon neither binds nor removes.
 
 use std::fs::{DirBuilder, File, OpenOptions, Permissions};
 use std::io::ErrorKind;
@@ -13,13 +14,18 @@ use crate::error::{Error, Result};
 /// Mode of the socket: owner and group may connect.
 const SOCKET_MODE: u32 = 0o660;
 
-/// Removes the socket when dropped, and holds the instance guard until then.
+/// Removes the socket when dropped (if the daemon created it), and holds the instance guard
+/// until then.
 pub struct SocketGuard {
     path: PathBuf,
     // An advisory lock on `<socket>.lock` held for the daemon's lifetime. It only makes
     // "is another daemon starting on this socket?" race-free when many ranks auto-start a
-    // daemon at once; no cache data is ever behind a lock.
-    _instance: Flock<File>,
+    // daemon at once; no cache data is ever behind a lock. `None` for an inherited socket:
+    // its owner (systemd) already runs one service per socket.
+    _instance: Option<Flock<File>>,
+    // False for an inherited socket: it belongs to whoever passed it, and must outlive this
+    // process so the next activation finds it.
+    remove_on_drop: bool,
 }
 
 impl SocketGuard {
@@ -30,6 +36,9 @@ impl SocketGuard {
 
 impl Drop for SocketGuard {
     fn drop(&mut self) {
+        if !self.remove_on_drop {
+            return;
+        }
         if let Err(error) = std::fs::remove_file(&self.path) {
             if error.kind() != ErrorKind::NotFound {
                 tracing::warn!(path = %self.path.display(), %error, "could not remove socket");
@@ -87,7 +96,8 @@ pub fn bind(path: &Path) -> Result<(tokio::net::UnixListener, SocketGuard)> {
         .map_err(|e| Error::io("binding socket", path, e))?;
     let guard = SocketGuard {
         path: path.to_path_buf(),
-        _instance: instance,
+        _instance: Some(instance),
+        remove_on_drop: true,
     };
     std::fs::set_permissions(path, Permissions::from_mode(SOCKET_MODE))
         .map_err(|e| Error::io("setting socket permissions", path, e))?;
@@ -96,5 +106,56 @@ pub fn bind(path: &Path) -> Result<(tokio::net::UnixListener, SocketGuard)> {
         .map_err(|e| Error::io("configuring socket", path, e))?;
     let listener = tokio::net::UnixListener::from_std(listener)
         .map_err(|e| Error::io("registering socket", path, e))?;
+    Ok((listener, guard))
+}
+
+/// Serves on a listening socket someone else bound and owns (socket activation): no guard, no
+/// permissions change, no removal on exit.
+pub fn adopt(
+    listener: std::os::unix::net::UnixListener,
+) -> Result<(tokio::net::UnixListener, SocketGuard)> {
+    let path = listener
+        .local_addr()
+        .ok()
+        .and_then(|addr| addr.as_pathname().map(Path::to_path_buf))
+        .unwrap_or_default();
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::io("configuring inherited socket", &path, e))?;
+    let listener = tokio::net::UnixListener::from_std(listener)
+        .map_err(|e| Error::io("registering inherited socket", &path, e))?;
+    let guard = SocketGuard {
+        path,
+        _instance: None,
+        remove_on_drop: false,
+    };
+    Ok((listener, guard))
+}
+
+/// The socket to serve on: the one systemd passed if any (`--socket` is then ignored, as
+/// is `--socket-group`: the socket unit's `SocketGroup=` governs), else `path`, bound here and
+/// given to `socket_group` when one is named.
+pub fn listen(
+    path: &Path,
+    socket_group: Option<&str>,
+) -> Result<(tokio::net::UnixListener, SocketGuard)> {
+    if let Some(inherited) = crate::systemd::inherited_listener()? {
+        let (listener, guard) = adopt(inherited)?;
+        tracing::info!(
+            socket = %guard.path().display(),
+            "serving on the socket passed by systemd (socket activation)"
+        );
+        if guard.path() != path {
+            tracing::debug!(
+                configured = %path.display(),
+                "the configured socket path is not used under socket activation"
+            );
+        }
+        return Ok((listener, guard));
+    }
+    let (listener, guard) = bind(path)?;
+    if let Some(group) = socket_group {
+        crate::access::apply_socket_group(guard.path(), group)?;
+    }
     Ok((listener, guard))
 }

@@ -20,17 +20,23 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-async fn shutdown_signal() {
-    let (Ok(mut terminate), Ok(mut interrupt)) = (
+/// Installs the SIGTERM/SIGINT handlers now (before the daemon serves, so a signal that
+/// arrives right after READY is never the default, fatal one) and returns the future that
+/// resolves on either. Must be called inside the runtime.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop the daemon with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM received"),
-        _ = interrupt.recv() => tracing::info!("SIGINT received"),
+    );
+    async move {
+        let (Ok(mut terminate), Ok(mut interrupt)) = handlers else {
+            tracing::error!("cannot install signal handlers; stop the daemon with SIGKILL");
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM received"),
+            _ = interrupt.recv() => tracing::info!("SIGINT received"),
+        }
     }
 }
 
@@ -43,6 +49,6 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("building the tokio runtime")?;
     runtime
-        .block_on(tunecache_server::server::run(config, shutdown_signal()))
+        .block_on(async { tunecache_server::server::run(config, shutdown_signal()).await })
         .context("tunecached failed")
 }

@@ -2,6 +2,7 @@
 //! TuneCache with health and reflection, and shuts down in order when told to.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_stream::wrappers::UnixListenerStream;
@@ -60,17 +61,19 @@ pub async fn run(
     let store = store_guard.store();
 
     let socket_path = config.socket_path();
-    let (listener, socket_guard) = crate::listener::bind(&socket_path)?;
+    // Binds, or adopts the socket systemd passed (socket activation).
+    let (listener, socket_guard) =
+        crate::listener::listen(&socket_path, config.socket_group.as_deref())?;
 
     let stop = CancellationToken::new();
     let tuner = crate::tuner::start(&config).await;
     let coordinator = Coordinator::new(store.clone(), tuner.clone(), stop.clone());
-    let service = TuneCacheService::new(
+    let service = Arc::new(TuneCacheService::new(
         store.clone(),
         coordinator,
         tuner.clone(),
         config.node_name(),
-    );
+    ));
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<TuneCacheServer<TuneCacheService>>()
@@ -84,16 +87,47 @@ pub async fn run(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
+    // --- Deployment (issue 6): access check, idle timer, metrics, systemd. ---
+    let probe = crate::probe::StatsProbe::new(service.clone());
+    let activity = crate::idle::ActivityClock::default();
+    let peer_check = crate::access::PeerCheck::new(crate::access::AccessPolicy::new(
+        &config.allow_uid,
+        &config.allow_gid,
+    )?);
+    if let Some(metrics_addr) = &config.metrics_addr {
+        let metrics_listener = crate::metrics::bind(metrics_addr).await?;
+        tokio::spawn(crate::metrics::serve(
+            metrics_listener,
+            probe.clone(),
+            stop.clone(),
+        ));
+    }
+    let idle_exit =
+        crate::idle::exit_when_idle(config.exit_when_idle(), activity.clone(), probe.clone());
+    let shutdown = async move {
+        tokio::select! {
+            () = shutdown => {}
+            () = idle_exit => {}
+        }
+    };
+    // The peer check guards TuneCache only; health and reflection stay open (see `access`).
+    let tune_cache = tonic::service::interceptor::InterceptedService::new(
+        crate::idle::Touching::new(
+            TuneCacheServer::from_arc(service)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            activity,
+        ),
+        peer_check,
+    );
+    // --- end deployment block ---
+
     let serve_stop = stop.clone();
     let server = Server::builder()
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(
-            TuneCacheServer::new(service)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        )
+        .add_service(tune_cache)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
             serve_stop.cancelled().await
         });
@@ -105,6 +139,9 @@ pub async fn run(
     );
 
     let mut server = tokio::spawn(server);
+    // The listener is bound and the server task accepting: tell systemd (no-op elsewhere).
+    crate::systemd::notify_ready(&probe).await;
+    tokio::spawn(crate::systemd::report_status(probe, stop.clone()));
     tokio::select! {
         result = &mut server => {
             stop.cancel();
@@ -112,6 +149,7 @@ pub async fn run(
         }
         () = shutdown => {
             tracing::info!("shutting down: draining in-flight calls");
+            crate::systemd::notify_stopping();
             stop.cancel();
             match tokio::time::timeout(DRAIN_TIMEOUT, &mut server).await {
                 Ok(result) => {

@@ -240,13 +240,20 @@ pub fn entry(key: proto::Key, config: &str, time_us: f64, tuned_by: &str) -> pro
     }
 }
 
-/// Pids of the direct children of `parent`, read from /proc.
-pub fn child_pids(parent: Pid) -> Vec<Pid> {
+/// Every process id in /proc.
+fn proc_pids() -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .collect()
+}
+
+/// Pids of the direct children of `parent`, read from /proc.
+pub fn child_pids(parent: Pid) -> Vec<Pid> {
+    proc_pids()
+        .into_iter()
         .filter(|pid| {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
             // Fields after the parenthesised command name: state, then the parent pid.
@@ -254,5 +261,73 @@ pub fn child_pids(parent: Pid) -> Vec<Pid> {
             after_name.split_whitespace().nth(1) == Some(&parent.as_raw().to_string())
         })
         .map(Pid::from_raw)
+        .collect()
+}
+
+// --- Deployment tests (issue 6): external tools and processes. ---
+
+impl Daemon {
+    /// Waits (at most `limit`) for the daemon to exit on its own, e.g. on --exit-when-idle.
+    pub fn wait_for_exit(&mut self, limit: Duration) -> ExitStatus {
+        self.wait_exit(limit)
+    }
+}
+
+/// An external tool the test needs (`$<ENV>` first, then PATH). When it is missing the test is
+/// skipped with a message, except under CI (`CI` set), where a missing tool fails the test so
+/// a broken CI image cannot pass silently.
+pub fn require_tool(name: &str, env: Option<&str>) -> Option<PathBuf> {
+    let configured = env
+        .and_then(std::env::var_os)
+        .filter(|value| !value.is_empty())
+        .map(PathBuf::from);
+    let found = configured.or_else(|| {
+        std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(name))
+                .find(|candidate| candidate.is_file())
+        })
+    });
+    if found.is_none() {
+        let hint = env.map_or(String::new(), |env| format!(" or set ${env}"));
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{name} is required under CI: install it{hint}"
+        );
+        eprintln!("SKIPPED: {name} not found on PATH{hint}");
+    }
+    found
+}
+
+/// Whether the tests run as root (needed to act as another uid or chown to another group).
+/// Like a missing tool, not being root skips outside CI and fails under CI.
+pub fn require_root(what: &str) -> bool {
+    if nix::unistd::Uid::effective().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{what} needs root under CI"
+    );
+    eprintln!("SKIPPED: {what} needs root");
+    false
+}
+
+/// Pids of running `tunecached` processes whose command line mentions `socket`, read from
+/// /proc (zombies excluded: they no longer have a command line).
+pub fn daemon_pids_on(socket: &Path) -> Vec<i32> {
+    let socket = socket.as_os_str().as_encoded_bytes();
+    proc_pids()
+        .into_iter()
+        .filter(|pid| {
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                return false;
+            };
+            let mut args = cmdline.split(|&b| b == 0);
+            let is_daemon = args
+                .next()
+                .is_some_and(|arg0| arg0.ends_with(b"tunecached"));
+            is_daemon && cmdline.windows(socket.len()).any(|window| window == socket)
+        })
         .collect()
 }

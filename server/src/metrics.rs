@@ -1,0 +1,349 @@
+//! `--metrics-addr`: Prometheus/OpenMetrics text on `GET /metrics`, off by default.
+//!
+//! Every figure is read from the daemon's own Stats at scrape time (see `probe`), encoded with
+//! `prometheus-client`. The HTTP side is a minimal handler on a tokio TCP listener (one request
+//! per connection, then close), which is all a Prometheus scrape needs and adds no HTTP server
+//! stack to the daemon. A bare port binds loopback only; another interface must be named.
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tunecache_proto::v1::StatsResponse;
+
+use crate::error::{Error, Result};
+use crate::probe::{unix_now_ms, StatsProbe};
+
+/// A scrape request larger than this, or slower than the timeout, is dropped.
+const MAX_REQUEST_BYTES: usize = 8 * 1024;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// `PORT` means `127.0.0.1:PORT`; `HOST:PORT` (e.g. `0.0.0.0:9464`, `[::1]:9464`) is taken as
+/// given.
+pub fn parse_addr(spec: &str) -> Result<SocketAddr> {
+    if let Ok(port) = spec.parse::<u16>() {
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    spec.parse()
+        .map_err(|_| Error::BadMetricsAddr(spec.to_owned()))
+}
+
+pub async fn bind(spec: &str) -> Result<TcpListener> {
+    let addr = parse_addr(spec)?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::io("binding the metrics address", spec, e))?;
+    if !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "metrics served beyond loopback, as --metrics-addr asked");
+    }
+    Ok(listener)
+}
+
+/// Serves scrapes until `stop` is cancelled.
+pub async fn serve(listener: TcpListener, probe: StatsProbe, stop: CancellationToken) {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "metrics at http://{addr}/metrics");
+    }
+    loop {
+        let connection = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        match connection {
+            Ok((stream, _)) => {
+                let probe = probe.clone();
+                tokio::spawn(async move {
+                    if let Err(error) = answer(stream, &probe).await {
+                        tracing::debug!(%error, "metrics request failed");
+                    }
+                });
+            }
+            Err(error) => {
+                tracing::warn!(%error, "metrics: accept failed");
+                // Out of fds, typically; don't spin.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Reads one request head and answers it.
+async fn answer(mut stream: TcpStream, probe: &StatsProbe) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(512);
+    let read_head = async {
+        let mut buffer = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST_BYTES {
+            let n = stream.read(&mut buffer).await?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buffer[..n]);
+        }
+        Ok::<_, std::io::Error>(())
+    };
+    tokio::time::timeout(REQUEST_TIMEOUT, read_head)
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    let request_line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let request_line = String::from_utf8_lossy(request_line);
+    let mut parts = request_line.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    let (status, content_type, body) = match (method, path) {
+        ("GET", "/metrics") => match probe.read().await.map(|stats| render(&stats)) {
+            Some(Ok(text)) => ("200 OK", CONTENT_TYPE, text),
+            _ => (
+                "500 Internal Server Error",
+                "text/plain",
+                "stats unavailable\n".to_owned(),
+            ),
+        },
+        ("GET", _) => ("404 Not Found", "text/plain", "try /metrics\n".to_owned()),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET only\n".to_owned(),
+        ),
+    };
+    let mut response = String::with_capacity(body.len() + 128);
+    let _ = write!(
+        response,
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// One scrape's worth of Stats, encoded as metrics.
+#[derive(Debug)]
+struct StatsCollector(StatsResponse);
+
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> std::fmt::Result {
+    let metric = ConstCounter::new(value);
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: i64) -> std::fmt::Result {
+    let metric = ConstGauge::new(value);
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+fn as_gauge(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+impl Collector for StatsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let s = &self.0;
+        let e = &mut encoder;
+        counter(e, "lookups", "Keys asked for by Lookup.", s.lookups)?;
+        counter(e, "hits", "Looked-up keys found in the cache.", s.hits)?;
+        counter(e, "misses", "Looked-up keys not in the cache.", s.misses)?;
+        counter(e, "records", "Record calls.", s.records)?;
+        counter(
+            e,
+            "entries_stored",
+            "Recorded entries that were new or improved the cache.",
+            s.entries_stored,
+        )?;
+        counter(
+            e,
+            "entries_unchanged",
+            "Recorded entries that did not beat the cached result.",
+            s.entries_unchanged,
+        )?;
+        counter(e, "resolves", "Resolve calls.", s.resolves)?;
+        counter(
+            e,
+            "resolve_leases_granted",
+            "Resolve outcome: the caller was told to tune (lease granted).",
+            s.leases_granted,
+        )?;
+        counter(
+            e,
+            "resolve_waits_satisfied",
+            "Resolve outcome: a waiting caller got someone else's result.",
+            s.waits_satisfied,
+        )?;
+        counter(
+            e,
+            "resolve_waits_timed_out",
+            "Resolve outcome: a waiting caller gave up (miss).",
+            s.waits_timed_out,
+        )?;
+        counter(
+            e,
+            "leases_expired",
+            "Tuning leases that ran out before a Record.",
+            s.leases_expired,
+        )?;
+        counter(
+            e,
+            "leases_released_dead",
+            "Tuning leases released because their holder died.",
+            s.leases_released_dead,
+        )?;
+        counter(
+            e,
+            "leases_given_up",
+            "Tuning leases given up by an empty Record.",
+            s.leases_given_up,
+        )?;
+        counter(
+            e,
+            "journal_compactions",
+            "Journal compactions.",
+            s.journal_compactions,
+        )?;
+        counter(
+            e,
+            "snapshots_written",
+            "Snapshots written to the shared directory.",
+            s.snapshots_written,
+        )?;
+        counter(
+            e,
+            "snapshot_errors",
+            "Failed snapshot writes or loads.",
+            s.snapshot_errors,
+        )?;
+        counter(
+            e,
+            "peer_files_loaded",
+            "Other nodes' snapshot files loaded.",
+            s.peer_files_loaded,
+        )?;
+        counter(
+            e,
+            "tuner_jobs_done",
+            "Tuner worker jobs finished.",
+            s.tuner_jobs_done,
+        )?;
+        counter(
+            e,
+            "tuner_jobs_failed",
+            "Tuner worker jobs failed.",
+            s.tuner_jobs_failed,
+        )?;
+        counter(
+            e,
+            "tuner_restarts",
+            "Tuner worker restarts.",
+            s.tuner_restarts,
+        )?;
+        gauge(e, "entries", "Entries in the cache.", as_gauge(s.entries))?;
+        gauge(
+            e,
+            "resolve_waiters",
+            "Resolve callers waiting right now.",
+            as_gauge(s.waiters),
+        )?;
+        gauge(
+            e,
+            "leases_active",
+            "Tuning leases and tuner jobs in flight.",
+            as_gauge(s.leases_active),
+        )?;
+        gauge(
+            e,
+            "tuner_queue_depth",
+            "Jobs queued for the tuner worker.",
+            as_gauge(s.tuner_queue_depth),
+        )?;
+        gauge(
+            e,
+            "journal_bytes",
+            "Size of the journal.",
+            as_gauge(s.journal_bytes),
+        )?;
+        gauge(
+            e,
+            "journal_live_bytes",
+            "Journal bytes still needed by live entries.",
+            as_gauge(s.journal_live_bytes),
+        )?;
+        gauge(
+            e,
+            "uptime_seconds",
+            "Seconds since the daemon started.",
+            as_gauge(s.uptime_ms / 1000),
+        )?;
+        // -1 until the first snapshot, so "never" is not mistaken for "just now".
+        let snapshot_age_s = if s.last_snapshot_unix_ms > 0 {
+            (unix_now_ms() - s.last_snapshot_unix_ms).max(0) / 1000
+        } else {
+            -1
+        };
+        gauge(
+            e,
+            "snapshot_age_seconds",
+            "Seconds since the last snapshot; -1 before the first.",
+            snapshot_age_s,
+        )?;
+        Ok(())
+    }
+}
+
+/// The metrics text for one set of Stats.
+pub fn render(stats: &StatsResponse) -> Result<String, std::fmt::Error> {
+    let mut registry = Registry::with_prefix("tunecache");
+    registry.register_collector(Box::new(StatsCollector(stats.clone())));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)?;
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_port_is_loopback_and_an_address_is_taken_as_given() {
+        assert_eq!(
+            parse_addr("9464").unwrap(),
+            "127.0.0.1:9464".parse().unwrap()
+        );
+        assert_eq!(
+            parse_addr("0.0.0.0:9464").unwrap(),
+            "0.0.0.0:9464".parse().unwrap()
+        );
+        assert_eq!(
+            parse_addr("[::1]:9464").unwrap(),
+            "[::1]:9464".parse().unwrap()
+        );
+        assert!(parse_addr("localhost").is_err());
+    }
+
+    #[test]
+    fn snapshot_age_is_minus_one_before_the_first_snapshot() {
+        let text = render(&StatsResponse::default()).unwrap();
+        assert!(text.contains("tunecache_snapshot_age_seconds -1"), "{text}");
+        let recent = StatsResponse {
+            last_snapshot_unix_ms: unix_now_ms() - 5_000,
+            ..Default::default()
+        };
+        let text = render(&recent).unwrap();
+        let age: i64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("tunecache_snapshot_age_seconds "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((5..60).contains(&age), "{text}");
+    }
+}

