@@ -1,0 +1,15 @@
+//! Benchmark harness for tunecache. Owns the file-lock peer the daemon is compared against
+//! (a re-implementation of the TensorRT-LLM autotuner cache file, before and after PR 22173),
+//! its made-up tuning workload, and the multi-rank scenario runner that any system under
+//! test plugs into.
+
+pub mod cache_file;
+pub mod filelock;
+pub mod scenario;
+pub mod workload;
+
+pub use filelock::{FileLockCache, Variant};
+pub use scenario::{
+    run_peer_scenario, run_scenario, FileLockPeer, RankReport, ScenarioResult, ScenarioSpec,
+    SystemUnderTest,
+};
