@@ -49,6 +49,12 @@ pub struct Config {
     /// Seconds between snapshots to, and loads from, the shared directory.
     #[arg(long, env = "TUNECACHE_SNAPSHOT_INTERVAL", default_value_t = 30)]
     pub snapshot_interval: u64,
+
+    /// fsync each snapshot file and the shared directory before and after the rename. Off
+    /// by default: a snapshot needs an atomic replacement, not durability (each node's
+    /// journal is the durable copy), and fsync on a shared filesystem can take minutes.
+    #[arg(long, env = "TUNECACHE_SNAPSHOT_FSYNC")]
+    pub snapshot_fsync: bool,
 }
 
 impl Config {
