@@ -439,13 +439,16 @@ impl SnapshotHandle {
     async fn load_and_apply(&self, slot: &mut IoSlot) -> Result<()> {
         // A wiped node (empty store) also starts from the file it published before.
         let include_own = self.store.is_empty();
+        let started = Instant::now();
         let report = self
             .run_job(slot, Operation::Load, |reply| IoJob::Load {
                 include_own,
                 reply,
             })
             .await?;
+        let read_elapsed = started.elapsed();
         for file in report.files {
+            let merge_started = Instant::now();
             let total = file.entries.len();
             let mut stored = 0;
             let mut entries = file.entries.into_iter();
@@ -461,6 +464,8 @@ impl SnapshotHandle {
                 node = %file.node,
                 entries = total,
                 stored,
+                read = ?read_elapsed,
+                merge = ?merge_started.elapsed(),
                 "merged a snapshot from the shared directory"
             );
         }

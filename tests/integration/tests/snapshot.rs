@@ -666,3 +666,51 @@ async fn full_and_read_only_shared_dirs_are_reported_and_serving_goes_on() {
     );
     assert_eq!(client.stats().await.unwrap().entries, 11);
 }
+
+/// End-to-end timing of a large snapshot: publish 1,000,000 entries, then a fresh node loads
+/// them. Not a benchmark; run against release binaries:
+/// `cargo build --release --bins && TUNECACHE_BIN_DIR=target/release cargo test -p
+/// tunecache-integration --test snapshot -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn timing_of_a_million_entry_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    let writer = start_node(&dir.path().join("w"), &shared, "node-w", 3600).await;
+    let client = writer.client().await.with_timeout(Duration::from_secs(60));
+    for start in (0..1_000_000).step_by(10_000) {
+        client
+            .record(numbered("m", start..start + 10_000, "w"))
+            .await
+            .unwrap();
+    }
+    let started = Instant::now();
+    let written = snapshot(&client).await.unwrap();
+    println!(
+        "snapshot RPC: {} entries, {} MB in {:?} (daemon: {} ms)",
+        written.entries,
+        written.bytes / 1_000_000,
+        started.elapsed(),
+        written.duration_ms
+    );
+    let started = Instant::now();
+    let reader = start_node(&dir.path().join("r"), &shared, "node-r", 1).await;
+    let reader_client = reader.client().await;
+    eventually(
+        Duration::from_secs(120),
+        "the reader loads everything",
+        || async { reader_client.stats().await.unwrap().entries == 1_000_000 },
+    )
+    .await;
+    println!(
+        "fresh node start to 1M entries loaded and merged: {:?}",
+        started.elapsed()
+    );
+    for line in reader
+        .log()
+        .lines()
+        .filter(|l| l.contains("merged a snapshot"))
+    {
+        println!("{line}");
+    }
+}
