@@ -103,6 +103,13 @@ pub struct Config {
     /// Off by default.
     #[arg(long, env = "TUNECACHE_METRICS_ADDR", value_name = "ADDR")]
     pub metrics_addr: Option<String>,
+
+    // --- Snapshots (issue 4) ---
+    /// fsync each snapshot file and the shared directory before and after the rename. Off
+    /// by default: a snapshot needs an atomic replacement, not durability (each node's
+    /// journal is the durable copy), and fsync on a shared filesystem can take minutes.
+    #[arg(long, env = "TUNECACHE_SNAPSHOT_FSYNC")]
+    pub snapshot_fsync: bool,
 }
 
 /// Where the tuner worker comes from.

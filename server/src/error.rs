@@ -40,6 +40,30 @@ pub enum Error {
 
     #[error("--metrics-addr {0:?}: expected PORT (loopback) or HOST:PORT")]
     BadMetricsAddr(String),
+
+    #[error("no shared directory: start the daemon with --shared-dir")]
+    NoSharedDir,
+
+    #[error("shared directory unavailable: {0}")]
+    SharedDirUnavailable(String),
+
+    #[error("shared directory stuck: {operation} has not returned since unix ms {since_unix_ms}")]
+    SharedDirStuck {
+        operation: &'static str,
+        since_unix_ms: i64,
+    },
+
+    #[error("shared directory did not finish {operation} within {waited:?}")]
+    SharedDirTimeout {
+        operation: &'static str,
+        waited: std::time::Duration,
+    },
+
+    #[error("node name {0:?} cannot name a snapshot file (empty, leading '.' or '/')")]
+    InvalidNodeName(String),
+
+    #[error("snapshot file skipped: {0}")]
+    SnapshotFormat(String),
 }
 
 impl Error {
@@ -58,6 +82,11 @@ impl From<Error> for tonic::Status {
         match error {
             Error::WriterGone => tonic::Status::unavailable(error.to_string()),
             Error::JournalWrite(_) => tonic::Status::unavailable(error.to_string()),
+            Error::NoSharedDir => tonic::Status::failed_precondition(error.to_string()),
+            Error::SharedDirUnavailable(_) | Error::SharedDirStuck { .. } => {
+                tonic::Status::unavailable(error.to_string())
+            }
+            Error::SharedDirTimeout { .. } => tonic::Status::deadline_exceeded(error.to_string()),
             other => tonic::Status::internal(other.to_string()),
         }
     }

@@ -3,7 +3,8 @@
 //! Ranks talk to it over gRPC on a Unix socket. One writer thread serialises every change
 //! (`store`), makes it durable in a node-local journal (`journal`) and publishes immutable
 //! versions that readers use without waiting. Which result wins is decided in one place
-//! (`merge`).
+//! (`merge`). Nodes share results through snapshots on a shared filesystem
+//! (`snapshot`), whose I/O never runs on the async runtime.
 
 pub mod config;
 pub mod coord;
@@ -14,6 +15,8 @@ pub mod listener;
 pub mod merge;
 pub mod server;
 pub mod service;
+pub mod snapshot;
+pub mod snapshot_format;
 pub mod store;
 pub mod tuner;
 pub mod validate;

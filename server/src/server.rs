@@ -14,6 +14,7 @@ use crate::config::Config;
 use crate::coord::Coordinator;
 use crate::error::{Error, Result};
 use crate::service::TuneCacheService;
+use crate::snapshot::{SnapshotHandle, SnapshotSettings};
 use crate::store::Store;
 
 /// How long in-flight calls may take to finish after a shutdown signal.
@@ -68,16 +69,28 @@ pub async fn run(
     let stop = CancellationToken::new();
     let tuner = crate::tuner::start(&config).await;
     let coordinator = Coordinator::new(store.clone(), tuner.clone(), stop.clone());
-    let service = Arc::new(TuneCacheService::new(
+    let mut service = TuneCacheService::new(
         store.clone(),
         coordinator,
         tuner.clone(),
         config.node_name(),
-    ));
+    );
+    // Snapshots: the handle does no filesystem I/O here, so a hung shared directory cannot
+    // delay serving; the task is dropped (not joined) at shutdown.
+    let snapshots = SnapshotSettings::from_config(&config)
+        .map(|settings| SnapshotHandle::start(settings, store.clone(), stop.clone()))
+        .transpose()?;
+    if let Some(snapshots) = &snapshots {
+        service = service.with_snapshots(snapshots.clone());
+    }
+    let service = Arc::new(service);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<TuneCacheServer<TuneCacheService>>()
         .await;
+    let snapshot_task = snapshots
+        .as_ref()
+        .map(|snapshots| snapshots.spawn_background(health_reporter.clone()));
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(tunecache_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -163,6 +176,8 @@ pub async fn run(
         }
     }
     tuner.shutdown().await;
+    drop(snapshot_task);
+    drop(snapshots);
     drop(store);
     // Flushing the journal may block on the disk; keep it off the runtime's workers.
     let _ = tokio::task::spawn_blocking(move || store_guard.shutdown()).await;

@@ -12,6 +12,8 @@ use tunecache_proto::v1::{self, tune_cache_server::TuneCache};
 
 use crate::coord::{Coordinator, ResolveCall, DEFAULT_LEASE, MAX_LEASE, MAX_WAIT};
 use crate::entry::{to_wire_entry, CacheKey};
+use crate::error::Error;
+use crate::snapshot::SnapshotHandle;
 use crate::store::Store;
 use crate::validate;
 use tunecache_gpu_tuner::supervisor::TunerHandle;
@@ -39,6 +41,8 @@ pub struct TuneCacheService {
     counters: Arc<RequestCounters>,
     node_name: String,
     started: Instant,
+    /// `None` without `--shared-dir`.
+    snapshots: Option<SnapshotHandle>,
 }
 
 impl TuneCacheService {
@@ -55,7 +59,14 @@ impl TuneCacheService {
             counters: Arc::default(),
             node_name,
             started: Instant::now(),
+            snapshots: None,
         }
+    }
+
+    /// Serves the Snapshot RPC and the snapshot Stats fields from `snapshots`.
+    pub fn with_snapshots(mut self, snapshots: SnapshotHandle) -> Self {
+        self.snapshots = Some(snapshots);
+        self
     }
 }
 
@@ -163,7 +174,7 @@ impl TuneCache for TuneCacheService {
         let coord = self.coordinator.counters();
         let (waiters, leases_active) = self.coordinator.gauges();
         let tuner = self.tuner.counters();
-        let stats = v1::StatsResponse {
+        let mut stats = v1::StatsResponse {
             node_name: self.node_name.clone(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
@@ -195,6 +206,9 @@ impl TuneCache for TuneCacheService {
             tuner_restarts: tuner.restarts,
             ..Default::default()
         };
+        if let Some(snapshots) = &self.snapshots {
+            snapshots.fill_stats(&mut stats);
+        }
         Ok(Response::new(stats))
     }
 
@@ -223,9 +237,8 @@ impl TuneCache for TuneCacheService {
         &self,
         _request: Request<v1::SnapshotRequest>,
     ) -> Result<Response<v1::SnapshotResponse>, Status> {
-        Err(Status::failed_precondition(
-            "no shared directory: start the daemon with --shared-dir",
-        ))
+        let snapshots = self.snapshots.as_ref().ok_or(Error::NoSharedDir)?;
+        Ok(Response::new(snapshots.snapshot_now().await?))
     }
 
     async fn devices(
