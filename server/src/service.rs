@@ -70,6 +70,18 @@ impl TuneCacheService {
     }
 }
 
+/// The tuner's state plus why its backend was chosen (e.g. "auto: cuda unavailable ..."),
+/// so an operator sees from Stats alone that a node measures on the CPU stand-in.
+fn tuner_state(tuner: &TunerHandle) -> String {
+    let state = tuner.state();
+    let note = tuner.note();
+    if note.is_empty() || state.starts_with("off") {
+        state
+    } else {
+        format!("{state}; {note}")
+    }
+}
+
 /// The calling process, from the Unix socket's peer credentials.
 fn caller_pid<T>(request: &Request<T>) -> Option<i32> {
     request
@@ -199,7 +211,7 @@ impl TuneCache for TuneCacheService {
             waiters,
             leases_active,
             tuner_backend: self.tuner.backend(),
-            tuner_state: self.tuner.state(),
+            tuner_state: tuner_state(&self.tuner),
             tuner_queue_depth: tuner.queue_depth,
             tuner_jobs_done: tuner.jobs_done,
             tuner_jobs_failed: tuner.jobs_failed,
