@@ -12,6 +12,11 @@ fn gemm(size: u32) -> String {
     format!(r#"{{"m":{size},"n":{size},"k":{size},"dtype":"f32","layout":"nn"}}"#)
 }
 
+/// A daemon whose tuner measures on the CPU stand-in, also on a machine with a GPU.
+async fn cpu_tuner_daemon(dir: &std::path::Path) -> Daemon {
+    Daemon::start_with(DaemonOptions::new(dir).args(["--tuner-backend", "cpu"])).await
+}
+
 fn waiting(can_tune: bool) -> ResolveOptions {
     ResolveOptions {
         wait: Duration::from_secs(120),
@@ -35,7 +40,7 @@ async fn cpu_fingerprint(client: &Client) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cpu_backend_fills_a_miss_once_for_every_waiter() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = cpu_tuner_daemon(dir.path()).await;
     let client = daemon.client().await;
     let device = cpu_fingerprint(&client).await;
     let stats = client.stats().await.unwrap();
@@ -132,7 +137,7 @@ async fn wait_for_new_worker(daemon: &Daemon, not: Option<nix::unistd::Pid>) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_is_restarted_and_the_job_retried_then_failed_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = cpu_tuner_daemon(dir.path()).await;
     let client = daemon.client().await;
     let device = cpu_fingerprint(&client).await;
 
@@ -207,7 +212,7 @@ async fn a_missing_worker_binary_leaves_tuning_off_and_the_daemon_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_problem_is_invalid_argument() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = cpu_tuner_daemon(dir.path()).await;
     let client = daemon.client().await;
     let device = cpu_fingerprint(&client).await;
 
