@@ -84,7 +84,9 @@ enum Command {
     Stats,
     /// List the node's tuning devices and their fingerprints.
     Devices,
-    /// Resolve one key: print the hit, the lease granted to tune it, or the miss.
+    /// Resolve one key: print the hit, the lease granted to tune it, or the miss. A lease is
+    /// held by the calling process and released when it exits, so from the CLI this mostly
+    /// shows what a rank would be told.
     Resolve {
         #[command(flatten)]
         key: KeyArgs,
@@ -376,6 +378,10 @@ fn print_stats(stats: &proto::StatsResponse, as_json: bool) {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
+    // Like other Unix filters: `tunecache scan | head` ends quietly when the reader goes away
+    // instead of panicking on a broken pipe.
+    // SAFETY: restores the default disposition of one signal before any thread writes.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
