@@ -1,15 +1,17 @@
 //! Benchmark harness for tunecache. Owns the file-lock peer the daemon is compared against
 //! (a re-implementation of the TensorRT-LLM autotuner cache file, before and after PR 22173),
-//! its made-up tuning workload, and the multi-rank scenario runner that any system under
-//! test plugs into.
+//! its made-up tuning workload, the multi-rank scenario runner that any system under test
+//! plugs into, and the tunecache daemon as one such system.
 
 pub mod cache_file;
+pub mod daemon;
 pub mod filelock;
 pub mod scenario;
+pub mod tunecache_system;
 pub mod workload;
 
 pub use filelock::{FileLockCache, Variant};
 pub use scenario::{
-    run_peer_scenario, run_scenario, FileLockPeer, RankReport, ScenarioResult, ScenarioSpec,
-    SystemUnderTest,
+    run_peer_scenario, run_scenario, run_scenario_with_limit, FileLockPeer, RankReport,
+    ScenarioResult, ScenarioSpec, SystemUnderTest,
 };

@@ -1,6 +1,9 @@
 //! The `tunecache-bench` binary: command-line front of the benchmark harness. `peer` runs a
 //! multi-rank file-lock scenario and prints its JSON result; `generate` writes an initial
-//! cache file.
+//! cache file; `suite` runs the whole benchmark (scenario matrix and daemon
+//! micro-benchmarks) and writes its JSON, Markdown and SVG outputs.
+
+mod suite;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -48,6 +51,26 @@ enum Commands {
         #[arg(long)]
         rank_binary: Option<PathBuf>,
     },
+    /// Run the whole benchmark suite; write results.json, results.md, wall_vs_ranks.svg.
+    Suite {
+        /// Directory for the outputs.
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        /// Tiny R and S, few iterations: checks the harness end to end, judges nothing.
+        #[arg(long)]
+        quick: bool,
+        /// Time limit of one scenario run, in seconds [default: 120, quick: 30].
+        #[arg(long)]
+        run_limit_s: Option<f64>,
+        #[arg(long)]
+        skip_matrix: bool,
+        #[arg(long)]
+        skip_micro: bool,
+        /// The Python client directory (with its .venv) [default: client/python of this
+        /// workspace].
+        #[arg(long)]
+        python_dir: Option<PathBuf>,
+    },
     /// Write an initial cache file with S existing entries.
     Generate {
         #[arg(long)]
@@ -86,6 +109,30 @@ fn main() -> Result<()> {
             };
             let result = run_scenario(&mut peer, &spec)?;
             println!("{}", serde_json::to_string(&result)?);
+        }
+        Commands::Suite {
+            out,
+            quick,
+            run_limit_s,
+            skip_matrix,
+            skip_micro,
+            python_dir,
+        } => {
+            let run_limit_s = run_limit_s.unwrap_or(if quick { 30.0 } else { 120.0 });
+            let options = suite::SuiteOptions {
+                out_dir: out.clone(),
+                quick,
+                run_limit: Duration::try_from_secs_f64(run_limit_s)
+                    .context("--run-limit-s must be a non-negative number of seconds")?,
+                skip_matrix,
+                skip_micro,
+                python_dir: python_dir.unwrap_or_else(|| {
+                    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../client/python")
+                }),
+                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+            };
+            suite::run_suite(&options)?;
+            println!("{}", serde_json::json!({ "out": out }));
         }
         Commands::Generate {
             cache,

@@ -68,8 +68,13 @@ pub struct ScenarioResult {
     pub cache_ms_worst: f64,
     pub load_ms_median: f64,
     pub save_ms_median: f64,
-    /// Sum of the bytes every rank reports writing into the directory.
+    /// Bytes written into the directory: every rank's report plus the system's own.
     pub bytes_written_total: u64,
+    /// The part of `bytes_written_total` the system wrote itself (e.g. daemon snapshots).
+    pub system_bytes_written: u64,
+    /// The run hit its time limit: `wall_ms` is the limit, unfinished ranks were killed
+    /// and are listed in `failures`.
+    pub timed_out: bool,
     pub saves_by_outcome: std::collections::BTreeMap<String, u32>,
     /// One line per rank that exited non-zero or reported nothing parsable.
     pub failures: Vec<String>,
@@ -107,6 +112,11 @@ pub trait SystemUnderTest {
     /// Tears down what `prepare` started, after every rank exited.
     fn finish(&mut self, _spec: &ScenarioSpec) -> Result<(), ScenarioError> {
         Ok(())
+    }
+    /// Bytes the system itself (not its ranks) wrote into the scenario directory, known
+    /// after `finish` (a daemon's snapshots).
+    fn bytes_written_by_system(&self) -> u64 {
+        0
     }
 }
 
@@ -234,6 +244,63 @@ pub fn run_scenario(
     system: &mut dyn SystemUnderTest,
     spec: &ScenarioSpec,
 ) -> Result<ScenarioResult, ScenarioError> {
+    run_scenario_with_limit(system, spec, None)
+}
+
+/// Polling interval of a time-limited run: the resolution of its wall time.
+const EXIT_POLL: Duration = Duration::from_millis(1);
+
+/// Waits for every child; with a `limit`, kills those still running when it passes.
+/// Returns each child's exit status (`None` for a killed one) and whether the limit hit.
+fn wait_all(
+    children: &mut [Child],
+    released: Instant,
+    limit: Option<Duration>,
+) -> Result<(Vec<Option<std::process::ExitStatus>>, bool), ScenarioError> {
+    let mut statuses: Vec<Option<std::process::ExitStatus>> = vec![None; children.len()];
+    let Some(limit) = limit else {
+        for ((rank, child), status) in (0u32..).zip(children.iter_mut()).zip(&mut statuses) {
+            *status = Some(
+                child
+                    .wait()
+                    .map_err(|source| ScenarioError::Wait { rank, source })?,
+            );
+        }
+        return Ok((statuses, false));
+    };
+    loop {
+        let mut running = 0;
+        for ((rank, child), status) in (0u32..).zip(children.iter_mut()).zip(&mut statuses) {
+            if status.is_none() {
+                *status = child
+                    .try_wait()
+                    .map_err(|source| ScenarioError::Wait { rank, source })?;
+                running += usize::from(status.is_none());
+            }
+        }
+        if running == 0 {
+            return Ok((statuses, false));
+        }
+        if released.elapsed() >= limit {
+            for (child, status) in children.iter_mut().zip(&statuses) {
+                if status.is_none() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            }
+            return Ok((statuses, true));
+        }
+        std::thread::sleep(EXIT_POLL);
+    }
+}
+
+/// [`run_scenario`] with a time limit counted from the barrier release: ranks still running
+/// when it passes are killed and the result says `timed_out` (wall time = the limit).
+pub fn run_scenario_with_limit(
+    system: &mut dyn SystemUnderTest,
+    spec: &ScenarioSpec,
+    limit: Option<Duration>,
+) -> Result<ScenarioResult, ScenarioError> {
     system.prepare(spec)?;
     let mut children: Vec<Child> = Vec::with_capacity(spec.ranks as usize);
     for rank in 0..spec.ranks {
@@ -280,15 +347,11 @@ pub fn run_scenario(
     for child in children.iter_mut() {
         drop(child.stdin.take());
     }
-    let mut exit_statuses = Vec::with_capacity(children.len());
-    for (rank, child) in (0u32..).zip(children.iter_mut()) {
-        exit_statuses.push(
-            child
-                .wait()
-                .map_err(|source| ScenarioError::Wait { rank, source })?,
-        );
-    }
-    let wall = released.elapsed();
+    let (exit_statuses, timed_out) = wait_all(&mut children, released, limit)?;
+    let wall = match limit {
+        Some(limit) if timed_out => limit,
+        _ => released.elapsed(),
+    };
     system.finish(spec)?;
 
     let mut reports = Vec::with_capacity(children.len());
@@ -298,10 +361,17 @@ pub fn run_scenario(
         let _ = reader.read_to_string(&mut rest);
         let last_line = rest.lines().rev().find(|line| !line.trim().is_empty());
         match last_line.map(serde_json::from_str::<RankReport>) {
-            Some(Ok(report)) if status.success() => reports.push(report),
-            Some(Ok(_)) => failures.push(format!("rank {rank}: exited with {status}")),
-            Some(Err(err)) => failures.push(format!("rank {rank}: bad report ({err}), {status}")),
-            None => failures.push(format!("rank {rank}: no report, {status}")),
+            _ if status.is_none() => {
+                failures.push(format!("rank {rank}: killed at the time limit"));
+            }
+            Some(Ok(report)) if status.is_some_and(|status| status.success()) => {
+                reports.push(report);
+            }
+            Some(Ok(_)) => failures.push(format!("rank {rank}: exited with {status:?}")),
+            Some(Err(err)) => {
+                failures.push(format!("rank {rank}: bad report ({err}), {status:?}"));
+            }
+            None => failures.push(format!("rank {rank}: no report, {status:?}")),
         }
     }
 
@@ -325,7 +395,13 @@ pub fn run_scenario(
         cache_ms_worst: cache_ms.last().copied().unwrap_or(0.0),
         load_ms_median: median(&sorted(|report| report.load_ms)),
         save_ms_median: median(&sorted(|report| report.save_ms)),
-        bytes_written_total: reports.iter().map(|report| report.bytes_written).sum(),
+        bytes_written_total: reports
+            .iter()
+            .map(|report| report.bytes_written)
+            .sum::<u64>()
+            + system.bytes_written_by_system(),
+        system_bytes_written: system.bytes_written_by_system(),
+        timed_out,
         saves_by_outcome,
         failures,
         ranks: reports,

@@ -1,0 +1,172 @@
+//! End-to-end check of `tunecache-bench suite --quick` through the real binaries (daemon,
+//! rank processes, slowfs when /dev/fuse exists, the Python client when its venv exists):
+//! every output file is written and every expected row is present with finite numbers.
+//! No timing assertions: the quick suite judges nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// The daemon and slowfs belong to other packages, which `cargo test -p tunecache-bench`
+/// does not build: build them into the same target directory (a no-op when up to date).
+fn build_other_binaries() {
+    if std::env::var_os("TUNECACHE_BIN_DIR").is_some() {
+        return;
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut command = Command::new(cargo);
+    command.args([
+        "build",
+        "--bins",
+        "-p",
+        "tunecache-server",
+        "-p",
+        "tunecache-slowfs",
+    ]);
+    if !cfg!(debug_assertions) {
+        command.arg("--release");
+    }
+    let status = command
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "building tunecached and slowfs failed");
+}
+
+fn number(value: &Value, field: &str) -> f64 {
+    let number = value
+        .get(field)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("{field} missing or not a number in {value}"));
+    assert!(number.is_finite(), "{field} is not finite in {value}");
+    number
+}
+
+fn array<'a>(value: &'a Value, field: &str) -> &'a Vec<Value> {
+    value
+        .get(field)
+        .and_then(Value::as_array)
+        .unwrap_or_else(|| panic!("{field} missing or not an array"))
+}
+
+fn check_outputs(out: &Path) {
+    let text = std::fs::read_to_string(out.join("results.json")).expect("results.json");
+    let results: Value = serde_json::from_str(&text).expect("results.json is JSON");
+    let settings = &results["settings"];
+    let ranks = array(settings, "ranks");
+    let filesystems = array(settings, "filesystems").len();
+    let skipped = array(settings, "filesystems_skipped").len();
+    if Path::new("/dev/fuse").exists() {
+        assert_eq!(skipped, 0, "slowfs skipped: {settings}");
+    }
+    let scenarios = array(&results, "scenarios");
+    assert_eq!(
+        scenarios.len(),
+        (filesystems - skipped) * ranks.len() * 3,
+        "one row per filesystem x R x system"
+    );
+    for row in scenarios {
+        for field in [
+            "wall_ms",
+            "cache_ms_median",
+            "cache_ms_worst",
+            "load_ms_median",
+            "save_ms_median",
+            "bytes_written",
+        ] {
+            number(row, field);
+        }
+        assert!(number(row, "wall_ms") > 0.0, "{row}");
+        assert!(number(row, "bytes_written") > 0.0, "nothing written: {row}");
+        assert_eq!(row["failures"], 0, "{row}");
+        assert_eq!(row["timed_out"], false, "{row}");
+        assert_eq!(row["ranks_done"], row["ranks"], "{row}");
+        if row["system"] == "tunecache" {
+            assert!(row["snapshot"].is_object(), "{row}");
+            assert!(row["snapshot"]["final_snapshot_error"].is_null(), "{row}");
+        }
+    }
+    for system in ["filelock-before", "filelock-after", "tunecache"] {
+        assert!(
+            scenarios.iter().any(|row| row["system"] == system),
+            "no {system} rows"
+        );
+    }
+    let floor = &results["floor"];
+    number(floor, "parse_ms_median");
+    assert_eq!(array(floor, "floor_ms_by_ranks").len(), ranks.len());
+
+    let micro = &results["micro"];
+    let lookup = &micro["lookup"];
+    for latency in [&lookup["single_key"], &lookup["batch_1000"]] {
+        assert!(number(latency, "samples") > 0.0);
+        number(latency, "p50_us");
+        number(latency, "p99_us");
+    }
+    let throughput = array(lookup, "throughput");
+    assert_eq!(throughput.len(), 6, "1/8/32 clients x single key/batch");
+    for row in throughput {
+        assert!(number(row, "keys_per_s") > 0.0, "{row}");
+    }
+    let python = &micro["python_scan"];
+    if python["skipped"].is_null() {
+        assert!(number(python, "runs") > 0.0);
+        number(python, "median_ms");
+    } else {
+        eprintln!("python scan skipped: {}", python["skipped"]);
+    }
+    let snapshots = array(micro, "snapshots");
+    assert_eq!(snapshots.len(), 2);
+    for scale in snapshots {
+        for field in [
+            "file_bytes",
+            "write_ms",
+            "write_peak_rss_mib",
+            "load_ms",
+            "load_peak_rss_mib",
+            "rss_per_100k_mib",
+        ] {
+            number(scale, field);
+        }
+    }
+    let pickups = array(micro, "peer_pickup");
+    assert!(!pickups.is_empty());
+    for pickup in pickups {
+        assert_eq!(pickup["missed"], 0, "{pickup}");
+        number(pickup, "median_ms");
+    }
+
+    let markdown = std::fs::read_to_string(out.join("results.md")).expect("results.md");
+    for heading in [
+        "## Scenario matrix",
+        "## Parse floor",
+        "## Lookup",
+        "## Snapshots",
+    ] {
+        assert!(markdown.contains(heading), "results.md lacks {heading}");
+    }
+    let svg = std::fs::read_to_string(out.join("wall_vs_ranks.svg")).expect("plot");
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("polyline"));
+}
+
+#[test]
+fn quick_suite_writes_every_row() {
+    build_other_binaries();
+    let out = tempfile::tempdir().expect("tempdir");
+    let python_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../client/python");
+    let output = Command::new(env!("CARGO_BIN_EXE_tunecache-bench"))
+        .args(["suite", "--quick", "--out"])
+        .arg(out.path())
+        .arg("--python-dir")
+        .arg(python_dir)
+        .output()
+        .expect("run tunecache-bench suite --quick");
+    assert!(
+        output.status.success(),
+        "suite failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    check_outputs(out.path());
+}
