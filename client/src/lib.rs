@@ -150,13 +150,33 @@ impl Client {
 
     /// Every entry matching the filter (empty = everything), read chunk by chunk.
     pub async fn scan(&self, namespace: &str, device: &str) -> Result<Vec<v1::Entry>> {
-        let request = self.request(
-            v1::ScanRequest {
-                namespace: namespace.to_owned(),
-                device: device.to_owned(),
-            },
-            DEFAULT_SCAN_TIMEOUT,
-        );
+        self.scan_with(v1::ScanRequest {
+            namespace: namespace.to_owned(),
+            device: device.to_owned(),
+            rank: None,
+        })
+        .await
+    }
+
+    /// What rank `rank` loads at start: the shared entries and its own, of one namespace
+    /// (and device, unless empty).
+    pub async fn scan_for_rank(
+        &self,
+        namespace: &str,
+        device: &str,
+        rank: u32,
+    ) -> Result<Vec<v1::Entry>> {
+        self.scan_with(v1::ScanRequest {
+            namespace: namespace.to_owned(),
+            device: device.to_owned(),
+            rank: Some(rank),
+        })
+        .await
+    }
+
+    /// Scan with any filter the contract offers.
+    pub async fn scan_with(&self, filter: v1::ScanRequest) -> Result<Vec<v1::Entry>> {
+        let request = self.request(filter, DEFAULT_SCAN_TIMEOUT);
         let mut stream = self.inner.clone().scan(request).await?.into_inner();
         let mut entries = Vec::new();
         while let Some(chunk) = stream.message().await? {

@@ -79,6 +79,9 @@ enum Command {
         namespace: String,
         #[arg(long, default_value = "")]
         device: String,
+        /// Only the shared entries and this rank's own (what that rank loads).
+        #[arg(long)]
+        rank: Option<u32>,
     },
     /// Show the daemon's counters.
     Stats,
@@ -446,8 +449,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("unchanged (the cache holds a result at least as good)");
             }
         }
-        Command::Scan { namespace, device } => {
-            let entries = client.scan(&namespace, &device).await?;
+        Command::Scan {
+            namespace,
+            device,
+            rank,
+        } => {
+            let filter = proto::ScanRequest {
+                namespace,
+                device,
+                rank,
+            };
+            let entries = client.scan_with(filter).await?;
             if cli.json {
                 let list: Vec<Value> = entries.iter().map(entry_json).collect();
                 println!("{}", Value::Array(list));

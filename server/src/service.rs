@@ -146,7 +146,11 @@ impl TuneCache for TuneCacheService {
         &self,
         request: Request<v1::ScanRequest>,
     ) -> Result<Response<Self::ScanStream>, Status> {
-        let v1::ScanRequest { namespace, device } = request.into_inner();
+        let v1::ScanRequest {
+            namespace,
+            device,
+            rank,
+        } = request.into_inner();
         // One immutable version: the scan sees a consistent cache while writes go on.
         let map = self.store.current();
         let (chunks, receiver) = tokio::sync::mpsc::channel(4);
@@ -154,7 +158,8 @@ impl TuneCache for TuneCacheService {
             let matching = map
                 .range(CacheKey::namespace_start(&namespace)..)
                 .take_while(|(key, _)| namespace.is_empty() || key.namespace == namespace)
-                .filter(|(key, _)| device.is_empty() || key.device == device);
+                .filter(|(key, _)| device.is_empty() || key.device == device)
+                .filter(|(key, _)| rank.is_none() || key.rank.is_none() || key.rank == rank);
             let mut chunk = Vec::new();
             let mut chunk_bytes = 0;
             for (key, result) in matching {

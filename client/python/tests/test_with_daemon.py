@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 import os
 import subprocess
 import sys
@@ -151,3 +152,20 @@ def test_giving_the_lease_up_frees_the_key_at_once(daemon):
         # Now cached: a caller that cannot tune gets the hit.
         assert client.get_or_tune(key, good_tune, "FALLBACK", can_tune=False, wait_ms=0) == {"tactic": 5}
         assert calls == ["failing", "good"]
+
+
+def test_rank_scan_returns_shared_and_own_entries(daemon):
+    # What a rank loads at start: the shared entries and its own, not the other ranks'.
+    namespace = f"pytest-ranks-{uuid.uuid4()}"
+    with daemon.client() as client:
+        batch = []
+        for index in range(20):
+            for rank in (None, 0, 1, 2):
+                key = unique_key(namespace=namespace, problem=f'{{"i":{index}}}')
+                if rank is not None:
+                    key.rank = rank
+                batch.append(entry(key, "{}", 1.0))
+        assert client.record(batch).stored == len(batch)
+        loaded = [item for chunk in client.scan(namespace=namespace, rank=1) for item in chunk]
+        assert len(loaded) == 40
+        assert {item.key.rank if item.key.HasField("rank") else None for item in loaded} == {None, 1}

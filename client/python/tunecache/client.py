@@ -136,11 +136,16 @@ class Client:
         return self._stub.Record(request, timeout=self._deadline(timeout))
 
     def scan(
-        self, namespace: str = "", device: str = "", timeout: Optional[float] = DEFAULT_SCAN_TIMEOUT_S
+        self,
+        namespace: str = "",
+        device: str = "",
+        timeout: Optional[float] = DEFAULT_SCAN_TIMEOUT_S,
+        rank: Optional[int] = None,
     ) -> Iterator[list]:
         """Yields the matching entries chunk by chunk (a list of Entry per chunk); empty filters
-        match everything. The deadline covers the whole stream."""
-        request = pb.ScanRequest(namespace=namespace, device=device)
+        match everything. With ``rank``, only the entries shared by all ranks and that rank's
+        own (what a rank loads at start). The deadline covers the whole stream."""
+        request = pb.ScanRequest(namespace=namespace, device=device, rank=rank)
         for chunk in self._stub.Scan(request, timeout=self._deadline(timeout)):
             yield list(chunk.entries)
 

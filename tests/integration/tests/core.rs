@@ -80,6 +80,7 @@ async fn record_then_lookup_and_scan_thousands() {
         .scan(proto::ScanRequest {
             namespace: "alpha".into(),
             device: String::new(),
+            rank: None,
         })
         .await
         .unwrap()
@@ -582,4 +583,37 @@ async fn the_journal_is_compacted_and_replays_to_the_same_state() {
     let last = round(9);
     let keys = last.iter().map(|e| e.key.clone().unwrap()).collect();
     assert_eq!(lookup_all(&daemon.client().await, keys).await, last);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_scan_returns_the_shared_entries_and_that_ranks_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path()).await;
+    let client = daemon.client().await;
+    // The same problem shared, and as the own entry of ranks 0..4; plus another namespace.
+    let mut entries = Vec::new();
+    for p in 0..10 {
+        for rank in [None, Some(0), Some(1), Some(2), Some(3)] {
+            let k = key("trtllm", "gemm", "dev", &problem(p), rank);
+            entries.push(entry(k, "{}", 1.0, "t"));
+        }
+        entries.push(entry(
+            key("other", "gemm", "dev", &problem(p), Some(2)),
+            "{}",
+            1.0,
+            "t",
+        ));
+    }
+    client.record(entries).await.unwrap();
+
+    let for_rank_2 = client.scan_for_rank("trtllm", "", 2).await.unwrap();
+    assert_eq!(for_rank_2.len(), 20);
+    for e in &for_rank_2 {
+        let k = e.key.as_ref().unwrap();
+        assert_eq!(k.namespace, "trtllm");
+        assert!(k.rank.is_none() || k.rank == Some(2), "{k:?}");
+    }
+    assert_eq!(client.scan_for_rank("", "", 3).await.unwrap().len(), 20);
+    assert_eq!(client.scan_for_rank("", "", 9).await.unwrap().len(), 10);
+    assert_eq!(client.scan("trtllm", "").await.unwrap().len(), 50);
 }

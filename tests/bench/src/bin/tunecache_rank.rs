@@ -1,7 +1,7 @@
 //! The `tunecache-rank` binary: plays ONE rank process against a running `tunecached`, as a
 //! TensorRT-LLM rank would with the daemon instead of the JSON file. At the barrier release
-//! it connects, "loads" its view of the cache (Scan of the namespace, parsing the shared and
-//! own-rank entries it receives), then Records its new entries, and prints one
+//! it connects, "loads" its view of the cache (a Scan of the namespace filtered to the shared
+//! and own-rank entries, as TensorRT-LLM's loader reads only those sections, and parses them), then Records its new entries, and prints one
 //! [`RankReport`] JSON line: `load_ms` = connect + scan + parse, `save_ms` = the Record.
 
 use std::io::{Read, Write};
@@ -68,7 +68,7 @@ async fn main() -> Result<()> {
         .context("connecting to tunecached")?
         .with_timeout(CALL_DEADLINE);
     let scanned = client
-        .scan(NAMESPACE, DEVICE)
+        .scan_for_rank(NAMESPACE, DEVICE, args.rank)
         .await
         .context("scanning the cache")?;
     let view = RankView::from_scan(args.rank, &scanned).context("parsing the scan")?;
