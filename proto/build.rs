@@ -9,6 +9,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("tunecache_descriptor.bin"))
+        // Stats is printed as JSON and as a table by the CLI, field by field, in proto order.
+        .type_attribute("tunecache.v1.StatsResponse", "#[derive(serde::Serialize)]")
         .compile_protos(
             &[
                 "tunecache/v1/tunecache.proto",

@@ -310,73 +310,25 @@ fn unix_now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-fn print_stats(stats: &proto::StatsResponse, as_json: bool) {
-    let rows: Vec<(&str, String)> = vec![
-        ("node", stats.node_name.clone()),
-        ("version", stats.version.clone()),
-        ("uptime_ms", stats.uptime_ms.to_string()),
-        ("entries", stats.entries.to_string()),
-        ("lookups", stats.lookups.to_string()),
-        ("hits", stats.hits.to_string()),
-        ("misses", stats.misses.to_string()),
-        ("records", stats.records.to_string()),
-        ("entries_stored", stats.entries_stored.to_string()),
-        ("entries_unchanged", stats.entries_unchanged.to_string()),
-        ("journal_bytes", stats.journal_bytes.to_string()),
-        ("journal_live_bytes", stats.journal_live_bytes.to_string()),
-        ("journal_compactions", stats.journal_compactions.to_string()),
-        ("fsync_policy", stats.fsync_policy.clone()),
-        ("resolves", stats.resolves.to_string()),
-        ("leases_granted", stats.leases_granted.to_string()),
-        ("leases_expired", stats.leases_expired.to_string()),
-        (
-            "leases_released_dead",
-            stats.leases_released_dead.to_string(),
-        ),
-        ("leases_given_up", stats.leases_given_up.to_string()),
-        ("waits_satisfied", stats.waits_satisfied.to_string()),
-        ("waits_timed_out", stats.waits_timed_out.to_string()),
-        ("waiters", stats.waiters.to_string()),
-        ("leases_active", stats.leases_active.to_string()),
-        ("shared_dir", stats.shared_dir.clone()),
-        (
-            "last_snapshot_unix_ms",
-            stats.last_snapshot_unix_ms.to_string(),
-        ),
-        ("snapshots_written", stats.snapshots_written.to_string()),
-        (
-            "snapshots_skipped_unchanged",
-            stats.snapshots_skipped_unchanged.to_string(),
-        ),
-        ("snapshot_errors", stats.snapshot_errors.to_string()),
-        ("last_snapshot_error", stats.last_snapshot_error.clone()),
-        ("peer_files_loaded", stats.peer_files_loaded.to_string()),
-        ("peer_files_skipped", stats.peer_files_skipped.to_string()),
-        ("stuck_operation", stats.stuck_operation.clone()),
-        ("stuck_since_unix_ms", stats.stuck_since_unix_ms.to_string()),
-        ("tuner_backend", stats.tuner_backend.clone()),
-        ("tuner_state", stats.tuner_state.clone()),
-        ("tuner_queue_depth", stats.tuner_queue_depth.to_string()),
-        ("tuner_jobs_done", stats.tuner_jobs_done.to_string()),
-        ("tuner_jobs_failed", stats.tuner_jobs_failed.to_string()),
-        ("tuner_restarts", stats.tuner_restarts.to_string()),
-    ];
+fn print_stats(stats: &proto::StatsResponse, as_json: bool) -> anyhow::Result<()> {
     if as_json {
-        let object: serde_json::Map<String, Value> = rows
-            .into_iter()
-            .map(|(name, value)| {
-                let value = value
-                    .parse::<i64>()
-                    .map_or(Value::String(value), Value::from);
-                (name.to_owned(), value)
-            })
-            .collect();
-        println!("{}", Value::Object(object));
-    } else {
-        for (name, value) in rows {
-            println!("{name:<24} {value}");
+        // Straight from the struct: the fields in proto order.
+        println!(
+            "{}",
+            serde_json::to_string(stats).context("encoding stats")?
+        );
+        return Ok(());
+    }
+    let Value::Object(figures) = serde_json::to_value(stats).context("encoding stats")? else {
+        anyhow::bail!("stats did not encode as an object");
+    };
+    for (name, value) in figures {
+        match value {
+            Value::String(text) => println!("{name:<28} {text}"),
+            other => println!("{name:<28} {other}"),
         }
     }
+    Ok(())
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -469,7 +421,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Stats => print_stats(&client.stats().await?, cli.json),
+        Command::Stats => print_stats(&client.stats().await?, cli.json)?,
         Command::Devices => {
             for device in client.devices().await? {
                 if cli.json {

@@ -25,6 +25,18 @@ pub const READY_LINE: &str = "ready";
 /// Cache file name the file-lock peer uses inside the scenario directory.
 pub const CACHE_FILE_NAME: &str = "autotuner_cache.json";
 
+/// The rank side of the barrier: announce readiness, then wait for EOF on stdin, which the
+/// runner sends every rank at once.
+pub fn wait_at_barrier() -> std::io::Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{READY_LINE}")?;
+    stdout.flush()?;
+    drop(stdout);
+    std::io::copy(&mut std::io::stdin(), &mut std::io::sink())?;
+    Ok(())
+}
+
 /// What one rank process reports: its JSON line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RankReport {

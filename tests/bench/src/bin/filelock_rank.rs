@@ -2,14 +2,14 @@
 //! cache file, "tunes" its deterministic new entries (free), saves, and prints one
 //! [`RankReport`] JSON line with its timings on stdout; warnings go to stderr.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
 use tunecache_bench::filelock::{FileLockCache, SaveOutcome, Variant};
-use tunecache_bench::scenario::{RankReport, READY_LINE};
+use tunecache_bench::scenario::{wait_at_barrier, RankReport};
 use tunecache_bench::workload::{tuned_entries, NEW_EPOCH};
 
 /// One rank of the file-lock autotuner cache.
@@ -56,14 +56,7 @@ fn main() -> Result<()> {
     let tuned = tuned_entries(args.rank, NEW_EPOCH, args.new_entries, args.shared_fraction);
 
     if args.barrier_stdin {
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "{READY_LINE}").context("announcing readiness")?;
-        stdout.flush().context("announcing readiness")?;
-        drop(stdout);
-        let mut sink = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut sink)
-            .context("waiting at the barrier")?;
+        wait_at_barrier().context("waiting at the barrier")?;
     }
 
     let load_started = Instant::now();

@@ -4,13 +4,12 @@
 //! and own-rank entries, as TensorRT-LLM's loader reads only those sections, and parses them), then Records its new entries, and prints one
 //! [`RankReport`] JSON line: `load_ms` = connect + scan + parse, `save_ms` = the Record.
 
-use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use tunecache_bench::scenario::{RankReport, READY_LINE};
+use tunecache_bench::scenario::{wait_at_barrier, RankReport};
 use tunecache_bench::tunecache_system::{
     record_all, tuned_daemon_entries, RankView, DEVICE, NAMESPACE,
 };
@@ -51,14 +50,7 @@ async fn main() -> Result<()> {
     let tuned = tuned_daemon_entries(args.rank, NEW_EPOCH, args.new_entries, args.shared_fraction);
 
     if args.barrier_stdin {
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "{READY_LINE}").context("announcing readiness")?;
-        stdout.flush().context("announcing readiness")?;
-        drop(stdout);
-        let mut sink = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut sink)
-            .context("waiting at the barrier")?;
+        wait_at_barrier().context("waiting at the barrier")?;
     }
 
     // The connection is part of the load: a real rank opens it when its cache starts.
