@@ -104,14 +104,22 @@ impl TuneCache for TuneCacheService {
         request: Request<v1::LookupRequest>,
     ) -> Result<Response<v1::LookupResponse>, Status> {
         let keys = validate::keys(request.into_inner().keys)?;
+        let asked = keys.len();
         let map = self.store.current();
+        // The caller's own key goes back in the hit: only the result is copied out of the map.
         let hits: Vec<v1::Entry> = keys
-            .iter()
-            .filter_map(|key| map.get(key).map(|result| to_wire_entry(key, result)))
+            .into_iter()
+            .filter_map(|key| {
+                let result = map.get(&key)?.clone();
+                Some(v1::Entry {
+                    key: Some(key.into()),
+                    result: Some(result.into()),
+                })
+            })
             .collect();
-        count(&self.counters.lookups, keys.len());
+        count(&self.counters.lookups, asked);
         count(&self.counters.hits, hits.len());
-        count(&self.counters.misses, keys.len() - hits.len());
+        count(&self.counters.misses, asked - hits.len());
         Ok(Response::new(v1::LookupResponse { hits }))
     }
 
