@@ -76,8 +76,11 @@ async fn cpu_backend_fills_a_miss_once_for_every_waiter() {
         config["stats"]["repeats"].as_u64().unwrap() >= 1,
         "{config}"
     );
-    assert_eq!(
-        config["stats"]["median_us"].as_f64().unwrap(),
+    // time_us is the measured median; the JSON text of it may parse back 1 ulp away.
+    let median_us = config["stats"]["median_us"].as_f64().unwrap();
+    assert!(
+        (median_us - results[0].time_us).abs() <= 1e-9 * results[0].time_us,
+        "{median_us} vs {}",
         results[0].time_us
     );
     assert!(results[0].time_us > 0.0);
