@@ -137,6 +137,13 @@ enum CacheFormat {
 /// Entries per Record call on import: well under the daemon's batch limit.
 const IMPORT_BATCH: usize = 1000;
 
+fn skipped_json(skipped: &[trtllm::SkippedEntry]) -> Vec<Value> {
+    skipped
+        .iter()
+        .map(|s| json!({"section": s.section, "key": s.key, "reason": s.reason}))
+        .collect()
+}
+
 fn print_skipped(skipped: &[trtllm::SkippedEntry]) {
     for entry in skipped {
         let key = if entry.key.is_empty() {
@@ -166,11 +173,7 @@ async fn import_trtllm(
     }
     let imported = outcome.entries.len();
     if as_json {
-        let skipped: Vec<Value> = outcome
-            .skipped
-            .iter()
-            .map(|s| json!({"section": s.section, "key": s.key, "reason": s.reason}))
-            .collect();
+        let skipped = skipped_json(&outcome.skipped);
         println!(
             "{}",
             json!({"imported": imported, "stored": stored, "unchanged": unchanged, "skipped": skipped})
@@ -212,11 +215,7 @@ async fn export_trtllm(
     let outcome = trtllm::export(&entries, &metadata, &options)?;
     trtllm::write_atomically(file, outcome.json_text.as_bytes())?;
     if as_json {
-        let skipped: Vec<Value> = outcome
-            .skipped
-            .iter()
-            .map(|s| json!({"section": s.section, "key": s.key, "reason": s.reason}))
-            .collect();
+        let skipped = skipped_json(&outcome.skipped);
         println!(
             "{}",
             json!({"exported": outcome.exported, "skipped": skipped})

@@ -174,6 +174,23 @@ struct Shared {
 }
 
 impl Shared {
+    /// Fresh shared state in `phase`, with no worker adopted yet and zero counters.
+    fn new(phase: Phase) -> Shared {
+        Shared {
+            status: Mutex::new(Status {
+                phase,
+                backend: String::new(),
+                note: String::new(),
+                devices: Vec::new(),
+                worker_pid: None,
+            }),
+            queue_depth: AtomicU64::new(0),
+            jobs_done: AtomicU64::new(0),
+            jobs_failed: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
+        }
+    }
+
     fn status(&self) -> MutexGuard<'_, Status> {
         // A poisoned lock only means a panic elsewhere mid-update of plain data; keep serving.
         self.status
@@ -234,19 +251,7 @@ impl Supervisor {
         }
         let (worker, ready) = spawn_worker(&config).await?;
         tracing::info!(backend = %ready.backend, note = %ready.note, devices = ready.devices.len(), pid = ?worker.pid, "tuner worker ready");
-        let shared = Arc::new(Shared {
-            status: Mutex::new(Status {
-                phase: Phase::Running,
-                backend: String::new(),
-                note: String::new(),
-                devices: Vec::new(),
-                worker_pid: None,
-            }),
-            queue_depth: AtomicU64::new(0),
-            jobs_done: AtomicU64::new(0),
-            jobs_failed: AtomicU64::new(0),
-            restarts: AtomicU64::new(0),
-        });
+        let shared = Arc::new(Shared::new(Phase::Running));
         shared.adopt(&ready, worker.pid);
         let (jobs_tx, jobs_rx) = mpsc::channel(config.queue_capacity);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -309,19 +314,7 @@ impl TunerHandle {
         let (shutdown, _) = watch::channel(false);
         TunerHandle {
             inner: Arc::new(HandleInner {
-                shared: Arc::new(Shared {
-                    status: Mutex::new(Status {
-                        phase: Phase::Off(reason.into()),
-                        backend: String::new(),
-                        note: String::new(),
-                        devices: Vec::new(),
-                        worker_pid: None,
-                    }),
-                    queue_depth: AtomicU64::new(0),
-                    jobs_done: AtomicU64::new(0),
-                    jobs_failed: AtomicU64::new(0),
-                    restarts: AtomicU64::new(0),
-                }),
+                shared: Arc::new(Shared::new(Phase::Off(reason.into()))),
                 jobs,
                 capacity: 1,
                 shutdown,

@@ -201,6 +201,14 @@ pub struct SlowFs {
     next_fh: AtomicU64,
 }
 
+/// Answers an operation that returns no data: ok, or the errno.
+fn reply_empty(result: Result<(), Errno>, reply: ReplyEmpty) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(errno) => reply.error(errno),
+    }
+}
+
 fn errno_of(err: &io::Error) -> Errno {
     Errno::from_i32(err.raw_os_error().unwrap_or(libc::EIO))
 }
@@ -521,10 +529,7 @@ impl Filesystem for SlowFs {
             self.inode_table().forget_path(&rel);
             Ok(())
         });
-        match result {
-            Ok(()) => reply.ok(),
-            Err(errno) => reply.error(errno),
-        }
+        reply_empty(result, reply);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -534,10 +539,7 @@ impl Filesystem for SlowFs {
             self.inode_table().forget_path(&rel);
             Ok(())
         });
-        match result {
-            Ok(()) => reply.ok(),
-            Err(errno) => reply.error(errno),
-        }
+        reply_empty(result, reply);
     }
 
     fn rename(
@@ -711,10 +713,7 @@ impl Filesystem for SlowFs {
             };
             synced.map_err(|e| errno_of(&e))
         });
-        match result {
-            Ok(()) => reply.ok(),
-            Err(errno) => reply.error(errno),
-        }
+        reply_empty(result, reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
