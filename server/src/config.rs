@@ -110,6 +110,16 @@ pub struct Config {
     /// journal is the durable copy), and fsync on a shared filesystem can take minutes.
     #[arg(long, env = "TUNECACHE_SNAPSHOT_FSYNC")]
     pub snapshot_fsync: bool,
+
+    /// Largest file read from the shared directory, in bytes; a larger one is skipped with
+    /// one warning.
+    #[arg(
+        long,
+        env = "TUNECACHE_SNAPSHOT_MAX_FILE_BYTES",
+        default_value_t = crate::shared_file::DEFAULT_MAX_FILE_BYTES,
+        value_name = "BYTES"
+    )]
+    pub snapshot_max_file_bytes: u64,
 }
 
 /// Where the tuner worker comes from.

@@ -15,6 +15,7 @@ pub mod listener;
 pub mod merge;
 pub mod server;
 pub mod service;
+pub mod shared_file;
 pub mod snapshot;
 pub mod snapshot_format;
 pub mod store;

@@ -22,7 +22,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
@@ -37,7 +37,8 @@ use tunecache_proto::v1;
 use crate::config::Config;
 use crate::entry::{unix_now_ms, CacheKey, TunedResult};
 use crate::error::{Error, Result};
-use crate::snapshot_format::{self, SNAPSHOT_SUFFIX};
+use crate::shared_file::{self, FileVersion, OpenError};
+use crate::snapshot_format::{self, ParsedSnapshot, SNAPSHOT_SUFFIX};
 use crate::store::{CacheMap, Store};
 
 /// gRPC health service name that reports snapshot trouble. NOT_SERVING here means the
@@ -69,6 +70,8 @@ pub struct SnapshotSettings {
     pub node: String,
     pub interval: Duration,
     pub fsync: bool,
+    /// Larger files in the shared directory are skipped with one warning.
+    pub max_file_bytes: u64,
 }
 
 impl SnapshotSettings {
@@ -80,6 +83,7 @@ impl SnapshotSettings {
             node: config.node_name(),
             interval: config.snapshot_interval(),
             fsync: config.snapshot_fsync,
+            max_file_bytes: config.snapshot_max_file_bytes,
         })
     }
 }
@@ -115,6 +119,8 @@ struct SnapshotCounters {
     peer_files_loaded: AtomicU64,
     peer_files_skipped: AtomicU64,
     last_snapshot_unix_ms: AtomicI64,
+    /// Bytes read from shared-directory files (shared with the readers that count them).
+    bytes_read: Arc<AtomicU64>,
 }
 
 /// State shared by the handle, the background task and the I/O thread.
@@ -158,28 +164,6 @@ enum IoJob {
 struct WriteReport {
     bytes: u64,
     entries: usize,
-}
-
-/// Identity of one version of a file: replaced (new inode), rewritten in place (size or
-/// mtime) or moved to another filesystem (dev) all count as new.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct FileVersion {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime_ns: i128,
-}
-
-impl FileVersion {
-    fn of(metadata: &fs::Metadata) -> FileVersion {
-        FileVersion {
-            dev: metadata.dev(),
-            ino: metadata.ino(),
-            size: metadata.size(),
-            mtime_ns: i128::from(metadata.mtime()) * 1_000_000_000
-                + i128::from(metadata.mtime_nsec()),
-        }
-    }
 }
 
 struct LoadedFile {
@@ -745,7 +729,7 @@ impl IoWorker {
     /// Reads one snapshot file unless this version was taken in (or skipped) before.
     fn read_if_changed(&mut self, path: &Path, name: OsString) -> Option<LoadedFile> {
         let mut attempt = 0;
-        let (version, bytes) = loop {
+        let (version, parsed) = loop {
             attempt += 1;
             match self.read_new_version(path, &name) {
                 Ok(Some(read)) => break read,
@@ -765,7 +749,7 @@ impl IoWorker {
         let counters = &self.shared.counters;
         // Either way this version is done with: loaded now, or warned about once.
         self.seen.insert(name.clone(), version);
-        match snapshot_format::parse_snapshot(&bytes) {
+        match parsed {
             Ok(parsed) => {
                 counters.peer_files_loaded.fetch_add(1, Ordering::Relaxed);
                 if parsed.invalid_entries > 0 {
@@ -781,34 +765,43 @@ impl IoWorker {
                     entries: parsed.entries,
                 })
             }
-            Err(error) => {
+            Err(reason) => {
                 counters.peer_files_skipped.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     path = %path.display(),
-                    bytes = bytes.len(),
-                    "{error}; skipped until the file changes"
+                    bytes = version.size,
+                    "{reason}; skipped until the file changes"
                 );
                 None
             }
         }
     }
 
-    /// `Ok(None)` when the file is the version seen last time.
+    /// `Ok(None)` when the file is the version seen last time. Otherwise the version read
+    /// and either its entries or why it was skipped (refused by type or size, or damaged).
     fn read_new_version(
         &self,
         path: &Path,
         name: &OsString,
-    ) -> io::Result<Option<(FileVersion, Vec<u8>)>> {
-        let version = FileVersion::of(&fs::metadata(path)?);
+    ) -> io::Result<Option<(FileVersion, Result<ParsedSnapshot>)>> {
+        // lstat: a symlink's version is the link's own, so it is refused once, not per pass.
+        let version = shared_file::version_of(path)?;
         if self.seen.get(name) == Some(&version) {
             return Ok(None);
         }
-        let mut file = File::open(path)?;
-        // The version of what is actually read, which may be newer than the stat above.
-        let version = FileVersion::of(&file.metadata()?);
-        let mut bytes = Vec::with_capacity(usize::try_from(version.size).unwrap_or(0));
-        io::Read::read_to_end(&mut file, &mut bytes)?;
-        Ok(Some((version, bytes)))
+        let max_bytes = self.shared.settings.max_file_bytes;
+        let opened = match shared_file::open(path, max_bytes) {
+            Ok(opened) => opened,
+            Err(OpenError::Io(error)) => return Err(error),
+            Err(OpenError::Refused(refusal, refused_version)) => {
+                let error = Error::SnapshotFormat(refusal.to_string());
+                return Ok(Some((refused_version.unwrap_or(version), Err(error))));
+            }
+        };
+        // The version of what is actually read, which may be newer than the lstat above.
+        let version = opened.version;
+        let reader = opened.reader(max_bytes, Arc::clone(&self.shared.counters.bytes_read));
+        Ok(Some((version, snapshot_format::read_snapshot(reader))))
     }
 }
 

@@ -2,13 +2,15 @@
 //! `docs/snapshot-format.md`.
 //!
 //! Writing streams the cache map straight into the writer (no intermediate tree), in the
-//! map's sorted order, so the same content always gives the same entry bytes. Reading parses
-//! the whole file from memory and checks the format name and version; readers ignore fields
-//! they do not know, so later minor additions stay readable. Nothing here touches the
+//! map's sorted order, so the same content always gives the same entry bytes. Reading streams
+//! from a reader, validates each entry as it is parsed and keeps only valid ones, and checks
+//! the format name and version; readers ignore fields they do not know, so later minor
+//! additions stay readable. Nothing here touches the
 //! filesystem: `snapshot` owns the I/O and calls these on its own thread.
 
-use std::io::Write;
+use std::io::{Read, Write};
 
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 use tunecache_proto::v1;
@@ -92,24 +94,6 @@ pub fn write_snapshot(
     serde_json::to_writer(out, &document)
 }
 
-/// Just the fields that say what a document is; used to explain a file that did not parse.
-#[derive(Deserialize)]
-struct Header {
-    format: Option<String>,
-    version: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct DocumentIn {
-    format: String,
-    version: u64,
-    #[serde(default)]
-    node: String,
-    #[serde(default)]
-    written_at_unix_ms: i64,
-    entries: Vec<EntryIn>,
-}
-
 #[derive(Deserialize)]
 struct EntryIn {
     namespace: String,
@@ -139,31 +123,144 @@ pub struct ParsedSnapshot {
     pub invalid_entries: usize,
 }
 
-/// Parses a whole snapshot file. Empty, truncated, unparsable and foreign or future-version
-/// documents are `Error::SnapshotFormat` with a reason fit for one warning.
+/// Parses a whole snapshot held in memory. Same rules as `read_snapshot`.
 pub fn parse_snapshot(bytes: &[u8]) -> Result<ParsedSnapshot> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(Error::SnapshotFormat("empty file".into()));
-    }
-    let document: DocumentIn = match serde_json::from_slice(bytes) {
-        Ok(document) => document,
-        Err(parse_error) => return Err(explain_unparsable(bytes, parse_error)),
+    read_snapshot(bytes)
+}
+
+/// Parses a snapshot document as it streams in: each entry is validated as soon as it is
+/// parsed and only valid ones are kept, so peak memory is the entries kept plus one entry,
+/// never the file. Empty, truncated, unparsable and foreign or future-version documents are
+/// `Error::SnapshotFormat` with a reason fit for one warning.
+pub fn read_snapshot(reader: impl Read) -> Result<ParsedSnapshot> {
+    let mut reader = NoticesContent {
+        inner: reader,
+        saw_content: false,
     };
-    check_format(Some(&document.format), Some(document.version))?;
-    let mut entries = Vec::with_capacity(document.entries.len());
-    let mut invalid_entries = 0;
-    for entry in document.entries {
-        match validated(entry) {
-            Some(pair) => entries.push(pair),
-            None => invalid_entries += 1,
-        }
+    let mut deserializer = serde_json::Deserializer::from_reader(&mut reader);
+    let mut format_error = None;
+    let seed = DocumentSeed {
+        format_error: &mut format_error,
+    };
+    let parsed = seed
+        .deserialize(&mut deserializer)
+        .and_then(|parsed| deserializer.end().map(|()| parsed));
+    match (parsed, format_error) {
+        (_, Some(error)) => Err(error),
+        (Ok(parsed), None) => Ok(parsed),
+        (Err(_), None) if !reader.saw_content => Err(Error::SnapshotFormat("empty file".into())),
+        (Err(parse_error), None) => Err(explain_unparsable(parse_error)),
     }
-    Ok(ParsedSnapshot {
-        node: document.node,
-        written_at_unix_ms: document.written_at_unix_ms,
-        entries,
-        invalid_entries,
-    })
+}
+
+/// Notes whether anything but whitespace came through, to tell an empty file from a
+/// damaged one.
+struct NoticesContent<R> {
+    inner: R,
+    saw_content: bool,
+}
+
+impl<R: Read> Read for NoticesContent<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let read = self.inner.read(buf)?;
+        if !self.saw_content {
+            self.saw_content = buf[..read].iter().any(|b| !b.is_ascii_whitespace());
+        }
+        Ok(read)
+    }
+}
+
+/// Reads the top-level object field by field. The format and version are checked as soon
+/// as they are known (writers put them first), so a foreign or future document is refused
+/// before its entries are parsed; the refusal travels in `format_error`.
+struct DocumentSeed<'a> {
+    format_error: &'a mut Option<Error>,
+}
+
+impl<'de> DeserializeSeed<'de> for DocumentSeed<'_> {
+    type Value = ParsedSnapshot;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DocumentSeed<'_> {
+    type Value = ParsedSnapshot;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        formatter.write_str("a tunecache-snapshot object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut format: Option<String> = None;
+        let mut version: Option<u64> = None;
+        let mut node = String::new();
+        let mut written_at_unix_ms = 0;
+        let mut entries: Option<(Vec<(CacheKey, TunedResult)>, usize)> = None;
+        while let Some(field) = map.next_key::<String>()? {
+            match field.as_str() {
+                "format" => format = Some(map.next_value()?),
+                "version" => version = Some(map.next_value()?),
+                "node" => node = map.next_value()?,
+                "written_at_unix_ms" => written_at_unix_ms = map.next_value()?,
+                "entries" => {
+                    if format.is_some() || version.is_some() {
+                        if let Err(error) = check_format(format.as_deref(), version) {
+                            *self.format_error = Some(error);
+                            return Err(de::Error::custom("refused"));
+                        }
+                    }
+                    entries = Some(map.next_value_seed(EntriesSeed)?);
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        if let Err(error) = check_format(format.as_deref(), version) {
+            *self.format_error = Some(error);
+            return Err(de::Error::custom("refused"));
+        }
+        let (entries, invalid_entries) = entries.ok_or_else(|| de::Error::missing_field("entries"))?;
+        Ok(ParsedSnapshot {
+            node,
+            written_at_unix_ms,
+            entries,
+            invalid_entries,
+        })
+    }
+}
+
+/// The `entries` array: validated one by one, valid ones kept, invalid ones counted.
+struct EntriesSeed;
+
+impl<'de> DeserializeSeed<'de> for EntriesSeed {
+    type Value = (Vec<(CacheKey, TunedResult)>, usize);
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EntriesSeed {
+    type Value = (Vec<(CacheKey, TunedResult)>, usize);
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        formatter.write_str("an array of entries")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut entries = Vec::new();
+        let mut invalid = 0;
+        while let Some(entry) = seq.next_element::<EntryIn>()? {
+            match validated(entry) {
+                Some(pair) => entries.push(pair),
+                None => invalid += 1,
+            }
+        }
+        Ok((entries, invalid))
+    }
 }
 
 fn check_format(format: Option<&str>, version: Option<u64>) -> Result<()> {
@@ -180,13 +277,9 @@ fn check_format(format: Option<&str>, version: Option<u64>) -> Result<()> {
     Ok(())
 }
 
-/// A document from a newer writer may fail to parse as version 1; say so rather than
-/// calling it damaged.
-fn explain_unparsable(bytes: &[u8], parse_error: serde_json::Error) -> Error {
-    if let Ok(header) = serde_json::from_slice::<Header>(bytes) {
-        if let Err(format_error) = check_format(header.format.as_deref(), header.version) {
-            return format_error;
-        }
+fn explain_unparsable(parse_error: serde_json::Error) -> Error {
+    if parse_error.is_io() {
+        return Error::SnapshotFormat(format!("read failed: {parse_error}"));
     }
     let what = if parse_error.is_eof() {
         "truncated"
