@@ -188,7 +188,13 @@ mod tests {
         std::fs::write(&big, vec![b' '; 2048]).unwrap();
         assert!(matches!(
             open(&big, 1024),
-            Err(OpenError::Refused(Refusal::TooLarge { size: 2048, cap: 1024 }, Some(_)))
+            Err(OpenError::Refused(
+                Refusal::TooLarge {
+                    size: 2048,
+                    cap: 1024
+                },
+                Some(_)
+            ))
         ));
         let counter = Arc::new(AtomicU64::new(0));
         let mut text = String::new();

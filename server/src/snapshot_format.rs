@@ -222,7 +222,8 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
             *self.format_error = Some(error);
             return Err(de::Error::custom("refused"));
         }
-        let (entries, invalid_entries) = entries.ok_or_else(|| de::Error::missing_field("entries"))?;
+        let (entries, invalid_entries) =
+            entries.ok_or_else(|| de::Error::missing_field("entries"))?;
         Ok(ParsedSnapshot {
             node,
             written_at_unix_ms,
