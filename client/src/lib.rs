@@ -13,7 +13,6 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use tunecache_proto::v1::{self, tune_cache_client::TuneCacheClient};
 
 pub mod autostart;
-pub mod trtllm;
 
 pub use tunecache_proto::socket_path::default_socket_path;
 pub use tunecache_proto::v1 as proto;

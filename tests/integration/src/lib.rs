@@ -35,6 +35,16 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// Runs the `tunecache` CLI against the daemon at `socket` and waits for it.
+pub fn cli(socket: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(bin("tunecache"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("run the tunecache CLI")
+}
+
 /// A running daemon owned by a test. Killed (SIGKILL) if still running when dropped.
 pub struct Daemon {
     child: Option<Child>,

@@ -4,12 +4,10 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
-use std::process::Command;
 
 use serde_json::Value;
 use tunecache_client::key;
-use tunecache_integration::{bin, entry, test_key, Daemon, DaemonOptions};
+use tunecache_integration::{cli, entry, test_key, Daemon, DaemonOptions};
 
 /// `GET path` over plain HTTP/1.1; returns status line and body.
 fn http_get(addr: &str, path: &str) -> (String, String) {
@@ -108,15 +106,6 @@ async fn metrics_are_off_by_default_and_a_bare_port_is_loopback() {
     );
 }
 
-fn cli(socket: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(bin("tunecache"))
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_prints_a_table_and_raw_json() {
     let dir = tempfile::tempdir().unwrap();
@@ -213,7 +202,7 @@ async fn trtllm_cache_file_round_trips_through_the_daemon() {
     let shared = key(
         "trtllm",
         "trtllm::attention",
-        "NVIDIA H200|sm_90",
+        "NVIDIA H200|sm_90|trtllm 1.1.0",
         "('trtllm::attention', 'FmhaRunner', (8, 128))",
         None,
     );

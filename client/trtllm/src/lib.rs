@@ -1,7 +1,9 @@
-//! TensorRT-LLM autotuner cache file interop: reads the JSON file that TensorRT-LLM's
-//! `AutoTunerProfilingCache.save_cache` writes (the file at `TLLM_AUTOTUNER_CACHE_PATH`) into
-//! tunecache entries, writes entries back out as a file that its `load_cache` reads, and replaces
-//! such a file atomically.
+//! TensorRT-LLM autotuner cache file interop, for the `tunecache` CLI's import and export: reads
+//! the JSON file that TensorRT-LLM's `AutoTunerProfilingCache.save_cache` writes (the file at
+//! `TLLM_AUTOTUNER_CACHE_PATH`) into tunecache entries, writes entries back out as a file its
+//! `load_cache` reads, and replaces such a file under the writers' lock. Ranks that use the
+//! daemon directly (the Python drop-in) never touch these files; this crate is not linked into
+//! the rank-facing client library.
 //!
 //! The file is one JSON object:
 //!
@@ -15,7 +17,9 @@
 //! ```
 //!
 //! where `<key>` is Python's `str()` of a tuple whose first element is the custom op name, e.g.
-//! `"('trtllm::fused_moe::gemm1', 'MoERunner', (1, 4096), 0)"`, and `min_time` is milliseconds.
+//! `"('trtllm::fused_moe::gemm1', 'MoERunner', (1, 4096), 0)"`, `tactic` is Python's `repr()` of
+//! the tactic (the loader reads both back with `ast.literal_eval`), and `min_time` is
+//! milliseconds.
 //!
 //! Mapping of one file entry to a tunecache [`Entry`]:
 //!
@@ -25,17 +29,24 @@
 //! | `op`        | the custom op: the first element of the key tuple, unquoted                |
 //! | `problem`   | the key string, verbatim                                                   |
 //! | `rank`      | `N` for section `rank_<N>`, unset for section `shared`                     |
-//! | `device`    | `<device_name>|sm_<major><minor>` from the metadata, e.g. `NVIDIA H200|sm_90` |
+//! | `device`    | `<device_name>|sm_<major><minor>|trtllm <lib_version>` from the metadata, e.g. `NVIDIA H200|sm_90|trtllm 1.1.0` |
+//!
+//! The release is part of the device so that one release's tactics never win over another's
+//! (a tactic id may mean something else there). The Python drop-in
+//! (`tunecache.integrations.trtllm`) builds the same keys.
 //!
 //! `Result.config` is a JSON object (see [`ImportedConfig`]) holding `runner_id`, `tactic` and
 //! `min_time` exactly as the file spelled them, `min_time_text` (the same number as a string) and
-//! `trtllm_metadata_json` (the file's metadata object, as a string), so that export restores every value and the
-//! metadata byte for byte even after the daemon has stored the config. `Result.time_us` is
-//! `min_time * 1000`.
+//! `trtllm_metadata_json` (the file's metadata object, as a string), so that export restores every
+//! value even after the daemon has stored the config. `Result.time_us` is `min_time * 1000`.
 //!
-//! Export writes the file the way Python's `json.dump(..., indent=2)` does (TensorRT-LLM's own
-//! writer), so importing a file TensorRT-LLM wrote and exporting the entries again gives the same
-//! bytes.
+//! Export lays the file out the way Python's `json.dump(..., indent=2)` does (TensorRT-LLM's own
+//! writer), so every value (types and float bits included) survives a round trip; the order of
+//! keys within a section is the cache's, not necessarily the original file's. Each exported entry
+//! is checked the way the loader will read it ([`pyliteral`]): the key must be a tuple literal
+//! and the tactic a string holding a Python literal.
+
+pub mod pyliteral;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -58,6 +69,8 @@ const SHARED_SECTION: &str = "shared";
 const RANK_SECTION_PREFIX: &str = "rank_";
 /// `Result.tuned_by` of imported entries.
 const IMPORTED_BY: &str = "trtllm cache import";
+/// Marks the TensorRT-LLM release in a device fingerprint: `...|trtllm 1.1.0`.
+const LIB_VERSION_PREFIX: &str = "trtllm ";
 /// `lib_version` written when the metadata had to be made up from a device fingerprint; the
 /// loader only stores it.
 const UNKNOWN_LIB_VERSION: &str = "unknown (written by tunecache)";
@@ -79,6 +92,24 @@ pub enum TrtllmError {
     BadDeviceFingerprint(String),
     #[error("could not serialize the TensorRT-LLM cache: {0}")]
     Serialize(serde_json::Error),
+    #[error("could not take the writers' lock {path}: {source}")]
+    Lock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "another writer held {path} for {waited:?}; gave up (nothing written). Retry when the \
+         TensorRT-LLM ranks have saved, or raise --lock-timeout"
+    )]
+    LockTimeout {
+        path: PathBuf,
+        waited: std::time::Duration,
+    },
+    #[error("could not read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("could not write {path}: {source}")]
     Write {
         path: PathBuf,
@@ -104,6 +135,8 @@ pub struct TrtllmMetadata {
     raw_json: String,
     pub device_name: String,
     pub device_capability: (u32, u32),
+    /// `lib_version` when it is a non-empty string (TensorRT-LLM's `__version__`).
+    pub lib_version: Option<String>,
     /// `creation_timestamp` (Unix seconds, float) in milliseconds, when it is a number.
     pub creation_unix_ms: Option<i64>,
 }
@@ -117,6 +150,7 @@ impl TrtllmMetadata {
             device_name: Option<serde_json::Value>,
             device_capability: Option<serde_json::Value>,
             creation_timestamp: Option<serde_json::Value>,
+            lib_version: Option<serde_json::Value>,
         }
         let fields: Fields = serde_json::from_str(metadata_json)
             .map_err(|err| TrtllmError::BadMetadata(format!("not an object: {err}")))?;
@@ -142,10 +176,15 @@ impl TrtllmMetadata {
             .and_then(serde_json::Value::as_f64)
             .filter(|seconds| seconds.is_finite())
             .map(|seconds| (seconds * 1000.0).round() as i64);
+        let lib_version = match fields.lib_version {
+            Some(serde_json::Value::String(version)) if !version.is_empty() => Some(version),
+            _ => None,
+        };
         Ok(TrtllmMetadata {
             raw_json: strip_json_whitespace(metadata_json),
             device_name,
             device_capability,
+            lib_version,
             creation_unix_ms,
         })
     }
@@ -176,18 +215,24 @@ impl TrtllmMetadata {
         let (major_digits, minor_digit) = sm_digits.split_at(sm_digits.len() - 1);
         let major: u32 = major_digits.parse().map_err(|_| bad())?;
         let minor: u32 = minor_digit.parse().map_err(|_| bad())?;
+        let named_version = parts
+            .find_map(|part| part.strip_prefix(LIB_VERSION_PREFIX))
+            .filter(|version| !version.is_empty());
         let now_seconds = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|elapsed| elapsed.as_secs_f64())
             .unwrap_or(0.0);
         let raw_json = serde_json::to_string(&Synthesized {
-            lib_version: UNKNOWN_LIB_VERSION,
+            lib_version: named_version.unwrap_or(UNKNOWN_LIB_VERSION),
             creation_timestamp: now_seconds,
             device_name,
             device_capability: [major, minor],
         })
         .map_err(TrtllmError::Serialize)?;
-        Self::from_json(&raw_json)
+        let mut metadata = Self::from_json(&raw_json)?;
+        // The placeholder release is written to the file but is no part of the device.
+        metadata.lib_version = named_version.map(str::to_owned);
+        Ok(metadata)
     }
 
     /// The metadata that an earlier [`import`] stored in these entries' configs: that of the
@@ -202,11 +247,18 @@ impl TrtllmMetadata {
             .find_map(|metadata_json| Self::from_json(&metadata_json).ok())
     }
 
-    /// The `Key.device` of entries imported with this metadata: `<device_name>|sm_<major><minor>`,
-    /// e.g. `NVIDIA H200|sm_90` for device_capability `[9, 0]`.
+    /// The `Key.device` of entries imported with this metadata:
+    /// `<device_name>|sm_<major><minor>|trtllm <lib_version>`, e.g. `NVIDIA H200|sm_90|trtllm 1.1.0`
+    /// for device_capability `[9, 0]`; without a `lib_version`, the last part is left out.
     pub fn device_fingerprint(&self) -> String {
         let (major, minor) = self.device_capability;
-        format!("{}|sm_{major}{minor}", self.device_name)
+        match &self.lib_version {
+            Some(version) => format!(
+                "{}|sm_{major}{minor}|{LIB_VERSION_PREFIX}{version}",
+                self.device_name
+            ),
+            None => format!("{}|sm_{major}{minor}", self.device_name),
+        }
     }
 
     /// The metadata object as the file spelled it (whitespace outside strings removed).
@@ -570,6 +622,7 @@ struct ExportedEntry {
 fn exported_entry(key: &Key, result: &TuneResult) -> Result<ExportedEntry, String> {
     let config: StoredConfig = serde_json::from_str(&result.config)
         .map_err(|err| format!("config is not a TensorRT-LLM config (runner_id, tactic): {err}"))?;
+    check_loadable(&key.problem, &config)?;
     // Exact text first; then the number (possibly re-formatted by whoever stored the config);
     // then the cache's own time for configs that never carried min_time.
     let from_text = config
@@ -598,6 +651,38 @@ fn exported_entry(key: &Key, result: &TuneResult) -> Result<ExportedEntry, Strin
         tactic: config.tactic,
         min_time,
     })
+}
+
+/// Refuses what TensorRT-LLM's `load_cache` cannot read back: it indexes `ast.literal_eval(key)`
+/// as a tuple, passes the `tactic` field (which must be a string) to `ast.literal_eval`, and
+/// takes `runner_id` as an index.
+fn check_loadable(problem: &str, config: &StoredConfig) -> Result<(), String> {
+    match pyliteral::parse(problem) {
+        Ok(pyliteral::LiteralKind::Tuple { first_is_str: true }) => {}
+        Ok(_) => {
+            return Err(
+                "key is not a Python tuple whose first element is the op name, so the loader \
+                 cannot index it"
+                    .to_owned(),
+            )
+        }
+        Err(reason) => return Err(format!("key is not a Python literal: {reason}")),
+    }
+    if serde_json::from_str::<i64>(config.runner_id.get()).is_err() {
+        return Err(format!(
+            "runner_id {} is not an integer",
+            config.runner_id.get()
+        ));
+    }
+    let tactic_repr: String = serde_json::from_str(config.tactic.get()).map_err(|_| {
+        format!(
+            "tactic is a JSON {}, not the string holding repr(tactic) that the loader reads",
+            json_kind(config.tactic.get())
+        )
+    })?;
+    pyliteral::parse(&tactic_repr)
+        .map_err(|reason| format!("tactic {tactic_repr:?} is not a Python literal: {reason}"))?;
+    Ok(())
 }
 
 struct DocumentOut<'a> {
@@ -641,12 +726,115 @@ impl Serialize for SectionOut<'_> {
     }
 }
 
+/// `<file>.lock`: the lock TensorRT-LLM's writers take (`flock(LOCK_EX)` on that file, as
+/// py-filelock does) around their read-merge-rename of the cache file.
+pub fn lock_path(cache_path: &Path) -> PathBuf {
+    let mut name = cache_path.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
+/// The writers' lock on a cache file, held until dropped (closing the descriptor releases it).
+#[derive(Debug)]
+pub struct WriterLock {
+    _file: fs::File,
+}
+
+/// How often a blocked [`WriterLock::acquire`] tries again.
+const LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+impl WriterLock {
+    /// Takes `<cache_path>.lock` exclusively, waiting at most `timeout` for the writer that
+    /// holds it. The lock file is created if missing (0644) and never followed if it is a
+    /// symlink: the cache may sit in a directory other users can write.
+    pub fn acquire(cache_path: &Path, timeout: std::time::Duration) -> Result<Self, TrtllmError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::io::AsRawFd;
+        let path = lock_path(cache_path);
+        let lock_error = |source| TrtllmError::Lock {
+            path: path.clone(),
+            source,
+        };
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(lock_error)?;
+        let metadata = file.metadata().map_err(lock_error)?;
+        if !metadata.is_file() {
+            return Err(lock_error(std::io::Error::other("not a regular file")));
+        }
+        let started = std::time::Instant::now();
+        loop {
+            // SAFETY: flock on a descriptor this function owns.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(WriterLock { _file: file });
+            }
+            let error = std::io::Error::last_os_error();
+            if error.raw_os_error() != Some(libc::EWOULDBLOCK)
+                && error.kind() != std::io::ErrorKind::Interrupted
+            {
+                return Err(lock_error(error));
+            }
+            if started.elapsed() >= timeout {
+                return Err(TrtllmError::LockTimeout {
+                    path,
+                    waited: timeout,
+                });
+            }
+            std::thread::sleep(LOCK_POLL);
+        }
+    }
+}
+
+/// Most bytes [`read_existing`] reads of a cache file.
+pub const MAX_CACHE_FILE_BYTES: u64 = 1 << 30;
+
+/// The text of the cache file at `path`, `None` when there is none. Not followed if it is a
+/// symlink, refused unless it is a regular file of at most [`MAX_CACHE_FILE_BYTES`].
+pub fn read_existing(path: &Path) -> Result<Option<String>, TrtllmError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let read_error = |source| TrtllmError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let file = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(read_error(error)),
+    };
+    let metadata = file.metadata().map_err(read_error)?;
+    if !metadata.is_file() {
+        return Err(read_error(std::io::Error::other("not a regular file")));
+    }
+    if metadata.len() > MAX_CACHE_FILE_BYTES {
+        return Err(read_error(std::io::Error::other(format!(
+            "{} bytes, more than the {MAX_CACHE_FILE_BYTES} read",
+            metadata.len()
+        ))));
+    }
+    let mut text = String::new();
+    file.take(MAX_CACHE_FILE_BYTES)
+        .read_to_string(&mut text)
+        .map_err(read_error)?;
+    Ok(Some(text))
+}
+
 /// Replaces the file at `path` with `bytes` so that readers see the old file or the new one,
-/// never a part: a temporary file in the same directory, synced, then renamed over `path`.
-/// The new file keeps the old one's permissions (0644 when there was none).
+/// never a part: a temporary file in the same directory, synced, then renamed over `path`, as
+/// TensorRT-LLM's current writers do. The new file keeps the old one's permissions (0644 when
+/// there was none). Hold the [`WriterLock`] around reading, merging and this call.
 ///
-/// TensorRT-LLM's own writer rewrites the file in place under `flock`; after this rename such a
-/// writer that already holds the old file open writes to the replaced inode.
+/// Older TensorRT-LLM writers rewrote the file in place under `flock` on the file itself; one of
+/// those still running would write to the replaced inode, so do not export while they run.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), TrtllmError> {
     let write_error = |source| TrtllmError::Write {
         path: path.to_owned(),
@@ -1090,7 +1278,10 @@ mod tests {
         assert!(outcome.skipped.is_empty(), "{:?}", outcome.skipped);
         assert_eq!(outcome.entries.len(), 5);
         let metadata = outcome.metadata.expect("metadata");
-        assert_eq!(metadata.device_fingerprint(), "NVIDIA H200|sm_90");
+        assert_eq!(
+            metadata.device_fingerprint(),
+            "NVIDIA H200|sm_90|trtllm 1.1.0rc2"
+        );
         assert_eq!(metadata.creation_unix_ms, Some(1_718_000_000_123));
 
         let gemm = entry_for(
@@ -1101,7 +1292,7 @@ mod tests {
         let key = gemm.key.as_ref().expect("key");
         assert_eq!(key.namespace, "trtllm");
         assert_eq!(key.op, "trtllm::fused_moe::gemm1");
-        assert_eq!(key.device, "NVIDIA H200|sm_90");
+        assert_eq!(key.device, "NVIDIA H200|sm_90|trtllm 1.1.0rc2");
         let result = gemm.result.as_ref().expect("result");
         assert_eq!(result.time_us, 100.0);
         assert_eq!(result.tuned_at_unix_ms, 1_718_000_000_123);
@@ -1154,7 +1345,10 @@ mod tests {
             result.config = value.to_string();
         }
         let metadata = TrtllmMetadata::from_entries(&stored).expect("metadata in configs");
-        assert_eq!(metadata.device_fingerprint(), "NVIDIA H200|sm_90");
+        assert_eq!(
+            metadata.device_fingerprint(),
+            "NVIDIA H200|sm_90|trtllm 1.1.0rc2"
+        );
         let exported = export(
             &stored,
             &metadata,
@@ -1248,7 +1442,7 @@ mod tests {
         let good = entry_for(&outcome.entries, "('good::op', 1)", Some(0));
         assert_eq!(
             good.key.as_ref().expect("key").device,
-            "NVIDIA A100-SXM4-80GB|sm_80"
+            "NVIDIA A100-SXM4-80GB|sm_80|trtllm x"
         );
     }
 
@@ -1370,6 +1564,134 @@ mod tests {
         );
         assert!(file["metadata"]["lib_version"].is_string());
         assert!(file["metadata"]["creation_timestamp"].is_f64());
+    }
+
+    /// Each of these once reached the file and broke TensorRT-LLM's loader at start-up.
+    #[test]
+    fn export_skips_entries_the_loader_cannot_read_back() {
+        let device = "GPU|sm_90|trtllm 1.0";
+        let entries = vec![
+            native_entry(
+                "trtllm",
+                "('trtllm::op', 1)",
+                device,
+                r#"{"runner_id": 0, "tactic": [1, 2]}"#,
+                1.0,
+            ),
+            native_entry(
+                "trtllm",
+                "('trtllm::op', 2)",
+                device,
+                r#"{"runner_id": 0, "tactic": {"a": 1}}"#,
+                1.0,
+            ),
+            native_entry(
+                "trtllm",
+                "42",
+                device,
+                r#"{"runner_id": 0, "tactic": "1"}"#,
+                1.0,
+            ),
+            native_entry(
+                "trtllm",
+                "('trtllm::op', 3)",
+                device,
+                r#"{"runner_id": 0, "tactic": 7}"#,
+                1.0,
+            ),
+            native_entry(
+                "trtllm",
+                "('trtllm::op', 4)",
+                device,
+                r#"{"runner_id": 0, "tactic": "Tactic(3)"}"#,
+                1.0,
+            ),
+            native_entry(
+                "trtllm",
+                "('trtllm::op', 5",
+                device,
+                r#"{"runner_id": 0, "tactic": "1"}"#,
+                1.0,
+            ),
+            native_entry(
+                "trtllm",
+                "('trtllm::op', 6)",
+                device,
+                r#"{"runner_id": "0", "tactic": "1"}"#,
+                1.0,
+            ),
+            native_entry(
+                "trtllm",
+                "('trtllm::op', 7)",
+                device,
+                r#"{"runner_id": 0, "tactic": "{'tile': (64, 128)}"}"#,
+                1.0,
+            ),
+        ];
+        let metadata = TrtllmMetadata::for_device(device).expect("metadata");
+        assert_eq!(metadata.device_fingerprint(), device);
+        let exported = export(&entries, &metadata, &ExportOptions::default()).expect("export");
+        assert_eq!(exported.exported, 1, "{:#?}", exported.skipped);
+        let reasons: Vec<(&str, &str)> = exported
+            .skipped
+            .iter()
+            .map(|skipped| (skipped.key.as_str(), skipped.reason.as_str()))
+            .collect();
+        assert_eq!(reasons.len(), 7, "{reasons:#?}");
+        for (key, expected) in [
+            ("('trtllm::op', 1)", "JSON array"),
+            ("('trtllm::op', 2)", "JSON object"),
+            ("42", "not a Python tuple"),
+            ("('trtllm::op', 3)", "JSON number"),
+            ("('trtllm::op', 4)", "not a Python literal"),
+            ("('trtllm::op', 5", "key is not a Python literal"),
+            ("('trtllm::op', 6)", "runner_id"),
+        ] {
+            let reason = reasons
+                .iter()
+                .find(|(skipped_key, _)| *skipped_key == key)
+                .map(|(_, reason)| *reason)
+                .unwrap_or_else(|| panic!("{key} not skipped: {reasons:#?}"));
+            assert!(reason.contains(expected), "{key}: {reason}");
+        }
+        let file: serde_json::Value = serde_json::from_str(&exported.json_text).expect("json");
+        assert_eq!(
+            file["rank_0"]["('trtllm::op', 7)"]["tactic"],
+            "{'tile': (64, 128)}"
+        );
+        assert_eq!(file["metadata"]["lib_version"], "1.0");
+    }
+
+    #[test]
+    fn writer_lock_waits_for_the_holder_and_times_out_clearly() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = dir.path().join("cache.json");
+        let held = WriterLock::acquire(&cache, std::time::Duration::ZERO).expect("first lock");
+        assert!(lock_path(&cache).is_file());
+        let started = std::time::Instant::now();
+        let error = WriterLock::acquire(&cache, std::time::Duration::from_millis(300))
+            .expect_err("held elsewhere");
+        assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+        assert!(matches!(error, TrtllmError::LockTimeout { .. }), "{error}");
+        assert!(error.to_string().contains("cache.json.lock"), "{error}");
+        let waiter = std::thread::spawn({
+            let cache = cache.clone();
+            move || WriterLock::acquire(&cache, std::time::Duration::from_secs(30)).map(|_| ())
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        drop(held);
+        waiter
+            .join()
+            .expect("join")
+            .expect("acquired once released");
+        // A symlink planted at the lock path is not followed.
+        let other = dir.path().join("other.json");
+        std::os::unix::fs::symlink(dir.path().join("target"), lock_path(&other)).expect("symlink");
+        assert!(matches!(
+            WriterLock::acquire(&other, std::time::Duration::ZERO),
+            Err(TrtllmError::Lock { .. })
+        ));
+        assert!(!dir.path().join("target").exists());
     }
 
     #[test]

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
-use tunecache_client::{key, proto, trtllm, Client, Resolution};
+use tunecache_client::{key, proto, Client, Resolution};
+use tunecache_trtllm as trtllm;
 
 #[derive(Parser)]
 #[command(
@@ -104,6 +105,8 @@ enum Command {
         lease_ms: u64,
     },
     /// Record the entries of a tuning-cache file (TensorRT-LLM's TLLM_AUTOTUNER_CACHE_PATH).
+    /// Invalid entries are skipped with reasons and the rest stored; exits non-zero only when
+    /// the file is not a cache or nothing in it could be stored.
     Import {
         #[arg(long, value_enum)]
         format: CacheFormat,
@@ -112,14 +115,19 @@ enum Command {
         device: Option<String>,
         file: PathBuf,
     },
-    /// Write the cache's entries as a tuning-cache file, replacing FILE atomically.
+    /// Write the cache's entries as a tuning-cache file: under FILE.lock (the lock TensorRT-LLM's
+    /// writers take), keeps the file's entries the cache lacks and replaces FILE by rename.
+    /// Entries TensorRT-LLM's loader could not read back are skipped with the reason.
     Export {
         #[arg(long, value_enum)]
         format: CacheFormat,
         /// Only entries of this Key.device (also names the device in a file whose entries
-        /// carry no imported metadata).
+        /// carry no imported metadata). Required when the cache holds several devices.
         #[arg(long)]
         device: Option<String>,
+        /// Seconds to wait for FILE.lock held by a TensorRT-LLM writer.
+        #[arg(long, default_value_t = 120.0)]
+        lock_timeout: f64,
         /// Write a rank_<N> section for every rank below N, even an empty one (TensorRT-LLM
         /// refuses to load a file without its rank's section).
         #[arg(long)]
@@ -155,50 +163,155 @@ fn print_skipped(skipped: &[trtllm::SkippedEntry]) {
     }
 }
 
+fn skipped_for(entry: &proto::Entry, reason: String) -> trtllm::SkippedEntry {
+    let key = entry.key.as_ref();
+    trtllm::SkippedEntry {
+        section: key
+            .and_then(|key| key.rank)
+            .map_or_else(|| "shared".to_owned(), |rank| format!("rank_{rank}")),
+        key: key.map(|key| key.problem.clone()).unwrap_or_default(),
+        reason,
+    }
+}
+
+/// The entry index an INVALID_ARGUMENT names (`entries[7].key.problem: ...`).
+fn refused_index(message: &str) -> Option<usize> {
+    let rest = message.strip_prefix("entries[")?;
+    rest[..rest.find(']')?].parse().ok()
+}
+
+#[derive(Default)]
+struct ImportTally {
+    stored: u64,
+    unchanged: u64,
+    refused: Vec<trtllm::SkippedEntry>,
+}
+
+/// Records `batch`; an entry the daemon refuses (INVALID_ARGUMENT names its index) is set aside
+/// with the daemon's reason and the rest is sent again, so one bad entry never costs the others.
+async fn record_keeping_the_valid(
+    client: &Client,
+    mut batch: Vec<proto::Entry>,
+    tally: &mut ImportTally,
+) -> anyhow::Result<()> {
+    while !batch.is_empty() {
+        match client.record(batch.clone()).await {
+            Ok(response) => {
+                tally.stored += u64::from(response.stored);
+                tally.unchanged += u64::from(response.unchanged);
+                return Ok(());
+            }
+            Err(tunecache_client::ClientError::Rpc(status))
+                if status.code() == tonic::Code::InvalidArgument =>
+            {
+                let index = refused_index(status.message())
+                    .filter(|&index| index < batch.len())
+                    // A refusal that names no entry: split until it does, or is alone.
+                    .or((batch.len() == 1).then_some(0));
+                match index {
+                    Some(index) => {
+                        let refused = batch.remove(index);
+                        tally.refused.push(skipped_for(
+                            &refused,
+                            format!("daemon refused it: {}", status.message()),
+                        ));
+                    }
+                    None => {
+                        let second = batch.split_off(batch.len() / 2);
+                        Box::pin(record_keeping_the_valid(client, batch, tally)).await?;
+                        batch = second;
+                    }
+                }
+            }
+            Err(error) => return Err(error).context("record"),
+        }
+    }
+    Ok(())
+}
+
+/// Imports every valid entry; exits non-zero only when the file is not a cache or nothing in it
+/// could be stored.
 async fn import_trtllm(
     client: &Client,
     device: Option<String>,
     file: &std::path::Path,
     as_json: bool,
 ) -> anyhow::Result<()> {
-    let text =
-        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let text = trtllm::read_existing(file)?
+        .with_context(|| format!("{} does not exist", file.display()))?;
     let outcome = trtllm::import_with(&text, &trtllm::ImportOptions { device })
         .with_context(|| format!("reading {}", file.display()))?;
-    let (mut stored, mut unchanged) = (0u64, 0u64);
-    for batch in outcome.entries.chunks(IMPORT_BATCH) {
-        let response = client.record(batch.to_vec()).await.context("record")?;
-        stored += u64::from(response.stored);
-        unchanged += u64::from(response.unchanged);
+    let mut tally = ImportTally::default();
+    let mut entries = outcome.entries;
+    while !entries.is_empty() {
+        let rest = entries.split_off(entries.len().min(IMPORT_BATCH));
+        record_keeping_the_valid(client, entries, &mut tally).await?;
+        entries = rest;
     }
-    let imported = outcome.entries.len();
+    let mut skipped = outcome.skipped;
+    skipped.append(&mut tally.refused);
+    let accepted = tally.stored + tally.unchanged;
     if as_json {
-        let skipped = skipped_json(&outcome.skipped);
         println!(
             "{}",
-            json!({"imported": imported, "stored": stored, "unchanged": unchanged, "skipped": skipped})
+            json!({"imported": accepted, "stored": tally.stored, "unchanged": tally.unchanged,
+                   "skipped": skipped_json(&skipped)})
         );
     } else {
-        print_skipped(&outcome.skipped);
+        print_skipped(&skipped);
         println!(
-            "imported {imported} entries ({stored} stored, {unchanged} unchanged), skipped {}",
-            outcome.skipped.len()
+            "imported {accepted} entries ({} stored, {} unchanged), skipped {}",
+            tally.stored,
+            tally.unchanged,
+            skipped.len()
         );
+    }
+    if accepted == 0 && !skipped.is_empty() {
+        anyhow::bail!("no entry of {} could be stored", file.display());
     }
     Ok(())
 }
 
-async fn export_trtllm(
-    client: &Client,
+/// The distinct `Key.device`s of `entries`, sorted.
+fn devices_of(entries: &[proto::Entry]) -> Vec<String> {
+    let devices: std::collections::BTreeSet<&str> = entries
+        .iter()
+        .filter_map(|entry| entry.key.as_ref())
+        .map(|key| key.device.as_str())
+        .collect();
+    devices.into_iter().map(str::to_owned).collect()
+}
+
+struct ExportArgs {
     device: Option<String>,
     world_size: Option<u32>,
+    lock_timeout: std::time::Duration,
+}
+
+async fn export_trtllm(
+    client: &Client,
+    args: ExportArgs,
     file: &std::path::Path,
     as_json: bool,
 ) -> anyhow::Result<()> {
     let entries = client
-        .scan(trtllm::NAMESPACE, device.as_deref().unwrap_or(""))
+        .scan(trtllm::NAMESPACE, args.device.as_deref().unwrap_or(""))
         .await?;
-    let metadata = match (trtllm::TrtllmMetadata::from_entries(&entries), &device) {
+    let devices = devices_of(&entries);
+    if args.device.is_none() && devices.len() > 1 {
+        anyhow::bail!(
+            "the cache holds {} entries of {} devices ({}); a file holds one device's tactics: \
+             choose one with --device",
+            trtllm::NAMESPACE,
+            devices.len(),
+            devices
+                .iter()
+                .map(|device| format!("{device:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let metadata = match (trtllm::TrtllmMetadata::from_entries(&entries), &args.device) {
         (Some(metadata), _) => metadata,
         (None, Some(device)) => trtllm::TrtllmMetadata::for_device(device)?,
         (None, None) if entries.is_empty() => {
@@ -206,24 +319,75 @@ async fn export_trtllm(
         }
         (None, None) => anyhow::bail!(
             "the entries carry no TensorRT-LLM metadata (they were not imported); name the device \
-             with --device \"<device name>|sm_<major><minor>\""
+             with --device \"<device name>|sm_<major><minor>|trtllm <version>\""
         ),
     };
+    let export_device = args
+        .device
+        .clone()
+        .or_else(|| devices.first().cloned())
+        .unwrap_or_else(|| metadata.device_fingerprint());
+
+    // Under the writers' lock: keep what ranks saved to the file that the cache lacks, then
+    // replace the file by rename, as their writers do.
+    let _lock = trtllm::WriterLock::acquire(file, args.lock_timeout)?;
+    let mut kept_from_file = 0usize;
+    let mut replaced_device = None;
+    let mut all_entries = entries;
+    if let Some(text) = trtllm::read_existing(file)? {
+        match trtllm::import_with(&text, &trtllm::ImportOptions::default()) {
+            Ok(existing) => {
+                let file_device = existing
+                    .metadata
+                    .as_ref()
+                    .map(trtllm::TrtllmMetadata::device_fingerprint);
+                if file_device.as_deref() == Some(export_device.as_str()) {
+                    let held: std::collections::HashSet<(Option<u32>, String)> = all_entries
+                        .iter()
+                        .filter_map(|entry| entry.key.as_ref())
+                        .map(|key| (key.rank, key.problem.clone()))
+                        .collect();
+                    for entry in existing.entries {
+                        let Some(key) = entry.key.as_ref() else {
+                            continue;
+                        };
+                        if !held.contains(&(key.rank, key.problem.clone())) {
+                            kept_from_file += 1;
+                            all_entries.push(entry);
+                        }
+                    }
+                } else {
+                    replaced_device = file_device;
+                }
+            }
+            Err(error) => eprintln!(
+                "tunecache: replacing {}, which is not a readable cache ({error})",
+                file.display()
+            ),
+        }
+    }
     let options = trtllm::ExportOptions {
-        empty_rank_sections: (0..world_size.unwrap_or(0)).collect(),
+        empty_rank_sections: (0..args.world_size.unwrap_or(0)).collect(),
     };
-    let outcome = trtllm::export(&entries, &metadata, &options)?;
+    let outcome = trtllm::export(&all_entries, &metadata, &options)?;
     trtllm::write_atomically(file, outcome.json_text.as_bytes())?;
     if as_json {
         let skipped = skipped_json(&outcome.skipped);
         println!(
             "{}",
-            json!({"exported": outcome.exported, "skipped": skipped})
+            json!({"exported": outcome.exported, "kept_from_file": kept_from_file,
+                   "device": export_device, "replaced_device": replaced_device, "skipped": skipped})
         );
     } else {
         print_skipped(&outcome.skipped);
+        if let Some(old) = &replaced_device {
+            eprintln!(
+                "tunecache: {} held entries of device {old:?}; replaced",
+                file.display()
+            );
+        }
         println!(
-            "exported {} entries to {}, skipped {}",
+            "exported {} entries of {export_device:?} to {} ({kept_from_file} kept from the file), skipped {}",
             outcome.exported,
             file.display(),
             outcome.skipped.len()
@@ -466,9 +630,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Export {
             format: CacheFormat::Trtllm,
             device,
+            lock_timeout,
             world_size,
             file,
-        } => export_trtllm(&client, device, world_size, &file, cli.json).await?,
+        } => {
+            let lock_timeout = std::time::Duration::try_from_secs_f64(lock_timeout)
+                .context("--lock-timeout must be a non-negative number of seconds")?;
+            let args = ExportArgs {
+                device,
+                world_size,
+                lock_timeout,
+            };
+            export_trtllm(&client, args, &file, cli.json).await?
+        }
     }
     Ok(())
 }
