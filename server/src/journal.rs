@@ -1,7 +1,12 @@
 //! The node-local journal: an append-only file of checksummed frames in `<state-dir>/journal`.
 //!
-//! Owns the file format, replay at start, appends with the chosen fsync policy, and
-//! compaction (rewrite the live entries to a new file, then rename it over the old one).
+//! Owns the file format, replay at start, appends with the chosen fsync policy, and the one
+//! protocol that replaces the journal file (compaction, the clean rewrite after damage, the
+//! first start): write the new file and sync it, keep its handle as the append handle, rename
+//! it over `journal`, check by path that `journal` now names that handle's inode, sync the
+//! directory. No step after the rename needs a new file descriptor, and if the path cannot
+//! be shown to name the file appends go to, the journal refuses appends (so Records are
+//! refused, not acknowledged into an unlinked file) until a rewrite succeeds.
 //! Only the store's writer thread touches a `Journal`, so nothing here locks.
 //!
 //! Frame: magic `TCJ1` | payload length (u32 LE) | CRC-32 of payload (u32 LE) | payload, where
@@ -9,7 +14,8 @@
 //! find the next intact frame after damage in the middle of the file.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -63,19 +69,52 @@ pub struct SkippedRange {
 pub struct ReplayReport {
     pub frames: u64,
     pub entries: u64,
-    /// Offset and length of an incomplete last write that was truncated away.
+    /// Offset and length of an incomplete last write (a frame cut short) truncated away.
     pub torn_tail: Option<(u64, u64)>,
-    /// Damaged stretches in the middle, skipped; the file is rewritten clean afterwards.
+    /// Damaged stretches, in the middle or at the end, skipped; the caller rewrites the
+    /// journal clean afterwards.
     pub skipped: Vec<SkippedRange>,
+    /// Where the damaged file was kept, or why it could not be (best effort: a full disk
+    /// must not stop the start).
+    pub kept_copy: Option<std::result::Result<PathBuf, String>>,
+}
+
+/// Device and inode of a file: what "the same file" means across a rename.
+type FileId = (u64, u64);
+
+fn file_id(meta: &std::fs::Metadata) -> FileId {
+    (meta.dev(), meta.ino())
 }
 
 pub struct Journal {
     dir: PathBuf,
+    /// The state directory, held open so syncing it after a rename needs no new descriptor
+    /// (a process out of descriptors could not get one).
+    dir_handle: File,
     file: File,
+    /// Device and inode of `file`, compared with what the path names after a replacement.
+    file_id: FileId,
     len: u64,
     fsync: FsyncPolicy,
     unsynced: bool,
     last_sync: Instant,
+    /// A replacement was renamed into place but the directory sync failed: the rename may
+    /// not survive power loss, so appends wait until a directory sync succeeds.
+    dir_sync_pending: bool,
+    /// Why appends are refused until a rewrite succeeds: the path may not name the file we
+    /// append to, a sync failed (the kernel may have dropped the unsynced pages), or a failed
+    /// append could not be cut back.
+    unwritable: Option<String>,
+    /// Replay skipped damage that is still in the file: rewrite it clean when possible.
+    damaged: bool,
+}
+
+/// How a replacement failed.
+enum ReplaceError {
+    /// Before the rename took effect: `journal` still names the old file.
+    NotRenamed(Error),
+    /// `journal` names neither the old nor the new file, or cannot be checked.
+    Unknown(Error),
 }
 
 enum FrameCheck {
@@ -166,29 +205,154 @@ fn journal_path(dir: &Path) -> PathBuf {
     dir.join("journal")
 }
 
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io("syncing directory", dir, e))
+fn sync_dir(dir_handle: &File, dir: &Path) -> Result<()> {
+    dir_handle
+        .sync_all()
+        .map_err(|e| Error::io("syncing the state directory", dir, e))
+}
+
+/// Keeps the damaged journal as `journal.corrupt.<unix ms>`: a hard link first (exact, and
+/// it needs no space on a full disk; the clean rewrite then replaces `journal` and leaves
+/// the link holding the damaged file), a copy where links do not work. Best effort.
+fn keep_damaged_copy(dir: &Path, path: &Path) -> std::result::Result<PathBuf, String> {
+    let kept = dir.join(format!("journal.corrupt.{}", crate::entry::unix_now_ms()));
+    let linked = match std::fs::hard_link(path, &kept) {
+        Ok(()) => return Ok(kept),
+        Err(error) => error,
+    };
+    match std::fs::copy(path, &kept) {
+        Ok(_) => Ok(kept),
+        Err(copied) => {
+            let _ = std::fs::remove_file(&kept);
+            Err(format!(
+                "could not keep a copy of the damaged journal as {}: link: {linked}; copy: {copied}",
+                kept.display()
+            ))
+        }
+    }
+}
+
+/// Writes `bytes` to a fresh `journal.compacting`, synced per `fsync`. The handle returned
+/// is the append handle of the journal-to-be: nothing needs opening after the rename.
+fn write_new_file(
+    path: &Path,
+    bytes: &[u8],
+    fsync: FsyncPolicy,
+) -> std::io::Result<(File, FileId)> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == ErrorKind::NotFound => {}
+        Err(error) => return Err(error),
+    }
+    let mut file = OpenOptions::new()
+        .append(true)
+        .create_new(true)
+        .open(path)?;
+    file.write_all(bytes)?;
+    if fsync != FsyncPolicy::Never {
+        file.sync_all()?;
+    }
+    let id = file_id(&file.metadata()?);
+    Ok((file, id))
+}
+
+/// Steps one to three of a replacement: the new file written and synced, renamed over
+/// `journal`, and `journal` checked by path (stat, no descriptor) to name the new file.
+/// `old` is the file appends go to now, if any.
+fn place_new_journal(
+    dir: &Path,
+    bytes: &[u8],
+    fsync: FsyncPolicy,
+    old: Option<FileId>,
+) -> std::result::Result<(File, FileId), ReplaceError> {
+    let path = journal_path(dir);
+    let tmp_path = dir.join("journal.compacting");
+    let (file, new_id) = write_new_file(&tmp_path, bytes, fsync).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp_path);
+        ReplaceError::NotRenamed(Error::io("writing the new journal", &tmp_path, e))
+    })?;
+    let renamed = std::fs::rename(&tmp_path, &path);
+    // Whatever rename said, what counts is which file the path names now.
+    let at_path = std::fs::symlink_metadata(&path).map(|m| file_id(&m));
+    match (at_path, renamed) {
+        (Ok(id), _) if id == new_id => Ok((file, new_id)),
+        (Ok(id), Err(error)) if Some(id) == old => {
+            let _ = std::fs::remove_file(&tmp_path);
+            Err(ReplaceError::NotRenamed(Error::io(
+                "renaming the new journal into place",
+                &path,
+                error,
+            )))
+        }
+        (Err(error), Err(_)) if old.is_none() && error.kind() == ErrorKind::NotFound => {
+            let _ = std::fs::remove_file(&tmp_path);
+            Err(ReplaceError::NotRenamed(Error::io(
+                "renaming the new journal into place",
+                &path,
+                error,
+            )))
+        }
+        (Ok(_), _) => Err(ReplaceError::Unknown(Error::io(
+            "checking the journal after renaming it into place",
+            &path,
+            std::io::Error::other("the path names neither the old nor the new journal file"),
+        ))),
+        (Err(error), _) => Err(ReplaceError::Unknown(Error::io(
+            "checking the journal after renaming it into place",
+            &path,
+            error,
+        ))),
+    }
+}
+
+impl ReplaceError {
+    fn into_error(self) -> Error {
+        match self {
+            ReplaceError::NotRenamed(error) | ReplaceError::Unknown(error) => error,
+        }
+    }
 }
 
 impl Journal {
     /// Opens (creating if needed) the journal in `dir` and replays it, handing every entry
-    /// to `apply` in the order written. A torn tail is truncated; damaged stretches in the
-    /// middle are skipped and reported, never a panic.
+    /// to `apply` in the order written. A torn tail (a last frame cut short) is truncated;
+    /// other damage, in the middle or at the end, is skipped and reported, the damaged file
+    /// kept as a copy where that can be done, never a panic.
     pub fn open(
         dir: &Path,
         fsync: FsyncPolicy,
         mut apply: impl FnMut(CacheKey, TunedResult),
     ) -> Result<(Journal, ReplayReport)> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("creating state directory", dir, e))?;
+        let dir_handle =
+            File::open(dir).map_err(|e| Error::io("opening state directory", dir, e))?;
         let path = journal_path(dir);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(&path)
-            .map_err(|e| Error::io("opening journal", &path, e))?;
+        let opened = OpenOptions::new().read(true).append(true).open(&path);
+        let mut file = match opened {
+            Ok(file) => file,
+            Err(error) if error.kind() == ErrorKind::NotFound => {
+                // First start: an empty journal put in place like any replacement, so its
+                // name is durable before the first Record is acknowledged.
+                let (file, id) =
+                    place_new_journal(dir, &[], fsync, None).map_err(ReplaceError::into_error)?;
+                sync_dir(&dir_handle, dir)?;
+                let journal = Journal {
+                    dir: dir.to_path_buf(),
+                    dir_handle,
+                    file,
+                    file_id: id,
+                    len: 0,
+                    fsync,
+                    unsynced: false,
+                    last_sync: Instant::now(),
+                    dir_sync_pending: false,
+                    unwritable: None,
+                    damaged: false,
+                };
+                return Ok((journal, ReplayReport::default()));
+            }
+            Err(error) => return Err(Error::io("opening journal", &path, error)),
+        };
         let mut buf = Vec::new();
         file.read_to_end(&mut buf)
             .map_err(|e| Error::io("reading journal", &path, e))?;
@@ -225,8 +389,18 @@ impl Journal {
                     });
                     pos = next;
                 }
-                None => {
+                // Only a frame cut short by the end of the file is a torn write; anything
+                // else reaching the end (zeros, garbage) is damage and is kept.
+                None if matches!(check_frame(&buf, pos), FrameCheck::Incomplete) => {
                     report.torn_tail = Some((pos as u64, (buf.len() - pos) as u64));
+                    break;
+                }
+                None => {
+                    report.skipped.push(SkippedRange {
+                        offset: pos as u64,
+                        len: (buf.len() - pos) as u64,
+                        reason,
+                    });
                     break;
                 }
             }
@@ -240,17 +414,23 @@ impl Journal {
         }
         if !report.skipped.is_empty() {
             // Keep the damaged file for a post-mortem; the caller rewrites the journal clean.
-            let kept = dir.join(format!("journal.corrupt.{}", crate::entry::unix_now_ms()));
-            std::fs::copy(&path, &kept)
-                .map_err(|e| Error::io("keeping a copy of the damaged journal", &kept, e))?;
+            report.kept_copy = Some(keep_damaged_copy(dir, &path));
         }
+        let id = file
+            .metadata()
+            .map_err(|e| Error::io("reading journal metadata", &path, e))?;
         let journal = Journal {
             dir: dir.to_path_buf(),
+            dir_handle,
             file,
+            file_id: file_id(&id),
             len,
             fsync,
             unsynced: false,
             last_sync: Instant::now(),
+            dir_sync_pending: false,
+            unwritable: None,
+            damaged: !report.skipped.is_empty(),
         };
         Ok((journal, report))
     }
@@ -264,21 +444,81 @@ impl Journal {
         self.len == 0
     }
 
+    /// Why appends are refused right now, if they are: the journal needs a rewrite, or the
+    /// directory sync after the last replacement has not succeeded yet.
+    pub fn unwritable(&self) -> Option<String> {
+        if let Some(reason) = &self.unwritable {
+            return Some(reason.clone());
+        }
+        self.dir_sync_pending.then(|| {
+            "the state directory has not been synced since the journal was replaced".into()
+        })
+    }
+
+    /// Whether appends are refused until a rewrite succeeds.
+    pub fn needs_rewrite(&self) -> bool {
+        self.unwritable.is_some()
+    }
+
+    /// Whether the file still holds damage that replay skipped (the clean rewrite at start
+    /// failed, e.g. on a full disk): appends after it are safe, replay skips it again.
+    pub fn holds_damage(&self) -> bool {
+        self.damaged
+    }
+
+    fn mark_unwritable(&mut self, reason: String) {
+        self.unwritable.get_or_insert(reason);
+    }
+
+    /// Refuses when the journal cannot take an append; retries a pending directory sync.
+    fn ensure_writable(&mut self) -> Result<()> {
+        if let Some(reason) = &self.unwritable {
+            return Err(Error::JournalWrite(format!(
+                "the journal is not writable, Records are refused until it is repaired: {reason}"
+            )));
+        }
+        if self.dir_sync_pending {
+            sync_dir(&self.dir_handle, &self.dir).map_err(|error| {
+                Error::JournalWrite(format!(
+                    "the journal is not writable, Records are refused until it is repaired: \
+                     the rename of the new journal is not durable yet: {error}"
+                ))
+            })?;
+            self.dir_sync_pending = false;
+        }
+        Ok(())
+    }
+
     /// Appends entries as one or more frames and syncs according to the policy. On failure
-    /// the file is cut back to where it was, so a failed write leaves no partial frame.
+    /// the file is cut back to where it was, so a failed write leaves no partial frame; if
+    /// that or a sync fails, the journal refuses appends until it is rewritten.
     pub fn append(&mut self, entries: &[(CacheKey, TunedResult)]) -> Result<u64> {
+        self.ensure_writable()?;
         let bytes = encode_frames(entries.iter().map(|(k, r)| (k, r)));
         let path = journal_path(&self.dir);
         if let Err(error) = self.file.write_all(&bytes) {
-            let _ = self.file.set_len(self.len);
+            if let Err(cut) = self.file.set_len(self.len) {
+                self.mark_unwritable(format!(
+                    "a failed append ({error}) could not be cut back: {cut}"
+                ));
+            }
             return Err(Error::io("appending to journal", path, error));
         }
         self.len += bytes.len() as u64;
         self.unsynced = true;
-        match self.fsync {
-            FsyncPolicy::Always => self.sync()?,
-            FsyncPolicy::Batch if self.last_sync.elapsed() >= BATCH_SYNC_INTERVAL => self.sync()?,
-            FsyncPolicy::Batch | FsyncPolicy::Never => {}
+        let sync_now = match self.fsync {
+            FsyncPolicy::Always => true,
+            FsyncPolicy::Batch => self.last_sync.elapsed() >= BATCH_SYNC_INTERVAL,
+            FsyncPolicy::Never => false,
+        };
+        if sync_now {
+            if let Err(error) = self.sync() {
+                // Not acknowledged: take the frames back out (best effort; the journal is
+                // rewritten from memory before the next append anyway).
+                self.len -= bytes.len() as u64;
+                let _ = self.file.set_len(self.len);
+                return Err(error);
+            }
         }
         Ok(bytes.len() as u64)
     }
@@ -288,50 +528,56 @@ impl Journal {
         self.unsynced && self.fsync == FsyncPolicy::Batch
     }
 
-    /// Forces written data to stable storage (unless the policy is `never`).
+    /// Forces written data to stable storage (unless the policy is `never`). A failed sync
+    /// makes the journal refuse appends until it is rewritten: after a failed fsync the
+    /// kernel may have dropped the unsynced pages, and a later fsync would not say so.
     pub fn sync(&mut self) -> Result<()> {
         if self.unsynced && self.fsync != FsyncPolicy::Never {
-            self.file
-                .sync_data()
-                .map_err(|e| Error::io("syncing journal", journal_path(&self.dir), e))?;
+            if let Err(error) = self.file.sync_data() {
+                let error = Error::io("syncing journal", journal_path(&self.dir), error);
+                self.mark_unwritable(error.to_string());
+                return Err(error);
+            }
         }
         self.unsynced = false;
         self.last_sync = Instant::now();
         Ok(())
     }
 
-    /// Replaces the journal with one holding exactly `live`: written to a new file, synced,
-    /// renamed over the old one. A crash at any point leaves the old or the new journal.
+    /// Replaces the journal with one holding exactly `live` (the replacement protocol in
+    /// the module doc). A crash at any point leaves the old or the new journal. On error:
+    /// before the rename, appends go on to the old file, still in place; after it, appends
+    /// go to the new file, or, where the path cannot be shown to name it, are refused until
+    /// a later rewrite succeeds. A success makes a journal that refused appends writable.
     pub fn rewrite<'a>(
         &mut self,
         live: impl Iterator<Item = (&'a CacheKey, &'a TunedResult)>,
     ) -> Result<()> {
-        let path = journal_path(&self.dir);
-        let tmp_path = self.dir.join("journal.compacting");
         let bytes = encode_frames(live);
-        let write = || -> std::io::Result<File> {
-            let mut tmp = File::create(&tmp_path)?;
-            tmp.write_all(&bytes)?;
-            if self.fsync != FsyncPolicy::Never {
-                tmp.sync_data()?;
+        let (file, id) = match place_new_journal(&self.dir, &bytes, self.fsync, Some(self.file_id))
+        {
+            Ok(placed) => placed,
+            Err(ReplaceError::NotRenamed(error)) => return Err(error),
+            Err(ReplaceError::Unknown(error)) => {
+                self.mark_unwritable(error.to_string());
+                return Err(error);
             }
-            Ok(tmp)
         };
-        write().map_err(|e| {
-            let _ = std::fs::remove_file(&tmp_path);
-            Error::io("writing compacted journal", &tmp_path, e)
-        })?;
-        std::fs::rename(&tmp_path, &path)
-            .map_err(|e| Error::io("renaming compacted journal", &path, e))?;
-        if self.fsync != FsyncPolicy::Never {
-            sync_dir(&self.dir)?;
-        }
-        self.file = OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(|e| Error::io("reopening journal", &path, e))?;
+        // The path names the new file: from here on appends go to it, whatever fails next.
+        self.file = file;
+        self.file_id = id;
         self.len = bytes.len() as u64;
         self.unsynced = false;
+        self.last_sync = Instant::now();
+        self.unwritable = None;
+        self.damaged = false;
+        self.dir_sync_pending = false;
+        if self.fsync != FsyncPolicy::Never {
+            if let Err(error) = sync_dir(&self.dir_handle, &self.dir) {
+                self.dir_sync_pending = true;
+                return Err(error);
+            }
+        }
         Ok(())
     }
 }
@@ -426,5 +672,103 @@ mod tests {
         let (seen, report) = replay(dir.path());
         assert_eq!(seen, vec![entry(3), entry(7), entry(8)]);
         assert!(report.skipped.is_empty() && report.torn_tail.is_none());
+    }
+
+    fn kept_copies(dir: &Path) -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains("journal.corrupt."))
+            .collect()
+    }
+
+    #[test]
+    fn an_all_zero_journal_is_damage_kept_as_a_copy_not_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let zeros = vec![0u8; 33 * 1024];
+        std::fs::write(journal_path(dir.path()), &zeros).unwrap();
+        let (seen, report) = replay(dir.path());
+        assert!(seen.is_empty());
+        assert!(report.torn_tail.is_none());
+        assert_eq!(
+            report.skipped,
+            vec![SkippedRange {
+                offset: 0,
+                len: zeros.len() as u64,
+                reason: "bad frame magic"
+            }]
+        );
+        let copies = kept_copies(dir.path());
+        assert_eq!(copies.len(), 1);
+        assert_eq!(report.kept_copy, Some(Ok(copies[0].clone())));
+        assert_eq!(std::fs::read(&copies[0]).unwrap(), zeros);
+    }
+
+    #[test]
+    fn garbage_after_the_last_frame_is_damage_and_the_rewrite_keeps_the_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Never, |_, _| {}).unwrap();
+        journal.append(&[entry(1)]).unwrap();
+        let good_len = journal.len();
+        drop(journal);
+        let path = journal_path(dir.path());
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.extend_from_slice(&[0xee; 500]);
+        std::fs::write(&path, &bytes).unwrap();
+
+        let mut seen = Vec::new();
+        let (mut journal, report) =
+            Journal::open(dir.path(), FsyncPolicy::Always, |k, r| seen.push((k, r))).unwrap();
+        assert_eq!(seen, vec![entry(1)]);
+        assert!(report.torn_tail.is_none());
+        assert_eq!(report.skipped.len(), 1);
+        assert_eq!(report.skipped[0].offset, good_len);
+        assert!(journal.holds_damage());
+        // The clean rewrite replaces `journal`; the kept copy still holds the damage.
+        journal.rewrite(seen.iter().map(|(k, r)| (k, r))).unwrap();
+        assert!(!journal.holds_damage());
+        let copies = kept_copies(dir.path());
+        assert_eq!(copies.len(), 1);
+        assert_eq!(std::fs::read(&copies[0]).unwrap(), bytes);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), good_len);
+    }
+
+    #[test]
+    fn after_a_rewrite_appends_go_to_the_file_the_path_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Batch, |_, _| {}).unwrap();
+        for round in 0..3 {
+            journal.append(&[entry(round)]).unwrap();
+            let live = [entry(round)];
+            journal.rewrite(live.iter().map(|(k, r)| (k, r))).unwrap();
+            let at_path = std::fs::metadata(journal_path(dir.path())).unwrap();
+            assert_eq!(
+                file_id(&at_path),
+                file_id(&journal.file.metadata().unwrap())
+            );
+            assert!(journal.unwritable().is_none());
+        }
+        journal.append(&[entry(9)]).unwrap();
+        drop(journal);
+        let (seen, _) = replay(dir.path());
+        assert_eq!(seen, vec![entry(2), entry(9)]);
+        assert!(!dir.path().join("journal.compacting").exists());
+    }
+
+    #[test]
+    fn a_rewrite_that_cannot_write_its_new_file_leaves_appends_on_the_old_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Always, |_, _| {}).unwrap();
+        journal.append(&[entry(1)]).unwrap();
+        // A directory where the new file must go: creating it fails before any rename.
+        std::fs::create_dir(dir.path().join("journal.compacting")).unwrap();
+        std::fs::write(dir.path().join("journal.compacting/x"), b"x").unwrap();
+        let live = [entry(1)];
+        assert!(journal.rewrite(live.iter().map(|(k, r)| (k, r))).is_err());
+        assert!(journal.unwritable().is_none());
+        journal.append(&[entry(2)]).unwrap();
+        drop(journal);
+        let (seen, _) = replay(dir.path());
+        assert_eq!(seen, vec![entry(1), entry(2)]);
     }
 }

@@ -212,6 +212,24 @@ impl Collector for StatsCollector {
         )?;
         counter(
             e,
+            "journal_compaction_failures",
+            "Journal compactions and repair rewrites that failed.",
+            s.journal_compaction_failures,
+        )?;
+        counter(
+            e,
+            "journal_write_failures",
+            "Journal appends or syncs that failed; their Records were refused.",
+            s.journal_write_failures,
+        )?;
+        gauge(
+            e,
+            "journal_unwritable",
+            "1 while the journal refuses Records until it is repaired.",
+            i64::from(!s.journal_unwritable.is_empty()),
+        )?;
+        counter(
+            e,
             "snapshots_written",
             "Snapshots written to the shared directory.",
             s.snapshots_written,

@@ -35,9 +35,14 @@ fn log_replay(report: &crate::journal::ReplayReport, state_dir: &std::path::Path
             offset = skipped.offset,
             bytes = skipped.len,
             reason = skipped.reason,
-            "journal: skipped a damaged stretch; a copy of the damaged file is kept in {}",
+            "journal: skipped a damaged stretch in {}",
             state_dir.display()
         );
+    }
+    match &report.kept_copy {
+        Some(Ok(kept)) => tracing::warn!("journal: the damaged file is kept as {}", kept.display()),
+        Some(Err(why)) => tracing::warn!("journal: {why}; starting without it"),
+        None => {}
     }
     tracing::info!(
         frames = report.frames,

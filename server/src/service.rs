@@ -213,6 +213,16 @@ impl TuneCache for TuneCacheService {
             journal_bytes: load(&store.journal_bytes),
             journal_live_bytes: load(&store.journal_live_bytes),
             journal_compactions: load(&store.journal_compactions),
+            journal_compaction_failures: load(&store.journal_compaction_failures),
+            journal_write_failures: load(&store.journal_write_failures),
+            journal_unwritable_episodes: load(&store.journal_unwritable_episodes),
+            journal_unwritable: store.journal_unwritable.lock().map_or_else(
+                |poisoned| poisoned.into_inner().clone(),
+                |reason| reason.clone(),
+            ),
+            journal_unwritable_since_unix_ms: store
+                .journal_unwritable_since_unix_ms
+                .load(Ordering::Relaxed),
             fsync_policy: self.store.fsync_policy().as_str().to_owned(),
             resolves: load(&coord.resolves),
             leases_granted: load(&coord.leases_granted),

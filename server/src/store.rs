@@ -8,9 +8,9 @@
 //! version and acknowledges. So an acknowledged Record is in the journal, and a batch is
 //! applied whole or not at all.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -27,8 +27,12 @@ pub type CacheMap = imbl::OrdMap<CacheKey, TunedResult>;
 
 /// Compaction waits until the journal is at least this big, so small caches never churn.
 const MIN_COMPACT_BYTES: u64 = 1024 * 1024;
-/// Wait this long after a failed compaction before trying again.
-const COMPACT_RETRY: Duration = Duration::from_secs(60);
+/// After a failed compaction, wait this long before the first retry, doubling on each
+/// further failure up to `COMPACT_RETRY_MAX`.
+const COMPACT_RETRY_MIN: Duration = Duration::from_secs(1);
+const COMPACT_RETRY_MAX: Duration = Duration::from_secs(60);
+/// While the journal refuses appends, try to repair it (rewrite from memory) this often.
+const REPAIR_RETRY: Duration = Duration::from_secs(1);
 /// Most write requests merged into one group commit.
 const MAX_GROUP: usize = 1024;
 
@@ -62,6 +66,16 @@ pub struct StoreCounters {
     pub journal_bytes: AtomicU64,
     pub journal_live_bytes: AtomicU64,
     pub journal_compactions: AtomicU64,
+    /// Compactions and repair rewrites of the journal that failed (each cause logged once).
+    pub journal_compaction_failures: AtomicU64,
+    /// Appends or syncs that failed; the Records in them were refused.
+    pub journal_write_failures: AtomicU64,
+    /// Times the journal stopped taking appends until repaired.
+    pub journal_unwritable_episodes: AtomicU64,
+    /// Why the journal refuses appends right now; empty while it takes them.
+    pub journal_unwritable: Mutex<String>,
+    /// Since when (unix ms) the journal refuses appends; 0 while it takes them.
+    pub journal_unwritable_since_unix_ms: AtomicI64,
     /// Bumped each time a new version is published; lets snapshots skip unchanged state.
     pub generation: AtomicU64,
 }
@@ -101,8 +115,15 @@ impl Store {
             }
         })?;
         if !report.skipped.is_empty() {
-            // Damage was skipped: write the journal clean so it is not met again.
-            journal.rewrite(map.iter())?;
+            // Damage was skipped: write the journal clean so it is not met again. Best effort
+            // (a full disk must not stop the start): the writer retries, and appends after the
+            // damage are safe meanwhile, as replay skips it.
+            if let Err(error) = journal.rewrite(map.iter()) {
+                tracing::warn!(
+                    %error,
+                    "journal: could not rewrite the damaged journal clean; will retry"
+                );
+            }
         }
         let live_bytes = map
             .iter()
@@ -215,6 +236,13 @@ struct Writer {
     live_bytes: u64,
     /// After a failed compaction (e.g. a full disk), wait before trying again.
     compact_not_before: Instant,
+    /// The wait after the next failed compaction.
+    compact_retry: Duration,
+    /// While the journal refuses appends: when to try repairing it next.
+    repair_not_before: Instant,
+    /// The last compaction and append failure causes, so a repeating cause is logged once.
+    compaction_failure: Option<String>,
+    write_failure: Option<String>,
 }
 
 fn run_writer(journal: Journal, commands: mpsc::Receiver<WriteCommand>, shared: Arc<Shared>) {
@@ -224,15 +252,18 @@ fn run_writer(journal: Journal, commands: mpsc::Receiver<WriteCommand>, shared: 
         shared,
         live_bytes,
         compact_not_before: Instant::now(),
+        compact_retry: COMPACT_RETRY_MIN,
+        repair_not_before: Instant::now(),
+        compaction_failure: None,
+        write_failure: None,
     };
+    writer.note_health();
     loop {
-        let first = if writer.journal.sync_pending() {
+        let first = if writer.journal.sync_pending() || writer.journal.needs_rewrite() {
             match commands.recv_timeout(BATCH_SYNC_INTERVAL) {
                 Ok(command) => command,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if let Err(error) = writer.journal.sync() {
-                        tracing::warn!(%error, "journal sync failed");
-                    }
+                    writer.sync_or_repair();
                     continue;
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -278,6 +309,7 @@ impl Writer {
     /// Merges a group of write requests into one new version, journals the changes in one
     /// append, publishes, then acknowledges each request.
     fn apply_group(&mut self, group: Vec<(Vec<(CacheKey, TunedResult)>, Reply)>) {
+        self.repair_if_needed();
         let mut next = CacheMap::clone(&self.shared.map.load());
         let mut changed = Vec::new();
         let mut replies = Vec::with_capacity(group.len());
@@ -303,13 +335,22 @@ impl Writer {
 
         if !changed.is_empty() {
             if let Err(error) = self.journal.append(&changed) {
-                tracing::error!(%error, "journal append failed; the batch is refused");
                 self.live_bytes = live_before;
+                self.note_write_failure(&error);
+                self.note_health();
+                let message = match error {
+                    Error::JournalWrite(message) => message,
+                    other => other.to_string(),
+                };
                 for (reply, _) in replies {
-                    let _ = reply.send(Err(Error::JournalWrite(error.to_string())));
+                    let _ = reply.send(Err(Error::JournalWrite(message.clone())));
                 }
                 return;
             }
+            if self.write_failure.take().is_some() {
+                tracing::info!("journal appends succeed again");
+            }
+            self.note_health();
             self.shared.map.store(Arc::new(next));
             self.shared
                 .counters
@@ -331,13 +372,12 @@ impl Writer {
             .store(self.live_bytes, Ordering::Relaxed);
     }
 
-    /// Rewrites the journal once it holds more than twice the live data.
+    /// Rewrites the journal once it holds more than twice the live data, or when it still
+    /// holds damage skipped at start.
     fn compact_if_due(&mut self) {
         let len = self.journal.len();
-        if len <= MIN_COMPACT_BYTES
-            || len <= 2 * self.live_bytes
-            || Instant::now() < self.compact_not_before
-        {
+        let oversized = len > MIN_COMPACT_BYTES && len > 2 * self.live_bytes;
+        if !(oversized || self.journal.holds_damage()) || Instant::now() < self.compact_not_before {
             return;
         }
         let map = self.shared.map.load_full();
@@ -347,6 +387,10 @@ impl Writer {
                     .counters
                     .journal_compactions
                     .fetch_add(1, Ordering::Relaxed);
+                self.compact_retry = COMPACT_RETRY_MIN;
+                if self.compaction_failure.take().is_some() {
+                    tracing::info!("journal compaction succeeds again");
+                }
                 tracing::info!(
                     bytes = self.journal.len(),
                     entries = map.len(),
@@ -354,13 +398,107 @@ impl Writer {
                 );
             }
             Err(error) => {
-                self.compact_not_before = Instant::now() + COMPACT_RETRY;
-                tracing::warn!(%error, "journal compaction failed; retrying in {COMPACT_RETRY:?}");
+                self.compact_not_before = Instant::now() + self.compact_retry;
+                self.note_compaction_failure(&error, self.compact_retry);
+                self.compact_retry = (self.compact_retry * 2).min(COMPACT_RETRY_MAX);
             }
         }
+        self.note_health();
         let counters = &self.shared.counters;
         counters
             .journal_bytes
             .store(self.journal.len(), Ordering::Relaxed);
+    }
+
+    /// Idle under `--fsync batch`, or while the journal refuses appends: sync, or repair.
+    fn sync_or_repair(&mut self) {
+        if self.journal.needs_rewrite() {
+            self.repair_if_needed();
+        } else if let Err(error) = self.journal.sync() {
+            self.note_write_failure(&error);
+        }
+        self.note_health();
+    }
+
+    /// While the journal refuses appends, rewrites it from the current version (which holds
+    /// every acknowledged entry), at most once per `REPAIR_RETRY`.
+    fn repair_if_needed(&mut self) {
+        if !self.journal.needs_rewrite() || Instant::now() < self.repair_not_before {
+            return;
+        }
+        let map = self.shared.map.load_full();
+        match self.journal.rewrite(map.iter()) {
+            Ok(()) => {
+                self.compaction_failure = None;
+                tracing::info!(
+                    bytes = self.journal.len(),
+                    entries = map.len(),
+                    "journal repaired: rewritten from memory"
+                );
+            }
+            Err(error) => {
+                self.repair_not_before = Instant::now() + REPAIR_RETRY;
+                self.note_compaction_failure(&error, REPAIR_RETRY);
+            }
+        }
+        self.note_health();
+        self.shared
+            .counters
+            .journal_bytes
+            .store(self.journal.len(), Ordering::Relaxed);
+    }
+
+    fn note_compaction_failure(&mut self, error: &Error, retry: Duration) {
+        self.shared
+            .counters
+            .journal_compaction_failures
+            .fetch_add(1, Ordering::Relaxed);
+        let cause = error.to_string();
+        if self.compaction_failure.as_ref() != Some(&cause) {
+            tracing::warn!(%cause, "journal compaction failed; retrying in {retry:?} (logged once per cause)");
+            self.compaction_failure = Some(cause);
+        }
+    }
+
+    fn note_write_failure(&mut self, error: &Error) {
+        self.shared
+            .counters
+            .journal_write_failures
+            .fetch_add(1, Ordering::Relaxed);
+        let cause = error.to_string();
+        if self.write_failure.as_ref() != Some(&cause) {
+            tracing::error!(%cause, "journal write failed; its Records are refused (logged once per cause)");
+            self.write_failure = Some(cause);
+        }
+    }
+
+    /// Publishes whether the journal takes appends, logging each change of state or cause.
+    fn note_health(&mut self) {
+        let counters = &self.shared.counters;
+        let now = self.journal.unwritable().unwrap_or_default();
+        let mut shown = counters
+            .journal_unwritable
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if *shown == now {
+            return;
+        }
+        if now.is_empty() {
+            counters
+                .journal_unwritable_since_unix_ms
+                .store(0, Ordering::Relaxed);
+            tracing::info!("journal writable again; Records are accepted");
+        } else {
+            if shown.is_empty() {
+                counters
+                    .journal_unwritable_episodes
+                    .fetch_add(1, Ordering::Relaxed);
+                counters
+                    .journal_unwritable_since_unix_ms
+                    .store(crate::entry::unix_now_ms(), Ordering::Relaxed);
+            }
+            tracing::error!(cause = %now, "journal not writable: Records are refused (UNAVAILABLE) until it is repaired");
+        }
+        *shown = now;
     }
 }
