@@ -48,6 +48,8 @@ pub enum AutostartError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    UntrustedSocket(#[from] tunecache_proto::socket_path::UntrustedSocket),
     #[error(
         "started {DAEMON_NAME}, but nothing answered on {} within {timeout:?}; see {}",
         socket.display(),
@@ -98,21 +100,29 @@ pub fn log_path(socket: &Path) -> PathBuf {
 
 /// Spawns a detached daemon on `socket`.
 fn spawn_daemon(binary: &Path, socket: &Path) -> Result<Child, AutostartError> {
-    use std::os::unix::fs::DirBuilderExt;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     use std::os::unix::process::CommandExt;
 
     let dir = socket.parent().unwrap_or(Path::new("."));
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o750)
-        .create(dir)
-        .map_err(|source| AutostartError::SocketDir {
-            dir: dir.to_path_buf(),
-            source,
-        })?;
+    if socket == tunecache_proto::socket_path::fallback_socket_path() {
+        // The built-in default: private (0700), and refused if another user got there first,
+        // exactly as the daemon will check it.
+        tunecache_proto::socket_path::open_private_dir(dir)?;
+    } else {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(dir)
+            .map_err(|source| AutostartError::SocketDir {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
+    }
+    // Never through a symbolic link: the log must not append to a file someone pointed it at.
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(log_path(socket))
         .map_err(|source| AutostartError::Spawn {
             binary: binary.to_path_buf(),

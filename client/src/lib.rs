@@ -14,7 +14,7 @@ use tunecache_proto::v1::{self, tune_cache_client::TuneCacheClient};
 
 pub mod autostart;
 
-pub use tunecache_proto::socket_path::default_socket_path;
+pub use tunecache_proto::socket_path::{default_socket_path, UntrustedSocket};
 pub use tunecache_proto::v1 as proto;
 
 /// Default deadline of unary calls.
@@ -34,6 +34,9 @@ pub enum ClientError {
     Rpc(tonic::Status),
     #[error("auto-start: {0}")]
     Autostart(#[from] autostart::AutostartError),
+    /// The default socket location is not private to the caller (see [`socket_path`]).
+    #[error(transparent)]
+    UntrustedSocket(#[from] UntrustedSocket),
 }
 
 impl From<tonic::Status> for ClientError {
@@ -43,6 +46,25 @@ impl From<tonic::Status> for ClientError {
 }
 
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+/// The socket to use: `explicit` when given, else `$TUNECACHE_SOCKET`, else the built-in
+/// default (`$XDG_RUNTIME_DIR/tunecache/tunecache.sock`, then `/tmp/tunecache-<uid>/...`).
+///
+/// A named path is trusted. The built-in default is refused when another user could have
+/// planted it: its directory and the socket, where they exist, must be owned by the caller's
+/// uid or root, the directory must not be writable by group or others, and neither may be a
+/// symbolic link.
+pub fn socket_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
+    use tunecache_proto::socket_path::{check_default_socket, resolve_socket_path, Origin};
+    if let Some(path) = explicit {
+        return Ok(path);
+    }
+    let (path, origin) = resolve_socket_path();
+    if origin == Origin::Default {
+        check_default_socket(&path)?;
+    }
+    Ok(path)
+}
 
 #[derive(Clone)]
 pub struct Client {
@@ -80,10 +102,11 @@ impl Client {
     }
 
     /// Connects to the daemon at the default socket (`$TUNECACHE_SOCKET`, then
-    /// `$XDG_RUNTIME_DIR/tunecache/tunecache.sock`, then `/tmp/tunecache-<uid>/...`).
+    /// `$XDG_RUNTIME_DIR/tunecache/tunecache.sock`, then `/tmp/tunecache-<uid>/...`), refusing
+    /// a built-in default another user could have planted (see [`socket_path`]).
     /// With `TUNECACHE_AUTOSTART=1`, starts a daemon there if none answers.
     pub async fn connect_default() -> Result<Client> {
-        Client::connect_auto(default_socket_path()).await
+        Client::connect_auto(socket_path(None)?).await
     }
 
     /// [`Client::connect_or_start`] when `TUNECACHE_AUTOSTART=1`, else [`Client::connect`].

@@ -35,6 +35,10 @@ pub enum Error {
     #[error("socket activation: {0}")]
     InheritedSocket(String),
 
+    /// The default socket location is not private (squatted directory, symlink).
+    #[error(transparent)]
+    UntrustedSocket(#[from] tunecache_proto::socket_path::UntrustedSocket),
+
     #[error("group {0:?} does not exist (--socket-group / --allow-gid)")]
     UnknownGroup(String),
 

@@ -2,7 +2,7 @@
 //! removal, bind, permissions, and removal of the socket when the daemon exits; or, under
 //! socket activation, the socket systemd passed, which the daemon neither binds nor removes.
 
-use std::fs::{DirBuilder, File, OpenOptions, Permissions};
+use std::fs::{DirBuilder, File, Permissions};
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -47,16 +47,36 @@ impl Drop for SocketGuard {
     }
 }
 
-fn instance_guard(socket: &Path) -> Result<Flock<File>> {
+fn lock_path(socket: &Path) -> PathBuf {
     let mut lock_path = socket.as_os_str().to_owned();
     lock_path.push(".lock");
-    let lock_path = PathBuf::from(lock_path);
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| Error::io("opening instance guard", &lock_path, e))?;
+    PathBuf::from(lock_path)
+}
+
+/// Opens `<socket>.lock` without following a symbolic link: a link planted there must not
+/// make the daemon create or truncate a file elsewhere. In the default location the file is
+/// opened relative to the checked directory handle (`openat`), so the directory checked is the
+/// directory used.
+fn instance_guard(socket: &Path, private_dir: Option<&File>) -> Result<Flock<File>> {
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::Mode;
+
+    let lock_path = lock_path(socket);
+    let flags = OFlag::O_CREAT | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mode = Mode::from_bits_truncate(0o600);
+    let opened = match (private_dir, lock_path.file_name()) {
+        (Some(dir), Some(name)) => nix::fcntl::openat(dir, name, flags, mode),
+        _ => nix::fcntl::open(&lock_path, flags, mode),
+    };
+    let file = File::from(opened.map_err(|errno| {
+        let error = std::io::Error::from(errno);
+        let context = if errno == nix::errno::Errno::ELOOP {
+            "refusing to follow a symbolic link for the instance guard"
+        } else {
+            "opening instance guard"
+        };
+        Error::io(context, &lock_path, error)
+    })?);
     Flock::lock(file, FlockArg::LockExclusiveNonblock)
         .map_err(|_| Error::AlreadyServing(socket.to_path_buf()))
 }
@@ -80,17 +100,36 @@ fn remove_stale_socket(path: &Path) -> Result<()> {
     }
 }
 
-/// Creates the parent directory, takes the instance guard, clears a stale socket, binds and
+/// Prepares the socket's directory, takes the instance guard, clears a stale socket, binds and
 /// sets mode 0660. Must run inside the tokio runtime.
+///
+/// The built-in default location (`/tmp/tunecache-<uid>`, `$XDG_RUNTIME_DIR/tunecache`), however
+/// the daemon was told about it, gets a private directory: created with mode 0700, and refused
+/// when another uid owns it, group or others may write it, or it is a symbolic link. Any other
+/// path is the admin's choice: its parents are created (0750) if missing and used as they are.
 pub fn bind(path: &Path) -> Result<(tokio::net::UnixListener, SocketGuard)> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o750)
-            .create(parent)
-            .map_err(|e| Error::io("creating socket directory", parent, e))?;
-    }
-    let instance = instance_guard(path)?;
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    let private_dir = match parent {
+        Some(dir) if path == tunecache_proto::socket_path::fallback_socket_path() => {
+            if let Some(above) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                DirBuilder::new()
+                    .recursive(true)
+                    .create(above)
+                    .map_err(|e| Error::io("creating socket directory", above, e))?;
+            }
+            Some(tunecache_proto::socket_path::open_private_dir(dir)?)
+        }
+        Some(dir) => {
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o750)
+                .create(dir)
+                .map_err(|e| Error::io("creating socket directory", dir, e))?;
+            None
+        }
+        None => None,
+    };
+    let instance = instance_guard(path, private_dir.as_ref())?;
     remove_stale_socket(path)?;
     let listener = std::os::unix::net::UnixListener::bind(path)
         .map_err(|e| Error::io("binding socket", path, e))?;

@@ -511,10 +511,7 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let socket = cli
-        .socket
-        .clone()
-        .unwrap_or_else(tunecache_client::default_socket_path);
+    let socket = tunecache_client::socket_path(cli.socket.clone())?;
     // TUNECACHE_AUTOSTART=1 starts a daemon when none answers.
     let client = Client::connect_auto(&socket).await?;
     match cli.command {
