@@ -1,7 +1,10 @@
-# Owns one build step that pyproject.toml cannot express: generating the gRPC stubs into
-# tunecache/v1/ before setuptools collects the package's modules, so a built wheel ships them.
+# Owns the build steps that pyproject.toml cannot express: generating the gRPC stubs into
+# tunecache/v1/ before setuptools collects the package's modules, so a built wheel ships them,
+# and requiring at run time a grpcio/protobuf at least as new as the ones that generated them
+# (the stubs check this when imported).
 import os
 import sys
+from importlib import metadata
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -23,4 +26,16 @@ class BuildPyWithStubs(build_py):
         super().run()
 
 
-setup(cmdclass={"build_py": BuildPyWithStubs})
+def runtime_requirements():
+    """grpcio >= the grpcio-tools generating the stubs, protobuf of the same major version and
+    at least the one it generated for."""
+    try:
+        tools = metadata.version("grpcio-tools")
+        protobuf = metadata.version("protobuf")
+    except metadata.PackageNotFoundError:
+        return ["grpcio", "protobuf"]
+    major = int(protobuf.split(".")[0])
+    return [f"grpcio>={tools}", f"protobuf>={protobuf},<{major + 1}"]
+
+
+setup(cmdclass={"build_py": BuildPyWithStubs}, install_requires=runtime_requirements())

@@ -1,5 +1,6 @@
-# Owns the public names of the `tunecache` Python package; the implementation is in client.py and
-# the generated stubs (from proto/tunecache/v1/tunecache.proto) in v1/.
+# Owns the public names of the `tunecache` Python package; the implementation is in client.py
+# (the daemon client and get_or_tune), autotuning.py (the generic tuning helper), integrations/
+# (framework drop-ins) and the generated stubs (from proto/tunecache/v1/tunecache.proto) in v1/.
 """Python client for tunecached, the per-node GPU autotuning cache daemon."""
 
 from tunecache.client import (
@@ -11,12 +12,16 @@ from tunecache.client import (
     Entry,
     Key,
     Result,
+    UntrustedSocketError,
+    check_default_socket,
     default_socket_path,
     describe_key,
     get_or_tune,
 )
+from tunecache.autotuning import Autotuner, autotune
 
 __all__ = [
+    "Autotuner",
     "CHANNEL_OPTIONS",
     "DEFAULT_TIMEOUT_S",
     "DEFAULT_WAIT_MS",
@@ -25,6 +30,9 @@ __all__ = [
     "Entry",
     "Key",
     "Result",
+    "UntrustedSocketError",
+    "autotune",
+    "check_default_socket",
     "default_socket_path",
     "describe_key",
     "get_or_tune",

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import platform
+import stat
 import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Tuple, Union
@@ -49,6 +50,7 @@ MAX_WAIT_MS = 600_000
 
 # Over a Unix socket grpcio (>= 1.57) sends the %-encoded socket path as the HTTP/2 `:authority`,
 # which is not a valid authority; tonic's HTTP/2 layer (h2) rejects such requests outright.
+# Client sets this itself; callers never need it.
 CHANNEL_OPTIONS = (("grpc.default_authority", "localhost"),)
 
 Key = pb.Key
@@ -59,6 +61,10 @@ EntryLike = Union[pb.Entry, Mapping[str, Any]]
 # What a tune function returns: the winning config (JSON text, or a JSON-serializable value)
 # and its measured time in microseconds.
 TuneOutput = Tuple[Union[str, Any], float]
+
+
+class UntrustedSocketError(ConnectionError):
+    """The default socket path is in a place another local user could have planted it."""
 
 
 def default_socket_path(environ: Optional[Mapping[str, str]] = None, uid: Optional[int] = None) -> str:
@@ -74,6 +80,42 @@ def default_socket_path(environ: Optional[Mapping[str, str]] = None, uid: Option
         return os.path.join(runtime_dir, SOCKET_DIR_NAME, SOCKET_FILE_NAME)
     uid = os.getuid() if uid is None else uid
     return os.path.join("/tmp", f"tunecache-{uid}", SOCKET_FILE_NAME)
+
+
+def check_default_socket(path: str, uid: Optional[int] = None) -> None:
+    """Refuses (UntrustedSocketError) a default socket another user could have planted, as
+    ssh-agent does for its directory: the directory and the socket must be owned by the caller
+    or root and not be symlinks, and the directory must not be writable by group or others.
+    A directory or socket that does not exist yet passes (there is nothing to talk to)."""
+    uid = os.getuid() if uid is None else uid
+    directory = os.path.dirname(os.path.abspath(path))
+    for place, kind in ((directory, "directory"), (path, "socket")):
+        try:
+            info = os.lstat(place)
+        except FileNotFoundError:
+            return
+        except OSError as err:
+            raise UntrustedSocketError(f"tunecache: cannot check the default socket {kind} {place}: {err}") from err
+        if stat.S_ISLNK(info.st_mode):
+            raise UntrustedSocketError(
+                f"tunecache: refusing the default socket: {kind} {place} is a symlink; remove it, or "
+                f"set {SOCKET_ENV} to a socket you trust"
+            )
+        if info.st_uid not in (uid, 0):
+            raise UntrustedSocketError(
+                f"tunecache: refusing the default socket: {kind} {place} is owned by uid {info.st_uid}, "
+                f"not by uid {uid} or root; another user may have created it. Remove it, or set "
+                f"{SOCKET_ENV} to a socket you trust"
+            )
+        if kind == "directory":
+            if not stat.S_ISDIR(info.st_mode):
+                raise UntrustedSocketError(f"tunecache: refusing the default socket: {place} is not a directory")
+            if info.st_mode & 0o022:
+                raise UntrustedSocketError(
+                    f"tunecache: refusing the default socket: directory {place} is writable by group or "
+                    f"others (mode {stat.S_IMODE(info.st_mode):04o}); it must be 0700 or 0755. Fix the mode, "
+                    f"or set {SOCKET_ENV} to a socket you trust"
+                )
 
 
 def _as_key(key: KeyLike) -> pb.Key:
@@ -103,7 +145,14 @@ class Client:
     a fork). Every call has a deadline: `timeout` seconds unless the call says otherwise."""
 
     def __init__(self, socket: Union[str, os.PathLike, None] = None, timeout: float = DEFAULT_TIMEOUT_S):
-        self.socket_path = os.fspath(socket) if socket is not None else default_socket_path()
+        """``socket``: the daemon's socket; by default $TUNECACHE_SOCKET (trusted as given), else
+        the default path, which is checked first (see check_default_socket)."""
+        if socket is not None:
+            self.socket_path = os.fspath(socket)
+        else:
+            self.socket_path = default_socket_path()
+            if not os.environ.get(SOCKET_ENV, ""):
+                check_default_socket(self.socket_path)
         self.timeout = timeout
         self._channel = grpc.insecure_channel(
             "unix:" + os.path.abspath(self.socket_path), options=CHANNEL_OPTIONS

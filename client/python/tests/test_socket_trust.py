@@ -1,0 +1,111 @@
+# Owns the tests of the Python client's trust check on the DEFAULT socket path: a directory or
+# socket owned by another user (uid 65534 here), a group/other-writable directory or a symlink
+# is refused with a clear error; an explicit path (argument or $TUNECACHE_SOCKET) is trusted.
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from concurrent import futures
+
+import grpc
+import pytest
+
+import tunecache
+from conftest import FakeTuneCache, short_temp_dir, unique_key
+from tunecache.v1 import tunecache_pb2_grpc as pb_grpc
+
+OTHER_UID = 65534  # nobody
+
+
+@pytest.fixture
+def runtime_dir(monkeypatch):
+    """$XDG_RUNTIME_DIR for the test, $TUNECACHE_SOCKET unset: the default is runtime/tunecache/."""
+    directory = short_temp_dir("tc-trust-")
+    monkeypatch.delenv(tunecache.SOCKET_ENV, raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(directory))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def serve(socket_path):
+    servicer = FakeTuneCache()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_TuneCacheServicer_to_server(servicer, server)
+    server.add_insecure_port(f"unix:{socket_path}")
+    server.start()
+    return server
+
+
+def socket_dir(runtime, mode=0o700):
+    directory = runtime / "tunecache"
+    directory.mkdir(mode=mode)
+    os.chmod(directory, mode)
+    return directory
+
+
+def needs_root():
+    if os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("these tests chown to another uid and need root in CI")
+        pytest.skip("needs root to chown to another uid")
+
+
+def test_default_socket_in_a_private_directory_is_used(runtime_dir):
+    directory = socket_dir(runtime_dir)
+    server = serve(directory / "tunecache.sock")
+    try:
+        assert tunecache.default_socket_path() == str(directory / "tunecache.sock")
+        with tunecache.Client() as client:
+            assert client.resolve(unique_key(), wait_ms=0).WhichOneof("outcome") == "tune_here"
+    finally:
+        server.stop(grace=None)
+
+
+@pytest.mark.parametrize("problem", ["directory owner", "socket owner", "writable", "symlink"])
+def test_default_socket_is_refused_when_others_could_have_planted_it(runtime_dir, problem):
+    needs_root()
+    directory = socket_dir(runtime_dir, mode=0o777 if problem == "writable" else 0o700)
+    if problem == "symlink":
+        real = runtime_dir / "elsewhere"
+        directory.rename(real)
+        directory.symlink_to(real)
+    server = serve(directory / "tunecache.sock")
+    try:
+        if problem == "directory owner":
+            os.chown(directory, OTHER_UID, OTHER_UID)
+        if problem == "socket owner":
+            os.chown(directory / "tunecache.sock", OTHER_UID, OTHER_UID)
+        with pytest.raises(tunecache.UntrustedSocketError) as refused:
+            tunecache.Client()
+        message = str(refused.value)
+        expected = {
+            "directory owner": f"owned by uid {OTHER_UID}",
+            "socket owner": f"owned by uid {OTHER_UID}",
+            "writable": "writable by group or others",
+            "symlink": "symlink",
+        }[problem]
+        assert expected in message, message
+        assert str(directory) in message, message
+        # An explicit path is the caller's choice and is trusted.
+        with tunecache.Client(directory / "tunecache.sock") as client:
+            assert client.resolve(unique_key(), wait_ms=0).WhichOneof("outcome") == "tune_here"
+    finally:
+        server.stop(grace=None)
+
+
+def test_explicit_socket_variable_is_trusted_and_get_or_tune_falls_back(runtime_dir, monkeypatch, caplog):
+    needs_root()
+    directory = socket_dir(runtime_dir)
+    os.chown(directory, OTHER_UID, OTHER_UID)
+    server = serve(directory / "tunecache.sock")
+    try:
+        monkeypatch.setattr(tunecache.client, "_default_client", None)
+        with caplog.at_level(logging.WARNING, logger="tunecache"):
+            assert tunecache.get_or_tune(unique_key(), lambda: ({"x": 1}, 1.0), "fallback") == "fallback"
+        assert "owned by uid 65534" in caplog.text
+        monkeypatch.setenv(tunecache.SOCKET_ENV, str(directory / "tunecache.sock"))
+        with tunecache.Client() as client:
+            assert client.resolve(unique_key(), wait_ms=0).WhichOneof("outcome") == "tune_here"
+    finally:
+        server.stop(grace=None)

@@ -1,0 +1,149 @@
+# Owns the tests of the TensorRT-LLM drop-in (tunecache.integrations.trtllm) against the real
+# daemon and a stand-in of TensorRT-LLM's autotuner cache (trtllm_standin.py): every test runs
+# rank processes (trtllm_rank.py) and compares their caches type for type, float bit for bit.
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON_PACKAGE_ROOT
+from trtllm_standin import write_standin
+
+RANK_SCRIPT = Path(__file__).resolve().parent / "trtllm_rank.py"
+RANK_TIMEOUT_S = 120
+
+
+@pytest.fixture
+def standin(tmp_path):
+    return write_standin(tmp_path / "standin")
+
+
+def run_rank(standin, socket, spec, rank=0, **env_overrides):
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join([str(standin), str(PYTHON_PACKAGE_ROOT)])
+    environment["STANDIN_RANK"] = str(rank)
+    environment["TUNECACHE_SOCKET"] = str(socket)
+    environment.update({name: str(value) for name, value in env_overrides.items()})
+    process = subprocess.run(
+        [sys.executable, str(RANK_SCRIPT), json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=RANK_TIMEOUT_S,
+    )
+    assert process.returncode == 0, f"rank {rank} failed:\n{process.stdout}\n{process.stderr}"
+    return json.loads(process.stdout.strip().splitlines()[-1]), process.stderr
+
+
+def test_daemon_round_trip_equals_the_file_round_trip(daemon, standin, tmp_path):
+    file_path = tmp_path / "file" / "autotuner_cache.json"
+    for rank in (0, 1):
+        run_rank(standin, daemon.socket_path, {"mode": "save", "path": str(file_path)}, rank=rank)
+    from_file, _ = run_rank(standin, daemon.socket_path, {"mode": "load", "path": str(file_path)}, rank=0)
+
+    no_file = tmp_path / "daemon" / "autotuner_cache.json"
+    for rank in (0, 1):
+        run_rank(standin, daemon.socket_path, {"mode": "save", "path": str(no_file), "install": True}, rank=rank)
+    from_daemon, _ = run_rank(
+        standin, daemon.socket_path, {"mode": "load", "path": str(no_file), "install": True}, rank=0
+    )
+    # Same keys and values, exact types and float bits (5e-324, 0.1 + 0.2, 2**70, int min_time...).
+    assert len(from_file) == 20
+    assert from_daemon == from_file
+    # The file was neither written nor locked.
+    assert not no_file.parent.exists() or not any(no_file.parent.iterdir())
+
+    with daemon.client() as client:
+        entries = [entry for chunk in client.scan(namespace="trtllm") for entry in chunk]
+    devices = {entry.key.device for entry in entries}
+    assert devices == {"NVIDIA H200|sm_90|trtllm 1.1.0"}
+    shared = [entry for entry in entries if not entry.key.HasField("rank")]
+    assert {entry.key.op for entry in shared} == {"trtllm::allreduce"}
+    assert {entry.key.rank for entry in entries if entry.key.HasField("rank")} == {0, 1}
+
+
+def test_autotune_loads_from_the_daemon_without_a_file_both_import_styles(daemon, standin, tmp_path):
+    cache_path = tmp_path / "never" / "cache.json"
+    saved, _ = run_rank(standin, daemon.socket_path, {"mode": "save", "path": str(cache_path), "install": True})
+    # Without the drop-in, no file means a cold start (and a file written at the end).
+    cold_path = tmp_path / "cold" / "cache.json"
+    cold, _ = run_rank(standin, daemon.socket_path, {"mode": "autotune", "path": str(cold_path)})
+    assert cold == [] and cold_path.exists()
+    assert not cache_path.exists()
+    warm, _ = run_rank(
+        standin, daemon.socket_path, {"mode": "autotune", "path": str(cache_path), "install": True}
+    )
+    assert warm == saved
+    bound, _ = run_rank(
+        standin,
+        daemon.socket_path,
+        {"mode": "autotune_bound", "path": str(cache_path), "install": True, "bind_before_install": True},
+    )
+    assert bound == saved
+    assert not cache_path.exists()
+    assert not Path(str(cache_path) + ".lock").exists()
+
+
+def test_unreachable_daemon_falls_back_to_the_file_with_one_warning(standin, tmp_path):
+    missing_socket = tmp_path / "no-daemon.sock"
+    cache_path = tmp_path / "cache.json"
+    saved, save_log = run_rank(standin, missing_socket, {"mode": "save", "path": str(cache_path), "install": True})
+    assert cache_path.is_file(), "the original save_cache did not run"
+    loaded, load_log = run_rank(
+        standin, missing_socket, {"mode": "autotune", "path": str(cache_path), "install": True}
+    )
+    assert loaded == saved
+    for log in (save_log, load_log):
+        warnings = [line for line in log.splitlines() if line.startswith("WARNING:")]
+        assert len(warnings) == 1 and "uses its file instead" in warnings[0], log
+
+
+def test_another_release_or_gpu_never_wins(daemon, standin, tmp_path):
+    path = str(tmp_path / "cache.json")
+    new, _ = run_rank(standin, daemon.socket_path, {"mode": "save", "path": path, "install": True, "count": 3})
+    # The older release measured other tactics; they are not loaded by the newer one.
+    run_rank(
+        standin,
+        daemon.socket_path,
+        {"mode": "save", "path": path, "install": True, "count": 3, "cycle": 5},
+        STANDIN_TRTLLM_VERSION="1.0.0",
+    )
+    loaded, _ = run_rank(standin, daemon.socket_path, {"mode": "load", "path": path, "install": True})
+    assert loaded == new
+    other_gpu, _ = run_rank(
+        standin,
+        daemon.socket_path,
+        {"mode": "load", "path": path, "install": True},
+        STANDIN_DEVICE_NAME="NVIDIA A100-SXM4-80GB",
+        STANDIN_DEVICE_CAPABILITY="8.0",
+    )
+    assert other_gpu == []
+
+
+def test_many_ranks_save_and_load_at_once(daemon, standin, tmp_path):
+    ranks, cycles, count = 8, 6, 8
+    path = str(tmp_path / "cache.json")
+    with ThreadPoolExecutor(max_workers=ranks) as pool:
+        results = list(
+            pool.map(
+                lambda rank: run_rank(
+                    standin,
+                    daemon.socket_path,
+                    {"mode": "cycles", "path": path, "install": True, "cycles": cycles, "count": count},
+                    rank=rank,
+                )[0],
+                range(ranks),
+            )
+        )
+    assert not os.path.exists(path)
+    for rank in range(ranks):
+        final, _ = run_rank(standin, daemon.socket_path, {"mode": "load", "path": path, "install": True}, rank=rank)
+        # Everything the rank saved, own and shared, is there after all ranks saved at once.
+        assert final == results[rank], f"rank {rank}"
+        assert len(final) == 2 * cycles * count

@@ -1,0 +1,300 @@
+# Owns the generic autotuning helper for Python kernel launchers (BitBLAS, Triton-style kernels,
+# hand-written CUDA): one Resolve per problem, timing of every config by the one process that
+# holds the node-wide lease, Record of the best with its statistics, and an in-process memo.
+"""``tunecache.autotune``: tune a problem once per node, reuse it everywhere.
+
+As a decorator, the wrapped function receives the chosen config as ``config=``::
+
+    @tunecache.autotune("bitblas", "matmul", key_fn=lambda a, b: {"m": a.shape[0], ...},
+                        configs=[{"block": 64}, {"block": 128}], bench=run_matmul)
+    def matmul(a, b, *, config): ...
+
+As a plain call: ``tunecache.autotune(...).best(a, b)`` returns the config.
+
+On the first call for a problem (``key_fn(*args, **kwargs)``), the helper Resolves it with the
+daemon. A hit is used at once. The process granted the lease calls ``bench(config, *args,
+**kwargs)`` for every config, ``warmup`` times untimed, then ``repeats`` times timed, and takes
+the median, as ``triton.testing.do_bench`` does; it Records the best with its statistics. The
+other processes wait for that result. Later calls in the process hit an in-process memo. If the
+lease holder dies, the daemon frees its lease and a waiter tunes instead. Without a daemon,
+every process tunes for itself (one warning).
+
+``bench`` runs the kernel once with the config. If it returns a number, that number is the
+measured time in microseconds (e.g. from CUDA events); if it returns anything else, the helper
+measures the call's wall time with ``time.perf_counter_ns`` (synchronize inside ``bench``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import grpc
+
+from tunecache import client as client_module
+from tunecache.client import Client, pb
+
+logger = logging.getLogger("tunecache.autotuning")
+
+DEFAULT_WARMUP = 3
+DEFAULT_REPEATS = 10
+# How long a process waits for another that is tuning the same problem, per Resolve.
+DEFAULT_WAIT_MS = 60_000
+# How many Resolve rounds a waiter makes (each up to wait_ms) before it tunes for itself.
+MAX_RESOLVE_ROUNDS = 10
+DEVICE_ENV = "TUNECACHE_DEVICE"
+
+
+def default_device() -> str:
+    """``$TUNECACHE_DEVICE``; else the current CUDA device as ``<name>|sm_<major><minor>`` when
+    torch is already imported and sees one; else ``cpu|<machine>``."""
+    configured = os.environ.get(DEVICE_ENV, "")
+    if configured:
+        return configured
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            return f"{torch.cuda.get_device_name()}|sm_{major}{minor}"
+    except Exception:  # a broken CUDA setup must not stop the kernel launcher
+        pass
+    return f"cpu|{platform.machine()}"
+
+
+def problem_text(problem: Any) -> str:
+    """Key.problem for what key_fn returned: a string as is, anything else as canonical JSON."""
+    if isinstance(problem, str):
+        return problem
+    return json.dumps(problem, sort_keys=True, separators=(",", ":"))
+
+
+def _config_json(config: Any) -> Any:
+    """The JSON form of a config (tuples become lists), to compare and to store."""
+    return json.loads(json.dumps(config))
+
+
+def measure(bench: Callable[..., Any], config: Any, args: Sequence[Any], kwargs: Dict[str, Any],
+            warmup: int, repeats: int) -> List[float]:
+    """Microseconds of ``repeats`` timed calls of bench(config, ...), after ``warmup`` untimed."""
+    for _ in range(warmup):
+        bench(config, *args, **kwargs)
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter_ns()
+        reported = bench(config, *args, **kwargs)
+        elapsed_us = (time.perf_counter_ns() - started) / 1000.0
+        if isinstance(reported, (int, float)) and not isinstance(reported, bool):
+            elapsed_us = float(reported)
+        samples.append(elapsed_us)
+    return samples
+
+
+class Autotuner:
+    """One tuned operation: ``best(*args, **kwargs)`` gives its config for the problem of those
+    arguments; calling it on a function decorates that function. Thread- and fork-safe."""
+
+    def __init__(
+        self,
+        namespace: str,
+        op: str,
+        key_fn: Callable[..., Any],
+        configs: Sequence[Any],
+        bench: Callable[..., Any],
+        *,
+        device: Optional[str] = None,
+        warmup: int = DEFAULT_WARMUP,
+        repeats: int = DEFAULT_REPEATS,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        lease_ms: int = 0,
+        client: Optional[Client] = None,
+    ):
+        if not configs:
+            raise ValueError("autotune needs at least one config")
+        if repeats < 1 or warmup < 0:
+            raise ValueError("repeats must be >= 1 and warmup >= 0")
+        self.namespace = namespace
+        self.op = op
+        self.key_fn = key_fn
+        self.configs = list(configs)
+        self.bench = bench
+        self.device = device
+        self.warmup = warmup
+        self.repeats = repeats
+        self.wait_ms = wait_ms
+        self.lease_ms = lease_ms
+        self._client = client
+        self._config_json = [_config_json(config) for config in self.configs]
+        self._memo: Dict[str, Any] = {}
+        self._locks: Dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def __call__(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def tuned(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, config=self.best(*args, **kwargs), **kwargs)
+
+        tuned.autotuner = self  # type: ignore[attr-defined]
+        return tuned
+
+    def best(self, *args: Any, **kwargs: Any) -> Any:
+        """The config for the problem of these arguments (tuned at most once per node)."""
+        problem = problem_text(self.key_fn(*args, **kwargs))
+        with self._locks_guard:
+            lock = self._locks.setdefault(problem, threading.Lock())
+        with lock:
+            if problem in self._memo:
+                return self._memo[problem]
+            config = self._resolve(problem, args, kwargs)
+            self._memo[problem] = config
+            return config
+
+    # --- the node-wide part ------------------------------------------------------------------------
+
+    def _key(self, problem: str) -> pb.Key:
+        device = self.device if self.device is not None else default_device()
+        return pb.Key(namespace=self.namespace, op=self.op, device=device, problem=problem)
+
+    def _daemon(self) -> Client:
+        return self._client if self._client is not None else client_module._process_client()
+
+    def _resolve(self, problem: str, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+        key = self._key(problem)
+        try:
+            daemon = self._daemon()
+        except Exception as err:
+            client_module._warn_once_daemon_problem(client_module.default_socket_path(), "connect", err)
+            return self._tune(key, args, kwargs)[0]
+        for _ in range(MAX_RESOLVE_ROUNDS):
+            try:
+                response = daemon.resolve(key, wait_ms=self.wait_ms, can_tune=True, lease_ms=self.lease_ms)
+            except grpc.RpcError as err:
+                client_module._warn_once_daemon_problem(daemon.socket_path, "Resolve", err)
+                return self._tune(key, args, kwargs)[0]
+            outcome = response.WhichOneof("outcome")
+            if outcome == "hit":
+                found = self._config_from_result(response.hit)
+                if found is not None:
+                    return found[0]
+                # A result this helper cannot read: tune and let the faster one win.
+                config, result = self._tune(key, args, kwargs)
+                self._record(daemon, key, result, lease_id="")
+                return config
+            if outcome == "tune_here":
+                lease_id = response.tune_here.lease_id
+                try:
+                    config, result = self._tune(key, args, kwargs)
+                except BaseException:
+                    self._give_up(daemon, lease_id)
+                    raise
+                self._record(daemon, key, result, lease_id)
+                return config
+            # miss: the wait ran out (the tuner is slow) or the lease was given up; ask again.
+            logger.debug("tunecache: %s: %s; resolving again", client_module.describe_key(key), response.miss.reason)
+        logger.warning("tunecache: no result for %s after %d waits; tuning here", client_module.describe_key(key), MAX_RESOLVE_ROUNDS)
+        return self._tune(key, args, kwargs)[0]
+
+    def _tune(self, key: pb.Key, args: Sequence[Any], kwargs: Dict[str, Any]):
+        """Times every config; returns (best config, the Result to record)."""
+        medians: List[Optional[float]] = []
+        best_index, best_samples = -1, None
+        failures = 0
+        for index, config in enumerate(self.configs):
+            try:
+                samples = measure(self.bench, config, args, kwargs, self.warmup, self.repeats)
+                median = statistics.median(samples)
+                if not math.isfinite(median) or median < 0:
+                    raise ValueError(f"measured {median} us")
+            except Exception as err:
+                failures += 1
+                logger.info("tunecache: config %r failed for %s: %s", config, client_module.describe_key(key), err)
+                medians.append(None)
+                continue
+            medians.append(median)
+            if best_samples is None or median < statistics.median(best_samples):
+                best_index, best_samples = index, samples
+        if best_samples is None:
+            raise RuntimeError(
+                f"tunecache: every one of the {len(self.configs)} configs failed for {client_module.describe_key(key)}"
+            )
+        median = statistics.median(best_samples)
+        stored = {
+            "config": self._config_json[best_index],
+            "index": best_index,
+            "stats": {
+                "median_us": median,
+                "min_us": min(best_samples),
+                "max_us": max(best_samples),
+                "warmup": self.warmup,
+                "repeats": self.repeats,
+                "configs_timed": len(self.configs) - failures,
+                "configs_failed": failures,
+                "medians_us": medians,
+            },
+        }
+        result = pb.Result(
+            config=json.dumps(stored),
+            time_us=median,
+            tuned_by=f"{platform.node()} pid {os.getpid()} (tunecache.autotune)",
+            tuned_at_unix_ms=int(time.time() * 1000),
+        )
+        return self.configs[best_index], result
+
+    def _config_from_result(self, result: pb.Result):
+        """(config,) from a stored result, the caller's own config object when it is one of
+        ``configs``; None when the result is not this helper's."""
+        try:
+            stored = json.loads(result.config)
+            config = stored["config"]
+            index = stored.get("index")
+        except (ValueError, TypeError, KeyError):
+            logger.warning("tunecache: a stored result for %s/%s is not the helper's; retuning", self.namespace, self.op)
+            return None
+        if isinstance(index, int) and 0 <= index < len(self.configs) and self._config_json[index] == config:
+            return (self.configs[index],)
+        for position, candidate in enumerate(self._config_json):
+            if candidate == config:
+                return (self.configs[position],)
+        return (config,)
+
+    def _record(self, daemon: Client, key: pb.Key, result: pb.Result, lease_id: str) -> None:
+        entry = pb.Entry(key=key, result=result)
+        try:
+            daemon.record([entry], lease_id=lease_id)
+        except grpc.RpcError as err:
+            if lease_id and err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                # The lease expired while we timed: keep the result anyway; the faster one wins.
+                try:
+                    daemon.record([entry])
+                    return
+                except grpc.RpcError as retry_err:
+                    err = retry_err
+            client_module._warn_once_daemon_problem(daemon.socket_path, "Record", err)
+
+    def _give_up(self, daemon: Client, lease_id: str) -> None:
+        try:
+            daemon.record([], lease_id=lease_id)
+        except grpc.RpcError as err:
+            client_module._warn_once_daemon_problem(daemon.socket_path, "Record (giving the lease up)", err)
+
+
+def autotune(
+    namespace: str,
+    op: str,
+    key_fn: Callable[..., Any],
+    configs: Sequence[Any],
+    bench: Callable[..., Any],
+    **options: Any,
+) -> Autotuner:
+    """An :class:`Autotuner`: decorate a function with it, or call ``.best(*args)``. Options:
+    ``device`` (default :func:`default_device`), ``warmup`` (3), ``repeats`` (10), ``wait_ms``,
+    ``lease_ms``, ``client``."""
+    return Autotuner(namespace, op, key_fn, configs, bench, **options)
