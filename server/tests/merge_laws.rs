@@ -1,0 +1,222 @@
+//! Property tests of the merge rule (`merge::merge` / `merge::rank_results`): it must be a
+//! total order on results, so that merging is commutative, associative and idempotent, and
+//! folding the same results in any order, on any node, stores the same winner and therefore
+//! writes the same snapshot bytes.
+//!
+//! Values are drawn from small adversarial pools so that ties are the common case: equal
+//! times, `-0.0` against `0.0`, subnormals, the extremes, NaN and infinities (validation
+//! refuses those before they reach the store, but the rule itself must stay a total order
+//! on every bit pattern), equal and nearly equal configs, empty strings, `i64::MIN/MAX`.
+//!
+//! Results are compared by bits (`f64::to_bits`), not with `==`: `-0.0 == 0.0` and
+//! `NaN != NaN` would hide exactly the differences this file looks for.
+//!
+//! `PROPTEST_CASES=N` runs more cases (default 256); see docs/ci.md.
+
+use std::cmp::Ordering;
+
+use proptest::prelude::*;
+use tunecache_server::entry::{CacheKey, TunedResult};
+use tunecache_server::merge::{merge, rank_results, MergeOutcome};
+use tunecache_server::snapshot_format::write_snapshot;
+use tunecache_server::store::CacheMap;
+
+/// Every field of a result, floats as bits: equal tuples mean equal bytes.
+fn bits(result: &TunedResult) -> (u64, String, String, i64) {
+    (
+        result.time_us.to_bits(),
+        result.config.clone(),
+        result.tuned_by.clone(),
+        result.tuned_at_unix_ms,
+    )
+}
+
+fn time_us() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        // Small pool: ties on time are frequent, so the tie-breaks are exercised.
+        prop::sample::select(vec![
+            0.0,
+            -0.0,
+            f64::from_bits(1), // smallest subnormal
+            f64::from_bits(2),
+            f64::MIN_POSITIVE / 2.0, // subnormal
+            f64::MIN_POSITIVE,
+            1.0,
+            1.0 + f64::EPSILON,
+            0.1 + 0.2,
+            0.3,
+            f64::MAX,
+            f64::INFINITY,
+            f64::NAN,
+            -f64::NAN,
+            f64::from_bits(0x7ff8_0000_0000_0001), // NaN with another payload
+        ]),
+        any::<f64>(),
+        (0.0f64..10.0),
+    ]
+}
+
+fn config() -> impl Strategy<Value = String> {
+    prop_oneof![
+        prop::sample::select(vec![
+            "{}",
+            "{ }",
+            r#"{"tile":1}"#,
+            r#"{"tile":1.0}"#,
+            r#"{"tile":2}"#,
+            "",
+            "null",
+            "\u{e9}",
+            "e\u{301}",
+        ])
+        .prop_map(str::to_owned),
+        "\\PC{0,8}",
+    ]
+}
+
+fn tuned_by() -> impl Strategy<Value = String> {
+    prop_oneof![
+        prop::sample::select(vec!["", "node-a/rank0", "node-a/rank1", "node-b/rank0"])
+            .prop_map(str::to_owned),
+        "\\PC{0,6}",
+    ]
+}
+
+fn tuned_at() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        prop::sample::select(vec![i64::MIN, -1, 0, 1, 1_700_000_000_000, i64::MAX]),
+        any::<i64>(),
+    ]
+}
+
+fn result() -> impl Strategy<Value = TunedResult> {
+    (time_us(), config(), tuned_by(), tuned_at()).prop_map(
+        |(time_us, config, tuned_by, tuned_at_unix_ms)| TunedResult {
+            config,
+            time_us,
+            tuned_by,
+            tuned_at_unix_ms,
+        },
+    )
+}
+
+/// The result two results merge into, in either role: `current` keeps its place unless
+/// `incoming` beats it.
+fn merged(current: &TunedResult, incoming: &TunedResult) -> TunedResult {
+    match merge(Some(current), incoming) {
+        MergeOutcome::Replace => incoming.clone(),
+        MergeOutcome::Keep => current.clone(),
+    }
+}
+
+fn key(index: u8) -> CacheKey {
+    CacheKey {
+        namespace: "trtllm".into(),
+        op: "gemm".into(),
+        device: "NVIDIA H200|sm_90".into(),
+        problem: format!("m={index}"),
+        rank: index.is_multiple_of(3).then_some(u32::from(index)),
+    }
+}
+
+/// Folds `(key, result)` pairs into a map through the merge rule, as every store path does.
+fn fold(pairs: &[(u8, TunedResult)]) -> CacheMap {
+    let mut map = CacheMap::new();
+    for (index, result) in pairs {
+        let key = key(*index);
+        if merge(map.get(&key), result) == MergeOutcome::Replace {
+            map.insert(key, result.clone());
+        }
+    }
+    map
+}
+
+fn snapshot_bytes(map: &CacheMap) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    write_snapshot(&mut bytes, "node-a", 1, map).expect("writing to memory");
+    bytes
+}
+
+/// Results for a few keys, as `(key index, result)`.
+type Pairs = Vec<(u8, TunedResult)>;
+
+/// A set of results with repeats (the same value arriving twice is normal) and a shuffled
+/// copy of it.
+fn pairs_and_permutation() -> impl Strategy<Value = (Pairs, Pairs)> {
+    prop::collection::vec((0u8..4, result()), 0..24).prop_flat_map(|pairs| {
+        let repeated: Vec<_> = pairs
+            .iter()
+            .cloned()
+            .chain(pairs.iter().step_by(3).cloned())
+            .collect();
+        (Just(repeated.clone()), Just(repeated).prop_shuffle())
+    })
+}
+
+proptest! {
+    #[test]
+    fn rank_is_a_total_order_on_bits(a in result(), b in result(), c in result()) {
+        // Antisymmetric, and Equal only for identical bytes.
+        prop_assert_eq!(rank_results(&a, &b), rank_results(&b, &a).reverse());
+        prop_assert_eq!(rank_results(&a, &b) == Ordering::Equal, bits(&a) == bits(&b));
+        // Transitive.
+        if rank_results(&a, &b) != Ordering::Greater && rank_results(&b, &c) != Ordering::Greater {
+            prop_assert_ne!(rank_results(&a, &c), Ordering::Greater);
+        }
+    }
+
+    #[test]
+    fn merge_is_commutative(a in result(), b in result()) {
+        let ab = merged(&a, &b);
+        let ba = merged(&b, &a);
+        prop_assert_eq!(bits(&ab), bits(&ba));
+        // The winner is one of the two, and never slower than either (in the total order).
+        prop_assert!(bits(&ab) == bits(&a) || bits(&ab) == bits(&b));
+        prop_assert_ne!(ab.time_us.total_cmp(&a.time_us), Ordering::Greater);
+        prop_assert_ne!(ab.time_us.total_cmp(&b.time_us), Ordering::Greater);
+    }
+
+    #[test]
+    fn merge_is_associative(a in result(), b in result(), c in result()) {
+        let left = merged(&merged(&a, &b), &c);
+        let right = merged(&a, &merged(&b, &c));
+        prop_assert_eq!(bits(&left), bits(&right));
+    }
+
+    #[test]
+    fn merge_is_idempotent(a in result(), b in result()) {
+        // A repeated Record changes nothing and is reported as unchanged.
+        prop_assert_eq!(merge(Some(&a), &a.clone()), MergeOutcome::Keep);
+        prop_assert_eq!(bits(&merged(&a, &a)), bits(&a));
+        // Merging the winner again changes nothing either.
+        let ab = merged(&a, &b);
+        prop_assert_eq!(bits(&merged(&ab, &b)), bits(&ab));
+        prop_assert_eq!(bits(&merged(&ab, &a)), bits(&ab));
+        // Into an empty slot, anything is stored.
+        prop_assert_eq!(merge(None, &a), MergeOutcome::Replace);
+    }
+
+    #[test]
+    fn any_order_of_the_same_results_gives_the_same_bytes(
+        (pairs, shuffled) in pairs_and_permutation()
+    ) {
+        let in_order = fold(&pairs);
+        let in_other_order = fold(&shuffled);
+        let reversed: Vec<_> = pairs.iter().rev().cloned().collect();
+        for (key, result) in in_order.iter() {
+            // Each key holds the best of its results, whichever order they came in.
+            let best = pairs
+                .iter()
+                .filter(|(index, _)| &self::key(*index) == key)
+                .map(|(_, result)| result)
+                .min_by(|a, b| rank_results(a, b))
+                .expect("a stored key had a result");
+            prop_assert_eq!(bits(result), bits(best));
+            prop_assert_eq!(bits(result), bits(&in_other_order[key]));
+        }
+        prop_assert_eq!(in_order.len(), in_other_order.len());
+        let bytes = snapshot_bytes(&in_order);
+        prop_assert_eq!(&bytes, &snapshot_bytes(&in_other_order));
+        prop_assert_eq!(&bytes, &snapshot_bytes(&fold(&reversed)));
+    }
+}
