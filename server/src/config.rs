@@ -120,6 +120,61 @@ pub struct Config {
         value_name = "BYTES"
     )]
     pub snapshot_max_file_bytes: u64,
+
+    // --- Limits (README "Limits") ---
+    /// Connections one uid may hold open; more are closed at accept, with a log line.
+    #[arg(
+        long,
+        env = "TUNECACHE_MAX_CONNECTIONS_PER_UID",
+        default_value_t = 512,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub max_connections_per_uid: u64,
+
+    /// Seconds a new connection may take to send the HTTP/2 preface before it is closed.
+    #[arg(
+        long,
+        env = "TUNECACHE_PREFACE_TIMEOUT",
+        default_value_t = 10,
+        value_name = "SECS",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub preface_timeout: u64,
+
+    /// Seconds between HTTP/2 pings on a quiet connection; a peer that does not answer within
+    /// 20 s is closed. 0 turns pings off.
+    #[arg(
+        long,
+        env = "TUNECACHE_HTTP2_KEEPALIVE",
+        default_value_t = 60,
+        value_name = "SECS"
+    )]
+    pub http2_keepalive: u64,
+
+    /// Close each connection gracefully (GOAWAY; clients reconnect) after this many seconds,
+    /// letting calls in flight finish. Off by default.
+    #[arg(long, env = "TUNECACHE_MAX_CONNECTION_AGE", value_name = "SECS")]
+    pub max_connection_age: Option<u64>,
+
+    /// Tuning leases one process may hold at once; Resolve answers RESOURCE_EXHAUSTED beyond.
+    #[arg(
+        long,
+        env = "TUNECACHE_MAX_LEASES_PER_PID",
+        default_value_t = 256,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub max_leases_per_pid: u64,
+
+    /// MiB of Records that may wait for the journal writer; Record answers
+    /// RESOURCE_EXHAUSTED beyond (the disk is slower than the callers).
+    #[arg(
+        long,
+        env = "TUNECACHE_WRITE_QUEUE_MIB",
+        default_value_t = 256,
+        value_name = "MIB",
+        value_parser = clap::value_parser!(u64).range(1..=1024 * 1024)
+    )]
+    pub write_queue_mib: u64,
 }
 
 /// Where the tuner worker comes from.
@@ -185,6 +240,19 @@ impl Config {
 
     pub fn snapshot_interval(&self) -> Duration {
         Duration::from_secs(self.snapshot_interval.max(1))
+    }
+
+    pub fn preface_timeout(&self) -> Duration {
+        Duration::from_secs(self.preface_timeout.max(1))
+    }
+
+    pub fn http2_keepalive(&self) -> Option<Duration> {
+        (self.http2_keepalive > 0).then(|| Duration::from_secs(self.http2_keepalive))
+    }
+
+    pub fn max_connection_age(&self) -> Option<Duration> {
+        self.max_connection_age
+            .map(|secs| Duration::from_secs(secs.max(1)))
     }
 
     pub fn exit_when_idle(&self) -> Option<Duration> {

@@ -41,6 +41,8 @@ pub struct CoordCounters {
     pub leases_given_up: AtomicU64,
     pub waits_satisfied: AtomicU64,
     pub waits_timed_out: AtomicU64,
+    /// Resolves refused because the caller's process held `max_leases_per_pid` leases.
+    pub leases_refused_per_pid: AtomicU64,
 }
 
 /// What a Resolve call ends with.
@@ -100,6 +102,29 @@ struct LeaseHolder {
     pid: Option<i32>,
     /// Cancelled when the lease ends, which stops its expiry/death watch.
     ended: CancellationToken,
+    /// The lease's place in its process's count; given back when the holder is dropped.
+    _counted: Option<PidLease>,
+}
+
+/// Leases held per process: each one's watch holds a pidfd, so a process is capped.
+type LeasesPerPid = Arc<Mutex<HashMap<i32, usize>>>;
+
+/// One lease in its holder process's count.
+struct PidLease {
+    pid: i32,
+    counts: LeasesPerPid,
+}
+
+impl Drop for PidLease {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(held) = counts.get_mut(&self.pid) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                counts.remove(&self.pid);
+            }
+        }
+    }
 }
 
 struct Waiter {
@@ -135,6 +160,9 @@ pub struct Coordinator {
     me: Weak<Coordinator>,
     /// Lease watches are spawned from here, also when a lease ends on a non-runtime thread.
     runtime: tokio::runtime::Handle,
+    max_leases_per_pid: usize,
+    leases_per_pid: LeasesPerPid,
+    refusals_logged: crate::limits::LogOnce,
 }
 
 /// Why a lease ended without a result.
@@ -155,8 +183,13 @@ fn describe_since(since: SystemTime) -> String {
 
 impl Coordinator {
     /// Creates the coordinator and registers it as the store's change listener. Call it
-    /// inside the tokio runtime.
-    pub fn new(store: Store, tuner: TunerHandle, shutdown: CancellationToken) -> Arc<Coordinator> {
+    /// inside the tokio runtime. One process may hold at most `max_leases_per_pid` leases.
+    pub fn new(
+        store: Store,
+        tuner: TunerHandle,
+        shutdown: CancellationToken,
+        max_leases_per_pid: usize,
+    ) -> Arc<Coordinator> {
         let nonce = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
@@ -170,6 +203,9 @@ impl Coordinator {
             lease_prefix: format!("{nonce:016x}"),
             me: me.clone(),
             runtime: tokio::runtime::Handle::current(),
+            max_leases_per_pid: max_leases_per_pid.max(1),
+            leases_per_pid: LeasesPerPid::default(),
+            refusals_logged: Default::default(),
         });
         store.set_change_listener(coordinator.clone());
         coordinator
@@ -177,6 +213,39 @@ impl Coordinator {
 
     pub fn counters(&self) -> &CoordCounters {
         &self.counters
+    }
+
+    pub fn max_leases_per_pid(&self) -> usize {
+        self.max_leases_per_pid
+    }
+
+    /// Whether `pid` may take one more lease.
+    fn has_lease_room(&self, pid: Option<i32>) -> bool {
+        let Some(pid) = pid else {
+            return true;
+        };
+        let counts = self.leases_per_pid.lock().unwrap_or_else(|p| p.into_inner());
+        counts.get(&pid).copied().unwrap_or(0) < self.max_leases_per_pid
+    }
+
+    /// Counts and logs (once per pid) a Resolve refused for the per-pid lease cap.
+    fn refuse_lease(&self, pid: i32) -> tonic::Status {
+        let limit = self.max_leases_per_pid;
+        self.counters
+            .leases_refused_per_pid
+            .fetch_add(1, Ordering::Relaxed);
+        if self.refusals_logged.first(format!("leases of pid {pid}")) {
+            tracing::warn!(
+                pid,
+                limit,
+                "refused a lease: this process already holds --max-leases-per-pid leases \
+                 (logged once per pid; Stats counts each as leases_refused_per_pid)"
+            );
+        }
+        tonic::Status::resource_exhausted(format!(
+            "pid {pid} already holds {limit} tuning leases (--max-leases-per-pid {limit}); \
+             Record or give up one before resolving more"
+        ))
     }
 
     /// Callers waiting right now, and flights in progress.
@@ -209,6 +278,14 @@ impl Coordinator {
         state.next_id += 1;
         let id = format!("{}-{:x}", self.lease_prefix, state.next_id);
         state.leases.insert(id.clone(), key.clone());
+        let counted = pid.map(|pid| {
+            let mut counts = self.leases_per_pid.lock().unwrap_or_else(|p| p.into_inner());
+            *counts.entry(pid).or_default() += 1;
+            PidLease {
+                pid,
+                counts: self.leases_per_pid.clone(),
+            }
+        });
         let ended = CancellationToken::new();
         self.counters.leases_granted.fetch_add(1, Ordering::Relaxed);
         if let Some(me) = self.me.upgrade() {
@@ -225,6 +302,7 @@ impl Coordinator {
             id: id.clone(),
             pid,
             ended,
+            _counted: counted,
         };
         let resolution = Resolution::TuneHere {
             lease_id: id,
@@ -256,6 +334,9 @@ impl Coordinator {
                 Some(flight) => matches!(flight.holder, Holder::Nobody),
             };
             if call.can_tune && can_take_lease {
+                if let Some(pid) = call.caller_pid.filter(|_| !self.has_lease_room(call.caller_pid)) {
+                    return Err(self.refuse_lease(pid));
+                }
                 let (holder, resolution) =
                     self.new_lease(state, &call.key, call.caller_pid, call.lease);
                 let flight = flight_of(state, &call.key);
@@ -409,10 +490,11 @@ impl Coordinator {
             }
             flight.holder = Holder::Nobody;
             flight.since = SystemTime::now();
+            // A waiter whose process holds the most leases keeps waiting for someone else.
             let next = flight
                 .waiters
                 .iter()
-                .position(|w| w.can_tune && !w.reply.is_closed());
+                .position(|w| w.can_tune && !w.reply.is_closed() && self.has_lease_room(w.pid));
             let Some(index) = next else {
                 if flight_is_idle(Some(flight)) {
                     state.flights.remove(key);

@@ -25,6 +25,12 @@ pub enum Error {
     #[error("journal write failed: {0}")]
     JournalWrite(String),
 
+    #[error(
+        "the journal writer's queue is full (--write-queue-mib {limit_mib}): the disk is \
+         slower than the callers; retry later"
+    )]
+    WriteQueueFull { limit_mib: u64 },
+
     #[error(transparent)]
     Transport(#[from] tonic::transport::Error),
 
@@ -86,6 +92,7 @@ impl From<Error> for tonic::Status {
         match error {
             Error::WriterGone => tonic::Status::unavailable(error.to_string()),
             Error::JournalWrite(_) => tonic::Status::unavailable(error.to_string()),
+            Error::WriteQueueFull { .. } => tonic::Status::resource_exhausted(error.to_string()),
             Error::NoSharedDir => tonic::Status::failed_precondition(error.to_string()),
             Error::SharedDirUnavailable(_) | Error::SharedDirStuck { .. } => {
                 tonic::Status::unavailable(error.to_string())

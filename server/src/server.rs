@@ -5,7 +5,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tunecache_proto::v1::tune_cache_server::TuneCacheServer;
@@ -13,6 +12,8 @@ use tunecache_proto::v1::tune_cache_server::TuneCacheServer;
 use crate::config::Config;
 use crate::coord::Coordinator;
 use crate::error::{Error, Result};
+use crate::incoming::Incoming;
+use crate::limits::ConnectionLimits;
 use crate::service::TuneCacheService;
 use crate::snapshot::{SnapshotHandle, SnapshotSettings};
 use crate::store::Store;
@@ -21,6 +22,8 @@ use crate::store::Store;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(7);
 /// Largest request or response message; a full 10,000-entry batch fits.
 const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+/// A peer that does not answer an HTTP/2 ping within this is closed.
+const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn log_replay(report: &crate::journal::ReplayReport, state_dir: &std::path::Path) {
     if let Some((offset, len)) = report.torn_tail {
@@ -57,11 +60,15 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    let nofile = crate::limits::raise_nofile_limit();
     let state_dir = config.state_dir();
     let fsync = config.fsync;
     let open_dir = state_dir.clone();
-    let (store_guard, report) = tokio::task::spawn_blocking(move || Store::open(&open_dir, fsync))
-        .await
+    let write_queue_bytes = config.write_queue_mib * 1024 * 1024;
+    let (store_guard, report) = tokio::task::spawn_blocking(move || {
+        Store::open_with_queue(&open_dir, fsync, write_queue_bytes)
+    })
+    .await
         .map_err(|e| Error::io("opening the store", &state_dir, std::io::Error::other(e)))??;
     log_replay(&report, &state_dir);
     let store = store_guard.store();
@@ -73,13 +80,24 @@ pub async fn run(
 
     let stop = CancellationToken::new();
     let tuner = crate::tuner::start(&config).await;
-    let coordinator = Coordinator::new(store.clone(), tuner.clone(), stop.clone());
+    let coordinator = Coordinator::new(
+        store.clone(),
+        tuner.clone(),
+        stop.clone(),
+        usize::try_from(config.max_leases_per_pid).unwrap_or(usize::MAX),
+    );
+    let connection_limits = Arc::new(ConnectionLimits::new(
+        nofile,
+        usize::try_from(config.max_connections_per_uid).unwrap_or(usize::MAX),
+        config.preface_timeout(),
+    ));
     let mut service = TuneCacheService::new(
         store.clone(),
         coordinator,
         tuner.clone(),
         config.node_name(),
-    );
+    )
+    .with_connection_limits(connection_limits.clone());
     // Snapshots: the handle does no filesystem I/O here, so a hung shared directory cannot
     // delay serving; the task is dropped (not joined) at shutdown.
     let snapshots = SnapshotSettings::from_config(&config)
@@ -141,14 +159,22 @@ pub async fn run(
     // --- end deployment block ---
 
     let serve_stop = stop.clone();
-    let server = Server::builder()
+    let mut builder = Server::builder()
+        .http2_keepalive_interval(config.http2_keepalive())
+        .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT));
+    if let Some(age) = config.max_connection_age() {
+        // The grace outlasts the longest Resolve wait, so no call in flight is cut.
+        builder = builder
+            .max_connection_age(age)
+            .max_connection_age_grace(crate::coord::MAX_WAIT + HTTP2_KEEPALIVE_TIMEOUT);
+    }
+    let incoming = Incoming::new(listener, connection_limits);
+    let server = builder
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(tune_cache)
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-            serve_stop.cancelled().await
-        });
+        .serve_with_incoming_shutdown(incoming, async move { serve_stop.cancelled().await });
     tracing::info!(
         socket = %socket_guard.path().display(),
         state_dir = %state_dir.display(),

@@ -43,6 +43,8 @@ pub struct TuneCacheService {
     started: Instant,
     /// `None` without `--shared-dir`.
     snapshots: Option<SnapshotHandle>,
+    /// Connection limits and their counters, for Stats; `None` until the daemon sets them.
+    connection_limits: Option<Arc<crate::limits::ConnectionLimits>>,
 }
 
 impl TuneCacheService {
@@ -60,7 +62,14 @@ impl TuneCacheService {
             node_name,
             started: Instant::now(),
             snapshots: None,
+            connection_limits: None,
         }
+    }
+
+    /// Reports the connection limits and their counters in Stats.
+    pub fn with_connection_limits(mut self, limits: Arc<crate::limits::ConnectionLimits>) -> Self {
+        self.connection_limits = Some(limits);
+        self
     }
 
     /// Serves the Snapshot RPC and the snapshot Stats fields from `snapshots`.
@@ -133,7 +142,7 @@ impl TuneCache for TuneCacheService {
         let outcome = if entries.is_empty() {
             Default::default()
         } else {
-            self.store.apply(entries).await?
+            self.store.try_apply(entries).await?
         };
         if !request.lease_id.is_empty() {
             // After the apply: waiters are woken with the merged result, or, for an empty
@@ -239,8 +248,16 @@ impl TuneCache for TuneCacheService {
             tuner_jobs_done: tuner.jobs_done,
             tuner_jobs_failed: tuner.jobs_failed,
             tuner_restarts: tuner.restarts,
+            max_leases_per_pid: self.coordinator.max_leases_per_pid() as u64,
+            leases_refused_per_pid: load(&coord.leases_refused_per_pid),
+            write_queue_bytes: self.store.write_queue_bytes(),
+            write_queue_limit_bytes: self.store.write_queue_limit_bytes(),
+            writes_shed: load(&store.writes_shed),
             ..Default::default()
         };
+        if let Some(limits) = &self.connection_limits {
+            limits.fill_stats(&mut stats);
+        }
         if let Some(snapshots) = &self.snapshots {
             snapshots.fill_stats(&mut stats);
         }

@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::entry::{CacheKey, TunedResult};
 use crate::error::{Error, Result};
@@ -35,6 +35,12 @@ const COMPACT_RETRY_MAX: Duration = Duration::from_secs(60);
 const REPAIR_RETRY: Duration = Duration::from_secs(1);
 /// Most write requests merged into one group commit.
 const MAX_GROUP: usize = 1024;
+/// Default bound on Records waiting for the writer (`--write-queue-mib`).
+pub const DEFAULT_WRITE_QUEUE_BYTES: u64 = 256 * 1024 * 1024;
+/// The write queue is accounted in units of this many bytes (a semaphore's permits).
+const QUEUE_UNIT_BYTES: u64 = 1024;
+/// Memory a queued entry takes beyond its encoded size (string and vector headers).
+const QUEUED_ENTRY_OVERHEAD: u64 = 128;
 
 /// Told, on the writer thread, about every entry that changed, after it is durable and
 /// visible to readers. Coordinated tuning uses it to wake callers waiting for a key.
@@ -55,6 +61,8 @@ enum WriteCommand {
     Apply {
         entries: Vec<(CacheKey, TunedResult)>,
         reply: oneshot::Sender<Result<ApplyOutcome>>,
+        /// This request's share of the write queue, given back when the writer takes it.
+        _queued: OwnedSemaphorePermit,
     },
     /// Finish what is queued before this, sync, and stop. Handles still held elsewhere
     /// (by connections that outlive the shutdown) then get `WriterGone`.
@@ -78,6 +86,8 @@ pub struct StoreCounters {
     pub journal_unwritable_since_unix_ms: AtomicI64,
     /// Bumped each time a new version is published; lets snapshots skip unchanged state.
     pub generation: AtomicU64,
+    /// Records refused because the write queue was full.
+    pub writes_shed: AtomicU64,
 }
 
 struct Shared {
@@ -85,6 +95,11 @@ struct Shared {
     counters: StoreCounters,
     listener: OnceLock<Arc<dyn ChangeListener>>,
     fsync: FsyncPolicy,
+    /// Room in the write queue, in `QUEUE_UNIT_BYTES` units: what bounds the memory held
+    /// by writes waiting for the writer (and its disk).
+    queue_room: Arc<Semaphore>,
+    queue_units: u32,
+    shed_logged: crate::limits::LogOnce,
 }
 
 /// Cheap, cloneable handle to the cache.
@@ -108,6 +123,18 @@ impl Store {
         state_dir: &std::path::Path,
         fsync: FsyncPolicy,
     ) -> Result<(StoreGuard, ReplayReport)> {
+        Store::open_with_queue(state_dir, fsync, DEFAULT_WRITE_QUEUE_BYTES)
+    }
+
+    /// `open`, with at most `queue_bytes` of writes waiting for the writer.
+    pub fn open_with_queue(
+        state_dir: &std::path::Path,
+        fsync: FsyncPolicy,
+        queue_bytes: u64,
+    ) -> Result<(StoreGuard, ReplayReport)> {
+        let queue_units = u32::try_from(queue_bytes.div_ceil(QUEUE_UNIT_BYTES))
+            .unwrap_or(u32::MAX)
+            .clamp(1, Semaphore::MAX_PERMITS as u32);
         let mut map = CacheMap::new();
         let (mut journal, report) = Journal::open(state_dir, fsync, |key, result| {
             if merge(map.get(&key), &result) == MergeOutcome::Replace {
@@ -134,6 +161,9 @@ impl Store {
             counters: StoreCounters::default(),
             listener: OnceLock::new(),
             fsync,
+            queue_room: Arc::new(Semaphore::new(queue_units as usize)),
+            queue_units,
+            shed_logged: Default::default(),
         });
         shared
             .counters
@@ -191,13 +221,81 @@ impl Store {
     }
 
     /// Merges `entries` into the cache through the merge rule and returns once the changes
-    /// are in the journal and visible. All or nothing.
+    /// are in the journal and visible. All or nothing. Waits for room in the write queue:
+    /// for the daemon's own writers (snapshots, the tuner), which have no caller to retry.
     pub async fn apply(&self, entries: Vec<(CacheKey, TunedResult)>) -> Result<ApplyOutcome> {
+        let units = self.queue_units_for(&entries);
+        let queued = Arc::clone(&self.shared.queue_room)
+            .acquire_many_owned(units)
+            .await
+            .map_err(|_| Error::WriterGone)?;
+        self.send(entries, queued).await
+    }
+
+    /// `apply` for callers: when the write queue is full (the disk is slower than the
+    /// callers) it answers `WriteQueueFull` at once instead of growing.
+    pub async fn try_apply(&self, entries: Vec<(CacheKey, TunedResult)>) -> Result<ApplyOutcome> {
+        let units = self.queue_units_for(&entries);
+        let Ok(queued) = Arc::clone(&self.shared.queue_room).try_acquire_many_owned(units) else {
+            return Err(self.shed());
+        };
+        self.send(entries, queued).await
+    }
+
+    async fn send(
+        &self,
+        entries: Vec<(CacheKey, TunedResult)>,
+        queued: OwnedSemaphorePermit,
+    ) -> Result<ApplyOutcome> {
         let (reply, outcome) = oneshot::channel();
         self.writes
-            .send(WriteCommand::Apply { entries, reply })
+            .send(WriteCommand::Apply {
+                entries,
+                reply,
+                _queued: queued,
+            })
             .map_err(|_| Error::WriterGone)?;
         outcome.await.map_err(|_| Error::WriterGone)?
+    }
+
+    /// The queue units a write takes: its estimated memory, at least one unit, at most the
+    /// whole queue (so a batch bigger than the queue still goes through an empty one).
+    fn queue_units_for(&self, entries: &[(CacheKey, TunedResult)]) -> u32 {
+        let bytes: u64 = entries
+            .iter()
+            .map(|(key, result)| {
+                (key.encoded_len_estimate() + result.encoded_len_estimate()) as u64
+                    + QUEUED_ENTRY_OVERHEAD
+            })
+            .sum();
+        u32::try_from(bytes.div_ceil(QUEUE_UNIT_BYTES))
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.shared.queue_units)
+    }
+
+    fn shed(&self) -> Error {
+        let limit_mib = self.write_queue_limit_bytes() / (1024 * 1024);
+        let counters = &self.shared.counters;
+        counters.writes_shed.fetch_add(1, Ordering::Relaxed);
+        if self.shared.shed_logged.first("write queue full") {
+            tracing::warn!(
+                queued_bytes = self.write_queue_bytes(),
+                limit_mib,
+                "refused a Record: the journal writer's queue is full (--write-queue-mib; \
+                 logged once; Stats counts each as writes_shed)"
+            );
+        }
+        Error::WriteQueueFull { limit_mib }
+    }
+
+    /// Bytes of writes waiting for the writer now (in queue units, rounded up).
+    pub fn write_queue_bytes(&self) -> u64 {
+        let room = self.shared.queue_room.available_permits() as u64;
+        (u64::from(self.shared.queue_units).saturating_sub(room)) * QUEUE_UNIT_BYTES
+    }
+
+    pub fn write_queue_limit_bytes(&self) -> u64 {
+        u64::from(self.shared.queue_units) * QUEUE_UNIT_BYTES
     }
 }
 
@@ -280,7 +378,7 @@ fn run_writer(journal: Journal, commands: mpsc::Receiver<WriteCommand>, shared: 
         let mut next_command = Some(first);
         while let Some(command) = next_command.take() {
             match command {
-                WriteCommand::Apply { entries, reply } => group.push((entries, reply)),
+                WriteCommand::Apply { entries, reply, .. } => group.push((entries, reply)),
                 WriteCommand::Stop => {
                     stop = true;
                     break;

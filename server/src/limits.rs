@@ -1,0 +1,163 @@
+//! What the daemon allows callers to hold, and what it reports when a limit is hit: the
+//! NOFILE raise at start-up, the per-limit counters Stats and metrics report, and the
+//! once-per-cause log of limits hit.
+//!
+//! Each limit lives where its resource does (connections in `incoming`, leases in `coord`,
+//! the writer queue in `store`); this module owns what they share.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tunecache_proto::v1;
+
+/// Most distinct causes remembered by a `LogOnce`; past that, new causes are counted in
+/// Stats but not logged, so a flood of distinct pids cannot grow the set without bound.
+const MAX_LOGGED_CAUSES: usize = 4096;
+
+/// Remembers which causes were logged, so each limit hit is logged once per cause (a uid, a
+/// pid, an errno) and counted every time.
+#[derive(Default)]
+pub struct LogOnce {
+    logged: Mutex<HashSet<String>>,
+}
+
+impl LogOnce {
+    /// True the first time `cause` is seen.
+    pub fn first(&self, cause: impl Into<String>) -> bool {
+        let Ok(mut logged) = self.logged.lock() else {
+            // A panic elsewhere while holding the lock: log rather than stay silent.
+            return true;
+        };
+        if logged.len() >= MAX_LOGGED_CAUSES {
+            return false;
+        }
+        logged.insert(cause.into())
+    }
+}
+
+/// The file-descriptor limit the daemon runs under, after `raise_nofile_limit`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NofileLimit {
+    pub soft: u64,
+    pub hard: u64,
+}
+
+fn get_nofile() -> std::io::Result<libc::rlimit> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(limit)
+}
+
+/// Raises the soft NOFILE limit to the hard limit (every connection and every lease's
+/// pidfd is a descriptor; the usual soft default of 1,024 is far below what a busy node
+/// needs) and logs both. A failure is logged and the daemon runs with what it has.
+pub fn raise_nofile_limit() -> NofileLimit {
+    let mut limit = match get_nofile() {
+        Ok(limit) => limit,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the open-file limit (RLIMIT_NOFILE)");
+            return NofileLimit::default();
+        }
+    };
+    let before = limit.rlim_cur;
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit reads one rlimit we own; raising soft up to hard needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit = raised;
+        } else {
+            let error = std::io::Error::last_os_error();
+            tracing::warn!(%error, soft = before, hard = limit.rlim_max, "cannot raise the open-file soft limit to the hard limit");
+        }
+    }
+    let nofile = NofileLimit {
+        soft: limit.rlim_cur,
+        hard: limit.rlim_max,
+    };
+    tracing::info!(
+        soft = nofile.soft,
+        hard = nofile.hard,
+        soft_at_start = before,
+        "open-file limit (RLIMIT_NOFILE); raise the hard limit with LimitNOFILE= or ulimit -Hn"
+    );
+    nofile
+}
+
+/// Counts of the connection limits hit, and the connections open now; reported by Stats.
+#[derive(Default)]
+pub struct ConnectionCounters {
+    /// Failed accept(2) calls (out of descriptors, typically); each is followed by a back-off.
+    pub accept_errors: AtomicU64,
+    /// Connections closed because their uid already held `--max-connections-per-uid`.
+    pub refused_per_uid: AtomicU64,
+    /// Connections closed because they sent no HTTP/2 preface within `--preface-timeout`.
+    pub preface_timeouts: AtomicU64,
+    /// Connections open right now.
+    pub open: AtomicU64,
+}
+
+/// The connection limits in force, what they hit, and which causes were logged. One per
+/// daemon, shared by the accept loop, every connection and Stats.
+pub struct ConnectionLimits {
+    pub nofile: NofileLimit,
+    pub max_per_uid: usize,
+    pub preface_timeout: Duration,
+    pub counters: ConnectionCounters,
+    pub logged: LogOnce,
+}
+
+impl ConnectionLimits {
+    pub fn new(nofile: NofileLimit, max_per_uid: usize, preface_timeout: Duration) -> Self {
+        ConnectionLimits {
+            nofile,
+            max_per_uid,
+            preface_timeout,
+            counters: ConnectionCounters::default(),
+            logged: LogOnce::default(),
+        }
+    }
+
+    /// The connection fields of Stats.
+    pub fn fill_stats(&self, stats: &mut v1::StatsResponse) {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        stats.nofile_soft_limit = self.nofile.soft;
+        stats.nofile_hard_limit = self.nofile.hard;
+        stats.max_connections_per_uid = self.max_per_uid as u64;
+        stats.connections_open = load(&self.counters.open);
+        stats.accept_errors = load(&self.counters.accept_errors);
+        stats.connections_refused_per_uid = load(&self.counters.refused_per_uid);
+        stats.preface_timeouts = load(&self.counters.preface_timeouts);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_cause_is_logged_once() {
+        let log = LogOnce::default();
+        assert!(log.first("uid 1000"));
+        assert!(!log.first("uid 1000"));
+        assert!(log.first("uid 1001"));
+    }
+
+    #[test]
+    fn raising_leaves_soft_at_hard() {
+        let nofile = raise_nofile_limit();
+        assert_eq!(nofile.soft, nofile.hard);
+        let now = get_nofile().unwrap();
+        assert_eq!(now.rlim_cur, now.rlim_max);
+    }
+}
