@@ -264,6 +264,54 @@ impl Collector for StatsCollector {
             "Tuner worker restarts.",
             s.tuner_restarts,
         )?;
+        counter(
+            e,
+            "accept_errors",
+            "Failed accepts (out of descriptors, typically), each followed by a back-off.",
+            s.accept_errors,
+        )?;
+        counter(
+            e,
+            "connections_refused_per_uid",
+            "Connections closed at accept: the uid held --max-connections-per-uid.",
+            s.connections_refused_per_uid,
+        )?;
+        counter(
+            e,
+            "preface_timeouts",
+            "Connections closed for sending no HTTP/2 preface within --preface-timeout.",
+            s.preface_timeouts,
+        )?;
+        counter(
+            e,
+            "leases_refused_per_pid",
+            "Resolves refused: the process held --max-leases-per-pid leases.",
+            s.leases_refused_per_pid,
+        )?;
+        counter(
+            e,
+            "writes_shed",
+            "Records refused: the journal writer's queue was full.",
+            s.writes_shed,
+        )?;
+        gauge(
+            e,
+            "connections_open",
+            "Client connections open.",
+            as_gauge(s.connections_open),
+        )?;
+        gauge(
+            e,
+            "write_queue_bytes",
+            "Bytes of Records waiting for the journal writer.",
+            as_gauge(s.write_queue_bytes),
+        )?;
+        gauge(
+            e,
+            "nofile_soft_limit",
+            "Open-file limit the daemon runs under.",
+            as_gauge(s.nofile_soft_limit),
+        )?;
         gauge(e, "entries", "Entries in the cache.", as_gauge(s.entries))?;
         gauge(
             e,

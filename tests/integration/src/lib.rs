@@ -341,3 +341,86 @@ pub fn daemon_pids_on(socket: &Path) -> Vec<i32> {
         })
         .collect()
 }
+
+// --- Fault injection helpers: a FUSE mount whose server can be stopped. ---
+
+/// A bindfs mount of `backing` at `mount_point`, undone however the test ends: a stopped
+/// FUSE server is continued first, then the mount is detached lazily, so a failing test never
+/// leaves a hung mount behind. Needs root, `bindfs`, `fusermount3` and /dev/fuse.
+pub struct BindfsMount {
+    mount_point: PathBuf,
+    server: Option<Child>,
+}
+
+impl BindfsMount {
+    pub fn mount(backing: &Path, mount_point: &Path) -> BindfsMount {
+        for tool in ["bindfs", "fusermount3"] {
+            assert!(
+                require_tool(tool, None).is_some(),
+                "{tool} is needed: apt-get install bindfs fuse3"
+            );
+        }
+        std::fs::create_dir_all(backing).unwrap();
+        std::fs::create_dir_all(mount_point).unwrap();
+        let server = Command::new("bindfs")
+            .arg("-f")
+            .arg(backing)
+            .arg(mount_point)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start bindfs");
+        let mount = BindfsMount {
+            mount_point: mount_point.to_path_buf(),
+            server: Some(server),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !mount.is_mounted() {
+            assert!(Instant::now() < deadline, "bindfs did not mount within 10 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        mount
+    }
+
+    fn is_mounted(&self) -> bool {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let path = self.mount_point.display().to_string();
+        mountinfo
+            .lines()
+            .any(|line| line.split(' ').nth(4) == Some(path.as_str()))
+    }
+
+    /// Stops (SIGSTOP) or continues (SIGCONT) the FUSE server: every call into the mount
+    /// hangs while it is stopped.
+    pub fn signal_server(&self, signal: Signal) {
+        let server = self.server.as_ref().expect("bindfs running");
+        kill(Pid::from_raw(server.id() as i32), signal).expect("signal bindfs");
+    }
+}
+
+impl Drop for BindfsMount {
+    fn drop(&mut self) {
+        let Some(mut server) = self.server.take() else {
+            return;
+        };
+        let _ = kill(Pid::from_raw(server.id() as i32), Signal::SIGCONT);
+        let quiet = |command: &mut Command| {
+            command
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|status| status.success())
+        };
+        if self.is_mounted()
+            && !quiet(Command::new("fusermount3").arg("-u").arg("-z").arg(&self.mount_point))
+            && !quiet(Command::new("umount").arg("-l").arg(&self.mount_point))
+        {
+            eprintln!("could not unmount {}", self.mount_point.display());
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while server.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+}
