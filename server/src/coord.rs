@@ -224,7 +224,10 @@ impl Coordinator {
         let Some(pid) = pid else {
             return true;
         };
-        let counts = self.leases_per_pid.lock().unwrap_or_else(|p| p.into_inner());
+        let counts = self
+            .leases_per_pid
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         counts.get(&pid).copied().unwrap_or(0) < self.max_leases_per_pid
     }
 
@@ -279,7 +282,10 @@ impl Coordinator {
         let id = format!("{}-{:x}", self.lease_prefix, state.next_id);
         state.leases.insert(id.clone(), key.clone());
         let counted = pid.map(|pid| {
-            let mut counts = self.leases_per_pid.lock().unwrap_or_else(|p| p.into_inner());
+            let mut counts = self
+                .leases_per_pid
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             *counts.entry(pid).or_default() += 1;
             PidLease {
                 pid,
@@ -334,7 +340,10 @@ impl Coordinator {
                 Some(flight) => matches!(flight.holder, Holder::Nobody),
             };
             if call.can_tune && can_take_lease {
-                if let Some(pid) = call.caller_pid.filter(|_| !self.has_lease_room(call.caller_pid)) {
+                if let Some(pid) = call
+                    .caller_pid
+                    .filter(|_| !self.has_lease_room(call.caller_pid))
+                {
                     return Err(self.refuse_lease(pid));
                 }
                 let (holder, resolution) =

@@ -78,7 +78,11 @@ impl Incoming {
     fn refuse(&self, uid: u32, stream: &UnixStream) {
         let counters = &self.limits.counters;
         counters.refused_per_uid.fetch_add(1, Ordering::Relaxed);
-        if self.limits.logged.first(format!("connections of uid {uid}")) {
+        if self
+            .limits
+            .logged
+            .first(format!("connections of uid {uid}"))
+        {
             let pid = stream.peer_cred().ok().and_then(|cred| cred.pid());
             tracing::warn!(
                 uid,

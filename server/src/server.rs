@@ -69,7 +69,7 @@ pub async fn run(
         Store::open_with_queue(&open_dir, fsync, write_queue_bytes)
     })
     .await
-        .map_err(|e| Error::io("opening the store", &state_dir, std::io::Error::other(e)))??;
+    .map_err(|e| Error::io("opening the store", &state_dir, std::io::Error::other(e)))??;
     log_replay(&report, &state_dir);
     let store = store_guard.store();
 

@@ -375,7 +375,10 @@ impl BindfsMount {
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         while !mount.is_mounted() {
-            assert!(Instant::now() < deadline, "bindfs did not mount within 10 s");
+            assert!(
+                Instant::now() < deadline,
+                "bindfs did not mount within 10 s"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         mount
@@ -411,7 +414,12 @@ impl Drop for BindfsMount {
                 .is_ok_and(|status| status.success())
         };
         if self.is_mounted()
-            && !quiet(Command::new("fusermount3").arg("-u").arg("-z").arg(&self.mount_point))
+            && !quiet(
+                Command::new("fusermount3")
+                    .arg("-u")
+                    .arg("-z")
+                    .arg(&self.mount_point),
+            )
             && !quiet(Command::new("umount").arg("-l").arg(&self.mount_point))
         {
             eprintln!("could not unmount {}", self.mount_point.display());

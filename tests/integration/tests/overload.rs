@@ -62,7 +62,10 @@ fn cpu_time(pid: Pid) -> Duration {
     let fields: Vec<&str> = after_name.split_whitespace().collect();
     let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
     let output = Command::new("getconf").arg("CLK_TCK").output().unwrap();
-    let per_second: u64 = String::from_utf8_lossy(&output.stdout).trim().parse().unwrap();
+    let per_second: u64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap();
     Duration::from_secs_f64(ticks as f64 / per_second as f64)
 }
 
@@ -93,7 +96,11 @@ async fn idle_sockets_past_the_fd_limit_are_reclaimed_without_spinning() {
     const IDLE_SOCKETS: usize = 300;
     let _own_limit = OWN_FD_LIMIT.lock().await;
     let hard = own_hard_nofile();
-    assert!(hard > 2 * IDLE_SOCKETS as u64, "this test needs {} fds", 2 * IDLE_SOCKETS);
+    assert!(
+        hard > 2 * IDLE_SOCKETS as u64,
+        "this test needs {} fds",
+        2 * IDLE_SOCKETS
+    );
     // The daemon starts with a soft limit below its hard limit, as under a default login.
     set_nofile_soft_hard(&prlimit, std::process::id(), 256, hard);
     let dir = tempfile::tempdir().unwrap();
@@ -131,13 +138,15 @@ async fn idle_sockets_past_the_fd_limit_are_reclaimed_without_spinning() {
         idle.len()
     );
 
-    // Out of fds, the daemon must back off rather than retry accept in a loop.
-    let window = Duration::from_secs(2);
+    // Out of fds, the daemon must back off rather than retry accept in a loop. It has
+    // nothing else to do, so it should use next to no CPU (measured: 10 ms in 3 s; a spinning
+    // accept loop took 820 ms in 3 s even on a machine with load 14 on 2 cores).
+    let window = Duration::from_secs(3);
     let before = cpu_time(pid);
     tokio::time::sleep(window).await;
     let used = cpu_time(pid) - before;
     assert!(
-        used < window / 2,
+        used < window / 10,
         "the daemon used {used:?} of CPU in {window:?} while out of fds: it spins on accept"
     );
 
@@ -166,11 +175,7 @@ async fn idle_sockets_past_the_fd_limit_are_reclaimed_without_spinning() {
         1,
         "an accept error is logged once per cause:\n{log}"
     );
-    assert_eq!(
-        log.matches("sent no HTTP/2 preface").count(),
-        1,
-        "{log}"
-    );
+    assert_eq!(log.matches("sent no HTTP/2 preface").count(), 1, "{log}");
     drop(idle);
 }
 
@@ -244,10 +249,9 @@ async fn a_uid_holding_the_most_connections_is_refused_and_other_uids_are_not() 
     if !require_root("acting as another uid") {
         return;
     }
-    let (Some(setpriv), Some(prlimit)) = (
-        require_tool("setpriv", None),
-        require_tool("prlimit", None),
-    ) else {
+    let (Some(setpriv), Some(prlimit)) =
+        (require_tool("setpriv", None), require_tool("prlimit", None))
+    else {
         return;
     };
     let _own_limit = OWN_FD_LIMIT.lock().await;
@@ -268,11 +272,8 @@ async fn a_uid_holding_the_most_connections_is_refused_and_other_uids_are_not() 
     }
     // This uid's next connections are closed (twice: logged once).
     for _ in 0..2 {
-        let over = tokio::time::timeout(
-            Duration::from_secs(10),
-            answering_client(&daemon.socket),
-        )
-        .await;
+        let over =
+            tokio::time::timeout(Duration::from_secs(10), answering_client(&daemon.socket)).await;
         assert!(
             !matches!(over, Ok(Ok(_))),
             "a connection over the per-uid cap was served"
@@ -290,7 +291,10 @@ async fn a_uid_holding_the_most_connections_is_refused_and_other_uids_are_not() 
     held.truncate(held.len() - 1);
     let deadline = Instant::now() + Duration::from_secs(10);
     while answering_client(&daemon.socket).await.is_err() {
-        assert!(Instant::now() < deadline, "the closed connection's slot never came back");
+        assert!(
+            Instant::now() < deadline,
+            "the closed connection's slot never came back"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Each refused attempt may be a connect and a reconnect of the client's channel.
@@ -301,7 +305,11 @@ async fn a_uid_holding_the_most_connections_is_refused_and_other_uids_are_not() 
     );
     assert!(stats.connections_open >= DEFAULT_MAX_CONNECTIONS_PER_UID as u64);
     let log = daemon.log();
-    assert_eq!(log.matches("closed a connection: this uid").count(), 1, "{log}");
+    assert_eq!(
+        log.matches("closed a connection: this uid").count(),
+        1,
+        "{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
