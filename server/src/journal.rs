@@ -466,6 +466,26 @@ impl Journal {
         self.damaged
     }
 
+    /// Checks by path (a stat, no descriptor) that `journal` still names the file appends go
+    /// to. If it was deleted or replaced behind the daemon's back, appends are refused until
+    /// a rewrite puts the journal back, rather than acknowledged into a file with no name.
+    pub fn check_path(&mut self) {
+        if self.unwritable.is_some() {
+            return;
+        }
+        let path = journal_path(&self.dir);
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if file_id(&meta) == self.file_id => {}
+            Ok(_) => self.mark_unwritable(format!(
+                "{} no longer names the file the daemon appends to",
+                path.display()
+            )),
+            Err(error) => {
+                self.mark_unwritable(format!("{} cannot be checked: {error}", path.display()))
+            }
+        }
+    }
+
     fn mark_unwritable(&mut self, reason: String) {
         self.unwritable.get_or_insert(reason);
     }
@@ -770,5 +790,45 @@ mod tests {
         drop(journal);
         let (seen, _) = replay(dir.path());
         assert_eq!(seen, vec![entry(1), entry(2)]);
+    }
+
+    #[test]
+    fn a_journal_deleted_behind_its_back_refuses_appends_until_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Always, |_, _| {}).unwrap();
+        journal.append(&[entry(1)]).unwrap();
+        std::fs::remove_file(journal_path(dir.path())).unwrap();
+        journal.check_path();
+        assert!(journal.needs_rewrite());
+        let refused = journal.append(&[entry(2)]).unwrap_err().to_string();
+        assert!(refused.contains("not writable"), "{refused}");
+        let live = [entry(1)];
+        journal.rewrite(live.iter().map(|(k, r)| (k, r))).unwrap();
+        assert!(journal.unwritable().is_none());
+        journal.append(&[entry(3)]).unwrap();
+        drop(journal);
+        assert_eq!(replay(dir.path()).0, vec![entry(1), entry(3)]);
+    }
+
+    #[test]
+    fn a_rename_that_leaves_the_path_naming_neither_file_refuses_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Always, |_, _| {}).unwrap();
+        journal.append(&[entry(1)]).unwrap();
+        // `journal` becomes a non-empty directory: the rename fails, and the path names
+        // neither the old file nor the new one.
+        let path = journal_path(dir.path());
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("x"), b"x").unwrap();
+        let live = [entry(1)];
+        assert!(journal.rewrite(live.iter().map(|(k, r)| (k, r))).is_err());
+        assert!(journal.needs_rewrite());
+        assert!(journal.append(&[entry(2)]).is_err());
+        std::fs::remove_dir_all(&path).unwrap();
+        journal.rewrite(live.iter().map(|(k, r)| (k, r))).unwrap();
+        journal.append(&[entry(3)]).unwrap();
+        drop(journal);
+        assert_eq!(replay(dir.path()).0, vec![entry(1), entry(3)]);
     }
 }

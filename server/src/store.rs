@@ -407,6 +407,7 @@ impl Writer {
     /// Merges a group of write requests into one new version, journals the changes in one
     /// append, publishes, then acknowledges each request.
     fn apply_group(&mut self, group: Vec<(Vec<(CacheKey, TunedResult)>, Reply)>) {
+        self.journal.check_path();
         self.repair_if_needed();
         let mut next = CacheMap::clone(&self.shared.map.load());
         let mut changed = Vec::new();
@@ -521,7 +522,12 @@ impl Writer {
     /// While the journal refuses appends, rewrites it from the current version (which holds
     /// every acknowledged entry), at most once per `REPAIR_RETRY`.
     fn repair_if_needed(&mut self) {
-        if !self.journal.needs_rewrite() || Instant::now() < self.repair_not_before {
+        if !self.journal.needs_rewrite() {
+            return;
+        }
+        // Published (and counted) even when the repair below succeeds at once.
+        self.note_health();
+        if Instant::now() < self.repair_not_before {
             return;
         }
         let map = self.shared.map.load_full();

@@ -248,42 +248,61 @@ async fn compaction_under_fd_exhaustion_loses_nothing_across_sigkill_and_sigterm
     );
 }
 
+/// What a kill loop did.
+#[derive(Debug, Default)]
+struct KillLoopReport {
+    kills: usize,
+    /// Acknowledged keys looked up after the restarts, summed over the restarts.
+    keys_checked: usize,
+    /// Distinct acknowledged keys at the end.
+    keys: usize,
+    records_acked: u64,
+    records_refused: u64,
+    compactions: u64,
+    compaction_failures: u64,
+}
+
 /// The kill loop: compaction and fd pressure together, SIGKILL every round, every
-/// acknowledged key checked after each restart. Returns (kills, keys checked).
-async fn kill_loop(kills: usize, round_time: Duration) -> (usize, usize) {
+/// acknowledged key checked after each restart.
+async fn kill_loop(kills: usize, round_time: Duration) -> KillLoopReport {
     let dir = tempfile::tempdir().unwrap();
     let policies = ["batch", "always", "never"];
     let ledger = Arc::new(Ledger::default());
-    let mut checked = 0;
+    let mut report = KillLoopReport::default();
     for round in 0..kills {
         let policy = policies[round % policies.len()];
         let mut daemon =
             Daemon::start_with(DaemonOptions::new(dir.path()).args(["--fsync", policy])).await;
         let unlinked = load_under_fd_pressure(&daemon, &ledger, round, round_time).await;
+        let stats = daemon.client().await.stats().await.unwrap();
+        report.compactions += stats.journal_compactions;
+        report.compaction_failures += stats.journal_compaction_failures;
         daemon.kill();
+        report.kills += 1;
         daemon.restart().await;
         let lost = lost_keys(&daemon, &ledger).await;
         let context = format!("kill {} of {kills} (--fsync {policy})", round + 1);
         assert_none_lost(&lost, &ledger, &context, unlinked, &daemon.log());
-        checked += ledger.keys();
+        report.keys_checked += ledger.keys();
         eprintln!(
-            "{context}: {} acknowledged keys present, {} compactions in the last run",
+            "{context}: {} acknowledged keys present; this run {} compactions, {} failed",
             ledger.keys(),
-            daemon_log_compactions(&daemon.log())
+            stats.journal_compactions,
+            stats.journal_compaction_failures
         );
         daemon.kill();
     }
-    (kills, checked)
-}
-
-fn daemon_log_compactions(log: &str) -> usize {
-    log.matches("journal compacted").count()
+    report.keys = ledger.keys();
+    report.records_acked = ledger.records_acked.load(Ordering::Relaxed);
+    report.records_refused = ledger.records_refused.load(Ordering::Relaxed);
+    report
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_loop_short() {
-    let (kills, checked) = kill_loop(3, Duration::from_secs(3)).await;
-    eprintln!("kills {kills}, acknowledged keys checked {checked}, lost 0");
+    let report = kill_loop(3, Duration::from_secs(3)).await;
+    assert!(report.compactions > 0, "no compaction ran: {report:?}");
+    eprintln!("kill loop: {report:?}, lost 0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -293,8 +312,9 @@ async fn soak_kill_loop() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(50);
-    let (kills, checked) = kill_loop(kills, Duration::from_secs(3)).await;
-    eprintln!("SOAK: kills {kills}, acknowledged keys checked {checked}, lost 0");
+    let report = kill_loop(kills, Duration::from_secs(3)).await;
+    assert!(report.compactions > 0, "no compaction ran: {report:?}");
+    eprintln!("SOAK: {report:?}, lost 0");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -382,6 +402,36 @@ async fn garbage_after_the_last_good_frame_is_kept_as_a_copy() {
         daemon.log()
     );
     assert_eq!(std::fs::read(&copies[0]).unwrap(), bytes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_deleted_under_the_daemon_is_put_back_before_the_next_acknowledgement() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::start(dir.path()).await;
+    record_numbered(&daemon, 3, 10).await;
+    std::fs::remove_file(daemon.state_dir.join("journal")).unwrap();
+
+    // The next Record finds the journal gone, rewrites it from memory, then acknowledges.
+    let client = daemon.client().await;
+    let late = entry(test_key("gemm", "after-delete"), "{}", 1.0, "t");
+    client
+        .record(vec![late])
+        .await
+        .expect("record after the delete");
+    let stats = client.stats().await.unwrap();
+    assert_eq!(stats.journal_unwritable_episodes, 1, "{stats:?}");
+    assert_eq!(stats.journal_unwritable, "", "{stats:?}");
+
+    daemon.kill();
+    daemon.restart().await;
+    assert_eq!(present(&daemon, 3).await, 3, "log:\n{}", daemon.log());
+    let hit = daemon
+        .client()
+        .await
+        .lookup(vec![test_key("gemm", "after-delete")])
+        .await
+        .unwrap();
+    assert_eq!(hit.len(), 1, "log:\n{}", daemon.log());
 }
 
 /// A tmpfs mounted for one test, detached however the test ends.
