@@ -1,8 +1,8 @@
 //! Deployment against the real binary and real tools: systemd socket activation
 //! (`systemd-socket-activate`), sd_notify READY/WATCHDOG on a datagram socket, systemd's
-//! directories, `systemd-analyze verify` of the shipped units, peer-credential access checks
-//! with a client running as another uid (`setpriv`), `--socket-group`, `--exit-when-idle`, and
-//! auto-start by 16 clients at once.
+//! directories, `systemd-analyze verify` and `security` (exposure score) of the shipped units
+//! and drop-ins, peer-credential access checks with a client running as another uid
+//! (`setpriv`), `--socket-group`, `--exit-when-idle`, and auto-start by 16 clients at once.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
@@ -241,12 +241,44 @@ fn shipped_units_pass_systemd_analyze_verify() {
     let Some(analyze) = require_tool("systemd-analyze", None) else {
         return;
     };
+    let service =
+        std::fs::read_to_string(repo_root().join("deploy/systemd/tunecached.service")).unwrap();
+    assert!(service.contains("Type=notify"));
+    assert!(service.contains("ExecStart=/usr/local/bin/tunecached"));
+    // verify insists that ExecStart's binary exists: the layout points it at the one just built.
+    let dir = lay_out_units(&[]);
+    assert_verify_clean(&analyze, dir.path(), "the shipped units");
+}
+
+/// `systemd-analyze verify` of the units laid out in `dir` (drop-ins beside them included).
+fn assert_verify_clean(analyze: &Path, dir: &Path, what: &str) {
+    let output = Command::new(analyze)
+        .arg("verify")
+        .arg(dir.join("tunecached.socket"))
+        .arg(dir.join("tunecached.service"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{what}: {stderr}");
+    // verify exits 0 on directives it ignores ("Unknown key", "Failed to parse"): no output at
+    // all is the pass.
+    assert!(
+        stderr.trim().is_empty(),
+        "systemd-analyze verify complained about {what}:\n{stderr}"
+    );
+}
+
+/// Highest `systemd-analyze security` exposure the shipped unit may have, with or without the
+/// shipped drop-ins ("OK" ends at 3.9; main's first unit scored 7.9 EXPOSED).
+const MAX_EXPOSURE: f64 = 3.0;
+
+/// Lays out `deploy/systemd/tunecached.{service,socket}` with the named drop-ins from
+/// `deploy/systemd/tunecached.service.d/` in a temporary directory, as they would sit in
+/// /etc/systemd/system. `ExecStart=` points at the binary just built: verify checks it exists.
+fn lay_out_units(drop_ins: &[&str]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let units = repo_root().join("deploy/systemd");
     let service = std::fs::read_to_string(units.join("tunecached.service")).unwrap();
-    assert!(service.contains("Type=notify"));
-    assert!(service.contains("ExecStart=/usr/local/bin/tunecached"));
-    // verify insists that ExecStart's binary exists: point it at the one just built.
     let service = service.replace(
         "ExecStart=/usr/local/bin/tunecached",
         &format!("ExecStart={}", bin("tunecached").display()),
@@ -257,20 +289,125 @@ fn shipped_units_pass_systemd_analyze_verify() {
         dir.path().join("tunecached.socket"),
     )
     .unwrap();
+    if !drop_ins.is_empty() {
+        std::fs::create_dir(dir.path().join("tunecached.service.d")).unwrap();
+    }
+    for drop_in in drop_ins {
+        std::fs::copy(
+            units.join("tunecached.service.d").join(drop_in),
+            dir.path().join("tunecached.service.d").join(drop_in),
+        )
+        .unwrap();
+    }
+    dir
+}
+
+/// `systemd-analyze security --offline=yes --threshold` of the unit laid out in `dir`: whether
+/// it passed the threshold, the overall exposure it printed, and its report.
+fn unit_exposure(analyze: &Path, dir: &Path) -> (bool, f64, String) {
+    // --threshold takes the exposure times ten (systemd 252 rejects "3.0").
     let output = Command::new(analyze)
-        .arg("verify")
-        .arg(dir.path().join("tunecached.socket"))
-        .arg(dir.path().join("tunecached.service"))
+        .args(["security", "--offline=yes", "--no-pager"])
+        .arg(format!("--threshold={}", (MAX_EXPOSURE * 10.0) as u32))
+        .arg(dir.join("tunecached.service"))
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    // verify exits 0 on directives it ignores ("Unknown key", "Failed to parse"): no output at
-    // all is the pass.
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let report = format!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    // "→ Overall exposure level for tunecached.service: 0.6 SAFE 😀"
+    let exposure = stdout
+        .lines()
+        .find_map(|line| line.split_once("Overall exposure level for tunecached.service:"))
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|number| number.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no overall exposure in:\n{report}"));
+    (output.status.success(), exposure, report)
+}
+
+#[test]
+fn shipped_unit_scores_ok_in_systemd_analyze_security() {
+    let Some(analyze) = require_tool("systemd-analyze", None) else {
+        return;
+    };
+    for drop_ins in [
+        &[][..],
+        &["shared-dir.conf"][..],
+        &["shared-dir.conf", "redis.conf"][..],
+    ] {
+        let dir = lay_out_units(drop_ins);
+        let (passed, exposure, report) = unit_exposure(&analyze, dir.path());
+        eprintln!("tunecached.service with {drop_ins:?}: exposure {exposure}");
+        assert!(
+            exposure <= MAX_EXPOSURE,
+            "exposure {exposure} > {MAX_EXPOSURE} with drop-ins {drop_ins:?}:\n{report}"
+        );
+        assert!(
+            passed,
+            "--threshold failed with drop-ins {drop_ins:?}:\n{report}"
+        );
+        // The drop-ins are loaded from beside the unit, as from /etc: verify them as well.
+        assert_verify_clean(&analyze, dir.path(), &format!("drop-ins {drop_ins:?}"));
+    }
+}
+
+#[test]
+fn unit_keeps_gpu_access_and_drop_ins_open_what_they_need() {
+    let units = repo_root().join("deploy/systemd");
+    let directives = |path: &Path| -> Vec<String> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty() && !line.starts_with('#'))
+            .map(str::to_owned)
+            .collect()
+    };
+    let service = directives(&units.join("tunecached.service"));
+    let has = |lines: &[String], line: &str| lines.iter().any(|l| l == line);
+    // A private /dev has no /dev/nvidia*: the tuner would silently fall back to the CPU.
+    assert!(!service.iter().any(|l| l.starts_with("PrivateDevices=yes")));
+    for line in [
+        "DevicePolicy=closed",
+        "DeviceAllow=char-nvidia-frontend rw",
+        "DeviceAllow=char-nvidia-uvm rw",
+        "LimitNOFILE=1024:65536",
+        "RestrictAddressFamilies=AF_UNIX",
+    ] {
+        assert!(has(&service, line), "tunecached.service lacks {line}");
+    }
+    let documentation = service
+        .iter()
+        .find(|l| l.starts_with("Documentation="))
+        .expect("Documentation=");
     assert!(
-        stderr.trim().is_empty(),
-        "systemd-analyze verify complained:\n{stderr}"
+        documentation.contains("file:///usr/share/doc/tunecache/")
+            || documentation.contains("man:"),
+        "{documentation} is not the installed documentation"
     );
+
+    // The shared-dir drop-in opens the directory the daemon reads from its environment.
+    let shared = directives(&units.join("tunecached.service.d/shared-dir.conf"));
+    let dir = shared
+        .iter()
+        .find_map(|l| l.strip_prefix("Environment=TUNECACHE_SHARED_DIR="))
+        .expect("shared-dir.conf sets TUNECACHE_SHARED_DIR");
+    assert!(has(&shared, &format!("ReadWritePaths={dir}")));
+    assert!(has(&shared, &format!("RequiresMountsFor={dir}")));
+    let config = std::fs::read_to_string(repo_root().join("server/src/config.rs")).unwrap();
+    assert!(config.contains("env = \"TUNECACHE_SHARED_DIR\""));
+
+    // The Redis drop-in: network ordering, TCP, and the password as a credential.
+    let redis = directives(&units.join("tunecached.service.d/redis.conf"));
+    for line in [
+        "After=network-online.target",
+        "Wants=network-online.target",
+        "RestrictAddressFamilies=AF_INET AF_INET6",
+        "PrivateNetwork=no",
+        "LoadCredential=redis-password:/etc/tunecache/redis-password",
+        "Environment=TUNECACHE_CLUSTER_PASSWORD_FILE=%d/redis-password",
+    ] {
+        assert!(has(&redis, line), "redis.conf lacks {line}");
+    }
 }
 
 /// Runs the `tunecache` CLI as uid/gid 65534 (nobody) against `socket`.
