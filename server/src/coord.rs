@@ -43,6 +43,8 @@ pub struct CoordCounters {
     pub waits_timed_out: AtomicU64,
     /// Resolves refused because the caller's process held `max_leases_per_pid` leases.
     pub leases_refused_per_pid: AtomicU64,
+    /// Resolves refused because the node's tuner queue was full.
+    pub tuner_queue_refusals: AtomicU64,
 }
 
 /// What a Resolve call ends with.
@@ -554,6 +556,16 @@ impl Coordinator {
         let reply = match self.tuner.submit(&key.op, &key.problem, &key.device) {
             Ok(reply) => reply,
             Err(SubmitError::QueueFull { capacity }) => {
+                self.counters
+                    .tuner_queue_refusals
+                    .fetch_add(1, Ordering::Relaxed);
+                if self.refusals_logged.first("tuner queue full") {
+                    tracing::warn!(
+                        capacity,
+                        "refused a Resolve: the node's tuner queue is full (--tuner-queue; \
+                         logged once; Stats counts each as tuner_queue_refusals)"
+                    );
+                }
                 return Err(tonic::Status::resource_exhausted(format!(
                     "the node's tuner queue is full ({capacity} jobs); resolve again later"
                 )));

@@ -290,6 +290,12 @@ impl Collector for StatsCollector {
         )?;
         counter(
             e,
+            "tuner_queue_refusals",
+            "Resolves refused: the node's tuner queue was full.",
+            s.tuner_queue_refusals,
+        )?;
+        counter(
+            e,
             "writes_shed",
             "Records refused: the journal writer's queue was full.",
             s.writes_shed,

@@ -250,6 +250,7 @@ impl TuneCache for TuneCacheService {
             tuner_restarts: tuner.restarts,
             max_leases_per_pid: self.coordinator.max_leases_per_pid() as u64,
             leases_refused_per_pid: load(&coord.leases_refused_per_pid),
+            tuner_queue_refusals: load(&coord.tuner_queue_refusals),
             write_queue_bytes: self.store.write_queue_bytes(),
             write_queue_limit_bytes: self.store.write_queue_limit_bytes(),
             writes_shed: load(&store.writes_shed),

@@ -387,3 +387,63 @@ async fn a_hung_journal_disk_sheds_records_instead_of_queueing_them() {
     daemon.terminate(Duration::from_secs(20));
     drop(mount);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_tuner_queue_is_counted_and_logged_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start_with(DaemonOptions::new(dir.path()).args([
+        "--tuner-backend",
+        "cpu",
+        "--tuner-queue",
+        "1",
+    ]))
+    .await;
+    let client = daemon.client().await;
+    let devices = client.devices().await.unwrap();
+    let device = devices
+        .first()
+        .expect("the CPU stand-in device")
+        .fingerprint
+        .clone();
+    // A burst of distinct problems for the node's tuner: one runs, one queues, the rest are
+    // refused.
+    let options = ResolveOptions {
+        wait: Duration::from_secs(120),
+        can_tune: false,
+        lease: Duration::ZERO,
+    };
+    let calls: Vec<_> = (0..32)
+        .map(|i| {
+            let client = client.clone();
+            let problem = format!(
+                r#"{{"m":{n},"n":{n},"k":{n},"dtype":"f32","layout":"nn"}}"#,
+                n = 128 + i
+            );
+            let key = tunecache_client::key("tunecache", "gemm", &device, &problem, None);
+            tokio::spawn(async move { client.resolve(key, options).await })
+        })
+        .collect();
+    let mut refused = 0;
+    for call in calls {
+        match call.await.unwrap() {
+            Err(ClientError::Rpc(status)) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                assert!(
+                    status.message().contains("tuner queue is full"),
+                    "{status:?}"
+                );
+                refused += 1;
+            }
+            Ok(_) => {}
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        refused >= 2,
+        "only {refused} of 32 Resolves refused with a queue of 1"
+    );
+    let stats = client.stats().await.unwrap();
+    assert_eq!(stats.tuner_queue_refusals, refused);
+    let log = daemon.log();
+    assert_eq!(log.matches("refused a Resolve").count(), 1, "{log}");
+}
