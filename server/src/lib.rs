@@ -15,6 +15,7 @@ pub mod journal;
 pub mod limits;
 pub mod listener;
 pub mod merge;
+pub mod scan;
 pub mod server;
 pub mod service;
 pub mod shared_file;

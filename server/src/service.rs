@@ -11,17 +11,11 @@ use tonic::{Request, Response, Status};
 use tunecache_proto::v1::{self, tune_cache_server::TuneCache};
 
 use crate::coord::{Coordinator, ResolveCall, DEFAULT_LEASE, MAX_LEASE, MAX_WAIT};
-use crate::entry::{to_wire_entry, CacheKey};
 use crate::error::Error;
 use crate::snapshot::SnapshotHandle;
 use crate::store::Store;
 use crate::validate;
 use tunecache_gpu_tuner::supervisor::TunerHandle;
-
-/// Scan chunks hold at most this many entries...
-const SCAN_CHUNK_ENTRIES: usize = 1024;
-/// ...or about this many bytes, whichever comes first.
-const SCAN_CHUNK_BYTES: usize = 1024 * 1024;
 
 /// Request counters reported by Stats.
 #[derive(Default)]
@@ -168,35 +162,17 @@ impl TuneCache for TuneCacheService {
             device,
             rank,
         } = request.into_inner();
-        // One immutable version: the scan sees a consistent cache while writes go on.
-        let map = self.store.current();
-        let (chunks, receiver) = tokio::sync::mpsc::channel(4);
-        tokio::spawn(async move {
-            let matching = map
-                .range(CacheKey::namespace_start(&namespace)..)
-                .take_while(|(key, _)| namespace.is_empty() || key.namespace == namespace)
-                .filter(|(key, _)| device.is_empty() || key.device == device)
-                .filter(|(key, _)| rank.is_none() || key.rank.is_none() || key.rank == rank);
-            let mut chunk = Vec::new();
-            let mut chunk_bytes = 0;
-            for (key, result) in matching {
-                chunk_bytes += key.encoded_len_estimate() + result.encoded_len_estimate();
-                chunk.push(to_wire_entry(key, result));
-                if chunk.len() >= SCAN_CHUNK_ENTRIES || chunk_bytes >= SCAN_CHUNK_BYTES {
-                    let entries = std::mem::take(&mut chunk);
-                    chunk_bytes = 0;
-                    if chunks.send(Ok(v1::ScanResponse { entries })).await.is_err() {
-                        return; // the caller went away
-                    }
-                }
-            }
-            if !chunk.is_empty() {
-                let _ = chunks.send(Ok(v1::ScanResponse { entries: chunk })).await;
-            }
-        });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(receiver),
-        )))
+        // In chunks, each from the version current at the time: a client that stops reading
+        // holds a chunk, not a version of the cache (see `scan`).
+        let filter = crate::scan::ScanFilter {
+            namespace,
+            device,
+            rank,
+        };
+        Ok(Response::new(Box::pin(crate::scan::spawn(
+            self.store.clone(),
+            filter,
+        ))))
     }
 
     async fn stats(

@@ -1,0 +1,225 @@
+//! Scan: streams the entries matching a filter in bounded chunks, without pinning a cache
+//! version for the life of the stream.
+//!
+//! Each chunk is read from the version current when the chunk is taken, starting after the
+//! last key the previous chunk looked at (a range query on the ordered map), and the version is
+//! released before the chunk is sent. A client that stops reading therefore holds at most the
+//! chunks queued for it (one in the channel, one being sent), never a whole version of the
+//! cache, however long it stalls and however much the cache changes meanwhile.
+//!
+//! The price: a Scan is not a point-in-time snapshot. Each chunk is consistent; across chunks,
+//! a key present for the whole Scan is returned exactly once (with its value when its chunk was
+//! read), and keys added or removed while it runs may or may not appear.
+
+use std::ops::Bound;
+
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+use tunecache_proto::v1;
+
+use crate::entry::{to_wire_entry, CacheKey};
+use crate::store::{CacheMap, Store};
+
+/// Chunks hold at most this many entries...
+pub const CHUNK_ENTRIES: usize = 1024;
+/// ...or about this many bytes, whichever comes first.
+pub const CHUNK_BYTES: usize = 1024 * 1024;
+/// Entries looked at per version before it is released even if few matched (a filter that
+/// matches little must not hold one version for a walk over the whole cache).
+const EXAMINED_PER_STEP: usize = 64 * CHUNK_ENTRIES;
+/// Chunks queued for a client beyond the one being sent.
+const QUEUED_CHUNKS: usize = 1;
+
+/// Which entries a Scan returns; empty strings and `None` match everything.
+#[derive(Clone, Debug, Default)]
+pub struct ScanFilter {
+    pub namespace: String,
+    pub device: String,
+    /// `Some(n)`: rank n's own entries and the shared ones.
+    pub rank: Option<u32>,
+}
+
+impl ScanFilter {
+    fn matches(&self, key: &CacheKey) -> bool {
+        (self.device.is_empty() || key.device == self.device)
+            && (self.rank.is_none() || key.rank.is_none() || key.rank == self.rank)
+    }
+
+    fn in_namespace(&self, key: &CacheKey) -> bool {
+        self.namespace.is_empty() || key.namespace == self.namespace
+    }
+}
+
+/// One step of a Scan over `map`: the matching entries after `after` (from the start of the
+/// namespace when `None`), up to the chunk limits, and the last key looked at when there may
+/// be more (`None` once the Scan is complete).
+fn next_chunk(
+    map: &CacheMap,
+    filter: &ScanFilter,
+    after: Option<&CacheKey>,
+) -> (Vec<v1::Entry>, Option<CacheKey>) {
+    let start = match after {
+        Some(key) => Bound::Excluded(key.clone()),
+        None => Bound::Included(CacheKey::namespace_start(&filter.namespace)),
+    };
+    let mut chunk = Vec::new();
+    let mut chunk_bytes = 0;
+    let mut examined = 0;
+    for (key, result) in map.range((start, Bound::Unbounded)) {
+        if !filter.in_namespace(key) {
+            return (chunk, None);
+        }
+        examined += 1;
+        if filter.matches(key) {
+            chunk_bytes += key.encoded_len_estimate() + result.encoded_len_estimate();
+            chunk.push(to_wire_entry(key, result));
+        }
+        if chunk.len() >= CHUNK_ENTRIES
+            || chunk_bytes >= CHUNK_BYTES
+            || examined >= EXAMINED_PER_STEP
+        {
+            return (chunk, Some(key.clone()));
+        }
+    }
+    (chunk, None)
+}
+
+/// Starts a Scan of `store` and returns its stream of chunks. The Scan stops when the stream is
+/// dropped (the client went away or cancelled).
+pub fn spawn(store: Store, filter: ScanFilter) -> ReceiverStream<Result<v1::ScanResponse, Status>> {
+    let (chunks, receiver) = tokio::sync::mpsc::channel(QUEUED_CHUNKS);
+    tokio::spawn(async move {
+        let mut after: Option<CacheKey> = None;
+        loop {
+            // The version is a temporary: dropped before the send below can wait.
+            let (entries, last) = next_chunk(&store.current(), &filter, after.as_ref());
+            if !entries.is_empty() && chunks.send(Ok(v1::ScanResponse { entries })).await.is_err() {
+                return; // the caller went away
+            }
+            match last {
+                Some(key) => after = Some(key),
+                None => return,
+            }
+            if chunks.is_closed() {
+                return;
+            }
+        }
+    });
+    ReceiverStream::new(receiver)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::TunedResult;
+
+    fn key(namespace: &str, problem: &str, rank: Option<u32>) -> CacheKey {
+        CacheKey {
+            namespace: namespace.to_owned(),
+            op: "gemm".to_owned(),
+            device: "d".to_owned(),
+            problem: problem.to_owned(),
+            rank,
+        }
+    }
+
+    fn result(config: &str) -> TunedResult {
+        TunedResult {
+            config: config.to_owned(),
+            time_us: 1.0,
+            tuned_by: "t".to_owned(),
+            tuned_at_unix_ms: 0,
+        }
+    }
+
+    fn problems(entries: &[v1::Entry]) -> Vec<String> {
+        entries
+            .iter()
+            .map(|entry| entry.key.as_ref().unwrap().problem.clone())
+            .collect()
+    }
+
+    /// Runs `next_chunk` to completion, calling `between` on the map after each step.
+    fn scan_all(
+        mut map: CacheMap,
+        filter: &ScanFilter,
+        mut between: impl FnMut(&mut CacheMap),
+    ) -> Vec<Vec<v1::Entry>> {
+        let mut chunks = Vec::new();
+        let mut after = None;
+        loop {
+            let (chunk, last) = next_chunk(&map, filter, after.as_ref());
+            chunks.push(chunk);
+            match last {
+                Some(key) => after = Some(key),
+                None => return chunks,
+            }
+            between(&mut map);
+        }
+    }
+
+    #[test]
+    fn chunks_cover_the_namespace_once_with_the_entry_limit() {
+        let mut map = CacheMap::new();
+        for i in 0..2500 {
+            map.insert(key("a", &format!("{i:05}"), None), result("{}"));
+            map.insert(key("b", &format!("{i:05}"), None), result("{}"));
+        }
+        map.insert(key("a", "ranked", Some(3)), result("{}"));
+        let filter = ScanFilter {
+            namespace: "a".into(),
+            rank: Some(1),
+            ..ScanFilter::default()
+        };
+        let chunks = scan_all(map, &filter, |_| {});
+        let sizes: Vec<usize> = chunks.iter().map(Vec::len).collect();
+        assert_eq!(sizes, vec![1024, 1024, 452]);
+        let all: Vec<String> = chunks.iter().flat_map(|c| problems(c)).collect();
+        let expected: Vec<String> = (0..2500).map(|i| format!("{i:05}")).collect();
+        assert_eq!(
+            all, expected,
+            "in order, once each, rank 3's entry filtered out"
+        );
+    }
+
+    #[test]
+    fn byte_limit_cuts_chunks_of_large_configs() {
+        let mut map = CacheMap::new();
+        let big = format!("\"{}\"", "x".repeat(100 * 1024));
+        for i in 0..30 {
+            map.insert(key("a", &format!("{i:02}"), None), result(&big));
+        }
+        let chunks = scan_all(map, &ScanFilter::default(), |_| {});
+        assert!(chunks.len() >= 3, "{} chunks", chunks.len());
+        assert!(chunks.iter().all(|c| c.len() <= 11));
+        assert_eq!(chunks.iter().map(Vec::len).sum::<usize>(), 30);
+    }
+
+    #[test]
+    fn keys_present_throughout_are_returned_once_while_the_cache_changes() {
+        let mut map = CacheMap::new();
+        for i in 0..5000 {
+            map.insert(key("a", &format!("{i:05}"), None), result("{}"));
+        }
+        let mut step = 0;
+        let chunks = scan_all(map, &ScanFilter::default(), |map| {
+            // Between chunks: new keys on both sides of the cursor, and updates.
+            step += 1;
+            map.insert(key("a", &format!("00000-new-{step}"), None), result("{}"));
+            map.insert(key("a", &format!("04999-new-{step}"), None), result("{}"));
+            map.insert(key("a", "04000", None), result(&format!("{step}")));
+        });
+        let all: Vec<String> = chunks.iter().flat_map(|c| problems(c)).collect();
+        for i in 0..5000 {
+            let problem = format!("{i:05}");
+            assert_eq!(
+                all.iter().filter(|p| **p == problem).count(),
+                1,
+                "{problem}"
+            );
+        }
+        let mut sorted = all.clone();
+        sorted.sort();
+        assert_eq!(all, sorted, "returned in key order");
+    }
+}
