@@ -175,6 +175,16 @@ pub struct Config {
         value_parser = clap::value_parser!(u64).range(1..=1024 * 1024)
     )]
     pub write_queue_mib: u64,
+
+    /// Compact this node's own snapshot segments into one once there are more than this
+    /// many (also once they hold twice the live entries).
+    #[arg(
+        long,
+        env = "TUNECACHE_SNAPSHOT_COMPACT_SEGMENTS",
+        default_value_t = crate::snapshot::DEFAULT_COMPACT_SEGMENTS,
+        value_name = "N"
+    )]
+    pub snapshot_compact_segments: usize,
 }
 
 /// Where the tuner worker comes from.

@@ -26,6 +26,16 @@ pub struct TunedResult {
     pub tuned_at_unix_ms: i64,
 }
 
+/// Where an entry came from: the provenance the store and the journal keep per entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Origin {
+    /// This node's own contribution: a Record from its ranks or its tuner's result. Published
+    /// to the shared directory.
+    Own,
+    /// Learned from another node (a snapshot file or segment); never republished.
+    Learned,
+}
+
 impl CacheKey {
     /// Approximate bytes this key occupies in the journal; used to decide when to compact.
     pub fn encoded_len_estimate(&self) -> usize {

@@ -11,7 +11,8 @@
 //!
 //! Frame: magic `TCJ1` | payload length (u32 LE) | CRC-32 of payload (u32 LE) | payload, where
 //! the payload is a prost-encoded `tunecache.journal.v1.JournalBatch`. The magic lets replay
-//! find the next intact frame after damage in the middle of the file.
+//! find the next intact frame after damage in the middle of the file. Each entry keeps its
+//! provenance (`Origin`): own contributions and learned entries sit in separate fields.
 
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
@@ -22,7 +23,7 @@ use std::time::{Duration, Instant};
 use prost::Message;
 use tunecache_proto::journal::v1::JournalBatch;
 
-use crate::entry::{to_wire_entry, CacheKey, TunedResult};
+use crate::entry::{to_wire_entry, CacheKey, Origin, TunedResult};
 use crate::error::{Error, Result};
 
 const MAGIC: [u8; 4] = *b"TCJ1";
@@ -166,13 +167,18 @@ fn next_intact_frame(buf: &[u8], from: usize) -> Option<usize> {
     None
 }
 
-fn encode_frame(entries: &[(CacheKey, TunedResult)], out: &mut Vec<u8>) {
-    let batch = JournalBatch {
-        entries: entries
-            .iter()
-            .map(|(key, result)| to_wire_entry(key, result))
-            .collect(),
-    };
+/// One journalled change: the entry and where it came from.
+pub type JournalEntry = (CacheKey, TunedResult, Origin);
+
+fn encode_frame(entries: &[JournalEntry], out: &mut Vec<u8>) {
+    let mut batch = JournalBatch::default();
+    for (key, result, origin) in entries {
+        let field = match origin {
+            Origin::Own => &mut batch.entries,
+            Origin::Learned => &mut batch.learned,
+        };
+        field.push(to_wire_entry(key, result));
+    }
     let payload = batch.encode_to_vec();
     out.extend_from_slice(&MAGIC);
     // Frames are split well below u32::MAX (TARGET_FRAME_PAYLOAD), so the cast is exact.
@@ -182,13 +188,15 @@ fn encode_frame(entries: &[(CacheKey, TunedResult)], out: &mut Vec<u8>) {
 }
 
 /// Encodes entries as frames of about `TARGET_FRAME_PAYLOAD` bytes each.
-fn encode_frames<'a>(entries: impl Iterator<Item = (&'a CacheKey, &'a TunedResult)>) -> Vec<u8> {
+fn encode_frames<'a>(
+    entries: impl Iterator<Item = (&'a CacheKey, &'a TunedResult, Origin)>,
+) -> Vec<u8> {
     let mut out = Vec::new();
-    let mut chunk: Vec<(CacheKey, TunedResult)> = Vec::new();
+    let mut chunk: Vec<JournalEntry> = Vec::new();
     let mut chunk_bytes = 0;
-    for (key, result) in entries {
+    for (key, result, origin) in entries {
         chunk_bytes += key.encoded_len_estimate() + result.encoded_len_estimate();
-        chunk.push((key.clone(), result.clone()));
+        chunk.push((key.clone(), result.clone(), origin));
         if chunk_bytes >= TARGET_FRAME_PAYLOAD {
             encode_frame(&chunk, &mut out);
             chunk.clear();
@@ -321,7 +329,7 @@ impl Journal {
     pub fn open(
         dir: &Path,
         fsync: FsyncPolicy,
-        mut apply: impl FnMut(CacheKey, TunedResult),
+        mut apply: impl FnMut(CacheKey, TunedResult, Origin),
     ) -> Result<(Journal, ReplayReport)> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("creating state directory", dir, e))?;
         let dir_handle =
@@ -365,10 +373,12 @@ impl Journal {
                     match JournalBatch::decode(&buf[pos + HEADER_LEN..payload_end]) {
                         Ok(batch) => {
                             report.frames += 1;
-                            for entry in batch.entries {
+                            let own = batch.entries.into_iter().map(|e| (e, Origin::Own));
+                            let learned = batch.learned.into_iter().map(|e| (e, Origin::Learned));
+                            for (entry, origin) in own.chain(learned) {
                                 if let (Some(key), Some(result)) = (entry.key, entry.result) {
                                     report.entries += 1;
-                                    apply(key.into(), result.into());
+                                    apply(key.into(), result.into(), origin);
                                 }
                             }
                             pos = payload_end;
@@ -512,9 +522,9 @@ impl Journal {
     /// Appends entries as one or more frames and syncs according to the policy. On failure
     /// the file is cut back to where it was, so a failed write leaves no partial frame; if
     /// that or a sync fails, the journal refuses appends until it is rewritten.
-    pub fn append(&mut self, entries: &[(CacheKey, TunedResult)]) -> Result<u64> {
+    pub fn append(&mut self, entries: &[JournalEntry]) -> Result<u64> {
         self.ensure_writable()?;
-        let bytes = encode_frames(entries.iter().map(|(k, r)| (k, r)));
+        let bytes = encode_frames(entries.iter().map(|(k, r, o)| (k, r, *o)));
         let path = journal_path(&self.dir);
         if let Err(error) = self.file.write_all(&bytes) {
             if let Err(cut) = self.file.set_len(self.len) {
@@ -571,7 +581,7 @@ impl Journal {
     /// a later rewrite succeeds. A success makes a journal that refused appends writable.
     pub fn rewrite<'a>(
         &mut self,
-        live: impl Iterator<Item = (&'a CacheKey, &'a TunedResult)>,
+        live: impl Iterator<Item = (&'a CacheKey, &'a TunedResult, Origin)>,
     ) -> Result<()> {
         let bytes = encode_frames(live);
         let (file, id) = match place_new_journal(&self.dir, &bytes, self.fsync, Some(self.file_id))
@@ -606,7 +616,7 @@ impl Journal {
 mod tests {
     use super::*;
 
-    fn entry(i: u32) -> (CacheKey, TunedResult) {
+    fn entry(i: u32) -> JournalEntry {
         (
             CacheKey {
                 namespace: "ns".into(),
@@ -621,19 +631,25 @@ mod tests {
                 tuned_by: "t".into(),
                 tuned_at_unix_ms: 0,
             },
+            if i % 2 == 0 {
+                Origin::Own
+            } else {
+                Origin::Learned
+            },
         )
     }
 
-    fn replay(dir: &Path) -> (Vec<(CacheKey, TunedResult)>, ReplayReport) {
+    fn replay(dir: &Path) -> (Vec<JournalEntry>, ReplayReport) {
         let mut seen = Vec::new();
-        let (_, report) = Journal::open(dir, FsyncPolicy::Never, |k, r| seen.push((k, r))).unwrap();
+        let (_, report) =
+            Journal::open(dir, FsyncPolicy::Never, |k, r, o| seen.push((k, r, o))).unwrap();
         (seen, report)
     }
 
     #[test]
     fn replays_frames_and_skips_damage_in_the_middle() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Never, |_, _| {}).unwrap();
+        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _| {}).unwrap();
         let mut frame_starts = Vec::new();
         for i in 0..3 {
             frame_starts.push(journal.len() as usize);
@@ -658,7 +674,7 @@ mod tests {
     #[test]
     fn truncates_a_torn_tail() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Never, |_, _| {}).unwrap();
+        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _| {}).unwrap();
         journal.append(&[entry(1)]).unwrap();
         let good_len = journal.len();
         journal.append(&[entry(2)]).unwrap();
@@ -681,12 +697,15 @@ mod tests {
     #[test]
     fn rewrite_keeps_exactly_the_live_entries() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Always, |_, _| {}).unwrap();
+        let (mut journal, _) =
+            Journal::open(dir.path(), FsyncPolicy::Always, |_, _, _| {}).unwrap();
         for i in 0..10 {
             journal.append(&[entry(i)]).unwrap();
         }
         let live = [entry(3), entry(7)];
-        journal.rewrite(live.iter().map(|(k, r)| (k, r))).unwrap();
+        journal
+            .rewrite(live.iter().map(|(k, r, o)| (k, r, *o)))
+            .unwrap();
         journal.append(&[entry(8)]).unwrap();
         drop(journal);
         let (seen, report) = replay(dir.path());
@@ -727,7 +746,7 @@ mod tests {
     #[test]
     fn garbage_after_the_last_frame_is_damage_and_the_rewrite_keeps_the_copy() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Never, |_, _| {}).unwrap();
+        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _| {}).unwrap();
         journal.append(&[entry(1)]).unwrap();
         let good_len = journal.len();
         drop(journal);
@@ -737,15 +756,19 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
 
         let mut seen = Vec::new();
-        let (mut journal, report) =
-            Journal::open(dir.path(), FsyncPolicy::Always, |k, r| seen.push((k, r))).unwrap();
+        let (mut journal, report) = Journal::open(dir.path(), FsyncPolicy::Always, |k, r, o| {
+            seen.push((k, r, o))
+        })
+        .unwrap();
         assert_eq!(seen, vec![entry(1)]);
         assert!(report.torn_tail.is_none());
         assert_eq!(report.skipped.len(), 1);
         assert_eq!(report.skipped[0].offset, good_len);
         assert!(journal.holds_damage());
         // The clean rewrite replaces `journal`; the kept copy still holds the damage.
-        journal.rewrite(seen.iter().map(|(k, r)| (k, r))).unwrap();
+        journal
+            .rewrite(seen.iter().map(|(k, r, o)| (k, r, *o)))
+            .unwrap();
         assert!(!journal.holds_damage());
         let copies = kept_copies(dir.path());
         assert_eq!(copies.len(), 1);
@@ -756,11 +779,13 @@ mod tests {
     #[test]
     fn after_a_rewrite_appends_go_to_the_file_the_path_names() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Batch, |_, _| {}).unwrap();
+        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Batch, |_, _, _| {}).unwrap();
         for round in 0..3 {
             journal.append(&[entry(round)]).unwrap();
             let live = [entry(round)];
-            journal.rewrite(live.iter().map(|(k, r)| (k, r))).unwrap();
+            journal
+                .rewrite(live.iter().map(|(k, r, o)| (k, r, *o)))
+                .unwrap();
             let at_path = std::fs::metadata(journal_path(dir.path())).unwrap();
             assert_eq!(
                 file_id(&at_path),
@@ -778,13 +803,16 @@ mod tests {
     #[test]
     fn a_rewrite_that_cannot_write_its_new_file_leaves_appends_on_the_old_one() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Always, |_, _| {}).unwrap();
+        let (mut journal, _) =
+            Journal::open(dir.path(), FsyncPolicy::Always, |_, _, _| {}).unwrap();
         journal.append(&[entry(1)]).unwrap();
         // A directory where the new file must go: creating it fails before any rename.
         std::fs::create_dir(dir.path().join("journal.compacting")).unwrap();
         std::fs::write(dir.path().join("journal.compacting/x"), b"x").unwrap();
         let live = [entry(1)];
-        assert!(journal.rewrite(live.iter().map(|(k, r)| (k, r))).is_err());
+        assert!(journal
+            .rewrite(live.iter().map(|(k, r, o)| (k, r, *o)))
+            .is_err());
         assert!(journal.unwritable().is_none());
         journal.append(&[entry(2)]).unwrap();
         drop(journal);

@@ -248,6 +248,42 @@ impl Collector for StatsCollector {
         )?;
         counter(
             e,
+            "snapshot_bytes_read",
+            "File bytes read from the shared directory.",
+            s.snapshot_bytes_read,
+        )?;
+        counter(
+            e,
+            "snapshot_bytes_written",
+            "File bytes written to the shared directory.",
+            s.snapshot_bytes_written,
+        )?;
+        counter(
+            e,
+            "peer_segments_loaded",
+            "Other nodes' snapshot segments loaded.",
+            s.peer_segments_loaded,
+        )?;
+        counter(
+            e,
+            "segment_compactions",
+            "Compactions of this node's own snapshot segments.",
+            s.segment_compactions,
+        )?;
+        gauge(
+            e,
+            "snapshot_pass_bytes_read",
+            "File bytes the last shared-directory pass read.",
+            as_gauge(s.snapshot_pass_bytes_read),
+        )?;
+        gauge(
+            e,
+            "snapshot_pass_bytes_written",
+            "File bytes the last shared-directory pass wrote.",
+            as_gauge(s.snapshot_pass_bytes_written),
+        )?;
+        counter(
+            e,
             "tuner_jobs_done",
             "Tuner worker jobs finished.",
             s.tuner_jobs_done,

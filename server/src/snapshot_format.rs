@@ -1,5 +1,7 @@
-//! The on-disk format of shared-directory snapshots (`<node>.tunecache.json`), documented in
-//! `docs/snapshot-format.md`.
+//! The on-disk format of shared-directory files, documented in `docs/snapshot-format.md`:
+//! version-2 segments (`v2/<node>.<first>-<last>.seg.json`, written) and version-1 whole-cache
+//! snapshots (`<node>.tunecache.json`, only read, for migration). Both are one JSON object
+//! with the same entry layout; version 2 adds the segment's sequence range.
 //!
 //! Writing streams the cache map straight into the writer (no intermediate tree), in the
 //! map's sorted order, so the same content always gives the same entry bytes. Reading streams
@@ -22,8 +24,10 @@ use crate::validate;
 
 /// The `format` field of every snapshot file.
 pub const FORMAT_NAME: &str = "tunecache-snapshot";
-/// The one format version this build writes and reads.
-pub const FORMAT_VERSION: u64 = 1;
+/// The format version this build writes (segments).
+pub const FORMAT_VERSION: u64 = 2;
+/// Version-1 whole-cache snapshots of older daemons: still read and merged, never written.
+pub const FORMAT_VERSION_V1: u64 = 1;
 /// Suffix of snapshot files; everything else in the shared directory is ignored.
 pub const SNAPSHOT_SUFFIX: &str = ".tunecache.json";
 
@@ -71,15 +75,21 @@ struct DocumentOut<'a> {
     format: &'static str,
     version: u64,
     node: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_seq: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_seq: Option<u64>,
     written_at_unix_ms: i64,
     entry_count: usize,
     entries: EntriesInOrder<'a>,
 }
 
-/// Writes `map` as one snapshot document into `out` (the caller buffers and flushes).
-pub fn write_snapshot(
+/// Writes `map` as one version-2 segment covering sequence numbers `first..=last` into `out`
+/// (the caller buffers and flushes).
+pub fn write_segment(
     out: impl Write,
     node: &str,
+    (first, last): (u64, u64),
     written_at_unix_ms: i64,
     map: &CacheMap,
 ) -> serde_json::Result<()> {
@@ -87,6 +97,29 @@ pub fn write_snapshot(
         format: FORMAT_NAME,
         version: FORMAT_VERSION,
         node,
+        first_seq: Some(first),
+        last_seq: Some(last),
+        written_at_unix_ms,
+        entry_count: map.len(),
+        entries: EntriesInOrder(map),
+    };
+    serde_json::to_writer(out, &document)
+}
+
+/// Writes `map` as a version-1 whole-cache snapshot, as daemons before version 2 did. The
+/// daemon never calls this; tests and benchmarks use it to stand in for an older node.
+pub fn write_v1_snapshot(
+    out: impl Write,
+    node: &str,
+    written_at_unix_ms: i64,
+    map: &CacheMap,
+) -> serde_json::Result<()> {
+    let document = DocumentOut {
+        format: FORMAT_NAME,
+        version: FORMAT_VERSION_V1,
+        node,
+        first_seq: None,
+        last_seq: None,
         written_at_unix_ms,
         entry_count: map.len(),
         entries: EntriesInOrder(map),
@@ -116,6 +149,8 @@ struct EntryIn {
 #[derive(Debug)]
 pub struct ParsedSnapshot {
     pub node: String,
+    /// 1 for a whole-cache snapshot, 2 for a segment.
+    pub version: u64,
     pub written_at_unix_ms: i64,
     pub entries: Vec<(CacheKey, TunedResult)>,
     /// Entries the daemon would refuse in a Record (bad JSON config, negative time, ...);
@@ -226,6 +261,7 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
             entries.ok_or_else(|| de::Error::missing_field("entries"))?;
         Ok(ParsedSnapshot {
             node,
+            version: version.unwrap_or(FORMAT_VERSION),
             written_at_unix_ms,
             entries,
             invalid_entries,
@@ -270,9 +306,10 @@ fn check_format(format: Option<&str>, version: Option<u64>) -> Result<()> {
             "not a {FORMAT_NAME} document (format {format:?})"
         )));
     }
-    if version != Some(FORMAT_VERSION) {
+    if version != Some(FORMAT_VERSION) && version != Some(FORMAT_VERSION_V1) {
         return Err(Error::SnapshotFormat(format!(
-            "unknown format version {version:?}; this build reads version {FORMAT_VERSION}"
+            "unknown format version {version:?}; this build reads versions \
+             {FORMAT_VERSION_V1} and {FORMAT_VERSION}"
         )));
     }
     Ok(())
@@ -339,7 +376,7 @@ mod tests {
 
     fn written(map: &CacheMap, at: i64) -> Vec<u8> {
         let mut bytes = Vec::new();
-        write_snapshot(&mut bytes, "node-a", at, map).unwrap();
+        write_segment(&mut bytes, "node-a", (1, 1), at, map).unwrap();
         bytes
     }
 
@@ -352,6 +389,18 @@ mod tests {
         assert_eq!(parsed.invalid_entries, 0);
         let expected: Vec<_> = map.into_iter().collect();
         assert_eq!(parsed.entries, expected);
+    }
+
+    #[test]
+    fn version_1_snapshots_are_still_read() {
+        let map = sample_map(50);
+        let mut bytes = Vec::new();
+        write_v1_snapshot(&mut bytes, "old-node", 3, &map).unwrap();
+        let parsed = parse_snapshot(&bytes).unwrap();
+        assert_eq!((parsed.version, parsed.node.as_str()), (1, "old-node"));
+        assert_eq!(parsed.entries.len(), 50);
+        let segment = parse_snapshot(&written(&map, 3)).unwrap();
+        assert_eq!(segment.version, 2);
     }
 
     #[test]
@@ -376,7 +425,7 @@ mod tests {
         assert_eq!(reason(b""), "empty file");
         assert!(reason(&bytes[..bytes.len() / 2]).starts_with("truncated"));
         assert!(reason(b"\x89PNG garbage").starts_with("unparsable"));
-        let future = br#"{"format":"tunecache-snapshot","version":2,"entries":{"new":"shape"}}"#;
+        let future = br#"{"format":"tunecache-snapshot","version":3,"entries":{"new":"shape"}}"#;
         assert!(reason(future).contains("unknown format version"));
         let foreign = br#"{"format":"something-else","version":1,"entries":[]}"#;
         assert!(reason(foreign).contains("not a tunecache-snapshot"));
@@ -405,7 +454,7 @@ mod tests {
             let started = Instant::now();
             let file = std::fs::File::create(&path).unwrap();
             let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-            write_snapshot(&mut out, "node-a", 1, &map).unwrap();
+            write_segment(&mut out, "node-a", (1, 1), 1, &map).unwrap();
             out.flush().unwrap();
             let write_time = started.elapsed();
             let started = Instant::now();

@@ -7,6 +7,10 @@
 //! appends the changes to the journal as one write (group commit), then publishes the
 //! version and acknowledges. So an acknowledged Record is in the journal, and a batch is
 //! applied whole or not at all.
+//!
+//! Beside the cache the store keeps this node's own contributions (`Origin::Own`: its ranks'
+//! Records and its tuner's results, the best per key), which is what snapshots publish;
+//! entries learned from other nodes (`Origin::Learned`) only enter the cache.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -17,9 +21,9 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
-use crate::entry::{CacheKey, TunedResult};
+use crate::entry::{CacheKey, Origin, TunedResult};
 use crate::error::{Error, Result};
-use crate::journal::{FsyncPolicy, Journal, ReplayReport, BATCH_SYNC_INTERVAL};
+use crate::journal::{FsyncPolicy, Journal, JournalEntry, ReplayReport, BATCH_SYNC_INTERVAL};
 use crate::merge::{merge, MergeOutcome};
 
 /// One immutable version of the cache. Cloning is O(1) (structural sharing).
@@ -60,6 +64,7 @@ pub struct ApplyOutcome {
 enum WriteCommand {
     Apply {
         entries: Vec<(CacheKey, TunedResult)>,
+        origin: Origin,
         reply: oneshot::Sender<Result<ApplyOutcome>>,
         /// This request's share of the write queue, given back when the writer takes it.
         _queued: OwnedSemaphorePermit,
@@ -88,10 +93,14 @@ pub struct StoreCounters {
     pub generation: AtomicU64,
     /// Records refused because the write queue was full.
     pub writes_shed: AtomicU64,
+    /// Bumped each time this node's own contributions change.
+    pub own_generation: AtomicU64,
 }
 
 struct Shared {
     map: ArcSwap<CacheMap>,
+    /// This node's own contributions, best per key (a subset of the history of `map`).
+    own: ArcSwap<CacheMap>,
     counters: StoreCounters,
     listener: OnceLock<Arc<dyn ChangeListener>>,
     fsync: FsyncPolicy,
@@ -136,7 +145,11 @@ impl Store {
             .unwrap_or(u32::MAX)
             .clamp(1, Semaphore::MAX_PERMITS as u32);
         let mut map = CacheMap::new();
-        let (mut journal, report) = Journal::open(state_dir, fsync, |key, result| {
+        let mut own = CacheMap::new();
+        let (mut journal, report) = Journal::open(state_dir, fsync, |key, result, origin| {
+            if origin == Origin::Own && merge(own.get(&key), &result) == MergeOutcome::Replace {
+                own.insert(key.clone(), result.clone());
+            }
             if merge(map.get(&key), &result) == MergeOutcome::Replace {
                 map.insert(key, result);
             }
@@ -145,7 +158,7 @@ impl Store {
             // Damage was skipped: write the journal clean so it is not met again. Best effort
             // (a full disk must not stop the start): the writer retries, and appends after the
             // damage are safe meanwhile, as replay skips it.
-            if let Err(error) = journal.rewrite(map.iter()) {
+            if let Err(error) = journal.rewrite(live_entries(&map, &own)) {
                 tracing::warn!(
                     %error,
                     "journal: could not rewrite the damaged journal clean; will retry"
@@ -158,6 +171,7 @@ impl Store {
             .sum();
         let shared = Arc::new(Shared {
             map: ArcSwap::from_pointee(map),
+            own: ArcSwap::from_pointee(own),
             counters: StoreCounters::default(),
             listener: OnceLock::new(),
             fsync,
@@ -200,6 +214,12 @@ impl Store {
         self.shared.map.load_full()
     }
 
+    /// The current version of this node's own contributions (best per key): what it
+    /// publishes to the shared directory.
+    pub fn own_contributions(&self) -> Arc<CacheMap> {
+        self.shared.own.load_full()
+    }
+
     pub fn get(&self, key: &CacheKey) -> Option<TunedResult> {
         self.shared.map.load().get(key).cloned()
     }
@@ -220,37 +240,59 @@ impl Store {
         self.shared.fsync
     }
 
-    /// Merges `entries` into the cache through the merge rule and returns once the changes
-    /// are in the journal and visible. All or nothing. Waits for room in the write queue:
-    /// for the daemon's own writers (snapshots, the tuner), which have no caller to retry.
+    /// Merges this node's own contributions into the cache through the merge rule and
+    /// returns once the changes are in the journal and visible. All or nothing. Waits for room
+    /// in the write queue: for the daemon's own writers (the tuner), which have no caller to
+    /// retry.
     pub async fn apply(&self, entries: Vec<(CacheKey, TunedResult)>) -> Result<ApplyOutcome> {
+        self.apply_from(entries, Origin::Own).await
+    }
+
+    /// Like `apply`, for entries learned from other nodes (snapshots, a shared tier): they
+    /// enter the cache but are not this node's contributions, so it never republishes them.
+    pub async fn apply_learned(
+        &self,
+        entries: Vec<(CacheKey, TunedResult)>,
+    ) -> Result<ApplyOutcome> {
+        self.apply_from(entries, Origin::Learned).await
+    }
+
+    /// Merges `entries` with the given provenance, waiting for room in the write queue.
+    pub async fn apply_from(
+        &self,
+        entries: Vec<(CacheKey, TunedResult)>,
+        origin: Origin,
+    ) -> Result<ApplyOutcome> {
         let units = self.queue_units_for(&entries);
         let queued = Arc::clone(&self.shared.queue_room)
             .acquire_many_owned(units)
             .await
             .map_err(|_| Error::WriterGone)?;
-        self.send(entries, queued).await
+        self.send(entries, origin, queued).await
     }
 
-    /// `apply` for callers: when the write queue is full (the disk is slower than the
-    /// callers) it answers `WriteQueueFull` at once instead of growing.
+    /// `apply` for callers (Record: this node's own contributions): when the write queue is
+    /// full (the disk is slower than the callers) it answers `WriteQueueFull` at once instead
+    /// of growing.
     pub async fn try_apply(&self, entries: Vec<(CacheKey, TunedResult)>) -> Result<ApplyOutcome> {
         let units = self.queue_units_for(&entries);
         let Ok(queued) = Arc::clone(&self.shared.queue_room).try_acquire_many_owned(units) else {
             return Err(self.shed());
         };
-        self.send(entries, queued).await
+        self.send(entries, Origin::Own, queued).await
     }
 
     async fn send(
         &self,
         entries: Vec<(CacheKey, TunedResult)>,
+        origin: Origin,
         queued: OwnedSemaphorePermit,
     ) -> Result<ApplyOutcome> {
         let (reply, outcome) = oneshot::channel();
         self.writes
             .send(WriteCommand::Apply {
                 entries,
+                origin,
                 reply,
                 _queued: queued,
             })
@@ -378,7 +420,12 @@ fn run_writer(journal: Journal, commands: mpsc::Receiver<WriteCommand>, shared: 
         let mut next_command = Some(first);
         while let Some(command) = next_command.take() {
             match command {
-                WriteCommand::Apply { entries, reply, .. } => group.push((entries, reply)),
+                WriteCommand::Apply {
+                    entries,
+                    origin,
+                    reply,
+                    ..
+                } => group.push((entries, origin, reply)),
                 WriteCommand::Stop => {
                     stop = true;
                     break;
@@ -402,38 +449,55 @@ fn run_writer(journal: Journal, commands: mpsc::Receiver<WriteCommand>, shared: 
 }
 
 type Reply = oneshot::Sender<Result<ApplyOutcome>>;
+/// One write request in a group commit: its entries, their provenance, who to answer.
+type GroupedWrite = (Vec<(CacheKey, TunedResult)>, Origin, Reply);
 
 impl Writer {
     /// Merges a group of write requests into one new version, journals the changes in one
     /// append, publishes, then acknowledges each request.
-    fn apply_group(&mut self, group: Vec<(Vec<(CacheKey, TunedResult)>, Reply)>) {
+    fn apply_group(&mut self, group: Vec<GroupedWrite>) {
         self.journal.check_path();
         self.repair_if_needed();
         let mut next = CacheMap::clone(&self.shared.map.load());
+        let mut own_next = CacheMap::clone(&self.shared.own.load());
         let mut changed = Vec::new();
+        let mut journalled: Vec<JournalEntry> = Vec::new();
+        let mut own_changed = false;
         let mut replies = Vec::with_capacity(group.len());
         let live_before = self.live_bytes;
-        for (entries, reply) in group {
+        for (entries, origin, reply) in group {
             let mut outcome = ApplyOutcome::default();
             for (key, result) in entries {
+                // An own result is kept as a contribution even when a learned one beats it
+                // in the cache, so compaction of this node's segments never loses it.
+                let own_replace = origin == Origin::Own
+                    && merge(own_next.get(&key), &result) == MergeOutcome::Replace;
                 let current = next.get(&key);
-                if merge(current, &result) == MergeOutcome::Keep {
+                let replace = merge(current, &result) == MergeOutcome::Replace;
+                if !replace {
                     outcome.unchanged += 1;
-                    continue;
+                } else {
+                    let key_bytes = key.encoded_len_estimate() as u64;
+                    let old = current.map_or(0, |r| key_bytes + r.encoded_len_estimate() as u64);
+                    self.live_bytes =
+                        self.live_bytes + key_bytes + result.encoded_len_estimate() as u64 - old;
+                    next.insert(key.clone(), result.clone());
+                    changed.push((key.clone(), result.clone()));
+                    outcome.stored += 1;
                 }
-                let key_bytes = key.encoded_len_estimate() as u64;
-                let old = current.map_or(0, |r| key_bytes + r.encoded_len_estimate() as u64);
-                self.live_bytes =
-                    self.live_bytes + key_bytes + result.encoded_len_estimate() as u64 - old;
-                next.insert(key.clone(), result.clone());
-                changed.push((key, result));
-                outcome.stored += 1;
+                if own_replace {
+                    own_next.insert(key.clone(), result.clone());
+                    own_changed = true;
+                    journalled.push((key, result, Origin::Own));
+                } else if replace {
+                    journalled.push((key, result, Origin::Learned));
+                }
             }
             replies.push((reply, outcome));
         }
 
-        if !changed.is_empty() {
-            if let Err(error) = self.journal.append(&changed) {
+        if !journalled.is_empty() {
+            if let Err(error) = self.journal.append(&journalled) {
                 self.live_bytes = live_before;
                 self.note_write_failure(&error);
                 self.note_health();
@@ -450,12 +514,19 @@ impl Writer {
                 tracing::info!("journal appends succeed again");
             }
             self.note_health();
+            if own_changed {
+                self.shared.own.store(Arc::new(own_next));
+                self.shared
+                    .counters
+                    .own_generation
+                    .fetch_add(1, Ordering::Release);
+            }
             self.shared.map.store(Arc::new(next));
             self.shared
                 .counters
                 .generation
                 .fetch_add(1, Ordering::Release);
-            if let Some(listener) = self.shared.listener.get() {
+            if let (Some(listener), false) = (self.shared.listener.get(), changed.is_empty()) {
                 listener.entries_changed(&changed);
             }
         }
@@ -480,7 +551,8 @@ impl Writer {
             return;
         }
         let map = self.shared.map.load_full();
-        match self.journal.rewrite(map.iter()) {
+        let own = self.shared.own.load_full();
+        match self.journal.rewrite(live_entries(&map, &own)) {
             Ok(()) => {
                 self.shared
                     .counters
@@ -531,7 +603,8 @@ impl Writer {
             return;
         }
         let map = self.shared.map.load_full();
-        match self.journal.rewrite(map.iter()) {
+        let own = self.shared.own.load_full();
+        match self.journal.rewrite(live_entries(&map, &own)) {
             Ok(()) => {
                 self.compaction_failure = None;
                 tracing::info!(
@@ -605,4 +678,18 @@ impl Writer {
         }
         *shown = now;
     }
+}
+
+/// What a compacted journal holds: every own contribution, then every cache entry that is
+/// not one of them (learned, or an own result later beaten by a learned one).
+fn live_entries<'a>(
+    map: &'a CacheMap,
+    own: &'a CacheMap,
+) -> impl Iterator<Item = (&'a CacheKey, &'a TunedResult, Origin)> {
+    let own_entries = own.iter().map(|(k, r)| (k, r, Origin::Own));
+    let learned = map
+        .iter()
+        .filter(|(k, r)| own.get(*k) != Some(*r))
+        .map(|(k, r)| (k, r, Origin::Learned));
+    own_entries.chain(learned)
 }

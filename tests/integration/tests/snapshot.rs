@@ -103,18 +103,21 @@ async fn snapshot_is_complete_json_and_nothing_new_touches_nothing() {
     client.record(numbered("q", 0..5, "a")).await.unwrap();
     let written = snapshot(&client).await.unwrap();
     assert!(!written.skipped_unchanged);
+    // 15 contributions published in all; the new segment holds just the 5 new ones.
     assert_eq!(written.entries, 15);
-    let file = shared.join("node-a.tunecache.json");
-    assert_eq!(written.path, file.display().to_string());
+    let file = PathBuf::from(&written.path);
+    assert_eq!(file.parent(), Some(shared.join("v2").as_path()));
+    assert!(written.path.ends_with(".seg.json"), "{}", written.path);
     assert_eq!(written.bytes, std::fs::metadata(&file).unwrap().len());
 
     let document = read_json(&file);
     assert_eq!(document["format"], "tunecache-snapshot");
-    assert_eq!(document["version"], 1);
+    assert_eq!(document["version"], 2);
     assert_eq!(document["node"], "node-a");
-    assert_eq!(document["entry_count"], 15);
+    assert_eq!(document["entry_count"], 5);
+    assert_eq!(document["first_seq"], document["last_seq"]);
     let entries = document["entries"].as_array().unwrap();
-    assert_eq!(entries.len(), 15);
+    assert_eq!(entries.len(), 5);
     let problems: Vec<&str> = entries
         .iter()
         .map(|e| e["problem"].as_str().unwrap())
@@ -123,21 +126,34 @@ async fn snapshot_is_complete_json_and_nothing_new_touches_nothing() {
     sorted.sort();
     assert_eq!(problems, sorted, "entries are written in key order");
     assert_eq!(
-        hidden_files(&shared),
+        hidden_files(&shared.join("v2")),
         Vec::<String>::new(),
         "no temp file left"
     );
 
-    let before = std::fs::metadata(&file).unwrap();
+    let listing = |dir: &Path| -> Vec<(String, u64, i64, i64)> {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let m = e.metadata().unwrap();
+                let name = e.file_name().into_string().unwrap();
+                (name, m.ino(), m.mtime(), m.mtime_nsec())
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let before = listing(&shared.join("v2"));
     tokio::time::sleep(Duration::from_millis(50)).await;
     let again = snapshot(&client).await.unwrap();
     assert!(again.skipped_unchanged);
     assert_eq!(again.entries, 15);
-    let after = std::fs::metadata(&file).unwrap();
+    assert_eq!(again.bytes, 0);
     assert_eq!(
-        (before.ino(), before.mtime(), before.mtime_nsec()),
-        (after.ino(), after.mtime(), after.mtime_nsec()),
-        "an unchanged state must not rewrite the file"
+        before,
+        listing(&shared.join("v2")),
+        "an unchanged state must not write a file"
     );
     let stats = client.stats().await.unwrap();
     assert_eq!(stats.shared_dir, shared.display().to_string());
@@ -209,25 +225,21 @@ async fn two_nodes_converge_and_agree_on_a_contested_key() {
             "{name}: the lower time wins"
         );
     }
-    // Converged: both files hold the same entries, byte for byte in the same order.
-    eventually(
-        Duration::from_secs(20),
-        "both snapshot files hold the same entries",
-        || async {
-            let a = std::fs::read(shared.join("node-a.tunecache.json")).ok();
-            let b = std::fs::read(shared.join("node-b.tunecache.json")).ok();
-            let entries = |bytes: Option<Vec<u8>>| {
-                bytes
-                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                    .map(|doc| doc["entries"].clone())
-            };
-            let (a, b) = (entries(a), entries(b));
-            a.is_some()
-                && a == b
-                && a.as_ref().and_then(|e| e.as_array()).map(Vec::len) == Some(501)
-        },
-    )
-    .await;
+    // Each node published its own contributions only: 201 and 301 entries.
+    for (node, own) in [("node-a", 201), ("node-b", 301)] {
+        let published: usize = std::fs::read_dir(shared.join("v2"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|name| name.starts_with(&format!("{node}.")))
+            .map(|name| {
+                read_json(&shared.join("v2").join(name))["entries"]
+                    .as_array()
+                    .unwrap()
+                    .len()
+            })
+            .sum();
+        assert_eq!(published, own, "{node} publishes only what it contributed");
+    }
     let stats = client_a.stats().await.unwrap();
     assert!(stats.peer_files_loaded >= 1);
     assert_eq!(stats.snapshot_errors, 0);
@@ -256,7 +268,12 @@ async fn fresh_node_starts_from_the_shared_dir_past_damaged_files() {
     snapshot(&client).await.unwrap();
     a.terminate(Duration::from_secs(10));
 
-    let good = std::fs::read(shared.join("node-a.tunecache.json")).unwrap();
+    let segment = std::fs::read_dir(shared.join("v2"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".seg.json"))
+        .expect("node-a published a segment");
+    let good = std::fs::read(segment).unwrap();
     std::fs::write(shared.join("empty.tunecache.json"), b"").unwrap();
     std::fs::write(
         shared.join("truncated.tunecache.json"),
@@ -487,7 +504,11 @@ async fn hung_shared_filesystem_never_stalls_ranks_or_shutdown() {
     let mut recorded = numbered("before", 0..50, "h");
     client.record(recorded.clone()).await.unwrap();
     snapshot(&client).await.unwrap();
-    assert!(backing.join("node-h.tunecache.json").exists());
+    assert!(std::fs::read_dir(backing.join("v2")).unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with("node-h.")));
 
     kill(mount.fuse_pid(), Signal::SIGSTOP).unwrap();
     // Something new to publish, so the next interval's I/O hits the stopped server.
@@ -602,7 +623,7 @@ async fn full_and_read_only_shared_dirs_are_reported_and_serving_goes_on() {
     );
     assert_eq!(stats.entries, 2000, "local data is kept");
     assert_eq!(
-        hidden_files(&tiny),
+        hidden_files(&tiny.join("v2")),
         Vec::<String>::new(),
         "the failed temp file is removed"
     );

@@ -1,0 +1,810 @@
+//! The snapshot I/O thread's work: every call on the shared directory happens here, never on
+//! the async runtime.
+//!
+//! - Load: read what is new. Version-2 segments of other nodes, from where this node left
+//!   off per node (`segments::next_to_read`); at the first load also this node's own segments
+//!   (a wiped node gets its contributions back, and learns what it has already published);
+//!   version-1 whole-cache files of older daemons, re-read only when their version changes.
+//! - Publish: one new segment holding the own contributions not yet published, by temp file
+//!   and rename; then, past the bound, compaction of this node's segments into one, renamed
+//!   in before the segments it replaces are removed.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::entry::{unix_now_ms, CacheKey, Origin, TunedResult};
+use crate::error::{Error, Result};
+use crate::merge::{merge, MergeOutcome};
+use crate::shared_file::{self, FileVersion, OpenError};
+use crate::snapshot_format::{self, ParsedSnapshot, SNAPSHOT_SUFFIX};
+use crate::store::CacheMap;
+
+use super::segments::{self, Next, SegmentName, SEGMENT_DIR, SEGMENT_TEMP_MARKER};
+use super::{Operation, Shared};
+
+/// Temp files older than this belong to writers that crashed; they are removed.
+const STALE_TEMP_AGE: Duration = Duration::from_secs(3600);
+/// How often a read that raced a replacement (ENOENT, ESTALE) is tried again.
+const REPLACEMENT_RETRIES: usize = 3;
+/// Marks version-1 temp files (written by older daemons); removed when stale.
+const V1_TEMP_MARKER: &str = ".tunecache.json.tmp.";
+/// A load stops starting new reads after this long and goes on next pass, so a node joining
+/// a large cluster never runs into the async side's wait bound.
+const LOAD_BUDGET: Duration = Duration::from_secs(4);
+/// A gap in a node's segments that lasts this many listings is skipped (files removed by
+/// hand); a shorter one is a listing that raced a compaction.
+const GAP_PASSES: u32 = 3;
+/// Compaction also runs when the own segments hold more than twice the live entries, once
+/// they hold at least this many.
+const COMPACT_MIN_ENTRIES: usize = 10_000;
+
+pub(super) enum IoJob {
+    Write {
+        own: Arc<CacheMap>,
+        reply: tokio::sync::oneshot::Sender<Result<WriteReport>>,
+    },
+    Load {
+        include_own_v1: bool,
+        reply: tokio::sync::oneshot::Sender<Result<LoadReport>>,
+    },
+}
+
+/// What a publish did.
+pub(super) struct WriteReport {
+    /// The segment written, or the segment directory when there was nothing new.
+    pub path: PathBuf,
+    pub wrote: bool,
+    pub bytes: u64,
+    /// Own contributions published in all, after this write.
+    pub published: usize,
+}
+
+/// How to forget that a loaded file was read, when nobody took its entries.
+enum Undo {
+    V1(OsString),
+    Segment { node: String, read_through: u64 },
+    OwnSegments,
+}
+
+pub(super) struct LoadedFile {
+    pub name: String,
+    pub node: String,
+    pub origin: Origin,
+    pub entries: Vec<(CacheKey, TunedResult)>,
+    undo: Undo,
+}
+
+#[derive(Default)]
+pub(super) struct LoadReport {
+    pub files: Vec<LoadedFile>,
+}
+
+/// Where this reader stands with one other node's segments.
+#[derive(Default)]
+struct NodeCursor {
+    read_through: u64,
+    gap_passes: u32,
+}
+
+/// This node's own segments, as far as its writer knows them.
+#[derive(Default)]
+struct OwnSegments {
+    /// Listed and read once since start.
+    loaded: bool,
+    segments: Vec<SegmentName>,
+    next_seq: u64,
+    /// Best entry per key that the segments hold: what is published.
+    published: CacheMap,
+    /// Entries the segments hold, superseded ones included.
+    entries_in_segments: usize,
+}
+
+/// The I/O thread's state.
+pub(super) struct IoWorker {
+    shared: Arc<Shared>,
+    /// Version-1 files: the version of each already taken in (or skipped).
+    seen: HashMap<OsString, FileVersion>,
+    cursors: HashMap<String, NodeCursor>,
+    own: OwnSegments,
+    /// Nodes whose segment gap was already warned about.
+    warned_gaps: HashSet<String>,
+}
+
+/// A read of one file: its version and its entries, or why it was skipped.
+type FileRead = (FileVersion, Result<ParsedSnapshot>);
+
+impl IoWorker {
+    pub(super) fn new(shared: Arc<Shared>) -> IoWorker {
+        IoWorker {
+            shared,
+            seen: HashMap::new(),
+            cursors: HashMap::new(),
+            own: OwnSegments::default(),
+            warned_gaps: HashSet::new(),
+        }
+    }
+
+    pub(super) fn run(mut self, jobs: mpsc::Receiver<IoJob>) {
+        while let Ok(job) = jobs.recv() {
+            match job {
+                IoJob::Write { own, reply } => {
+                    self.begin(Operation::Write);
+                    let outcome = self.publish(&own);
+                    drop(own);
+                    self.end();
+                    let _ = reply.send(outcome);
+                }
+                IoJob::Load {
+                    include_own_v1,
+                    reply,
+                } => {
+                    self.begin(Operation::Load);
+                    let outcome = self.load(include_own_v1);
+                    self.end();
+                    if let Err(Ok(abandoned)) = reply.send(outcome) {
+                        // Nobody waited for these entries any more: read them again next
+                        // time rather than losing them.
+                        for file in abandoned.files.into_iter().rev() {
+                            self.undo(file.undo);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn undo(&mut self, undo: Undo) {
+        match undo {
+            Undo::V1(name) => {
+                self.seen.remove(&name);
+            }
+            Undo::Segment { node, read_through } => {
+                let cursor = self.cursors.entry(node).or_default();
+                cursor.read_through = cursor.read_through.min(read_through);
+            }
+            Undo::OwnSegments => self.own.loaded = false,
+        }
+    }
+
+    fn begin(&self, operation: Operation) {
+        self.shared.begin(operation);
+    }
+
+    fn end(&self) {
+        self.shared.end();
+    }
+
+    fn dir(&self) -> &Path {
+        &self.shared.settings.dir
+    }
+
+    fn segment_dir(&self) -> PathBuf {
+        self.dir().join(SEGMENT_DIR)
+    }
+
+    fn node(&self) -> &str {
+        &self.shared.settings.node
+    }
+
+    /// Counts and reports a failure; logs each kind of failure of each operation once.
+    fn failed(&self, operation: Operation, what: &str, path: &Path, error: &io::Error) -> Error {
+        self.shared.failed(operation, what, path, error)
+    }
+
+    // --- Load ---------------------------------------------------------------------------
+
+    fn load(&mut self, include_own_v1: bool) -> Result<LoadReport> {
+        let started = Instant::now();
+        let mut report = LoadReport::default();
+        let outcome = self
+            .load_v1(include_own_v1, &mut report)
+            .and_then(|()| self.load_segments(started, &mut report));
+        if let Err(error) = outcome {
+            // Nothing of a failed load reaches the store: read it all again next time.
+            for file in report.files.into_iter().rev() {
+                self.undo(file.undo);
+            }
+            return Err(error);
+        }
+        Ok(report)
+    }
+
+    /// Version-1 `<node>.tunecache.json` files in the top directory.
+    fn load_v1(&mut self, include_own_v1: bool, report: &mut LoadReport) -> Result<()> {
+        let dir = self.dir().to_path_buf();
+        let listing = match fs::read_dir(&dir) {
+            Ok(listing) => listing,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                // First node on a fresh shared directory: create it, nothing to read yet.
+                fs::create_dir_all(&dir)
+                    .map_err(|e| self.failed(Operation::Load, "creating", &dir, &e))?;
+                return Ok(());
+            }
+            Err(error) => return Err(self.failed(Operation::Load, "listing", &dir, &error)),
+        };
+        let own_v1 = snapshot_format::snapshot_file_name(self.node());
+        let mut present = HashSet::new();
+        for dirent in listing {
+            let dirent = dirent.map_err(|e| self.failed(Operation::Load, "listing", &dir, &e))?;
+            let name = dirent.file_name();
+            let Some(text) = name.to_str() else { continue };
+            if text.starts_with('.') {
+                if text.contains(V1_TEMP_MARKER) {
+                    remove_if_stale(&dirent.path());
+                }
+                continue;
+            }
+            if !text.ends_with(SNAPSHOT_SUFFIX) || text.len() == SNAPSHOT_SUFFIX.len() {
+                continue;
+            }
+            if text == own_v1 && !include_own_v1 {
+                continue;
+            }
+            present.insert(name.clone());
+            if let Some(file) = self.read_v1_if_changed(&dirent.path(), name) {
+                report.files.push(file);
+            }
+        }
+        // Forget files that are gone (or our own, once no longer read) so a later file of
+        // the same name is read afresh.
+        self.seen.retain(|name, _| present.contains(name));
+        Ok(())
+    }
+
+    /// Reads one version-1 file unless this version was taken in (or skipped) before.
+    fn read_v1_if_changed(&mut self, path: &Path, name: OsString) -> Option<LoadedFile> {
+        let seen = self.seen.get(&name).copied();
+        let (version, parsed) = match self.read_with_retries(path, seen) {
+            Ok(Some(read)) => read,
+            Ok(None) => return None,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return None,
+            Err(error) => {
+                let _ = self.failed(Operation::Load, "reading", path, &error);
+                return None;
+            }
+        };
+        // Either way this version is done with: loaded now, or warned about once.
+        self.seen.insert(name.clone(), version);
+        let parsed = self.accept(path, version, parsed)?;
+        Some(LoadedFile {
+            name: name.to_string_lossy().into_owned(),
+            node: parsed.node,
+            origin: Origin::Learned,
+            entries: parsed.entries,
+            undo: Undo::V1(name),
+        })
+    }
+
+    /// Counts a file read as loaded or skipped, and warns about a skipped one.
+    fn accept(
+        &self,
+        path: &Path,
+        version: FileVersion,
+        parsed: Result<ParsedSnapshot>,
+    ) -> Option<ParsedSnapshot> {
+        let counters = &self.shared.counters;
+        match parsed {
+            Ok(parsed) => {
+                counters.peer_files_loaded.fetch_add(1, Ordering::Relaxed);
+                if parsed.invalid_entries > 0 {
+                    tracing::warn!(
+                        path = %path.display(),
+                        invalid = parsed.invalid_entries,
+                        "snapshot file holds entries a Record would refuse; they are skipped"
+                    );
+                }
+                Some(parsed)
+            }
+            Err(reason) => {
+                counters.peer_files_skipped.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    path = %path.display(),
+                    bytes = version.size,
+                    "{reason}; skipped until the file changes"
+                );
+                None
+            }
+        }
+    }
+
+    /// Reads a file, retrying when a replacement raced the read (ENOENT, or ESTALE on NFS).
+    /// `Ok(None)` when its version is `seen`.
+    fn read_with_retries(
+        &self,
+        path: &Path,
+        seen: Option<FileVersion>,
+    ) -> io::Result<Option<FileRead>> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.read_new_version(path, seen) {
+                Err(error) if is_replacement_race(&error) && attempt <= REPLACEMENT_RETRIES => {
+                    std::thread::sleep(Duration::from_millis(20 * attempt as u64));
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    /// `Ok(None)` when the file is the version `seen`. Otherwise the version read and either
+    /// its entries or why it was skipped (refused by type or size, or damaged).
+    fn read_new_version(
+        &self,
+        path: &Path,
+        seen: Option<FileVersion>,
+    ) -> io::Result<Option<FileRead>> {
+        // lstat: a symlink's version is the link's own, so it is refused once, not per pass.
+        let version = shared_file::version_of(path)?;
+        if seen == Some(version) {
+            return Ok(None);
+        }
+        let max_bytes = self.shared.settings.max_file_bytes;
+        let opened = match shared_file::open(path, max_bytes) {
+            Ok(opened) => opened,
+            Err(OpenError::Io(error)) => return Err(error),
+            Err(OpenError::Refused(refusal, refused_version)) => {
+                let error = Error::SnapshotFormat(refusal.to_string());
+                return Ok(Some((refused_version.unwrap_or(version), Err(error))));
+            }
+        };
+        // The version of what is actually read, which may be newer than the lstat above.
+        let version = opened.version;
+        let reader = opened.reader(max_bytes, Arc::clone(&self.shared.counters.bytes_read));
+        Ok(Some((version, snapshot_format::read_snapshot(reader))))
+    }
+
+    /// Lists `DIR/v2`, removes stale temp files, and groups the segments by node.
+    fn list_segments(&self) -> Result<std::collections::BTreeMap<String, Vec<SegmentName>>> {
+        let dir = self.segment_dir();
+        let listing = match fs::read_dir(&dir) {
+            Ok(listing) => listing,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                // No node has published a segment yet. A directory that cannot be created
+                // (read-only, full) is reported by the publish that needs it.
+                if let Err(error) = fs::create_dir_all(&dir) {
+                    tracing::debug!(dir = %dir.display(), %error, "segment directory not created");
+                }
+                return Ok(Default::default());
+            }
+            Err(error) => return Err(self.failed(Operation::Load, "listing", &dir, &error)),
+        };
+        let mut names = Vec::new();
+        for dirent in listing {
+            let dirent = dirent.map_err(|e| self.failed(Operation::Load, "listing", &dir, &e))?;
+            let name = dirent.file_name();
+            let Some(text) = name.to_str() else { continue };
+            if text.starts_with('.') {
+                if text.contains(SEGMENT_TEMP_MARKER) {
+                    remove_if_stale(&dirent.path());
+                }
+                continue;
+            }
+            names.extend(SegmentName::parse(text));
+        }
+        Ok(segments::group_by_node(names))
+    }
+
+    fn load_segments(&mut self, started: Instant, report: &mut LoadReport) -> Result<()> {
+        let mut by_node = self.list_segments()?;
+        let own_listed = by_node.remove(self.node()).unwrap_or_default();
+        if !self.own.loaded {
+            self.load_own_segments(own_listed, report)?;
+        } else {
+            self.remove_leftovers(&own_listed);
+        }
+        for (node, listed) in by_node {
+            if started.elapsed() > LOAD_BUDGET {
+                tracing::debug!("load budget spent; the rest is read next pass");
+                break;
+            }
+            self.read_new_segments(&node, &listed, started, report);
+        }
+        Ok(())
+    }
+
+    /// At the first load: what this node has published, and its own contributions back.
+    fn load_own_segments(
+        &mut self,
+        listed: Vec<SegmentName>,
+        report: &mut LoadReport,
+    ) -> Result<()> {
+        let mut published = CacheMap::new();
+        let mut entries_in_segments = 0;
+        let mut entries = Vec::new();
+        let mut read_through = 0;
+        while let Next::Read(segment) = segments::next_to_read(&listed, read_through) {
+            let path = self.segment_dir().join(segment.file_name());
+            let (version, parsed) = match self.read_with_retries(&path, None) {
+                Ok(Some(read)) => read,
+                // Removed since the listing: look again next pass.
+                Ok(None) => return Ok(()),
+                // Without every own segment the writer cannot know what it published, and
+                // a compaction could drop what it did not read: fail, retry with backoff.
+                Err(error) => return Err(self.failed(Operation::Load, "reading", &path, &error)),
+            };
+            if let Some(parsed) = self.accept(&path, version, parsed) {
+                entries_in_segments += parsed.entries.len();
+                for (key, result) in parsed.entries {
+                    if merge(published.get(&key), &result) == MergeOutcome::Replace {
+                        published.insert(key.clone(), result.clone());
+                    }
+                    entries.push((key, result));
+                }
+            }
+            read_through = segment.last;
+        }
+        self.own = OwnSegments {
+            loaded: true,
+            next_seq: listed.iter().map(|s| s.last).max().unwrap_or(0) + 1,
+            segments: listed,
+            published,
+            entries_in_segments,
+        };
+        if !entries.is_empty() {
+            tracing::info!(
+                segments = self.own.segments.len(),
+                entries = self.own.published.len(),
+                "read this node's own published segments"
+            );
+            report.files.push(LoadedFile {
+                name: format!("{SEGMENT_DIR}/{}.*", self.node()),
+                node: self.node().to_owned(),
+                origin: Origin::Own,
+                entries,
+                undo: Undo::OwnSegments,
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads the segments of `node` this reader has not read yet, in order.
+    fn read_new_segments(
+        &mut self,
+        node: &str,
+        listed: &[SegmentName],
+        started: Instant,
+        report: &mut LoadReport,
+    ) {
+        let mut read_through = self.cursors.get(node).map_or(0, |c| c.read_through);
+        let mut gap_passes = self.cursors.get(node).map_or(0, |c| c.gap_passes);
+        loop {
+            if started.elapsed() > LOAD_BUDGET {
+                break;
+            }
+            let segment = match segments::next_to_read(listed, read_through) {
+                Next::UpToDate => {
+                    gap_passes = 0;
+                    break;
+                }
+                Next::Read(segment) => segment,
+                Next::Restarted => {
+                    tracing::warn!(
+                        node,
+                        read_through,
+                        "a node's segments restarted numbering; reading them from the start"
+                    );
+                    read_through = 0;
+                    continue;
+                }
+                Next::Gap => {
+                    gap_passes += 1;
+                    if gap_passes < GAP_PASSES {
+                        break;
+                    }
+                    // The same hole over several listings: files were removed by hand.
+                    let resume = listed
+                        .iter()
+                        .map(|s| s.first)
+                        .filter(|first| *first > read_through)
+                        .min()
+                        .unwrap_or(read_through + 1);
+                    if self.warned_gaps.insert(node.to_owned()) {
+                        tracing::warn!(
+                            node,
+                            missing_from = read_through + 1,
+                            missing_to = resume - 1,
+                            "segments of a node are missing from the shared directory; skipped"
+                        );
+                    }
+                    read_through = resume - 1;
+                    gap_passes = 0;
+                    continue;
+                }
+            };
+            let path = self.segment_dir().join(segment.file_name());
+            let (version, parsed) = match self.read_with_retries(&path, None) {
+                Ok(Some(read)) => read,
+                // Removed by a compaction after the listing: the compacted segment is in
+                // place; the next listing finds it.
+                Ok(None) => break,
+                Err(error) if error.kind() == io::ErrorKind::NotFound => break,
+                Err(error) => {
+                    let _ = self.failed(Operation::Load, "reading", &path, &error);
+                    break;
+                }
+            };
+            let before = read_through;
+            // A damaged segment is warned about once and passed over, like a damaged file.
+            read_through = segment.last;
+            if let Some(parsed) = self.accept(&path, version, parsed) {
+                self.shared
+                    .counters
+                    .segments_loaded
+                    .fetch_add(1, Ordering::Relaxed);
+                report.files.push(LoadedFile {
+                    name: segment.file_name(),
+                    node: node.to_owned(),
+                    origin: Origin::Learned,
+                    entries: parsed.entries,
+                    undo: Undo::Segment {
+                        node: node.to_owned(),
+                        read_through: before,
+                    },
+                });
+            }
+        }
+        let cursor = self.cursors.entry(node.to_owned()).or_default();
+        cursor.read_through = read_through;
+        cursor.gap_passes = gap_passes;
+    }
+
+    /// Removes own segments another own segment covers: left by a compaction that was
+    /// interrupted after its rename.
+    fn remove_leftovers(&self, listed: &[SegmentName]) {
+        for leftover in segments::covered(listed) {
+            let path = self.segment_dir().join(leftover.file_name());
+            match fs::remove_file(&path) {
+                Ok(()) => tracing::info!(path = %path.display(), "removed a compacted segment"),
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                Err(error) => tracing::debug!(path = %path.display(), %error, "not removed"),
+            }
+        }
+    }
+
+    // --- Publish ------------------------------------------------------------------------
+
+    fn publish(&mut self, own: &CacheMap) -> Result<WriteReport> {
+        if !self.own.loaded {
+            return Err(Error::SharedDirUnavailable(
+                "this node's published segments have not been read yet".into(),
+            ));
+        }
+        let started = Instant::now();
+        let new: CacheMap = own
+            .iter()
+            .filter(|(key, result)| self.own.published.get(*key) != Some(*result))
+            .map(|(key, result)| (key.clone(), result.clone()))
+            .collect();
+        if new.is_empty() {
+            return Ok(WriteReport {
+                path: self.segment_dir(),
+                wrote: false,
+                bytes: 0,
+                published: self.own.published.len(),
+            });
+        }
+        let segment = SegmentName {
+            node: self.node().to_owned(),
+            first: self.own.next_seq,
+            last: self.own.next_seq,
+        };
+        let path = self.segment_dir().join(segment.file_name());
+        let bytes = self.write_segment(&segment, &new)?;
+        self.own.next_seq += 1;
+        self.own.segments.push(segment);
+        self.own.entries_in_segments += new.len();
+        for (key, result) in new.iter() {
+            self.own.published.insert(key.clone(), result.clone());
+        }
+        self.shared.wrote(&path);
+        tracing::debug!(
+            path = %path.display(),
+            entries = new.len(),
+            bytes,
+            elapsed = ?started.elapsed(),
+            "segment written"
+        );
+        if self.compaction_due() {
+            self.compact();
+        }
+        Ok(WriteReport {
+            path,
+            wrote: true,
+            bytes,
+            published: self.own.published.len(),
+        })
+    }
+
+    fn compaction_due(&self) -> bool {
+        let own = &self.own;
+        own.segments.len() > self.shared.settings.compact_segments
+            || (own.entries_in_segments >= COMPACT_MIN_ENTRIES
+                && own.entries_in_segments > 2 * own.published.len())
+    }
+
+    /// Folds this node's segments into one covering all their sequence numbers. The
+    /// compacted segment is renamed in before any old one is removed, so a reader always
+    /// finds every sequence number it has not read in some segment.
+    fn compact(&mut self) {
+        let (Some(first), Some(last)) = (
+            self.own.segments.iter().map(|s| s.first).min(),
+            self.own.segments.iter().map(|s| s.last).max(),
+        ) else {
+            return;
+        };
+        let compacted = SegmentName {
+            node: self.node().to_owned(),
+            first,
+            last,
+        };
+        let published = self.own.published.clone();
+        if let Err(error) = self.write_segment(&compacted, &published) {
+            tracing::debug!(%error, "compaction failed; the segments stay as they are");
+            return;
+        }
+        for old in std::mem::take(&mut self.own.segments) {
+            if old == compacted {
+                continue;
+            }
+            let path = self.segment_dir().join(old.file_name());
+            if let Err(error) = fs::remove_file(&path) {
+                // The next load removes what the compacted segment covers.
+                tracing::debug!(path = %path.display(), %error, "old segment not removed");
+            }
+        }
+        tracing::info!(
+            segment = %compacted.file_name(),
+            entries = published.len(),
+            "compacted this node's segments"
+        );
+        self.own.segments = vec![compacted];
+        self.own.entries_in_segments = published.len();
+        self.shared
+            .counters
+            .compactions
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Writes one segment by temp file and rename; returns its bytes.
+    fn write_segment(&self, segment: &SegmentName, entries: &CacheMap) -> Result<u64> {
+        let dir = self.segment_dir();
+        let temp_path = dir.join(temp_file_name(self.node()));
+        let path = dir.join(segment.file_name());
+        let write = |out: &mut dyn Write| {
+            snapshot_format::write_segment(
+                out,
+                self.node(),
+                (segment.first, segment.last),
+                unix_now_ms(),
+                entries,
+            )
+        };
+        match self.write_temp_then_rename(&dir, &temp_path, &path, write) {
+            Ok(bytes) => Ok(bytes),
+            Err((what, error)) => {
+                if what != "creating" {
+                    // Best effort: a temp file left behind is removed after an hour anyway.
+                    let _ = fs::remove_file(&temp_path);
+                }
+                let at = if what == "renaming" {
+                    &path
+                } else {
+                    &temp_path
+                };
+                Err(self.failed(Operation::Write, what, at, &error))
+            }
+        }
+    }
+
+    /// The steps of one write; an error names the step that failed.
+    fn write_temp_then_rename(
+        &self,
+        dir: &Path,
+        temp_path: &Path,
+        path: &Path,
+        write: impl FnOnce(&mut dyn Write) -> serde_json::Result<()>,
+    ) -> Result<u64, (&'static str, io::Error)> {
+        let fsync = self.shared.settings.fsync;
+        let create = || {
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(temp_path)
+        };
+        let file = match create() {
+            // The segment directory is made by the first load; it may not have been
+            // possible then (read-only, full) or it was removed since.
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir_all(dir).map_err(|e| ("creating", e))?;
+                create()
+            }
+            opened => opened,
+        }
+        .map_err(|e| ("creating", e))?;
+        let mut out = BufWriter::with_capacity(
+            1 << 20,
+            CountingWriter {
+                inner: file,
+                bytes: 0,
+                total: &self.shared.counters.bytes_written,
+            },
+        );
+        write(&mut out).map_err(|e| ("writing", io::Error::from(e)))?;
+        let counted = out.into_inner().map_err(|e| ("writing", e.into_error()))?;
+        if fsync {
+            counted.inner.sync_all().map_err(|e| ("syncing", e))?;
+        }
+        let bytes = counted.bytes;
+        drop(counted);
+        fs::rename(temp_path, path).map_err(|e| ("renaming", e))?;
+        if fsync {
+            File::open(dir)
+                .and_then(|dir| dir.sync_all())
+                .map_err(|e| ("syncing the directory of", e))?;
+        }
+        Ok(bytes)
+    }
+}
+
+fn is_replacement_race(error: &io::Error) -> bool {
+    error.kind() == io::ErrorKind::NotFound || error.raw_os_error() == Some(libc::ESTALE)
+}
+
+/// `.<node>.seg.tmp.<pid>.<unique>`: hidden, so readers never take it for a segment, and
+/// unique per writer.
+fn temp_file_name(node: &str) -> String {
+    static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.subsec_nanos());
+    let sequence = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+    format!(
+        ".{node}{SEGMENT_TEMP_MARKER}{}.{nanos:08x}{sequence:x}",
+        std::process::id()
+    )
+}
+
+/// Removes a temp file left by a writer that crashed more than `STALE_TEMP_AGE` ago.
+fn remove_if_stale(path: &Path) {
+    let age = fs::symlink_metadata(path)
+        .and_then(|metadata| metadata.modified())
+        .ok()
+        .and_then(|modified| modified.elapsed().ok());
+    if age.is_some_and(|age| age > STALE_TEMP_AGE) {
+        match fs::remove_file(path) {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), "removed a crashed writer's temp file")
+            }
+            Err(error) => tracing::debug!(path = %path.display(), %error, "temp file not removed"),
+        }
+    }
+}
+
+/// Counts the bytes that reach the file, so the size is known without another stat.
+struct CountingWriter<'a> {
+    inner: File,
+    bytes: u64,
+    total: &'a AtomicU64,
+}
+
+impl Write for CountingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let written = self.inner.write(buf)?;
+        self.bytes += written as u64;
+        self.total.fetch_add(written as u64, Ordering::Relaxed);
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}

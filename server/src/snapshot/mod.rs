@@ -1,0 +1,603 @@
+//! Shared-filesystem snapshots and node-to-node merge, built so that a slow or hung shared
+//! filesystem can never stall a rank, and so that what crosses the shared filesystem grows
+//! with what is new, never with nodes × cache size.
+//!
+//! Each daemon publishes only its own contributions (entries from its ranks' Records and its
+//! tuner, see `Origin`), as immutable segments `DIR/v2/<node>.<first>-<last>.seg.json`, each
+//! written to a temp file and renamed in; every interval it reads the segments of other
+//! nodes it has not read yet (and version-1 files of older daemons that changed), and merges
+//! them into its store as learned entries through `Store::apply_learned`, and so through the
+//! one merge rule. All nodes therefore converge on the same winners.
+//!
+//! Pieces, mini-redis style:
+//! - `SnapshotHandle`: cheap, cloneable handle over the shared state, held by the gRPC service
+//!   (Snapshot RPC, Stats fields 40–59) and by the background task.
+//! - one dedicated I/O thread (`tunecache-snapshot-io`, `io`) does every filesystem call. The
+//!   async side hands it one job at a time and waits at most `IO_WAIT_BOUND`; a job that does
+//!   not come back is abandoned (never joined), reported in Stats as the stuck operation and
+//!   on the health service `tunecache.v1.TuneCache/snapshots`, and no further job is queued
+//!   behind it until it returns. Lookup, Record, Resolve and Scan never wait on it.
+//! - `segments`: the version-2 names and the rule for what a reader takes next.
+//! - `SnapshotTask`: the periodic load-then-publish loop; a drop guard that stops it. It also
+//!   ends when the daemon's `CancellationToken` is cancelled. Shutdown never waits for the
+//!   I/O thread: if it is stuck in the kernel, the process exits around it.
+
+mod io;
+pub mod segments;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
+use tunecache_proto::v1;
+
+use crate::config::Config;
+use crate::entry::unix_now_ms;
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+use io::{IoJob, IoWorker, WriteReport};
+
+/// gRPC health service name that reports snapshot trouble. NOT_SERVING here means the
+/// shared directory is stuck or failing; the cache itself (`tunecache.v1.TuneCache`) keeps
+/// SERVING, because ranks must keep using it.
+pub const HEALTH_SERVICE_NAME: &str = "tunecache.v1.TuneCache/snapshots";
+/// Longest the async side waits for one shared-filesystem job (the Snapshot RPC's bound).
+pub const IO_WAIT_BOUND: Duration = Duration::from_secs(10);
+/// A job running longer than this is reported as stuck.
+pub const STUCK_AFTER: Duration = Duration::from_secs(5);
+/// Default bound on a node's own segments before they are compacted into one.
+pub const DEFAULT_COMPACT_SEGMENTS: usize = 64;
+/// Loaded entries go to the store in batches of this many, so one huge peer file does not
+/// hold the writer thread (and every Record behind it) for long.
+const APPLY_BATCH: usize = 10_000;
+/// Longest wait between retries after the shared directory failed.
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// How often the health status is brought up to date.
+const HEALTH_POLL: Duration = Duration::from_secs(1);
+
+/// What the snapshot machinery needs from the daemon's flags.
+#[derive(Clone, Debug)]
+pub struct SnapshotSettings {
+    pub dir: PathBuf,
+    pub node: String,
+    pub interval: Duration,
+    pub fsync: bool,
+    /// Larger files in the shared directory are skipped with one warning.
+    pub max_file_bytes: u64,
+    /// More own segments than this are compacted into one.
+    pub compact_segments: usize,
+}
+
+impl SnapshotSettings {
+    /// `None` when the daemon runs without `--shared-dir`.
+    pub fn from_config(config: &Config) -> Option<SnapshotSettings> {
+        let dir = config.shared_dir.clone()?;
+        Some(SnapshotSettings {
+            dir,
+            node: config.node_name(),
+            interval: config.snapshot_interval(),
+            fsync: config.snapshot_fsync,
+            max_file_bytes: config.snapshot_max_file_bytes,
+            compact_segments: config.snapshot_compact_segments.max(1),
+        })
+    }
+}
+
+/// The two kinds of shared-filesystem job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Operation {
+    Write,
+    Load,
+}
+
+impl Operation {
+    fn as_str(self) -> &'static str {
+        match self {
+            Operation::Write => "writing snapshot",
+            Operation::Load => "loading peer snapshots",
+        }
+    }
+}
+
+/// The job the I/O thread is running right now.
+struct InFlight {
+    operation: Operation,
+    since_unix_ms: i64,
+    started: Instant,
+}
+
+#[derive(Default)]
+struct SnapshotCounters {
+    written: AtomicU64,
+    skipped_unchanged: AtomicU64,
+    errors: AtomicU64,
+    peer_files_loaded: AtomicU64,
+    peer_files_skipped: AtomicU64,
+    segments_loaded: AtomicU64,
+    compactions: AtomicU64,
+    last_snapshot_unix_ms: AtomicI64,
+    /// File bytes read from the shared directory (shared with the readers that count them).
+    bytes_read: Arc<AtomicU64>,
+    /// File bytes written to the shared directory.
+    bytes_written: AtomicU64,
+    passes: AtomicU64,
+    last_pass_bytes_read: AtomicU64,
+    last_pass_bytes_written: AtomicU64,
+    /// Own contributions published in all.
+    published: AtomicU64,
+}
+
+/// State shared by the handle, the background task and the I/O thread.
+struct Shared {
+    settings: SnapshotSettings,
+    counters: SnapshotCounters,
+    last_error: Mutex<String>,
+    in_flight: Mutex<Option<InFlight>>,
+    /// A job was handed to the I/O thread and has not come back; no other is queued.
+    job_outstanding: AtomicBool,
+    /// False after a failed write until the next successful one; drives health.
+    last_write_ok: AtomicBool,
+    /// "operation:error kind" pairs already logged, so each kind is logged once.
+    logged_failures: Mutex<HashSet<String>>,
+}
+
+impl Shared {
+    fn begin(&self, operation: Operation) {
+        *lock(&self.in_flight) = Some(InFlight {
+            operation,
+            since_unix_ms: unix_now_ms(),
+            started: Instant::now(),
+        });
+    }
+
+    fn end(&self) {
+        *lock(&self.in_flight) = None;
+        self.job_outstanding.store(false, Ordering::Release);
+    }
+
+    /// Counts and reports a failure; logs each kind of failure of each operation once.
+    fn failed(
+        &self,
+        operation: Operation,
+        what: &str,
+        path: &Path,
+        error: &std::io::Error,
+    ) -> Error {
+        let message = format!(
+            "{} failed: {what} {}: {error}",
+            operation.as_str(),
+            path.display()
+        );
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        *lock(&self.last_error) = message.clone();
+        if operation == Operation::Write {
+            self.last_write_ok.store(false, Ordering::Relaxed);
+        }
+        let kind = format!("{}:{:?}", operation.as_str(), error.kind());
+        if lock(&self.logged_failures).insert(kind) {
+            tracing::warn!(
+                "{message} (logged once per kind of failure; retried with backoff, local data is kept)"
+            );
+        } else {
+            tracing::debug!("{message}");
+        }
+        Error::SharedDirUnavailable(message)
+    }
+
+    /// Records a successful publish of `path`.
+    fn wrote(&self, path: &Path) {
+        self.counters.written.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .last_snapshot_unix_ms
+            .store(unix_now_ms(), Ordering::Relaxed);
+        if !self.last_write_ok.swap(true, Ordering::Relaxed) {
+            tracing::info!(path = %path.display(), "snapshot written again after failures");
+        }
+        lock(&self.logged_failures).retain(|kind| !kind.starts_with(Operation::Write.as_str()));
+    }
+}
+
+/// Owned by whoever holds the I/O slot (the async mutex): one job at a time.
+struct IoSlot {
+    jobs: mpsc::Sender<IoJob>,
+    /// Own-contributions generation last published (or found to hold nothing new).
+    last_published_generation: Option<u64>,
+    /// Writes wait for one complete load, so a wiped node learns what it published before
+    /// and never publishes it again as new.
+    initial_load_done: bool,
+    consecutive_failures: u32,
+    retry_after: Option<Instant>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these leaves plain data behind; keep using it.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Cheap, cloneable handle to the snapshot machinery.
+#[derive(Clone)]
+pub struct SnapshotHandle {
+    shared: Arc<Shared>,
+    slot: Arc<tokio::sync::Mutex<IoSlot>>,
+    store: Store,
+    stop: CancellationToken,
+}
+
+/// The periodic snapshot task; stopped when dropped or when the daemon's token is cancelled.
+pub struct SnapshotTask {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SnapshotTask {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What a publish (or a publish with nothing new) produced.
+struct Written {
+    path: PathBuf,
+    entries: usize,
+    bytes: u64,
+    skipped_unchanged: bool,
+}
+
+impl SnapshotHandle {
+    /// Starts the I/O thread. Makes no filesystem call itself, so a hung shared directory
+    /// cannot delay the daemon's start.
+    pub fn start(
+        settings: SnapshotSettings,
+        store: Store,
+        stop: CancellationToken,
+    ) -> Result<Self> {
+        if settings.node.is_empty() || settings.node.starts_with('.') || settings.node.contains('/')
+        {
+            return Err(Error::InvalidNodeName(settings.node));
+        }
+        let shared = Arc::new(Shared {
+            settings,
+            counters: SnapshotCounters::default(),
+            last_error: Mutex::new(String::new()),
+            in_flight: Mutex::new(None),
+            job_outstanding: AtomicBool::new(false),
+            last_write_ok: AtomicBool::new(true),
+            logged_failures: Mutex::new(HashSet::new()),
+        });
+        let (jobs, job_receiver) = mpsc::channel();
+        let worker = IoWorker::new(Arc::clone(&shared));
+        // Detached on purpose: a thread stuck in the kernel on a hung mount is abandoned,
+        // never joined. It ends by itself once every handle (and so `jobs`) is gone.
+        std::thread::Builder::new()
+            .name("tunecache-snapshot-io".into())
+            .spawn(move || worker.run(job_receiver))
+            .map_err(|e| Error::io("starting the snapshot I/O thread", &shared.settings.dir, e))?;
+        let slot = IoSlot {
+            jobs,
+            last_published_generation: None,
+            initial_load_done: false,
+            consecutive_failures: 0,
+            retry_after: None,
+        };
+        Ok(SnapshotHandle {
+            shared,
+            slot: Arc::new(tokio::sync::Mutex::new(slot)),
+            store,
+            stop,
+        })
+    }
+
+    /// Starts the periodic load-then-publish loop and keeps `HEALTH_SERVICE_NAME` up to date.
+    pub fn spawn_background(&self, health: HealthReporter) -> SnapshotTask {
+        let handle = self.clone();
+        let task = tokio::spawn(async move {
+            tokio::join!(handle.clone().run_periodic(), handle.report_health(health));
+        });
+        SnapshotTask { task }
+    }
+
+    /// The Snapshot RPC: reads what is new, then publishes this node's new contributions now
+    /// (or reports `skipped_unchanged`), within `IO_WAIT_BOUND`.
+    pub async fn snapshot_now(&self) -> Result<v1::SnapshotResponse> {
+        let started = Instant::now();
+        // One bound for the whole call: waiting for a pass in progress counts too.
+        let work = async {
+            let mut slot = self.slot.lock().await;
+            self.pass(&mut slot).await
+        };
+        let written = tokio::select! {
+            () = self.stop.cancelled() => {
+                return Err(Error::SharedDirUnavailable("the daemon is shutting down".into()));
+            }
+            written = tokio::time::timeout(IO_WAIT_BOUND, work) => {
+                written.map_err(|_| Error::SharedDirTimeout {
+                    operation: Operation::Write.as_str(),
+                    waited: IO_WAIT_BOUND,
+                })??
+            }
+        };
+        Ok(v1::SnapshotResponse {
+            path: written.path.display().to_string(),
+            entries: written.entries as u64,
+            bytes: written.bytes,
+            duration_ms: started.elapsed().as_millis() as u64,
+            skipped_unchanged: written.skipped_unchanged,
+        })
+    }
+
+    /// Fills the snapshot fields (40–59) of a Stats response. Touches no filesystem.
+    pub fn fill_stats(&self, stats: &mut v1::StatsResponse) {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let counters = &self.shared.counters;
+        stats.shared_dir = self.shared.settings.dir.display().to_string();
+        stats.last_snapshot_unix_ms = counters.last_snapshot_unix_ms.load(Ordering::Relaxed);
+        stats.snapshots_written = load(&counters.written);
+        stats.snapshots_skipped_unchanged = load(&counters.skipped_unchanged);
+        stats.snapshot_errors = load(&counters.errors);
+        stats.peer_files_loaded = load(&counters.peer_files_loaded);
+        stats.peer_files_skipped = load(&counters.peer_files_skipped);
+        stats.last_snapshot_error = lock(&self.shared.last_error).clone();
+        if let Some((operation, since_unix_ms)) = self.stuck() {
+            stats.stuck_operation = operation.as_str().to_owned();
+            stats.stuck_since_unix_ms = since_unix_ms;
+        }
+        stats.snapshot_passes = load(&counters.passes);
+        stats.snapshot_pass_bytes_read = load(&counters.last_pass_bytes_read);
+        stats.snapshot_pass_bytes_written = load(&counters.last_pass_bytes_written);
+        stats.snapshot_bytes_read = load(&counters.bytes_read);
+        stats.snapshot_bytes_written = load(&counters.bytes_written);
+        stats.peer_segments_loaded = load(&counters.segments_loaded);
+        stats.segment_compactions = load(&counters.compactions);
+        stats.own_entries_published = load(&counters.published);
+        stats.snapshot_format_version = crate::snapshot_format::FORMAT_VERSION as u32;
+    }
+
+    /// The job that has run longer than `STUCK_AFTER`, if any.
+    fn stuck(&self) -> Option<(Operation, i64)> {
+        lock(&self.shared.in_flight)
+            .as_ref()
+            .filter(|in_flight| in_flight.started.elapsed() >= STUCK_AFTER)
+            .map(|in_flight| (in_flight.operation, in_flight.since_unix_ms))
+    }
+
+    async fn run_periodic(self) {
+        let mut ticker = tokio::time::interval(self.shared.settings.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = self.stop.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            tokio::select! {
+                () = self.stop.cancelled() => return,
+                () = self.periodic_pass() => {}
+            }
+        }
+    }
+
+    /// One interval: read what is new in the shared directory, then publish our new
+    /// contributions. Skipped while a Snapshot RPC holds the slot or during backoff.
+    async fn periodic_pass(&self) {
+        let Ok(mut slot) = self.slot.try_lock() else {
+            return;
+        };
+        if slot.retry_after.is_some_and(|at| Instant::now() < at) {
+            return;
+        }
+        match self.pass(&mut slot).await {
+            Ok(_) => {
+                slot.consecutive_failures = 0;
+                slot.retry_after = None;
+            }
+            // A stuck job costs nothing while we wait for it: no backoff, so the next
+            // snapshot lands as soon as the filesystem answers again.
+            Err(Error::SharedDirStuck { .. }) => {}
+            Err(error) => {
+                slot.consecutive_failures = slot.consecutive_failures.saturating_add(1);
+                let backoff = self
+                    .shared
+                    .settings
+                    .interval
+                    .saturating_mul(1 << slot.consecutive_failures.min(10))
+                    .min(MAX_BACKOFF);
+                slot.retry_after = Some(Instant::now() + backoff);
+                tracing::debug!(%error, ?backoff, "shared directory pass failed; backing off");
+            }
+        }
+    }
+
+    /// Load, then publish; counts the file bytes this pass read and wrote.
+    async fn pass(&self, slot: &mut IoSlot) -> Result<Written> {
+        let counters = &self.shared.counters;
+        let read_before = counters.bytes_read.load(Ordering::Relaxed);
+        let written_before = counters.bytes_written.load(Ordering::Relaxed);
+        let outcome = match self.load_and_apply(slot).await {
+            Ok(()) => self.publish_if_changed(slot).await,
+            Err(error) => Err(error),
+        };
+        // A stuck job has not finished: its bytes belong to the pass that sees it return.
+        if !matches!(outcome, Err(Error::SharedDirStuck { .. })) {
+            let read = counters.bytes_read.load(Ordering::Relaxed) - read_before;
+            let written = counters.bytes_written.load(Ordering::Relaxed) - written_before;
+            counters.last_pass_bytes_read.store(read, Ordering::Relaxed);
+            counters
+                .last_pass_bytes_written
+                .store(written, Ordering::Relaxed);
+            counters.passes.fetch_add(1, Ordering::Relaxed);
+        }
+        outcome
+    }
+
+    /// Hands one job to the I/O thread and waits for it at most `IO_WAIT_BOUND`.
+    async fn run_job<T>(
+        &self,
+        slot: &mut IoSlot,
+        operation: Operation,
+        job: impl FnOnce(oneshot::Sender<Result<T>>) -> IoJob,
+    ) -> Result<T> {
+        if self.shared.job_outstanding.load(Ordering::Acquire) {
+            // The last job never came back; queueing behind it would only pile up.
+            let (operation, since_unix_ms) = lock(&self.shared.in_flight)
+                .as_ref()
+                .map_or((operation, unix_now_ms()), |f| {
+                    (f.operation, f.since_unix_ms)
+                });
+            return Err(Error::SharedDirStuck {
+                operation: operation.as_str(),
+                since_unix_ms,
+            });
+        }
+        let (reply, outcome) = oneshot::channel();
+        self.shared.job_outstanding.store(true, Ordering::Release);
+        if slot.jobs.send(job(reply)).is_err() {
+            self.shared.job_outstanding.store(false, Ordering::Release);
+            return Err(Error::SharedDirUnavailable(
+                "the snapshot I/O thread has stopped".into(),
+            ));
+        }
+        match tokio::time::timeout(IO_WAIT_BOUND, outcome).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(Error::SharedDirUnavailable(
+                "the snapshot I/O thread has stopped".into(),
+            )),
+            Err(_) => {
+                tracing::warn!(
+                    operation = operation.as_str(),
+                    dir = %self.shared.settings.dir.display(),
+                    "shared directory did not answer within {IO_WAIT_BOUND:?}; \
+                     abandoning the wait (the I/O thread stays blocked until it returns)"
+                );
+                Err(Error::SharedDirTimeout {
+                    operation: operation.as_str(),
+                    waited: IO_WAIT_BOUND,
+                })
+            }
+        }
+    }
+
+    /// Reads what is new and merges it into the store through the merge rule: other nodes'
+    /// entries as learned, this node's own segments (first load) as its own again.
+    async fn load_and_apply(&self, slot: &mut IoSlot) -> Result<()> {
+        // A wiped node (empty store) also starts from the version-1 file it published before.
+        let include_own_v1 = self.store.is_empty();
+        let started = Instant::now();
+        let report = self
+            .run_job(slot, Operation::Load, |reply| IoJob::Load {
+                include_own_v1,
+                reply,
+            })
+            .await?;
+        let read_elapsed = started.elapsed();
+        for file in report.files {
+            let merge_started = Instant::now();
+            let total = file.entries.len();
+            let mut stored = 0;
+            let mut entries = file.entries.into_iter();
+            loop {
+                let batch: Vec<_> = entries.by_ref().take(APPLY_BATCH).collect();
+                if batch.is_empty() {
+                    break;
+                }
+                stored += self.store.apply_from(batch, file.origin).await?.stored;
+            }
+            tracing::info!(
+                file = %file.name,
+                node = %file.node,
+                entries = total,
+                stored,
+                read = ?read_elapsed,
+                merge = ?merge_started.elapsed(),
+                "merged from the shared directory"
+            );
+        }
+        slot.initial_load_done = true;
+        Ok(())
+    }
+
+    /// Publishes the own contributions not yet published, unless nothing changed since the
+    /// last publish; then nothing touches the filesystem at all.
+    async fn publish_if_changed(&self, slot: &mut IoSlot) -> Result<Written> {
+        if !slot.initial_load_done {
+            return Err(Error::SharedDirUnavailable(
+                "the first load of the shared directory has not finished".into(),
+            ));
+        }
+        // Generation before map: a change landing in between is published next time.
+        let generation = self.store.counters().own_generation.load(Ordering::Acquire);
+        let published = self.shared.counters.published.load(Ordering::Relaxed) as usize;
+        if slot.last_published_generation == Some(generation) {
+            self.shared
+                .counters
+                .skipped_unchanged
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(Written {
+                path: self.shared.settings.dir.join(segments::SEGMENT_DIR),
+                entries: published,
+                bytes: 0,
+                skipped_unchanged: true,
+            });
+        }
+        let own = self.store.own_contributions();
+        let report: WriteReport = self
+            .run_job(slot, Operation::Write, |reply| IoJob::Write { own, reply })
+            .await?;
+        slot.last_published_generation = Some(generation);
+        self.shared
+            .counters
+            .published
+            .store(report.published as u64, Ordering::Relaxed);
+        if !report.wrote {
+            self.shared
+                .counters
+                .skipped_unchanged
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Written {
+            path: report.path,
+            entries: report.published,
+            bytes: report.bytes,
+            skipped_unchanged: !report.wrote,
+        })
+    }
+
+    /// Keeps the snapshot health status current and logs when a job gets stuck or returns.
+    async fn report_health(self, health: HealthReporter) {
+        let mut reported: Option<ServingStatus> = None;
+        let mut reported_stuck = false;
+        let mut ticker = tokio::time::interval(HEALTH_POLL);
+        loop {
+            tokio::select! {
+                () = self.stop.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            let stuck = self.stuck();
+            match (stuck, reported_stuck) {
+                (Some((operation, since_unix_ms)), false) => tracing::warn!(
+                    operation = operation.as_str(),
+                    since_unix_ms,
+                    dir = %self.shared.settings.dir.display(),
+                    "shared directory stuck; lookups and records go on, snapshots wait"
+                ),
+                (None, true) => tracing::info!("shared directory answers again"),
+                _ => {}
+            }
+            reported_stuck = stuck.is_some();
+            let healthy = stuck.is_none() && self.shared.last_write_ok.load(Ordering::Relaxed);
+            let status = if healthy {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            if reported != Some(status) {
+                health.set_service_status(HEALTH_SERVICE_NAME, status).await;
+                reported = Some(status);
+            }
+        }
+    }
+}
