@@ -71,6 +71,33 @@ enum Commands {
         #[arg(long)]
         python_dir: Option<PathBuf>,
     },
+    /// N daemons sharing one directory: bytes per new entry, time to reach every node, idle
+    /// bytes and a joining node's load time, snapshot format 2 beside format 1.
+    Cluster {
+        /// Directory for cluster.json and cluster.md.
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        /// Cluster sizes.
+        #[arg(long, value_delimiter = ',', default_value = "4,16,64")]
+        nodes: Vec<usize>,
+        /// Entries in the cluster before the new one.
+        #[arg(long, default_value_t = 5000)]
+        existing: usize,
+        #[arg(long, default_value_t = 1)]
+        interval_s: u64,
+        /// slowfs latencies (ms) to run on besides the local disk; empty for none.
+        #[arg(long, value_delimiter = ',', default_value = "5")]
+        slowfs_ms: Vec<u64>,
+        /// A format-1 tunecached (the last release before format 2) to compare with.
+        #[arg(long)]
+        v1_binary: Option<PathBuf>,
+        /// The cluster size a fresh node joins.
+        #[arg(long, default_value_t = 64)]
+        join_nodes: usize,
+        /// Give up on one step (converge, settle, reach) after this many seconds.
+        #[arg(long, default_value_t = 300.0)]
+        limit_s: f64,
+    },
     /// Write an initial cache file with S existing entries.
     Generate {
         #[arg(long)]
@@ -132,6 +159,31 @@ fn main() -> Result<()> {
                 command_line: std::env::args().collect::<Vec<_>>().join(" "),
             };
             suite::run_suite(&options)?;
+            println!("{}", serde_json::json!({ "out": out }));
+        }
+        Commands::Cluster {
+            out,
+            nodes,
+            existing,
+            interval_s,
+            slowfs_ms,
+            v1_binary,
+            join_nodes,
+            limit_s,
+        } => {
+            let options = suite::cluster::ClusterOptions {
+                out_dir: out.clone(),
+                nodes,
+                existing,
+                interval_s: interval_s.max(1),
+                latencies_ms: slowfs_ms,
+                v1_binary,
+                join_nodes,
+                limit: Duration::try_from_secs_f64(limit_s)
+                    .context("--limit-s must be a non-negative number of seconds")?,
+            };
+            let command_line = std::env::args().collect::<Vec<_>>().join(" ");
+            suite::cluster::run_cluster(&options, &command_line)?;
             println!("{}", serde_json::json!({ "out": out }));
         }
         Commands::Generate {

@@ -3,6 +3,7 @@
 //! / tunecache x R) on each, measures the parse floor and the daemon micro-benchmarks
 //! (`micro`), and writes the JSON results, the Markdown tables and the plot (`report`).
 
+pub mod cluster;
 mod micro;
 mod report;
 mod slowfs;
