@@ -631,7 +631,7 @@ mod tests {
                 tuned_by: "t".into(),
                 tuned_at_unix_ms: 0,
             },
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 Origin::Own
             } else {
                 Origin::Learned

@@ -23,10 +23,10 @@ use std::path::Path;
 use proptest::prelude::*;
 use prost::Message;
 use tunecache_proto::journal::v1::JournalBatch;
-use tunecache_server::entry::{to_wire_entry, CacheKey, TunedResult};
+use tunecache_server::entry::{to_wire_entry, CacheKey, Origin, TunedResult};
 use tunecache_server::journal::{FsyncPolicy, Journal, ReplayReport};
 use tunecache_server::merge::{merge, MergeOutcome};
-use tunecache_server::snapshot_format::{parse_snapshot, read_snapshot, write_snapshot};
+use tunecache_server::snapshot_format::{parse_snapshot, read_snapshot, write_segment};
 use tunecache_server::store::CacheMap;
 use tunecache_server::Error;
 
@@ -184,6 +184,7 @@ fn frame_bytes(payload: &[u8]) -> Vec<u8> {
 fn encode_batch(entries: &[(CacheKey, TunedResult)]) -> Vec<u8> {
     JournalBatch {
         entries: entries.iter().map(|(k, r)| to_wire_entry(k, r)).collect(),
+        learned: Vec::new(),
     }
     .encode_to_vec()
 }
@@ -269,7 +270,7 @@ impl Piece {
 
 fn replay(dir: &Path) -> (Journal, Vec<(CacheKey, TunedResult)>, ReplayReport) {
     let mut seen = Vec::new();
-    let (journal, report) = Journal::open(dir, FsyncPolicy::Never, |key, result| {
+    let (journal, report) = Journal::open(dir, FsyncPolicy::Never, |key, result, _origin| {
         seen.push((key, result))
     })
     .expect("replay of any content succeeds on a working disk");
@@ -326,8 +327,9 @@ fn check_journal(bytes: &[u8], expected: &[(CacheKey, TunedResult)]) -> Result<(
             tuned_at_unix_ms: 0,
         },
     );
+    let (key, result) = added.clone();
     journal
-        .append(std::slice::from_ref(&added))
+        .append(&[(key, result, Origin::Own)])
         .expect("append");
     drop(journal);
     let (_, again, second) = replay(dir.path());
@@ -397,7 +399,7 @@ proptest! {
 
 fn snapshot_bytes(node: &str, at: i64, map: &CacheMap) -> Vec<u8> {
     let mut bytes = Vec::new();
-    write_snapshot(&mut bytes, node, at, map).expect("writing to memory");
+    write_segment(&mut bytes, node, (1, 1), at, map).expect("writing to memory");
     bytes
 }
 

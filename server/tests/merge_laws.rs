@@ -18,7 +18,7 @@ use std::cmp::Ordering;
 use proptest::prelude::*;
 use tunecache_server::entry::{CacheKey, TunedResult};
 use tunecache_server::merge::{merge, rank_results, MergeOutcome};
-use tunecache_server::snapshot_format::write_snapshot;
+use tunecache_server::snapshot_format::write_segment;
 use tunecache_server::store::CacheMap;
 
 /// Every field of a result, floats as bits: equal tuples mean equal bytes.
@@ -133,7 +133,7 @@ fn fold(pairs: &[(u8, TunedResult)]) -> CacheMap {
 
 fn snapshot_bytes(map: &CacheMap) -> Vec<u8> {
     let mut bytes = Vec::new();
-    write_snapshot(&mut bytes, "node-a", 1, map).expect("writing to memory");
+    write_segment(&mut bytes, "node-a", (1, 1), 1, map).expect("writing to memory");
     bytes
 }
 
