@@ -823,7 +823,8 @@ mod tests {
     #[test]
     fn a_journal_deleted_behind_its_back_refuses_appends_until_rewritten() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Always, |_, _| {}).unwrap();
+        let (mut journal, _) =
+            Journal::open(dir.path(), FsyncPolicy::Always, |_, _, _| {}).unwrap();
         journal.append(&[entry(1)]).unwrap();
         std::fs::remove_file(journal_path(dir.path())).unwrap();
         journal.check_path();
@@ -831,7 +832,9 @@ mod tests {
         let refused = journal.append(&[entry(2)]).unwrap_err().to_string();
         assert!(refused.contains("not writable"), "{refused}");
         let live = [entry(1)];
-        journal.rewrite(live.iter().map(|(k, r)| (k, r))).unwrap();
+        journal
+            .rewrite(live.iter().map(|(k, r, o)| (k, r, *o)))
+            .unwrap();
         assert!(journal.unwritable().is_none());
         journal.append(&[entry(3)]).unwrap();
         drop(journal);
@@ -841,7 +844,8 @@ mod tests {
     #[test]
     fn a_rename_that_leaves_the_path_naming_neither_file_refuses_appends() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Always, |_, _| {}).unwrap();
+        let (mut journal, _) =
+            Journal::open(dir.path(), FsyncPolicy::Always, |_, _, _| {}).unwrap();
         journal.append(&[entry(1)]).unwrap();
         // `journal` becomes a non-empty directory: the rename fails, and the path names
         // neither the old file nor the new one.
@@ -850,11 +854,15 @@ mod tests {
         std::fs::create_dir(&path).unwrap();
         std::fs::write(path.join("x"), b"x").unwrap();
         let live = [entry(1)];
-        assert!(journal.rewrite(live.iter().map(|(k, r)| (k, r))).is_err());
+        assert!(journal
+            .rewrite(live.iter().map(|(k, r, o)| (k, r, *o)))
+            .is_err());
         assert!(journal.needs_rewrite());
         assert!(journal.append(&[entry(2)]).is_err());
         std::fs::remove_dir_all(&path).unwrap();
-        journal.rewrite(live.iter().map(|(k, r)| (k, r))).unwrap();
+        journal
+            .rewrite(live.iter().map(|(k, r, o)| (k, r, *o)))
+            .unwrap();
         journal.append(&[entry(3)]).unwrap();
         drop(journal);
         assert_eq!(replay(dir.path()).0, vec![entry(1), entry(3)]);
