@@ -20,6 +20,8 @@ use tunecache_integration::{entry, require_root, require_tool, test_key, Daemon,
 
 /// The NOFILE limit the daemon runs under while the load runs.
 const NOFILE_LIMIT: u32 = 64;
+/// Connections opened and dropped at once to keep the daemon's descriptor table full.
+const CHURNERS: u64 = 96;
 /// About the size of config that made compaction run every few Records in the report.
 const BIG_CONFIG_BYTES: usize = 60 * 1024;
 /// Time the acknowledged entries are recorded with: first big (slow), then small (fast),
@@ -98,11 +100,13 @@ async fn load_under_fd_pressure(
     prlimit_nofile(daemon, NOFILE_LIMIT);
     let stop = Arc::new(AtomicBool::new(false));
     let mut churners = Vec::new();
-    for c in 0..48u64 {
+    // Enough connections, held long enough, that the daemon's table stays full even with
+    // back-off on accept errors: a compaction must sometimes find no descriptor free.
+    for c in 0..CHURNERS {
         let socket = daemon.socket.clone();
         let stop = stop.clone();
         churners.push(tokio::spawn(async move {
-            let mut hold_ms = 3 + c % 17;
+            let mut hold_ms = 5 + c * 37 % 300;
             while !stop.load(Ordering::Relaxed) {
                 if let Ok(Ok(stream)) = tokio::time::timeout(
                     Duration::from_millis(500),
@@ -113,7 +117,7 @@ async fn load_under_fd_pressure(
                     tokio::time::sleep(Duration::from_millis(hold_ms)).await;
                     drop(stream);
                 }
-                hold_ms = 3 + (hold_ms * 7) % 23;
+                hold_ms = 5 + (hold_ms * 53 + c) % 300;
             }
         }));
     }
@@ -342,6 +346,11 @@ async fn record_numbered(daemon: &Daemon, count: usize, config_bytes: usize) {
     }
 }
 
+async fn has_key(daemon: &Daemon, problem: &str) -> bool {
+    let keys = vec![test_key("gemm", problem)];
+    !daemon.client().await.lookup(keys).await.unwrap().is_empty()
+}
+
 async fn present(daemon: &Daemon, count: usize) -> usize {
     let keys = (0..count)
         .map(|i| test_key("gemm", &format!("p{i}")))
@@ -425,13 +434,11 @@ async fn a_journal_deleted_under_the_daemon_is_put_back_before_the_next_acknowle
     daemon.kill();
     daemon.restart().await;
     assert_eq!(present(&daemon, 3).await, 3, "log:\n{}", daemon.log());
-    let hit = daemon
-        .client()
-        .await
-        .lookup(vec![test_key("gemm", "after-delete")])
-        .await
-        .unwrap();
-    assert_eq!(hit.len(), 1, "log:\n{}", daemon.log());
+    assert!(
+        has_key(&daemon, "after-delete").await,
+        "log:\n{}",
+        daemon.log()
+    );
 }
 
 /// A tmpfs mounted for one test, detached however the test ends.
@@ -540,12 +547,10 @@ async fn a_damaged_journal_on_a_full_disk_still_starts() {
     daemon.kill();
     daemon.restart().await;
     assert_eq!(present(&daemon, 40).await, survivors);
-    let hit = daemon
-        .client()
-        .await
-        .lookup(vec![test_key("gemm", "on-full-disk")])
-        .await
-        .unwrap();
-    assert_eq!(hit.len(), 1, "log:\n{}", daemon.log());
+    assert!(
+        has_key(&daemon, "on-full-disk").await,
+        "log:\n{}",
+        daemon.log()
+    );
     eprintln!("{}", tail(&daemon.log(), 30));
 }
