@@ -344,19 +344,7 @@ impl Journal {
                 let (file, id) =
                     place_new_journal(dir, &[], fsync, None).map_err(ReplaceError::into_error)?;
                 sync_dir(&dir_handle, dir)?;
-                let journal = Journal {
-                    dir: dir.to_path_buf(),
-                    dir_handle,
-                    file,
-                    file_id: id,
-                    len: 0,
-                    fsync,
-                    unsynced: false,
-                    last_sync: Instant::now(),
-                    dir_sync_pending: false,
-                    unwritable: None,
-                    damaged: false,
-                };
+                let journal = Journal::in_place(dir, dir_handle, file, id, 0, fsync);
                 return Ok((journal, ReplayReport::default()));
             }
             Err(error) => return Err(Error::io("opening journal", &path, error)),
@@ -429,20 +417,33 @@ impl Journal {
         let id = file
             .metadata()
             .map_err(|e| Error::io("reading journal metadata", &path, e))?;
-        let journal = Journal {
+        let mut journal = Journal::in_place(dir, dir_handle, file, file_id(&id), len, fsync);
+        journal.damaged = !report.skipped.is_empty();
+        Ok((journal, report))
+    }
+
+    /// A healthy journal appending to `file`, which the path names.
+    fn in_place(
+        dir: &Path,
+        dir_handle: File,
+        file: File,
+        file_id: FileId,
+        len: u64,
+        fsync: FsyncPolicy,
+    ) -> Journal {
+        Journal {
             dir: dir.to_path_buf(),
             dir_handle,
             file,
-            file_id: file_id(&id),
+            file_id,
             len,
             fsync,
             unsynced: false,
             last_sync: Instant::now(),
             dir_sync_pending: false,
             unwritable: None,
-            damaged: !report.skipped.is_empty(),
-        };
-        Ok((journal, report))
+            damaged: false,
+        }
     }
 
     /// Bytes in the journal file.
