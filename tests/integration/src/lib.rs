@@ -178,6 +178,19 @@ impl Daemon {
         Pid::from_raw(self.child.as_ref().expect("daemon running").id() as i32)
     }
 
+    /// The daemon's resident memory (VmRSS from /proc/<pid>/status), in bytes.
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("the daemon is still running");
+        let kib: u64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|number| number.parse().ok())
+            .expect("VmRSS in /proc/PID/status");
+        kib * 1024
+    }
+
     /// Everything the daemon logged so far (all its runs in this directory).
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()

@@ -59,18 +59,6 @@ async fn wait_until_loaded(daemon: &Daemon, client: &Client, problem: &str) {
     }
 }
 
-fn rss_bytes(daemon: &Daemon) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid()))
-        .expect("the daemon is still running");
-    let kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|number| number.parse().ok())
-        .expect("VmRSS in /proc/PID/status");
-    kib * 1024
-}
-
 fn warnings_about(log: &str, name: &str) -> usize {
     log.lines()
         .filter(|line| line.contains(name) && line.contains("skipped until the file changes"))
@@ -95,7 +83,7 @@ async fn symlink_to_dev_zero_is_skipped_without_growing_memory() {
         .status()
         .unwrap();
     assert!(limited.success(), "prlimit failed");
-    let rss_before = rss_bytes(&daemon);
+    let rss_before = daemon.rss_bytes();
 
     std::os::unix::fs::symlink("/dev/zero", shared.join("x.tunecache.json")).unwrap();
     write_peer_file(&shared, "node-b", "from-b");
@@ -107,7 +95,7 @@ async fn symlink_to_dev_zero_is_skipped_without_growing_memory() {
         .await
         .unwrap_or_else(|e| panic!("daemon gone ({e}); log:\n{}", daemon.log()));
     assert!(stats.peer_files_skipped >= 1, "{stats:?}");
-    let rss_after = rss_bytes(&daemon);
+    let rss_after = daemon.rss_bytes();
     assert!(
         rss_after < rss_before + (64 << 20),
         "RSS grew from {rss_before} to {rss_after} bytes"

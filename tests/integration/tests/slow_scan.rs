@@ -23,17 +23,6 @@ const CONNECTIONS: usize = 4;
 const CHURN_STRIDE: usize = 32;
 const BATCH: usize = 2_000;
 
-fn rss_bytes(daemon: &Daemon) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|value| value.parse().ok())
-        .expect("VmRSS in /proc/<pid>/status");
-    kib * 1024
-}
-
 fn problem(i: usize) -> String {
     format!("m=4096,n=4096,k={i:08},dtype=bf16,layout=tn")
 }
@@ -96,7 +85,7 @@ async fn stalled_scan(channel: &Channel) -> tonic::Streaming<proto::ScanResponse
 async fn rss_settled_under(daemon: &Daemon, limit: u64) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let rss = rss_bytes(daemon);
+        let rss = daemon.rss_bytes();
         if rss <= limit || Instant::now() > deadline {
             return rss;
         }
@@ -109,9 +98,9 @@ async fn stalled_scans_do_not_pin_cache_versions() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::start(dir.path()).await;
     let client = daemon.client().await.with_timeout(Duration::from_secs(60));
-    let rss_empty = rss_bytes(&daemon);
+    let rss_empty = daemon.rss_bytes();
     write(&client, 0..ENTRIES, 0).await;
-    let rss_loaded = rss_bytes(&daemon);
+    let rss_loaded = daemon.rss_bytes();
     let cache_cost = rss_loaded.saturating_sub(rss_empty);
     assert!(
         cache_cost > 4 << 20,
@@ -136,7 +125,7 @@ async fn stalled_scans_do_not_pin_cache_versions() {
     }
     // Let the Scans run into their flow-control limits.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss_stalled = rss_bytes(&daemon);
+    let rss_stalled = daemon.rss_bytes();
     let growth_stalled = rss_stalled.saturating_sub(rss_loaded);
 
     drop(stalled);
