@@ -10,6 +10,7 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
+use tunecache_proto::limits::MAX_MESSAGE_BYTES;
 use tunecache_proto::v1::{self, tune_cache_client::TuneCacheClient};
 
 pub mod autostart;
@@ -95,8 +96,8 @@ impl Client {
         let channel = connect_channel(path.as_ref()).await?;
         Ok(Client {
             inner: TuneCacheClient::new(channel)
-                .max_decoding_message_size(256 * 1024 * 1024)
-                .max_encoding_message_size(256 * 1024 * 1024),
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
             timeout: DEFAULT_TIMEOUT,
         })
     }

@@ -1,14 +1,15 @@
-//! The tunecache GPU tuner (namespace `tunecache`).
+//! The tunecache GPU tuner worker, `tunecache-tuner` (namespace `tunecache`): the process
+//! the daemon runs as a child to measure problems, so that a faulting kernel kills only it.
 //!
-//! * [`problem`]: what a `gemm` / `nvrtc` problem is, and its canonical key text.
-//! * [`backend`]: the cpu stand-in and the cuda backend that tune one job.
+//! * [`backend`]: the cpu stand-in and the cuda backend that tune one job, and the host
+//!   reference both check their answers against.
 //! * [`measure`]: the shared timing policy.
-//! * [`frame`]: the length-delimited prost frames of the daemon <-> worker protocol.
-//! * [`supervisor`]: the daemon side, which runs the `tunecache-tuner` worker as a child
-//!   process and restarts it when it dies, so a faulting kernel never takes the daemon down.
+//! * [`error`]: why a backend cannot open or a job cannot be tuned.
+//!
+//! What a problem is and how frames travel on the worker's pipes belong to the contract it
+//! shares with the daemon, in `tunecache_proto::tuner`; the daemon's supervisor is in
+//! `tunecache-server`.
 
 pub mod backend;
-pub mod frame;
+pub mod error;
 pub mod measure;
-pub mod problem;
-pub mod supervisor;

@@ -14,12 +14,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use tunecache_gpu_tuner::backend::{self, BackendChoice};
-use tunecache_gpu_tuner::frame::{read_frame, write_frame};
+use tunecache_gpu_tuner::backend;
+use tunecache_gpu_tuner::error::TuneError;
 use tunecache_gpu_tuner::measure::MeasureConfig;
+use tunecache_proto::tuner::frame::{read_frame, write_frame};
 use tunecache_proto::tuner::v1::{
     from_worker, job_done, to_worker, FromWorker, JobDone, Ready, ToWorker,
 };
+use tunecache_proto::tuner::BackendChoice;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -64,8 +66,7 @@ fn run() -> anyhow::Result<()> {
         max_time_per_tactic: Duration::from_millis(args.ms_per_tactic),
         ..MeasureConfig::default()
     };
-    let (mut backend, note) = backend::select(args.backend, measure)
-        .map_err(|why| anyhow::anyhow!("no backend: {why}"))?;
+    let (mut backend, note) = backend::select(args.backend, measure).context("no backend")?;
     tracing::info!(backend = backend.name(), %note, devices = backend.devices().len(), "tuner worker ready");
 
     let mut input = BufReader::new(std::io::stdin().lock());
@@ -94,7 +95,7 @@ fn run() -> anyhow::Result<()> {
                     .map(String::as_str)
                     .or_else(|| panic.downcast_ref::<&str>().copied())
                     .unwrap_or("unknown panic");
-                Err(format!("tuner panicked: {what}"))
+                Err(TuneError::Panicked(what.to_string()))
             });
         let outcome = match outcome {
             Ok(result) => {
@@ -108,7 +109,7 @@ fn run() -> anyhow::Result<()> {
             }
             Err(error) => {
                 tracing::warn!(job_id = job.job_id, %error, "job failed");
-                job_done::Outcome::Error(error)
+                job_done::Outcome::Error(error.to_string())
             }
         };
         let done = FromWorker {

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::error::TuneError;
+
 /// How hard to try for a stable number.
 #[derive(Debug, Clone)]
 pub struct MeasureConfig {
@@ -53,9 +55,13 @@ pub struct Stats {
 }
 
 /// Runs `run_once` under `config`. `run_once` returns one duration in microseconds.
-pub fn measure<F>(config: &MeasureConfig, backend: &str, mut run_once: F) -> Result<Stats, String>
+pub fn measure<F>(
+    config: &MeasureConfig,
+    backend: &str,
+    mut run_once: F,
+) -> Result<Stats, TuneError>
 where
-    F: FnMut() -> Result<f64, String>,
+    F: FnMut() -> Result<f64, TuneError>,
 {
     let started = Instant::now();
     for _ in 0..config.warmup_runs {
@@ -69,7 +75,7 @@ where
     loop {
         let sample = run_once()?;
         if !sample.is_finite() || sample < 0.0 {
-            return Err(format!("timer returned {sample} us"));
+            return Err(TuneError::BadSample(sample));
         }
         samples.push(sample);
         let count = samples.len() as u32;
@@ -151,11 +157,17 @@ mod tests {
 
     #[test]
     fn errors_propagate() {
-        let result = measure(
-            &MeasureConfig::default(),
-            "test",
-            || Err("boom".to_string()),
+        let result = measure(&MeasureConfig::default(), "test", || {
+            Err(TuneError::WrongOutput("boom".to_string()))
+        });
+        assert!(
+            matches!(&result, Err(TuneError::WrongOutput(why)) if why == "boom"),
+            "{result:?}"
         );
-        assert_eq!(result, Err("boom".to_string()));
+        let result = measure(&MeasureConfig::default(), "test", || Ok(-1.0));
+        assert!(
+            matches!(result, Err(TuneError::BadSample(sample)) if sample == -1.0),
+            "{result:?}"
+        );
     }
 }

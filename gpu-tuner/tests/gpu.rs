@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tunecache_gpu_tuner::backend::cuda::POISONED_EXIT_CODE;
-use tunecache_gpu_tuner::backend::BackendChoice;
-use tunecache_gpu_tuner::supervisor::{Supervisor, SupervisorConfig, TunerHandle};
+use tunecache_proto::tuner::BackendChoice;
+use tunecache_server::tuner::{Supervisor, SupervisorConfig, TunerHandle};
 
 async fn start_cuda() -> TunerHandle {
     let tuner = Supervisor::start(SupervisorConfig {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-use tunecache_gpu_tuner::backend::BackendChoice;
+use tunecache_proto::tuner::BackendChoice;
 
 use crate::journal::FsyncPolicy;
 
@@ -69,7 +69,7 @@ pub struct Config {
     #[arg(long, env = "TUNECACHE_TUNER_QUEUE", default_value_t = 64)]
     pub tuner_queue: usize,
 
-    // --- Deployment and access (issue 6) ---
+    // --- Deployment and access ---
     /// Group (name or gid) given the socket, so its members can connect (mode is 0660).
     /// Ignored under socket activation, where the unit's SocketGroup= applies.
     #[arg(long, env = "TUNECACHE_SOCKET_GROUP", value_name = "NAME|GID")]
@@ -104,7 +104,7 @@ pub struct Config {
     #[arg(long, env = "TUNECACHE_METRICS_ADDR", value_name = "ADDR")]
     pub metrics_addr: Option<String>,
 
-    // --- Snapshots (issue 4) ---
+    // --- Snapshots ---
     /// fsync each snapshot file and the shared directory before and after the rename. Off
     /// by default: a snapshot needs an atomic replacement, not durability (each node's
     /// journal is the durable copy), and fsync on a shared filesystem can take minutes.

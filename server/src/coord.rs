@@ -20,10 +20,9 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tunecache_proto::v1;
 
-use tunecache_gpu_tuner::supervisor::{JobReply, SubmitError, TunerHandle};
-
 use crate::entry::{CacheKey, TunedResult};
 use crate::store::{ChangeListener, Store};
+use crate::tuner::{JobReply, SubmitError, TunerHandle};
 
 /// Longest a caller may wait for someone else's result.
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
@@ -177,9 +176,7 @@ enum LeaseEnd {
 
 fn describe_since(since: SystemTime) -> String {
     let ago = since.elapsed().unwrap_or_default();
-    let at_ms = since
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
+    let at_ms = tunecache_proto::unix_ms(since);
     format!("since unix ms {at_ms} ({:.1} s ago)", ago.as_secs_f64())
 }
 
@@ -266,11 +263,7 @@ impl Coordinator {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave State half-updated in a way that
-        // matters more than refusing all future Resolves would; keep serving.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     fn new_lease(
@@ -539,7 +532,7 @@ impl Coordinator {
     /// Whether the node's tuner measures this key: its namespace, and a device fingerprint
     /// the worker reported. Keys of other devices follow the lease path.
     fn tuner_takes(&self, key: &CacheKey) -> bool {
-        key.namespace == tunecache_gpu_tuner::problem::NAMESPACE
+        key.namespace == tunecache_proto::tuner::problem::NAMESPACE
             && self
                 .tuner
                 .devices()
@@ -622,15 +615,13 @@ async fn finish_tuner_job(
     reply: oneshot::Receiver<JobReply>,
 ) {
     let failure = match reply.await {
-        Ok(Ok(result)) => match crate::validate::result("tuner result", Some(result)) {
-            Ok(result) => match coordinator.store.apply(vec![(key.clone(), result)]).await {
-                // A better result recorded meanwhile leaves this one unchanged, and then
-                // the change listener has nothing to announce: finish from the store.
-                Ok(_) if coordinator.finish_from_store(&key) => return,
-                Ok(_) => "the tuned result was not stored".to_owned(),
-                Err(error) => format!("storing the tuned result failed: {error}"),
-            },
-            Err(invalid) => format!("the tuner returned an invalid result: {invalid}"),
+        // The supervisor has checked the result (`validate::result`).
+        Ok(Ok(result)) => match coordinator.store.apply(vec![(key.clone(), result)]).await {
+            // A better result recorded meanwhile leaves this one unchanged, and then the
+            // change listener has nothing to announce: finish from the store.
+            Ok(_) if coordinator.finish_from_store(&key) => return,
+            Ok(_) => "the tuned result was not stored".to_owned(),
+            Err(error) => format!("storing the tuned result failed: {error}"),
         },
         Ok(Err(reason)) => format!("the node's tuner could not tune it: {reason}"),
         Err(_) => "the node's tuner stopped before finishing".to_owned(),

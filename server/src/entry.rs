@@ -114,10 +114,6 @@ pub fn to_wire_entry(key: &CacheKey, result: &TunedResult) -> v1::Entry {
     }
 }
 
-/// Milliseconds since the Unix epoch, for `tuned_at` defaults and snapshot times.
-pub fn unix_now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
+/// Milliseconds since the Unix epoch, for `tuned_at` defaults and snapshot times: the
+/// contract's one clock, re-exported where the daemon's modules look for it.
+pub use tunecache_proto::unix_now_ms;

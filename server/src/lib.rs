@@ -22,10 +22,11 @@ pub mod shared_file;
 pub mod snapshot;
 pub mod snapshot_format;
 pub mod store;
+mod sync;
 pub mod tuner;
 pub mod validate;
 
-// Deployment and operations (issue 6).
+// Deployment and operations.
 pub mod access;
 pub mod idle;
 pub mod metrics;

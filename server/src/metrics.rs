@@ -19,8 +19,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tunecache_proto::v1::StatsResponse;
 
+use crate::entry::unix_now_ms;
 use crate::error::{Error, Result};
-use crate::probe::{unix_now_ms, StatsProbe};
+use crate::probe::StatsProbe;
 
 /// A scrape request larger than this, or slower than the timeout, is dropped.
 const MAX_REQUEST_BYTES: usize = 8 * 1024;

@@ -29,10 +29,3 @@ impl StatsProbe {
             .map(tonic::Response::into_inner)
     }
 }
-
-/// Now, in Unix milliseconds (0 if the clock is before 1970).
-pub fn unix_now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_millis() as i64)
-}

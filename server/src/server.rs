@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
+use tunecache_proto::limits::MAX_MESSAGE_BYTES;
 use tunecache_proto::v1::tune_cache_server::TuneCacheServer;
 
 use crate::config::Config;
@@ -20,8 +21,6 @@ use crate::store::Store;
 
 /// How long in-flight calls may take to finish after a shutdown signal.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(7);
-/// Largest request or response message; a full 10,000-entry batch fits.
-const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
 /// A peer that does not answer an HTTP/2 ping within this is closed.
 const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -52,6 +51,13 @@ fn log_replay(report: &crate::journal::ReplayReport, state_dir: &std::path::Path
         entries = report.entries,
         "journal replayed"
     );
+}
+
+/// Reflection over TuneCache and health, for both reflection versions grpcurl may ask.
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tunecache_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
 }
 
 /// Runs the daemon until `shutdown` resolves, then drains calls, flushes the journal and
@@ -114,16 +120,10 @@ pub async fn run(
     let snapshot_task = snapshots
         .as_ref()
         .map(|snapshots| snapshots.spawn_background(health_reporter.clone()));
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(tunecache_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(tunecache_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
 
-    // --- Deployment (issue 6): access check, idle timer, metrics, systemd. ---
+    // --- Deployment: access check, idle timer, metrics, systemd. ---
     let probe = crate::probe::StatsProbe::new(service.clone());
     let activity = crate::idle::ActivityClock::default();
     let peer_check = crate::access::PeerCheck::new(crate::access::AccessPolicy::new(

@@ -14,8 +14,8 @@ use crate::coord::{Coordinator, ResolveCall, DEFAULT_LEASE, MAX_LEASE, MAX_WAIT}
 use crate::error::Error;
 use crate::snapshot::SnapshotHandle;
 use crate::store::Store;
+use crate::tuner::TunerHandle;
 use crate::validate;
-use tunecache_gpu_tuner::supervisor::TunerHandle;
 
 /// Request counters reported by Stats.
 #[derive(Default)]

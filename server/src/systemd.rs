@@ -13,8 +13,9 @@ use nix::sys::socket::{getsockname, getsockopt, sockopt, AddressFamily, SockType
 use sd_notify::NotifyState;
 use tokio_util::sync::CancellationToken;
 
+use crate::entry::unix_now_ms;
 use crate::error::{Error, Result};
-use crate::probe::{unix_now_ms, StatsProbe};
+use crate::probe::StatsProbe;
 
 /// How often STATUS= is refreshed when no watchdog asks for more.
 const STATUS_INTERVAL: Duration = Duration::from_secs(10);

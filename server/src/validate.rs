@@ -1,6 +1,7 @@
 //! Checks every request before anything is applied. A violation refuses the whole batch
 //! with an error naming the entry index and the field, so a bad batch changes nothing.
 
+use tunecache_proto::tuner::problem;
 use tunecache_proto::v1;
 
 use crate::entry::{CacheKey, TunedResult};
@@ -69,10 +70,11 @@ pub fn key(path: &str, key: Option<v1::Key>) -> Result<CacheKey, InvalidField> {
         }
     }
     let mut key = CacheKey::from(key);
-    if key.namespace == tunecache_gpu_tuner::problem::NAMESPACE {
+    if key.namespace == problem::NAMESPACE {
         // The node tuner's own namespace: problems are canonicalised so equal problems
-        // give equal keys, whichever way a rank spelled the JSON.
-        key.problem = tunecache_gpu_tuner::problem::canonicalize(&key.op, &key.problem)
+        // give equal keys, whichever way a rank spelled the JSON. This is the only place a
+        // problem is canonicalised; the tuner takes the text as it is.
+        key.problem = problem::canonicalize(&key.op, &key.problem)
             .map_err(|error| InvalidField::new(format!("{path}.problem"), error.to_string()))?;
     }
     Ok(key)

@@ -467,12 +467,6 @@ fn print_resolution(key: &proto::Key, resolution: &Resolution, as_json: bool) {
     println!("{value}");
 }
 
-fn unix_now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 fn print_stats(stats: &proto::StatsResponse, as_json: bool) -> anyhow::Result<()> {
     if as_json {
         // Straight from the struct: the fields in proto order.
@@ -543,7 +537,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     config,
                     time_us,
                     tuned_by,
-                    tuned_at_unix_ms: unix_now_ms(),
+                    tuned_at_unix_ms: tunecache_proto::unix_now_ms(),
                 }),
             };
             let response = client

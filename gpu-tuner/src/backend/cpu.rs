@@ -10,9 +10,12 @@ use serde_json::json;
 use tunecache_proto::tuner::v1::TuneJob;
 use tunecache_proto::v1;
 
+use tunecache_proto::tuner::problem::{parse_gemm, GemmDtype, GemmProblem};
+
+use super::reference::{naive_matmul, random_operands, reference_entry, GemmShape};
 use super::{make_result, tactic_deadline, Backend, SplitMix64};
+use crate::error::TuneError;
 use crate::measure::{measure, MeasureConfig, Stats};
-use crate::problem::{parse_gemm, GemmDtype, GemmProblem};
 
 /// Problems above this many multiply-adds would take minutes per tactic on a CPU.
 pub const MAX_CPU_GEMM_MACS: u64 = 1 << 32;
@@ -59,64 +62,6 @@ pub const TACTICS: [BlockTile; 6] = [
         kc: 512,
     },
 ];
-
-/// Shape and layout of a column-major gemm (see `problem` for the convention).
-#[derive(Debug, Clone, Copy)]
-pub struct GemmShape {
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub transpose_a: bool,
-    pub transpose_b: bool,
-}
-
-impl GemmShape {
-    pub fn from_problem(problem: &GemmProblem) -> Self {
-        GemmShape {
-            m: problem.m as usize,
-            n: problem.n as usize,
-            k: problem.k as usize,
-            transpose_a: problem.layout.transpose_a(),
-            transpose_b: problem.layout.transpose_b(),
-        }
-    }
-
-    /// `op(A)[i, p]`.
-    #[inline]
-    fn a_index(&self, i: usize, p: usize) -> usize {
-        if self.transpose_a {
-            p + i * self.k
-        } else {
-            i + p * self.m
-        }
-    }
-
-    /// `op(B)[p, j]`.
-    #[inline]
-    fn b_index(&self, p: usize, j: usize) -> usize {
-        if self.transpose_b {
-            j + p * self.n
-        } else {
-            p + j * self.k
-        }
-    }
-}
-
-/// `c = op(a) · op(b)` by definition, accumulating in f64; the correctness reference.
-pub fn naive_matmul(shape: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
-    for j in 0..shape.n {
-        for i in 0..shape.m {
-            c[i + j * shape.m] = reference_entry(shape, a, b, i, j) as f32;
-        }
-    }
-}
-
-/// One entry of `op(a) · op(b)`, accumulated in f64.
-pub fn reference_entry(shape: &GemmShape, a: &[f32], b: &[f32], i: usize, j: usize) -> f64 {
-    (0..shape.k)
-        .map(|p| f64::from(a[shape.a_index(i, p)]) * f64::from(b[shape.b_index(p, j)]))
-        .sum()
-}
 
 /// Scratch panels reused across runs so allocation is not timed.
 #[derive(Default)]
@@ -170,18 +115,6 @@ pub fn blocked_matmul(
     }
 }
 
-/// Inputs of a gemm, deterministic, in [-1, 1).
-pub fn random_operands(shape: &GemmShape, seed: u64) -> (Vec<f32>, Vec<f32>) {
-    let mut rng = SplitMix64::new(seed);
-    let a = (0..shape.m * shape.k)
-        .map(|_| rng.next_signed_unit())
-        .collect();
-    let b = (0..shape.k * shape.n)
-        .map(|_| rng.next_signed_unit())
-        .collect();
-    (a, b)
-}
-
 /// Largest `|got - want| / (1 + |want|)` over entries compared.
 fn worst_error(got: &[f32], want: &[f32]) -> f64 {
     got.iter()
@@ -203,19 +136,19 @@ impl CpuBackend {
         }
     }
 
-    fn tune_gemm(&self, job: &TuneJob, problem: &GemmProblem) -> Result<v1::Result, String> {
+    fn tune_gemm(&self, job: &TuneJob, problem: &GemmProblem) -> Result<v1::Result, TuneError> {
         if problem.dtype != GemmDtype::F32 {
-            return Err(format!(
+            return Err(TuneError::Unsupported(format!(
                 "the cpu backend tunes gemm for dtype f32 only, not {:?}; tune {} problems on a cuda worker",
                 problem.dtype.as_str(),
                 problem.dtype.as_str()
-            ));
+            )));
         }
         let macs = problem.m * problem.n * problem.k;
         if macs > MAX_CPU_GEMM_MACS {
-            return Err(format!(
+            return Err(TuneError::Unsupported(format!(
                 "m*n*k = {macs} is too large for the CPU stand-in (at most {MAX_CPU_GEMM_MACS})"
-            ));
+            )));
         }
         let shape = GemmShape::from_problem(problem);
         let mut pack = PackBuffers::default();
@@ -236,9 +169,9 @@ impl CpuBackend {
             blocked_matmul(&small, tile, &small_a, &small_b, &mut got, &mut pack);
             let error = worst_error(&got, &want);
             if error > 1e-5 {
-                return Err(format!(
+                return Err(TuneError::WrongOutput(format!(
                     "blocked matmul {tile:?} disagrees with the reference (error {error:e}); refusing to time it"
-                ));
+                )));
             }
         }
 
@@ -263,7 +196,7 @@ impl CpuBackend {
             .iter()
             .min_by(|x, y| x.1.median_us.total_cmp(&y.1.median_us))
             .cloned()
-            .ok_or("no tactic was measured")?;
+            .ok_or_else(|| TuneError::NothingRan("no tactic was measured".to_string()))?;
 
         // Check the winner on the real problem too, at sampled entries.
         blocked_matmul(&shape, best_tile, &a, &b, &mut c, &mut pack);
@@ -276,9 +209,9 @@ impl CpuBackend {
             let got = f64::from(c[i + j * shape.m]);
             let tolerance = 1e-4 * (shape.k as f64).sqrt() * (1.0 + want.abs());
             if (got - want).abs() > tolerance {
-                return Err(format!(
+                return Err(TuneError::WrongOutput(format!(
                     "winner {best_tile:?} is wrong at ({i},{j}): {got} vs {want}"
-                ));
+                )));
             }
         }
 
@@ -312,19 +245,16 @@ impl Backend for CpuBackend {
         &self.devices
     }
 
-    fn tune(&mut self, job: &TuneJob) -> Result<v1::Result, String> {
+    fn tune(&mut self, job: &TuneJob) -> Result<v1::Result, TuneError> {
         if !self.devices.iter().any(|d| d.fingerprint == job.device) {
-            return Err(format!("this worker has no device {:?}", job.device));
+            return Err(TuneError::NoDevice(job.device.clone()));
         }
         match job.op.as_str() {
-            "gemm" => {
-                let problem = parse_gemm(&job.problem).map_err(|e| e.to_string())?;
-                self.tune_gemm(job, &problem)
-            }
-            "nvrtc" => Err(
+            "gemm" => self.tune_gemm(job, &parse_gemm(&job.problem)?),
+            "nvrtc" => Err(TuneError::Unsupported(
                 "op \"nvrtc\" needs a cuda worker; the cpu backend cannot run CUDA C".to_string(),
-            ),
-            other => Err(format!("unknown op {other:?}")),
+            )),
+            other => Err(TuneError::UnknownOp(other.to_string())),
         }
     }
 }
@@ -368,7 +298,7 @@ pub fn cpu_device() -> v1::Device {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::GemmLayout;
+    use tunecache_proto::tuner::problem::GemmLayout;
 
     #[test]
     fn blocked_matmul_matches_naive_for_every_layout_and_tactic() {
@@ -399,33 +329,6 @@ mod tests {
     }
 
     #[test]
-    fn naive_matmul_is_the_definition() {
-        // [1 2; 3 4] (column-major 1,3,2,4) times [5 6; 7 8] = [19 22; 43 50].
-        let shape = GemmShape {
-            m: 2,
-            n: 2,
-            k: 2,
-            transpose_a: false,
-            transpose_b: false,
-        };
-        let mut c = vec![0.0; 4];
-        naive_matmul(&shape, &[1.0, 3.0, 2.0, 4.0], &[5.0, 7.0, 6.0, 8.0], &mut c);
-        assert_eq!(c, vec![19.0, 43.0, 22.0, 50.0]);
-        let transposed = GemmShape {
-            transpose_a: true,
-            ..shape
-        };
-        naive_matmul(
-            &transposed,
-            &[1.0, 3.0, 2.0, 4.0],
-            &[5.0, 7.0, 6.0, 8.0],
-            &mut c,
-        );
-        // A^T = [1 3; 2 4]: [26 30; 38 44].
-        assert_eq!(c, vec![26.0, 38.0, 30.0, 44.0]);
-    }
-
-    #[test]
     fn cpu_backend_rejects_f16_and_nvrtc_with_reasons() {
         let mut backend = CpuBackend::new(MeasureConfig::default());
         let device = backend.devices()[0].fingerprint.clone();
@@ -442,9 +345,10 @@ mod tests {
                 "gemm",
                 r#"{"m":8,"n":8,"k":8,"dtype":"f16","layout":"nn"}"#,
             ))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("f32 only"), "{err}");
-        let err = backend.tune(&job("nvrtc", "{}")).unwrap_err();
+        let err = backend.tune(&job("nvrtc", "{}")).unwrap_err().to_string();
         assert!(err.contains("cuda"), "{err}");
     }
 

@@ -24,16 +24,17 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use serde_json::json;
-use tunecache_proto::tuner::v1::TuneJob;
-use tunecache_proto::v1;
-
-use super::cpu::{random_operands, reference_entry, GemmShape};
-use super::{make_result, tactic_deadline, Backend, SplitMix64};
-use crate::measure::{measure, MeasureConfig, Stats};
-use crate::problem::{
+use tunecache_proto::tuner::problem::{
     parse_gemm, parse_nvrtc, BufferDtype, BufferInit, GemmDtype, GemmProblem, KernelArg,
     NvrtcProblem,
 };
+use tunecache_proto::tuner::v1::TuneJob;
+use tunecache_proto::v1;
+
+use super::reference::{random_operands, reference_entry, GemmShape};
+use super::{make_result, tactic_deadline, Backend, SplitMix64};
+use crate::error::TuneError;
+use crate::measure::{measure, MeasureConfig, Stats};
 
 /// Exit status of a worker whose CUDA context was poisoned by a sticky error.
 pub const POISONED_EXIT_CODE: i32 = 70;
@@ -76,17 +77,17 @@ fn is_sticky(error: &DriverError) -> bool {
 }
 
 /// Turns a driver error into a job error, or ends the process if the context is poisoned.
-fn driver_error(what: &str, error: DriverError) -> String {
+fn driver_error(what: &str, error: DriverError) -> TuneError {
     if is_sticky(&error) {
         tracing::error!(%what, ?error, "sticky CUDA error: the context is unusable; exiting so the supervisor starts a fresh worker");
         eprintln!("tunecache-tuner: sticky CUDA error during {what}: {error:?}; exiting");
         std::process::exit(POISONED_EXIT_CODE);
     }
-    format!("{what}: {error:?}")
+    TuneError::driver(what, error)
 }
 
-fn blas_error(what: &str, error: lt::CublasError) -> String {
-    format!("{what}: {error:?}")
+fn blas_error(what: &'static str, source: lt::CublasError) -> TuneError {
+    TuneError::Blas { what, source }
 }
 
 struct CudaDevice {
@@ -102,40 +103,47 @@ pub struct CudaBackend {
 
 impl CudaBackend {
     /// Loads the driver and lists its devices; `Err` says why CUDA cannot be used.
-    pub fn open(measure: MeasureConfig) -> Result<Self, String> {
+    pub fn open(measure: MeasureConfig) -> Result<Self, TuneError> {
         if !driver_library_present() {
-            return Err("libcuda.so.1 (the NVIDIA driver library) cannot be loaded".to_string());
+            return Err(TuneError::Unavailable(
+                "libcuda.so.1 (the NVIDIA driver library) cannot be loaded".to_string(),
+            ));
         }
         // A driver too old for a symbol cudarc looks up makes cudarc panic; contain that.
         catch_unwind(AssertUnwindSafe(|| Self::open_driver(measure))).unwrap_or_else(|_| {
-            Err("the CUDA driver library panicked during initialisation".to_string())
+            Err(TuneError::Unavailable(
+                "the CUDA driver library panicked during initialisation".to_string(),
+            ))
         })
     }
 
-    fn open_driver(measure: MeasureConfig) -> Result<Self, String> {
+    fn open_driver(measure: MeasureConfig) -> Result<Self, TuneError> {
         let count = CudaContext::device_count()
-            .map_err(|e| format!("cuInit / cuDeviceGetCount failed: {e:?}"))?;
+            .map_err(|e| TuneError::driver("cuInit / cuDeviceGetCount failed", e))?;
         if count < 1 {
-            return Err("the CUDA driver reports no devices".to_string());
+            return Err(TuneError::Unavailable(
+                "the CUDA driver reports no devices".to_string(),
+            ));
         }
         let mut cuda_version: i32 = 0;
         // SAFETY: plain out-parameter call into the loaded driver.
         unsafe { driver_sys::cuDriverGetVersion(&mut cuda_version) }
             .result()
-            .map_err(|e| format!("cuDriverGetVersion failed: {e:?}"))?;
+            .map_err(|e| TuneError::driver("cuDriverGetVersion failed", e))?;
         let cuda_version = format!("{}.{}", cuda_version / 1000, (cuda_version % 1000) / 10);
         let driver_version = nvidia_driver_version();
         let mut devices = Vec::new();
         let mut handles = Vec::new();
         for ordinal in 0..count as usize {
-            let context = CudaContext::new(ordinal)
-                .map_err(|e| format!("creating a context on device {ordinal}: {e:?}"))?;
+            let context = CudaContext::new(ordinal).map_err(|e| {
+                TuneError::driver(format!("creating a context on device {ordinal}"), e)
+            })?;
             let name = context
                 .name()
-                .map_err(|e| format!("device {ordinal} name: {e:?}"))?;
-            let (major, minor) = context
-                .compute_capability()
-                .map_err(|e| format!("device {ordinal} compute capability: {e:?}"))?;
+                .map_err(|e| TuneError::driver(format!("device {ordinal} name"), e))?;
+            let (major, minor) = context.compute_capability().map_err(|e| {
+                TuneError::driver(format!("device {ordinal} compute capability"), e)
+            })?;
             let memory_bytes = context.total_mem().unwrap_or(0) as u64;
             devices.push(v1::Device {
                 backend: "cuda".to_string(),
@@ -175,9 +183,11 @@ impl CudaBackend {
         device: &CudaDevice,
         job: &TuneJob,
         problem: &GemmProblem,
-    ) -> Result<v1::Result, String> {
+    ) -> Result<v1::Result, TuneError> {
         if !cublaslt_library_present() {
-            return Err("libcublasLt cannot be loaded; op gemm needs cuBLASLt".to_string());
+            return Err(TuneError::Unavailable(
+                "libcublasLt cannot be loaded; op gemm needs cuBLASLt".to_string(),
+            ));
         }
         let gemm = GemmRun::prepare(device, problem)?;
         gemm.tune(job, &self.measure)
@@ -188,9 +198,11 @@ impl CudaBackend {
         device: &CudaDevice,
         job: &TuneJob,
         problem: &NvrtcProblem,
-    ) -> Result<v1::Result, String> {
+    ) -> Result<v1::Result, TuneError> {
         if !nvrtc_library_present() {
-            return Err("libnvrtc cannot be loaded; op nvrtc needs NVRTC".to_string());
+            return Err(TuneError::Unavailable(
+                "libnvrtc cannot be loaded; op nvrtc needs NVRTC".to_string(),
+            ));
         }
         NvrtcRun::prepare(device, problem, &self.measure)?.tune(job, &self.measure)
     }
@@ -205,12 +217,12 @@ impl Backend for CudaBackend {
         &self.devices
     }
 
-    fn tune(&mut self, job: &TuneJob) -> Result<v1::Result, String> {
+    fn tune(&mut self, job: &TuneJob) -> Result<v1::Result, TuneError> {
         let index = self
             .devices
             .iter()
             .position(|d| d.fingerprint == job.device)
-            .ok_or_else(|| format!("this worker has no device {:?}", job.device))?;
+            .ok_or_else(|| TuneError::NoDevice(job.device.clone()))?;
         let device = &self.handles[index];
         device
             .context
@@ -218,15 +230,9 @@ impl Backend for CudaBackend {
             .map_err(|e| driver_error("binding the CUDA context", e))?;
         tracing::debug!(ordinal = device.ordinal, "tuning on device");
         match job.op.as_str() {
-            "gemm" => {
-                let problem = parse_gemm(&job.problem).map_err(|e| e.to_string())?;
-                self.tune_gemm(device, job, &problem)
-            }
-            "nvrtc" => {
-                let problem = parse_nvrtc(&job.problem).map_err(|e| e.to_string())?;
-                self.tune_nvrtc(device, job, &problem)
-            }
-            other => Err(format!("unknown op {other:?}")),
+            "gemm" => self.tune_gemm(device, job, &parse_gemm(&job.problem)?),
+            "nvrtc" => self.tune_nvrtc(device, job, &parse_nvrtc(&job.problem)?),
+            other => Err(TuneError::UnknownOp(other.to_string())),
         }
     }
 }
@@ -255,7 +261,7 @@ impl EventTimer {
         context: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
         flush_l2: bool,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, TuneError> {
         let event = || {
             context
                 .new_event(Some(driver_sys::CUevent_flags::CU_EVENT_DEFAULT))
@@ -286,8 +292,8 @@ impl EventTimer {
     fn time_us(
         &mut self,
         stream: &Arc<CudaStream>,
-        work: impl FnOnce() -> Result<(), String>,
-    ) -> Result<f64, String> {
+        work: impl FnOnce() -> Result<(), TuneError>,
+    ) -> Result<f64, TuneError> {
         if let Some(flush) = self.l2_flush.as_mut() {
             stream
                 .memset_zeros(flush)
@@ -399,7 +405,7 @@ impl Drop for LtDescriptors {
 }
 
 impl LtDescriptors {
-    fn new(problem: &GemmProblem) -> Result<Self, String> {
+    fn new(problem: &GemmProblem) -> Result<Self, TuneError> {
         let data_type = gemm_data_type(problem.dtype);
         let (m, n, k) = (problem.m, problem.n, problem.k);
         let handle = lt::create_handle().map_err(|e| blas_error("cublasLtCreate", e))?;
@@ -474,7 +480,7 @@ impl LtDescriptors {
     }
 
     /// Up to [`HEURISTIC_ALGOS`] algorithms, best-first in the heuristic's opinion.
-    fn heuristic(&self) -> Result<Vec<lt_sys::cublasLtMatmulHeuristicResult_t>, String> {
+    fn heuristic(&self) -> Result<Vec<lt_sys::cublasLtMatmulHeuristicResult_t>, TuneError> {
         // SAFETY: plain-old-data C structs for which all-zero bytes are a valid value.
         let mut results: Vec<lt_sys::cublasLtMatmulHeuristicResult_t> =
             vec![unsafe { std::mem::zeroed() }; HEURISTIC_ALGOS];
@@ -498,7 +504,9 @@ impl LtDescriptors {
         .map_err(|e| blas_error("cublasLtMatmulAlgoGetHeuristic", e))?;
         results.truncate(returned.max(0) as usize);
         if results.is_empty() {
-            return Err("cuBLASLt has no algorithm for this gemm".to_string());
+            return Err(TuneError::NothingRan(
+                "cuBLASLt has no algorithm for this gemm".to_string(),
+            ));
         }
         Ok(results)
     }
@@ -565,7 +573,7 @@ struct GemmRun<'a> {
 }
 
 impl<'a> GemmRun<'a> {
-    fn prepare(device: &'a CudaDevice, problem: &GemmProblem) -> Result<Self, String> {
+    fn prepare(device: &'a CudaDevice, problem: &GemmProblem) -> Result<Self, TuneError> {
         let stream = device.context.default_stream();
         let shape = GemmShape::from_problem(problem);
         let (mut host_a, mut host_b) = random_operands(&shape, 1);
@@ -603,7 +611,7 @@ impl<'a> GemmRun<'a> {
     fn enqueue(
         &mut self,
         heuristic: &lt_sys::cublasLtMatmulHeuristicResult_t,
-    ) -> Result<(), String> {
+    ) -> Result<(), TuneError> {
         let alpha: f32 = 1.0;
         let beta: f32 = 0.0;
         let a = raw_ptr(&self.a, &self.stream);
@@ -640,7 +648,7 @@ impl<'a> GemmRun<'a> {
     fn verify(
         &mut self,
         heuristic: &lt_sys::cublasLtMatmulHeuristicResult_t,
-    ) -> Result<(), String> {
+    ) -> Result<(), TuneError> {
         self.stream
             .memset_zeros(&mut self.d)
             .map_err(|e| driver_error("clearing D", e))?;
@@ -664,15 +672,19 @@ impl<'a> GemmRun<'a> {
             let got = decode_gemm_value(&output, i + j * shape.m, self.problem.dtype);
             // NaN must fail too, hence the explicit check.
             if got.is_nan() || (got - want).abs() > output_eps * want.abs() + accumulation {
-                return Err(format!(
+                return Err(TuneError::WrongOutput(format!(
                     "wrong output at ({i},{j}): {got} vs reference {want}"
-                ));
+                )));
             }
         }
         Ok(())
     }
 
-    fn tune(mut self, job: &TuneJob, measure_config: &MeasureConfig) -> Result<v1::Result, String> {
+    fn tune(
+        mut self,
+        job: &TuneJob,
+        measure_config: &MeasureConfig,
+    ) -> Result<v1::Result, TuneError> {
         let candidates = self.descriptors.heuristic()?;
         let stream = self.stream.clone();
         let mut timer = EventTimer::new(&self.device.context, &stream, measure_config.flush_l2)?;
@@ -707,7 +719,7 @@ impl<'a> GemmRun<'a> {
                     entry["spread"] = json!(stats.spread);
                     measured.push((rank, stats));
                 }
-                Err(error) => entry["error"] = json!(error),
+                Err(error) => entry["error"] = json!(error.to_string()),
             }
             report.push(entry);
         }
@@ -715,7 +727,12 @@ impl<'a> GemmRun<'a> {
             .iter()
             .min_by(|x, y| x.1.median_us.total_cmp(&y.1.median_us))
             .cloned()
-            .ok_or_else(|| format!("no cuBLASLt algorithm ran correctly: {}", json!(report)))?;
+            .ok_or_else(|| {
+                TuneError::NothingRan(format!(
+                    "no cuBLASLt algorithm ran correctly: {}",
+                    json!(report)
+                ))
+            })?;
         let heuristic0 = measured
             .iter()
             .find(|(rank, _)| *rank == 0)
@@ -804,7 +821,7 @@ fn launch(
     config: LaunchConfig,
     args: &[ArgValue],
     buffers: &[CudaSlice<u8>],
-) -> Result<(), String> {
+) -> Result<(), TuneError> {
     let mut builder = stream.launch_builder(function);
     for arg in args {
         match arg {
@@ -845,7 +862,7 @@ impl<'a> NvrtcRun<'a> {
         device: &'a CudaDevice,
         problem: &NvrtcProblem,
         measure: &MeasureConfig,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, TuneError> {
         let stream = device.context.default_stream();
         let initial: Vec<Vec<u8>> = problem
             .buffers
@@ -891,7 +908,7 @@ impl<'a> NvrtcRun<'a> {
         })
     }
 
-    fn reset_buffers(&mut self) -> Result<(), String> {
+    fn reset_buffers(&mut self) -> Result<(), TuneError> {
         for (buffer, bytes) in self.buffers.iter_mut().zip(&self.initial) {
             self.stream
                 .memcpy_htod(bytes, buffer)
@@ -900,7 +917,7 @@ impl<'a> NvrtcRun<'a> {
         Ok(())
     }
 
-    fn compile(&self, index: usize) -> Result<CompiledCandidate, String> {
+    fn compile(&self, index: usize) -> Result<CompiledCandidate, TuneError> {
         let candidate = &self.problem.candidates[index];
         let (major, minor) = self
             .device
@@ -922,7 +939,7 @@ impl<'a> NvrtcRun<'a> {
             ..Default::default()
         };
         let ptx = compile_ptx_with_opts(&self.problem.source, compile_options)
-            .map_err(|e| format!("compile: {e}"))?;
+            .map_err(TuneError::Compile)?;
         let module = self
             .device
             .context
@@ -956,7 +973,7 @@ impl<'a> NvrtcRun<'a> {
         &mut self,
         compiled: &CompiledCandidate,
         check: usize,
-    ) -> Result<Vec<f64>, String> {
+    ) -> Result<Vec<f64>, TuneError> {
         self.reset_buffers()?;
         launch(
             &self.stream,
@@ -975,7 +992,11 @@ impl<'a> NvrtcRun<'a> {
         Ok(decode_buffer(&bytes, self.problem.buffers[check].dtype))
     }
 
-    fn tune(mut self, job: &TuneJob, measure_config: &MeasureConfig) -> Result<v1::Result, String> {
+    fn tune(
+        mut self,
+        job: &TuneJob,
+        measure_config: &MeasureConfig,
+    ) -> Result<v1::Result, TuneError> {
         let deadline = tactic_deadline(job);
         let mut report = Vec::new();
         let mut compiled_ok: Vec<(CompiledCandidate, Stats)> = Vec::new();
@@ -989,7 +1010,7 @@ impl<'a> NvrtcRun<'a> {
             let compiled = match self.compile(index) {
                 Ok(compiled) => compiled,
                 Err(error) => {
-                    report.push(json!({"name": name, "error": error}));
+                    report.push(json!({"name": name, "error": error.to_string()}));
                     continue;
                 }
             };
@@ -1016,7 +1037,9 @@ impl<'a> NvrtcRun<'a> {
             .enumerate()
             .min_by(|x, y| x.1 .1.median_us.total_cmp(&y.1 .1.median_us))
             .map(|(position, _)| position)
-            .ok_or_else(|| format!("no candidate compiled and ran: {}", json!(report)))?;
+            .ok_or_else(|| {
+                TuneError::NothingRan(format!("no candidate compiled and ran: {}", json!(report)))
+            })?;
 
         let verification = match self.problem.check.clone() {
             None => json!("none requested"),
@@ -1026,7 +1049,7 @@ impl<'a> NvrtcRun<'a> {
                     .buffers
                     .iter()
                     .position(|b| b.name == check.buffer)
-                    .ok_or("check buffer vanished")?;
+                    .ok_or_else(|| TuneError::WrongOutput("check buffer vanished".to_string()))?;
                 let got = self.output_of(&compiled_ok[winner].0, buffer)?;
                 let close = |x: f64, y: f64| (x - y).abs() <= check.atol + check.rtol * y.abs();
                 if let Some(reference) = &check.reference {
@@ -1034,7 +1057,9 @@ impl<'a> NvrtcRun<'a> {
                         .iter()
                         .position(|(c, _)| &self.problem.candidates[c.index].name == reference)
                         .ok_or_else(|| {
-                            format!("reference candidate {reference:?} did not compile and run")
+                            TuneError::NothingRan(format!(
+                                "reference candidate {reference:?} did not compile and run"
+                            ))
                         })?;
                     let want = self.output_of(&compiled_ok[reference_index].0, buffer)?;
                     if let Some((i, (g, w))) = got
@@ -1043,19 +1068,19 @@ impl<'a> NvrtcRun<'a> {
                         .enumerate()
                         .find(|(_, (g, w))| !close(**g, **w))
                     {
-                        return Err(format!(
+                        return Err(TuneError::WrongOutput(format!(
                             "winner {:?} disagrees with reference {reference:?} at {}[{i}]: {g} vs {w}",
                             self.problem.candidates[compiled_ok[winner].0.index].name, check.buffer
-                        ));
+                        )));
                     }
                 }
                 if let Some(expected) = check.expected_sum {
                     let sum: f64 = got.iter().sum();
                     if !close(sum, expected) {
-                        return Err(format!(
+                        return Err(TuneError::WrongOutput(format!(
                             "winner's sum of {} is {sum}, expected {expected}",
                             check.buffer
-                        ));
+                        )));
                     }
                 }
                 json!({"buffer": check.buffer, "reference": check.reference, "expected_sum": check.expected_sum})

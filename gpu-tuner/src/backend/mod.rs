@@ -2,17 +2,20 @@
 //!
 //! A backend owns its devices (reported in `Ready`) and turns one `TuneJob` into the winning
 //! `tunecache.v1.Result`. `cpu` is a real-but-slow stand-in used where no GPU is present;
-//! `cuda` drives cuBLASLt and NVRTC through cudarc with the driver loaded at run time.
+//! `cuda` drives cuBLASLt and NVRTC through cudarc with the driver loaded at run time. Both
+//! check gemm tactics against the same host reference (`reference`).
 
 pub mod cpu;
 pub mod cuda;
+pub mod reference;
 
-use std::str::FromStr;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tunecache_proto::tuner::v1::TuneJob;
+use tunecache_proto::tuner::BackendChoice;
 use tunecache_proto::v1;
 
+use crate::error::TuneError;
 use crate::measure::MeasureConfig;
 
 /// One tuning backend, used by one worker thread at a time.
@@ -22,47 +25,14 @@ pub trait Backend {
     /// The devices this backend tunes; a job names one of them by fingerprint.
     fn devices(&self) -> &[v1::Device];
     /// Tunes one job. `Err` means the problem cannot be tuned here (not retried).
-    fn tune(&mut self, job: &TuneJob) -> Result<v1::Result, String>;
-}
-
-/// The `--backend` choice of the worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendChoice {
-    /// cuda when the driver loads and shows a device, else cpu.
-    Auto,
-    Cuda,
-    Cpu,
-}
-
-impl FromStr for BackendChoice {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text {
-            "auto" => Ok(BackendChoice::Auto),
-            "cuda" => Ok(BackendChoice::Cuda),
-            "cpu" => Ok(BackendChoice::Cpu),
-            other => Err(format!(
-                "unknown backend {other:?} (expected auto, cuda or cpu)"
-            )),
-        }
-    }
-}
-
-impl BackendChoice {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BackendChoice::Auto => "auto",
-            BackendChoice::Cuda => "cuda",
-            BackendChoice::Cpu => "cpu",
-        }
-    }
+    fn tune(&mut self, job: &TuneJob) -> Result<v1::Result, TuneError>;
 }
 
 /// Opens the chosen backend and says why it was chosen (the `Ready.note`).
 pub fn select(
     choice: BackendChoice,
     measure: MeasureConfig,
-) -> Result<(Box<dyn Backend>, String), String> {
+) -> Result<(Box<dyn Backend>, String), TuneError> {
     match choice {
         BackendChoice::Cpu => Ok((
             Box::new(cpu::CpuBackend::new(measure)),
@@ -99,20 +69,13 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "unknown-host".to_string())
 }
 
-pub fn now_unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 /// Builds the result from a winner's config JSON and median time.
 pub fn make_result(backend: &str, config: &serde_json::Value, time_us: f64) -> v1::Result {
     v1::Result {
         config: config.to_string(),
         time_us,
         tuned_by: tuned_by(backend),
-        tuned_at_unix_ms: now_unix_ms(),
+        tuned_at_unix_ms: tunecache_proto::unix_now_ms(),
     }
 }
 

@@ -28,7 +28,7 @@ pub mod segments;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -41,6 +41,7 @@ use crate::config::Config;
 use crate::entry::unix_now_ms;
 use crate::error::{Error, Result};
 use crate::store::Store;
+use crate::sync::lock;
 
 use io::{IoJob, IoWorker, WriteReport};
 
@@ -214,11 +215,6 @@ struct IoSlot {
     initial_load_done: bool,
     consecutive_failures: u32,
     retry_after: Option<Instant>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these leaves plain data behind; keep using it.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Cheap, cloneable handle to the snapshot machinery.

@@ -287,7 +287,7 @@ pub fn child_pids(parent: Pid) -> Vec<Pid> {
         .collect()
 }
 
-// --- Deployment tests (issue 6): external tools and processes. ---
+// --- Deployment tests: external tools and processes. ---
 
 impl Daemon {
     /// Waits (at most `limit`) for the daemon to exit on its own, e.g. on --exit-when-idle.

@@ -1,9 +1,9 @@
 //! Problems of namespace `tunecache`: parsing, validation and canonical text.
 //!
 //! This module owns the meaning of `Key.problem` for the two ops the tuner worker can tune.
-//! It is pure (no CUDA, no I/O). The daemon calls [`canonicalize`] to reject malformed
-//! Resolve requests (INVALID_ARGUMENT) and to key jobs; the worker parses the same text with
-//! [`parse_gemm`] / [`parse_nvrtc`]. Canonical text is compact JSON with a fixed field order
+//! It is pure (no CUDA, no I/O). The daemon calls [`canonicalize`] once per request key, to
+//! reject malformed requests (INVALID_ARGUMENT) and to key jobs; the worker parses the same
+//! canonical text with [`parse_gemm`] / [`parse_nvrtc`]. Canonical text is compact JSON with a fixed field order
 //! and every default filled in, so two requests that describe the same problem give the same
 //! key byte for byte. Unknown fields are rejected rather than ignored, because an ignored
 //! field would silently alias two different problems onto one key.

@@ -17,43 +17,11 @@
 //!
 //! One worker runs one job at a time, so jobs are serialised per node (and so per device).
 //!
-//! # Wiring into the daemon
-//!
-//! ```no_run
-//! # async fn wire() {
-//! use std::time::Duration;
-//! use tunecache_gpu_tuner::backend::BackendChoice;
-//! use tunecache_gpu_tuner::problem::canonicalize;
-//! use tunecache_gpu_tuner::supervisor::{SubmitError, Supervisor, SupervisorConfig, TunerHandle};
-//!
-//! let config = SupervisorConfig {
-//!     worker_path: "/usr/libexec/tunecache-tuner".into(),
-//!     backend: BackendChoice::Auto,
-//!     job_timeout: Duration::from_secs(600),
-//!     queue_capacity: 64,
-//! };
-//! let tuner = match Supervisor::start(config).await {
-//!     Ok(tuner) => tuner,
-//!     Err(error) => {
-//!         eprintln!("tuning off: {error}"); // the daemon keeps serving
-//!         TunerHandle::off(error.to_string())
-//!     }
-//! };
-//! // Resolve with key.namespace == "tunecache": malformed problems are INVALID_ARGUMENT.
-//! let problem = canonicalize("gemm", r#"{"m":8,"n":8,"k":8,"dtype":"f32","layout":"nn"}"#)
-//!     .expect("map to INVALID_ARGUMENT");
-//! let device = tuner.devices()[0].fingerprint.clone(); // normally key.device
-//! match tuner.submit("gemm", &problem, &device) {
-//!     Ok(reply) => match reply.await {
-//!         Ok(Ok(_result)) => { /* Record it under the key; answer the waiters */ }
-//!         Ok(Err(_why)) => { /* Miss { reason: why } */ }
-//!         Err(_) => { /* the supervisor stopped: Miss */ }
-//!     },
-//!     Err(SubmitError::QueueFull { .. }) => { /* RESOURCE_EXHAUSTED */ }
-//!     Err(other) => { /* Miss { reason: other.to_string() } */ }
-//! }
-//! # }
-//! ```
+//! The supervisor trusts the problem text it is given to be canonical (the daemon
+//! canonicalises each request key once, in `validate::key`); the worker parses it again and
+//! fails the job, without dying, if it does not parse. A result is checked once, here, with
+//! the same rule as a rank's Record (`validate::result`), before it is counted as done.
+//! `tuner::start` shows the wiring.
 
 use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
@@ -67,14 +35,15 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
+use tunecache_proto::tuner::frame::{read_frame_async, write_frame_async};
 use tunecache_proto::tuner::v1::{
     from_worker, job_done, to_worker, FromWorker, Ready, ToWorker, TuneJob,
 };
+use tunecache_proto::tuner::BackendChoice;
 use tunecache_proto::v1;
 
-use crate::backend::BackendChoice;
-use crate::frame::{read_frame_async, write_frame_async};
-use crate::problem::{canonicalize, ProblemError};
+use crate::entry::TunedResult;
+use crate::sync::lock;
 
 /// How long a starting worker may take to say `Ready` (CUDA init on many GPUs takes seconds).
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -127,9 +96,6 @@ pub enum SubmitError {
     },
     #[error("tuning is off: {0}")]
     Off(String),
-    /// Maps to INVALID_ARGUMENT.
-    #[error("invalid problem: {0}")]
-    InvalidProblem(#[from] ProblemError),
 }
 
 /// Counters for the daemon's Stats.
@@ -145,8 +111,9 @@ pub struct TunerCounters {
     pub restarts: u64,
 }
 
-/// What the caller of [`TunerHandle::submit`] eventually receives.
-pub type JobReply = Result<v1::Result, String>;
+/// What the caller of [`TunerHandle::submit`] eventually receives: a result that passed
+/// `validate::result`, or why there is none.
+pub type JobReply = Result<TunedResult, String>;
 
 #[derive(Debug, Clone)]
 enum Phase {
@@ -192,10 +159,7 @@ impl Shared {
     }
 
     fn status(&self) -> MutexGuard<'_, Status> {
-        // A poisoned lock only means a panic elsewhere mid-update of plain data; keep serving.
-        self.status
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.status)
     }
 
     fn set_phase(&self, phase: Phase) {
@@ -370,15 +334,15 @@ impl TunerHandle {
         }
     }
 
-    /// Queues a tuning job for `device_fingerprint`. The problem is canonicalised again here
-    /// (cheap) so a job never runs on text the worker would read differently.
+    /// Queues a tuning job for `device_fingerprint`. `canonical_problem` is the key's problem
+    /// as `validate::key` left it: it is not parsed again here (this runs under the
+    /// coordinator's lock); the worker parses it and fails the job if it does not parse.
     pub fn submit(
         &self,
         op: &str,
         canonical_problem: &str,
         device_fingerprint: &str,
     ) -> Result<oneshot::Receiver<JobReply>, SubmitError> {
-        let problem = canonicalize(op, canonical_problem)?;
         {
             let status = self.inner.shared.status();
             if let Phase::Off(why) = &status.phase {
@@ -402,7 +366,7 @@ impl TunerHandle {
         let (reply, receiver) = oneshot::channel();
         let job = QueuedJob {
             op: op.to_string(),
-            problem,
+            problem: canonical_problem.to_string(),
             device: device_fingerprint.to_string(),
             deaths: 0,
             reply,
@@ -428,12 +392,7 @@ impl TunerHandle {
     /// Kills the worker, fails queued jobs, and waits for the supervisor task to finish.
     pub async fn shutdown(&self) {
         let _ = self.inner.shutdown.send(true);
-        let task = self
-            .inner
-            .task
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
+        let task = lock(&self.inner.task).take();
         if let Some(task) = task {
             if let Err(error) = task.await {
                 tracing::warn!(%error, "tuner supervisor task ended abnormally");
@@ -483,7 +442,7 @@ impl Worker {
             let _ = tokio::time::timeout(Duration::from_millis(500), task).await;
         }
         let tail: Vec<String> = {
-            let lines = self.stderr_tail.lock().unwrap_or_else(|p| p.into_inner());
+            let lines = lock(&self.stderr_tail);
             lines
                 .iter()
                 .rev()
@@ -552,7 +511,7 @@ async fn spawn_worker(config: &SupervisorConfig) -> Result<(Worker, Ready), Supe
         let mut lines = BufReader::new(stderr).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             tracing::info!(target: "tunecache_tuner_worker", pid = ?pid, "{line}");
-            let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
+            let mut tail = lock(&tail);
             if tail.len() == STDERR_TAIL_LINES {
                 tail.pop_front();
             }
@@ -609,7 +568,7 @@ async fn spawn_worker(config: &SupervisorConfig) -> Result<(Worker, Ready), Supe
 }
 
 enum JobOutcome {
-    Done(v1::Result),
+    Done(TunedResult),
     Failed(String),
     WorkerDied(String),
     TimedOut,
@@ -645,8 +604,8 @@ async fn run_job(
                 None => return JobOutcome::WorkerDied(worker.death_reason().await),
                 Some(FromWorker { msg: Some(from_worker::Msg::Done(done)) }) if done.job_id == job_id => {
                     return match done.outcome {
-                        Some(job_done::Outcome::Result(result)) => match check_result(&result) {
-                            Ok(()) => JobOutcome::Done(result),
+                        Some(job_done::Outcome::Result(result)) => match crate::validate::result("result", Some(result)) {
+                            Ok(result) => JobOutcome::Done(result),
                             Err(why) => JobOutcome::Failed(format!("the tuner worker returned an invalid result: {why}")),
                         },
                         Some(job_done::Outcome::Error(error)) => JobOutcome::Failed(error),
@@ -657,16 +616,6 @@ async fn run_job(
             },
         }
     }
-}
-
-/// The daemon stores results as they are; make sure they obey the contract.
-fn check_result(result: &v1::Result) -> Result<(), String> {
-    if !result.time_us.is_finite() || result.time_us < 0.0 {
-        return Err(format!("time_us {} is not finite and >= 0", result.time_us));
-    }
-    serde_json::from_str::<serde_json::Value>(&result.config)
-        .map(|_| ())
-        .map_err(|e| format!("config is not JSON: {e}"))
 }
 
 async fn supervise(

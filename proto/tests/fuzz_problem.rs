@@ -1,4 +1,4 @@
-//! Fuzz target for the problem canonicaliser (`problem::canonicalize`), which the daemon runs
+//! Fuzz target for the problem canonicaliser (`tuner::problem::canonicalize`), which the daemon runs
 //! on every `tunecache`-namespace key a rank sends, and whose output is the cache key.
 //!
 //! proptest rather than cargo-fuzz, so that it runs on stable inside `cargo test`; see the
@@ -13,7 +13,7 @@
 
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
-use tunecache_gpu_tuner::problem::{canonicalize, parse_gemm, parse_nvrtc};
+use tunecache_proto::tuner::problem::{canonicalize, parse_gemm, parse_nvrtc};
 
 fn pick(items: &[Value]) -> impl Strategy<Value = Value> {
     prop::sample::select(items.to_vec())

@@ -1,8 +1,8 @@
 //! Length-delimited prost frames of the daemon <-> worker protocol (`tunecache.tuner.v1`).
 //!
 //! Each frame is a varint length followed by one message, exactly what prost's
-//! `encode_length_delimited` writes. The worker side is blocking (`std::io`), the supervisor
-//! side is async (tokio); both live here so the two ends cannot drift apart.
+//! `encode_length_delimited` writes. The worker side is blocking (`std::io`), the daemon's
+//! supervisor side is async (tokio); both live here so the two ends cannot drift apart.
 
 use std::io::{self, Read, Write};
 
@@ -108,7 +108,7 @@ pub async fn read_frame_async<R: AsyncRead + Unpin, M: Message + Default>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tunecache_proto::tuner::v1::{to_worker, ToWorker, TuneJob};
+    use crate::tuner::v1::{to_worker, ToWorker, TuneJob};
 
     #[test]
     fn frames_round_trip_and_end_cleanly() {

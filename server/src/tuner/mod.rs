@@ -1,12 +1,17 @@
-//! Starts the node's tuner worker under supervision, or explains why tuning is off.
+//! The node's tuner: starts the worker under supervision, or explains why tuning is off.
 //!
-//! The worker is a child process (`tunecache-tuner`) so that a faulting kernel or a driver
-//! error kills only the worker; the supervisor in `tunecache-gpu-tuner` restarts it. With
-//! no worker, the daemon serves as before and every miss follows the lease path.
+//! The worker is a child process (`tunecache-tuner`, crate `tunecache-gpu-tuner`) so that a
+//! faulting kernel or a driver error kills only the worker; the `supervisor` restarts it.
+//! With no worker, the daemon serves as before and every miss follows the lease path.
 
 use std::time::Duration;
 
-use tunecache_gpu_tuner::supervisor::{Supervisor, SupervisorConfig, TunerHandle};
+mod supervisor;
+
+pub use supervisor::{
+    JobReply, SubmitError, Supervisor, SupervisorConfig, SupervisorError, TunerCounters,
+    TunerHandle, READY_TIMEOUT,
+};
 
 use crate::config::{Config, TunerSetting};
 
