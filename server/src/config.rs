@@ -185,6 +185,34 @@ pub struct Config {
         value_name = "N"
     )]
     pub snapshot_compact_segments: usize,
+
+    // --- Redis cluster tier ---
+    /// Redis of the cluster tier: redis://[user[:password]@]host:port[/db], rediss:// (TLS)
+    /// or redis+unix:///path. Off by default. Prefer --cluster-password-file for the password.
+    #[arg(
+        long,
+        env = "TUNECACHE_CLUSTER_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub cluster_url: Option<String>,
+
+    /// File holding the Redis password (one line), so it is never on a command line.
+    #[arg(long, env = "TUNECACHE_CLUSTER_PASSWORD_FILE", value_name = "PATH")]
+    pub cluster_password_file: Option<PathBuf>,
+
+    /// Prefix of every Redis key, so several clusters or format versions share one server.
+    #[arg(long, env = "TUNECACHE_CLUSTER_PREFIX", default_value = "tunecache:")]
+    pub cluster_prefix: String,
+
+    /// Longest a Resolve waits for Redis before coordinating node-locally.
+    #[arg(long, env = "TUNECACHE_CLUSTER_TIMEOUT_MS", default_value_t = 20)]
+    pub cluster_timeout_ms: u64,
+
+    /// Length of a cluster lease; renewed every third while the local lease or job lives,
+    /// so it only runs out when the holding node dies or hangs.
+    #[arg(long, env = "TUNECACHE_CLUSTER_LEASE_MS", default_value_t = 10_000)]
+    pub cluster_lease_ms: u64,
 }
 
 /// Where the tuner worker comes from.

@@ -13,13 +13,14 @@
 use std::collections::HashMap;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tunecache_proto::v1;
 
+use crate::cluster::{Claim, Cluster, ClusterLease};
 use crate::entry::{CacheKey, TunedResult};
 use crate::store::{ChangeListener, Store};
 use crate::tuner::{JobReply, SubmitError, TunerHandle};
@@ -96,6 +97,14 @@ enum Holder {
     Tuner {
         what: String,
     },
+    /// A caller is asking the cluster tier for the cluster lease; others wait meanwhile.
+    Claiming,
+    /// Another node holds the cluster lease: its result arrives by push. The watch (which
+    /// takes over when that lease runs out) stops when this holder is replaced.
+    Remote {
+        node: String,
+        _watch: tokio_util::sync::DropGuard,
+    },
 }
 
 struct LeaseHolder {
@@ -141,6 +150,8 @@ struct Flight {
     /// When the current holder took over, for miss reasons.
     since: SystemTime,
     waiters: Vec<Waiter>,
+    /// This node's cluster lease on the key, renewed while the flight lives.
+    cluster_lease: Option<ClusterLease>,
 }
 
 #[derive(Default)]
@@ -164,6 +175,8 @@ pub struct Coordinator {
     max_leases_per_pid: usize,
     leases_per_pid: LeasesPerPid,
     refusals_logged: crate::limits::LogOnce,
+    /// The Redis cluster tier, when on: cross-node single-flight before local tuning.
+    cluster: OnceLock<Arc<Cluster>>,
 }
 
 /// Why a lease ended without a result.
@@ -205,9 +218,15 @@ impl Coordinator {
             max_leases_per_pid: max_leases_per_pid.max(1),
             leases_per_pid: LeasesPerPid::default(),
             refusals_logged: Default::default(),
+            cluster: OnceLock::new(),
         });
         store.set_change_listener(coordinator.clone());
         coordinator
+    }
+
+    /// Turns on cross-node single-flight through the cluster tier.
+    pub fn set_cluster(&self, cluster: Arc<Cluster>) {
+        let _ = self.cluster.set(cluster);
     }
 
     pub fn counters(&self) -> &CoordCounters {
@@ -257,7 +276,7 @@ impl Coordinator {
         let active = state
             .flights
             .values()
-            .filter(|f| !matches!(f.holder, Holder::Nobody))
+            .filter(|f| !matches!(f.holder, Holder::Nobody | Holder::Remote { .. }))
             .count() as u64;
         (waiters, active)
     }
@@ -319,6 +338,11 @@ impl Coordinator {
         if let Some(result) = self.store.get(&call.key) {
             return Ok(Resolution::Hit(result));
         }
+        if let Some(cluster) = self.cluster.get() {
+            if let Some(resolution) = self.claim_in_cluster(cluster, &call).await? {
+                return Ok(resolution);
+            }
+        }
         let (waiter_id, receiver) = {
             let mut state = self.lock();
             // Checked again under the lock: the store publishes before it notifies, so a
@@ -358,6 +382,9 @@ impl Coordinator {
                 self.counters
                     .waits_timed_out
                     .fetch_add(1, Ordering::Relaxed);
+                if flight_is_idle(state.flights.get(&call.key)) {
+                    state.flights.remove(&call.key);
+                }
                 return Ok(Resolution::Miss(reason));
             }
             state.next_id += 1;
@@ -431,6 +458,10 @@ impl Coordinator {
                 format!("the node's tuner worker is tuning it ({what}), {since}")
             }
             Holder::Nobody => format!("no caller that can tune it has asked, waiting {since}"),
+            Holder::Claiming => format!("asking the cluster who tunes it, {since}"),
+            Holder::Remote { node, .. } => {
+                format!("node {node} holds the cluster lease and is tuning it, {since}")
+            }
         }
     }
 
@@ -450,9 +481,13 @@ impl Coordinator {
 
     /// Wakes every waiter of `key` with `result` and forgets the flight.
     fn finish(&self, state: &mut State, key: &CacheKey, result: &TunedResult) {
-        let Some(flight) = state.flights.remove(key) else {
+        let Some(mut flight) = state.flights.remove(key) else {
             return;
         };
+        if let Some(cluster_lease) = flight.cluster_lease.take() {
+            // Deleted by the publish of this result, so no node takes it before then.
+            cluster_lease.keep_for_result();
+        }
         if let Holder::Lease(lease) = &flight.holder {
             lease.ended.cancel();
             state.leases.remove(&lease.id);
@@ -500,6 +535,7 @@ impl Coordinator {
                 .iter()
                 .position(|w| w.can_tune && !w.reply.is_closed() && self.has_lease_room(w.pid));
             let Some(index) = next else {
+                flight.cluster_lease = None; // nobody here tunes it: release it
                 if flight_is_idle(Some(flight)) {
                     state.flights.remove(key);
                 }
@@ -540,8 +576,8 @@ impl Coordinator {
                 .any(|d| d.fingerprint == key.device)
     }
 
-    /// Hands a new flight of `key` to the node's tuner when it measures such keys. Called
-    /// with the state locked and no flight for `key`.
+    /// Hands the flight of `key` to the node's tuner when it measures such keys. Called
+    /// with the state locked and no flight for `key`, or one nobody holds.
     fn start_tuner_job(&self, state: &mut State, key: &CacheKey) -> Result<(), tonic::Status> {
         if !self.tuner_takes(key) {
             return Ok(());
@@ -569,16 +605,11 @@ impl Coordinator {
                 return Ok(());
             }
         };
-        state.flights.insert(
-            key.clone(),
-            Flight {
-                holder: Holder::Tuner {
-                    what: format!("{} job on {}", key.op, key.device),
-                },
-                since: SystemTime::now(),
-                waiters: Vec::new(),
-            },
-        );
+        let flight = flight_of(state, key);
+        flight.holder = Holder::Tuner {
+            what: format!("{} job on {}", key.op, key.device),
+        };
+        flight.since = SystemTime::now();
         if let Some(me) = self.me.upgrade() {
             self.runtime.spawn(finish_tuner_job(me, key.clone(), reply));
         }
@@ -636,11 +667,14 @@ fn flight_of<'a>(state: &'a mut State, key: &CacheKey) -> &'a mut Flight {
         holder: Holder::Nobody,
         since: SystemTime::now(),
         waiters: Vec::new(),
+        cluster_lease: None,
     })
 }
 
 fn flight_is_idle(flight: Option<&Flight>) -> bool {
-    flight.is_some_and(|f| matches!(f.holder, Holder::Nobody) && f.waiters.is_empty())
+    flight.is_some_and(|f| {
+        matches!(f.holder, Holder::Nobody | Holder::Remote { .. }) && f.waiters.is_empty()
+    })
 }
 
 impl ChangeListener for Coordinator {
@@ -713,4 +747,202 @@ async fn watch_lease(
     };
     let mut state = coordinator.lock();
     coordinator.end_lease(&mut state, &key, &lease_id, why);
+}
+
+// --- Cross-node single-flight through the cluster tier ---
+
+impl Coordinator {
+    /// Before this node starts tuning a missing key (a lease for this caller, or a tuner
+    /// job), asks the cluster for the key's lease, waiting at most the cluster timeout.
+    /// `Some` answers the call; `None` continues with node-local coordination, where the
+    /// flight now says who tunes (this node, another node, or nobody yet).
+    async fn claim_in_cluster(
+        &self,
+        cluster: &Arc<Cluster>,
+        call: &ResolveCall,
+    ) -> Result<Option<Resolution>, tonic::Status> {
+        if call.can_tune && !self.has_lease_room(call.caller_pid) {
+            return Ok(None); // refused on the node-local path
+        }
+        {
+            let mut state = self.lock();
+            if let Some(result) = self.store.get(&call.key) {
+                return Ok(Some(Resolution::Hit(result)));
+            }
+            let needs_claim = match state.flights.get(&call.key) {
+                None => call.can_tune || self.tuner_takes(&call.key),
+                Some(flight) => call.can_tune && matches!(flight.holder, Holder::Nobody),
+            };
+            if !needs_claim {
+                return Ok(None);
+            }
+            let flight = flight_of(&mut state, &call.key);
+            flight.holder = Holder::Claiming;
+            flight.since = SystemTime::now();
+        }
+        // If this call goes away mid-claim, the flight passes on as after a lost lease.
+        let abandoned = ClaimGuard {
+            coordinator: self,
+            key: &call.key,
+        };
+        let claim = cluster.claim(&call.key).await;
+        std::mem::forget(abandoned);
+
+        if let Claim::Found(result) = claim {
+            cluster
+                .apply_learned(vec![(call.key.clone(), result.clone())])
+                .await;
+            self.end_claim(&call.key);
+            return Ok(Some(Resolution::Hit(
+                self.store.get(&call.key).unwrap_or(result),
+            )));
+        }
+        let mut state = self.lock();
+        let state = &mut *state;
+        let claiming = matches!(
+            state.flights.get(&call.key).map(|f| &f.holder),
+            Some(Holder::Claiming)
+        );
+        if !claiming {
+            // Finished meanwhile (a result arrived): any lease just taken is released.
+            return Ok(self.store.get(&call.key).map(Resolution::Hit));
+        }
+        let flight = flight_of(state, &call.key);
+        flight.holder = Holder::Nobody;
+        match claim {
+            Claim::Found(_) => return Ok(None), // answered above
+            Claim::Acquired(lease) => flight.cluster_lease = Some(lease),
+            Claim::HeldBy { holder, retry_in } => {
+                let watch = CancellationToken::new();
+                flight.holder = Holder::Remote {
+                    node: holder,
+                    _watch: watch.clone().drop_guard(),
+                };
+                if let Some(me) = self.me.upgrade() {
+                    self.runtime.spawn(watch_remote(
+                        me,
+                        Arc::clone(cluster),
+                        call.key.clone(),
+                        retry_in,
+                        watch,
+                    ));
+                }
+                return Ok(None);
+            }
+            Claim::Unavailable(reason) => {
+                tracing::debug!(problem = %call.key.problem, %reason, "cluster lease unavailable; coordinating node-locally");
+            }
+        }
+        // This node tunes it: the tuner if it measures such keys, else this caller.
+        if self.tuner_takes(&call.key) {
+            if let Err(refused) = self.start_tuner_job(state, &call.key) {
+                self.hand_over(state, &call.key);
+                return Err(refused);
+            }
+            return Ok(None);
+        }
+        if call.can_tune {
+            if let Some(pid) = call
+                .caller_pid
+                .filter(|_| !self.has_lease_room(call.caller_pid))
+            {
+                self.hand_over(state, &call.key);
+                return Err(self.refuse_lease(pid));
+            }
+            let (holder, resolution) =
+                self.new_lease(state, &call.key, call.caller_pid, call.lease);
+            let flight = flight_of(state, &call.key);
+            flight.holder = Holder::Lease(holder);
+            flight.since = SystemTime::now();
+            return Ok(Some(resolution));
+        }
+        self.hand_over(state, &call.key);
+        Ok(None)
+    }
+
+    /// A claim ended without this node tuning: wake waiters from the store, or pass on.
+    fn end_claim(&self, key: &CacheKey) {
+        let mut state = self.lock();
+        if let Some(result) = self.store.get(key) {
+            self.finish(&mut state, key, &result);
+        } else if matches!(
+            state.flights.get(key).map(|f| &f.holder),
+            Some(Holder::Claiming)
+        ) {
+            self.hand_over(&mut state, key);
+        }
+    }
+
+    /// The other node's cluster lease ran out (or Redis went away) while local callers
+    /// waited: this node tunes it now, with `lease` if it took the cluster lease.
+    fn take_over(&self, key: &CacheKey, lease: Option<ClusterLease>) {
+        let mut state = self.lock();
+        let state = &mut *state;
+        let Some(flight) = state.flights.get_mut(key) else {
+            return; // nobody waits any more; the lease is released on drop
+        };
+        if !matches!(flight.holder, Holder::Remote { .. }) {
+            return;
+        }
+        flight.holder = Holder::Nobody;
+        flight.since = SystemTime::now();
+        flight.cluster_lease = lease;
+        if self.tuner_takes(key) {
+            if let Err(refused) = self.start_tuner_job(state, key) {
+                tracing::warn!(problem = %key.problem, error = %refused.message(), "taking over a tuning job failed");
+                self.hand_over(state, key);
+            }
+            return;
+        }
+        self.hand_over(state, key);
+    }
+}
+
+/// Passes the flight on if a claiming call is dropped before its claim ends.
+struct ClaimGuard<'a> {
+    coordinator: &'a Coordinator,
+    key: &'a CacheKey,
+}
+
+impl Drop for ClaimGuard<'_> {
+    fn drop(&mut self) {
+        self.coordinator.end_claim(self.key);
+    }
+}
+
+/// Waits for another node's result while that node holds the cluster lease; asks for the
+/// lease again when it would run out, and takes over once it gets it. Stops when the
+/// flight no longer waits on that node (the result arrived, or every caller left).
+async fn watch_remote(
+    coordinator: Arc<Coordinator>,
+    cluster: Arc<Cluster>,
+    key: CacheKey,
+    mut retry_in: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(retry_in) => {}
+            () = stop.cancelled() => return,
+        }
+        match cluster.claim(&key).await {
+            Claim::HeldBy { retry_in: next, .. } => retry_in = next,
+            Claim::Found(result) => {
+                cluster.apply_learned(vec![(key.clone(), result)]).await;
+                coordinator.finish_from_store(&key);
+                return;
+            }
+            Claim::Acquired(lease) => {
+                cluster.counters.takeovers.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(problem = %key.problem, "another node's cluster lease ran out; tuning here");
+                coordinator.take_over(&key, Some(lease));
+                return;
+            }
+            Claim::Unavailable(_) => {
+                // No push can arrive without Redis: coordinate node-locally.
+                coordinator.take_over(&key, None);
+                return;
+            }
+        }
+    }
 }

@@ -51,6 +51,9 @@ pub enum Error {
     #[error("--metrics-addr {0:?}: expected PORT (loopback) or HOST:PORT")]
     BadMetricsAddr(String),
 
+    #[error("cluster tier: {0}")]
+    ClusterConfig(String),
+
     #[error("no shared directory: start the daemon with --shared-dir")]
     NoSharedDir,
 

@@ -6,6 +6,7 @@
 //! (`merge`). Nodes share results through snapshots on a shared filesystem
 //! (`snapshot`), whose I/O never runs on the async runtime.
 
+pub mod cluster;
 pub mod config;
 pub mod coord;
 pub mod entry;

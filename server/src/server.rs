@@ -97,6 +97,12 @@ pub async fn run(
         usize::try_from(config.max_connections_per_uid).unwrap_or(usize::MAX),
         config.preface_timeout(),
     ));
+    // The cluster tier connects in the background: Redis being down delays nothing here.
+    let cluster = crate::cluster::ClusterSettings::from_config(&config)?
+        .map(|settings| crate::cluster::Cluster::start(settings, store.clone(), stop.clone()));
+    if let Some(cluster) = &cluster {
+        coordinator.set_cluster(cluster.clone());
+    }
     let mut service = TuneCacheService::new(
         store.clone(),
         coordinator,
@@ -104,6 +110,9 @@ pub async fn run(
         config.node_name(),
     )
     .with_connection_limits(connection_limits.clone());
+    if let Some(cluster) = &cluster {
+        service = service.with_cluster(cluster.clone());
+    }
     // Snapshots: the handle does no filesystem I/O here, so a hung shared directory cannot
     // delay serving; the task is dropped (not joined) at shutdown.
     let snapshots = SnapshotSettings::from_config(&config)
@@ -117,6 +126,13 @@ pub async fn run(
     health_reporter
         .set_serving::<TuneCacheServer<TuneCacheService>>()
         .await;
+    if let Some(cluster) = &cluster {
+        tokio::spawn(
+            cluster
+                .clone()
+                .report_health(health_reporter.clone(), stop.clone()),
+        );
+    }
     let snapshot_task = snapshots
         .as_ref()
         .map(|snapshots| snapshots.spawn_background(health_reporter.clone()));

@@ -39,6 +39,8 @@ pub struct TuneCacheService {
     snapshots: Option<SnapshotHandle>,
     /// Connection limits and their counters, for Stats; `None` until the daemon sets them.
     connection_limits: Option<Arc<crate::limits::ConnectionLimits>>,
+    /// `None` without `--cluster-url`.
+    cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 impl TuneCacheService {
@@ -57,7 +59,14 @@ impl TuneCacheService {
             started: Instant::now(),
             snapshots: None,
             connection_limits: None,
+            cluster: None,
         }
+    }
+
+    /// Reports the cluster tier's state in Stats.
+    pub fn with_cluster(mut self, cluster: Arc<crate::cluster::Cluster>) -> Self {
+        self.cluster = Some(cluster);
+        self
     }
 
     /// Reports the connection limits and their counters in Stats.
@@ -237,6 +246,10 @@ impl TuneCache for TuneCacheService {
         }
         if let Some(snapshots) = &self.snapshots {
             snapshots.fill_stats(&mut stats);
+        }
+        match &self.cluster {
+            Some(cluster) => cluster.fill_stats(&mut stats),
+            None => stats.cluster_state = "off".to_owned(),
         }
         Ok(Response::new(stats))
     }

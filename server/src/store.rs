@@ -103,6 +103,8 @@ struct Shared {
     own: ArcSwap<CacheMap>,
     counters: StoreCounters,
     listener: OnceLock<Arc<dyn ChangeListener>>,
+    /// Further listeners (the cluster tier's publish feed), told after `listener`.
+    more_listeners: std::sync::RwLock<Vec<Arc<dyn ChangeListener>>>,
     fsync: FsyncPolicy,
     /// Room in the write queue, in `QUEUE_UNIT_BYTES` units: what bounds the memory held
     /// by writes waiting for the writer (and its disk).
@@ -174,6 +176,7 @@ impl Store {
             own: ArcSwap::from_pointee(own),
             counters: StoreCounters::default(),
             listener: OnceLock::new(),
+            more_listeners: Default::default(),
             fsync,
             queue_room: Arc::new(Semaphore::new(queue_units as usize)),
             queue_units,
@@ -207,6 +210,15 @@ impl Store {
     /// Registers the one listener told about changed entries. Later calls are ignored.
     pub fn set_change_listener(&self, listener: Arc<dyn ChangeListener>) {
         let _ = self.shared.listener.set(listener);
+    }
+
+    /// Adds a listener told about changed entries after the one set above.
+    pub fn add_change_listener(&self, listener: Arc<dyn ChangeListener>) {
+        self.shared
+            .more_listeners
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(listener);
     }
 
     /// The current version of the whole cache, for scans and snapshots.
@@ -527,6 +539,14 @@ impl Writer {
                 .generation
                 .fetch_add(1, Ordering::Release);
             if let (Some(listener), false) = (self.shared.listener.get(), changed.is_empty()) {
+                listener.entries_changed(&changed);
+            }
+            let more = self
+                .shared
+                .more_listeners
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            for listener in more.iter() {
                 listener.entries_changed(&changed);
             }
         }

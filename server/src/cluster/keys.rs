@@ -1,0 +1,211 @@
+//! How cache entries are laid out in Redis: key names, and field encodings whose plain byte
+//! order is the merge rule's order, so the server-side scripts compare bytes and nothing else.
+//!
+//! An entry `K` lives in the hash `<prefix>e:{<json K>}` with fields `t` (time, sortable hex),
+//! `c` (config), `b` (tuned_by) and `a` (tuned_at, sortable hex); its cluster lease is the
+//! string `<prefix>l:{<json K>}`. The braces make both names hash to the same Redis Cluster
+//! slot (the tag runs from the first `{` to the first `}` after it, the same bytes in both),
+//! so one script can touch the entry and its lease atomically.
+
+use crate::entry::{CacheKey, TunedResult};
+
+/// Why a prefix cannot be used.
+pub fn check_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.contains(['{', '}']) {
+        return Err(format!(
+            "--cluster-prefix {prefix:?} must not contain braces (they select Redis Cluster slots)"
+        ));
+    }
+    Ok(())
+}
+
+/// The key names of one deployment (one prefix).
+#[derive(Clone, Debug)]
+pub struct Layout {
+    prefix: String,
+}
+
+impl Layout {
+    pub fn new(prefix: &str) -> Self {
+        Layout {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// The key text used inside names and stream messages: a JSON array of the key's fields.
+    pub fn key_text(key: &CacheKey) -> String {
+        serde_json::json!([key.namespace, key.op, key.device, key.problem, key.rank]).to_string()
+    }
+
+    pub fn parse_key_text(text: &str) -> Option<CacheKey> {
+        let (namespace, op, device, problem, rank): (String, String, String, String, Option<u32>) =
+            serde_json::from_str(text).ok()?;
+        Some(CacheKey {
+            namespace,
+            op,
+            device,
+            problem,
+            rank,
+        })
+    }
+
+    pub fn entry(&self, key: &CacheKey) -> String {
+        format!("{}e:{{{}}}", self.prefix, Self::key_text(key))
+    }
+
+    pub fn lease(&self, key: &CacheKey) -> String {
+        format!("{}l:{{{}}}", self.prefix, Self::key_text(key))
+    }
+
+    /// The cache key of an entry name found by SCAN; `None` for anything else.
+    pub fn key_of_entry(&self, name: &str) -> Option<CacheKey> {
+        let text = name
+            .strip_prefix(&self.prefix)?
+            .strip_prefix("e:{")?
+            .strip_suffix('}')?;
+        Self::parse_key_text(text)
+    }
+
+    /// SCAN pattern matching every entry name (glob characters in the prefix escaped).
+    pub fn entry_pattern(&self) -> String {
+        let mut pattern = String::new();
+        for c in self.prefix.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        pattern.push_str("e:{*");
+        pattern
+    }
+
+    /// The stream every published winner is appended to.
+    pub fn log(&self) -> String {
+        format!("{}log", self.prefix)
+    }
+
+    /// A random marker written once per server lifetime: when it changes, the server was
+    /// flushed or replaced, and this node republishes its winners.
+    pub fn epoch(&self) -> String {
+        format!("{}epoch", self.prefix)
+    }
+}
+
+/// `time_us` as 16 hex digits whose byte order is `f64::total_cmp`'s order.
+pub fn encode_time(time_us: f64) -> String {
+    let bits = time_us.to_bits();
+    let ordered = if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | 1 << 63
+    };
+    format!("{ordered:016x}")
+}
+
+pub fn decode_time(text: &str) -> Option<f64> {
+    let ordered = parse_hex16(text)?;
+    let bits = if ordered >> 63 == 1 {
+        ordered & !(1 << 63)
+    } else {
+        !ordered
+    };
+    Some(f64::from_bits(bits))
+}
+
+/// `tuned_at_unix_ms` as 16 hex digits whose byte order is the integer order.
+pub fn encode_at(at: i64) -> String {
+    format!("{:016x}", (at as u64) ^ (1 << 63))
+}
+
+pub fn decode_at(text: &str) -> Option<i64> {
+    Some((parse_hex16(text)? ^ (1 << 63)) as i64)
+}
+
+fn parse_hex16(text: &str) -> Option<u64> {
+    if text.len() != 16 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(text, 16).ok()
+}
+
+/// The four stored fields of a result, in the merge rule's order of comparison.
+pub fn encode_result(result: &TunedResult) -> [String; 4] {
+    [
+        encode_time(result.time_us),
+        result.config.clone(),
+        result.tuned_by.clone(),
+        encode_at(result.tuned_at_unix_ms),
+    ]
+}
+
+/// A result read back from Redis, checked like a Record (a corrupt field is refused).
+pub fn decode_result(t: &str, c: String, b: String, a: &str) -> Option<TunedResult> {
+    let result = tunecache_proto::v1::Result {
+        time_us: decode_time(t)?,
+        config: c,
+        tuned_by: b,
+        tuned_at_unix_ms: decode_at(a)?,
+    };
+    crate::validate::result("cluster entry", Some(result)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::merge::rank_results;
+
+    fn result(time_us: f64, config: &str, by: &str, at: i64) -> TunedResult {
+        TunedResult {
+            config: config.into(),
+            time_us,
+            tuned_by: by.into(),
+            tuned_at_unix_ms: at,
+        }
+    }
+
+    #[test]
+    fn encoded_byte_order_is_the_merge_order() {
+        let times = [0.0, 1e-300, 0.1, 0.2, 1.0, 1.5, 2.0, 10.0, 1e10, f64::MAX];
+        let ats = [i64::MIN, -1, 0, 1, 1_700_000_000_000, i64::MAX];
+        let texts = ["", "{}", "{\"a\":1}", "{\"b\":1}", "é", "z", "Z"];
+        let mut all = Vec::new();
+        for t in times {
+            for at in ats {
+                for c in texts {
+                    for b in ["", "a", "B", "ä"] {
+                        all.push(result(t, c, b, at));
+                    }
+                }
+            }
+        }
+        for x in all.iter().step_by(7) {
+            for y in all.iter().step_by(5) {
+                let bytes = |r: &TunedResult| encode_result(r).map(String::into_bytes);
+                let by_bytes = bytes(x).cmp(&bytes(y));
+                assert_eq!(by_bytes, rank_results(x, y), "{x:?} vs {y:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn encodings_round_trip() {
+        for t in [0.0, 1e-7, 0.1 + 0.2, 123.456, f64::MAX] {
+            assert_eq!(decode_time(&encode_time(t)), Some(t));
+        }
+        for at in [i64::MIN, -5, 0, 1_700_000_000_123, i64::MAX] {
+            assert_eq!(decode_at(&encode_at(at)), Some(at));
+        }
+        let layout = Layout::new("tc:");
+        let key = CacheKey {
+            namespace: "ns".into(),
+            op: "op}{".into(),
+            device: "d\"ev".into(),
+            problem: "{\"m\":1}".into(),
+            rank: Some(3),
+        };
+        assert_eq!(layout.key_of_entry(&layout.entry(&key)), Some(key.clone()));
+        assert_eq!(layout.key_of_entry(&layout.lease(&key)), None);
+        assert!(check_prefix("a{b").is_err());
+        assert_eq!(Layout::new("a*b:").entry_pattern(), "a\\*b:e:{*");
+    }
+}

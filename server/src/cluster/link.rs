@@ -1,0 +1,303 @@
+//! The connection to Redis and its state: connects in the background with backoff, hands
+//! out cheap clones of the live connection, and drops it on the first failure or timeout so
+//! that nothing queues behind a hung server. One log line per state change.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Cmd, ConnectionAddr, ConnectionInfo, RedisFuture, RedisResult, Value};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// Longest wait for a background command (publish, catch-up, bootstrap).
+pub const BACKGROUND_TIMEOUT: Duration = Duration::from_secs(2);
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// A live connection: one server (through the connection manager) or a Redis Cluster.
+#[derive(Clone)]
+pub enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Conn {
+    /// Runs `cmd` on the node at `host:port` (cluster), or on the one server.
+    pub async fn on_node(&mut self, node: Option<&(String, u16)>, cmd: &Cmd) -> RedisResult<Value> {
+        match (self, node) {
+            (Conn::Cluster(c), Some((host, port))) => {
+                c.route_command(
+                    cmd,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                        host: host.clone(),
+                        port: *port,
+                    }),
+                )
+                .await
+            }
+            (conn, _) => cmd.query_async(conn).await,
+        }
+    }
+
+    /// The primaries to SCAN: `[None]` for one server, every master's address for a cluster.
+    pub async fn scan_nodes(&mut self) -> RedisResult<Vec<Option<(String, u16)>>> {
+        let Conn::Cluster(_) = self else {
+            return Ok(vec![None]);
+        };
+        let text: String = redis::cmd("CLUSTER").arg("NODES").query_async(self).await?;
+        Ok(text
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split(' ').collect();
+                let flags = fields.get(2)?;
+                if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+                    return None;
+                }
+                let addr = fields.get(1)?.split('@').next()?;
+                let (host, port) = addr.rsplit_once(':')?;
+                Some(Some((host.to_owned(), port.parse().ok()?)))
+            })
+            .collect())
+    }
+}
+
+/// Where the link stands, for Stats and health.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkState {
+    Connecting,
+    Connected { cluster: bool },
+    Down(String),
+}
+
+impl LinkState {
+    pub fn describe(&self) -> String {
+        match self {
+            LinkState::Connecting => "connecting".to_owned(),
+            LinkState::Connected { cluster: false } => "connected".to_owned(),
+            LinkState::Connected { cluster: true } => "connected (redis cluster)".to_owned(),
+            LinkState::Down(why) => format!("down: {why}"),
+        }
+    }
+}
+
+struct Current {
+    conn: Option<Conn>,
+    /// Bumped on every new connection, so a failure report about an old one is ignored.
+    generation: u64,
+    state: LinkState,
+}
+
+pub struct Link {
+    info: ConnectionInfo,
+    shown_url: String,
+    current: Mutex<Current>,
+    /// Tells the connector to reconnect, and the followers that a new connection is up.
+    changed: watch::Sender<u64>,
+    pub reconnects: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+impl Link {
+    pub fn new(info: ConnectionInfo, shown_url: String) -> Arc<Link> {
+        Arc::new(Link {
+            info,
+            shown_url,
+            current: Mutex::new(Current {
+                conn: None,
+                generation: 0,
+                state: LinkState::Connecting,
+            }),
+            changed: watch::channel(0).0,
+            reconnects: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Current> {
+        self.current
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn shown_url(&self) -> &str {
+        &self.shown_url
+    }
+
+    /// A second connection of its own, for blocking reads that must not hold up the shared
+    /// one (a multiplexed connection answers in order).
+    pub async fn open_dedicated(&self) -> RedisResult<Conn> {
+        match tokio::time::timeout(BACKGROUND_TIMEOUT * 2, self.connect()).await {
+            Ok(result) => result.map(|(conn, _)| conn),
+            Err(_) => Err(redis::RedisError::from((
+                redis::ErrorKind::IoError,
+                "connect timed out",
+            ))),
+        }
+    }
+
+    pub fn state(&self) -> LinkState {
+        self.lock().state.clone()
+    }
+
+    /// The live connection and its generation, or `None` while there is none.
+    pub fn conn(&self) -> Option<(Conn, u64)> {
+        let current = self.lock();
+        current.conn.clone().map(|c| (c, current.generation))
+    }
+
+    /// Resolves when a connection newer than `generation` is up.
+    pub async fn wait_newer(&self, generation: u64) {
+        let mut changes = self.changed.subscribe();
+        let _ = changes.wait_for(|g| *g > generation).await;
+    }
+
+    /// A command on connection `generation` failed or timed out: drop that connection (its
+    /// queued requests go with it) and reconnect.
+    pub fn failed(&self, generation: u64, why: &str) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let mut current = self.lock();
+        if current.generation != generation || current.conn.is_none() {
+            return;
+        }
+        current.conn = None;
+        let state = LinkState::Down(why.to_owned());
+        tracing::warn!(url = %self.shown_url, reason = why, "cluster tier: lost the connection to redis; reconnecting");
+        current.state = state;
+        drop(current);
+        self.changed.send_modify(|_| {});
+    }
+
+    /// Keeps a connection up until `stop`: connects with exponential backoff whenever there
+    /// is none.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut backoff = BACKOFF_FIRST;
+        let mut changes = self.changed.subscribe();
+        loop {
+            if self.lock().conn.is_none() {
+                match tokio::time::timeout(BACKGROUND_TIMEOUT * 2, self.connect()).await {
+                    Ok(Ok((conn, cluster))) => {
+                        backoff = BACKOFF_FIRST;
+                        let generation = {
+                            let mut current = self.lock();
+                            current.generation += 1;
+                            current.conn = Some(conn);
+                            current.state = LinkState::Connected { cluster };
+                            current.generation
+                        };
+                        if generation > 1 {
+                            self.reconnects.fetch_add(1, Ordering::Relaxed);
+                        }
+                        tracing::info!(url = %self.shown_url, cluster, "cluster tier: connected to redis");
+                        self.changed.send_replace(generation);
+                    }
+                    outcome => {
+                        let why = match outcome {
+                            Ok(Err(error)) => error.to_string(),
+                            _ => format!("no answer within {:?}", BACKGROUND_TIMEOUT * 2),
+                        };
+                        {
+                            let mut current = self.lock();
+                            if !matches!(&current.state, LinkState::Down(_)) {
+                                tracing::warn!(url = %self.shown_url, reason = %why, "cluster tier: redis unavailable; serving node-local, retrying with backoff");
+                            }
+                            current.state = LinkState::Down(why);
+                        }
+                        tokio::select! {
+                            () = tokio::time::sleep(backoff) => {}
+                            () = stop.cancelled() => return,
+                        }
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                        continue;
+                    }
+                }
+            }
+            tokio::select! {
+                _ = changes.changed() => {}
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Connects, and finds out whether the server is a Redis Cluster node.
+    async fn connect(&self) -> RedisResult<(Conn, bool)> {
+        let client = redis::Client::open(self.info.clone())?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(BACKGROUND_TIMEOUT)
+            .set_number_of_retries(1)
+            .set_max_delay(BACKOFF_MAX.as_millis() as u64);
+        let mut single = client.get_connection_manager_with_config(config).await?;
+        let info: String = redis::cmd("INFO")
+            .arg("cluster")
+            .query_async(&mut single)
+            .await?;
+        if !info.contains("cluster_enabled:1") {
+            return Ok((Conn::Single(single), false));
+        }
+        drop(single);
+        let mut builder = ClusterClient::builder(vec![self.info.clone()])
+            .connection_timeout(BACKGROUND_TIMEOUT)
+            .retries(2);
+        if let Some(password) = &self.info.redis.password {
+            builder = builder.password(password.clone());
+        }
+        if let Some(username) = &self.info.redis.username {
+            builder = builder.username(username.clone());
+        }
+        if matches!(self.info.addr, ConnectionAddr::TcpTls { .. }) {
+            builder = builder.tls(redis::TlsMode::Secure);
+        }
+        let cluster = builder.build()?.get_async_connection().await?;
+        Ok((Conn::Cluster(cluster), true))
+    }
+}
+
+/// The URL as logs and Stats show it: scheme, user, address and db; never the password.
+pub fn shown_url(info: &ConnectionInfo) -> String {
+    let user = info
+        .redis
+        .username
+        .as_deref()
+        .map_or(String::new(), |u| format!("{u}@"));
+    match &info.addr {
+        ConnectionAddr::Tcp(host, port) => {
+            format!("redis://{user}{host}:{port}/{}", info.redis.db)
+        }
+        ConnectionAddr::TcpTls { host, port, .. } => {
+            format!("rediss://{user}{host}:{port}/{}", info.redis.db)
+        }
+        ConnectionAddr::Unix(path) => format!("redis+unix://{}", path.display()),
+    }
+}

@@ -1,0 +1,310 @@
+//! The Redis cluster tier: nodes share results through one Redis (a server, Sentinel-managed
+//! primary or Redis Cluster), so a result tuned anywhere becomes a local hit everywhere,
+//! and a missing key is tuned once per cluster (see `lease`).
+//!
+//! Off the request path entirely: the store's change feed fills a bounded publish queue that
+//! a task drains in pipelined batches (`publish`); a follower task bootstraps from Redis,
+//! then reads the stream of published winners and applies them to the store (`follow`).
+//! Entries learned this way are not republished. Redis being slow, hung or gone only makes
+//! Resolve fall back to node-local coordination after the cluster timeout.
+
+mod follow;
+pub mod keys;
+mod lease;
+mod link;
+mod publish;
+mod scripts;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::IntoConnectionInfo;
+use tokio_util::sync::CancellationToken;
+use tunecache_proto::v1;
+
+use crate::entry::{CacheKey, TunedResult};
+use crate::store::{ChangeListener, Store};
+
+pub use lease::{Claim, ClusterLease};
+pub use link::LinkState;
+
+/// The gRPC health name that reports the cluster tier.
+pub const HEALTH_NAME: &str = "tunecache.v1.TuneCache/cluster";
+
+/// What the `--cluster-*` flags say.
+#[derive(Clone)]
+pub struct ClusterSettings {
+    pub info: redis::ConnectionInfo,
+    pub shown_url: String,
+    pub prefix: String,
+    pub timeout: Duration,
+    pub lease_ttl: Duration,
+    pub node_name: String,
+}
+
+impl ClusterSettings {
+    /// `None` without `--cluster-url`. The password comes from the URL or the password file
+    /// and never appears in `shown_url`.
+    pub fn from_config(config: &crate::Config) -> crate::Result<Option<ClusterSettings>> {
+        let Some(url) = config.cluster_url.as_deref().filter(|u| !u.is_empty()) else {
+            return Ok(None);
+        };
+        let bad = |why: String| crate::Error::ClusterConfig(why);
+        let mut info = url.into_connection_info().map_err(|e| {
+            bad(format!(
+                "--cluster-url: {}",
+                e.to_string().replace(url, "<url>")
+            ))
+        })?;
+        if let Some(path) = &config.cluster_password_file {
+            info.redis.password = Some(read_password(path).map_err(bad)?);
+        }
+        keys::check_prefix(&config.cluster_prefix).map_err(bad)?;
+        Ok(Some(ClusterSettings {
+            shown_url: link::shown_url(&info),
+            info,
+            prefix: config.cluster_prefix.clone(),
+            timeout: Duration::from_millis(config.cluster_timeout_ms.max(1)),
+            lease_ttl: Duration::from_millis(config.cluster_lease_ms.max(300)),
+            node_name: config.node_name(),
+        }))
+    }
+}
+
+fn read_password(path: &PathBuf) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--cluster-password-file {}: {e}", path.display()))?;
+    Ok(text.trim_end_matches(['\r', '\n']).to_owned())
+}
+
+#[derive(Default)]
+pub struct ClusterCounters {
+    pub published: AtomicU64,
+    pub publish_dropped: AtomicU64,
+    pub received: AtomicU64,
+    pub bootstrap_entries: AtomicU64,
+    pub leases_acquired: AtomicU64,
+    pub leases_held_elsewhere: AtomicU64,
+    pub lease_fallbacks: AtomicU64,
+    pub takeovers: AtomicU64,
+    pub republished: AtomicU64,
+}
+
+/// The publish queue: the newest changed result per key, bounded. On overflow it is cleared
+/// and a full republish is scheduled instead (bounded work, nothing lost for good).
+#[derive(Default)]
+struct Pending {
+    entries: HashMap<CacheKey, TunedResult>,
+}
+
+/// Most keys the publish queue holds while Redis is away.
+const MAX_PENDING: usize = 100_000;
+
+pub struct Cluster {
+    pub(crate) layout: keys::Layout,
+    pub(crate) link: Arc<link::Link>,
+    store: Store,
+    pub(crate) timeout: Duration,
+    pub(crate) lease_ttl: Duration,
+    node_name: String,
+    /// Random per daemon run: tokens and stream messages carry it.
+    instance: u64,
+    token_counter: AtomicU64,
+    slow_claims: AtomicU64,
+    pending: Mutex<Pending>,
+    publish_wake: tokio::sync::Notify,
+    /// Set when every local winner must be published again (queue overflow, flushed server).
+    republish_all: AtomicBool,
+    /// Entries being applied from Redis right now: their change events are not republished.
+    learned: Mutex<HashMap<CacheKey, TunedResult>>,
+    bootstrapped: AtomicBool,
+    pub counters: ClusterCounters,
+    pub(crate) runtime: tokio::runtime::Handle,
+}
+
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .is_err()
+    {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        return now ^ u64::from(std::process::id()).rotate_left(32);
+    }
+    u64::from_le_bytes(bytes)
+}
+
+impl Cluster {
+    /// Starts the tier in the background (connector, publisher, follower) and registers it
+    /// on the store's change feed. Never waits for Redis.
+    pub fn start(settings: ClusterSettings, store: Store, stop: CancellationToken) -> Arc<Cluster> {
+        let link = link::Link::new(settings.info.clone(), settings.shown_url.clone());
+        let cluster = Arc::new(Cluster {
+            layout: keys::Layout::new(&settings.prefix),
+            link: Arc::clone(&link),
+            store: store.clone(),
+            timeout: settings.timeout,
+            lease_ttl: settings.lease_ttl,
+            node_name: settings.node_name,
+            instance: random_u64(),
+            token_counter: AtomicU64::new(0),
+            slow_claims: AtomicU64::new(0),
+            pending: Mutex::default(),
+            publish_wake: tokio::sync::Notify::new(),
+            republish_all: AtomicBool::new(false),
+            learned: Mutex::default(),
+            bootstrapped: AtomicBool::new(false),
+            counters: ClusterCounters::default(),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        store.add_change_listener(Arc::new(ChangeFeed(Arc::downgrade(&cluster))));
+        tracing::info!(url = %settings.shown_url, prefix = %settings.prefix, timeout_ms = settings.timeout.as_millis() as u64, "cluster tier on");
+        tokio::spawn(link.run(stop.clone()));
+        tokio::spawn(publish::run(Arc::clone(&cluster), stop.clone()));
+        tokio::spawn(follow::run(Arc::clone(&cluster), stop));
+        cluster
+    }
+
+    pub fn state(&self) -> LinkState {
+        self.link.state()
+    }
+
+    pub fn node_id(&self) -> String {
+        format!("{}/{:016x}", self.node_name, self.instance)
+    }
+
+    fn lock_learned(&self) -> std::sync::MutexGuard<'_, HashMap<CacheKey, TunedResult>> {
+        self.learned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies entries learned from Redis to the store without publishing them back.
+    pub(crate) async fn apply_learned(&self, entries: Vec<(CacheKey, TunedResult)>) -> u32 {
+        if entries.is_empty() {
+            return 0;
+        }
+        {
+            let mut learned = self.lock_learned();
+            for (key, result) in &entries {
+                learned.insert(key.clone(), result.clone());
+            }
+        }
+        let keys: Vec<CacheKey> = entries.iter().map(|(k, _)| k.clone()).collect();
+        let outcome = self.store.apply(entries).await;
+        // The change listener ran on the writer thread before `apply` returned.
+        let mut learned = self.lock_learned();
+        for key in &keys {
+            learned.remove(key);
+        }
+        match outcome {
+            Ok(outcome) => {
+                self.counters
+                    .received
+                    .fetch_add(u64::from(outcome.stored), Ordering::Relaxed);
+                outcome.stored
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cluster tier: storing entries learned from redis failed");
+                0
+            }
+        }
+    }
+
+    pub fn fill_stats(&self, stats: &mut v1::StatsResponse) {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let c = &self.counters;
+        stats.cluster_state = self.state().describe();
+        stats.cluster_url = self.link_url();
+        stats.cluster_bootstrapped = self.bootstrapped.load(Ordering::Relaxed);
+        stats.cluster_published = load(&c.published);
+        stats.cluster_publish_dropped = load(&c.publish_dropped);
+        stats.cluster_publish_queue = self.lock_pending().entries.len() as u64;
+        stats.cluster_received = load(&c.received);
+        stats.cluster_bootstrap_entries = load(&c.bootstrap_entries);
+        stats.cluster_leases_acquired = load(&c.leases_acquired);
+        stats.cluster_leases_held_elsewhere = load(&c.leases_held_elsewhere);
+        stats.cluster_lease_fallbacks = load(&c.lease_fallbacks);
+        stats.cluster_takeovers = load(&c.takeovers);
+        stats.cluster_republished = load(&c.republished);
+        stats.cluster_reconnects = load(&self.link.reconnects);
+        stats.cluster_errors = load(&self.link.errors);
+    }
+
+    fn link_url(&self) -> String {
+        self.link.shown_url().to_owned()
+    }
+
+    /// Reports the tier on the gRPC health service: SERVING while connected.
+    pub async fn report_health(
+        self: Arc<Self>,
+        reporter: tonic_health::server::HealthReporter,
+        stop: CancellationToken,
+    ) {
+        let mut last = None;
+        loop {
+            let serving = matches!(self.state(), LinkState::Connected { .. });
+            if last != Some(serving) {
+                let status = if serving {
+                    tonic_health::ServingStatus::Serving
+                } else {
+                    tonic_health::ServingStatus::NotServing
+                };
+                reporter.set_service_status(HEALTH_NAME, status).await;
+                last = Some(serving);
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// The store's change feed into the publish queue. Runs on the writer thread: it only
+/// takes two short locks and never blocks on Redis.
+struct ChangeFeed(std::sync::Weak<Cluster>);
+
+impl ChangeListener for ChangeFeed {
+    fn entries_changed(&self, changed: &[(CacheKey, TunedResult)]) {
+        let Some(cluster) = self.0.upgrade() else {
+            return;
+        };
+        let learned = cluster.lock_learned();
+        let mut pending = cluster.lock_pending();
+        let mut queued = false;
+        for (key, result) in changed {
+            if learned.get(key) == Some(result) {
+                continue;
+            }
+            if pending.entries.len() >= MAX_PENDING && !pending.entries.contains_key(key) {
+                let dropped = pending.entries.len() as u64;
+                pending.entries.clear();
+                cluster
+                    .counters
+                    .publish_dropped
+                    .fetch_add(dropped, Ordering::Relaxed);
+                if !cluster.republish_all.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        limit = MAX_PENDING,
+                        "cluster tier: publish queue full; will republish every winner once redis keeps up"
+                    );
+                }
+            }
+            pending.entries.insert(key.clone(), result.clone());
+            queued = true;
+        }
+        drop(pending);
+        drop(learned);
+        if queued {
+            cluster.publish_wake.notify_one();
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Publishes this node's improved results: drains the publish queue in batches, runs the
+//! merge script for each entry (all of a batch in flight at once on the multiplexed
+//! connection, i.e. pipelined), then appends the entries Redis stored to the stream that
+//! other nodes follow. A result Redis already beats comes back and is learned here.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures::future::join_all;
+use redis::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::keys::{decode_result, encode_result, Layout};
+use super::link::{Conn, BACKGROUND_TIMEOUT};
+use super::{scripts, Cluster};
+use crate::entry::{CacheKey, TunedResult};
+
+/// Entries per batch: one round of merge scripts, then one round of stream appends.
+const BATCH: usize = 256;
+/// Stream length kept (approximately); a node that falls further behind bootstraps again.
+pub const STREAM_MAX_LEN: u64 = 100_000;
+
+pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
+    let mut seen_generation = 0;
+    loop {
+        let Some((conn, generation)) = cluster.link.conn() else {
+            wait_reconnect(&cluster, seen_generation, &stop).await;
+            if stop.is_cancelled() {
+                return;
+            }
+            continue;
+        };
+        seen_generation = generation;
+        if cluster.republish_all.swap(false, Ordering::Relaxed) {
+            if let Err(why) = republish_all(&cluster, conn.clone()).await {
+                cluster.republish_all.store(true, Ordering::Relaxed);
+                cluster.link.failed(generation, &why);
+                wait_reconnect(&cluster, generation, &stop).await;
+                if stop.is_cancelled() {
+                    return;
+                }
+                continue;
+            }
+        }
+        let batch: Vec<(CacheKey, TunedResult)> = {
+            let mut pending = cluster.lock_pending();
+            let keys: Vec<CacheKey> = pending.entries.keys().take(BATCH).cloned().collect();
+            keys.into_iter()
+                .filter_map(|k| pending.entries.remove_entry(&k))
+                .collect()
+        };
+        if batch.is_empty() {
+            tokio::select! {
+                () = cluster.publish_wake.notified() => {}
+                () = stop.cancelled() => return,
+            }
+            continue;
+        }
+        if let Err(why) = publish_batch(&cluster, conn, &batch).await {
+            // Put the batch back unless newer (better) results replaced it meanwhile.
+            {
+                let mut pending = cluster.lock_pending();
+                for (key, result) in batch {
+                    pending.entries.entry(key).or_insert(result);
+                }
+            }
+            cluster.link.failed(generation, &why);
+            wait_reconnect(&cluster, generation, &stop).await;
+            if stop.is_cancelled() {
+                return;
+            }
+        }
+    }
+}
+
+async fn wait_reconnect(cluster: &Cluster, generation: u64, stop: &CancellationToken) {
+    tokio::select! {
+        () = cluster.link.wait_newer(generation) => {}
+        () = stop.cancelled() => {}
+    }
+}
+
+/// Publishes every entry of the store: after a flushed or replaced server, or a queue
+/// overflow.
+async fn republish_all(cluster: &Arc<Cluster>, conn: Conn) -> Result<(), String> {
+    let map = cluster.store.current();
+    tracing::info!(
+        entries = map.len(),
+        "cluster tier: republishing this node's winners"
+    );
+    let mut batch = Vec::with_capacity(BATCH);
+    for (key, result) in map.iter() {
+        batch.push((key.clone(), result.clone()));
+        if batch.len() == BATCH {
+            publish_batch(cluster, conn.clone(), &batch).await?;
+            cluster
+                .counters
+                .republished
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            batch.clear();
+        }
+    }
+    if !batch.is_empty() {
+        publish_batch(cluster, conn, &batch).await?;
+        cluster
+            .counters
+            .republished
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+async fn publish_batch(
+    cluster: &Arc<Cluster>,
+    conn: Conn,
+    batch: &[(CacheKey, TunedResult)],
+) -> Result<(), String> {
+    let layout: &Layout = &cluster.layout;
+    let merges = batch.iter().map(|(key, result)| {
+        let mut conn = conn.clone();
+        let [t, c, b, a] = encode_result(result);
+        let mut invocation = scripts::MERGE.prepare_invoke();
+        invocation
+            .key(layout.entry(key))
+            .key(layout.lease(key))
+            .arg(t)
+            .arg(c)
+            .arg(b)
+            .arg(a);
+        async move { invocation.invoke_async::<Value>(&mut conn).await }
+    });
+    let replies = tokio::time::timeout(BACKGROUND_TIMEOUT, join_all(merges))
+        .await
+        .map_err(|_| "publishing timed out".to_owned())?;
+    let mut stored = Vec::new();
+    let mut better_there = Vec::new();
+    for ((key, result), reply) in batch.iter().zip(replies) {
+        match reply.map_err(|e| e.to_string())? {
+            Value::Int(1) => stored.push((key, result)),
+            Value::Array(fields) => {
+                let text = |i: usize| {
+                    fields
+                        .get(i)
+                        .and_then(|v| redis::from_redis_value::<String>(v).ok())
+                };
+                if let (Some(t), Some(c), Some(b), Some(a)) = (text(0), text(1), text(2), text(3)) {
+                    if let Some(winner) = decode_result(&t, c, b, &a) {
+                        better_there.push((key.clone(), winner));
+                    }
+                }
+            }
+            other => return Err(format!("unexpected reply to the merge script: {other:?}")),
+        }
+    }
+    let log = layout.log();
+    let node = cluster.node_id();
+    let appends = stored.iter().map(|(key, result)| {
+        let mut conn = conn.clone();
+        let [t, c, b, a] = encode_result(result);
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(&log)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(STREAM_MAX_LEN)
+            .arg("*")
+            .arg("k")
+            .arg(Layout::key_text(key))
+            .arg("t")
+            .arg(t)
+            .arg("c")
+            .arg(c)
+            .arg("b")
+            .arg(b)
+            .arg("a")
+            .arg(a)
+            .arg("n")
+            .arg(&node);
+        async move { cmd.query_async::<Value>(&mut conn).await }
+    });
+    let appended = tokio::time::timeout(BACKGROUND_TIMEOUT, join_all(appends))
+        .await
+        .map_err(|_| "appending to the stream timed out".to_owned())?;
+    for reply in appended {
+        reply.map_err(|e| e.to_string())?;
+    }
+    cluster
+        .counters
+        .published
+        .fetch_add(stored.len() as u64, Ordering::Relaxed);
+    if !better_there.is_empty() {
+        cluster.apply_learned(better_there).await;
+    }
+    Ok(())
+}
