@@ -404,8 +404,84 @@ impl Collector for StatsCollector {
             "Seconds since the last snapshot; -1 before the first.",
             snapshot_age_s,
         )?;
-        Ok(())
+        encode_cluster(e, s)
     }
+}
+
+/// The Redis cluster tier: -1 when off, 0 while Redis is away, 1 when connected.
+fn encode_cluster(e: &mut DescriptorEncoder, s: &StatsResponse) -> std::fmt::Result {
+    let connected = match s.cluster_state.as_str() {
+        "off" | "" => -1,
+        state if state.starts_with("connected") => 1,
+        _ => 0,
+    };
+    gauge(
+        e,
+        "cluster_connected",
+        "Redis cluster tier: 1 connected, 0 away, -1 off.",
+        connected,
+    )?;
+    gauge(
+        e,
+        "cluster_publish_queue",
+        "Results waiting to be published to Redis.",
+        as_gauge(s.cluster_publish_queue),
+    )?;
+    for (name, help, value) in [
+        (
+            "cluster_published",
+            "Results Redis stored from this node.",
+            s.cluster_published,
+        ),
+        (
+            "cluster_received",
+            "Results learned from other nodes through Redis.",
+            s.cluster_received,
+        ),
+        (
+            "cluster_publish_dropped",
+            "Results dropped from a full publish queue (then all republished).",
+            s.cluster_publish_dropped,
+        ),
+        (
+            "cluster_leases_acquired",
+            "Cluster leases this node took.",
+            s.cluster_leases_acquired,
+        ),
+        (
+            "cluster_leases_held_elsewhere",
+            "Resolves that found another node tuning the key.",
+            s.cluster_leases_held_elsewhere,
+        ),
+        (
+            "cluster_lease_fallbacks",
+            "Resolves that coordinated node-locally because Redis was slow or away.",
+            s.cluster_lease_fallbacks,
+        ),
+        (
+            "cluster_takeovers",
+            "Keys tuned here after another node's cluster lease ran out.",
+            s.cluster_takeovers,
+        ),
+        (
+            "cluster_republished",
+            "Results republished to a flushed or replaced Redis.",
+            s.cluster_republished,
+        ),
+        (
+            "cluster_reconnects",
+            "Reconnections to Redis.",
+            s.cluster_reconnects,
+        ),
+        (
+            "cluster_errors",
+            "Failed or timed-out Redis commands.",
+            s.cluster_errors,
+        ),
+    ] {
+        counter(e, name, help, value)?;
+    }
+    Ok(())
 }
 
 /// The metrics text for one set of Stats.

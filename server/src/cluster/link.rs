@@ -264,6 +264,7 @@ impl Link {
             .query_async(&mut single)
             .await?;
         if !info.contains("cluster_enabled:1") {
+            super::scripts::load_all(&mut single).await?;
             return Ok((Conn::Single(single), false));
         }
         drop(single);
@@ -279,7 +280,8 @@ impl Link {
         if matches!(self.info.addr, ConnectionAddr::TcpTls { .. }) {
             builder = builder.tls(redis::TlsMode::Secure);
         }
-        let cluster = builder.build()?.get_async_connection().await?;
+        let mut cluster = builder.build()?.get_async_connection().await?;
+        super::scripts::load_all(&mut cluster).await?;
         Ok((Conn::Cluster(cluster), true))
     }
 }

@@ -86,3 +86,12 @@ return 0
 ",
     )
 });
+
+/// Loads every script, so the first call on a new connection is one round trip (EVALSHA),
+/// not three (EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA).
+pub async fn load_all<C: redis::aio::ConnectionLike>(conn: &mut C) -> redis::RedisResult<()> {
+    for script in [&*MERGE, &*ACQUIRE, &*RENEW, &*RELEASE] {
+        script.load_async(conn).await?;
+    }
+    Ok(())
+}
