@@ -198,7 +198,8 @@ impl Cluster {
             }
         }
         let keys: Vec<CacheKey> = entries.iter().map(|(k, _)| k.clone()).collect();
-        let outcome = self.store.apply(entries).await;
+        // Learned, not this node's own contributions: snapshots do not republish them.
+        let outcome = self.store.apply_learned(entries).await;
         // The change listener ran on the writer thread before `apply` returned.
         let mut learned = self.lock_learned();
         for key in &keys {
