@@ -524,6 +524,8 @@ async fn a_hung_killed_or_flushed_redis_never_slows_the_nodes() {
         "{}",
         stats.cluster_state
     );
+    use tonic_health::pb::health_check_response::ServingStatus;
+    assert_eq!(cluster_health(&a).await, ServingStatus::NotServing as i32);
 
     // Back: node b catches up on what node a recorded meanwhile.
     redis.signal(Signal::SIGCONT);
@@ -534,6 +536,9 @@ async fn a_hung_killed_or_flushed_redis_never_slows_the_nodes() {
         Duration::from_secs(20),
     )
     .await;
+    wait_connected(&a).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(cluster_health(&a).await, ServingStatus::Serving as i32);
 
     // Flushed: the nodes refill it.
     assert_eq!(redis.cli(&["FLUSHALL"]), "OK");
