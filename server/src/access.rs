@@ -12,6 +12,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use nix::unistd::{Gid, Group, Uid};
+use tokio::net::unix::UCred;
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Status};
 
@@ -63,6 +64,14 @@ fn supplementary_groups(pid: i32) -> Option<Vec<u32>> {
     )
 }
 
+/// The caller's credentials (`SO_PEERCRED`), as the kernel recorded them when it connected.
+pub fn peer_credentials<T>(request: &Request<T>) -> Option<UCred> {
+    request
+        .extensions()
+        .get::<UdsConnectInfo>()
+        .and_then(|info| info.peer_cred)
+}
+
 /// The per-call check, as a tonic interceptor on the TuneCache service.
 #[derive(Clone)]
 pub struct PeerCheck {
@@ -97,11 +106,7 @@ impl PeerCheck {
 
 impl tonic::service::Interceptor for PeerCheck {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let credentials = request
-            .extensions()
-            .get::<UdsConnectInfo>()
-            .and_then(|info| info.peer_cred);
-        let Some(credentials) = credentials else {
+        let Some(credentials) = peer_credentials(&request) else {
             return Err(Status::permission_denied(
                 "tunecached cannot tell who the caller is (no peer credentials)",
             ));

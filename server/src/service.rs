@@ -96,11 +96,7 @@ fn tuner_state(tuner: &TunerHandle) -> String {
 
 /// The calling process, from the Unix socket's peer credentials.
 fn caller_pid<T>(request: &Request<T>) -> Option<i32> {
-    request
-        .extensions()
-        .get::<tonic::transport::server::UdsConnectInfo>()
-        .and_then(|info| info.peer_cred)
-        .and_then(|cred| cred.pid())
+    crate::access::peer_credentials(request).and_then(|cred| cred.pid())
 }
 
 fn count(counter: &AtomicU64, n: usize) {
