@@ -98,6 +98,18 @@ enum Commands {
         #[arg(long, default_value_t = 300.0)]
         limit_s: f64,
     },
+    /// Run only some daemon micro-benchmarks; print their results and target ratios as JSON.
+    Micro {
+        /// Comma-separated: lookup (with the echo floor), pyscan, memory, pickup.
+        #[arg(long, value_delimiter = ',', default_value = "lookup,pyscan,memory")]
+        only: Vec<String>,
+        /// Small sizes, few iterations: checks the harness, judges nothing.
+        #[arg(long)]
+        quick: bool,
+        /// The Python client directory (with its .venv) [default: client/python].
+        #[arg(long)]
+        python_dir: Option<PathBuf>,
+    },
     /// Write an initial cache file with S existing entries.
     Generate {
         #[arg(long)]
@@ -185,6 +197,14 @@ fn main() -> Result<()> {
             let command_line = std::env::args().collect::<Vec<_>>().join(" ");
             suite::cluster::run_cluster(&options, &command_line)?;
             println!("{}", serde_json::json!({ "out": out }));
+        }
+        Commands::Micro {
+            only,
+            quick,
+            python_dir,
+        } => {
+            let result = suite::run_micro_only(&only, quick, python_dir)?;
+            println!("{}", serde_json::to_string_pretty(&result)?);
         }
         Commands::Generate {
             cache,

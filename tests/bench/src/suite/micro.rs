@@ -68,6 +68,10 @@ pub struct Throughput {
 pub struct LookupResults {
     pub entries_in_cache: usize,
     pub single_key: Latency,
+    /// The transport floor: a bare gRPC health Check on the same socket, connection and
+    /// daemon runtime, timed the same way as `single_key`.
+    #[serde(default)]
+    pub echo: Option<Latency>,
     pub batch_1000: Latency,
     pub throughput: Vec<Throughput>,
 }
@@ -81,6 +85,16 @@ pub struct PythonScan {
     pub median_ms: f64,
     pub min_ms: f64,
     pub max_ms: f64,
+    /// Bytes of the Scan responses on the wire (the gRPC messages, without framing).
+    #[serde(default)]
+    pub wire_bytes: usize,
+    /// Python's own parse of those same bytes (protobuf `FromString` plus touching every
+    /// entry), median of the runs.
+    #[serde(default)]
+    pub parse_ms: f64,
+    /// One bare echo round trip from Python (health Check), median.
+    #[serde(default)]
+    pub echo_ms: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -105,6 +119,9 @@ pub struct SnapshotScale {
     pub load_rss_after_mib: f64,
     /// Time to record the entries through gRPC (not a target, for context).
     pub record_ms: f64,
+    /// Mean encoded size of one `Entry` message of this data set.
+    #[serde(default)]
+    pub entry_encoded_bytes: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -173,6 +190,7 @@ async fn measure_lookup(options: &MicroOptions) -> Result<LookupResults> {
             bail!("single lookup missed a preloaded key");
         }
     }
+    let echo = measure_echo(&daemon.socket, single_calls).await?;
     let mut batch = Vec::with_capacity(batch_calls);
     for call in 0..batch_calls {
         let start = (call * 1_000) % (keys.len() - 1_000);
@@ -197,9 +215,31 @@ async fn measure_lookup(options: &MicroOptions) -> Result<LookupResults> {
     Ok(LookupResults {
         entries_in_cache,
         single_key: latency_of(single),
+        echo: Some(echo),
         batch_1000: latency_of(batch),
         throughput,
     })
+}
+
+/// The transport floor: `calls` bare health Checks, each timed, on one connection to
+/// `socket` (what the daemon's tonic server, runtime and socket cost with no cache work).
+async fn measure_echo(socket: &Path, calls: usize) -> Result<Latency> {
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let channel = tunecache_client::connect_channel(socket).await?;
+    let mut health = HealthClient::new(channel);
+    let request = || HealthCheckRequest {
+        service: String::new(),
+    };
+    for _ in 0..1_000 {
+        health.check(request()).await.context("health check")?;
+    }
+    let mut times = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let started = Instant::now();
+        health.check(request()).await.context("health check")?;
+        times.push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(latency_of(times))
 }
 
 /// `clients` tasks, each with its own connection, look keys up for `seconds`.
@@ -262,7 +302,33 @@ for _ in range(runs):
     entries = scan()
     times.append((time.perf_counter() - started) * 1e3)
     assert len(entries) == count
-print(json.dumps({"entries": count, "times_ms": times}))
+# The floor: the same response bytes, taken raw off the wire, parsed by Python's protobuf,
+# plus one bare round trip (health Check) on the same channel.
+from tunecache.client import pb
+raw_scan = client._channel.unary_stream(
+    "/tunecache.v1.TuneCache/Scan",
+    request_serializer=pb.ScanRequest.SerializeToString,
+    response_deserializer=None,
+)
+chunks = list(raw_scan(pb.ScanRequest(namespace=namespace, device=device)))
+wire_bytes = sum(len(chunk) for chunk in chunks)
+parse = []
+for _ in range(runs):
+    started = time.perf_counter()
+    parsed = [entry for chunk in chunks for entry in pb.ScanResponse.FromString(chunk).entries]
+    parse.append((time.perf_counter() - started) * 1e3)
+    assert len(parsed) == count
+echo_call = client._channel.unary_unary("/grpc.health.v1.Health/Check")
+for _ in range(100):
+    echo_call(b"")
+echo = []
+for _ in range(max(runs, 201)):
+    started = time.perf_counter()
+    echo_call(b"")
+    echo.append((time.perf_counter() - started) * 1e3)
+import statistics
+print(json.dumps({"entries": count, "times_ms": times, "wire_bytes": wire_bytes,
+                  "parse_ms": statistics.median(parse), "echo_ms": statistics.median(echo)}))
 "#;
 
 async fn measure_python_scan(options: &MicroOptions) -> Result<PythonScan> {
@@ -276,6 +342,9 @@ async fn measure_python_scan(options: &MicroOptions) -> Result<PythonScan> {
         median_ms: 0.0,
         min_ms: 0.0,
         max_ms: 0.0,
+        wire_bytes: 0,
+        parse_ms: 0.0,
+        echo_ms: 0.0,
     };
     if !python.exists() {
         return Ok(skipped(format!(
@@ -308,6 +377,9 @@ async fn measure_python_scan(options: &MicroOptions) -> Result<PythonScan> {
     struct Reported {
         entries: usize,
         times_ms: Vec<f64>,
+        wire_bytes: usize,
+        parse_ms: f64,
+        echo_ms: f64,
     }
     let reported: Reported = serde_json::from_slice(&output.stdout).context("python report")?;
     let mut times = reported.times_ms;
@@ -320,6 +392,9 @@ async fn measure_python_scan(options: &MicroOptions) -> Result<PythonScan> {
         median_ms: median(&mut times),
         min_ms,
         max_ms,
+        wire_bytes: reported.wire_bytes,
+        parse_ms: reported.parse_ms,
+        echo_ms: reported.echo_ms,
     })
 }
 
@@ -333,6 +408,11 @@ async fn measure_snapshot_scale(options: &MicroOptions, entries: usize) -> Resul
     let client = writer.wait_ready().await?;
     let empty = writer.memory()?;
     let generated = existing_entries(64, entries, 0.5);
+    let entry_encoded_bytes = generated
+        .iter()
+        .map(|entry| prost::Message::encoded_len(entry) as f64)
+        .sum::<f64>()
+        / entries as f64;
     let record_started = Instant::now();
     record_all(&client, generated).await?;
     let record_ms = record_started.elapsed().as_secs_f64() * 1e3;
@@ -391,6 +471,7 @@ async fn measure_snapshot_scale(options: &MicroOptions, entries: usize) -> Resul
         load_peak_rss_mib: reader_memory.hwm_kib as f64 / MIB,
         load_rss_after_mib: reader_memory.rss_kib as f64 / MIB,
         record_ms,
+        entry_encoded_bytes,
     })
 }
 
@@ -465,6 +546,69 @@ async fn measure_pickup(
         max_ms,
         samples_ms,
         missed,
+    })
+}
+
+/// Runs only the named micro-benchmarks (`lookup`, `pyscan`, `memory` = snapshot scale at
+/// 100k and 1M entries, `pickup`) and returns their results as JSON, with the ratios the
+/// data-path targets are judged by.
+pub fn run_selected(options: &MicroOptions, only: &[String]) -> Result<serde_json::Value> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    let wants = |name: &str| only.iter().any(|item| item == name);
+    runtime.block_on(async {
+        let mut out = serde_json::Map::new();
+        if wants("lookup") {
+            progress("lookup latency, echo floor and throughput ...");
+            let lookup = measure_lookup(options).await?;
+            if let Some(echo) = &lookup.echo {
+                out.insert(
+                    "lookup_p50_over_echo_p50".into(),
+                    (lookup.single_key.p50_us / echo.p50_us).into(),
+                );
+            }
+            out.insert("lookup".into(), serde_json::to_value(lookup)?);
+        }
+        if wants("pyscan") {
+            progress("python scan ...");
+            let scan = measure_python_scan(options).await?;
+            let floor = scan.parse_ms + scan.echo_ms;
+            if floor > 0.0 {
+                out.insert("python_scan_over_floor".into(), (scan.median_ms / floor).into());
+            }
+            out.insert("python_scan".into(), serde_json::to_value(scan)?);
+        }
+        if wants("memory") {
+            let scales: &[usize] = if options.quick {
+                &[1_000, 10_000]
+            } else {
+                &[100_000, 1_000_000]
+            };
+            let mut rows = Vec::new();
+            for &entries in scales {
+                progress(&format!("memory and snapshot at {entries} entries ..."));
+                let scale = measure_snapshot_scale(options, entries).await?;
+                let per_entry =
+                    (scale.rss_loaded_mib - scale.rss_empty_mib) * MIB * 1024.0 / entries as f64;
+                let mut row = serde_json::to_value(&scale)?;
+                row["rss_bytes_per_entry"] = per_entry.into();
+                row["rss_per_entry_over_encoded"] = (per_entry / scale.entry_encoded_bytes).into();
+                row["load_peak_over_steady"] =
+                    (scale.load_peak_rss_mib / scale.load_rss_after_mib).into();
+                rows.push(row);
+            }
+            out.insert("memory".into(), rows.into());
+        }
+        if wants("pickup") {
+            let local = options.scratch.join("pickup-local");
+            std::fs::create_dir_all(&local)?;
+            let samples = if options.quick { 1 } else { 7 };
+            let pickup = measure_pickup(options, "local", &local, samples).await?;
+            out.insert("pickup_local".into(), serde_json::to_value(pickup)?);
+        }
+        Ok(out.into())
     })
 }
 

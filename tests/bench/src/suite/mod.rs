@@ -301,6 +301,38 @@ impl Matrix<'_> {
     }
 }
 
+/// Runs only the named micro-benchmarks (see `micro::run_selected`), with the suite's daemon.
+pub fn run_micro_only(
+    only: &[String],
+    quick: bool,
+    python_dir: Option<PathBuf>,
+) -> Result<serde_json::Value> {
+    let scratch = tempfile::Builder::new()
+        .prefix("tunecache-micro-")
+        .tempdir()
+        .context("scratch directory")?;
+    let daemon_binary = workspace_binary("tunecached");
+    anyhow::ensure!(
+        daemon_binary.exists(),
+        "{} not found: build it with cargo build --release -p tunecache-server",
+        daemon_binary.display()
+    );
+    micro::run_selected(
+        &micro::MicroOptions {
+            quick,
+            daemon_binary,
+            slowfs_binary: workspace_binary("slowfs"),
+            scratch: scratch.path().to_path_buf(),
+            python_dir: python_dir.unwrap_or_else(|| {
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../client/python")
+            }),
+            slowfs_threads: 256,
+            slowfs_latency_ms: if quick { 1 } else { 50 },
+        },
+        only,
+    )
+}
+
 /// Runs the suite and writes `results.json`, `results.md` and `wall_vs_ranks.svg`.
 pub fn run_suite(options: &SuiteOptions) -> Result<SuiteResults> {
     let started = Instant::now();
