@@ -26,6 +26,7 @@ pub mod store;
 mod sync;
 pub mod tuner;
 pub mod validate;
+pub mod wire;
 
 // Deployment and operations.
 pub mod access;

@@ -15,10 +15,10 @@ use std::ops::Bound;
 
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
-use tunecache_proto::v1;
 
-use crate::entry::{to_wire_entry, CacheKey};
+use crate::entry::CacheKey;
 use crate::store::{CacheMap, Store};
+use crate::wire::EncodedEntries;
 
 /// Chunks hold at most this many entries...
 pub const CHUNK_ENTRIES: usize = 1024;
@@ -57,13 +57,12 @@ fn next_chunk(
     map: &CacheMap,
     filter: &ScanFilter,
     after: Option<&CacheKey>,
-) -> (Vec<v1::Entry>, Option<CacheKey>) {
+) -> (EncodedEntries, Option<CacheKey>) {
     let start = match after {
         Some(key) => Bound::Excluded(key.clone()),
         None => Bound::Included(CacheKey::namespace_start(&filter.namespace)),
     };
-    let mut chunk = Vec::new();
-    let mut chunk_bytes = 0;
+    let mut chunk = EncodedEntries::default();
     let mut examined = 0;
     for (key, result) in map.range((start, Bound::Unbounded)) {
         if !filter.in_namespace(key) {
@@ -71,11 +70,10 @@ fn next_chunk(
         }
         examined += 1;
         if filter.matches(key) {
-            chunk_bytes += key.encoded_len_estimate() + result.encoded_len_estimate();
-            chunk.push(to_wire_entry(key, result));
+            chunk.push(key, result);
         }
         if chunk.len() >= CHUNK_ENTRIES
-            || chunk_bytes >= CHUNK_BYTES
+            || chunk.byte_len() >= CHUNK_BYTES
             || examined >= EXAMINED_PER_STEP
         {
             return (chunk, Some(key.clone()));
@@ -84,16 +82,16 @@ fn next_chunk(
     (chunk, None)
 }
 
-/// Starts a Scan of `store` and returns its stream of chunks. The Scan stops when the stream is
-/// dropped (the client went away or cancelled).
-pub fn spawn(store: Store, filter: ScanFilter) -> ReceiverStream<Result<v1::ScanResponse, Status>> {
+/// Starts a Scan of `store` and returns its stream of chunks, each already in wire form (see
+/// `wire`). The Scan stops when the stream is dropped (the client went away or cancelled).
+pub fn spawn(store: Store, filter: ScanFilter) -> ReceiverStream<Result<EncodedEntries, Status>> {
     let (chunks, receiver) = tokio::sync::mpsc::channel(QUEUED_CHUNKS);
     tokio::spawn(async move {
         let mut after: Option<CacheKey> = None;
         loop {
             // The version is a temporary: dropped before the send below can wait.
             let (entries, last) = next_chunk(&store.current(), &filter, after.as_ref());
-            if !entries.is_empty() && chunks.send(Ok(v1::ScanResponse { entries })).await.is_err() {
+            if !entries.is_empty() && chunks.send(Ok(entries)).await.is_err() {
                 return; // the caller went away
             }
             match last {
@@ -112,6 +110,8 @@ pub fn spawn(store: Store, filter: ScanFilter) -> ReceiverStream<Result<v1::Scan
 mod tests {
     use super::*;
     use crate::entry::TunedResult;
+    use prost::Message;
+    use tunecache_proto::v1;
 
     fn key(namespace: &str, problem: &str, rank: Option<u32>) -> CacheKey {
         CacheKey {
@@ -149,7 +149,11 @@ mod tests {
         let mut after = None;
         loop {
             let (chunk, last) = next_chunk(&map, filter, after.as_ref());
-            chunks.push(chunk);
+            chunks.push(
+                v1::ScanResponse::decode(chunk.into_bytes())
+                    .unwrap()
+                    .entries,
+            );
             match last {
                 Some(key) => after = Some(key),
                 None => return chunks,

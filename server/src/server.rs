@@ -165,9 +165,13 @@ pub async fn run(
     // The peer check guards TuneCache only; health and reflection stay open (see `access`).
     let tune_cache = tonic::service::interceptor::InterceptedService::new(
         crate::idle::Touching::new(
-            TuneCacheServer::from_arc(service)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            crate::wire::WireRoutes::new(
+                TuneCacheServer::from_arc(Arc::clone(&service))
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                service,
+                MAX_MESSAGE_BYTES,
+            ),
             activity,
         ),
         peer_check,

@@ -16,6 +16,9 @@ use crate::snapshot::SnapshotHandle;
 use crate::store::Store;
 use crate::tuner::TunerHandle;
 use crate::validate;
+use crate::wire::EncodedEntries;
+use prost::Message;
+use tokio_stream::StreamExt;
 
 /// Request counters reported by Stats.
 #[derive(Default)]
@@ -82,6 +85,49 @@ impl TuneCacheService {
     }
 }
 
+/// Scan responses, each chunk already in wire form.
+pub type EncodedScanStream = Pin<Box<dyn Stream<Item = Result<EncodedEntries, Status>> + Send>>;
+
+impl TuneCacheService {
+    /// Lookup, answered as encoded `Entry` records: each hit is the caller's own key with the
+    /// stored result, written straight from the map without building prost messages.
+    pub fn lookup_encoded(
+        &self,
+        request: Request<v1::LookupRequest>,
+    ) -> Result<EncodedEntries, Status> {
+        let keys = validate::keys(request.into_inner().keys)?;
+        let asked = keys.len();
+        let map = self.store.current();
+        let mut hits = EncodedEntries::default();
+        for key in &keys {
+            if let Some(result) = map.get(key) {
+                hits.push(key, result);
+            }
+        }
+        count(&self.counters.lookups, asked);
+        count(&self.counters.hits, hits.len());
+        count(&self.counters.misses, asked - hits.len());
+        Ok(hits)
+    }
+
+    /// Scan, answered as chunks of encoded `Entry` records.
+    pub fn scan_encoded(&self, request: Request<v1::ScanRequest>) -> EncodedScanStream {
+        let v1::ScanRequest {
+            namespace,
+            device,
+            rank,
+        } = request.into_inner();
+        // In chunks, each from the version current at the time: a client that stops reading
+        // holds a chunk, not a version of the cache (see `scan`).
+        let filter = crate::scan::ScanFilter {
+            namespace,
+            device,
+            rank,
+        };
+        Box::pin(crate::scan::spawn(self.store.clone(), filter))
+    }
+}
+
 /// The tuner's state plus why its backend was chosen (e.g. "auto: cuda unavailable ..."),
 /// so an operator sees from Stats alone that a node measures on the CPU stand-in.
 fn tuner_state(tuner: &TunerHandle) -> String {
@@ -111,24 +157,11 @@ impl TuneCache for TuneCacheService {
         &self,
         request: Request<v1::LookupRequest>,
     ) -> Result<Response<v1::LookupResponse>, Status> {
-        let keys = validate::keys(request.into_inner().keys)?;
-        let asked = keys.len();
-        let map = self.store.current();
-        // The caller's own key goes back in the hit: only the result is copied out of the map.
-        let hits: Vec<v1::Entry> = keys
-            .into_iter()
-            .filter_map(|key| {
-                let result = map.get(&key)?.clone();
-                Some(v1::Entry {
-                    key: Some(key.into()),
-                    result: Some(result.into()),
-                })
-            })
-            .collect();
-        count(&self.counters.lookups, asked);
-        count(&self.counters.hits, hits.len());
-        count(&self.counters.misses, asked - hits.len());
-        Ok(Response::new(v1::LookupResponse { hits }))
+        // Served by `wire::WireRoutes`; the bare generated server decodes the same bytes back.
+        let encoded = self.lookup_encoded(request)?;
+        v1::LookupResponse::decode(encoded.into_bytes())
+            .map(Response::new)
+            .map_err(|error| Status::internal(error.to_string()))
     }
 
     async fn record(
@@ -162,22 +195,12 @@ impl TuneCache for TuneCacheService {
         &self,
         request: Request<v1::ScanRequest>,
     ) -> Result<Response<Self::ScanStream>, Status> {
-        let v1::ScanRequest {
-            namespace,
-            device,
-            rank,
-        } = request.into_inner();
-        // In chunks, each from the version current at the time: a client that stops reading
-        // holds a chunk, not a version of the cache (see `scan`).
-        let filter = crate::scan::ScanFilter {
-            namespace,
-            device,
-            rank,
-        };
-        Ok(Response::new(Box::pin(crate::scan::spawn(
-            self.store.clone(),
-            filter,
-        ))))
+        // Served by `wire::WireRoutes`; the bare generated server decodes the same bytes back.
+        let chunks = self.scan_encoded(request).map(|chunk| {
+            v1::ScanResponse::decode(chunk?.into_bytes())
+                .map_err(|error| Status::internal(error.to_string()))
+        });
+        Ok(Response::new(Box::pin(chunks)))
     }
 
     async fn stats(

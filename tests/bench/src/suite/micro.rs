@@ -576,7 +576,10 @@ pub fn run_selected(options: &MicroOptions, only: &[String]) -> Result<serde_jso
             let scan = measure_python_scan(options).await?;
             let floor = scan.parse_ms + scan.echo_ms;
             if floor > 0.0 {
-                out.insert("python_scan_over_floor".into(), (scan.median_ms / floor).into());
+                out.insert(
+                    "python_scan_over_floor".into(),
+                    (scan.median_ms / floor).into(),
+                );
             }
             out.insert("python_scan".into(), serde_json::to_value(scan)?);
         }

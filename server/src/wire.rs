@@ -1,0 +1,334 @@
+//! The wire form of cache entries and the Lookup and Scan routes that send it.
+//!
+//! A Lookup or Scan response is a list of `tunecache.v1.Entry` messages. Building it as prost
+//! messages costs six `String` clones per entry, then an encode pass over them. Here the
+//! `Entry` bytes are written once, straight from the stored key and result, into one buffer
+//! per response; the tonic codec then copies that buffer out as the message body. The bytes
+//! are exactly what prost writes for the same `Entry` (same field order, defaults skipped), so
+//! grpcurl, grpcio and the Rust client see the unchanged `tunecache.v1` contract.
+//!
+//! [`WireRoutes`] wraps the generated `TuneCacheServer` and answers the two methods itself;
+//! every other method goes to the generated server.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use prost::bytes::{Buf, BufMut, Bytes, BytesMut};
+use prost::encoding::{self, encode_key, encode_varint, encoded_len_varint, WireType};
+use tonic::body::Body;
+use tonic::codegen::http;
+use tonic::server::NamedService;
+use tonic::{Request, Response, Status};
+use tunecache_proto::v1;
+
+use crate::entry::{CacheKey, TunedResult};
+use crate::service::TuneCacheService;
+
+/// Field number of the repeated `Entry` in both `LookupResponse.hits` and
+/// `ScanResponse.entries`.
+const ENTRIES_FIELD: u32 = 1;
+
+const LOOKUP_PATH: &str = "/tunecache.v1.TuneCache/Lookup";
+const SCAN_PATH: &str = "/tunecache.v1.TuneCache/Scan";
+
+fn string_len(tag: u32, value: &str) -> usize {
+    if value.is_empty() {
+        0
+    } else {
+        encoding::key_len(tag) + encoded_len_varint(value.len() as u64) + value.len()
+    }
+}
+
+fn put_string(tag: u32, value: &str, buf: &mut impl BufMut) {
+    if !value.is_empty() {
+        encode_key(tag, WireType::LengthDelimited, buf);
+        encode_varint(value.len() as u64, buf);
+        buf.put_slice(value.as_bytes());
+    }
+}
+
+fn key_len(key: &CacheKey) -> usize {
+    string_len(1, &key.namespace)
+        + string_len(2, &key.op)
+        + string_len(3, &key.device)
+        + string_len(4, &key.problem)
+        + key
+            .rank
+            .map_or(0, |rank| encoding::uint32::encoded_len(5, &rank))
+}
+
+fn result_len(result: &TunedResult) -> usize {
+    string_len(1, &result.config)
+        + if result.time_us != 0.0 {
+            encoding::double::encoded_len(2, &result.time_us)
+        } else {
+            0
+        }
+        + string_len(3, &result.tuned_by)
+        + if result.tuned_at_unix_ms != 0 {
+            encoding::int64::encoded_len(4, &result.tuned_at_unix_ms)
+        } else {
+            0
+        }
+}
+
+fn nested_len(body: usize) -> usize {
+    1 + encoded_len_varint(body as u64) + body
+}
+
+/// Appends one `Entry { key, result }` as a length-delimited field `ENTRIES_FIELD`.
+fn put_entry(key: &CacheKey, result: &TunedResult, buf: &mut BytesMut) {
+    let key_body = key_len(key);
+    let result_body = result_len(result);
+    let entry_body = nested_len(key_body) + nested_len(result_body);
+    buf.reserve(nested_len(entry_body));
+    encode_key(ENTRIES_FIELD, WireType::LengthDelimited, buf);
+    encode_varint(entry_body as u64, buf);
+
+    encode_key(1, WireType::LengthDelimited, buf);
+    encode_varint(key_body as u64, buf);
+    put_string(1, &key.namespace, buf);
+    put_string(2, &key.op, buf);
+    put_string(3, &key.device, buf);
+    put_string(4, &key.problem, buf);
+    if let Some(rank) = key.rank {
+        encoding::uint32::encode(5, &rank, buf);
+    }
+
+    encode_key(2, WireType::LengthDelimited, buf);
+    encode_varint(result_body as u64, buf);
+    put_string(1, &result.config, buf);
+    if result.time_us != 0.0 {
+        encoding::double::encode(2, &result.time_us, buf);
+    }
+    put_string(3, &result.tuned_by, buf);
+    if result.tuned_at_unix_ms != 0 {
+        encoding::int64::encode(4, &result.tuned_at_unix_ms, buf);
+    }
+}
+
+/// A `LookupResponse` or `ScanResponse` held as its encoded body: a run of field-1 `Entry`
+/// records. Encoding it copies the bytes; it is never decoded (it is a response only).
+#[derive(Debug, Default, Clone)]
+pub struct EncodedEntries {
+    body: BytesMut,
+    count: usize,
+}
+
+impl EncodedEntries {
+    pub fn push(&mut self, key: &CacheKey, result: &TunedResult) {
+        put_entry(key, result, &mut self.body);
+        self.count += 1;
+    }
+
+    /// Entries written so far.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Encoded bytes written so far.
+    pub fn byte_len(&self) -> usize {
+        self.body.len()
+    }
+
+    /// The encoded message body.
+    pub fn into_bytes(self) -> Bytes {
+        self.body.freeze()
+    }
+}
+
+impl prost::Message for EncodedEntries {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        buf.put_slice(&self.body);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        encoding::skip_field(wire_type, tag, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.body.len()
+    }
+
+    fn clear(&mut self) {
+        self.body.clear();
+        self.count = 0;
+    }
+}
+
+/// The generated `TuneCacheServer` with Lookup and Scan answered from the wire form.
+#[derive(Clone)]
+pub struct WireRoutes<S> {
+    generated: S,
+    service: Arc<TuneCacheService>,
+    max_encoding_message_size: usize,
+    max_decoding_message_size: usize,
+}
+
+impl<S> WireRoutes<S> {
+    pub fn new(generated: S, service: Arc<TuneCacheService>, max_message_bytes: usize) -> Self {
+        WireRoutes {
+            generated,
+            service,
+            max_encoding_message_size: max_message_bytes,
+            max_decoding_message_size: max_message_bytes,
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for WireRoutes<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
+
+impl<S, B> tower::Service<http::Request<B>> for WireRoutes<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<Body>, Error = Infallible>,
+    S::Future: Send + 'static,
+    B: tonic::codegen::Body + Send + 'static,
+    B::Error: Into<tonic::codegen::StdError> + Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.generated.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let (decode, encode) = (
+            self.max_decoding_message_size,
+            self.max_encoding_message_size,
+        );
+        match request.uri().path() {
+            LOOKUP_PATH => {
+                let method = LookupMethod(Arc::clone(&self.service));
+                Box::pin(async move {
+                    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
+                        EncodedEntries,
+                        v1::LookupRequest,
+                    >::default())
+                    .apply_max_message_size_config(Some(decode), Some(encode));
+                    Ok(grpc.unary(method, request).await)
+                })
+            }
+            SCAN_PATH => {
+                let method = ScanMethod(Arc::clone(&self.service));
+                Box::pin(async move {
+                    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
+                        EncodedEntries,
+                        v1::ScanRequest,
+                    >::default())
+                    .apply_max_message_size_config(Some(decode), Some(encode));
+                    Ok(grpc.server_streaming(method, request).await)
+                })
+            }
+            _ => Box::pin(self.generated.call(request)),
+        }
+    }
+}
+
+type MethodFuture<T> = Pin<Box<dyn Future<Output = Result<Response<T>, Status>> + Send>>;
+
+struct LookupMethod(Arc<TuneCacheService>);
+
+impl tonic::server::UnaryService<v1::LookupRequest> for LookupMethod {
+    type Response = EncodedEntries;
+    type Future = MethodFuture<EncodedEntries>;
+
+    fn call(&mut self, request: Request<v1::LookupRequest>) -> Self::Future {
+        let service = Arc::clone(&self.0);
+        Box::pin(async move { service.lookup_encoded(request).map(Response::new) })
+    }
+}
+
+struct ScanMethod(Arc<TuneCacheService>);
+
+impl tonic::server::ServerStreamingService<v1::ScanRequest> for ScanMethod {
+    type Response = EncodedEntries;
+    type ResponseStream = crate::service::EncodedScanStream;
+    type Future = MethodFuture<Self::ResponseStream>;
+
+    fn call(&mut self, request: Request<v1::ScanRequest>) -> Self::Future {
+        let service = Arc::clone(&self.0);
+        Box::pin(async move { Ok(Response::new(service.scan_encoded(request))) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    fn key(namespace: &str, problem: &str, rank: Option<u32>) -> CacheKey {
+        CacheKey {
+            namespace: namespace.into(),
+            op: "gemm".into(),
+            device: "NVIDIA H200|sm_90".into(),
+            problem: problem.into(),
+            rank,
+        }
+    }
+
+    fn result(config: &str, time_us: f64, tuned_at: i64) -> TunedResult {
+        TunedResult {
+            config: config.into(),
+            time_us,
+            tuned_by: "node-a/rank-3".into(),
+            tuned_at_unix_ms: tuned_at,
+        }
+    }
+
+    #[test]
+    fn encoded_entries_are_the_bytes_prost_writes() {
+        let long_problem = "m=4096,n=4096,k=4096;".repeat(20);
+        let pairs = vec![
+            (
+                key("trtllm", "m=1", None),
+                result("{\"tile\":128}", 12.5, 1_700_000_000_000),
+            ),
+            (key("", "", Some(0)), result("", 0.0, 0)),
+            (
+                key("bitblas", &long_problem, Some(127)),
+                result("[]", 1e-9, -5),
+            ),
+            (
+                key("ns", "p", Some(u32::MAX)),
+                result("{}", f64::MAX, i64::MIN),
+            ),
+        ];
+        let mut encoded = EncodedEntries::default();
+        for (key, result) in &pairs {
+            encoded.push(key, result);
+        }
+        let expected = v1::ScanResponse {
+            entries: pairs
+                .iter()
+                .map(|(key, result)| crate::entry::to_wire_entry(key, result))
+                .collect(),
+        };
+        assert_eq!(encoded.len(), pairs.len());
+        assert_eq!(encoded.encoded_len(), expected.encoded_len());
+        let bytes = encoded.encode_to_vec();
+        assert_eq!(bytes, expected.encode_to_vec());
+        assert_eq!(
+            v1::LookupResponse::decode(bytes.as_slice()).unwrap().hits,
+            expected.entries
+        );
+    }
+}
