@@ -70,6 +70,8 @@ pub struct DaemonConfig {
     pub node_name: String,
     pub shared_dir: Option<PathBuf>,
     pub snapshot_interval_s: u64,
+    /// Further flags (e.g. the cluster tier's).
+    pub extra_args: Vec<String>,
 }
 
 /// Memory of a process, from `/proc/<pid>/status`.
@@ -126,6 +128,7 @@ impl DaemonProcess {
         if let Some(shared_dir) = &config.shared_dir {
             command.arg("--shared-dir").arg(shared_dir);
         }
+        command.args(&config.extra_args);
         // The daemon reads every flag from the environment too; keep the caller's out.
         for (name, _) in std::env::vars_os() {
             if name.to_string_lossy().starts_with("TUNECACHE_") {

@@ -6,6 +6,7 @@
 pub mod cache_file;
 pub mod daemon;
 pub mod filelock;
+pub mod multinode;
 pub mod scenario;
 pub mod tunecache_system;
 pub mod workload;

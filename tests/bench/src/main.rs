@@ -110,6 +110,20 @@ enum Commands {
         #[arg(long)]
         python_dir: Option<PathBuf>,
     },
+    /// Multi-node tuning alone: N daemons x R ranks, P problems; no sharing, shared
+    /// directory at 1 s, Redis tier. Prints the Markdown table; writes multinode.json.
+    Multinode {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        #[arg(long, value_delimiter = ',', default_value = "4,8")]
+        nodes: Vec<usize>,
+        #[arg(long, default_value_t = 4)]
+        ranks_per_node: usize,
+        #[arg(long, default_value_t = 50)]
+        problems: usize,
+        #[arg(long, default_value_t = 200)]
+        tune_ms: u64,
+    },
     /// Write an initial cache file with S existing entries.
     Generate {
         #[arg(long)]
@@ -205,6 +219,36 @@ fn main() -> Result<()> {
         } => {
             let result = suite::run_micro_only(&only, quick, python_dir)?;
             println!("{}", serde_json::to_string_pretty(&result)?);
+        }
+        Commands::Multinode {
+            out,
+            nodes,
+            ranks_per_node,
+            problems,
+            tune_ms,
+        } => {
+            let scratch = tempfile::Builder::new()
+                .prefix("tunecache-multinode-")
+                .tempdir()?;
+            let options = tunecache_bench::multinode::MultiNodeOptions {
+                daemon_binary: tunecache_bench::daemon::workspace_binary("tunecached"),
+                redis_server: tunecache_bench::multinode::find_redis_server(),
+                scratch: scratch.path().to_path_buf(),
+                node_counts: nodes,
+                ranks_per_node,
+                problems,
+                tune_ms,
+                limit: Duration::from_secs(300),
+            };
+            let results = tunecache_bench::multinode::run_multinode(&options)?;
+            std::fs::create_dir_all(&out)?;
+            std::fs::write(
+                out.join("multinode.json"),
+                serde_json::to_string_pretty(&results)?,
+            )?;
+            let table = tunecache_bench::multinode::markdown(&results);
+            std::fs::write(out.join("multinode.md"), &table)?;
+            println!("{table}");
         }
         Commands::Generate {
             cache,

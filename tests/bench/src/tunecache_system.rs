@@ -270,6 +270,7 @@ impl SystemUnderTest for TunecacheSystem {
             // The default interval: the runs are shorter, so the final Snapshot RPC is what
             // publishes the ranks' entries, as the first periodic pass would.
             snapshot_interval_s: 30,
+            extra_args: Vec::new(),
         };
         let mut daemon =
             DaemonProcess::spawn(&config).map_err(|err| ScenarioError::Prepare(err.to_string()))?;

@@ -184,6 +184,7 @@ async fn spawn_node(
         node_name: name.to_owned(),
         shared_dir: Some(shared.to_path_buf()),
         snapshot_interval_s: interval_s,
+        extra_args: Vec::new(),
     };
     let mut process = DaemonProcess::spawn(&config)?;
     let client = process.wait_ready().await?;

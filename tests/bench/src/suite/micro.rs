@@ -156,6 +156,7 @@ fn daemon_config(
         node_name: name.to_owned(),
         shared_dir: shared_dir.map(Path::to_path_buf),
         snapshot_interval_s: interval_s,
+        extra_args: Vec::new(),
     }
 }
 
