@@ -24,7 +24,7 @@ pub const DEVICE: &str = "NVIDIA H100 80GB HBM3|sm_90|cuda 12.8";
 /// Op of the shared (MoE) entries and of the rank-specific (GEMM) entries.
 pub const SHARED_OP: &str = "trtllm::fused_moe";
 pub const RANK_OP: &str = "trtllm::fp8_block_scale_gemm";
-/// Node name of the scenario daemon; its snapshot is `<dir>/<NODE>.tunecache.json`.
+/// Node name of the scenario daemon; its segments are `<dir>/v2/<NODE>.<first>-<last>.seg.json`.
 pub const NODE_NAME: &str = "bench-node";
 /// Most entries per Record call (the daemon's batch limit).
 pub const RECORD_BATCH: usize = 10_000;
@@ -193,9 +193,10 @@ pub async fn record_all(
 pub struct SnapshotAccounting {
     /// Snapshots written from barrier release through `finish` (its Snapshot RPC included).
     pub snapshots_written: u64,
-    /// Size of the snapshot file after `finish`.
+    /// Size of this node's published files (format-2 segments) after `finish`.
     pub snapshot_file_bytes: u64,
-    /// `snapshots_written` x `snapshot_file_bytes`: bytes the daemon wrote to the shared dir.
+    /// Bytes the daemon wrote to the shared dir from barrier release through `finish`, from its
+    /// own `snapshot_bytes_written` counter (format 2 appends segments of what is new).
     pub bytes_written: u64,
     /// The daemon's own time for the final Snapshot RPC (filesystem work included).
     pub final_snapshot_ms: f64,
@@ -215,6 +216,7 @@ pub struct TunecacheSystem {
     client: Option<Client>,
     socket: PathBuf,
     snapshots_before: u64,
+    snapshot_bytes_before: u64,
     runs: u32,
     /// Filled by `finish`.
     pub last_accounting: SnapshotAccounting,
@@ -243,14 +245,25 @@ impl TunecacheSystem {
             client: None,
             socket: PathBuf::new(),
             snapshots_before: 0,
+            snapshot_bytes_before: 0,
             runs: 0,
             last_accounting: SnapshotAccounting::default(),
         })
     }
+}
 
-    fn snapshot_path(spec: &ScenarioSpec) -> PathBuf {
-        spec.dir.join(format!("{NODE_NAME}.tunecache.json"))
-    }
+/// Total size of the segments this scenario's node published under `<dir>/v2/`.
+fn published_bytes(dir: &Path) -> u64 {
+    let prefix = format!("{NODE_NAME}.");
+    std::fs::read_dir(dir.join("v2"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with(&prefix))
+        .filter_map(|entry| entry.metadata().ok())
+        .filter(|metadata| metadata.is_file())
+        .map(|metadata| metadata.len())
+        .sum()
 }
 
 impl SystemUnderTest for TunecacheSystem {
@@ -300,10 +313,15 @@ impl SystemUnderTest for TunecacheSystem {
                 .await
                 .map_err(|err| err.to_string())
                 .map_err(prepare_error("stats"))?;
-            Ok::<_, ScenarioError>((client, stats.snapshots_written))
+            Ok::<_, ScenarioError>((
+                client,
+                stats.snapshots_written,
+                stats.snapshot_bytes_written,
+            ))
         });
-        let (client, snapshots_before) = client?;
+        let (client, snapshots_before, snapshot_bytes_before) = client?;
         self.snapshots_before = snapshots_before;
+        self.snapshot_bytes_before = snapshot_bytes_before;
         self.client = Some(client);
         self.daemon = Some(daemon);
         Ok(())
@@ -347,12 +365,11 @@ impl SystemUnderTest for TunecacheSystem {
                 accounting.snapshots_written = stats
                     .snapshots_written
                     .saturating_sub(self.snapshots_before);
+                accounting.bytes_written = stats
+                    .snapshot_bytes_written
+                    .saturating_sub(self.snapshot_bytes_before);
             }
-            accounting.snapshot_file_bytes = std::fs::metadata(Self::snapshot_path(spec))
-                .map(|metadata| metadata.len())
-                .unwrap_or(0);
-            accounting.bytes_written =
-                accounting.snapshots_written * accounting.snapshot_file_bytes;
+            accounting.snapshot_file_bytes = published_bytes(&spec.dir);
         }
         if let Some(mut daemon) = self.daemon.take() {
             daemon.stop();
