@@ -49,6 +49,10 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("building the tokio runtime")?;
     runtime
-        .block_on(async { tunecache_server::server::run(config, shutdown_signal()).await })
+        .block_on(async {
+            let shutdown = shutdown_signal();
+            let socket = tunecache_server::server::bind(&config)?;
+            tunecache_server::server::run(config, socket, shutdown).await
+        })
         .context("tunecached failed")
 }

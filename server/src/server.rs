@@ -1,5 +1,6 @@
-//! Assembles a running daemon from a `Config`: opens the store, binds the socket, serves
-//! TuneCache with health and reflection, and shuts down in order when told to.
+//! Assembles a running daemon from a `Config` and a bound socket: opens the store, serves
+//! TuneCache with health and reflection, and shuts down in order when told to, awaiting
+//! every task it spawned. `bind` makes the socket from the `Config`; tests bind their own.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,12 +16,49 @@ use crate::coord::Coordinator;
 use crate::error::{Error, Result};
 use crate::incoming::Incoming;
 use crate::limits::ConnectionLimits;
+use crate::listener::SocketGuard;
 use crate::service::TuneCacheService;
 use crate::snapshot::{SnapshotHandle, SnapshotSettings};
 use crate::store::Store;
 
 /// How long in-flight calls may take to finish after a shutdown signal.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(7);
+/// How long background tasks (metrics, systemd status, health reporters, snapshots) may take
+/// to end once the daemon's token is cancelled; one still running then is left behind.
+const TASK_JOIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The socket the daemon serves on, and the guard that removes it (if the daemon made it)
+/// when dropped.
+pub struct BoundSocket {
+    listener: tokio::net::UnixListener,
+    guard: SocketGuard,
+}
+
+impl BoundSocket {
+    /// The path of the socket.
+    pub fn path(&self) -> &std::path::Path {
+        self.guard.path()
+    }
+}
+
+/// Binds the socket `config` names, or adopts the one systemd passed (socket activation).
+/// Must run inside the tokio runtime.
+pub fn bind(config: &Config) -> Result<BoundSocket> {
+    let (listener, guard) =
+        crate::listener::listen(&config.socket_path(), config.socket_group.as_deref())?;
+    Ok(BoundSocket { listener, guard })
+}
+
+/// Awaits each task up to `TASK_JOIN_TIMEOUT` in all; those still running then are aborted.
+async fn join_tasks(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    let deadline = tokio::time::Instant::now() + TASK_JOIN_TIMEOUT;
+    for mut task in tasks {
+        if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+            tracing::warn!("a background task still running after {TASK_JOIN_TIMEOUT:?}; aborted");
+            task.abort();
+        }
+    }
+}
 /// A peer that does not answer an HTTP/2 ping within this is closed.
 const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -60,10 +98,11 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
 }
 
-/// Runs the daemon until `shutdown` resolves, then drains calls, flushes the journal and
-/// removes the socket.
+/// Runs the daemon on `socket` until `shutdown` resolves, then drains calls, awaits its
+/// tasks, flushes the journal and removes the socket.
 pub async fn run(
     config: Config,
+    socket: BoundSocket,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let nofile = crate::limits::raise_nofile_limit();
@@ -79,10 +118,11 @@ pub async fn run(
     log_replay(&report, &state_dir);
     let store = store_guard.store();
 
-    let socket_path = config.socket_path();
-    // Binds, or adopts the socket systemd passed (socket activation).
-    let (listener, socket_guard) =
-        crate::listener::listen(&socket_path, config.socket_group.as_deref())?;
+    let BoundSocket {
+        listener,
+        guard: socket_guard,
+    } = socket;
+    let mut tasks = Vec::new();
 
     let stop = CancellationToken::new();
     let tuner = crate::tuner::start(&config).await;
@@ -114,7 +154,7 @@ pub async fn run(
         service = service.with_cluster(cluster.clone());
     }
     // Snapshots: the handle does no filesystem I/O here, so a hung shared directory cannot
-    // delay serving; the task is dropped (not joined) at shutdown.
+    // delay serving; at shutdown the task is joined with a bound, never the I/O thread.
     let snapshots = SnapshotSettings::from_config(&config)
         .map(|settings| SnapshotHandle::start(settings, store.clone(), stop.clone()))
         .transpose()?;
@@ -127,11 +167,11 @@ pub async fn run(
         .set_serving::<TuneCacheServer<TuneCacheService>>()
         .await;
     if let Some(cluster) = &cluster {
-        tokio::spawn(
+        tasks.push(tokio::spawn(
             cluster
                 .clone()
                 .report_health(health_reporter.clone(), stop.clone()),
-        );
+        ));
     }
     let snapshot_task = snapshots
         .as_ref()
@@ -148,11 +188,11 @@ pub async fn run(
     )?);
     if let Some(metrics_addr) = &config.metrics_addr {
         let metrics_listener = crate::metrics::bind(metrics_addr).await?;
-        tokio::spawn(crate::metrics::serve(
+        tasks.push(tokio::spawn(crate::metrics::serve(
             metrics_listener,
             probe.clone(),
             stop.clone(),
-        ));
+        )));
     }
     let idle_exit =
         crate::idle::exit_when_idle(config.exit_when_idle(), activity.clone(), probe.clone());
@@ -205,7 +245,10 @@ pub async fn run(
     let mut server = tokio::spawn(server);
     // The listener is bound and the server task accepting: tell systemd (no-op elsewhere).
     crate::systemd::notify_ready(&probe).await;
-    tokio::spawn(crate::systemd::report_status(probe, stop.clone()));
+    tasks.push(tokio::spawn(crate::systemd::report_status(
+        probe,
+        stop.clone(),
+    )));
     tokio::select! {
         result = &mut server => {
             stop.cancel();
@@ -227,7 +270,10 @@ pub async fn run(
         }
     }
     tuner.shutdown().await;
-    drop(snapshot_task);
+    join_tasks(tasks).await;
+    if let Some(snapshot_task) = snapshot_task {
+        snapshot_task.join(TASK_JOIN_TIMEOUT).await;
+    }
     drop(snapshots);
     drop(store);
     // Flushing the journal may block on the disk; keep it off the runtime's workers.

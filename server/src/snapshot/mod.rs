@@ -231,6 +231,16 @@ pub struct SnapshotTask {
     task: tokio::task::JoinHandle<()>,
 }
 
+impl SnapshotTask {
+    /// Waits up to `bound` for the task to end after the daemon's token was cancelled; a task
+    /// still running then (its I/O stuck in the kernel) is aborted when `self` drops.
+    pub async fn join(mut self, bound: Duration) {
+        if tokio::time::timeout(bound, &mut self.task).await.is_err() {
+            tracing::warn!("snapshot task still running after {bound:?}; leaving it behind");
+        }
+    }
+}
+
 impl Drop for SnapshotTask {
     fn drop(&mut self) {
         self.task.abort();

@@ -1,0 +1,87 @@
+//! The daemon run inside the test's own runtime: `server::run` on a socket the test bound,
+//! driven by the Rust client, and stopped by the test's shutdown future.
+
+use std::time::Duration;
+
+use clap::Parser;
+use tokio::sync::oneshot;
+use tunecache_client::{proto, Client};
+use tunecache_server::{server, Config};
+
+fn entry(key: proto::Key, config: &str, time_us: f64) -> proto::Entry {
+    proto::Entry {
+        key: Some(key),
+        result: Some(proto::Result {
+            config: config.to_owned(),
+            time_us,
+            tuned_by: "in-process-test".to_owned(),
+            tuned_at_unix_ms: 1_700_000_000_000,
+        }),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_lookup_scan_round_trip_then_clean_shutdown() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let socket_path = dir.path().join("tunecached.sock");
+    let state_dir = dir.path().join("state");
+    let config = Config::parse_from([
+        "tunecached".as_ref(),
+        "--socket".as_ref(),
+        socket_path.as_os_str(),
+        "--state-dir".as_ref(),
+        state_dir.as_os_str(),
+    ]);
+    let socket = server::bind(&config).expect("bind the socket");
+    assert_eq!(socket.path(), socket_path);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let daemon = tokio::spawn(server::run(config, socket, async {
+        let _ = stopped.await;
+    }));
+
+    let client = Client::connect(&socket_path).await.expect("connect");
+    let key = tunecache_client::key("test", "gemm", "dev0", r#"{"m":64}"#, None);
+    let other = tunecache_client::key("test", "gemm", "dev0", r#"{"m":128}"#, None);
+    let recorded = client
+        .record(vec![
+            entry(key.clone(), r#"{"tile":"slow"}"#, 20.0),
+            entry(other.clone(), r#"{"tile":8}"#, 5.0),
+        ])
+        .await
+        .expect("record");
+    assert_eq!(recorded.stored, 2, "{recorded:?}");
+    // A faster result for the same key wins under the merge rule.
+    let improved = client
+        .record(vec![entry(key.clone(), r#"{"tile":"fast"}"#, 10.0)])
+        .await
+        .expect("record the faster result");
+    assert_eq!(improved.stored, 1, "{improved:?}");
+
+    let hits = client.lookup(vec![key.clone()]).await.expect("lookup");
+    assert_eq!(hits.len(), 1);
+    let result = hits[0].result.as_ref().expect("a result");
+    assert_eq!(result.config, r#"{"tile":"fast"}"#);
+    assert_eq!(result.time_us, 10.0);
+
+    let scanned = client.scan("test", "dev0").await.expect("scan");
+    let configs: Vec<&str> = scanned
+        .iter()
+        .filter_map(|e| e.result.as_ref().map(|r| r.config.as_str()))
+        .collect();
+    assert_eq!(configs.len(), 2, "{scanned:?}");
+    assert!(
+        configs.contains(&r#"{"tile":"fast"}"#) && configs.contains(&r#"{"tile":8}"#),
+        "{configs:?}"
+    );
+    assert!(client.scan("other", "").await.expect("scan").is_empty());
+
+    drop(client);
+    stop.send(()).expect("the daemon is still running");
+    tokio::time::timeout(Duration::from_secs(30), daemon)
+        .await
+        .expect("the daemon stops within 30 s")
+        .expect("the daemon task did not panic")
+        .expect("the daemon stopped without error");
+    assert!(!socket_path.exists(), "the socket is removed at shutdown");
+    assert!(state_dir.exists(), "the store was opened in the state dir");
+}
