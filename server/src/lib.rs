@@ -5,35 +5,37 @@
 //! versions that readers use without waiting. Which result wins is decided in one place
 //! (`merge`). Nodes share results through snapshots on a shared filesystem
 //! (`snapshot`), whose I/O never runs on the async runtime.
+//!
+//! Public are only the modules `main`, the tests, the fuzz targets and the benchmarks use.
 
-pub mod cluster;
+pub(crate) mod cluster;
 pub mod config;
-pub mod coord;
+pub(crate) mod coord;
 pub mod entry;
 pub mod error;
-pub mod incoming;
+pub(crate) mod incoming;
 pub mod journal;
-pub mod limits;
-pub mod listener;
+pub(crate) mod limits;
+pub(crate) mod listener;
 pub mod merge;
-pub mod scan;
+pub(crate) mod scan;
 pub mod server;
-pub mod service;
-pub mod shared_file;
-pub mod snapshot;
+pub(crate) mod service;
+pub(crate) mod shared_file;
+pub(crate) mod snapshot;
 pub mod snapshot_format;
 pub mod store;
 mod sync;
 pub mod tuner;
-pub mod validate;
-pub mod wire;
+pub(crate) mod validate;
+pub(crate) mod wire;
 
 // Deployment and operations.
-pub mod access;
-pub mod idle;
-pub mod metrics;
-pub mod probe;
-pub mod systemd;
+pub(crate) mod access;
+pub(crate) mod idle;
+pub(crate) mod metrics;
+pub(crate) mod probe;
+pub(crate) mod systemd;
 
 pub use config::Config;
 pub use error::{Error, Result};
