@@ -1,5 +1,7 @@
 //! Command-line flags of `tunecached`. Every flag has a `TUNECACHE_*` environment twin so a
-//! launcher can configure the daemon without building a command line.
+//! launcher can configure the daemon without building a command line. Defaults for the socket
+//! and state directory come from the directories systemd made for the service
+//! (`$RUNTIME_DIRECTORY`, `$STATE_DIRECTORY`) when it sets them.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -228,7 +230,7 @@ impl Config {
     pub fn socket_path(&self) -> PathBuf {
         self.socket
             .clone()
-            .or_else(|| crate::systemd::runtime_directory().map(|dir| dir.join("tunecache.sock")))
+            .or_else(|| runtime_directory().map(|dir| dir.join("tunecache.sock")))
             .unwrap_or_else(tunecache_proto::socket_path::fallback_socket_path)
     }
 
@@ -238,7 +240,7 @@ impl Config {
         if let Some(dir) = &self.state_dir {
             return dir.clone();
         }
-        if let Some(dir) = crate::systemd::state_directory() {
+        if let Some(dir) = state_directory() {
             return dir;
         }
         if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
@@ -297,4 +299,25 @@ impl Config {
         self.exit_when_idle
             .map(|secs| Duration::from_secs(secs.max(1)))
     }
+}
+
+/// The first directory of a `$STATE_DIRECTORY`-style variable (systemd separates several
+/// `StateDirectory=` entries with colons).
+fn first_directory(variable: &str) -> Option<PathBuf> {
+    let value = std::env::var_os(variable)?;
+    let value = value.to_str()?;
+    value
+        .split(':')
+        .find(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+}
+
+/// `StateDirectory=`'s directory, when the daemon runs as a systemd service that sets one.
+fn state_directory() -> Option<PathBuf> {
+    first_directory("STATE_DIRECTORY")
+}
+
+/// `RuntimeDirectory=`'s directory, when the daemon runs as a systemd service that sets one.
+fn runtime_directory() -> Option<PathBuf> {
+    first_directory("RUNTIME_DIRECTORY")
 }

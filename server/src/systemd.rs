@@ -1,12 +1,10 @@
-//! Life under systemd, all of it a no-op elsewhere: the directories systemd made for the service
-//! (`$STATE_DIRECTORY`, `$RUNTIME_DIRECTORY`), a listening socket passed by socket activation
-//! (`LISTEN_FDS`/`LISTEN_PID`, fd 3), and `sd_notify` messages: READY=1 once serving, a STATUS=
+//! Life under systemd, all of it a no-op elsewhere: a listening socket passed by socket
+//! activation (`LISTEN_FDS`/`LISTEN_PID`, fd 3), and `sd_notify` messages: READY=1 once serving, a STATUS=
 //! line kept current, WATCHDOG=1 pings when the unit sets `WatchdogSec=`, STOPPING=1 on the way
 //! out.
 
 use std::os::fd::{BorrowedFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixListener;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use nix::sys::socket::{getsockname, getsockopt, sockopt, AddressFamily, SockType, SockaddrLike};
@@ -19,27 +17,6 @@ use crate::probe::StatsProbe;
 
 /// How often STATUS= is refreshed when no watchdog asks for more.
 const STATUS_INTERVAL: Duration = Duration::from_secs(10);
-
-/// The first directory of a `$STATE_DIRECTORY`-style variable (systemd separates several
-/// `StateDirectory=` entries with colons).
-fn first_directory(variable: &str) -> Option<PathBuf> {
-    let value = std::env::var_os(variable)?;
-    let value = value.to_str()?;
-    value
-        .split(':')
-        .find(|dir| !dir.is_empty())
-        .map(PathBuf::from)
-}
-
-/// `StateDirectory=`'s directory, when the daemon runs as a systemd service that sets one.
-pub fn state_directory() -> Option<PathBuf> {
-    first_directory("STATE_DIRECTORY")
-}
-
-/// `RuntimeDirectory=`'s directory, when the daemon runs as a systemd service that sets one.
-pub fn runtime_directory() -> Option<PathBuf> {
-    first_directory("RUNTIME_DIRECTORY")
-}
 
 /// The listening Unix stream socket systemd (or `systemd-socket-activate`) passed, if any.
 /// Only the first passed fd is used; more are logged and ignored.
