@@ -225,6 +225,19 @@ pub enum TunerSetting {
 }
 
 impl Config {
+    /// The snapshot module's settings; `None` when the daemon runs without `--shared-dir`.
+    pub(crate) fn snapshot_settings(&self) -> Option<crate::snapshot::SnapshotSettings> {
+        let dir = self.shared_dir.clone()?;
+        Some(crate::snapshot::SnapshotSettings {
+            dir,
+            node: self.node_name(),
+            interval: self.snapshot_interval(),
+            fsync: self.snapshot_fsync,
+            max_file_bytes: self.snapshot_max_file_bytes,
+            compact_segments: self.snapshot_compact_segments.max(1),
+        })
+    }
+
     /// `--socket`/`$TUNECACHE_SOCKET`, then `$RUNTIME_DIRECTORY/tunecache.sock` (systemd's
     /// `RuntimeDirectory=`), then the XDG/tmp default every client uses.
     pub fn socket_path(&self) -> PathBuf {

@@ -18,7 +18,7 @@ use crate::incoming::Incoming;
 use crate::limits::ConnectionLimits;
 use crate::listener::SocketGuard;
 use crate::service::TuneCacheService;
-use crate::snapshot::{SnapshotHandle, SnapshotSettings};
+use crate::snapshot::SnapshotHandle;
 use crate::store::Store;
 
 /// How long in-flight calls may take to finish after a shutdown signal.
@@ -155,7 +155,8 @@ pub async fn run(
     }
     // Snapshots: the handle does no filesystem I/O here, so a hung shared directory cannot
     // delay serving; at shutdown the task is joined with a bound, never the I/O thread.
-    let snapshots = SnapshotSettings::from_config(&config)
+    let snapshots = config
+        .snapshot_settings()
         .map(|settings| SnapshotHandle::start(settings, store.clone(), stop.clone()))
         .transpose()?;
     if let Some(snapshots) = &snapshots {

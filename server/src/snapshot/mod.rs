@@ -37,7 +37,6 @@ use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 use tunecache_proto::v1;
 
-use crate::config::Config;
 use crate::entry::unix_now_ms;
 use crate::error::{Error, Result};
 use crate::store::Store;
@@ -74,21 +73,6 @@ pub struct SnapshotSettings {
     pub max_file_bytes: u64,
     /// More own segments than this are compacted into one.
     pub compact_segments: usize,
-}
-
-impl SnapshotSettings {
-    /// `None` when the daemon runs without `--shared-dir`.
-    pub fn from_config(config: &Config) -> Option<SnapshotSettings> {
-        let dir = config.shared_dir.clone()?;
-        Some(SnapshotSettings {
-            dir,
-            node: config.node_name(),
-            interval: config.snapshot_interval(),
-            fsync: config.snapshot_fsync,
-            max_file_bytes: config.snapshot_max_file_bytes,
-            compact_segments: config.snapshot_compact_segments.max(1),
-        })
-    }
 }
 
 /// The two kinds of shared-filesystem job.
