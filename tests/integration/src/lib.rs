@@ -445,3 +445,54 @@ impl Drop for BindfsMount {
         let _ = server.wait();
     }
 }
+
+/// Starts a daemon in `dir` that publishes to and reads from `shared` as `node`, every
+/// `interval_s` seconds, with `extra` flags after those.
+pub async fn start_shared_node(
+    dir: &Path,
+    shared: &Path,
+    node: &str,
+    interval_s: u64,
+    extra: &[&str],
+) -> Daemon {
+    std::fs::create_dir_all(dir).unwrap();
+    let interval = interval_s.to_string();
+    let options = DaemonOptions::new(dir)
+        .args([
+            "--shared-dir",
+            shared.to_str().unwrap(),
+            "--node-name",
+            node,
+            "--snapshot-interval",
+            interval.as_str(),
+        ])
+        .args(extra.iter().copied());
+    Daemon::start_with(options).await
+}
+
+/// Entries `<prefix>-<i>` of op `gemm` for each `i` in `range`, with time `i + 1` µs.
+pub fn numbered(prefix: &str, range: std::ops::Range<usize>, tuned_by: &str) -> Vec<proto::Entry> {
+    range
+        .map(|i| {
+            entry(
+                test_key("gemm", &format!("{prefix}-{i}")),
+                &format!(r#"{{"tactic":{i}}}"#),
+                i as f64 + 1.0,
+                tuned_by,
+            )
+        })
+        .collect()
+}
+
+/// Polls `check` every 100 ms until it returns true; panics naming `what` after `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -481,7 +481,10 @@ async fn a_hung_killed_or_flushed_redis_never_slows_the_nodes() {
     eprintln!(
         "p99 lookup {lookup_base:?} -> {lookup_hung:?}, record {record_base:?} -> {record_hung:?}"
     );
-    let within_noise = |base: Duration, now: Duration| now <= base * 5 + Duration::from_millis(20);
+    // A call that waited on the stopped server would hang for seconds (or the whole test), so
+    // the slack here is for scheduling noise on a loaded 2-core machine, not for Redis: 20 ms
+    // failed once in CI-like runs with a compiler running beside the test.
+    let within_noise = |base: Duration, now: Duration| now <= base * 5 + Duration::from_millis(200);
     assert!(
         within_noise(lookup_base, lookup_hung),
         "lookup p99 {lookup_base:?} -> {lookup_hung:?}"

@@ -11,22 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tunecache_client::Client;
-use tunecache_integration::{require_tool, test_key, Daemon, DaemonOptions};
-
-async fn start_node(dir: &Path, shared: &Path, node: &str, extra: &[&str]) -> Daemon {
-    std::fs::create_dir_all(dir).unwrap();
-    let options = DaemonOptions::new(dir)
-        .args([
-            "--shared-dir",
-            shared.to_str().unwrap(),
-            "--node-name",
-            node,
-            "--snapshot-interval",
-            "1",
-        ])
-        .args(extra.iter().copied());
-    Daemon::start_with(options).await
-}
+use tunecache_integration::{require_tool, test_key, Daemon};
 
 /// A valid snapshot file of `node` holding one entry with problem `problem`.
 fn write_peer_file(shared: &Path, node: &str, problem: &str) {
@@ -167,4 +152,8 @@ async fn file_over_the_size_cap_is_skipped_with_one_warning() {
     let log = daemon.log();
     assert_eq!(warnings_about(&log, "big.tunecache.json"), 1, "log:\n{log}");
     assert!(log.contains("over the 4096-byte cap"), "log:\n{log}");
+}
+
+async fn start_node(dir: &Path, shared: &Path, node: &str, extra: &[&str]) -> Daemon {
+    tunecache_integration::start_shared_node(dir, shared, node, 1, extra).await
 }

@@ -16,7 +16,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tonic::Code;
 use tunecache_client::{proto, Client};
-use tunecache_integration::{entry, test_key, Daemon, DaemonOptions};
+use tunecache_integration::{entry, eventually, numbered, test_key, Daemon, DaemonOptions};
 
 const SNAPSHOT_HEALTH_SERVICE: &str = "tunecache.v1.TuneCache/snapshots";
 
@@ -44,32 +44,6 @@ async fn snapshot(client: &Client) -> Result<proto::SnapshotResponse, tonic::Sta
         .snapshot(request)
         .await
         .map(|response| response.into_inner())
-}
-
-fn numbered(prefix: &str, range: std::ops::Range<usize>, tuned_by: &str) -> Vec<proto::Entry> {
-    range
-        .map(|i| {
-            entry(
-                test_key("gemm", &format!("{prefix}-{i}")),
-                &format!(r#"{{"tactic":{i}}}"#),
-                i as f64 + 1.0,
-                tuned_by,
-            )
-        })
-        .collect()
-}
-
-/// Polls `check` until it returns true or `limit` passes.
-async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    while !check().await {
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 fn read_json(path: &Path) -> serde_json::Value {

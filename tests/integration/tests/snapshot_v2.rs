@@ -9,22 +9,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use tunecache_client::{proto, Client};
-use tunecache_integration::{entry, test_key, Daemon, DaemonOptions};
-
-async fn start_node(dir: &Path, shared: &Path, node: &str, extra: &[&str]) -> Daemon {
-    std::fs::create_dir_all(dir).unwrap();
-    let options = DaemonOptions::new(dir)
-        .args([
-            "--shared-dir",
-            shared.to_str().unwrap(),
-            "--node-name",
-            node,
-            "--snapshot-interval",
-            "1",
-        ])
-        .args(extra.iter().copied());
-    Daemon::start_with(options).await
-}
+use tunecache_integration::{entry, eventually, numbered, test_key, Daemon};
 
 async fn snapshot(client: &Client) -> proto::SnapshotResponse {
     let mut request = tonic::Request::new(proto::SnapshotRequest {});
@@ -35,32 +20,6 @@ async fn snapshot(client: &Client) -> proto::SnapshotResponse {
         .await
         .expect("Snapshot RPC")
         .into_inner()
-}
-
-fn numbered(prefix: &str, range: std::ops::Range<usize>, tuned_by: &str) -> Vec<proto::Entry> {
-    range
-        .map(|i| {
-            entry(
-                test_key("gemm", &format!("{prefix}-{i}")),
-                &format!(r#"{{"tactic":{i}}}"#),
-                i as f64 + 1.0,
-                tuned_by,
-            )
-        })
-        .collect()
-}
-
-/// Polls `check` until it returns true or `limit` passes.
-async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    while !check().await {
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 async fn entries(client: &Client) -> u64 {
@@ -390,4 +349,8 @@ async fn a_version_1_file_is_merged_and_never_written() {
     assert!(!shared.join("node-n.tunecache.json").exists());
     let stats = client.stats().await.unwrap();
     assert!(stats.peer_files_loaded >= 1, "{stats:?}");
+}
+
+async fn start_node(dir: &Path, shared: &Path, node: &str, extra: &[&str]) -> Daemon {
+    tunecache_integration::start_shared_node(dir, shared, node, 1, extra).await
 }
