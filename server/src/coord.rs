@@ -285,6 +285,21 @@ impl Coordinator {
         crate::sync::lock(&self.state)
     }
 
+    /// Makes `pid` the holder of a new lease on `key`, starting now.
+    fn grant_lease(
+        &self,
+        state: &mut State,
+        key: &CacheKey,
+        pid: Option<i32>,
+        length: Duration,
+    ) -> Resolution {
+        let (holder, resolution) = self.new_lease(state, key, pid, length);
+        let flight = flight_of(state, key);
+        flight.holder = Holder::Lease(holder);
+        flight.since = SystemTime::now();
+        resolution
+    }
+
     fn new_lease(
         &self,
         state: &mut State,
@@ -365,12 +380,7 @@ impl Coordinator {
                 {
                     return Err(self.refuse_lease(pid));
                 }
-                let (holder, resolution) =
-                    self.new_lease(state, &call.key, call.caller_pid, call.lease);
-                let flight = flight_of(state, &call.key);
-                flight.holder = Holder::Lease(holder);
-                flight.since = SystemTime::now();
-                return Ok(resolution);
+                return Ok(self.grant_lease(state, &call.key, call.caller_pid, call.lease));
             }
             if call.wait.is_zero() {
                 let reason = match state.flights.get(&call.key) {
@@ -849,12 +859,12 @@ impl Coordinator {
                 self.hand_over(state, &call.key);
                 return Err(self.refuse_lease(pid));
             }
-            let (holder, resolution) =
-                self.new_lease(state, &call.key, call.caller_pid, call.lease);
-            let flight = flight_of(state, &call.key);
-            flight.holder = Holder::Lease(holder);
-            flight.since = SystemTime::now();
-            return Ok(Some(resolution));
+            return Ok(Some(self.grant_lease(
+                state,
+                &call.key,
+                call.caller_pid,
+                call.lease,
+            )));
         }
         self.hand_over(state, &call.key);
         Ok(None)
