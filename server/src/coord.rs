@@ -22,6 +22,7 @@ use tunecache_proto::v1;
 
 use crate::cluster::{Claim, Cluster, ClusterLease};
 use crate::entry::{CacheKey, TunedResult};
+use crate::error::{Error, Result};
 use crate::store::{ChangeListener, Store};
 use crate::tuner::{JobReply, SubmitError, TunerHandle};
 
@@ -127,7 +128,7 @@ struct PidLease {
 
 impl Drop for PidLease {
     fn drop(&mut self) {
-        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counts = crate::sync::lock(&self.counts);
         if let Some(held) = counts.get_mut(&self.pid) {
             *held = held.saturating_sub(1);
             if *held == 0 {
@@ -242,15 +243,12 @@ impl Coordinator {
         let Some(pid) = pid else {
             return true;
         };
-        let counts = self
-            .leases_per_pid
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let counts = crate::sync::lock(&self.leases_per_pid);
         counts.get(&pid).copied().unwrap_or(0) < self.max_leases_per_pid
     }
 
     /// Counts and logs (once per pid) a Resolve refused for the per-pid lease cap.
-    fn refuse_lease(&self, pid: i32) -> tonic::Status {
+    fn refuse_lease(&self, pid: i32) -> Error {
         let limit = self.max_leases_per_pid;
         self.counters
             .leases_refused_per_pid
@@ -263,10 +261,7 @@ impl Coordinator {
                  (logged once per pid; Stats counts each as leases_refused_per_pid)"
             );
         }
-        tonic::Status::resource_exhausted(format!(
-            "pid {pid} already holds {limit} tuning leases (--max-leases-per-pid {limit}); \
-             Record or give up one before resolving more"
-        ))
+        Error::LeasesPerPid { pid, limit }
     }
 
     /// Callers waiting right now, and flights in progress.
@@ -311,10 +306,7 @@ impl Coordinator {
         let id = format!("{}-{:x}", self.lease_prefix, state.next_id);
         state.leases.insert(id.clone(), key.clone());
         let counted = pid.map(|pid| {
-            let mut counts = self
-                .leases_per_pid
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut counts = crate::sync::lock(&self.leases_per_pid);
             *counts.entry(pid).or_default() += 1;
             PidLease {
                 pid,
@@ -348,7 +340,7 @@ impl Coordinator {
 
     /// Resolves one key: a hit, a lease to tune it here, or a wait for someone else.
     /// Refused only when the node's tuner should take the job but its queue is full.
-    pub async fn resolve(&self, call: ResolveCall) -> Result<Resolution, tonic::Status> {
+    pub async fn resolve(&self, call: ResolveCall) -> Result<Resolution> {
         self.counters.resolves.fetch_add(1, Ordering::Relaxed);
         if let Some(result) = self.store.get(&call.key) {
             return Ok(Resolution::Hit(result));
@@ -588,7 +580,7 @@ impl Coordinator {
 
     /// Hands the flight of `key` to the node's tuner when it measures such keys. Called
     /// with the state locked and no flight for `key`, or one nobody holds.
-    fn start_tuner_job(&self, state: &mut State, key: &CacheKey) -> Result<(), tonic::Status> {
+    fn start_tuner_job(&self, state: &mut State, key: &CacheKey) -> Result<()> {
         if !self.tuner_takes(key) {
             return Ok(());
         }
@@ -605,9 +597,7 @@ impl Coordinator {
                          logged once; Stats counts each as tuner_queue_refusals)"
                     );
                 }
-                return Err(tonic::Status::resource_exhausted(format!(
-                    "the node's tuner queue is full ({capacity} jobs); resolve again later"
-                )));
+                return Err(Error::TunerQueueFull { capacity });
             }
             Err(other) => {
                 // Off or no such device after all: the lease path takes over.
@@ -770,7 +760,7 @@ impl Coordinator {
         &self,
         cluster: &Arc<Cluster>,
         call: &ResolveCall,
-    ) -> Result<Option<Resolution>, tonic::Status> {
+    ) -> Result<Option<Resolution>> {
         if call.can_tune && !self.has_lease_room(call.caller_pid) {
             return Ok(None); // refused on the node-local path
         }
@@ -899,7 +889,7 @@ impl Coordinator {
         flight.cluster_lease = lease;
         if self.tuner_takes(key) {
             if let Err(refused) = self.start_tuner_job(state, key) {
-                tracing::warn!(problem = %key.problem, error = %refused.message(), "taking over a tuning job failed");
+                tracing::warn!(problem = %key.problem, error = %refused, "taking over a tuning job failed");
                 self.hand_over(state, key);
             }
             return;

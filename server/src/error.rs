@@ -1,7 +1,10 @@
-//! The daemon library's one error type. Binaries wrap it in `anyhow`; the gRPC layer maps
-//! the variants a request can meet onto status codes.
+//! The daemon library's one error type, and the one place its variants become gRPC status
+//! codes. Binaries wrap it in `anyhow`; request handlers return it with `?`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::validate::InvalidField;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -22,8 +25,18 @@ pub enum Error {
     #[error("the journal writer has stopped")]
     WriterGone,
 
+    /// A write the journal did not take; every Record in it is refused. Shared by the
+    /// Records of one group commit, hence the `Arc`.
     #[error("journal write failed: {0}")]
-    JournalWrite(String),
+    JournalWrite(#[source] Arc<Error>),
+
+    /// The journal refuses appends until the writer rewrites it (repair).
+    #[error("the journal is not writable, Records are refused until it is repaired: {reason}")]
+    JournalUnwritable {
+        reason: String,
+        #[source]
+        source: Option<Box<Error>>,
+    },
 
     #[error(
         "the journal writer's queue is full (--write-queue-mib {limit_mib}): the disk is \
@@ -77,6 +90,24 @@ pub enum Error {
 
     #[error("snapshot file skipped: {0}")]
     SnapshotFormat(String),
+
+    // Refused requests.
+    /// A request field failed validation; names the element and field.
+    #[error(transparent)]
+    InvalidField(#[from] InvalidField),
+
+    #[error(
+        "pid {pid} already holds {limit} tuning leases (--max-leases-per-pid {limit}); \
+         Record or give up one before resolving more"
+    )]
+    LeasesPerPid { pid: i32, limit: usize },
+
+    #[error("the node's tuner queue is full ({capacity} jobs); resolve again later")]
+    TunerQueueFull { capacity: usize },
+
+    /// Re-decoding a response the daemon encoded itself failed.
+    #[error(transparent)]
+    Decode(#[from] prost::DecodeError),
 }
 
 impl Error {
@@ -88,22 +119,105 @@ impl Error {
             source,
         }
     }
-}
 
-impl From<Error> for tonic::Status {
-    fn from(error: Error) -> Self {
-        match error {
-            Error::WriterGone => tonic::Status::unavailable(error.to_string()),
-            Error::JournalWrite(_) => tonic::Status::unavailable(error.to_string()),
-            Error::WriteQueueFull { .. } => tonic::Status::resource_exhausted(error.to_string()),
-            Error::NoSharedDir => tonic::Status::failed_precondition(error.to_string()),
-            Error::SharedDirUnavailable(_) | Error::SharedDirStuck { .. } => {
-                tonic::Status::unavailable(error.to_string())
-            }
-            Error::SharedDirTimeout { .. } => tonic::Status::deadline_exceeded(error.to_string()),
-            other => tonic::Status::internal(other.to_string()),
+    /// The gRPC code a caller sees for this error. Retryable conditions (the journal, the
+    /// shared directory) are UNAVAILABLE; refusals for load are RESOURCE_EXHAUSTED.
+    pub fn code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            Error::InvalidField(_) => Code::InvalidArgument,
+            Error::WriteQueueFull { .. }
+            | Error::LeasesPerPid { .. }
+            | Error::TunerQueueFull { .. } => Code::ResourceExhausted,
+            Error::WriterGone
+            | Error::JournalWrite(_)
+            | Error::JournalUnwritable { .. }
+            | Error::SharedDirUnavailable(_)
+            | Error::SharedDirStuck { .. } => Code::Unavailable,
+            Error::NoSharedDir => Code::FailedPrecondition,
+            Error::SharedDirTimeout { .. } => Code::DeadlineExceeded,
+            _ => Code::Internal,
         }
     }
 }
 
+impl From<Error> for tonic::Status {
+    fn from(error: Error) -> Self {
+        tonic::Status::new(error.code(), error.to_string())
+    }
+}
+
+/// Lets handlers use `?` on validation results; the code comes from `Error::code`.
+impl From<InvalidField> for tonic::Status {
+    fn from(error: InvalidField) -> Self {
+        Error::from(error).into()
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    fn status(error: Error) -> (Code, String) {
+        let status = tonic::Status::from(error);
+        (status.code(), status.message().to_owned())
+    }
+
+    #[test]
+    fn request_errors_keep_their_codes_and_messages() {
+        let invalid = InvalidField {
+            path: "entries[1].key.op".into(),
+            reason: "must not be empty".into(),
+        };
+        assert_eq!(
+            status(invalid.clone().into()),
+            (
+                Code::InvalidArgument,
+                "entries[1].key.op: must not be empty".into()
+            )
+        );
+        assert_eq!(tonic::Status::from(invalid).code(), Code::InvalidArgument);
+        assert_eq!(
+            status(Error::LeasesPerPid { pid: 7, limit: 2 }),
+            (
+                Code::ResourceExhausted,
+                "pid 7 already holds 2 tuning leases (--max-leases-per-pid 2); Record or give \
+                 up one before resolving more"
+                    .into()
+            )
+        );
+        assert_eq!(
+            status(Error::TunerQueueFull { capacity: 4 }),
+            (
+                Code::ResourceExhausted,
+                "the node's tuner queue is full (4 jobs); resolve again later".into()
+            )
+        );
+        assert_eq!(status(Error::WriterGone).0, Code::Unavailable);
+        assert_eq!(status(Error::NoSharedDir).0, Code::FailedPrecondition);
+        assert_eq!(status(Error::AlreadyServing("/s".into())).0, Code::Internal);
+    }
+
+    #[test]
+    fn a_journal_write_failure_keeps_its_cause() {
+        use std::error::Error as _;
+        let io = std::io::Error::from_raw_os_error(libc::ENOSPC);
+        let cause = Error::io("appending to journal", "/state/journal", io);
+        let error = Error::JournalWrite(Arc::new(cause));
+        assert_eq!(error.code(), Code::Unavailable);
+        let message = error.to_string();
+        assert!(
+            message.starts_with("journal write failed: appending to journal /state/journal: "),
+            "{message}"
+        );
+        let io = error
+            .source()
+            .and_then(|cause| cause.source())
+            .and_then(|io| io.downcast_ref::<std::io::Error>())
+            .expect("the io::Error is kept as the source");
+        assert_eq!(io.raw_os_error(), Some(libc::ENOSPC));
+    }
+}

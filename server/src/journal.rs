@@ -18,6 +18,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
@@ -504,16 +505,17 @@ impl Journal {
     /// Refuses when the journal cannot take an append; retries a pending directory sync.
     fn ensure_writable(&mut self) -> Result<()> {
         if let Some(reason) = &self.unwritable {
-            return Err(Error::JournalWrite(format!(
-                "the journal is not writable, Records are refused until it is repaired: {reason}"
-            )));
+            return Err(Error::JournalWrite(Arc::new(Error::JournalUnwritable {
+                reason: reason.clone(),
+                source: None,
+            })));
         }
         if self.dir_sync_pending {
             sync_dir(&self.dir_handle, &self.dir).map_err(|error| {
-                Error::JournalWrite(format!(
-                    "the journal is not writable, Records are refused until it is repaired: \
-                     the rename of the new journal is not durable yet: {error}"
-                ))
+                Error::JournalWrite(Arc::new(Error::JournalUnwritable {
+                    reason: format!("the rename of the new journal is not durable yet: {error}"),
+                    source: Some(Box::new(error)),
+                }))
             })?;
             self.dir_sync_pending = false;
         }

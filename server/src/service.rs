@@ -161,7 +161,7 @@ impl TuneCache for TuneCacheService {
         let encoded = self.lookup_encoded(request)?;
         v1::LookupResponse::decode(encoded.into_bytes())
             .map(Response::new)
-            .map_err(|error| Status::internal(error.to_string()))
+            .map_err(|error| Error::from(error).into())
     }
 
     async fn record(
@@ -197,8 +197,7 @@ impl TuneCache for TuneCacheService {
     ) -> Result<Response<Self::ScanStream>, Status> {
         // Served by `wire::WireRoutes`; the bare generated server decodes the same bytes back.
         let chunks = self.scan_encoded(request).map(|chunk| {
-            v1::ScanResponse::decode(chunk?.into_bytes())
-                .map_err(|error| Status::internal(error.to_string()))
+            v1::ScanResponse::decode(chunk?.into_bytes()).map_err(|error| Error::from(error).into())
         });
         Ok(Response::new(Box::pin(chunks)))
     }
@@ -229,10 +228,7 @@ impl TuneCache for TuneCacheService {
             journal_compaction_failures: load(&store.journal_compaction_failures),
             journal_write_failures: load(&store.journal_write_failures),
             journal_unwritable_episodes: load(&store.journal_unwritable_episodes),
-            journal_unwritable: store.journal_unwritable.lock().map_or_else(
-                |poisoned| poisoned.into_inner().clone(),
-                |reason| reason.clone(),
-            ),
+            journal_unwritable: crate::sync::lock(&store.journal_unwritable).clone(),
             journal_unwritable_since_unix_ms: store
                 .journal_unwritable_since_unix_ms
                 .load(Ordering::Relaxed),

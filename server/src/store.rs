@@ -513,12 +513,12 @@ impl Writer {
                 self.live_bytes = live_before;
                 self.note_write_failure(&error);
                 self.note_health();
-                let message = match error {
-                    Error::JournalWrite(message) => message,
-                    other => other.to_string(),
+                let cause = match error {
+                    Error::JournalWrite(cause) => cause,
+                    other => Arc::new(other),
                 };
                 for (reply, _) in replies {
-                    let _ = reply.send(Err(Error::JournalWrite(message.clone())));
+                    let _ = reply.send(Err(Error::JournalWrite(Arc::clone(&cause))));
                 }
                 return;
             }
@@ -673,10 +673,7 @@ impl Writer {
     fn note_health(&mut self) {
         let counters = &self.shared.counters;
         let now = self.journal.unwritable().unwrap_or_default();
-        let mut shown = counters
-            .journal_unwritable
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut shown = crate::sync::lock(&counters.journal_unwritable);
         if *shown == now {
             return;
         }

@@ -13,7 +13,8 @@ pub const MAX_CONFIG_BYTES: usize = 64 * 1024;
 /// Most entries (Record) or keys (Lookup) in one request.
 pub const MAX_BATCH: usize = 10_000;
 
-/// A rejected request: which element, which field, and why. Becomes INVALID_ARGUMENT.
+/// A rejected request: which element, which field, and why. Becomes INVALID_ARGUMENT
+/// (`Error::InvalidField`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{path}: {reason}")]
 pub struct InvalidField {
@@ -28,12 +29,6 @@ impl InvalidField {
             path: path.into(),
             reason: reason.into(),
         }
-    }
-}
-
-impl From<InvalidField> for tonic::Status {
-    fn from(error: InvalidField) -> Self {
-        tonic::Status::invalid_argument(error.to_string())
     }
 }
 
