@@ -36,27 +36,127 @@ pub enum Origin {
     Learned,
 }
 
-impl CacheKey {
-    /// Approximate bytes this key occupies in the journal; used to decide when to compact.
+/// A key borrowed from wherever it is held (a `CacheKey`, or a stored entry's bytes and
+/// interned vocabulary). Orders exactly as `CacheKey` does.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KeyView<'a> {
+    pub namespace: &'a str,
+    pub op: &'a str,
+    pub device: &'a str,
+    pub problem: &'a str,
+    pub rank: Option<u32>,
+}
+
+/// A result borrowed from wherever it is held; what the merge rule compares.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ResultView<'a> {
+    pub config: &'a str,
+    pub time_us: f64,
+    pub tuned_by: &'a str,
+    pub tuned_at_unix_ms: i64,
+}
+
+impl<'a> KeyView<'a> {
+    /// The smallest key of a namespace: where a Scan of that namespace starts.
+    pub fn namespace_start(namespace: &'a str) -> KeyView<'a> {
+        KeyView {
+            namespace,
+            op: "",
+            device: "",
+            problem: "",
+            rank: None,
+        }
+    }
+
+    /// The order of `CacheKey` (field by field, strings by bytes), for views.
+    pub fn order(&self, other: &KeyView<'_>) -> std::cmp::Ordering {
+        self.namespace
+            .cmp(other.namespace)
+            .then_with(|| self.op.cmp(other.op))
+            .then_with(|| self.device.cmp(other.device))
+            .then_with(|| self.problem.cmp(other.problem))
+            .then_with(|| self.rank.cmp(&other.rank))
+    }
+
+    /// Approximate bytes this key occupies in the journal; used to decide when to compact
+    /// and where to cut journal frames.
     pub fn encoded_len_estimate(&self) -> usize {
         self.namespace.len() + self.op.len() + self.device.len() + self.problem.len() + 16
     }
 
-    /// The smallest key of a namespace: where a Scan of that namespace starts.
-    pub fn namespace_start(namespace: &str) -> CacheKey {
+    pub fn to_key(&self) -> CacheKey {
         CacheKey {
-            namespace: namespace.to_owned(),
-            op: String::new(),
-            device: String::new(),
-            problem: String::new(),
-            rank: None,
+            namespace: self.namespace.to_owned(),
+            op: self.op.to_owned(),
+            device: self.device.to_owned(),
+            problem: self.problem.to_owned(),
+            rank: self.rank,
         }
     }
 }
 
-impl TunedResult {
+impl ResultView<'_> {
     pub fn encoded_len_estimate(&self) -> usize {
         self.config.len() + self.tuned_by.len() + 24
+    }
+
+    pub fn to_result(&self) -> TunedResult {
+        TunedResult {
+            config: self.config.to_owned(),
+            time_us: self.time_us,
+            tuned_by: self.tuned_by.to_owned(),
+            tuned_at_unix_ms: self.tuned_at_unix_ms,
+        }
+    }
+}
+
+/// An ordered collection of entries that can be read as views: what a snapshot segment is
+/// written from (the store's wire-form `EntryMap`, or a decoded `CacheMap`).
+pub trait EntryViews {
+    fn entry_count(&self) -> usize;
+    /// The entries in key order.
+    fn views(&self) -> Box<dyn Iterator<Item = (KeyView<'_>, ResultView<'_>)> + '_>;
+}
+
+impl EntryViews for imbl::OrdMap<CacheKey, TunedResult> {
+    fn entry_count(&self) -> usize {
+        self.len()
+    }
+
+    fn views(&self) -> Box<dyn Iterator<Item = (KeyView<'_>, ResultView<'_>)> + '_> {
+        Box::new(self.iter().map(|(key, result)| (key.view(), result.view())))
+    }
+}
+
+impl CacheKey {
+    pub fn view(&self) -> KeyView<'_> {
+        KeyView {
+            namespace: &self.namespace,
+            op: &self.op,
+            device: &self.device,
+            problem: &self.problem,
+            rank: self.rank,
+        }
+    }
+
+    /// Approximate bytes this key occupies in the journal; used to decide when to compact.
+    pub fn encoded_len_estimate(&self) -> usize {
+        self.view().encoded_len_estimate()
+    }
+}
+
+impl TunedResult {
+    pub fn view(&self) -> ResultView<'_> {
+        ResultView {
+            config: &self.config,
+            time_us: self.time_us,
+            tuned_by: &self.tuned_by,
+            tuned_at_unix_ms: self.tuned_at_unix_ms,
+        }
+    }
+
+    pub fn encoded_len_estimate(&self) -> usize {
+        self.view().encoded_len_estimate()
     }
 }
 

@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 use prost::Message;
 use tunecache_proto::journal::v1::JournalBatch;
 
-use crate::entry::{to_wire_entry, CacheKey, Origin, TunedResult};
+use crate::entry::{CacheKey, Origin, TunedResult};
 use crate::error::{Error, Result};
+use crate::stored::StoredEntry;
 
 const MAGIC: [u8; 4] = *b"TCJ1";
 const HEADER_LEN: usize = 12;
@@ -171,16 +172,22 @@ fn next_intact_frame(buf: &[u8], from: usize) -> Option<usize> {
 /// One journalled change: the entry and where it came from.
 pub type JournalEntry = (CacheKey, TunedResult, Origin);
 
-fn encode_frame(entries: &[JournalEntry], out: &mut Vec<u8>) {
-    let mut batch = JournalBatch::default();
-    for (key, result, origin) in entries {
-        let field = match origin {
-            Origin::Own => &mut batch.entries,
-            Origin::Learned => &mut batch.learned,
-        };
-        field.push(to_wire_entry(key, result));
+/// Tag byte of `JournalBatch.learned` (field 2, length-delimited); own entries are field 1,
+/// the field a stored record is already encoded as.
+const LEARNED_TAG: u8 = 2 << 3 | 2;
+
+/// Encodes one frame. The payload is the `JournalBatch` prost would write: every own entry
+/// (field 1), then every learned one (field 2), each copied from its stored record.
+fn encode_frame(entries: &[(&StoredEntry, Origin)], out: &mut Vec<u8>) {
+    let mut payload =
+        Vec::with_capacity(entries.iter().map(|(entry, _)| entry.record().len()).sum());
+    for (entry, _) in entries.iter().filter(|(_, o)| *o == Origin::Own) {
+        payload.extend_from_slice(entry.record());
     }
-    let payload = batch.encode_to_vec();
+    for (entry, _) in entries.iter().filter(|(_, o)| *o == Origin::Learned) {
+        payload.push(LEARNED_TAG);
+        payload.extend_from_slice(&entry.record()[1..]);
+    }
     out.extend_from_slice(&MAGIC);
     // Frames are split well below u32::MAX (TARGET_FRAME_PAYLOAD), so the cast is exact.
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
@@ -189,15 +196,13 @@ fn encode_frame(entries: &[JournalEntry], out: &mut Vec<u8>) {
 }
 
 /// Encodes entries as frames of about `TARGET_FRAME_PAYLOAD` bytes each.
-fn encode_frames<'a>(
-    entries: impl Iterator<Item = (&'a CacheKey, &'a TunedResult, Origin)>,
-) -> Vec<u8> {
+fn encode_frames<'a>(entries: impl Iterator<Item = (&'a StoredEntry, Origin)>) -> Vec<u8> {
     let mut out = Vec::new();
-    let mut chunk: Vec<JournalEntry> = Vec::new();
+    let mut chunk: Vec<(&StoredEntry, Origin)> = Vec::new();
     let mut chunk_bytes = 0;
-    for (key, result, origin) in entries {
-        chunk_bytes += key.encoded_len_estimate() + result.encoded_len_estimate();
-        chunk.push((key.clone(), result.clone(), origin));
+    for (entry, origin) in entries {
+        chunk_bytes += entry.encoded_len_estimate();
+        chunk.push((entry, origin));
         if chunk_bytes >= TARGET_FRAME_PAYLOAD {
             encode_frame(&chunk, &mut out);
             chunk.clear();
@@ -526,8 +531,17 @@ impl Journal {
     /// the file is cut back to where it was, so a failed write leaves no partial frame; if
     /// that or a sync fails, the journal refuses appends until it is rewritten.
     pub fn append(&mut self, entries: &[JournalEntry]) -> Result<u64> {
+        let stored: Vec<(StoredEntry, Origin)> = entries
+            .iter()
+            .map(|(key, result, origin)| (StoredEntry::new(key, result), *origin))
+            .collect();
+        self.append_stored(&stored)
+    }
+
+    /// `append` for entries already in wire form (the store's): their records are copied.
+    pub fn append_stored(&mut self, entries: &[(StoredEntry, Origin)]) -> Result<u64> {
         self.ensure_writable()?;
-        let bytes = encode_frames(entries.iter().map(|(k, r, o)| (k, r, *o)));
+        let bytes = encode_frames(entries.iter().map(|(entry, origin)| (entry, *origin)));
         let path = journal_path(&self.dir);
         if let Err(error) = self.file.write_all(&bytes) {
             if let Err(cut) = self.file.set_len(self.len) {
@@ -584,7 +598,7 @@ impl Journal {
     /// a later rewrite succeeds. A success makes a journal that refused appends writable.
     pub fn rewrite<'a>(
         &mut self,
-        live: impl Iterator<Item = (&'a CacheKey, &'a TunedResult, Origin)>,
+        live: impl Iterator<Item = (&'a StoredEntry, Origin)>,
     ) -> Result<()> {
         let bytes = encode_frames(live);
         let (file, id) = match place_new_journal(&self.dir, &bytes, self.fsync, Some(self.file_id))
@@ -618,6 +632,13 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn stored(entries: &[JournalEntry]) -> Vec<(StoredEntry, Origin)> {
+        entries
+            .iter()
+            .map(|(k, r, o)| (StoredEntry::new(k, r), *o))
+            .collect()
+    }
 
     fn entry(i: u32) -> JournalEntry {
         (
@@ -698,6 +719,40 @@ mod tests {
     }
 
     #[test]
+    fn frames_hold_the_batch_prost_writes() {
+        // Own and learned entries interleaved: prost writes all of field 1, then field 2.
+        let entries: Vec<JournalEntry> = (0..6)
+            .map(|i| {
+                let (key, result, _) = entry(i);
+                let origin = if i % 2 == 0 {
+                    Origin::Learned
+                } else {
+                    Origin::Own
+                };
+                (key, result, origin)
+            })
+            .collect();
+        let stored: Vec<(StoredEntry, Origin)> = entries
+            .iter()
+            .map(|(k, r, o)| (StoredEntry::new(k, r), *o))
+            .collect();
+        let mut frame = Vec::new();
+        encode_frame(
+            &stored.iter().map(|(e, o)| (e, *o)).collect::<Vec<_>>(),
+            &mut frame,
+        );
+        let mut batch = JournalBatch::default();
+        for (key, result, origin) in &entries {
+            let field = match origin {
+                Origin::Own => &mut batch.entries,
+                Origin::Learned => &mut batch.learned,
+            };
+            field.push(crate::entry::to_wire_entry(key, result));
+        }
+        assert_eq!(&frame[HEADER_LEN..], batch.encode_to_vec().as_slice());
+    }
+
+    #[test]
     fn rewrite_keeps_exactly_the_live_entries() {
         let dir = tempfile::tempdir().unwrap();
         let (mut journal, _) =
@@ -707,7 +762,7 @@ mod tests {
         }
         let live = [entry(3), entry(7)];
         journal
-            .rewrite(live.iter().map(|(k, r, o)| (k, r, *o)))
+            .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)))
             .unwrap();
         journal.append(&[entry(8)]).unwrap();
         drop(journal);
@@ -770,7 +825,7 @@ mod tests {
         assert!(journal.holds_damage());
         // The clean rewrite replaces `journal`; the kept copy still holds the damage.
         journal
-            .rewrite(seen.iter().map(|(k, r, o)| (k, r, *o)))
+            .rewrite(stored(&seen).iter().map(|(e, o)| (e, *o)))
             .unwrap();
         assert!(!journal.holds_damage());
         let copies = kept_copies(dir.path());
@@ -787,7 +842,7 @@ mod tests {
             journal.append(&[entry(round)]).unwrap();
             let live = [entry(round)];
             journal
-                .rewrite(live.iter().map(|(k, r, o)| (k, r, *o)))
+                .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)))
                 .unwrap();
             let at_path = std::fs::metadata(journal_path(dir.path())).unwrap();
             assert_eq!(
@@ -814,7 +869,7 @@ mod tests {
         std::fs::write(dir.path().join("journal.compacting/x"), b"x").unwrap();
         let live = [entry(1)];
         assert!(journal
-            .rewrite(live.iter().map(|(k, r, o)| (k, r, *o)))
+            .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)))
             .is_err());
         assert!(journal.unwritable().is_none());
         journal.append(&[entry(2)]).unwrap();
@@ -836,7 +891,7 @@ mod tests {
         assert!(refused.contains("not writable"), "{refused}");
         let live = [entry(1)];
         journal
-            .rewrite(live.iter().map(|(k, r, o)| (k, r, *o)))
+            .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)))
             .unwrap();
         assert!(journal.unwritable().is_none());
         journal.append(&[entry(3)]).unwrap();
@@ -858,13 +913,13 @@ mod tests {
         std::fs::write(path.join("x"), b"x").unwrap();
         let live = [entry(1)];
         assert!(journal
-            .rewrite(live.iter().map(|(k, r, o)| (k, r, *o)))
+            .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)))
             .is_err());
         assert!(journal.needs_rewrite());
         assert!(journal.append(&[entry(2)]).is_err());
         std::fs::remove_dir_all(&path).unwrap();
         journal
-            .rewrite(live.iter().map(|(k, r, o)| (k, r, *o)))
+            .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)))
             .unwrap();
         journal.append(&[entry(3)]).unwrap();
         drop(journal);

@@ -25,6 +25,7 @@ pub(crate) mod shared_file;
 pub(crate) mod snapshot;
 pub mod snapshot_format;
 pub mod store;
+pub(crate) mod stored;
 mod sync;
 pub mod tuner;
 pub(crate) mod validate;

@@ -8,7 +8,7 @@
 
 use std::cmp::Ordering;
 
-use crate::entry::TunedResult;
+use crate::entry::{ResultView, TunedResult};
 
 /// What merging an incoming result into the current one decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,19 +21,29 @@ pub enum MergeOutcome {
 
 /// Orders results from best to worst. `Ordering::Less` means `a` beats `b`.
 pub fn rank_results(a: &TunedResult, b: &TunedResult) -> Ordering {
+    rank_views(a.view(), b.view())
+}
+
+/// The rule itself, on borrowed results (decoded ones, or views of stored wire bytes).
+pub fn rank_views(a: ResultView<'_>, b: ResultView<'_>) -> Ordering {
     a.time_us
         .total_cmp(&b.time_us)
-        .then_with(|| a.config.cmp(&b.config))
-        .then_with(|| a.tuned_by.cmp(&b.tuned_by))
+        .then_with(|| a.config.cmp(b.config))
+        .then_with(|| a.tuned_by.cmp(b.tuned_by))
         .then_with(|| a.tuned_at_unix_ms.cmp(&b.tuned_at_unix_ms))
 }
 
 /// Decides whether `incoming` replaces `current`. Equal results keep the current one, so a
 /// repeated Record is reported as unchanged and writes nothing.
 pub fn merge(current: Option<&TunedResult>, incoming: &TunedResult) -> MergeOutcome {
+    merge_views(current.map(TunedResult::view), incoming.view())
+}
+
+/// `merge` on borrowed results: what the store uses against its wire-form entries.
+pub fn merge_views(current: Option<ResultView<'_>>, incoming: ResultView<'_>) -> MergeOutcome {
     match current {
         None => MergeOutcome::Replace,
-        Some(current) if rank_results(incoming, current) == Ordering::Less => MergeOutcome::Replace,
+        Some(current) if rank_views(incoming, current) == Ordering::Less => MergeOutcome::Replace,
         Some(_) => MergeOutcome::Keep,
     }
 }

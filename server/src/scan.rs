@@ -16,8 +16,9 @@ use std::ops::Bound;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-use crate::entry::CacheKey;
-use crate::store::{CacheMap, Store};
+use crate::entry::KeyView;
+use crate::store::Store;
+use crate::stored::{EntryMap, StoredEntry};
 use crate::wire::EncodedEntries;
 
 /// Chunks hold at most this many entries...
@@ -40,43 +41,44 @@ pub struct ScanFilter {
 }
 
 impl ScanFilter {
-    fn matches(&self, key: &CacheKey) -> bool {
-        (self.device.is_empty() || key.device == self.device)
-            && (self.rank.is_none() || key.rank.is_none() || key.rank == self.rank)
+    fn matches(&self, entry: &StoredEntry) -> bool {
+        (self.device.is_empty() || entry.device() == self.device)
+            && (self.rank.is_none() || entry.rank().is_none() || entry.rank() == self.rank)
     }
 
-    fn in_namespace(&self, key: &CacheKey) -> bool {
-        self.namespace.is_empty() || key.namespace == self.namespace
+    fn in_namespace(&self, entry: &StoredEntry) -> bool {
+        self.namespace.is_empty() || entry.namespace() == self.namespace
     }
 }
 
 /// One step of a Scan over `map`: the matching entries after `after` (from the start of the
 /// namespace when `None`), up to the chunk limits, and the last key looked at when there may
 /// be more (`None` once the Scan is complete).
+/// The entry is kept only as a cursor: one entry's bytes, not a version.
 fn next_chunk(
-    map: &CacheMap,
+    map: &EntryMap,
     filter: &ScanFilter,
-    after: Option<&CacheKey>,
-) -> (EncodedEntries, Option<CacheKey>) {
+    after: Option<&StoredEntry>,
+) -> (EncodedEntries, Option<StoredEntry>) {
     let start = match after {
-        Some(key) => Bound::Excluded(key.clone()),
-        None => Bound::Included(CacheKey::namespace_start(&filter.namespace)),
+        Some(entry) => Bound::Excluded(entry.key()),
+        None => Bound::Included(KeyView::namespace_start(&filter.namespace)),
     };
     let mut chunk = EncodedEntries::default();
     let mut examined = 0;
-    for (key, result) in map.range((start, Bound::Unbounded)) {
-        if !filter.in_namespace(key) {
+    for entry in map.range_from(start) {
+        if !filter.in_namespace(entry) {
             return (chunk, None);
         }
         examined += 1;
-        if filter.matches(key) {
-            chunk.push(key, result);
+        if filter.matches(entry) {
+            chunk.push(entry);
         }
         if chunk.len() >= CHUNK_ENTRIES
             || chunk.byte_len() >= CHUNK_BYTES
             || examined >= EXAMINED_PER_STEP
         {
-            return (chunk, Some(key.clone()));
+            return (chunk, Some(entry.clone()));
         }
     }
     (chunk, None)
@@ -87,7 +89,7 @@ fn next_chunk(
 pub fn spawn(store: Store, filter: ScanFilter) -> ReceiverStream<Result<EncodedEntries, Status>> {
     let (chunks, receiver) = tokio::sync::mpsc::channel(QUEUED_CHUNKS);
     tokio::spawn(async move {
-        let mut after: Option<CacheKey> = None;
+        let mut after: Option<StoredEntry> = None;
         loop {
             // The version is a temporary: dropped before the send below can wait.
             let (entries, last) = next_chunk(&store.current(), &filter, after.as_ref());
@@ -109,7 +111,7 @@ pub fn spawn(store: Store, filter: ScanFilter) -> ReceiverStream<Result<EncodedE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::TunedResult;
+    use crate::entry::{CacheKey, TunedResult};
     use prost::Message;
     use tunecache_proto::v1;
 
@@ -139,6 +141,20 @@ mod tests {
             .collect()
     }
 
+    /// A map of stored entries, filled like a `BTreeMap`.
+    #[derive(Default)]
+    struct CacheMap(EntryMap);
+
+    impl CacheMap {
+        fn new() -> CacheMap {
+            CacheMap::default()
+        }
+
+        fn insert(&mut self, key: CacheKey, result: TunedResult) {
+            self.0.insert(StoredEntry::new(&key, &result));
+        }
+    }
+
     /// Runs `next_chunk` to completion, calling `between` on the map after each step.
     fn scan_all(
         mut map: CacheMap,
@@ -148,7 +164,7 @@ mod tests {
         let mut chunks = Vec::new();
         let mut after = None;
         loop {
-            let (chunk, last) = next_chunk(&map, filter, after.as_ref());
+            let (chunk, last) = next_chunk(&map.0, filter, after.as_ref());
             chunks.push(
                 v1::ScanResponse::decode(chunk.into_bytes())
                     .unwrap()

@@ -100,8 +100,8 @@ impl TuneCacheService {
         let map = self.store.current();
         let mut hits = EncodedEntries::default();
         for key in &keys {
-            if let Some(result) = map.get(key) {
-                hits.push(key, result);
+            if let Some(entry) = map.get(key) {
+                hits.push(entry);
             }
         }
         count(&self.counters.lookups, asked);

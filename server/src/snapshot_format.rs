@@ -17,9 +17,8 @@ use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 use tunecache_proto::v1;
 
-use crate::entry::{CacheKey, TunedResult};
+use crate::entry::{CacheKey, EntryViews, KeyView, ResultView, TunedResult};
 use crate::error::{Error, Result};
-use crate::store::CacheMap;
 use crate::validate;
 
 /// The `format` field of every snapshot file.
@@ -37,18 +36,18 @@ pub fn snapshot_file_name(node: &str) -> String {
 }
 
 /// Serialises the map's entries as a JSON array without collecting them first.
-struct EntriesInOrder<'a>(&'a CacheMap);
+struct EntriesInOrder<'a, M: ?Sized>(&'a M);
 
-impl Serialize for EntriesInOrder<'_> {
+impl<M: EntryViews + ?Sized> Serialize for EntriesInOrder<'_, M> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.0.iter().map(|(key, result)| EntryRef { key, result }))
+        serializer.collect_seq(self.0.views().map(|(key, result)| EntryRef { key, result }))
     }
 }
 
 /// One entry as written: key and result fields side by side in one flat object.
 struct EntryRef<'a> {
-    key: &'a CacheKey,
-    result: &'a TunedResult,
+    key: KeyView<'a>,
+    result: ResultView<'a>,
 }
 
 impl Serialize for EntryRef<'_> {
@@ -71,7 +70,8 @@ impl Serialize for EntryRef<'_> {
 }
 
 #[derive(Serialize)]
-struct DocumentOut<'a> {
+#[serde(bound = "")]
+struct DocumentOut<'a, M: EntryViews + ?Sized> {
     format: &'static str,
     version: u64,
     node: &'a str,
@@ -81,7 +81,7 @@ struct DocumentOut<'a> {
     last_seq: Option<u64>,
     written_at_unix_ms: i64,
     entry_count: usize,
-    entries: EntriesInOrder<'a>,
+    entries: EntriesInOrder<'a, M>,
 }
 
 /// Writes `map` as one version-2 segment covering sequence numbers `first..=last` into `out`
@@ -91,7 +91,7 @@ pub fn write_segment(
     node: &str,
     (first, last): (u64, u64),
     written_at_unix_ms: i64,
-    map: &CacheMap,
+    map: &(impl EntryViews + ?Sized),
 ) -> serde_json::Result<()> {
     let document = DocumentOut {
         format: FORMAT_NAME,
@@ -100,7 +100,7 @@ pub fn write_segment(
         first_seq: Some(first),
         last_seq: Some(last),
         written_at_unix_ms,
-        entry_count: map.len(),
+        entry_count: map.entry_count(),
         entries: EntriesInOrder(map),
     };
     serde_json::to_writer(out, &document)
@@ -112,7 +112,7 @@ pub fn write_v1_snapshot(
     out: impl Write,
     node: &str,
     written_at_unix_ms: i64,
-    map: &CacheMap,
+    map: &(impl EntryViews + ?Sized),
 ) -> serde_json::Result<()> {
     let document = DocumentOut {
         format: FORMAT_NAME,
@@ -121,7 +121,7 @@ pub fn write_v1_snapshot(
         first_seq: None,
         last_seq: None,
         written_at_unix_ms,
-        entry_count: map.len(),
+        entry_count: map.entry_count(),
         entries: EntriesInOrder(map),
     };
     serde_json::to_writer(out, &document)
@@ -352,6 +352,7 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
+    use crate::store::CacheMap;
 
     fn sample_map(n: usize) -> CacheMap {
         (0..n)

@@ -23,10 +23,12 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::entry::{CacheKey, Origin, TunedResult};
 use crate::error::{Error, Result};
-use crate::journal::{FsyncPolicy, Journal, JournalEntry, ReplayReport, BATCH_SYNC_INTERVAL};
-use crate::merge::{merge, MergeOutcome};
+use crate::journal::{FsyncPolicy, Journal, ReplayReport, BATCH_SYNC_INTERVAL};
+use crate::merge::{merge_views, MergeOutcome};
+pub use crate::stored::{EntryMap, StoredEntry};
 
-/// One immutable version of the cache. Cloning is O(1) (structural sharing).
+/// Entries decoded into owned keys and results, in key order: what tests and tools build
+/// snapshot segments from. The store itself keeps its entries in wire form (`EntryMap`).
 pub type CacheMap = imbl::OrdMap<CacheKey, TunedResult>;
 
 /// Compaction waits until the journal is at least this big, so small caches never churn.
@@ -98,9 +100,10 @@ pub struct StoreCounters {
 }
 
 struct Shared {
-    map: ArcSwap<CacheMap>,
-    /// This node's own contributions, best per key (a subset of the history of `map`).
-    own: ArcSwap<CacheMap>,
+    map: ArcSwap<EntryMap>,
+    /// This node's own contributions, best per key (a subset of the history of `map`; an
+    /// entry in both is one allocation).
+    own: ArcSwap<EntryMap>,
     counters: StoreCounters,
     listener: OnceLock<Arc<dyn ChangeListener>>,
     /// Further listeners (the cluster tier's publish feed), told after `listener`.
@@ -146,14 +149,23 @@ impl Store {
         let queue_units = u32::try_from(queue_bytes.div_ceil(QUEUE_UNIT_BYTES))
             .unwrap_or(u32::MAX)
             .clamp(1, Semaphore::MAX_PERMITS as u32);
-        let mut map = CacheMap::new();
-        let mut own = CacheMap::new();
+        let mut map = EntryMap::new();
+        let mut own = EntryMap::new();
         let (mut journal, report) = Journal::open(state_dir, fsync, |key, result, origin| {
-            if origin == Origin::Own && merge(own.get(&key), &result) == MergeOutcome::Replace {
-                own.insert(key.clone(), result.clone());
-            }
-            if merge(map.get(&key), &result) == MergeOutcome::Replace {
-                map.insert(key, result);
+            let incoming = result.view();
+            let own_replace = origin == Origin::Own
+                && merge_views(own.get(&key).map(StoredEntry::result), incoming)
+                    == MergeOutcome::Replace;
+            let replace = merge_views(map.get(&key).map(StoredEntry::result), incoming)
+                == MergeOutcome::Replace;
+            if own_replace || replace {
+                let entry = StoredEntry::new(&key, &result);
+                if own_replace {
+                    own.insert(entry.clone());
+                }
+                if replace {
+                    map.insert(entry);
+                }
             }
         })?;
         if !report.skipped.is_empty() {
@@ -169,7 +181,7 @@ impl Store {
         }
         let live_bytes = map
             .iter()
-            .map(|(k, r)| (k.encoded_len_estimate() + r.encoded_len_estimate()) as u64)
+            .map(|entry| entry.encoded_len_estimate() as u64)
             .sum();
         let shared = Arc::new(Shared {
             map: ArcSwap::from_pointee(map),
@@ -222,18 +234,22 @@ impl Store {
     }
 
     /// The current version of the whole cache, for scans and snapshots.
-    pub fn current(&self) -> Arc<CacheMap> {
+    pub fn current(&self) -> Arc<EntryMap> {
         self.shared.map.load_full()
     }
 
     /// The current version of this node's own contributions (best per key): what it
     /// publishes to the shared directory.
-    pub fn own_contributions(&self) -> Arc<CacheMap> {
+    pub fn own_contributions(&self) -> Arc<EntryMap> {
         self.shared.own.load_full()
     }
 
     pub fn get(&self, key: &CacheKey) -> Option<TunedResult> {
-        self.shared.map.load().get(key).cloned()
+        self.shared
+            .map
+            .load()
+            .get(key)
+            .map(|entry| entry.result().to_result())
     }
 
     pub fn len(&self) -> usize {
@@ -470,46 +486,55 @@ impl Writer {
     fn apply_group(&mut self, group: Vec<GroupedWrite>) {
         self.journal.check_path();
         self.repair_if_needed();
-        let mut next = CacheMap::clone(&self.shared.map.load());
-        let mut own_next = CacheMap::clone(&self.shared.own.load());
+        let mut next = EntryMap::clone(&self.shared.map.load());
+        let mut own_next = EntryMap::clone(&self.shared.own.load());
         let mut changed = Vec::new();
-        let mut journalled: Vec<JournalEntry> = Vec::new();
+        let mut journalled: Vec<(StoredEntry, Origin)> = Vec::new();
         let mut own_changed = false;
         let mut replies = Vec::with_capacity(group.len());
         let live_before = self.live_bytes;
         for (entries, origin, reply) in group {
             let mut outcome = ApplyOutcome::default();
             for (key, result) in entries {
+                let incoming = result.view();
                 // An own result is kept as a contribution even when a learned one beats it
                 // in the cache, so compaction of this node's segments never loses it.
                 let own_replace = origin == Origin::Own
-                    && merge(own_next.get(&key), &result) == MergeOutcome::Replace;
-                let current = next.get(&key);
-                let replace = merge(current, &result) == MergeOutcome::Replace;
+                    && merge_views(own_next.get(&key).map(StoredEntry::result), incoming)
+                        == MergeOutcome::Replace;
+                let current = next.get(&key).map(StoredEntry::result);
+                let replace = merge_views(current, incoming) == MergeOutcome::Replace;
+                let old_result_bytes = current.map(|r| r.encoded_len_estimate() as u64);
                 if !replace {
                     outcome.unchanged += 1;
-                } else {
+                }
+                if !(replace || own_replace) {
+                    continue;
+                }
+                // One allocation, shared by the cache, the own contributions and the journal.
+                let entry = StoredEntry::new(&key, &result);
+                if replace {
                     let key_bytes = key.encoded_len_estimate() as u64;
-                    let old = current.map_or(0, |r| key_bytes + r.encoded_len_estimate() as u64);
+                    let old = old_result_bytes.map_or(0, |r| key_bytes + r);
                     self.live_bytes =
                         self.live_bytes + key_bytes + result.encoded_len_estimate() as u64 - old;
-                    next.insert(key.clone(), result.clone());
-                    changed.push((key.clone(), result.clone()));
+                    next.insert(entry.clone());
+                    changed.push((key, result));
                     outcome.stored += 1;
                 }
                 if own_replace {
-                    own_next.insert(key.clone(), result.clone());
+                    own_next.insert(entry.clone());
                     own_changed = true;
-                    journalled.push((key, result, Origin::Own));
-                } else if replace {
-                    journalled.push((key, result, Origin::Learned));
+                    journalled.push((entry, Origin::Own));
+                } else {
+                    journalled.push((entry, Origin::Learned));
                 }
             }
             replies.push((reply, outcome));
         }
 
         if !journalled.is_empty() {
-            if let Err(error) = self.journal.append(&journalled) {
+            if let Err(error) = self.journal.append_stored(&journalled) {
                 self.live_bytes = live_before;
                 self.note_write_failure(&error);
                 self.note_health();
@@ -700,13 +725,13 @@ impl Writer {
 /// What a compacted journal holds: every own contribution, then every cache entry that is
 /// not one of them (learned, or an own result later beaten by a learned one).
 fn live_entries<'a>(
-    map: &'a CacheMap,
-    own: &'a CacheMap,
-) -> impl Iterator<Item = (&'a CacheKey, &'a TunedResult, Origin)> {
-    let own_entries = own.iter().map(|(k, r)| (k, r, Origin::Own));
+    map: &'a EntryMap,
+    own: &'a EntryMap,
+) -> impl Iterator<Item = (&'a StoredEntry, Origin)> {
+    let own_entries = own.iter().map(|entry| (entry, Origin::Own));
     let learned = map
         .iter()
-        .filter(|(k, r)| own.get(*k) != Some(*r))
-        .map(|(k, r)| (k, r, Origin::Learned));
+        .filter(|entry| !own.contains(entry))
+        .map(|entry| (entry, Origin::Learned));
     own_entries.chain(learned)
 }

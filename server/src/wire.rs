@@ -1,10 +1,10 @@
 //! The wire form of cache entries and the Lookup and Scan routes that send it.
 //!
 //! A Lookup or Scan response is a list of `tunecache.v1.Entry` messages. Building it as prost
-//! messages costs six `String` clones per entry, then an encode pass over them. Here the
-//! `Entry` bytes are written once, straight from the stored key and result, into one buffer
-//! per response; the tonic codec then copies that buffer out as the message body. The bytes
-//! are exactly what prost writes for the same `Entry` (same field order, defaults skipped), so
+//! messages would cost six `String` clones per entry, then an encode pass over them. The store
+//! keeps every entry already encoded (`stored`), so a response is those records copied into
+//! one buffer; the tonic codec then copies that buffer out as the message body. The bytes are
+//! exactly what prost writes for the same `Entry` (same field order, defaults skipped), so
 //! grpcurl, grpcio and the Rust client see the unchanged `tunecache.v1` contract.
 //!
 //! [`WireRoutes`] wraps the generated `TuneCacheServer` and answers the two methods itself;
@@ -17,98 +17,18 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use prost::bytes::{Buf, BufMut, Bytes, BytesMut};
-use prost::encoding::{self, encode_key, encode_varint, encoded_len_varint, WireType};
+use prost::encoding::{self, WireType};
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 use tunecache_proto::v1;
 
-use crate::entry::{CacheKey, TunedResult};
 use crate::service::TuneCacheService;
-
-/// Field number of the repeated `Entry` in both `LookupResponse.hits` and
-/// `ScanResponse.entries`.
-const ENTRIES_FIELD: u32 = 1;
+use crate::stored::StoredEntry;
 
 const LOOKUP_PATH: &str = "/tunecache.v1.TuneCache/Lookup";
 const SCAN_PATH: &str = "/tunecache.v1.TuneCache/Scan";
-
-fn string_len(tag: u32, value: &str) -> usize {
-    if value.is_empty() {
-        0
-    } else {
-        encoding::key_len(tag) + encoded_len_varint(value.len() as u64) + value.len()
-    }
-}
-
-fn put_string(tag: u32, value: &str, buf: &mut impl BufMut) {
-    if !value.is_empty() {
-        encode_key(tag, WireType::LengthDelimited, buf);
-        encode_varint(value.len() as u64, buf);
-        buf.put_slice(value.as_bytes());
-    }
-}
-
-fn key_len(key: &CacheKey) -> usize {
-    string_len(1, &key.namespace)
-        + string_len(2, &key.op)
-        + string_len(3, &key.device)
-        + string_len(4, &key.problem)
-        + key
-            .rank
-            .map_or(0, |rank| encoding::uint32::encoded_len(5, &rank))
-}
-
-fn result_len(result: &TunedResult) -> usize {
-    string_len(1, &result.config)
-        + if result.time_us != 0.0 {
-            encoding::double::encoded_len(2, &result.time_us)
-        } else {
-            0
-        }
-        + string_len(3, &result.tuned_by)
-        + if result.tuned_at_unix_ms != 0 {
-            encoding::int64::encoded_len(4, &result.tuned_at_unix_ms)
-        } else {
-            0
-        }
-}
-
-fn nested_len(body: usize) -> usize {
-    1 + encoded_len_varint(body as u64) + body
-}
-
-/// Appends one `Entry { key, result }` as a length-delimited field `ENTRIES_FIELD`.
-fn put_entry(key: &CacheKey, result: &TunedResult, buf: &mut BytesMut) {
-    let key_body = key_len(key);
-    let result_body = result_len(result);
-    let entry_body = nested_len(key_body) + nested_len(result_body);
-    buf.reserve(nested_len(entry_body));
-    encode_key(ENTRIES_FIELD, WireType::LengthDelimited, buf);
-    encode_varint(entry_body as u64, buf);
-
-    encode_key(1, WireType::LengthDelimited, buf);
-    encode_varint(key_body as u64, buf);
-    put_string(1, &key.namespace, buf);
-    put_string(2, &key.op, buf);
-    put_string(3, &key.device, buf);
-    put_string(4, &key.problem, buf);
-    if let Some(rank) = key.rank {
-        encoding::uint32::encode(5, &rank, buf);
-    }
-
-    encode_key(2, WireType::LengthDelimited, buf);
-    encode_varint(result_body as u64, buf);
-    put_string(1, &result.config, buf);
-    if result.time_us != 0.0 {
-        encoding::double::encode(2, &result.time_us, buf);
-    }
-    put_string(3, &result.tuned_by, buf);
-    if result.tuned_at_unix_ms != 0 {
-        encoding::int64::encode(4, &result.tuned_at_unix_ms, buf);
-    }
-}
 
 /// A `LookupResponse` or `ScanResponse` held as its encoded body: a run of field-1 `Entry`
 /// records. Encoding it copies the bytes; it is never decoded (it is a response only).
@@ -119,8 +39,9 @@ pub struct EncodedEntries {
 }
 
 impl EncodedEntries {
-    pub fn push(&mut self, key: &CacheKey, result: &TunedResult) {
-        put_entry(key, result, &mut self.body);
+    /// Appends a stored entry: a copy of its record, which is already a field-1 `Entry`.
+    pub fn push(&mut self, entry: &StoredEntry) {
+        self.body.extend_from_slice(entry.record());
         self.count += 1;
     }
 
@@ -273,6 +194,7 @@ impl tonic::server::ServerStreamingService<v1::ScanRequest> for ScanMethod {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::entry::{CacheKey, TunedResult};
     use prost::Message;
 
     fn key(namespace: &str, problem: &str, rank: Option<u32>) -> CacheKey {
@@ -311,10 +233,14 @@ mod tests {
                 key("ns", "p", Some(u32::MAX)),
                 result("{}", f64::MAX, i64::MIN),
             ),
+            (
+                key("\u{e9}\0ns", "p\0\u{1f600}", None),
+                result("\"\u{e9}\"", 3.5, 0),
+            ),
         ];
         let mut encoded = EncodedEntries::default();
         for (key, result) in &pairs {
-            encoded.push(key, result);
+            encoded.push(&StoredEntry::new(key, result));
         }
         let expected = v1::ScanResponse {
             entries: pairs

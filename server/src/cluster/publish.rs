@@ -89,8 +89,8 @@ async fn republish_all(cluster: &Arc<Cluster>, conn: Conn) -> Result<(), String>
         "cluster tier: republishing this node's winners"
     );
     let mut batch = Vec::with_capacity(BATCH);
-    for (key, result) in map.iter() {
-        batch.push((key.clone(), result.clone()));
+    for entry in map.iter() {
+        batch.push(entry.to_pair());
         if batch.len() == BATCH {
             publish_batch(cluster, conn.clone(), &batch).await?;
             cluster

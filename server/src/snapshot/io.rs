@@ -21,10 +21,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::entry::{unix_now_ms, CacheKey, Origin, TunedResult};
 use crate::error::{Error, Result};
-use crate::merge::{merge, MergeOutcome};
+use crate::merge::{merge_views, MergeOutcome};
 use crate::shared_file::{self, FileVersion, OpenError};
 use crate::snapshot_format::{self, ParsedSnapshot, SNAPSHOT_SUFFIX};
-use crate::store::CacheMap;
+use crate::stored::{EntryMap, StoredEntry};
 
 use super::segments::{self, Next, SegmentName, SEGMENT_DIR, SEGMENT_TEMP_MARKER};
 use super::{Operation, Shared};
@@ -47,7 +47,7 @@ const COMPACT_MIN_ENTRIES: usize = 10_000;
 
 pub(super) enum IoJob {
     Write {
-        own: Arc<CacheMap>,
+        own: Arc<EntryMap>,
         reply: tokio::sync::oneshot::Sender<Result<WriteReport>>,
     },
     Load {
@@ -101,7 +101,7 @@ struct OwnSegments {
     segments: Vec<SegmentName>,
     next_seq: u64,
     /// Best entry per key that the segments hold: what is published.
-    published: CacheMap,
+    published: EntryMap,
     /// Entries the segments hold, superseded ones included.
     entries_in_segments: usize,
 }
@@ -415,7 +415,7 @@ impl IoWorker {
         listed: Vec<SegmentName>,
         report: &mut LoadReport,
     ) -> Result<()> {
-        let mut published = CacheMap::new();
+        let mut published = EntryMap::new();
         let mut entries_in_segments = 0;
         let mut entries = Vec::new();
         let mut read_through = 0;
@@ -432,8 +432,9 @@ impl IoWorker {
             if let Some(parsed) = self.accept(&path, version, parsed) {
                 entries_in_segments += parsed.entries.len();
                 for (key, result) in parsed.entries {
-                    if merge(published.get(&key), &result) == MergeOutcome::Replace {
-                        published.insert(key.clone(), result.clone());
+                    let best = published.get(&key).map(StoredEntry::result);
+                    if merge_views(best, result.view()) == MergeOutcome::Replace {
+                        published.insert(StoredEntry::new(&key, &result));
                     }
                     entries.push((key, result));
                 }
@@ -570,17 +571,17 @@ impl IoWorker {
 
     // --- Publish ------------------------------------------------------------------------
 
-    fn publish(&mut self, own: &CacheMap) -> Result<WriteReport> {
+    fn publish(&mut self, own: &EntryMap) -> Result<WriteReport> {
         if !self.own.loaded {
             return Err(Error::SharedDirUnavailable(
                 "this node's published segments have not been read yet".into(),
             ));
         }
         let started = Instant::now();
-        let new: CacheMap = own
+        let new: EntryMap = own
             .iter()
-            .filter(|(key, result)| self.own.published.get(*key) != Some(*result))
-            .map(|(key, result)| (key.clone(), result.clone()))
+            .filter(|entry| !self.own.published.contains(entry))
+            .cloned()
             .collect();
         if new.is_empty() {
             return Ok(WriteReport {
@@ -600,8 +601,8 @@ impl IoWorker {
         self.own.next_seq += 1;
         self.own.segments.push(segment);
         self.own.entries_in_segments += new.len();
-        for (key, result) in new.iter() {
-            self.own.published.insert(key.clone(), result.clone());
+        for entry in new.iter() {
+            self.own.published.insert(entry.clone());
         }
         self.shared.wrote(&path);
         tracing::debug!(
@@ -673,7 +674,7 @@ impl IoWorker {
     }
 
     /// Writes one segment by temp file and rename; returns its bytes.
-    fn write_segment(&self, segment: &SegmentName, entries: &CacheMap) -> Result<u64> {
+    fn write_segment(&self, segment: &SegmentName, entries: &EntryMap) -> Result<u64> {
         let dir = self.segment_dir();
         let temp_path = dir.join(temp_file_name(self.node()));
         let path = dir.join(segment.file_name());
