@@ -531,4 +531,103 @@ mod tests {
             .unwrap();
         assert!((5..60).contains(&age), "{text}");
     }
+
+    /// Every Stats field the metrics read, each a different value (one past `i64::MAX` where a
+    /// gauge must saturate), so the pinned text shows which field each metric reads.
+    fn every_metric_field() -> StatsResponse {
+        StatsResponse {
+            accept_errors: 1001,
+            cluster_errors: 1002,
+            cluster_lease_fallbacks: 1003,
+            cluster_leases_acquired: 1004,
+            cluster_leases_held_elsewhere: 1005,
+            cluster_publish_dropped: 1006,
+            cluster_publish_queue: 1007,
+            cluster_published: 1008,
+            cluster_received: 1009,
+            cluster_reconnects: 1010,
+            cluster_republished: 1011,
+            cluster_state: "connected to redis://10.0.0.1:6379".to_owned(),
+            cluster_takeovers: 1012,
+            connections_open: 1013,
+            connections_refused_per_uid: 1014,
+            entries: 1015,
+            entries_stored: 1016,
+            entries_unchanged: 1017,
+            hits: 1018,
+            journal_bytes: 1019,
+            journal_compaction_failures: 1020,
+            journal_compactions: 1021,
+            journal_live_bytes: 1022,
+            journal_unwritable: "no space left on device".to_owned(),
+            journal_write_failures: 1023,
+            last_snapshot_unix_ms: 0,
+            leases_active: 1024,
+            leases_expired: 1025,
+            leases_given_up: 1026,
+            leases_granted: 1027,
+            leases_refused_per_pid: 1028,
+            leases_released_dead: 1029,
+            lookups: 1030,
+            misses: 1031,
+            nofile_soft_limit: u64::MAX,
+            peer_files_loaded: 1032,
+            peer_segments_loaded: 1033,
+            preface_timeouts: 1034,
+            records: 1035,
+            resolves: 1036,
+            segment_compactions: 1037,
+            snapshot_bytes_read: 1038,
+            snapshot_bytes_written: 1039,
+            snapshot_errors: 1040,
+            snapshot_pass_bytes_read: 1041,
+            snapshot_pass_bytes_written: 1042,
+            snapshots_written: 1043,
+            tuner_jobs_done: 1044,
+            tuner_jobs_failed: 1045,
+            tuner_queue_depth: 1046,
+            tuner_queue_refusals: 1047,
+            tuner_restarts: 1048,
+            uptime_ms: 3_600_999,
+            waiters: 1049,
+            waits_satisfied: 1050,
+            waits_timed_out: 1051,
+            write_queue_bytes: 1052,
+            writes_shed: 1053,
+            ..Default::default()
+        }
+    }
+
+    /// The metrics text (names, HELP, TYPE, order and which Stats field each reads) is a
+    /// contract with dashboards: pinned byte for byte. `snapshot_age_seconds` is -1 here
+    /// (no snapshot yet); its arithmetic has its own test.
+    #[test]
+    fn metrics_text_is_pinned() {
+        let text = render(&every_metric_field()).unwrap();
+        let pinned = include_str!("../testdata/metrics.txt");
+        assert!(
+            text == pinned,
+            "metrics text changed; diff it against server/testdata/metrics.txt:\n{text}"
+        );
+    }
+
+    #[test]
+    fn cluster_connected_is_minus_one_off_zero_away_one_connected() {
+        let connected = |state: &str| {
+            let stats = StatsResponse {
+                cluster_state: state.to_owned(),
+                ..Default::default()
+            };
+            let text = render(&stats).unwrap();
+            text.lines()
+                .find_map(|l| l.strip_prefix("tunecache_cluster_connected "))
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(connected("off"), "-1");
+        assert_eq!(connected(""), "-1");
+        assert_eq!(connected("connecting"), "0");
+        assert_eq!(connected("down: timed out"), "0");
+        assert_eq!(connected("connected to redis://x"), "1");
+    }
 }
