@@ -125,363 +125,142 @@ async fn answer(mut stream: TcpStream, probe: &StatsProbe) -> std::io::Result<()
     stream.shutdown().await
 }
 
-/// One scrape's worth of Stats, encoded as metrics.
-#[derive(Debug)]
-struct StatsCollector(StatsResponse);
-
-fn counter(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    value: u64,
-) -> std::fmt::Result {
-    let metric = ConstCounter::new(value);
-    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+/// How a metric is read from one scrape's Stats.
+#[derive(Clone, Copy)]
+enum Read {
+    Counter(fn(&StatsResponse) -> u64),
+    /// A gauge of an unsigned Stats field; saturates at `i64::MAX`.
+    Gauge(fn(&StatsResponse) -> u64),
+    /// A gauge that may be negative (a -1 "never"/"off").
+    SignedGauge(fn(&StatsResponse) -> i64),
 }
 
-fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: i64) -> std::fmt::Result {
-    let metric = ConstGauge::new(value);
-    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+/// One row of the metrics table: the name (after the `tunecache_` prefix), its HELP line
+/// and how to read it. Adding a metric is one row here and the Stats field it reads.
+struct Metric {
+    name: &'static str,
+    help: &'static str,
+    read: Read,
 }
 
-fn as_gauge(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
+const fn row(name: &'static str, help: &'static str, read: Read) -> Metric {
+    Metric { name, help, read }
 }
 
-impl Collector for StatsCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        let s = &self.0;
-        let e = &mut encoder;
-        counter(e, "lookups", "Keys asked for by Lookup.", s.lookups)?;
-        counter(e, "hits", "Looked-up keys found in the cache.", s.hits)?;
-        counter(e, "misses", "Looked-up keys not in the cache.", s.misses)?;
-        counter(e, "records", "Record calls.", s.records)?;
-        counter(
-            e,
-            "entries_stored",
-            "Recorded entries that were new or improved the cache.",
-            s.entries_stored,
-        )?;
-        counter(
-            e,
-            "entries_unchanged",
-            "Recorded entries that did not beat the cached result.",
-            s.entries_unchanged,
-        )?;
-        counter(e, "resolves", "Resolve calls.", s.resolves)?;
-        counter(
-            e,
-            "resolve_leases_granted",
-            "Resolve outcome: the caller was told to tune (lease granted).",
-            s.leases_granted,
-        )?;
-        counter(
-            e,
-            "resolve_waits_satisfied",
-            "Resolve outcome: a waiting caller got someone else's result.",
-            s.waits_satisfied,
-        )?;
-        counter(
-            e,
-            "resolve_waits_timed_out",
-            "Resolve outcome: a waiting caller gave up (miss).",
-            s.waits_timed_out,
-        )?;
-        counter(
-            e,
-            "leases_expired",
-            "Tuning leases that ran out before a Record.",
-            s.leases_expired,
-        )?;
-        counter(
-            e,
-            "leases_released_dead",
-            "Tuning leases released because their holder died.",
-            s.leases_released_dead,
-        )?;
-        counter(
-            e,
-            "leases_given_up",
-            "Tuning leases given up by an empty Record.",
-            s.leases_given_up,
-        )?;
-        counter(
-            e,
-            "journal_compactions",
-            "Journal compactions.",
-            s.journal_compactions,
-        )?;
-        counter(
-            e,
-            "journal_compaction_failures",
-            "Journal compactions and repair rewrites that failed.",
-            s.journal_compaction_failures,
-        )?;
-        counter(
-            e,
-            "journal_write_failures",
-            "Journal appends or syncs that failed; their Records were refused.",
-            s.journal_write_failures,
-        )?;
-        gauge(
-            e,
-            "journal_unwritable",
-            "1 while the journal refuses Records until it is repaired.",
-            i64::from(!s.journal_unwritable.is_empty()),
-        )?;
-        counter(
-            e,
-            "snapshots_written",
-            "Snapshots written to the shared directory.",
-            s.snapshots_written,
-        )?;
-        counter(
-            e,
-            "snapshot_errors",
-            "Failed snapshot writes or loads.",
-            s.snapshot_errors,
-        )?;
-        counter(
-            e,
-            "peer_files_loaded",
-            "Other nodes' snapshot files loaded.",
-            s.peer_files_loaded,
-        )?;
-        counter(
-            e,
-            "snapshot_bytes_read",
-            "File bytes read from the shared directory.",
-            s.snapshot_bytes_read,
-        )?;
-        counter(
-            e,
-            "snapshot_bytes_written",
-            "File bytes written to the shared directory.",
-            s.snapshot_bytes_written,
-        )?;
-        counter(
-            e,
-            "peer_segments_loaded",
-            "Other nodes' snapshot segments loaded.",
-            s.peer_segments_loaded,
-        )?;
-        counter(
-            e,
-            "segment_compactions",
-            "Compactions of this node's own snapshot segments.",
-            s.segment_compactions,
-        )?;
-        gauge(
-            e,
-            "snapshot_pass_bytes_read",
-            "File bytes the last shared-directory pass read.",
-            as_gauge(s.snapshot_pass_bytes_read),
-        )?;
-        gauge(
-            e,
-            "snapshot_pass_bytes_written",
-            "File bytes the last shared-directory pass wrote.",
-            as_gauge(s.snapshot_pass_bytes_written),
-        )?;
-        counter(
-            e,
-            "tuner_jobs_done",
-            "Tuner worker jobs finished.",
-            s.tuner_jobs_done,
-        )?;
-        counter(
-            e,
-            "tuner_jobs_failed",
-            "Tuner worker jobs failed.",
-            s.tuner_jobs_failed,
-        )?;
-        counter(
-            e,
-            "tuner_restarts",
-            "Tuner worker restarts.",
-            s.tuner_restarts,
-        )?;
-        counter(
-            e,
-            "accept_errors",
-            "Failed accepts (out of descriptors, typically), each followed by a back-off.",
-            s.accept_errors,
-        )?;
-        counter(
-            e,
-            "connections_refused_per_uid",
-            "Connections closed at accept: the uid held --max-connections-per-uid.",
-            s.connections_refused_per_uid,
-        )?;
-        counter(
-            e,
-            "preface_timeouts",
-            "Connections closed for sending no HTTP/2 preface within --preface-timeout.",
-            s.preface_timeouts,
-        )?;
-        counter(
-            e,
-            "leases_refused_per_pid",
-            "Resolves refused: the process held --max-leases-per-pid leases.",
-            s.leases_refused_per_pid,
-        )?;
-        counter(
-            e,
-            "tuner_queue_refusals",
-            "Resolves refused: the node's tuner queue was full.",
-            s.tuner_queue_refusals,
-        )?;
-        counter(
-            e,
-            "writes_shed",
-            "Records refused: the journal writer's queue was full.",
-            s.writes_shed,
-        )?;
-        gauge(
-            e,
-            "connections_open",
-            "Client connections open.",
-            as_gauge(s.connections_open),
-        )?;
-        gauge(
-            e,
-            "write_queue_bytes",
-            "Bytes of Records waiting for the journal writer.",
-            as_gauge(s.write_queue_bytes),
-        )?;
-        gauge(
-            e,
-            "nofile_soft_limit",
-            "Open-file limit the daemon runs under.",
-            as_gauge(s.nofile_soft_limit),
-        )?;
-        gauge(e, "entries", "Entries in the cache.", as_gauge(s.entries))?;
-        gauge(
-            e,
-            "resolve_waiters",
-            "Resolve callers waiting right now.",
-            as_gauge(s.waiters),
-        )?;
-        gauge(
-            e,
-            "leases_active",
-            "Tuning leases and tuner jobs in flight.",
-            as_gauge(s.leases_active),
-        )?;
-        gauge(
-            e,
-            "tuner_queue_depth",
-            "Jobs queued for the tuner worker.",
-            as_gauge(s.tuner_queue_depth),
-        )?;
-        gauge(
-            e,
-            "journal_bytes",
-            "Size of the journal.",
-            as_gauge(s.journal_bytes),
-        )?;
-        gauge(
-            e,
-            "journal_live_bytes",
-            "Journal bytes still needed by live entries.",
-            as_gauge(s.journal_live_bytes),
-        )?;
-        gauge(
-            e,
-            "uptime_seconds",
-            "Seconds since the daemon started.",
-            as_gauge(s.uptime_ms / 1000),
-        )?;
-        // -1 until the first snapshot, so "never" is not mistaken for "just now".
-        let snapshot_age_s = if s.last_snapshot_unix_ms > 0 {
-            (unix_now_ms() - s.last_snapshot_unix_ms).max(0) / 1000
-        } else {
-            -1
-        };
-        gauge(
-            e,
-            "snapshot_age_seconds",
-            "Seconds since the last snapshot; -1 before the first.",
-            snapshot_age_s,
-        )?;
-        encode_cluster(e, s)
+use Read::{Counter, Gauge, SignedGauge};
+
+/// Every metric, in the order it is written.
+#[rustfmt::skip]
+const METRICS: &[Metric] = &[
+    row("lookups", "Keys asked for by Lookup.", Counter(|s| s.lookups)),
+    row("hits", "Looked-up keys found in the cache.", Counter(|s| s.hits)),
+    row("misses", "Looked-up keys not in the cache.", Counter(|s| s.misses)),
+    row("records", "Record calls.", Counter(|s| s.records)),
+    row("entries_stored", "Recorded entries that were new or improved the cache.", Counter(|s| s.entries_stored)),
+    row("entries_unchanged", "Recorded entries that did not beat the cached result.", Counter(|s| s.entries_unchanged)),
+    row("resolves", "Resolve calls.", Counter(|s| s.resolves)),
+    row("resolve_leases_granted", "Resolve outcome: the caller was told to tune (lease granted).", Counter(|s| s.leases_granted)),
+    row("resolve_waits_satisfied", "Resolve outcome: a waiting caller got someone else's result.", Counter(|s| s.waits_satisfied)),
+    row("resolve_waits_timed_out", "Resolve outcome: a waiting caller gave up (miss).", Counter(|s| s.waits_timed_out)),
+    row("leases_expired", "Tuning leases that ran out before a Record.", Counter(|s| s.leases_expired)),
+    row("leases_released_dead", "Tuning leases released because their holder died.", Counter(|s| s.leases_released_dead)),
+    row("leases_given_up", "Tuning leases given up by an empty Record.", Counter(|s| s.leases_given_up)),
+    row("journal_compactions", "Journal compactions.", Counter(|s| s.journal_compactions)),
+    row("journal_compaction_failures", "Journal compactions and repair rewrites that failed.", Counter(|s| s.journal_compaction_failures)),
+    row("journal_write_failures", "Journal appends or syncs that failed; their Records were refused.", Counter(|s| s.journal_write_failures)),
+    row("journal_unwritable", "1 while the journal refuses Records until it is repaired.", SignedGauge(|s| i64::from(!s.journal_unwritable.is_empty()))),
+    row("snapshots_written", "Snapshots written to the shared directory.", Counter(|s| s.snapshots_written)),
+    row("snapshot_errors", "Failed snapshot writes or loads.", Counter(|s| s.snapshot_errors)),
+    row("peer_files_loaded", "Other nodes' snapshot files loaded.", Counter(|s| s.peer_files_loaded)),
+    row("snapshot_bytes_read", "File bytes read from the shared directory.", Counter(|s| s.snapshot_bytes_read)),
+    row("snapshot_bytes_written", "File bytes written to the shared directory.", Counter(|s| s.snapshot_bytes_written)),
+    row("peer_segments_loaded", "Other nodes' snapshot segments loaded.", Counter(|s| s.peer_segments_loaded)),
+    row("segment_compactions", "Compactions of this node's own snapshot segments.", Counter(|s| s.segment_compactions)),
+    row("snapshot_pass_bytes_read", "File bytes the last shared-directory pass read.", Gauge(|s| s.snapshot_pass_bytes_read)),
+    row("snapshot_pass_bytes_written", "File bytes the last shared-directory pass wrote.", Gauge(|s| s.snapshot_pass_bytes_written)),
+    row("tuner_jobs_done", "Tuner worker jobs finished.", Counter(|s| s.tuner_jobs_done)),
+    row("tuner_jobs_failed", "Tuner worker jobs failed.", Counter(|s| s.tuner_jobs_failed)),
+    row("tuner_restarts", "Tuner worker restarts.", Counter(|s| s.tuner_restarts)),
+    row("accept_errors", "Failed accepts (out of descriptors, typically), each followed by a back-off.", Counter(|s| s.accept_errors)),
+    row("connections_refused_per_uid", "Connections closed at accept: the uid held --max-connections-per-uid.", Counter(|s| s.connections_refused_per_uid)),
+    row("preface_timeouts", "Connections closed for sending no HTTP/2 preface within --preface-timeout.", Counter(|s| s.preface_timeouts)),
+    row("leases_refused_per_pid", "Resolves refused: the process held --max-leases-per-pid leases.", Counter(|s| s.leases_refused_per_pid)),
+    row("tuner_queue_refusals", "Resolves refused: the node's tuner queue was full.", Counter(|s| s.tuner_queue_refusals)),
+    row("writes_shed", "Records refused: the journal writer's queue was full.", Counter(|s| s.writes_shed)),
+    row("connections_open", "Client connections open.", Gauge(|s| s.connections_open)),
+    row("write_queue_bytes", "Bytes of Records waiting for the journal writer.", Gauge(|s| s.write_queue_bytes)),
+    row("nofile_soft_limit", "Open-file limit the daemon runs under.", Gauge(|s| s.nofile_soft_limit)),
+    row("entries", "Entries in the cache.", Gauge(|s| s.entries)),
+    row("resolve_waiters", "Resolve callers waiting right now.", Gauge(|s| s.waiters)),
+    row("leases_active", "Tuning leases and tuner jobs in flight.", Gauge(|s| s.leases_active)),
+    row("tuner_queue_depth", "Jobs queued for the tuner worker.", Gauge(|s| s.tuner_queue_depth)),
+    row("journal_bytes", "Size of the journal.", Gauge(|s| s.journal_bytes)),
+    row("journal_live_bytes", "Journal bytes still needed by live entries.", Gauge(|s| s.journal_live_bytes)),
+    row("uptime_seconds", "Seconds since the daemon started.", Gauge(|s| s.uptime_ms / 1000)),
+    row("snapshot_age_seconds", "Seconds since the last snapshot; -1 before the first.", SignedGauge(snapshot_age_seconds)),
+    row("cluster_connected", "Redis cluster tier: 1 connected, 0 away, -1 off.", SignedGauge(cluster_connected)),
+    row("cluster_publish_queue", "Results waiting to be published to Redis.", Gauge(|s| s.cluster_publish_queue)),
+    row("cluster_published", "Results Redis stored from this node.", Counter(|s| s.cluster_published)),
+    row("cluster_received", "Results learned from other nodes through Redis.", Counter(|s| s.cluster_received)),
+    row("cluster_publish_dropped", "Results dropped from a full publish queue (then all republished).", Counter(|s| s.cluster_publish_dropped)),
+    row("cluster_leases_acquired", "Cluster leases this node took.", Counter(|s| s.cluster_leases_acquired)),
+    row("cluster_leases_held_elsewhere", "Resolves that found another node tuning the key.", Counter(|s| s.cluster_leases_held_elsewhere)),
+    row("cluster_lease_fallbacks", "Resolves that coordinated node-locally because Redis was slow or away.", Counter(|s| s.cluster_lease_fallbacks)),
+    row("cluster_takeovers", "Keys tuned here after another node's cluster lease ran out.", Counter(|s| s.cluster_takeovers)),
+    row("cluster_republished", "Results republished to a flushed or replaced Redis.", Counter(|s| s.cluster_republished)),
+    row("cluster_reconnects", "Reconnections to Redis.", Counter(|s| s.cluster_reconnects)),
+    row("cluster_errors", "Failed or timed-out Redis commands.", Counter(|s| s.cluster_errors)),
+];
+
+/// -1 until the first snapshot, so "never" is not mistaken for "just now".
+fn snapshot_age_seconds(s: &StatsResponse) -> i64 {
+    if s.last_snapshot_unix_ms > 0 {
+        (unix_now_ms() - s.last_snapshot_unix_ms).max(0) / 1000
+    } else {
+        -1
     }
 }
 
 /// The Redis cluster tier: -1 when off, 0 while Redis is away, 1 when connected.
-fn encode_cluster(e: &mut DescriptorEncoder, s: &StatsResponse) -> std::fmt::Result {
-    let connected = match s.cluster_state.as_str() {
+fn cluster_connected(s: &StatsResponse) -> i64 {
+    match s.cluster_state.as_str() {
         "off" | "" => -1,
         state if state.starts_with("connected") => 1,
         _ => 0,
-    };
-    gauge(
-        e,
-        "cluster_connected",
-        "Redis cluster tier: 1 connected, 0 away, -1 off.",
-        connected,
-    )?;
-    gauge(
-        e,
-        "cluster_publish_queue",
-        "Results waiting to be published to Redis.",
-        as_gauge(s.cluster_publish_queue),
-    )?;
-    for (name, help, value) in [
-        (
-            "cluster_published",
-            "Results Redis stored from this node.",
-            s.cluster_published,
-        ),
-        (
-            "cluster_received",
-            "Results learned from other nodes through Redis.",
-            s.cluster_received,
-        ),
-        (
-            "cluster_publish_dropped",
-            "Results dropped from a full publish queue (then all republished).",
-            s.cluster_publish_dropped,
-        ),
-        (
-            "cluster_leases_acquired",
-            "Cluster leases this node took.",
-            s.cluster_leases_acquired,
-        ),
-        (
-            "cluster_leases_held_elsewhere",
-            "Resolves that found another node tuning the key.",
-            s.cluster_leases_held_elsewhere,
-        ),
-        (
-            "cluster_lease_fallbacks",
-            "Resolves that coordinated node-locally because Redis was slow or away.",
-            s.cluster_lease_fallbacks,
-        ),
-        (
-            "cluster_takeovers",
-            "Keys tuned here after another node's cluster lease ran out.",
-            s.cluster_takeovers,
-        ),
-        (
-            "cluster_republished",
-            "Results republished to a flushed or replaced Redis.",
-            s.cluster_republished,
-        ),
-        (
-            "cluster_reconnects",
-            "Reconnections to Redis.",
-            s.cluster_reconnects,
-        ),
-        (
-            "cluster_errors",
-            "Failed or timed-out Redis commands.",
-            s.cluster_errors,
-        ),
-    ] {
-        counter(e, name, help, value)?;
     }
-    Ok(())
+}
+
+/// One scrape's worth of Stats, encoded as the rows of `METRICS`.
+#[derive(Debug)]
+struct StatsCollector(StatsResponse);
+
+impl Collector for StatsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let stats = &self.0;
+        for metric in METRICS {
+            match metric.read {
+                Read::Counter(read) => {
+                    encode(&mut encoder, metric, ConstCounter::new(read(stats)))?
+                }
+                Read::Gauge(read) => {
+                    let value = i64::try_from(read(stats)).unwrap_or(i64::MAX);
+                    encode(&mut encoder, metric, ConstGauge::new(value))?
+                }
+                Read::SignedGauge(read) => {
+                    encode(&mut encoder, metric, ConstGauge::new(read(stats)))?
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn encode(
+    encoder: &mut DescriptorEncoder,
+    metric: &Metric,
+    value: impl EncodeMetric,
+) -> std::fmt::Result {
+    value.encode(encoder.encode_descriptor(metric.name, metric.help, None, value.metric_type())?)
 }
 
 /// The metrics text for one set of Stats.
