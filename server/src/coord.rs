@@ -230,14 +230,6 @@ impl Coordinator {
         let _ = self.cluster.set(cluster);
     }
 
-    pub fn counters(&self) -> &CoordCounters {
-        &self.counters
-    }
-
-    pub fn max_leases_per_pid(&self) -> usize {
-        self.max_leases_per_pid
-    }
-
     /// Whether `pid` may take one more lease.
     fn has_lease_room(&self, pid: Option<i32>) -> bool {
         let Some(pid) = pid else {
@@ -895,6 +887,27 @@ impl Coordinator {
             return;
         }
         self.hand_over(state, key);
+    }
+}
+
+/// The coordinator's Stats fields: Resolve outcomes, leases and waiters.
+impl crate::stats::FillStats for Coordinator {
+    fn fill_stats(&self, stats: &mut v1::StatsResponse) {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let counters = &self.counters;
+        let (waiters, leases_active) = self.gauges();
+        stats.resolves = load(&counters.resolves);
+        stats.leases_granted = load(&counters.leases_granted);
+        stats.leases_expired = load(&counters.leases_expired);
+        stats.leases_released_dead = load(&counters.leases_released_dead);
+        stats.leases_given_up = load(&counters.leases_given_up);
+        stats.waits_satisfied = load(&counters.waits_satisfied);
+        stats.waits_timed_out = load(&counters.waits_timed_out);
+        stats.waiters = waiters;
+        stats.leases_active = leases_active;
+        stats.max_leases_per_pid = self.max_leases_per_pid as u64;
+        stats.leases_refused_per_pid = load(&counters.leases_refused_per_pid);
+        stats.tuner_queue_refusals = load(&counters.tuner_queue_refusals);
     }
 }
 

@@ -24,6 +24,7 @@ pub(crate) mod service;
 pub(crate) mod shared_file;
 pub(crate) mod snapshot;
 pub mod snapshot_format;
+pub(crate) mod stats;
 pub mod store;
 pub(crate) mod stored;
 mod sync;

@@ -127,9 +127,11 @@ impl ConnectionLimits {
             logged: LogOnce::default(),
         }
     }
+}
 
-    /// The connection fields of Stats.
-    pub fn fill_stats(&self, stats: &mut v1::StatsResponse) {
+/// The connection fields of Stats.
+impl crate::stats::FillStats for ConnectionLimits {
+    fn fill_stats(&self, stats: &mut v1::StatsResponse) {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         stats.nofile_soft_limit = self.nofile.soft;
         stats.nofile_hard_limit = self.nofile.hard;

@@ -13,6 +13,7 @@ use tunecache_proto::v1::{self, tune_cache_server::TuneCache};
 use crate::coord::{Coordinator, ResolveCall, DEFAULT_LEASE, MAX_LEASE, MAX_WAIT};
 use crate::error::Error;
 use crate::snapshot::SnapshotHandle;
+use crate::stats::FillStats;
 use crate::store::Store;
 use crate::tuner::TunerHandle;
 use crate::validate;
@@ -29,6 +30,18 @@ pub struct RequestCounters {
     pub records: AtomicU64,
     pub entries_stored: AtomicU64,
     pub entries_unchanged: AtomicU64,
+}
+
+impl FillStats for RequestCounters {
+    fn fill_stats(&self, stats: &mut v1::StatsResponse) {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        stats.lookups = load(&self.lookups);
+        stats.hits = load(&self.hits);
+        stats.misses = load(&self.misses);
+        stats.records = load(&self.records);
+        stats.entries_stored = load(&self.entries_stored);
+        stats.entries_unchanged = load(&self.entries_unchanged);
+    }
 }
 
 pub struct TuneCacheService {
@@ -128,18 +141,6 @@ impl TuneCacheService {
     }
 }
 
-/// The tuner's state plus why its backend was chosen (e.g. "auto: cuda unavailable ..."),
-/// so an operator sees from Stats alone that a node measures on the CPU stand-in.
-fn tuner_state(tuner: &TunerHandle) -> String {
-    let state = tuner.state();
-    let note = tuner.note();
-    if note.is_empty() || state.starts_with("off") {
-        state
-    } else {
-        format!("{state}; {note}")
-    }
-}
-
 /// The calling process, from the Unix socket's peer credentials.
 fn caller_pid<T>(request: &Request<T>) -> Option<i32> {
     crate::access::peer_credentials(request).and_then(|cred| cred.pid())
@@ -206,65 +207,23 @@ impl TuneCache for TuneCacheService {
         &self,
         _request: Request<v1::StatsRequest>,
     ) -> Result<Response<v1::StatsResponse>, Status> {
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let store = self.store.counters();
-        let coord = self.coordinator.counters();
-        let (waiters, leases_active) = self.coordinator.gauges();
-        let tuner = self.tuner.counters();
         let mut stats = v1::StatsResponse {
             node_name: self.node_name.clone(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
-            entries: self.store.len() as u64,
-            lookups: load(&self.counters.lookups),
-            hits: load(&self.counters.hits),
-            misses: load(&self.counters.misses),
-            records: load(&self.counters.records),
-            entries_stored: load(&self.counters.entries_stored),
-            entries_unchanged: load(&self.counters.entries_unchanged),
-            journal_bytes: load(&store.journal_bytes),
-            journal_live_bytes: load(&store.journal_live_bytes),
-            journal_compactions: load(&store.journal_compactions),
-            journal_compaction_failures: load(&store.journal_compaction_failures),
-            journal_write_failures: load(&store.journal_write_failures),
-            journal_unwritable_episodes: load(&store.journal_unwritable_episodes),
-            journal_unwritable: crate::sync::lock(&store.journal_unwritable).clone(),
-            journal_unwritable_since_unix_ms: store
-                .journal_unwritable_since_unix_ms
-                .load(Ordering::Relaxed),
-            fsync_policy: self.store.fsync_policy().as_str().to_owned(),
-            resolves: load(&coord.resolves),
-            leases_granted: load(&coord.leases_granted),
-            leases_expired: load(&coord.leases_expired),
-            leases_released_dead: load(&coord.leases_released_dead),
-            leases_given_up: load(&coord.leases_given_up),
-            waits_satisfied: load(&coord.waits_satisfied),
-            waits_timed_out: load(&coord.waits_timed_out),
-            waiters,
-            leases_active,
-            tuner_backend: self.tuner.backend(),
-            tuner_state: tuner_state(&self.tuner),
-            tuner_queue_depth: tuner.queue_depth,
-            tuner_jobs_done: tuner.jobs_done,
-            tuner_jobs_failed: tuner.jobs_failed,
-            tuner_restarts: tuner.restarts,
-            max_leases_per_pid: self.coordinator.max_leases_per_pid() as u64,
-            leases_refused_per_pid: load(&coord.leases_refused_per_pid),
-            tuner_queue_refusals: load(&coord.tuner_queue_refusals),
-            write_queue_bytes: self.store.write_queue_bytes(),
-            write_queue_limit_bytes: self.store.write_queue_limit_bytes(),
-            writes_shed: load(&store.writes_shed),
             ..Default::default()
         };
-        if let Some(limits) = &self.connection_limits {
-            limits.fill_stats(&mut stats);
-        }
-        if let Some(snapshots) = &self.snapshots {
-            snapshots.fill_stats(&mut stats);
-        }
-        match &self.cluster {
-            Some(cluster) => cluster.fill_stats(&mut stats),
-            None => stats.cluster_state = "off".to_owned(),
+        let owners: [&dyn FillStats; 7] = [
+            &self.counters,
+            &self.store,
+            &self.coordinator,
+            &self.tuner,
+            &self.connection_limits,
+            &self.snapshots,
+            &self.cluster,
+        ];
+        for owner in owners {
+            owner.fill_stats(&mut stats);
         }
         Ok(Response::new(stats))
     }

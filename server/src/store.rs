@@ -369,6 +369,29 @@ impl Store {
     }
 }
 
+/// The store's Stats fields: the cache size, the journal writer and its queue.
+impl crate::stats::FillStats for Store {
+    fn fill_stats(&self, stats: &mut tunecache_proto::v1::StatsResponse) {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let counters = &self.shared.counters;
+        stats.entries = self.len() as u64;
+        stats.journal_bytes = load(&counters.journal_bytes);
+        stats.journal_live_bytes = load(&counters.journal_live_bytes);
+        stats.journal_compactions = load(&counters.journal_compactions);
+        stats.journal_compaction_failures = load(&counters.journal_compaction_failures);
+        stats.journal_write_failures = load(&counters.journal_write_failures);
+        stats.journal_unwritable_episodes = load(&counters.journal_unwritable_episodes);
+        stats.journal_unwritable = crate::sync::lock(&counters.journal_unwritable).clone();
+        stats.journal_unwritable_since_unix_ms = counters
+            .journal_unwritable_since_unix_ms
+            .load(Ordering::Relaxed);
+        stats.fsync_policy = self.fsync_policy().as_str().to_owned();
+        stats.write_queue_bytes = self.write_queue_bytes();
+        stats.write_queue_limit_bytes = self.write_queue_limit_bytes();
+        stats.writes_shed = load(&counters.writes_shed);
+    }
+}
+
 impl StoreGuard {
     pub fn store(&self) -> Store {
         // The store is only taken out in shutdown, which consumes the guard.

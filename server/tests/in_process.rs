@@ -75,6 +75,39 @@ async fn record_lookup_scan_round_trip_then_clean_shutdown() {
     );
     assert!(client.scan("other", "").await.expect("scan").is_empty());
 
+    // Each owner fills its own Stats fields: one figure from each of them.
+    let stats = client.stats().await.expect("stats");
+    assert_eq!(
+        stats.version,
+        env!("CARGO_PKG_VERSION"),
+        "service: {stats:?}"
+    );
+    assert_eq!(
+        (stats.records, stats.lookups, stats.hits),
+        (2, 1, 1),
+        "requests: {stats:?}"
+    );
+    assert_eq!(
+        (stats.entries, stats.entries_stored),
+        (2, 3),
+        "store: {stats:?}"
+    );
+    assert!(
+        !stats.fsync_policy.is_empty() && stats.write_queue_limit_bytes > 0,
+        "store: {stats:?}"
+    );
+    assert!(stats.max_leases_per_pid > 0, "coordinator: {stats:?}");
+    assert!(
+        !stats.tuner_backend.is_empty() && !stats.tuner_state.is_empty(),
+        "tuner: {stats:?}"
+    );
+    assert!(
+        stats.nofile_soft_limit > 0 && stats.connections_open >= 1,
+        "connections: {stats:?}"
+    );
+    assert!(stats.shared_dir.is_empty(), "no --shared-dir: {stats:?}");
+    assert_eq!(stats.cluster_state, "off", "no --cluster-url: {stats:?}");
+
     drop(client);
     stop.send(()).expect("the daemon is still running");
     tokio::time::timeout(Duration::from_secs(30), daemon)

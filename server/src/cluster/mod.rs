@@ -219,26 +219,6 @@ impl Cluster {
         }
     }
 
-    pub fn fill_stats(&self, stats: &mut v1::StatsResponse) {
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let c = &self.counters;
-        stats.cluster_state = self.state().describe();
-        stats.cluster_url = self.link_url();
-        stats.cluster_bootstrapped = self.bootstrapped.load(Ordering::Relaxed);
-        stats.cluster_published = load(&c.published);
-        stats.cluster_publish_dropped = load(&c.publish_dropped);
-        stats.cluster_publish_queue = self.lock_pending().entries.len() as u64;
-        stats.cluster_received = load(&c.received);
-        stats.cluster_bootstrap_entries = load(&c.bootstrap_entries);
-        stats.cluster_leases_acquired = load(&c.leases_acquired);
-        stats.cluster_leases_held_elsewhere = load(&c.leases_held_elsewhere);
-        stats.cluster_lease_fallbacks = load(&c.lease_fallbacks);
-        stats.cluster_takeovers = load(&c.takeovers);
-        stats.cluster_republished = load(&c.republished);
-        stats.cluster_reconnects = load(&self.link.reconnects);
-        stats.cluster_errors = load(&self.link.errors);
-    }
-
     fn link_url(&self) -> String {
         self.link.shown_url().to_owned()
     }
@@ -266,6 +246,32 @@ impl Cluster {
                 () = stop.cancelled() => return,
             }
         }
+    }
+}
+
+impl crate::stats::FillStats for Cluster {
+    fn fill_stats(&self, stats: &mut v1::StatsResponse) {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let c = &self.counters;
+        stats.cluster_state = self.state().describe();
+        stats.cluster_url = self.link_url();
+        stats.cluster_bootstrapped = self.bootstrapped.load(Ordering::Relaxed);
+        stats.cluster_published = load(&c.published);
+        stats.cluster_publish_dropped = load(&c.publish_dropped);
+        stats.cluster_publish_queue = self.lock_pending().entries.len() as u64;
+        stats.cluster_received = load(&c.received);
+        stats.cluster_bootstrap_entries = load(&c.bootstrap_entries);
+        stats.cluster_leases_acquired = load(&c.leases_acquired);
+        stats.cluster_leases_held_elsewhere = load(&c.leases_held_elsewhere);
+        stats.cluster_lease_fallbacks = load(&c.lease_fallbacks);
+        stats.cluster_takeovers = load(&c.takeovers);
+        stats.cluster_republished = load(&c.republished);
+        stats.cluster_reconnects = load(&self.link.reconnects);
+        stats.cluster_errors = load(&self.link.errors);
+    }
+
+    fn fill_stats_absent(stats: &mut v1::StatsResponse) {
+        stats.cluster_state = "off".to_owned();
     }
 }
 

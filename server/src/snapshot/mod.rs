@@ -321,33 +321,6 @@ impl SnapshotHandle {
         })
     }
 
-    /// Fills the snapshot fields (40–59) of a Stats response. Touches no filesystem.
-    pub fn fill_stats(&self, stats: &mut v1::StatsResponse) {
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let counters = &self.shared.counters;
-        stats.shared_dir = self.shared.settings.dir.display().to_string();
-        stats.last_snapshot_unix_ms = counters.last_snapshot_unix_ms.load(Ordering::Relaxed);
-        stats.snapshots_written = load(&counters.written);
-        stats.snapshots_skipped_unchanged = load(&counters.skipped_unchanged);
-        stats.snapshot_errors = load(&counters.errors);
-        stats.peer_files_loaded = load(&counters.peer_files_loaded);
-        stats.peer_files_skipped = load(&counters.peer_files_skipped);
-        stats.last_snapshot_error = lock(&self.shared.last_error).clone();
-        if let Some((operation, since_unix_ms)) = self.stuck() {
-            stats.stuck_operation = operation.as_str().to_owned();
-            stats.stuck_since_unix_ms = since_unix_ms;
-        }
-        stats.snapshot_passes = load(&counters.passes);
-        stats.snapshot_pass_bytes_read = load(&counters.last_pass_bytes_read);
-        stats.snapshot_pass_bytes_written = load(&counters.last_pass_bytes_written);
-        stats.snapshot_bytes_read = load(&counters.bytes_read);
-        stats.snapshot_bytes_written = load(&counters.bytes_written);
-        stats.peer_segments_loaded = load(&counters.segments_loaded);
-        stats.segment_compactions = load(&counters.compactions);
-        stats.own_entries_published = load(&counters.published);
-        stats.snapshot_format_version = crate::snapshot_format::FORMAT_VERSION as u32;
-    }
-
     /// The job that has run longer than `STUCK_AFTER`, if any.
     fn stuck(&self) -> Option<(Operation, i64)> {
         lock(&self.shared.in_flight)
@@ -589,5 +562,34 @@ impl SnapshotHandle {
                 reported = Some(status);
             }
         }
+    }
+}
+
+/// Fills the snapshot fields (40–59) of a Stats response. Touches no filesystem.
+impl crate::stats::FillStats for SnapshotHandle {
+    fn fill_stats(&self, stats: &mut v1::StatsResponse) {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let counters = &self.shared.counters;
+        stats.shared_dir = self.shared.settings.dir.display().to_string();
+        stats.last_snapshot_unix_ms = counters.last_snapshot_unix_ms.load(Ordering::Relaxed);
+        stats.snapshots_written = load(&counters.written);
+        stats.snapshots_skipped_unchanged = load(&counters.skipped_unchanged);
+        stats.snapshot_errors = load(&counters.errors);
+        stats.peer_files_loaded = load(&counters.peer_files_loaded);
+        stats.peer_files_skipped = load(&counters.peer_files_skipped);
+        stats.last_snapshot_error = lock(&self.shared.last_error).clone();
+        if let Some((operation, since_unix_ms)) = self.stuck() {
+            stats.stuck_operation = operation.as_str().to_owned();
+            stats.stuck_since_unix_ms = since_unix_ms;
+        }
+        stats.snapshot_passes = load(&counters.passes);
+        stats.snapshot_pass_bytes_read = load(&counters.last_pass_bytes_read);
+        stats.snapshot_pass_bytes_written = load(&counters.last_pass_bytes_written);
+        stats.snapshot_bytes_read = load(&counters.bytes_read);
+        stats.snapshot_bytes_written = load(&counters.bytes_written);
+        stats.peer_segments_loaded = load(&counters.segments_loaded);
+        stats.segment_compactions = load(&counters.compactions);
+        stats.own_entries_published = load(&counters.published);
+        stats.snapshot_format_version = crate::snapshot_format::FORMAT_VERSION as u32;
     }
 }

@@ -13,7 +13,10 @@ pub use supervisor::{
     TunerHandle, READY_TIMEOUT,
 };
 
+use tunecache_proto::v1::StatsResponse;
+
 use crate::config::{Config, TunerSetting};
+use crate::stats::FillStats;
 
 /// The tuner handle for this daemon: running, or `off` with the reason (logged once).
 pub async fn start(config: &Config) -> TunerHandle {
@@ -45,5 +48,29 @@ pub async fn start(config: &Config) -> TunerHandle {
             tracing::warn!(worker = %worker_path.display(), %error, "tuning off: the daemon serves without a tuner");
             TunerHandle::off(error.to_string())
         }
+    }
+}
+
+impl FillStats for TunerHandle {
+    fn fill_stats(&self, stats: &mut StatsResponse) {
+        let counters = self.counters();
+        stats.tuner_backend = self.backend();
+        stats.tuner_state = state_with_note(self);
+        stats.tuner_queue_depth = counters.queue_depth;
+        stats.tuner_jobs_done = counters.jobs_done;
+        stats.tuner_jobs_failed = counters.jobs_failed;
+        stats.tuner_restarts = counters.restarts;
+    }
+}
+
+/// The tuner's state plus why its backend was chosen (e.g. "auto: cuda unavailable ..."),
+/// so an operator sees from Stats alone that a node measures on the CPU stand-in.
+fn state_with_note(tuner: &TunerHandle) -> String {
+    let state = tuner.state();
+    let note = tuner.note();
+    if note.is_empty() || state.starts_with("off") {
+        state
+    } else {
+        format!("{state}; {note}")
     }
 }
