@@ -2,10 +2,16 @@
 //!
 //! Owns the in-flight problems ("flights"): for each key being tuned, who holds it (a rank's
 //! lease, the tuner worker, or nobody yet) and who waits for it. Waiting costs a oneshot
-//! channel and a timer, no thread. A flight ends when the key is stored (by anyone: the
-//! store's change listener wakes every waiter with the merged result), or its holder goes
+//! channel and a timer, no thread. A flight ends when the key is stored, or its holder goes
 //! away: the lease expires, the holder process exits (watched with a pidfd), or the holder
 //! gives up; the lease then passes to the next waiter that can tune.
+//!
+//! Two events reach a flight, each by one path. A result for the key, whoever stored it (a
+//! rank's Record, the node's tuner, a snapshot, the cluster tier), arrives through the
+//! store's change feed (`entries_changed`, subscribed by the server), which wakes every
+//! waiter with the merged result. The holder's end arrives directly: a rank's Record goes
+//! through `record`, which applies it and then ends its lease; a tuner job ends in
+//! `finish_tuner_job`.
 //!
 //! Leases and waiters live in memory only: after a daemon restart callers simply Resolve
 //! again.
@@ -23,7 +29,7 @@ use tunecache_proto::v1;
 use crate::cluster::{Claim, Cluster, ClusterLease};
 use crate::entry::{CacheKey, TunedResult};
 use crate::error::{Error, Result};
-use crate::store::{ChangeListener, Store};
+use crate::store::{ApplyOutcome, ChangeListener, Store};
 use crate::tuner::{JobReply, SubmitError, TunerHandle};
 
 /// Longest a caller may wait for someone else's result.
@@ -195,8 +201,9 @@ fn describe_since(since: SystemTime) -> String {
 }
 
 impl Coordinator {
-    /// Creates the coordinator and registers it as the store's change listener. Call it
-    /// inside the tokio runtime. One process may hold at most `max_leases_per_pid` leases.
+    /// Creates the coordinator. Call it inside the tokio runtime, and subscribe it to the
+    /// store's change feed (`Store::add_change_listener`) before serving: that is how stored
+    /// results wake waiters. One process may hold at most `max_leases_per_pid` leases.
     pub fn new(
         store: Store,
         tuner: TunerHandle,
@@ -207,9 +214,9 @@ impl Coordinator {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
             ^ u64::from(std::process::id()) << 32;
-        let coordinator = Arc::new_cyclic(|me| Coordinator {
+        Arc::new_cyclic(|me| Coordinator {
             state: Mutex::new(State::default()),
-            store: store.clone(),
+            store,
             tuner,
             counters: CoordCounters::default(),
             shutdown,
@@ -220,9 +227,7 @@ impl Coordinator {
             leases_per_pid: LeasesPerPid::default(),
             refusals_logged: Default::default(),
             cluster: OnceLock::new(),
-        });
-        store.set_change_listener(coordinator.clone());
-        coordinator
+        })
     }
 
     /// Turns on cross-node single-flight through the cluster tier.
@@ -285,6 +290,18 @@ impl Coordinator {
         flight.holder = Holder::Lease(holder);
         flight.since = SystemTime::now();
         resolution
+    }
+
+    /// Grants the caller of `call` a lease on its key, unless its process already holds
+    /// `max_leases_per_pid` leases.
+    fn lease_to_caller(&self, state: &mut State, call: &ResolveCall) -> Result<Resolution> {
+        if let Some(pid) = call
+            .caller_pid
+            .filter(|_| !self.has_lease_room(call.caller_pid))
+        {
+            return Err(self.refuse_lease(pid));
+        }
+        Ok(self.grant_lease(state, &call.key, call.caller_pid, call.lease))
     }
 
     fn new_lease(
@@ -358,13 +375,7 @@ impl Coordinator {
                 Some(flight) => matches!(flight.holder, Holder::Nobody),
             };
             if call.can_tune && can_take_lease {
-                if let Some(pid) = call
-                    .caller_pid
-                    .filter(|_| !self.has_lease_room(call.caller_pid))
-                {
-                    return Err(self.refuse_lease(pid));
-                }
-                return Ok(self.grant_lease(state, &call.key, call.caller_pid, call.lease));
+                return self.lease_to_caller(state, &call);
             }
             if call.wait.is_zero() {
                 let reason = match state.flights.get(&call.key) {
@@ -459,10 +470,29 @@ impl Coordinator {
         }
     }
 
+    /// A rank's Record, with the lease it tuned under (empty: none). Stored through the
+    /// store's write queue (refused when it is full), so the change feed wakes the waiters
+    /// of every key it changes; then the lease ends. A refused Record leaves the lease held.
+    pub async fn record(
+        &self,
+        entries: Vec<(CacheKey, TunedResult)>,
+        lease_id: &str,
+    ) -> Result<ApplyOutcome> {
+        let outcome = if entries.is_empty() {
+            ApplyOutcome::default()
+        } else {
+            self.store.try_apply(entries).await?
+        };
+        if !lease_id.is_empty() {
+            self.complete_lease(lease_id);
+        }
+        Ok(outcome)
+    }
+
     /// A Record carrying `lease_id` was applied: the lease is complete. If the key now has
-    /// a result the change listener has already woken the waiters; otherwise (the Record
-    /// did not hold the key, or was empty) the lease is given up and passes on.
-    pub fn complete_lease(&self, lease_id: &str) {
+    /// a result the change feed has already woken the waiters; otherwise (the Record did
+    /// not hold the key, or was empty) the lease is given up and passes on.
+    fn complete_lease(&self, lease_id: &str) {
         let mut state = self.lock();
         let Some(key) = state.leases.get(lease_id).cloned() else {
             return; // unknown, expired or already completed: nothing to do
@@ -641,7 +671,7 @@ async fn finish_tuner_job(
         // The supervisor has checked the result (`validate::result`).
         Ok(Ok(result)) => match coordinator.store.apply(vec![(key.clone(), result)]).await {
             // A better result recorded meanwhile leaves this one unchanged, and then the
-            // change listener has nothing to announce: finish from the store.
+            // change feed has nothing to announce: finish from the store.
             Ok(_) if coordinator.finish_from_store(&key) => return,
             Ok(_) => "the tuned result was not stored".to_owned(),
             Err(error) => format!("storing the tuned result failed: {error}"),
@@ -669,6 +699,7 @@ fn flight_is_idle(flight: Option<&Flight>) -> bool {
     })
 }
 
+/// The store's change feed: every stored result wakes the waiters of its key.
 impl ChangeListener for Coordinator {
     fn entries_changed(&self, changed: &[(CacheKey, TunedResult)]) {
         let mut state = self.lock();
@@ -834,19 +865,11 @@ impl Coordinator {
             return Ok(None);
         }
         if call.can_tune {
-            if let Some(pid) = call
-                .caller_pid
-                .filter(|_| !self.has_lease_room(call.caller_pid))
-            {
+            let leased = self.lease_to_caller(state, call);
+            if leased.is_err() {
                 self.hand_over(state, &call.key);
-                return Err(self.refuse_lease(pid));
             }
-            return Ok(Some(self.grant_lease(
-                state,
-                &call.key,
-                call.caller_pid,
-                call.lease,
-            )));
+            return leased.map(Some);
         }
         self.hand_over(state, &call.key);
         Ok(None)

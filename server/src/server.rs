@@ -132,6 +132,8 @@ pub async fn run(
         stop.clone(),
         usize::try_from(config.max_leases_per_pid).unwrap_or(usize::MAX),
     );
+    // Stored results, from any writer, wake the coordinator's waiters.
+    store.add_change_listener(coordinator.clone());
     let connection_limits = Arc::new(ConnectionLimits::new(
         nofile,
         usize::try_from(config.max_connections_per_uid).unwrap_or(usize::MAX),

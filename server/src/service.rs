@@ -172,16 +172,7 @@ impl TuneCache for TuneCacheService {
         let request = request.into_inner();
         let entries = validate::entries(request.entries)?;
         count(&self.counters.records, 1);
-        let outcome = if entries.is_empty() {
-            Default::default()
-        } else {
-            self.store.try_apply(entries).await?
-        };
-        if !request.lease_id.is_empty() {
-            // After the apply: waiters are woken with the merged result, or, for an empty
-            // Record, the lease is given up and passes to the next waiter that can tune.
-            self.coordinator.complete_lease(&request.lease_id);
-        }
+        let outcome = self.coordinator.record(entries, &request.lease_id).await?;
         count(&self.counters.entries_stored, outcome.stored as usize);
         count(&self.counters.entries_unchanged, outcome.unchanged as usize);
         Ok(Response::new(v1::RecordResponse {

@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -105,9 +105,9 @@ struct Shared {
     /// entry in both is one allocation).
     own: ArcSwap<EntryMap>,
     counters: StoreCounters,
-    listener: OnceLock<Arc<dyn ChangeListener>>,
-    /// Further listeners (the cluster tier's publish feed), told after `listener`.
-    more_listeners: std::sync::RwLock<Vec<Arc<dyn ChangeListener>>>,
+    /// Told about changed entries, in the order they were added (the coordinator's waiters,
+    /// the cluster tier's publish feed).
+    listeners: std::sync::RwLock<Vec<Arc<dyn ChangeListener>>>,
     fsync: FsyncPolicy,
     /// Room in the write queue, in `QUEUE_UNIT_BYTES` units: what bounds the memory held
     /// by writes waiting for the writer (and its disk).
@@ -187,8 +187,7 @@ impl Store {
             map: ArcSwap::from_pointee(map),
             own: ArcSwap::from_pointee(own),
             counters: StoreCounters::default(),
-            listener: OnceLock::new(),
-            more_listeners: Default::default(),
+            listeners: Default::default(),
             fsync,
             queue_room: Arc::new(Semaphore::new(queue_units as usize)),
             queue_units,
@@ -219,15 +218,10 @@ impl Store {
         ))
     }
 
-    /// Registers the one listener told about changed entries. Later calls are ignored.
-    pub fn set_change_listener(&self, listener: Arc<dyn ChangeListener>) {
-        let _ = self.shared.listener.set(listener);
-    }
-
-    /// Adds a listener told about changed entries after the one set above.
+    /// Adds a listener told about changed entries, after those added before it.
     pub fn add_change_listener(&self, listener: Arc<dyn ChangeListener>) {
         self.shared
-            .more_listeners
+            .listeners
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .push(listener);
@@ -586,15 +580,12 @@ impl Writer {
                 .counters
                 .generation
                 .fetch_add(1, Ordering::Release);
-            if let (Some(listener), false) = (self.shared.listener.get(), changed.is_empty()) {
-                listener.entries_changed(&changed);
-            }
-            let more = self
+            let listeners = self
                 .shared
-                .more_listeners
+                .listeners
                 .read()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            for listener in more.iter() {
+            for listener in listeners.iter() {
                 listener.entries_changed(&changed);
             }
         }
