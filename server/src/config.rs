@@ -238,6 +238,24 @@ impl Config {
         })
     }
 
+    /// The cluster tier's settings, checked; `None` without `--cluster-url`.
+    pub(crate) fn cluster_settings(
+        &self,
+    ) -> crate::Result<Option<crate::cluster::ClusterSettings>> {
+        let Some(url) = self.cluster_url.as_deref().filter(|u| !u.is_empty()) else {
+            return Ok(None);
+        };
+        crate::cluster::ClusterSettings::new(
+            url,
+            self.cluster_password_file.as_deref(),
+            self.cluster_prefix.clone(),
+            Duration::from_millis(self.cluster_timeout_ms.max(1)),
+            Duration::from_millis(self.cluster_lease_ms.max(300)),
+            self.node_name(),
+        )
+        .map(Some)
+    }
+
     /// `--socket`/`$TUNECACHE_SOCKET`, then `$RUNTIME_DIRECTORY/tunecache.sock` (systemd's
     /// `RuntimeDirectory=`), then the XDG/tmp default every client uses.
     pub fn socket_path(&self) -> PathBuf {

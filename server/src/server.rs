@@ -140,7 +140,8 @@ pub async fn run(
         config.preface_timeout(),
     ));
     // The cluster tier connects in the background: Redis being down delays nothing here.
-    let cluster = crate::cluster::ClusterSettings::from_config(&config)?
+    let cluster = config
+        .cluster_settings()?
         .map(|settings| crate::cluster::Cluster::start(settings, store.clone(), stop.clone()));
     if let Some(cluster) = &cluster {
         coordinator.set_cluster(cluster.clone());

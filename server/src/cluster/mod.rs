@@ -16,7 +16,7 @@ mod publish;
 mod scripts;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -46,12 +46,17 @@ pub struct ClusterSettings {
 }
 
 impl ClusterSettings {
-    /// `None` without `--cluster-url`. The password comes from the URL or the password file
-    /// and never appears in `shown_url`.
-    pub fn from_config(config: &crate::Config) -> crate::Result<Option<ClusterSettings>> {
-        let Some(url) = config.cluster_url.as_deref().filter(|u| !u.is_empty()) else {
-            return Ok(None);
-        };
+    /// Checks the `--cluster-*` values `Config::cluster_settings` hands over: the URL parses,
+    /// the password file reads, the prefix is a usable key prefix. The password comes from the
+    /// URL or the password file and never appears in `shown_url`.
+    pub fn new(
+        url: &str,
+        password_file: Option<&Path>,
+        prefix: String,
+        timeout: Duration,
+        lease_ttl: Duration,
+        node_name: String,
+    ) -> crate::Result<ClusterSettings> {
         let bad = |why: String| crate::Error::ClusterConfig(why);
         let mut info = url.into_connection_info().map_err(|e| {
             bad(format!(
@@ -59,22 +64,22 @@ impl ClusterSettings {
                 e.to_string().replace(url, "<url>")
             ))
         })?;
-        if let Some(path) = &config.cluster_password_file {
+        if let Some(path) = password_file {
             info.redis.password = Some(read_password(path).map_err(bad)?);
         }
-        keys::check_prefix(&config.cluster_prefix).map_err(bad)?;
-        Ok(Some(ClusterSettings {
+        keys::check_prefix(&prefix).map_err(bad)?;
+        Ok(ClusterSettings {
             shown_url: link::shown_url(&info),
             info,
-            prefix: config.cluster_prefix.clone(),
-            timeout: Duration::from_millis(config.cluster_timeout_ms.max(1)),
-            lease_ttl: Duration::from_millis(config.cluster_lease_ms.max(300)),
-            node_name: config.node_name(),
-        }))
+            prefix,
+            timeout,
+            lease_ttl,
+            node_name,
+        })
     }
 }
 
-fn read_password(path: &PathBuf) -> Result<String, String> {
+fn read_password(path: &Path) -> Result<String, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("--cluster-password-file {}: {e}", path.display()))?;
     Ok(text.trim_end_matches(['\r', '\n']).to_owned())
