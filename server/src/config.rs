@@ -352,3 +352,79 @@ fn state_directory() -> Option<PathBuf> {
 fn runtime_directory() -> Option<PathBuf> {
     first_directory("RUNTIME_DIRECTORY")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(args: &[&str]) -> Config {
+        Config::parse_from(std::iter::once("tunecached").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn cluster_settings_come_from_the_cluster_flags() {
+        assert!(config(&[]).cluster_settings().unwrap().is_none());
+        assert!(config(&["--cluster-url", ""])
+            .cluster_settings()
+            .unwrap()
+            .is_none());
+
+        let dir = tempfile::tempdir().unwrap();
+        let password = dir.path().join("password");
+        std::fs::write(&password, "s3cret\n").unwrap();
+        let settings = config(&[
+            "--cluster-url",
+            "redis://user@10.1.2.3:6380/2",
+            "--cluster-password-file",
+            password.to_str().unwrap(),
+            "--cluster-prefix",
+            "site-a:",
+            "--cluster-timeout-ms",
+            "0",
+            "--cluster-lease-ms",
+            "5",
+            "--node-name",
+            "n7",
+        ])
+        .cluster_settings()
+        .unwrap()
+        .expect("settings with --cluster-url");
+        assert_eq!(settings.info.redis.password.as_deref(), Some("s3cret"));
+        assert!(
+            !settings.shown_url.contains("s3cret"),
+            "{}",
+            settings.shown_url
+        );
+        assert_eq!(settings.prefix, "site-a:");
+        assert_eq!(settings.timeout, Duration::from_millis(1), "at least 1 ms");
+        assert_eq!(
+            settings.lease_ttl,
+            Duration::from_millis(300),
+            "at least 300 ms"
+        );
+        assert_eq!(settings.node_name, "n7");
+    }
+
+    #[test]
+    fn bad_cluster_flags_are_refused_by_name() {
+        let error = |args: &[&str]| match config(args).cluster_settings() {
+            Err(error) => error.to_string(),
+            Ok(_) => panic!("{args:?} accepted"),
+        };
+        let bad_url = error(&["--cluster-url", "http://pw@example"]);
+        assert!(bad_url.contains("--cluster-url"), "{bad_url}");
+        assert!(
+            !bad_url.contains("pw@example"),
+            "the URL is not echoed: {bad_url}"
+        );
+        let bad_prefix = error(&["--cluster-url", "redis://h", "--cluster-prefix", "{a}"]);
+        assert!(bad_prefix.contains("--cluster-prefix"), "{bad_prefix}");
+        let no_file = error(&[
+            "--cluster-url",
+            "redis://h",
+            "--cluster-password-file",
+            "/nonexistent/tunecache-password",
+        ]);
+        assert!(no_file.contains("--cluster-password-file"), "{no_file}");
+    }
+}
