@@ -6,13 +6,26 @@
 //! The check guards the TuneCache service only: health and reflection stay open to anyone who
 //! can connect, so a monitor or grpcurl can probe the daemon without being on the list; they
 //! reveal no cache content.
+//!
+//! SO_PEERCRED carries the primary gid only, so a caller allowed through a supplementary group
+//! is found in `/proc/<pid>/status`. That read is file I/O: it runs on the blocking pool with a
+//! bounded wait, once per connection (the first call that needs it), never on the runtime.
 
 use std::collections::HashSet;
+use std::convert::Infallible;
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use nix::unistd::{Gid, Group, Uid};
 use tokio::net::unix::UCred;
+use tokio::sync::OnceCell;
+use tonic::body::Body;
+use tonic::codegen::http;
+use tonic::server::NamedService;
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Status};
 
@@ -39,16 +52,62 @@ impl AccessPolicy {
         Ok(AccessPolicy { uids, gids })
     }
 
-    fn allows(&self, uid: u32, gid: u32, pid: Option<i32>) -> bool {
-        if self.uids.contains(&uid) || self.gids.contains(&gid) {
+    /// Allowed by uid or primary gid, without looking further.
+    fn allows_directly(&self, uid: u32, gid: u32) -> bool {
+        self.uids.contains(&uid) || self.gids.contains(&gid)
+    }
+
+    async fn allows(&self, peer: &PeerInfo, uid: u32, gid: u32) -> bool {
+        if self.allows_directly(uid, gid) {
             return true;
         }
-        // SO_PEERCRED carries the primary gid only; a rank whose allowed group is a
-        // supplementary one is found through /proc (only read when a gid list is configured).
+        // Only looked up when a gid list is configured.
         !self.gids.is_empty()
-            && pid
-                .and_then(supplementary_groups)
+            && peer
+                .supplementary_groups()
+                .await
                 .is_some_and(|groups| groups.iter().any(|g| self.gids.contains(g)))
+    }
+}
+
+/// Longest a call waits for the caller's `/proc/<pid>/status`; a read that takes longer
+/// counts as no supplementary groups for this call, and the next call tries again.
+const GROUPS_READ_BOUND: Duration = Duration::from_secs(2);
+
+/// What a connection tells about its peer: the kernel's credentials from accept, and the
+/// peer's supplementary groups once a call needed them. One per connection: tonic puts a
+/// clone in every request's extensions.
+#[derive(Clone, Debug)]
+pub struct PeerInfo {
+    uds: UdsConnectInfo,
+    groups: Arc<OnceCell<Option<Arc<[u32]>>>>,
+}
+
+impl PeerInfo {
+    pub fn new(uds: UdsConnectInfo) -> Self {
+        PeerInfo {
+            uds,
+            groups: Arc::default(),
+        }
+    }
+
+    /// The peer's supplementary groups, read off the runtime on first use and kept for the
+    /// connection; `None` when unknown (no pid, the process is gone, or the read timed out).
+    async fn supplementary_groups(&self) -> Option<Arc<[u32]>> {
+        let pid = self.uds.peer_cred.and_then(|cred| cred.pid())?;
+        let read = || async move {
+            let groups = tokio::task::spawn_blocking(move || supplementary_groups(pid));
+            match tokio::time::timeout(GROUPS_READ_BOUND, groups).await {
+                Ok(Ok(groups)) => Ok(groups.map(Arc::from)),
+                Ok(Err(_)) | Err(_) => Err(()),
+            }
+        };
+        self.groups
+            .get_or_try_init(read)
+            .await
+            .ok()
+            .cloned()
+            .flatten()
     }
 }
 
@@ -68,11 +127,12 @@ fn supplementary_groups(pid: i32) -> Option<Vec<u32>> {
 pub fn peer_credentials<T>(request: &Request<T>) -> Option<UCred> {
     request
         .extensions()
-        .get::<UdsConnectInfo>()
-        .and_then(|info| info.peer_cred)
+        .get::<PeerInfo>()
+        .and_then(|peer| peer.uds.peer_cred)
 }
 
-/// The per-call check, as a tonic interceptor on the TuneCache service.
+/// The per-call check: the policy and which refused uids were logged. Shared by every
+/// connection's `Checked` service.
 #[derive(Clone)]
 pub struct PeerCheck {
     policy: Arc<AccessPolicy>,
@@ -85,6 +145,31 @@ impl PeerCheck {
             policy: Arc::new(policy),
             denied_uids_logged: Arc::default(),
         }
+    }
+
+    /// Wraps `inner` so that every call passes this check first.
+    pub fn guard<S>(self, inner: S) -> Checked<S> {
+        Checked { inner, check: self }
+    }
+
+    /// Admits the caller of one call, or says why not.
+    async fn admit(&self, peer: Option<&PeerInfo>) -> Result<(), Status> {
+        let Some((peer, credentials)) =
+            peer.and_then(|peer| peer.uds.peer_cred.map(|cred| (peer, cred)))
+        else {
+            return Err(Status::permission_denied(
+                "tunecached cannot tell who the caller is (no peer credentials)",
+            ));
+        };
+        let (uid, gid, pid) = (credentials.uid(), credentials.gid(), credentials.pid());
+        if self.policy.allows(peer, uid, gid).await {
+            return Ok(());
+        }
+        self.log_denial_once(uid, gid, pid);
+        Err(Status::permission_denied(format!(
+            "uid {uid} may not use this tunecached; ask its operator to add --allow-uid {uid} \
+             or --allow-gid with one of your groups"
+        )))
     }
 
     fn log_denial_once(&self, uid: u32, gid: u32, pid: Option<i32>) {
@@ -104,23 +189,49 @@ impl PeerCheck {
     }
 }
 
-impl tonic::service::Interceptor for PeerCheck {
-    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let Some(credentials) = peer_credentials(&request) else {
-            return Err(Status::permission_denied(
-                "tunecached cannot tell who the caller is (no peer credentials)",
-            ));
-        };
-        let (uid, gid, pid) = (credentials.uid(), credentials.gid(), credentials.pid());
-        if self.policy.allows(uid, gid, pid) {
-            return Ok(request);
-        }
-        self.log_denial_once(uid, gid, pid);
-        Err(Status::permission_denied(format!(
-            "uid {uid} may not use this tunecached; ask its operator to add --allow-uid {uid} \
-             or --allow-gid with one of your groups"
-        )))
+/// A gRPC service behind the peer check: a refused call is answered PERMISSION_DENIED and
+/// never reaches `inner`.
+#[derive(Clone)]
+pub struct Checked<S> {
+    inner: S,
+    check: PeerCheck,
+}
+
+type CheckedFuture<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
+
+impl<S, B> tower::Service<http::Request<B>> for Checked<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = CheckedFuture<Self::Response>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
     }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        // The clone that was polled ready serves this call; the fresh one waits for the next.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let check = self.check.clone();
+        Box::pin(async move {
+            match check.admit(request.extensions().get::<PeerInfo>()).await {
+                Ok(()) => inner.call(request).await,
+                Err(status) => Ok(status.into_http()),
+            }
+        })
+    }
+}
+
+impl<S: NamedService> NamedService for Checked<S> {
+    const NAME: &'static str = S::NAME;
 }
 
 /// A group given by name or number.

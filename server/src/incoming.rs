@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::time::Sleep;
 use tokio_stream::Stream;
-use tonic::transport::server::{Connected, UdsConnectInfo};
+use tonic::transport::server::Connected;
 
 use crate::limits::ConnectionLimits;
 
@@ -226,10 +226,11 @@ pub struct Connection {
 }
 
 impl Connected for Connection {
-    type ConnectInfo = UdsConnectInfo;
+    type ConnectInfo = crate::access::PeerInfo;
 
+    /// Asked once per connection; every call on it gets a clone (see `access::PeerInfo`).
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
+        crate::access::PeerInfo::new(self.stream.connect_info())
     }
 }
 

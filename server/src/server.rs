@@ -207,19 +207,16 @@ pub async fn run(
         }
     };
     // The peer check guards TuneCache only; health and reflection stay open (see `access`).
-    let tune_cache = tonic::service::interceptor::InterceptedService::new(
-        crate::idle::Touching::new(
-            crate::wire::WireRoutes::new(
-                TuneCacheServer::from_arc(Arc::clone(&service))
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
-                service,
-                MAX_MESSAGE_BYTES,
-            ),
-            activity,
+    let tune_cache = peer_check.guard(crate::idle::Touching::new(
+        crate::wire::WireRoutes::new(
+            TuneCacheServer::from_arc(Arc::clone(&service))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            service,
+            MAX_MESSAGE_BYTES,
         ),
-        peer_check,
-    );
+        activity,
+    ));
     // --- end deployment block ---
 
     let serve_stop = stop.clone();

@@ -478,6 +478,48 @@ async fn callers_of_other_uids_are_refused_unless_allowed() {
     );
 }
 
+/// Runs the `tunecache` CLI as uid/gid 65534 with the given supplementary groups.
+fn cli_as_nobody_in_groups(setpriv: &Path, socket: &Path, groups: &str) -> std::process::Output {
+    Command::new(setpriv)
+        .args(["--reuid", "65534", "--regid", "65534", "--groups", groups])
+        .arg(bin("tunecache"))
+        .arg("--socket")
+        .arg(socket)
+        .arg("stats")
+        .output()
+        .unwrap()
+}
+
+/// SO_PEERCRED carries only the primary gid: an allowed supplementary group is found through
+/// the caller's /proc status, on every connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_in_an_allowed_supplementary_group_are_admitted() {
+    if !require_root("acting as another uid") {
+        return;
+    }
+    let Some(setpriv) = require_tool("setpriv", None) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let daemon =
+        Daemon::start_with(DaemonOptions::new(dir.path()).args(["--allow-gid", "4242"])).await;
+    open_to_everyone(dir.path(), &daemon.socket);
+    for _ in 0..2 {
+        let output = cli_as_nobody_in_groups(&setpriv, &daemon.socket, "100,4242");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let output = cli_as_nobody_in_groups(&setpriv, &daemon.socket, "100,4243");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("uid 65534 may not use"), "{stderr}");
+    let output = cli_as_nobody(&setpriv, &daemon.socket, &["stats"]);
+    assert_eq!(output.status.code(), Some(2), "no groups at all");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socket_group_is_applied() {
     if !require_root("chown to another group") {
