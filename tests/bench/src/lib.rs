@@ -7,6 +7,7 @@ pub mod cache_file;
 pub mod daemon;
 pub mod filelock;
 pub mod multinode;
+pub mod python_ranks;
 pub mod scenario;
 pub mod tunecache_system;
 pub mod workload;

@@ -14,6 +14,10 @@ use tunecache_bench::filelock::Variant;
 use tunecache_bench::scenario::{filelock_rank_binary, run_scenario, FileLockPeer, ScenarioSpec};
 use tunecache_bench::workload::write_initial_cache;
 
+/// E of `suite --python-matrix`: a rank loading a 5,000-entry cache and adding 100 entries,
+/// the start-up the Python cold-start target is stated for.
+const PYTHON_MATRIX_NEW_ENTRIES: usize = 100;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "tunecache-bench",
@@ -70,6 +74,24 @@ enum Commands {
         /// workspace].
         #[arg(long)]
         python_dir: Option<PathBuf>,
+        /// Add Python ranks to the matrix (the file-lock "before" peer and tunecache through
+        /// the Python client, grpcio) and the Python parse floor; needs the client's .venv.
+        #[arg(long)]
+        python: bool,
+        /// Run the matrix on these filesystems only (local, slowfs-<N>ms) [default: the
+        /// suite's: local, slowfs-5ms, slowfs-50ms; quick: local, slowfs-1ms].
+        #[arg(long, value_delimiter = ',')]
+        filesystems: Option<Vec<String>>,
+        /// Ranks R of the matrix [default: 8,32,128; quick: 2,4].
+        #[arg(long, value_delimiter = ',')]
+        ranks: Option<Vec<u32>>,
+        /// Entries each rank tunes and saves, E [default: 50; quick: 10].
+        #[arg(long)]
+        new_entries: Option<usize>,
+        /// The Python cold-start matrix alone: --python --skip-micro --filesystems
+        /// local,slowfs-50ms --new-entries 100 (each flag given explicitly wins).
+        #[arg(long)]
+        python_matrix: bool,
     },
     /// N daemons sharing one directory: bytes per new entry, time to reach every node, idle
     /// bytes and a joining node's load time, snapshot format 2 beside format 1.
@@ -170,7 +192,22 @@ fn main() -> Result<()> {
             skip_matrix,
             skip_micro,
             python_dir,
+            python,
+            filesystems,
+            ranks,
+            new_entries,
+            python_matrix,
         } => {
+            let (python, skip_micro, filesystems, new_entries) = if python_matrix {
+                (
+                    true,
+                    true,
+                    filesystems.or_else(|| Some(vec!["local".into(), "slowfs-50ms".into()])),
+                    new_entries.or(Some(PYTHON_MATRIX_NEW_ENTRIES)),
+                )
+            } else {
+                (python, skip_micro, filesystems, new_entries)
+            };
             let run_limit_s = run_limit_s.unwrap_or(if quick { 30.0 } else { 120.0 });
             let options = suite::SuiteOptions {
                 out_dir: out.clone(),
@@ -182,6 +219,10 @@ fn main() -> Result<()> {
                 python_dir: python_dir.unwrap_or_else(|| {
                     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../client/python")
                 }),
+                python,
+                filesystems,
+                ranks,
+                new_entries,
                 command_line: std::env::args().collect::<Vec<_>>().join(" "),
             };
             suite::run_suite(&options)?;

@@ -250,6 +250,11 @@ impl TunecacheSystem {
             last_accounting: SnapshotAccounting::default(),
         })
     }
+
+    /// The socket of the daemon `prepare` started (empty before the first `prepare`).
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
 }
 
 /// Total size of the segments this scenario's node published under `<dir>/v2/`.

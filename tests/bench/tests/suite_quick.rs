@@ -1,7 +1,8 @@
 //! End-to-end check of `tunecache-bench suite --quick` through the real binaries (daemon,
 //! rank processes, slowfs when /dev/fuse exists, the Python client when its venv exists):
 //! every output file is written and every expected row is present with finite numbers.
-//! No timing assertions: the quick suite judges nothing.
+//! With the client's venv present the Python ranks run too (`--python`), and every rank of every
+//! system must load the shared entries and its own, no more. No timing assertions: the quick suite judges nothing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -50,7 +51,7 @@ fn array<'a>(value: &'a Value, field: &str) -> &'a Vec<Value> {
         .unwrap_or_else(|| panic!("{field} missing or not an array"))
 }
 
-fn check_outputs(out: &Path) {
+fn check_outputs(out: &Path, python: bool) {
     let text = std::fs::read_to_string(out.join("results.json")).expect("results.json");
     let results: Value = serde_json::from_str(&text).expect("results.json is JSON");
     let settings = &results["settings"];
@@ -61,9 +62,11 @@ fn check_outputs(out: &Path) {
         assert_eq!(skipped, 0, "slowfs skipped: {settings}");
     }
     let scenarios = array(&results, "scenarios");
+    let systems = array(settings, "systems").len();
+    assert_eq!(systems, if python { 5 } else { 3 }, "{settings}");
     assert_eq!(
         scenarios.len(),
-        (filesystems - skipped) * ranks.len() * 3,
+        (filesystems - skipped) * ranks.len() * systems,
         "one row per filesystem x R x system"
     );
     for row in scenarios {
@@ -82,16 +85,57 @@ fn check_outputs(out: &Path) {
         assert_eq!(row["failures"], 0, "{row}");
         assert_eq!(row["timed_out"], false, "{row}");
         assert_eq!(row["ranks_done"], row["ranks"], "{row}");
-        if row["system"] == "tunecache" {
+        assert!(number(row, "entries_loaded_min") > 0.0, "{row}");
+        if row["system"] == "tunecache" || row["system"] == "tunecache-py" {
             assert!(row["snapshot"].is_object(), "{row}");
             assert!(row["snapshot"]["final_snapshot_error"].is_null(), "{row}");
         }
     }
-    for system in ["filelock-before", "filelock-after", "tunecache"] {
+    let mut expected = vec!["filelock-before", "filelock-after", "tunecache"];
+    if python {
+        expected.extend(["filelock-py-before", "tunecache-py"]);
+    }
+    for system in expected {
         assert!(
             scenarios.iter().any(|row| row["system"] == system),
             "no {system} rows"
         );
+    }
+    if python {
+        let python_floor = &results["python_floor"];
+        let by_ranks = array(python_floor, "by_ranks");
+        assert_eq!(by_ranks.len(), ranks.len(), "{python_floor}");
+        for parse in by_ranks {
+            for field in ["scan_parse_ms", "scan_view_ms", "file_parse_ms"] {
+                assert!(number(parse, field) > 0.0, "{field}: {parse}");
+            }
+            assert!(number(parse, "scan_bytes") > 0.0, "{parse}");
+            assert_eq!(parse["file_entries"], settings["existing"], "{parse}");
+        }
+        // Every rank, Rust or Python, file or daemon, loads the shared entries and its own:
+        // what rank 0's Scan holds (one fewer for a rank without a remainder entry), plus at
+        // most the new shared entries of ranks that saved before it loaded.
+        let new_shared =
+            (number(settings, "new_entries") * number(settings, "shared_fraction")).round();
+        for row in scenarios {
+            let parse = by_ranks
+                .iter()
+                .find(|parse| parse["ranks"] == row["ranks"])
+                .expect("python floor for every R");
+            let view = number(parse, "view_entries");
+            let (fewest, most) = (
+                number(row, "entries_loaded_min"),
+                number(row, "entries_loaded_max"),
+            );
+            assert!(
+                view - 1.0 <= fewest && most <= view + new_shared,
+                "{row}: loaded {fewest}..{most}, expected {}..{}",
+                view - 1.0,
+                view + new_shared
+            );
+        }
+    } else {
+        assert!(results["python_floor"].is_null());
     }
     let floor = &results["floor"];
     number(floor, "parse_ms_median");
@@ -156,17 +200,26 @@ fn quick_suite_writes_every_row() {
     build_other_binaries();
     let out = tempfile::tempdir().expect("tempdir");
     let python_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../client/python");
-    let output = Command::new(env!("CARGO_BIN_EXE_tunecache-bench"))
+    // The Python ranks need the client's venv (client/python/run_tests.sh makes it); CI runs
+    // this test before that script, so without it the quick suite runs the Rust ranks only.
+    let python = python_dir.join(".venv/bin/python").exists();
+    if !python {
+        eprintln!("no client/python/.venv: quick suite without the Python ranks");
+    }
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tunecache-bench"));
+    command
         .args(["suite", "--quick", "--out"])
         .arg(out.path())
         .arg("--python-dir")
-        .arg(python_dir)
-        .output()
-        .expect("run tunecache-bench suite --quick");
+        .arg(python_dir);
+    if python {
+        command.arg("--python");
+    }
+    let output = command.output().expect("run tunecache-bench suite --quick");
     assert!(
         output.status.success(),
         "suite failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    check_outputs(out.path());
+    check_outputs(out.path(), python);
 }

@@ -1,7 +1,9 @@
 //! Owns the `suite` subcommand: the whole benchmark in one run. It mounts the filesystems
 //! under test (local disk, slowfs at each latency), runs the scenario matrix (before / after
-//! / tunecache x R) on each, measures the parse floor and the daemon micro-benchmarks
-//! (`micro`), and writes the JSON results, the Markdown tables and the plot (`report`).
+//! / tunecache x R, and with `--python` the Python ranks: the file-lock peer and tunecache
+//! through the Python client) on each, measures the parse floors and the daemon
+//! micro-benchmarks (`micro`), and writes the JSON results, the Markdown tables and the plot
+//! (`report`).
 
 pub mod cluster;
 mod micro;
@@ -16,6 +18,9 @@ use serde::Serialize;
 use tunecache_bench::cache_file::CacheDocument;
 use tunecache_bench::daemon::workspace_binary;
 use tunecache_bench::filelock::Variant;
+use tunecache_bench::python_ranks::{
+    measure_python_parse, PythonEnv, PythonFileLockPeer, PythonParse, PythonTunecacheSystem,
+};
 use tunecache_bench::scenario::{
     run_scenario_with_limit, FileLockPeer, ScenarioResult, ScenarioSpec, SystemUnderTest,
 };
@@ -35,6 +40,15 @@ pub struct SuiteOptions {
     pub skip_micro: bool,
     /// `client/python` with its `.venv`.
     pub python_dir: PathBuf,
+    /// Add the Python ranks (file-lock "before" peer and tunecache through the Python client)
+    /// to the matrix, and the Python parse floor.
+    pub python: bool,
+    /// Run the matrix on these filesystems only (labels: local, slowfs-<N>ms).
+    pub filesystems: Option<Vec<String>>,
+    /// Override R of the matrix.
+    pub ranks: Option<Vec<u32>>,
+    /// Override E (entries each rank tunes).
+    pub new_entries: Option<usize>,
     /// The command line, recorded in the results.
     pub command_line: String,
 }
@@ -51,6 +65,8 @@ pub struct FilesystemSpec {
 #[derive(Debug, Clone, Serialize)]
 pub struct SuiteSettings {
     pub quick: bool,
+    /// The systems of the matrix, in run order (see [`ALL_SYSTEMS`]).
+    pub systems: Vec<String>,
     pub ranks: Vec<u32>,
     pub existing: usize,
     pub new_entries: usize,
@@ -83,6 +99,9 @@ pub struct ScenarioRow {
     pub timed_out: bool,
     /// Ranks that finished (all of them unless the run timed out or a rank failed).
     pub ranks_done: usize,
+    /// Fewest and most entries a rank loaded.
+    pub entries_loaded_min: usize,
+    pub entries_loaded_max: usize,
     /// Median over ranks of each rank's time in cache calls (load + save).
     pub cache_ms_median: f64,
     /// Worst rank's time in cache calls (among the ranks that finished).
@@ -121,7 +140,17 @@ pub struct SuiteResults {
     pub duration_s: f64,
     pub scenarios: Vec<ScenarioRow>,
     pub floor: Option<ParseFloor>,
+    /// With `--python`: what one Python rank parses at least, per R (see [`PythonFloor`]).
+    pub python_floor: Option<PythonFloor>,
     pub micro: Option<MicroResults>,
+}
+
+/// The Python floor: each rank's own parse of what it loads, spread over the cores.
+#[derive(Debug, Clone, Serialize)]
+pub struct PythonFloor {
+    pub cores: usize,
+    /// One uncontended Python process's medians, per R.
+    pub by_ranks: Vec<PythonParse>,
 }
 
 fn read_trimmed(path: &str) -> String {
@@ -198,6 +227,18 @@ fn row_from(
         wall_ms: result.wall_ms,
         timed_out: result.timed_out,
         ranks_done: result.ranks.len(),
+        entries_loaded_min: result
+            .ranks
+            .iter()
+            .map(|r| r.entries_loaded)
+            .min()
+            .unwrap_or(0),
+        entries_loaded_max: result
+            .ranks
+            .iter()
+            .map(|r| r.entries_loaded)
+            .max()
+            .unwrap_or(0),
         cache_ms_worst: worst(&cache),
         cache_ms_median: median(&mut cache),
         load_ms_worst: worst(&load),
@@ -248,18 +289,56 @@ fn measure_parse_floor(
     })
 }
 
+/// The Python floor for every R of the matrix (one daemon per R, set up as the scenario's).
+fn measure_python_floor(
+    env: &PythonEnv,
+    daemon: &mut TunecacheSystem,
+    dir: &Path,
+    settings: &SuiteSettings,
+    iterations: usize,
+) -> Result<PythonFloor> {
+    let mut by_ranks = Vec::with_capacity(settings.ranks.len());
+    for &ranks in &settings.ranks {
+        let spec = ScenarioSpec {
+            dir: dir.join(format!("r{ranks}")),
+            ranks,
+            existing: settings.existing,
+            new_entries: settings.new_entries,
+            shared_fraction: settings.shared_fraction,
+        };
+        let parse =
+            measure_python_parse(env, daemon, &spec, iterations).map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(
+            parse.file_entries == settings.existing,
+            "python floor: the file holds {} entries, not {}",
+            parse.file_entries,
+            settings.existing
+        );
+        by_ranks.push(parse);
+    }
+    Ok(PythonFloor {
+        cores: cores(),
+        by_ranks,
+    })
+}
+
 /// Progress on stderr; the results go to files.
 fn progress(message: &str) {
     eprintln!("[suite] {message}");
 }
 
-/// The systems of the matrix, in run order.
-const SYSTEMS: [&str; 3] = ["before", "after", "tunecache"];
+/// The Rust systems of the matrix, in run order.
+const RUST_SYSTEMS: [&str; 3] = ["before", "after", "tunecache"];
+/// Every system the matrix knows, in run order: the file-lock peer "before" and "after"
+/// (Rust ranks), "before" with Python ranks, tunecache with Rust ranks and with Python ranks.
+pub const ALL_SYSTEMS: [&str; 5] = ["before", "after", "before-py", "tunecache", "tunecache-py"];
 
 struct Matrix<'a> {
     settings: &'a SuiteSettings,
     filelock_rank: PathBuf,
     tunecache: TunecacheSystem,
+    /// With `--python`: the Python ranks' systems.
+    python: Option<(PythonFileLockPeer, PythonTunecacheSystem)>,
 }
 
 impl Matrix<'_> {
@@ -278,12 +357,22 @@ impl Matrix<'_> {
             shared_fraction: self.settings.shared_fraction,
         };
         let limit = Some(Duration::from_secs_f64(self.settings.run_limit_s));
-        let (result, snapshot) = match system {
-            "tunecache" => {
+        let (result, snapshot) = match (system, self.python.as_mut()) {
+            ("tunecache", _) => {
                 let result = run_scenario_with_limit(&mut self.tunecache, &spec, limit)?;
                 (result, Some(self.tunecache.last_accounting.clone()))
             }
-            variant => {
+            ("tunecache-py", Some((_, tunecache_py))) => {
+                let result = run_scenario_with_limit(tunecache_py, &spec, limit)?;
+                (result, Some(tunecache_py.inner.last_accounting.clone()))
+            }
+            ("before-py", Some((filelock_py, _))) => {
+                (run_scenario_with_limit(filelock_py, &spec, limit)?, None)
+            }
+            ("tunecache-py" | "before-py", None) => {
+                anyhow::bail!("{system} needs the Python ranks (--python)")
+            }
+            (variant, _) => {
                 let variant = if variant == "before" {
                     Variant::Before
                 } else {
@@ -346,6 +435,7 @@ pub fn run_suite(options: &SuiteOptions) -> Result<SuiteResults> {
     let mut settings = if options.quick {
         SuiteSettings {
             quick: true,
+            systems: Vec::new(),
             ranks: vec![2, 4],
             existing: 200,
             new_entries: 10,
@@ -367,6 +457,7 @@ pub fn run_suite(options: &SuiteOptions) -> Result<SuiteResults> {
     } else {
         SuiteSettings {
             quick: false,
+            systems: Vec::new(),
             ranks: vec![8, 32, 128],
             existing: 5_000,
             new_entries: 50,
@@ -390,6 +481,52 @@ pub fn run_suite(options: &SuiteOptions) -> Result<SuiteResults> {
             filesystems_skipped: Vec::new(),
         }
     };
+    if let Some(ranks) = &options.ranks {
+        settings.ranks.clone_from(ranks);
+    }
+    if let Some(new_entries) = options.new_entries {
+        settings.new_entries = new_entries;
+    }
+    if let Some(wanted) = &options.filesystems {
+        let known: Vec<String> = settings
+            .filesystems
+            .iter()
+            .map(|fs| fs.label.clone())
+            .collect();
+        let mut chosen = Vec::new();
+        for label in wanted {
+            let latency_ms = match label.as_str() {
+                "local" => None,
+                other => Some(
+                    other
+                        .strip_prefix("slowfs-")
+                        .and_then(|rest| rest.strip_suffix("ms"))
+                        .and_then(|ms| ms.parse::<u64>().ok())
+                        .with_context(|| {
+                            format!(
+                                "unknown filesystem {other:?}: local or slowfs-<N>ms (the suite's: {})",
+                                known.join(", ")
+                            )
+                        })?,
+                ),
+            };
+            chosen.push(FilesystemSpec {
+                label: label.clone(),
+                latency_ms,
+            });
+        }
+        settings.filesystems = chosen;
+    }
+    let python_env = if options.python {
+        Some(PythonEnv::find(&options.python_dir).map_err(anyhow::Error::msg)?)
+    } else {
+        None
+    };
+    settings.systems = ALL_SYSTEMS
+        .iter()
+        .filter(|system| options.python || RUST_SYSTEMS.contains(system))
+        .map(|system| (*system).to_owned())
+        .collect();
     let started_unix_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|elapsed| elapsed.as_secs())
@@ -401,6 +538,7 @@ pub fn run_suite(options: &SuiteOptions) -> Result<SuiteResults> {
         duration_s: 0.0,
         scenarios: Vec::new(),
         floor: None,
+        python_floor: None,
         micro: None,
     };
 
@@ -413,14 +551,29 @@ pub fn run_suite(options: &SuiteOptions) -> Result<SuiteResults> {
     );
 
     if !options.skip_matrix {
+        let new_tunecache = |dir: &str| {
+            TunecacheSystem::new(
+                daemon_binary.clone(),
+                workspace_binary("tunecache-rank"),
+                &scratch.path().join(dir),
+            )
+        };
+        let python = match &python_env {
+            Some(env) => Some((
+                PythonFileLockPeer::new(env.clone(), &scratch.path().join("python-ranks")),
+                PythonTunecacheSystem::new(
+                    new_tunecache("daemons-py")?,
+                    env.clone(),
+                    &scratch.path().join("python-ranks"),
+                ),
+            )),
+            None => None,
+        };
         let mut matrix = Matrix {
             settings: &settings,
             filelock_rank: workspace_binary("filelock-rank"),
-            tunecache: TunecacheSystem::new(
-                daemon_binary.clone(),
-                workspace_binary("tunecache-rank"),
-                &scratch.path().join("daemons"),
-            )?,
+            tunecache: new_tunecache("daemons")?,
+            python,
         };
         let mut skipped = Vec::new();
         for filesystem in settings.filesystems.clone() {
@@ -449,7 +602,8 @@ pub fn run_suite(options: &SuiteOptions) -> Result<SuiteResults> {
                 .unwrap_or_else(|| fs_root.clone());
             std::fs::create_dir_all(&root)?;
             for &ranks in &settings.ranks {
-                for system in SYSTEMS {
+                for system in settings.systems.clone() {
+                    let system = system.as_str();
                     progress(&format!("{} R={ranks} {system} ...", filesystem.label));
                     let row = matrix.run_one(system, &filesystem.label, &root, ranks)?;
                     progress(&format!(
@@ -476,6 +630,16 @@ pub fn run_suite(options: &SuiteOptions) -> Result<SuiteResults> {
             &settings.ranks,
             iterations,
         )?);
+        if let Some(env) = &python_env {
+            progress("python parse floor ...");
+            results.python_floor = Some(measure_python_floor(
+                env,
+                &mut new_tunecache("daemons-floor")?,
+                &scratch.path().join("python-floor"),
+                &settings,
+                iterations,
+            )?);
+        }
         report::write_outputs(&options.out_dir, &results)?;
     }
 

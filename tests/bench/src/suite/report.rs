@@ -1,13 +1,13 @@
 //! Owns the suite's outputs: `results.json` (everything measured), `results.md` (the same
-//! figures as Markdown tables) and `wall_vs_ranks.svg` (wall time against R for before /
-//! after / tunecache, one panel per filesystem, log-log, hand-written SVG).
+//! figures as Markdown tables) and `wall_vs_ranks.svg` (wall time against R for every system
+//! of the matrix, one panel per filesystem, log-log, hand-written SVG).
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::{ScenarioRow, SuiteResults, SYSTEMS};
+use super::{PythonFloor, ScenarioRow, SuiteResults};
 
 pub const JSON_NAME: &str = "results.json";
 pub const MARKDOWN_NAME: &str = "results.md";
@@ -32,6 +32,7 @@ fn system_label(system: &str) -> &str {
     match system {
         "filelock-before" | "before" => "before",
         "filelock-after" | "after" => "after",
+        "filelock-py-before" | "before-py" => "before-py",
         other => other,
     }
 }
@@ -202,6 +203,9 @@ pub fn markdown(results: &SuiteResults) -> String {
         }
         let _ = writeln!(out);
     }
+    if let Some(python_floor) = &results.python_floor {
+        python_section(&mut out, results, python_floor);
+    }
     if let Some(micro) = &results.micro {
         let lookup = &micro.lookup;
         let _ = writeln!(
@@ -304,6 +308,8 @@ fn color(system: &str) -> &'static str {
     match system_label(system) {
         "before" => "#d62728",
         "after" => "#ff7f0e",
+        "before-py" => "#8c564b",
+        "tunecache-py" => "#2ca02c",
         _ => "#1f77b4",
     }
 }
@@ -396,7 +402,8 @@ pub fn plot(results: &SuiteResults) -> String {
             left + PANEL_WIDTH / 2.0,
             top + PANEL_HEIGHT + 34.0
         );
-        for system in SYSTEMS {
+        for system in &results.settings.systems {
+            let system = system.as_str();
             let rows: Vec<&ScenarioRow> = results
                 .scenarios
                 .iter()
@@ -440,7 +447,7 @@ pub fn plot(results: &SuiteResults) -> String {
         }
     }
     let legend_y = height - 12.0;
-    for (index, system) in SYSTEMS.iter().enumerate() {
+    for (index, system) in results.settings.systems.iter().enumerate() {
         let x = MARGIN_LEFT + index as f64 * 120.0;
         let _ = writeln!(
             svg,
@@ -454,4 +461,116 @@ pub fn plot(results: &SuiteResults) -> String {
     }
     let _ = writeln!(svg, "</svg>");
     svg
+}
+
+fn find_row<'a>(
+    results: &'a SuiteResults,
+    system: &str,
+    filesystem: &str,
+    ranks: u32,
+) -> Option<&'a ScenarioRow> {
+    results.scenarios.iter().find(|row| {
+        system_label(&row.system) == system && row.filesystem == filesystem && row.ranks == ranks
+    })
+}
+
+/// "a / b = ratio", or "-" when a row is missing; a timed-out numerator reads "> ...".
+fn ratio_text(numerator: Option<&ScenarioRow>, denominator_ms: Option<f64>) -> String {
+    match (numerator, denominator_ms) {
+        (Some(row), Some(denominator)) if denominator > 0.0 => format!(
+            "{}{} / {} = {}{:.1}x",
+            if row.timed_out { "> " } else { "" },
+            ms(row.wall_ms),
+            ms(denominator),
+            if row.timed_out { "> " } else { "" },
+            row.wall_ms / denominator
+        ),
+        _ => "-".to_owned(),
+    }
+}
+
+/// The Python ranks: their floor per R and their cold start against the file-lock peers and
+/// against that floor, with the arithmetic.
+fn python_section(out: &mut String, results: &SuiteResults, floor: &PythonFloor) {
+    let cores = floor.cores as f64;
+    let _ = writeln!(out, "## Python ranks: cold start against the floor\n");
+    let _ = writeln!(
+        out,
+        "Floor = R x (one rank's own parse of what it loads, one uncontended Python process, \
+         median) / {} cores. A tunecache rank loads its Scan (shared + its own entries): \
+         protobuf parse of those bytes, and that parse plus building its in-memory cache. A \
+         file-lock rank loads the whole file: `json.loads`.\n",
+        floor.cores
+    );
+    let _ = writeln!(
+        out,
+        "| R | Scan entries / bytes | protobuf parse | + build cache | floor (parse) | floor (parse + build) | file bytes | json.loads | file floor |"
+    );
+    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for parse in &floor.by_ranks {
+        let r = f64::from(parse.ranks);
+        let _ = writeln!(
+            out,
+            "| {} | {} / {} | {} | {} | {} x {} / {} = {} | {} | {} | {} | {} |",
+            parse.ranks,
+            parse.scan_entries,
+            bytes(parse.scan_bytes as u64),
+            ms(parse.scan_parse_ms),
+            ms(parse.scan_view_ms),
+            parse.ranks,
+            ms(parse.scan_parse_ms),
+            floor.cores,
+            ms(r * parse.scan_parse_ms / cores),
+            ms(r * parse.scan_view_ms / cores),
+            bytes(parse.file_bytes as u64),
+            ms(parse.file_parse_ms),
+            ms(r * parse.file_parse_ms / cores),
+        );
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "| filesystem | R | tunecache-py wall | before (Rust ranks) / tunecache-py | before-py / tunecache-py | tunecache-py / floor (parse) | tunecache-py / floor (parse + build) | tunecache (Rust ranks) wall |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut filesystems: Vec<&str> = Vec::new();
+    for row in &results.scenarios {
+        if !filesystems.contains(&row.filesystem.as_str()) {
+            filesystems.push(&row.filesystem);
+        }
+    }
+    for filesystem in filesystems {
+        for parse in &floor.by_ranks {
+            let Some(python) = find_row(results, "tunecache-py", filesystem, parse.ranks) else {
+                continue;
+            };
+            let r = f64::from(parse.ranks);
+            let floor_parse = r * parse.scan_parse_ms / cores;
+            let floor_view = r * parse.scan_view_ms / cores;
+            let _ = writeln!(
+                out,
+                "| {filesystem} | {} | {} | {} | {} | {} / {} = {:.2}x | {} / {} = {:.2}x | {} |",
+                parse.ranks,
+                wall_text(python),
+                ratio_text(
+                    find_row(results, "before", filesystem, parse.ranks),
+                    Some(python.wall_ms)
+                ),
+                ratio_text(
+                    find_row(results, "before-py", filesystem, parse.ranks),
+                    Some(python.wall_ms)
+                ),
+                ms(python.wall_ms),
+                ms(floor_parse),
+                python.wall_ms / floor_parse,
+                ms(python.wall_ms),
+                ms(floor_view),
+                python.wall_ms / floor_view,
+                find_row(results, "tunecache", filesystem, parse.ranks)
+                    .map(wall_text)
+                    .unwrap_or_else(|| "-".to_owned()),
+            );
+        }
+    }
+    let _ = writeln!(out);
 }

@@ -1,0 +1,84 @@
+# Owns one Python rank of the cold-start matrix using tunecached through the `tunecache` package
+# (client/python, grpcio): what a TensorRT-LLM rank does at start-up with the daemon instead of the
+# JSON file. Before the barrier it imports the package and builds the entries it "tuned" (given by
+# the harness in --entries, the same entries the Rust tunecache-rank records); after the release it
+# connects, Scans the namespace filtered to the shared and its own entries, builds its in-memory
+# cache from them (key text -> (runner_id, tactic, min_time), as the file peer's sections), Records
+# its new entries, and prints one RankReport JSON line (the shape tests/bench/src/scenario.rs reads).
+#
+# Run by the harness as: python -c <this file> --socket S --rank N --entries FILE --namespace NS
+#   --device DEV; rank protocol: print "ready", wait for EOF on stdin, work, print the report.
+import argparse
+import json
+import sys
+import time
+
+from tunecache import Client
+from tunecache.client import pb
+
+# Far above any healthy answer, so a slow daemon shows in the timings instead of failing the rank.
+CALL_DEADLINE_S = 120.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="tunecache-rank.py")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--entries", required=True, help="JSON list of the entries this rank records")
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--device", required=True)
+    args = parser.parse_args()
+
+    with open(args.entries, encoding="utf-8") as file:
+        tuned = [
+            pb.Entry(key=pb.Key(**entry["key"]), result=pb.Result(**entry["result"]))
+            for entry in json.load(file)
+        ]
+
+    # The barrier: announce readiness, then wait until the harness closes stdin.
+    print("ready", flush=True)
+    sys.stdin.read()
+
+    # The connection is part of the load: a real rank opens it when its cache starts.
+    load_started = time.perf_counter()
+    client = Client(args.socket, timeout=CALL_DEADLINE_S)
+    shared = {}
+    own = {}
+    for chunk in client.scan(args.namespace, args.device, timeout=CALL_DEADLINE_S, rank=args.rank):
+        for entry in chunk:
+            if entry.key.HasField("rank"):
+                if entry.key.rank != args.rank:
+                    continue
+                section = own
+            else:
+                section = shared
+            config = json.loads(entry.result.config)
+            section[entry.key.problem] = (config["runner_id"], config["tactic"], entry.result.time_us / 1000.0)
+    load_took = time.perf_counter() - load_started
+
+    save_started = time.perf_counter()
+    client.record(tuned)
+    save_took = time.perf_counter() - save_started
+    client.close()
+
+    print(
+        json.dumps(
+            {
+                "rank": args.rank,
+                "system": "tunecache-py",
+                "load_ms": load_took * 1e3,
+                "save_ms": save_took * 1e3,
+                "cache_ms": (load_took + save_took) * 1e3,
+                # The rank writes nothing to the shared filesystem; the daemon's bytes are counted
+                # once per scenario by the harness.
+                "bytes_written": 0,
+                "entries_loaded": len(shared) + len(own),
+                "save_outcome": "recorded",
+                "warnings": 0,
+            }
+        ),
+        flush=True,
+    )
+
+
+main()
