@@ -478,12 +478,12 @@ fn find_row<'a>(
 fn ratio_text(numerator: Option<&ScenarioRow>, denominator_ms: Option<f64>) -> String {
     match (numerator, denominator_ms) {
         (Some(row), Some(denominator)) if denominator > 0.0 => format!(
-            "{}{} / {} = {}{:.1}x",
+            "{}{} / {} = {}{}",
             if row.timed_out { "> " } else { "" },
             ms(row.wall_ms),
             ms(denominator),
             if row.timed_out { "> " } else { "" },
-            row.wall_ms / denominator
+            times(row.wall_ms / denominator)
         ),
         _ => "-".to_owned(),
     }
@@ -549,7 +549,7 @@ fn python_section(out: &mut String, results: &SuiteResults, floor: &PythonFloor)
             let floor_view = r * parse.scan_view_ms / cores;
             let _ = writeln!(
                 out,
-                "| {filesystem} | {} | {} | {} | {} | {} / {} = {:.2}x | {} / {} = {:.2}x | {} |",
+                "| {filesystem} | {} | {} | {} | {} | {} / {} = {} | {} / {} = {} | {} |",
                 parse.ranks,
                 wall_text(python),
                 ratio_text(
@@ -562,10 +562,10 @@ fn python_section(out: &mut String, results: &SuiteResults, floor: &PythonFloor)
                 ),
                 ms(python.wall_ms),
                 ms(floor_parse),
-                python.wall_ms / floor_parse,
+                times(python.wall_ms / floor_parse),
                 ms(python.wall_ms),
                 ms(floor_view),
-                python.wall_ms / floor_view,
+                times(python.wall_ms / floor_view),
                 find_row(results, "tunecache", filesystem, parse.ranks)
                     .map(wall_text)
                     .unwrap_or_else(|| "-".to_owned()),
@@ -573,4 +573,13 @@ fn python_section(out: &mut String, results: &SuiteResults, floor: &PythonFloor)
         }
     }
     let _ = writeln!(out);
+}
+
+/// A ratio with two decimals below 10, one above.
+fn times(ratio: f64) -> String {
+    if ratio < 10.0 {
+        format!("{ratio:.2}x")
+    } else {
+        format!("{ratio:.1}x")
+    }
 }
