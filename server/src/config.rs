@@ -18,6 +18,13 @@ pub enum LogFormat {
     Json,
 }
 
+/// Which tokio runtime serves gRPC (`--runtime`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RuntimeFlavor {
+    MultiThread,
+    CurrentThread,
+}
+
 /// The per-node daemon that owns the GPU autotuning cache.
 #[derive(Clone, Debug, Parser)]
 #[command(name = "tunecached", version, about)]
@@ -157,6 +164,41 @@ pub struct Config {
     /// letting calls in flight finish. Off by default.
     #[arg(long, env = "TUNECACHE_MAX_CONNECTION_AGE", value_name = "SECS")]
     pub max_connection_age: Option<u64>,
+
+    // --- Transport tuning (defaults chosen by `tunecache-bench micro --only transport`) ---
+    /// The async runtime: `multi-thread` (one worker per core) or `current-thread` (the
+    /// whole gRPC front end on one thread; the journal writer keeps its own).
+    #[arg(
+        long,
+        env = "TUNECACHE_RUNTIME",
+        value_enum,
+        default_value = "multi-thread"
+    )]
+    pub runtime: RuntimeFlavor,
+
+    /// HTTP/2 flow-control window the daemon grants each stream and each connection, in
+    /// bytes (how much a client may send before the daemon reads it) [default: hyper's, 1 MiB].
+    #[arg(
+        long,
+        env = "TUNECACHE_HTTP2_WINDOW_BYTES",
+        value_name = "BYTES",
+        value_parser = clap::value_parser!(u32).range(65_535..=2_147_483_647)
+    )]
+    pub http2_window_bytes: Option<u32>,
+
+    /// Largest HTTP/2 frame the daemon accepts, in bytes [default: 16384, the protocol's].
+    #[arg(
+        long,
+        env = "TUNECACHE_HTTP2_MAX_FRAME_BYTES",
+        value_name = "BYTES",
+        value_parser = clap::value_parser!(u32).range(16_384..=16_777_215)
+    )]
+    pub http2_max_frame_bytes: Option<u32>,
+
+    /// Let hyper size the HTTP/2 windows from measured bandwidth-delay (BDP pings) instead of
+    /// fixed windows; overrides --http2-window-bytes.
+    #[arg(long, env = "TUNECACHE_HTTP2_ADAPTIVE_WINDOW")]
+    pub http2_adaptive_window: bool,
 
     /// Tuning leases one process may hold at once; Resolve answers RESOURCE_EXHAUSTED beyond.
     #[arg(

@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 use tracing_subscriber::EnvFilter;
-use tunecache_server::config::{Config, LogFormat};
+use tunecache_server::config::{Config, LogFormat, RuntimeFlavor};
 
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -43,7 +43,11 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     init_logging(config.log_format);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut runtime = match config.runtime {
+        RuntimeFlavor::MultiThread => tokio::runtime::Builder::new_multi_thread(),
+        RuntimeFlavor::CurrentThread => tokio::runtime::Builder::new_current_thread(),
+    };
+    let runtime = runtime
         .enable_all()
         .thread_name("tunecached")
         .build()

@@ -222,7 +222,11 @@ pub async fn run(
     let serve_stop = stop.clone();
     let mut builder = Server::builder()
         .http2_keepalive_interval(config.http2_keepalive())
-        .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT));
+        .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
+        .initial_stream_window_size(config.http2_window_bytes)
+        .initial_connection_window_size(config.http2_window_bytes)
+        .max_frame_size(config.http2_max_frame_bytes)
+        .http2_adaptive_window(Some(config.http2_adaptive_window));
     if let Some(age) = config.max_connection_age() {
         // The grace outlasts the longest Resolve wait, so no call in flight is cut.
         builder = builder

@@ -44,7 +44,13 @@ fn check_batch_len(field: &str, len: usize) -> Result<(), InvalidField> {
 
 /// Validates one key; `path` names it in errors (e.g. `keys[2]` or `entries[2].key`).
 pub fn key(path: &str, key: Option<v1::Key>) -> Result<CacheKey, InvalidField> {
-    let key = key.ok_or_else(|| InvalidField::new(path, "missing"))?;
+    key_at(|| path.to_owned(), key)
+}
+
+/// `key`, with the path made only for an error: a 1,000-key Lookup would otherwise format
+/// 1,000 paths it never uses.
+fn key_at(path: impl Fn() -> String, key: Option<v1::Key>) -> Result<CacheKey, InvalidField> {
+    let key = key.ok_or_else(|| InvalidField::new(path(), "missing"))?;
     for (name, value, required) in [
         ("namespace", &key.namespace, true),
         ("op", &key.op, true),
@@ -53,13 +59,13 @@ pub fn key(path: &str, key: Option<v1::Key>) -> Result<CacheKey, InvalidField> {
     ] {
         if required && value.is_empty() {
             return Err(InvalidField::new(
-                format!("{path}.{name}"),
+                format!("{}.{name}", path()),
                 "must not be empty",
             ));
         }
         if value.len() > MAX_KEY_FIELD_BYTES {
             return Err(InvalidField::new(
-                format!("{path}.{name}"),
+                format!("{}.{name}", path()),
                 format!("{} bytes, at most {MAX_KEY_FIELD_BYTES}", value.len()),
             ));
         }
@@ -70,7 +76,7 @@ pub fn key(path: &str, key: Option<v1::Key>) -> Result<CacheKey, InvalidField> {
         // give equal keys, whichever way a rank spelled the JSON. This is the only place a
         // problem is canonicalised; the tuner takes the text as it is.
         key.problem = problem::canonicalize(&key.op, &key.problem)
-            .map_err(|error| InvalidField::new(format!("{path}.problem"), error.to_string()))?;
+            .map_err(|error| InvalidField::new(format!("{}.problem", path()), error.to_string()))?;
     }
     Ok(key)
 }
@@ -132,7 +138,7 @@ pub fn keys(keys: Vec<v1::Key>) -> Result<Vec<CacheKey>, InvalidField> {
     check_batch_len("keys", keys.len())?;
     keys.into_iter()
         .enumerate()
-        .map(|(index, k)| key(&format!("keys[{index}]"), Some(k)))
+        .map(|(index, k)| key_at(|| format!("keys[{index}]"), Some(k)))
         .collect()
 }
 
@@ -174,6 +180,16 @@ mod tests {
                 "entries[1].result.time_us"
             );
         }
+    }
+
+    #[test]
+    fn lookup_keys_name_their_index() {
+        let good = wire_entry("ns", "{}", 1.0).key.unwrap();
+        let mut bad = good.clone();
+        bad.op.clear();
+        let error = keys(vec![good.clone(), good, bad]).unwrap_err();
+        assert_eq!(error.path, "keys[2].op");
+        assert_eq!(key("key", None).unwrap_err().path, "key");
     }
 
     #[test]

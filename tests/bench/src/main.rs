@@ -122,7 +122,8 @@ enum Commands {
     },
     /// Run only some daemon micro-benchmarks; print their results and target ratios as JSON.
     Micro {
-        /// Comma-separated: lookup (with the echo floor), pyscan, memory, pickup.
+        /// Comma-separated: lookup (with the echo floor), pyscan, memory, pickup, transport
+        /// (daemon and client transport settings compared, interleaved).
         #[arg(long, value_delimiter = ',', default_value = "lookup,pyscan,memory")]
         only: Vec<String>,
         /// Small sizes, few iterations: checks the harness, judges nothing.

@@ -244,7 +244,7 @@ async fn measure_echo(socket: &Path, calls: usize) -> Result<Latency> {
 }
 
 /// `clients` tasks, each with its own connection, look keys up for `seconds`.
-async fn measure_throughput(
+pub(super) async fn measure_throughput(
     socket: &Path,
     keys: &Arc<Vec<v1::Key>>,
     clients: usize,
@@ -289,47 +289,55 @@ async fn measure_throughput(
     })
 }
 
+/// Python, shared by `pyscan` and `transport`: `timed_scans` times Scans through the client;
+/// `scan_floor` takes the Scan's bytes raw off the wire and returns (wire bytes, Python's parse
+/// of them, one bare echo round trip (health Check) on the same channel), medians in ms.
+pub(super) const PYTHON_FLOOR: &str = r#"
+import statistics, time
+from tunecache.client import pb
+def timed_scans(client, namespace, device, runs):
+    """Scans through the client `runs` times after one warm-up; returns (entries, ms each)."""
+    def scan():
+        return [entry for chunk in client.scan(namespace, device) for entry in chunk]
+    count = len(scan())
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        entries = scan()
+        times.append((time.perf_counter() - started) * 1e3)
+        assert len(entries) == count
+    return count, times
+def scan_floor(client, namespace, device, runs, count):
+    raw_scan = client._channel.unary_stream(
+        "/tunecache.v1.TuneCache/Scan",
+        request_serializer=pb.ScanRequest.SerializeToString, response_deserializer=None)
+    chunks = list(raw_scan(pb.ScanRequest(namespace=namespace, device=device)))
+    parse = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        parsed = [e for chunk in chunks for e in pb.ScanResponse.FromString(chunk).entries]
+        parse.append((time.perf_counter() - started) * 1e3)
+        assert len(parsed) == count
+    echo_call = client._channel.unary_unary("/grpc.health.v1.Health/Check")
+    for _ in range(100):
+        echo_call(b"")
+    echo = []
+    for _ in range(max(runs, 201)):
+        started = time.perf_counter()
+        echo_call(b"")
+        echo.append((time.perf_counter() - started) * 1e3)
+    return sum(len(c) for c in chunks), statistics.median(parse), statistics.median(echo)
+"#;
+
 const PYTHON_SCAN: &str = r#"
 import json, sys, time
 from tunecache import Client
 socket, namespace, device, runs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 client = Client(socket, timeout=60)
-def scan():
-    return [entry for chunk in client.scan(namespace, device) for entry in chunk]
-count = len(scan())  # warm-up: opens the channel
-times = []
-for _ in range(runs):
-    started = time.perf_counter()
-    entries = scan()
-    times.append((time.perf_counter() - started) * 1e3)
-    assert len(entries) == count
-# The floor: the same response bytes, taken raw off the wire, parsed by Python's protobuf,
-# plus one bare round trip (health Check) on the same channel.
-from tunecache.client import pb
-raw_scan = client._channel.unary_stream(
-    "/tunecache.v1.TuneCache/Scan",
-    request_serializer=pb.ScanRequest.SerializeToString,
-    response_deserializer=None,
-)
-chunks = list(raw_scan(pb.ScanRequest(namespace=namespace, device=device)))
-wire_bytes = sum(len(chunk) for chunk in chunks)
-parse = []
-for _ in range(runs):
-    started = time.perf_counter()
-    parsed = [entry for chunk in chunks for entry in pb.ScanResponse.FromString(chunk).entries]
-    parse.append((time.perf_counter() - started) * 1e3)
-    assert len(parsed) == count
-echo_call = client._channel.unary_unary("/grpc.health.v1.Health/Check")
-for _ in range(100):
-    echo_call(b"")
-echo = []
-for _ in range(max(runs, 201)):
-    started = time.perf_counter()
-    echo_call(b"")
-    echo.append((time.perf_counter() - started) * 1e3)
-import statistics
+count, times = timed_scans(client, namespace, device, runs)
+wire_bytes, parse_ms, echo_ms = scan_floor(client, namespace, device, runs, count)
 print(json.dumps({"entries": count, "times_ms": times, "wire_bytes": wire_bytes,
-                  "parse_ms": statistics.median(parse), "echo_ms": statistics.median(echo)}))
+                  "parse_ms": parse_ms, "echo_ms": echo_ms}))
 "#;
 
 async fn measure_python_scan(options: &MicroOptions) -> Result<PythonScan> {
@@ -358,7 +366,7 @@ async fn measure_python_scan(options: &MicroOptions) -> Result<PythonScan> {
     record_all(&client, existing_entries(8, entries, 0.5)).await?;
     let output = Command::new(&python)
         .arg("-c")
-        .arg(PYTHON_SCAN)
+        .arg(format!("{PYTHON_FLOOR}{PYTHON_SCAN}"))
         .arg(&daemon.socket)
         .arg(NAMESPACE)
         .arg(DEVICE)
@@ -551,7 +559,7 @@ async fn measure_pickup(
 }
 
 /// Runs only the named micro-benchmarks (`lookup`, `pyscan`, `memory` = snapshot scale at
-/// 100k and 1M entries, `pickup`) and returns their results as JSON, with the ratios the
+/// 100k and 1M entries, `pickup`, `transport` = the interleaved transport comparison) and returns their results as JSON, with the ratios the
 /// data-path targets are judged by.
 pub fn run_selected(options: &MicroOptions, only: &[String]) -> Result<serde_json::Value> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -604,6 +612,11 @@ pub fn run_selected(options: &MicroOptions, only: &[String]) -> Result<serde_jso
                 rows.push(row);
             }
             out.insert("memory".into(), rows.into());
+        }
+        if wants("transport") {
+            let transport = super::transport::run(options).await?;
+            eprintln!("{}", super::transport::table(&transport));
+            out.insert("transport".into(), serde_json::to_value(transport)?);
         }
         if wants("pickup") {
             let local = options.scratch.join("pickup-local");

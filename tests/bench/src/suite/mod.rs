@@ -9,6 +9,7 @@ pub mod cluster;
 mod micro;
 mod report;
 mod slowfs;
+mod transport;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
