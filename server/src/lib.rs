@@ -13,6 +13,7 @@ pub mod config;
 pub(crate) mod coord;
 pub mod entry;
 pub mod error;
+pub(crate) mod health;
 pub(crate) mod incoming;
 pub mod journal;
 pub(crate) mod limits;

@@ -33,6 +33,8 @@ pub use link::LinkState;
 
 /// The gRPC health name that reports the cluster tier.
 pub const HEALTH_NAME: &str = "tunecache.v1.TuneCache/cluster";
+/// How often the health name is brought up to date.
+const HEALTH_POLL: Duration = Duration::from_millis(200);
 
 /// What the `--cluster-*` flags say.
 #[derive(Clone)]
@@ -234,23 +236,10 @@ impl Cluster {
         reporter: tonic_health::server::HealthReporter,
         stop: CancellationToken,
     ) {
-        let mut last = None;
-        loop {
-            let serving = matches!(self.state(), LinkState::Connected { .. });
-            if last != Some(serving) {
-                let status = if serving {
-                    tonic_health::ServingStatus::Serving
-                } else {
-                    tonic_health::ServingStatus::NotServing
-                };
-                reporter.set_service_status(HEALTH_NAME, status).await;
-                last = Some(serving);
-            }
-            tokio::select! {
-                () = tokio::time::sleep(Duration::from_millis(200)) => {}
-                () = stop.cancelled() => return,
-            }
-        }
+        crate::health::report(reporter, HEALTH_NAME, HEALTH_POLL, stop, || {
+            matches!(self.state(), LinkState::Connected { .. })
+        })
+        .await;
     }
 }
 

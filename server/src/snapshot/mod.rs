@@ -34,7 +34,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tonic_health::server::HealthReporter;
-use tonic_health::ServingStatus;
 use tunecache_proto::v1;
 
 use crate::entry::unix_now_ms;
@@ -531,14 +530,9 @@ impl SnapshotHandle {
 
     /// Keeps the snapshot health status current and logs when a job gets stuck or returns.
     async fn report_health(self, health: HealthReporter) {
-        let mut reported: Option<ServingStatus> = None;
         let mut reported_stuck = false;
-        let mut ticker = tokio::time::interval(HEALTH_POLL);
-        loop {
-            tokio::select! {
-                () = self.stop.cancelled() => return,
-                _ = ticker.tick() => {}
-            }
+        let stop = self.stop.clone();
+        crate::health::report(health, HEALTH_SERVICE_NAME, HEALTH_POLL, stop, || {
             let stuck = self.stuck();
             match (stuck, reported_stuck) {
                 (Some((operation, since_unix_ms)), false) => tracing::warn!(
@@ -551,17 +545,9 @@ impl SnapshotHandle {
                 _ => {}
             }
             reported_stuck = stuck.is_some();
-            let healthy = stuck.is_none() && self.shared.last_write_ok.load(Ordering::Relaxed);
-            let status = if healthy {
-                ServingStatus::Serving
-            } else {
-                ServingStatus::NotServing
-            };
-            if reported != Some(status) {
-                health.set_service_status(HEALTH_SERVICE_NAME, status).await;
-                reported = Some(status);
-            }
-        }
+            stuck.is_none() && self.shared.last_write_ok.load(Ordering::Relaxed)
+        })
+        .await;
     }
 }
 
