@@ -120,21 +120,6 @@ impl Drop for RedisServer {
     }
 }
 
-/// Each rank walks the problems in its own order (ranks meet the same ops in different
-/// orders in practice, and a shared order would serialise them behind one tuner).
-fn order_for(rank: usize, problems: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..problems).collect();
-    let mut state = (rank as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for i in (1..problems).rev() {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        let j = (state.wrapping_mul(0x2545_F491_4F6C_DD1D) % (i as u64 + 1)) as usize;
-        order.swap(i, j);
-    }
-    order
-}
-
 /// Runs one rank; returns how many results it holds at the end.
 async fn run_rank(
     client: Client,
@@ -251,7 +236,9 @@ pub async fn run_setup(
     let tasks: Vec<_> = ranks
         .into_iter()
         .map(|(n, r, client)| {
-            let order = order_for(n * options.ranks_per_node + r, options.problems);
+            // Each rank walks the problems in its own order (seeds from 1: seed 0 is no shuffle).
+            let rank = (n * options.ranks_per_node + r) as u64;
+            let order = tunecache_integration::rank_order(options.problems, rank + 1);
             tokio::spawn(run_rank(
                 client,
                 order,

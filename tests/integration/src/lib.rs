@@ -355,18 +355,88 @@ pub fn daemon_pids_on(socket: &Path) -> Vec<i32> {
         .collect()
 }
 
-// --- Fault injection helpers: a FUSE mount whose server can be stopped. ---
+/// The order in which one rank meets `count` problems: `0..count` for seed 0, else a
+/// shuffle of its own, the same for the same seed (ranks meet the same ops in different
+/// orders in practice, and one shared order would serialise them behind one tuner). Used by
+/// the test rank and the multi-node benchmark.
+pub fn rank_order(count: usize, seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..count).collect();
+    if seed == 0 {
+        return order;
+    }
+    // xorshift64*: enough to give each rank its own order, reproducibly.
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for i in (1..count).rev() {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        let j = (state.wrapping_mul(0x2545_F491_4F6C_DD1D) % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order
+}
 
-/// A bindfs mount of `backing` at `mount_point`, undone however the test ends: a stopped
-/// FUSE server is continued first, then the mount is detached lazily, so a failing test never
-/// leaves a hung mount behind. Needs root, `bindfs`, `fusermount3` and /dev/fuse.
-pub struct BindfsMount {
+// --- Rank processes: `tunecache-test-rank`s started together against a daemon. ---
+
+/// A `tunecache-test-rank` on `daemon` that counts its tunings in `dir/tuned.txt` and starts
+/// once `dir/start` exists (see `run_ranks`), with `extra` flags after those.
+pub fn rank_command(daemon: &Daemon, dir: &Path, extra: &[&str]) -> Command {
+    let mut command = Command::new(bin("tunecache-test-rank"));
+    command
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .arg("--count-file")
+        .arg(dir.join("tuned.txt"))
+        .arg("--start-file")
+        .arg(dir.join("start"))
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    command
+}
+
+/// Starts every command, releases them together (creates `dir/start`), and returns each
+/// one's JSON lines. Runs off the async runtime.
+pub async fn run_ranks(mut commands: Vec<Command>, dir: &Path) -> Vec<Vec<serde_json::Value>> {
+    let dir = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let children: Vec<Child> = commands
+            .iter_mut()
+            .map(|c| c.spawn().expect("spawn rank"))
+            .collect();
+        std::fs::write(dir.join("start"), b"go").unwrap();
+        children
+            .into_iter()
+            .map(|child| {
+                let output = child.wait_with_output().expect("rank output");
+                assert!(output.status.success(), "rank failed: {}", output.status);
+                String::from_utf8(output.stdout)
+                    .unwrap()
+                    .lines()
+                    .map(|line| serde_json::from_str(line).expect("rank JSON line"))
+                    .collect()
+            })
+            .collect()
+    })
+    .await
+    .expect("rank runner")
+}
+
+// --- Fault injection helpers: mounts (a FUSE mount whose server can be stopped, a tiny
+// tmpfs, a read-only bind) that a failing test never leaves behind. ---
+
+/// A mount undone however the test ends: a stopped FUSE server is continued first, then the
+/// mount is detached lazily, so a failing test never leaves a hung mount behind.
+pub struct TestMount {
     mount_point: PathBuf,
+    /// The FUSE server of a bindfs mount.
     server: Option<Child>,
 }
 
-impl BindfsMount {
-    pub fn mount(backing: &Path, mount_point: &Path) -> BindfsMount {
+impl TestMount {
+    /// A bindfs mount of `backing` at `mount_point`. Needs root, `bindfs`, `fusermount3` and
+    /// /dev/fuse.
+    pub fn bindfs(backing: &Path, mount_point: &Path) -> TestMount {
         for tool in ["bindfs", "fusermount3"] {
             assert!(
                 require_tool(tool, None).is_some(),
@@ -382,7 +452,7 @@ impl BindfsMount {
             .stdout(Stdio::null())
             .spawn()
             .expect("start bindfs");
-        let mount = BindfsMount {
+        let mount = TestMount {
             mount_point: mount_point.to_path_buf(),
             server: Some(server),
         };
@@ -395,6 +465,34 @@ impl BindfsMount {
             std::thread::sleep(Duration::from_millis(20));
         }
         mount
+    }
+
+    /// `mount ARGS MOUNT_POINT` (a tmpfs, a bind mount). Needs root.
+    pub fn plain(mount_point: &Path, args: &[&str]) -> TestMount {
+        std::fs::create_dir_all(mount_point).unwrap();
+        let mount = TestMount {
+            mount_point: mount_point.to_path_buf(),
+            server: None,
+        };
+        assert!(
+            quiet(Command::new("mount").args(args).arg(mount_point)),
+            "mount {args:?} {} failed",
+            mount_point.display()
+        );
+        mount
+    }
+
+    /// `mount -o OPTIONS MOUNT_POINT`, e.g. "remount,ro,bind".
+    pub fn remount(&self, options: &str) {
+        assert!(
+            quiet(
+                Command::new("mount")
+                    .args(["-o", options])
+                    .arg(&self.mount_point)
+            ),
+            "mount -o {options} {} failed",
+            self.mount_point.display()
+        );
     }
 
     fn is_mounted(&self) -> bool {
@@ -411,21 +509,12 @@ impl BindfsMount {
         let server = self.server.as_ref().expect("bindfs running");
         kill(Pid::from_raw(server.id() as i32), signal).expect("signal bindfs");
     }
-}
 
-impl Drop for BindfsMount {
-    fn drop(&mut self) {
-        let Some(mut server) = self.server.take() else {
-            return;
-        };
-        let _ = kill(Pid::from_raw(server.id() as i32), Signal::SIGCONT);
-        let quiet = |command: &mut Command| {
-            command
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|status| status.success())
-        };
+    /// Undoes the mount now (also done on drop; a second call does nothing).
+    pub fn unmount(&mut self) {
+        if let Some(server) = &self.server {
+            let _ = kill(Pid::from_raw(server.id() as i32), Signal::SIGCONT);
+        }
         if self.is_mounted()
             && !quiet(
                 Command::new("fusermount3")
@@ -437,13 +526,30 @@ impl Drop for BindfsMount {
         {
             eprintln!("could not unmount {}", self.mount_point.display());
         }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while server.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
+        if let Some(mut server) = self.server.take() {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while server.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = server.kill();
+            let _ = server.wait();
         }
-        let _ = server.kill();
-        let _ = server.wait();
     }
+}
+
+impl Drop for TestMount {
+    fn drop(&mut self) {
+        self.unmount();
+    }
+}
+
+/// Runs `command` with its output discarded; whether it succeeded.
+fn quiet(command: &mut Command) -> bool {
+    command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
 }
 
 /// Starts a daemon in `dir` that publishes to and reads from `shared` as `node`, every

@@ -5,14 +5,16 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 use tunecache_client::{proto, Client, Resolution, ResolveOptions};
-use tunecache_integration::{bin, entry, require_tool, test_key, Daemon, DaemonOptions};
+use tunecache_integration::{
+    entry, rank_command, require_tool, run_ranks, test_key, Daemon, DaemonOptions,
+};
 
 /// A `redis-server` owned by the test, killed on drop.
 struct Redis {
@@ -150,47 +152,6 @@ async fn wait_for_hit(
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-fn rank_command(daemon: &Daemon, dir: &Path, extra: &[&str]) -> Command {
-    let mut command = Command::new(bin("tunecache-test-rank"));
-    command
-        .arg("--socket")
-        .arg(&daemon.socket)
-        .arg("--count-file")
-        .arg(dir.join("tuned.txt"))
-        .arg("--start-file")
-        .arg(dir.join("start"))
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    command
-}
-
-/// Starts every command, releases them together, and returns each one's JSON lines.
-async fn run_ranks(mut commands: Vec<Command>, dir: &Path) -> Vec<Vec<Value>> {
-    let dir = dir.to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        let children: Vec<Child> = commands
-            .iter_mut()
-            .map(|c| c.spawn().expect("spawn rank"))
-            .collect();
-        std::fs::write(dir.join("start"), b"go").unwrap();
-        children
-            .into_iter()
-            .map(|child| {
-                let output = child.wait_with_output().expect("rank output");
-                assert!(output.status.success(), "rank failed: {}", output.status);
-                String::from_utf8(output.stdout)
-                    .unwrap()
-                    .lines()
-                    .map(|line| serde_json::from_str(line).expect("rank JSON line"))
-                    .collect()
-            })
-            .collect()
-    })
-    .await
-    .expect("rank runner")
 }
 
 /// Lines of the count file: one per tuning, "<problem> <pid>".

@@ -16,7 +16,7 @@ use nix::unistd::Pid;
 use tonic::Code;
 use tunecache_client::{proto, Client, ClientError, Resolution, ResolveOptions};
 use tunecache_integration::{
-    bin, entry, require_root, require_tool, test_key, BindfsMount, Daemon, DaemonOptions,
+    bin, entry, require_root, require_tool, test_key, Daemon, DaemonOptions, TestMount,
 };
 
 /// Documented defaults (README "Limits"); the tests use them so they exercise what ships.
@@ -321,7 +321,7 @@ async fn a_hung_journal_disk_sheds_records_instead_of_queueing_them() {
     let backing = dir.path().join("backing");
     let mount_point = dir.path().join("mnt");
     // Declared after `dir`: unmounted before the temp dir is removed.
-    let mount = BindfsMount::mount(&backing, &mount_point);
+    let mount = TestMount::bindfs(&backing, &mount_point);
     let mut options = DaemonOptions::new(dir.path()).args(["--write-queue-mib", "1"]);
     options.state_dir = Some(mount_point.join("state"));
     let mut daemon = Daemon::start_with(options).await;

@@ -3,56 +3,11 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tunecache_client::{key, proto, Client, Resolution, ResolveOptions};
-use tunecache_integration::{bin, Daemon};
-
-fn rank_command(daemon: &Daemon, dir: &Path, extra: &[&str]) -> Command {
-    let mut command = Command::new(bin("tunecache-test-rank"));
-    command
-        .arg("--socket")
-        .arg(&daemon.socket)
-        .arg("--count-file")
-        .arg(dir.join("tuned.txt"))
-        .arg("--start-file")
-        .arg(dir.join("start"))
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    command
-}
-
-/// Runs the commands together off the async runtime and returns each one's JSON lines.
-async fn run_ranks(commands: Vec<Command>, dir: &Path) -> Vec<Vec<Value>> {
-    let dir = dir.to_path_buf();
-    tokio::task::spawn_blocking(move || run_together(commands, &dir))
-        .await
-        .expect("rank runner")
-}
-
-/// Starts every command, releases them together, and returns each one's JSON lines.
-fn run_together(mut commands: Vec<Command>, dir: &Path) -> Vec<Vec<Value>> {
-    let children: Vec<Child> = commands
-        .iter_mut()
-        .map(|c| c.spawn().expect("spawn rank"))
-        .collect();
-    std::fs::write(dir.join("start"), b"go").unwrap();
-    children
-        .into_iter()
-        .map(|child| {
-            let output = child.wait_with_output().expect("rank output");
-            assert!(output.status.success(), "rank failed: {}", output.status);
-            String::from_utf8(output.stdout)
-                .unwrap()
-                .lines()
-                .map(|line| serde_json::from_str(line).expect("rank JSON line"))
-                .collect()
-        })
-        .collect()
-}
+use tunecache_integration::{rank_command, run_ranks, Daemon};
 
 /// How many times each problem was tuned, from the count file.
 fn tune_counts(dir: &Path) -> HashMap<String, usize> {

@@ -9,14 +9,14 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use tonic::Code;
 use tunecache_client::{proto, Client};
-use tunecache_integration::{entry, eventually, numbered, test_key, Daemon, DaemonOptions};
+use tunecache_integration::{
+    entry, eventually, numbered, test_key, Daemon, DaemonOptions, TestMount,
+};
 
 const SNAPSHOT_HEALTH_SERVICE: &str = "tunecache.v1.TuneCache/snapshots";
 
@@ -346,105 +346,6 @@ fn require_tools(test: &str, tools: &[&str]) {
     );
 }
 
-fn is_mounted(path: &Path) -> bool {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let path = path.display().to_string();
-    mountinfo
-        .lines()
-        .any(|line| line.split(' ').nth(4) == Some(path.as_str()))
-}
-
-fn run(command: &mut Command) -> bool {
-    command
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success())
-}
-
-/// A mount that is undone however the test ends: a stopped FUSE server is continued first,
-/// then the mount is detached lazily, so a failing test never leaves a hung mount behind.
-struct MountGuard {
-    mount_point: PathBuf,
-    fuse_server: Option<Child>,
-}
-
-impl MountGuard {
-    fn fuse_pid(&self) -> Pid {
-        Pid::from_raw(self.fuse_server.as_ref().expect("a FUSE mount").id() as i32)
-    }
-
-    fn unmount(&mut self) {
-        if let Some(server) = &self.fuse_server {
-            let _ = kill(Pid::from_raw(server.id() as i32), Signal::SIGCONT);
-        }
-        if is_mounted(&self.mount_point) {
-            let unmounted = run(Command::new("fusermount3")
-                .arg("-u")
-                .arg("-z")
-                .arg(&self.mount_point))
-                || run(Command::new("umount").arg("-l").arg(&self.mount_point));
-            if !unmounted {
-                eprintln!("could not unmount {}", self.mount_point.display());
-            }
-        }
-        if let Some(mut server) = self.fuse_server.take() {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while server.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = server.kill();
-            let _ = server.wait();
-        }
-    }
-}
-
-impl Drop for MountGuard {
-    fn drop(&mut self) {
-        self.unmount();
-    }
-}
-
-fn mount_bindfs(backing: &Path, mount_point: &Path) -> MountGuard {
-    std::fs::create_dir_all(backing).unwrap();
-    std::fs::create_dir_all(mount_point).unwrap();
-    let server = Command::new("bindfs")
-        .arg("-f")
-        .arg(backing)
-        .arg(mount_point)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start bindfs");
-    let guard = MountGuard {
-        mount_point: mount_point.to_path_buf(),
-        fuse_server: Some(server),
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !is_mounted(mount_point) {
-        assert!(
-            Instant::now() < deadline,
-            "bindfs did not mount within 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    guard
-}
-
-fn mount_plain(mount_point: &Path, args: &[&str]) -> MountGuard {
-    std::fs::create_dir_all(mount_point).unwrap();
-    let guard = MountGuard {
-        mount_point: mount_point.to_path_buf(),
-        fuse_server: None,
-    };
-    assert!(
-        run(Command::new("mount").args(args).arg(mount_point)),
-        "mount {args:?} {} failed",
-        mount_point.display()
-    );
-    guard
-}
-
 async fn health_of(daemon: &Daemon, service: &str) -> i32 {
     use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
     let channel = tunecache_client::connect_channel(&daemon.socket)
@@ -471,7 +372,7 @@ async fn hung_shared_filesystem_never_stalls_ranks_or_shutdown() {
     let backing = dir.path().join("backing");
     let mount_point = dir.path().join("mnt");
     // Declared after `dir`: dropped (unmounted) before the temp dir is removed.
-    let mut mount = mount_bindfs(&backing, &mount_point);
+    let mut mount = TestMount::bindfs(&backing, &mount_point);
 
     let mut daemon = start_node(&dir.path().join("h"), &mount_point, "node-h", 1).await;
     let client = daemon.client().await.with_timeout(Duration::from_secs(1));
@@ -484,7 +385,7 @@ async fn hung_shared_filesystem_never_stalls_ranks_or_shutdown() {
         .to_string_lossy()
         .starts_with("node-h.")));
 
-    kill(mount.fuse_pid(), Signal::SIGSTOP).unwrap();
+    mount.signal_server(Signal::SIGSTOP);
     // Something new to publish, so the next interval's I/O hits the stopped server.
     let mut round = 0;
     let stuck_deadline = Instant::now() + Duration::from_secs(30);
@@ -575,7 +476,7 @@ async fn full_and_read_only_shared_dirs_are_reported_and_serving_goes_on() {
 
     // ENOSPC: a 64 KiB tmpfs cannot hold a snapshot of ~1 MB.
     let tiny = dir.path().join("tiny");
-    let _tiny_mount = mount_plain(&tiny, &["-t", "tmpfs", "-o", "size=64k", "tmpfs"]);
+    let _tiny_mount = TestMount::plain(&tiny, &["-t", "tmpfs", "-o", "size=64k", "tmpfs"]);
     let full = start_node(&dir.path().join("full"), &tiny, "node-full", 1).await;
     let client = full.client().await;
     let big: Vec<proto::Entry> = (0..2000)
@@ -624,13 +525,8 @@ async fn full_and_read_only_shared_dirs_are_reported_and_serving_goes_on() {
     )
     .unwrap();
     let read_only = dir.path().join("ro");
-    let _ro_mount = mount_plain(&read_only, &["--bind", source.to_str().unwrap()]);
-    assert!(
-        run(Command::new("mount")
-            .args(["-o", "remount,ro,bind"])
-            .arg(&read_only)),
-        "remount read-only failed"
-    );
+    let ro_mount = TestMount::plain(&read_only, &["--bind", source.to_str().unwrap()]);
+    ro_mount.remount("remount,ro,bind");
     let ro = start_node(&dir.path().join("ro-node"), &read_only, "node-ro", 1).await;
     let client = ro.client().await;
     eventually(

@@ -43,23 +43,6 @@ struct Args {
     lease_ms: u64,
 }
 
-fn shuffled(count: usize, seed: u64) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..count).collect();
-    if seed == 0 {
-        return order;
-    }
-    // xorshift64*: enough to give each rank its own order, reproducibly.
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for i in (1..count).rev() {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        let j = (state.wrapping_mul(0x2545_F491_4F6C_DD1D) % (i as u64 + 1)) as usize;
-        order.swap(i, j);
-    }
-    order
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -76,7 +59,7 @@ async fn main() -> anyhow::Result<()> {
         lease: Duration::from_millis(args.lease_ms),
     };
     let stdout = std::io::stdout();
-    for index in shuffled(args.key_count, args.order_seed) {
+    for index in tunecache_integration::rank_order(args.key_count, args.order_seed) {
         let problem = format!("p{index}");
         let k = key(&args.namespace, &args.op, "test-device", &problem, None);
         let count_file = args.count_file.clone();
