@@ -376,6 +376,30 @@ pub fn rank_order(count: usize, seed: u64) -> Vec<usize> {
     order
 }
 
+/// Runs the `tunecache` CLI on `socket` with `args` as uid/gid 65534 (nobody) through
+/// `setpriv`, in the supplementary `groups` ("100,4242"), or in none when it is empty.
+pub fn cli_as_nobody(
+    setpriv: &Path,
+    socket: &Path,
+    groups: &str,
+    args: &[&str],
+) -> std::process::Output {
+    let mut command = Command::new(setpriv);
+    command.args(["--reuid", "65534", "--regid", "65534"]);
+    if groups.is_empty() {
+        command.arg("--clear-groups");
+    } else {
+        command.args(["--groups", groups]);
+    }
+    command
+        .arg(bin("tunecache"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 // --- Rank processes: `tunecache-test-rank`s started together against a daemon. ---
 
 /// A `tunecache-test-rank` on `daemon` that counts its tunings in `dir/tuned.txt` and starts

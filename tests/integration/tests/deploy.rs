@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use tunecache_client::Client;
 use tunecache_integration::{
-    bin, daemon_pids_on, entry, require_root, require_tool, test_key, Daemon, DaemonOptions,
+    bin, cli_as_nobody, daemon_pids_on, entry, require_root, require_tool, test_key, Daemon,
+    DaemonOptions,
 };
 
 fn repo_root() -> PathBuf {
@@ -410,18 +411,6 @@ fn unit_keeps_gpu_access_and_drop_ins_open_what_they_need() {
     }
 }
 
-/// Runs the `tunecache` CLI as uid/gid 65534 (nobody) against `socket`.
-fn cli_as_nobody(setpriv: &Path, socket: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(setpriv)
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
-        .arg(bin("tunecache"))
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
 /// Lets anyone reach `socket` through the file system, so only the peer check is left.
 fn open_to_everyone(dir: &Path, socket: &Path) {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -440,7 +429,7 @@ async fn callers_of_other_uids_are_refused_unless_allowed() {
     let daemon = Daemon::start(dir.path()).await;
     open_to_everyone(dir.path(), &daemon.socket);
     for _ in 0..2 {
-        let output = cli_as_nobody(&setpriv, &daemon.socket, &["stats"]);
+        let output = cli_as_nobody(&setpriv, &daemon.socket, "", &["stats"]);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{stderr}");
         assert!(stderr.contains("(PermissionDenied)"), "{stderr}");
@@ -457,7 +446,7 @@ async fn callers_of_other_uids_are_refused_unless_allowed() {
         Daemon::start_with(DaemonOptions::new(dir.path()).args(["--allow-uid", "1234,65534"]))
             .await;
     open_to_everyone(dir.path(), &daemon.socket);
-    let output = cli_as_nobody(&setpriv, &daemon.socket, &["--json", "stats"]);
+    let output = cli_as_nobody(&setpriv, &daemon.socket, "", &["--json", "stats"]);
     assert!(
         output.status.success(),
         "{}",
@@ -470,24 +459,12 @@ async fn callers_of_other_uids_are_refused_unless_allowed() {
     let daemon =
         Daemon::start_with(DaemonOptions::new(dir.path()).args(["--allow-gid", "65534"])).await;
     open_to_everyone(dir.path(), &daemon.socket);
-    let output = cli_as_nobody(&setpriv, &daemon.socket, &["stats"]);
+    let output = cli_as_nobody(&setpriv, &daemon.socket, "", &["stats"]);
     assert!(
         output.status.success(),
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-}
-
-/// Runs the `tunecache` CLI as uid/gid 65534 with the given supplementary groups.
-fn cli_as_nobody_in_groups(setpriv: &Path, socket: &Path, groups: &str) -> std::process::Output {
-    Command::new(setpriv)
-        .args(["--reuid", "65534", "--regid", "65534", "--groups", groups])
-        .arg(bin("tunecache"))
-        .arg("--socket")
-        .arg(socket)
-        .arg("stats")
-        .output()
-        .unwrap()
 }
 
 /// SO_PEERCRED carries only the primary gid: an allowed supplementary group is found through
@@ -505,18 +482,18 @@ async fn callers_in_an_allowed_supplementary_group_are_admitted() {
         Daemon::start_with(DaemonOptions::new(dir.path()).args(["--allow-gid", "4242"])).await;
     open_to_everyone(dir.path(), &daemon.socket);
     for _ in 0..2 {
-        let output = cli_as_nobody_in_groups(&setpriv, &daemon.socket, "100,4242");
+        let output = cli_as_nobody(&setpriv, &daemon.socket, "100,4242", &["stats"]);
         assert!(
             output.status.success(),
             "{}",
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    let output = cli_as_nobody_in_groups(&setpriv, &daemon.socket, "100,4243");
+    let output = cli_as_nobody(&setpriv, &daemon.socket, "100,4243", &["stats"]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("uid 65534 may not use"), "{stderr}");
-    let output = cli_as_nobody(&setpriv, &daemon.socket, &["stats"]);
+    let output = cli_as_nobody(&setpriv, &daemon.socket, "", &["stats"]);
     assert_eq!(output.status.code(), Some(2), "no groups at all");
 }
 

@@ -16,7 +16,7 @@ use nix::unistd::Pid;
 use tonic::Code;
 use tunecache_client::{proto, Client, ClientError, Resolution, ResolveOptions};
 use tunecache_integration::{
-    bin, entry, require_root, require_tool, test_key, Daemon, DaemonOptions, TestMount,
+    cli_as_nobody, entry, require_root, require_tool, test_key, Daemon, DaemonOptions, TestMount,
 };
 
 /// Documented defaults (README "Limits"); the tests use them so they exercise what ships.
@@ -232,18 +232,6 @@ async fn a_process_holding_the_most_leases_is_refused_with_resource_exhausted() 
     assert_eq!(log.matches("refused a lease").count(), 1, "{log}");
 }
 
-/// Runs the `tunecache` CLI as uid/gid 65534 (nobody).
-fn stats_as_nobody(setpriv: &Path, socket: &Path) -> std::process::Output {
-    Command::new(setpriv)
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
-        .arg(bin("tunecache"))
-        .arg("--socket")
-        .arg(socket)
-        .arg("stats")
-        .output()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_uid_holding_the_most_connections_is_refused_and_other_uids_are_not() {
     if !require_root("acting as another uid") {
@@ -280,7 +268,7 @@ async fn a_uid_holding_the_most_connections_is_refused_and_other_uids_are_not() 
         );
     }
     // Another uid is still served.
-    let output = stats_as_nobody(&setpriv, &daemon.socket);
+    let output = cli_as_nobody(&setpriv, &daemon.socket, "", &["stats"]);
     assert!(
         output.status.success(),
         "uid 65534 was not served: {}",
