@@ -153,23 +153,18 @@ impl PeerCheck {
     }
 
     /// Admits the caller of one call, or says why not.
-    async fn admit(&self, peer: Option<&PeerInfo>) -> Result<(), Status> {
+    async fn admit(&self, peer: Option<&PeerInfo>) -> Result<()> {
         let Some((peer, credentials)) =
             peer.and_then(|peer| peer.uds.peer_cred.map(|cred| (peer, cred)))
         else {
-            return Err(Status::permission_denied(
-                "tunecached cannot tell who the caller is (no peer credentials)",
-            ));
+            return Err(Error::UnknownCaller);
         };
         let (uid, gid, pid) = (credentials.uid(), credentials.gid(), credentials.pid());
         if self.policy.allows(peer, uid, gid).await {
             return Ok(());
         }
         self.log_denial_once(uid, gid, pid);
-        Err(Status::permission_denied(format!(
-            "uid {uid} may not use this tunecached; ask its operator to add --allow-uid {uid} \
-             or --allow-gid with one of your groups"
-        )))
+        Err(Error::CallerNotAllowed { uid })
     }
 
     fn log_denial_once(&self, uid: u32, gid: u32, pid: Option<i32>) {
@@ -224,7 +219,7 @@ where
         Box::pin(async move {
             match check.admit(request.extensions().get::<PeerInfo>()).await {
                 Ok(()) => inner.call(request).await,
-                Err(status) => Ok(status.into_http()),
+                Err(refusal) => Ok(Status::from(refusal).into_http()),
             }
         })
     }

@@ -102,6 +102,17 @@ pub enum Error {
     )]
     LeasesPerPid { pid: i32, limit: usize },
 
+    /// The kernel recorded no credentials for the caller, so no access rule can admit it.
+    #[error("tunecached cannot tell who the caller is (no peer credentials)")]
+    UnknownCaller,
+
+    /// The caller's uid and groups match none of `--allow-uid` / `--allow-gid`.
+    #[error(
+        "uid {uid} may not use this tunecached; ask its operator to add --allow-uid {uid} \
+         or --allow-gid with one of your groups"
+    )]
+    CallerNotAllowed { uid: u32 },
+
     #[error("the node's tuner queue is full ({capacity} jobs); resolve again later")]
     TunerQueueFull { capacity: usize },
 
@@ -134,6 +145,7 @@ impl Error {
             | Error::JournalUnwritable { .. }
             | Error::SharedDirUnavailable(_)
             | Error::SharedDirStuck { .. } => Code::Unavailable,
+            Error::UnknownCaller | Error::CallerNotAllowed { .. } => Code::PermissionDenied,
             Error::NoSharedDir => Code::FailedPrecondition,
             Error::SharedDirTimeout { .. } => Code::DeadlineExceeded,
             _ => Code::Internal,
@@ -194,6 +206,22 @@ mod tests {
             (
                 Code::ResourceExhausted,
                 "the node's tuner queue is full (4 jobs); resolve again later".into()
+            )
+        );
+        assert_eq!(
+            status(Error::CallerNotAllowed { uid: 1234 }),
+            (
+                Code::PermissionDenied,
+                "uid 1234 may not use this tunecached; ask its operator to add --allow-uid 1234 \
+                 or --allow-gid with one of your groups"
+                    .into()
+            )
+        );
+        assert_eq!(
+            status(Error::UnknownCaller),
+            (
+                Code::PermissionDenied,
+                "tunecached cannot tell who the caller is (no peer credentials)".into()
             )
         );
         assert_eq!(status(Error::WriterGone).0, Code::Unavailable);

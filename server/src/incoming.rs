@@ -58,7 +58,7 @@ impl Incoming {
         // the per-call peer check refuses it anyway.
         let uid = stream.peer_cred().ok().map(|cred| cred.uid());
         if let Some(uid) = uid {
-            let mut per_uid = self.per_uid.lock().unwrap_or_else(|p| p.into_inner());
+            let mut per_uid = crate::sync::lock(&self.per_uid);
             let open = per_uid.entry(uid).or_default();
             if *open >= self.limits.max_per_uid {
                 drop(per_uid);
@@ -171,7 +171,7 @@ impl Drop for ConnectionSlot {
         let Some(uid) = self.uid else {
             return;
         };
-        let mut per_uid = self.per_uid.lock().unwrap_or_else(|p| p.into_inner());
+        let mut per_uid = crate::sync::lock(&self.per_uid);
         if let Some(open) = per_uid.get_mut(&uid) {
             *open = open.saturating_sub(1);
             if *open == 0 {

@@ -220,11 +220,7 @@ impl Store {
 
     /// Adds a listener told about changed entries, after those added before it.
     pub fn add_change_listener(&self, listener: Arc<dyn ChangeListener>) {
-        self.shared
-            .listeners
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(listener);
+        crate::sync::write(&self.shared.listeners).push(listener);
     }
 
     /// The current version of the whole cache, for scans and snapshots.
@@ -580,11 +576,7 @@ impl Writer {
                 .counters
                 .generation
                 .fetch_add(1, Ordering::Release);
-            let listeners = self
-                .shared
-                .listeners
-                .read()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let listeners = crate::sync::read(&self.shared.listeners);
             for listener in listeners.iter() {
                 listener.entries_changed(&changed);
             }

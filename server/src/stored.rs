@@ -86,9 +86,7 @@ fn interner() -> &'static Mutex<Interner> {
 /// The shared `Vocab` for these three values (the same `Arc` for equal values while any
 /// entry holds it).
 pub fn intern(namespace: &str, op: &str, device: &str) -> Arc<Vocab> {
-    let mut table = interner()
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut table = crate::sync::lock(interner());
     let hash = table.hasher.hash_one((namespace, op, device));
     if let Some(found) = table.by_hash.get(&hash).and_then(|bucket| {
         bucket

@@ -147,9 +147,7 @@ impl Link {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Current> {
-        self.current
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::sync::lock(&self.current)
     }
 
     pub fn shown_url(&self) -> &str {

@@ -186,11 +186,11 @@ impl Cluster {
     }
 
     fn lock_learned(&self) -> std::sync::MutexGuard<'_, HashMap<CacheKey, TunedResult>> {
-        self.learned.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.learned)
     }
 
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, Pending> {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.pending)
     }
 
     /// Applies entries learned from Redis to the store without publishing them back.
