@@ -64,24 +64,27 @@ fn next_chunk(
         Some(entry) => Bound::Excluded(entry.key()),
         None => Bound::Included(KeyView::namespace_start(&filter.namespace)),
     };
-    let mut chunk = EncodedEntries::default();
+    // The chunk's entries are chosen first and copied once, into a body of their exact size.
+    let mut chosen = Vec::new();
+    let mut chosen_bytes = 0;
     let mut examined = 0;
     for entry in map.range_from(start) {
         if !filter.in_namespace(entry) {
-            return (chunk, None);
+            return (EncodedEntries::from_entries(&chosen), None);
         }
         examined += 1;
         if filter.matches(entry) {
-            chunk.push(entry);
+            chosen.push(entry);
+            chosen_bytes += entry.record().len();
         }
-        if chunk.len() >= CHUNK_ENTRIES
-            || chunk.byte_len() >= CHUNK_BYTES
+        if chosen.len() >= CHUNK_ENTRIES
+            || chosen_bytes >= CHUNK_BYTES
             || examined >= EXAMINED_PER_STEP
         {
-            return (chunk, Some(entry.clone()));
+            return (EncodedEntries::from_entries(&chosen), Some(entry.clone()));
         }
     }
-    (chunk, None)
+    (EncodedEntries::from_entries(&chosen), None)
 }
 
 /// Starts a Scan of `store` and returns its stream of chunks, each already in wire form (see

@@ -111,12 +111,8 @@ impl TuneCacheService {
         let keys = validate::keys(request.into_inner().keys)?;
         let asked = keys.len();
         let map = self.store.current();
-        let mut hits = EncodedEntries::default();
-        for key in &keys {
-            if let Some(entry) = map.get(key) {
-                hits.push(entry);
-            }
-        }
+        let found: Vec<_> = keys.iter().filter_map(|key| map.get(key)).collect();
+        let hits = EncodedEntries::from_entries(&found);
         count(&self.counters.lookups, asked);
         count(&self.counters.hits, hits.len());
         count(&self.counters.misses, asked - hits.len());

@@ -39,6 +39,20 @@ pub struct EncodedEntries {
 }
 
 impl EncodedEntries {
+    /// The response holding exactly `entries`, in one allocation of their total size (the
+    /// body never grows by reallocation, which cost a third of a Scan's CPU).
+    pub fn from_entries(entries: &[&StoredEntry]) -> Self {
+        let size = entries.iter().map(|entry| entry.record().len()).sum();
+        let mut encoded = EncodedEntries {
+            body: BytesMut::with_capacity(size),
+            count: 0,
+        };
+        for entry in entries {
+            encoded.push(entry);
+        }
+        encoded
+    }
+
     /// Appends a stored entry: a copy of its record, which is already a field-1 `Entry`.
     pub fn push(&mut self, entry: &StoredEntry) {
         self.body.extend_from_slice(entry.record());
@@ -52,11 +66,6 @@ impl EncodedEntries {
 
     pub fn is_empty(&self) -> bool {
         self.count == 0
-    }
-
-    /// Encoded bytes written so far.
-    pub fn byte_len(&self) -> usize {
-        self.body.len()
     }
 
     /// The encoded message body.
