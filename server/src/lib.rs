@@ -11,6 +11,7 @@
 pub(crate) mod cluster;
 pub mod config;
 pub(crate) mod coord;
+pub(crate) mod encoded;
 pub mod entry;
 pub mod error;
 pub(crate) mod health;

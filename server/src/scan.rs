@@ -16,10 +16,10 @@ use std::ops::Bound;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
+use crate::encoded::EncodedEntries;
 use crate::entry::KeyView;
 use crate::store::Store;
 use crate::stored::{EntryMap, StoredEntry};
-use crate::wire::EncodedEntries;
 
 /// Chunks hold at most this many entries...
 pub const CHUNK_ENTRIES: usize = 1024;

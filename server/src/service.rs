@@ -11,13 +11,13 @@ use tonic::{Request, Response, Status};
 use tunecache_proto::v1::{self, tune_cache_server::TuneCache};
 
 use crate::coord::{Coordinator, ResolveCall, DEFAULT_LEASE, MAX_LEASE, MAX_WAIT};
+use crate::encoded::EncodedEntries;
 use crate::error::Error;
 use crate::snapshot::SnapshotHandle;
 use crate::stats::FillStats;
 use crate::store::Store;
 use crate::tuner::TunerHandle;
 use crate::validate;
-use crate::wire::EncodedEntries;
 use prost::Message;
 use tokio_stream::StreamExt;
 

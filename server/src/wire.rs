@@ -16,88 +16,17 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use prost::bytes::{Buf, BufMut, Bytes, BytesMut};
-use prost::encoding::{self, WireType};
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 use tunecache_proto::v1;
 
+use crate::encoded::EncodedEntries;
 use crate::service::TuneCacheService;
-use crate::stored::StoredEntry;
 
 const LOOKUP_PATH: &str = "/tunecache.v1.TuneCache/Lookup";
 const SCAN_PATH: &str = "/tunecache.v1.TuneCache/Scan";
-
-/// A `LookupResponse` or `ScanResponse` held as its encoded body: a run of field-1 `Entry`
-/// records. Encoding it copies the bytes; it is never decoded (it is a response only).
-#[derive(Debug, Default, Clone)]
-pub struct EncodedEntries {
-    body: BytesMut,
-    count: usize,
-}
-
-impl EncodedEntries {
-    /// The response holding exactly `entries`, in one allocation of their total size (the
-    /// body never grows by reallocation, which cost a third of a Scan's CPU).
-    pub fn from_entries(entries: &[&StoredEntry]) -> Self {
-        let size = entries.iter().map(|entry| entry.record().len()).sum();
-        let mut encoded = EncodedEntries {
-            body: BytesMut::with_capacity(size),
-            count: 0,
-        };
-        for entry in entries {
-            encoded.push(entry);
-        }
-        encoded
-    }
-
-    /// Appends a stored entry: a copy of its record, which is already a field-1 `Entry`.
-    pub fn push(&mut self, entry: &StoredEntry) {
-        self.body.extend_from_slice(entry.record());
-        self.count += 1;
-    }
-
-    /// Entries written so far.
-    pub fn len(&self) -> usize {
-        self.count
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-
-    /// The encoded message body.
-    pub fn into_bytes(self) -> Bytes {
-        self.body.freeze()
-    }
-}
-
-impl prost::Message for EncodedEntries {
-    fn encode_raw(&self, buf: &mut impl BufMut) {
-        buf.put_slice(&self.body);
-    }
-
-    fn merge_field(
-        &mut self,
-        tag: u32,
-        wire_type: WireType,
-        buf: &mut impl Buf,
-        ctx: encoding::DecodeContext,
-    ) -> Result<(), prost::DecodeError> {
-        encoding::skip_field(wire_type, tag, buf, ctx)
-    }
-
-    fn encoded_len(&self) -> usize {
-        self.body.len()
-    }
-
-    fn clear(&mut self) {
-        self.body.clear();
-        self.count = 0;
-    }
-}
 
 /// The generated `TuneCacheServer` with Lookup and Scan answered from the wire form.
 #[derive(Clone)]
@@ -204,6 +133,7 @@ impl tonic::server::ServerStreamingService<v1::ScanRequest> for ScanMethod {
 mod tests {
     use super::*;
     use crate::entry::{CacheKey, TunedResult};
+    use crate::stored::StoredEntry;
     use prost::Message;
 
     fn key(namespace: &str, problem: &str, rank: Option<u32>) -> CacheKey {
