@@ -29,7 +29,7 @@ use tunecache_proto::v1;
 use crate::cluster::{Claim, Cluster, ClusterLease};
 use crate::entry::{CacheKey, TunedResult};
 use crate::error::{Error, Result};
-use crate::store::{ApplyOutcome, ChangeListener, Store};
+use crate::store::{ApplyOutcome, ChangeListener, Store, StoredEntry};
 use crate::tuner::{JobReply, SubmitError, TunerHandle};
 
 /// Longest a caller may wait for someone else's result.
@@ -701,13 +701,16 @@ fn flight_is_idle(flight: Option<&Flight>) -> bool {
 
 /// The store's change feed: every stored result wakes the waiters of its key.
 impl ChangeListener for Coordinator {
-    fn entries_changed(&self, changed: &[(CacheKey, TunedResult)]) {
+    fn entries_changed(&self, changed: &[StoredEntry]) {
         let mut state = self.lock();
         if state.flights.is_empty() {
             return;
         }
-        for (key, result) in changed {
-            self.finish(&mut state, key, result);
+        for entry in changed {
+            let key = entry.key().to_key();
+            if state.flights.contains_key(&key) {
+                self.finish(&mut state, &key, &entry.result().to_result());
+            }
         }
     }
 }

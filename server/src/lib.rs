@@ -15,6 +15,7 @@ pub(crate) mod encoded;
 pub mod entry;
 pub mod error;
 pub(crate) mod health;
+pub(crate) mod heap;
 pub(crate) mod incoming;
 pub mod journal;
 pub(crate) mod limits;

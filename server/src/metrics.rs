@@ -46,14 +46,16 @@ pub async fn bind(spec: &str) -> Result<TcpListener> {
     if !addr.ip().is_loopback() {
         tracing::warn!(%addr, "metrics served beyond loopback, as --metrics-addr asked");
     }
+    // Logged here, before the daemon says it is serving, so the address (port 0 resolved) is
+    // in the log by the time anyone reads it.
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "metrics at http://{addr}/metrics");
+    }
     Ok(listener)
 }
 
 /// Serves scrapes until `stop` is cancelled.
 pub async fn serve(listener: TcpListener, probe: StatsProbe, stop: CancellationToken) {
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "metrics at http://{addr}/metrics");
-    }
     loop {
         let connection = tokio::select! {
             () = stop.cancelled() => return,

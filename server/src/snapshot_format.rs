@@ -19,6 +19,7 @@ use tunecache_proto::v1;
 
 use crate::entry::{CacheKey, EntryViews, KeyView, ResultView, TunedResult};
 use crate::error::{Error, Result};
+use crate::stored::StoredEntry;
 use crate::validate;
 
 /// The `format` field of every snapshot file.
@@ -152,10 +153,19 @@ pub struct ParsedSnapshot {
     /// 1 for a whole-cache snapshot, 2 for a segment.
     pub version: u64,
     pub written_at_unix_ms: i64,
-    pub entries: Vec<(CacheKey, TunedResult)>,
+    /// In stored form: the allocations the cache keeps, so a load never holds a decoded
+    /// copy of every entry beside them.
+    pub entries: Vec<StoredEntry>,
     /// Entries the daemon would refuse in a Record (bad JSON config, negative time, ...);
     /// dropped so a damaged peer cannot poison the cache.
     pub invalid_entries: usize,
+}
+
+impl ParsedSnapshot {
+    /// The entries decoded into owned keys and results, for tests and tools.
+    pub fn pairs(&self) -> Vec<(CacheKey, TunedResult)> {
+        self.entries.iter().map(StoredEntry::to_pair).collect()
+    }
 }
 
 /// Parses a whole snapshot held in memory. Same rules as `read_snapshot`.
@@ -232,7 +242,7 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
         let mut version: Option<u64> = None;
         let mut node = String::new();
         let mut written_at_unix_ms = 0;
-        let mut entries: Option<(Vec<(CacheKey, TunedResult)>, usize)> = None;
+        let mut entries: Option<(Vec<StoredEntry>, usize)> = None;
         while let Some(field) = map.next_key::<String>()? {
             match field.as_str() {
                 "format" => format = Some(map.next_value()?),
@@ -273,7 +283,7 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
 struct EntriesSeed;
 
 impl<'de> DeserializeSeed<'de> for EntriesSeed {
-    type Value = (Vec<(CacheKey, TunedResult)>, usize);
+    type Value = (Vec<StoredEntry>, usize);
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_seq(self)
@@ -281,7 +291,7 @@ impl<'de> DeserializeSeed<'de> for EntriesSeed {
 }
 
 impl<'de> Visitor<'de> for EntriesSeed {
-    type Value = (Vec<(CacheKey, TunedResult)>, usize);
+    type Value = (Vec<StoredEntry>, usize);
 
     fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
         formatter.write_str("an array of entries")
@@ -292,7 +302,7 @@ impl<'de> Visitor<'de> for EntriesSeed {
         let mut invalid = 0;
         while let Some(entry) = seq.next_element::<EntryIn>()? {
             match validated(entry) {
-                Some(pair) => entries.push(pair),
+                Some(entry) => entries.push(entry),
                 None => invalid += 1,
             }
         }
@@ -327,8 +337,9 @@ fn explain_unparsable(parse_error: serde_json::Error) -> Error {
     Error::SnapshotFormat(format!("{what}: {parse_error}"))
 }
 
-/// Runs a loaded entry through the same checks a Record gets.
-fn validated(entry: EntryIn) -> Option<(CacheKey, TunedResult)> {
+/// Runs a loaded entry through the same checks a Record gets, then encodes it once into
+/// the form the store keeps.
+fn validated(entry: EntryIn) -> Option<StoredEntry> {
     let key = v1::Key {
         namespace: entry.namespace,
         op: entry.op,
@@ -344,7 +355,7 @@ fn validated(entry: EntryIn) -> Option<(CacheKey, TunedResult)> {
     };
     let key = validate::key("snapshot entry key", Some(key)).ok()?;
     let result = validate::result("snapshot entry result", Some(result)).ok()?;
-    Some((key, result))
+    Some(StoredEntry::new(&key, &result))
 }
 
 #[cfg(test)]
@@ -389,7 +400,7 @@ mod tests {
         assert_eq!(parsed.written_at_unix_ms, 42);
         assert_eq!(parsed.invalid_entries, 0);
         let expected: Vec<_> = map.into_iter().collect();
-        assert_eq!(parsed.entries, expected);
+        assert_eq!(parsed.pairs(), expected);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
-use crate::entry::{CacheKey, Origin, TunedResult};
+use crate::entry::{CacheKey, KeyView, Origin, ResultView, TunedResult};
 use crate::error::{Error, Result};
 use crate::journal::{FsyncPolicy, Journal, ReplayReport, BATCH_SYNC_INTERVAL};
 use crate::merge::{merge_views, MergeOutcome};
@@ -39,6 +39,11 @@ const COMPACT_RETRY_MIN: Duration = Duration::from_secs(1);
 const COMPACT_RETRY_MAX: Duration = Duration::from_secs(60);
 /// While the journal refuses appends, try to repair it (rewrite from memory) this often.
 const REPAIR_RETRY: Duration = Duration::from_secs(1);
+/// Entry bytes written in a burst after which the writer, once idle, hands freed heap pages
+/// back (`heap`): a burst's decoded requests leave that much garbage in the allocator.
+const TRIM_AFTER_BYTES: u64 = 8 * 1024 * 1024;
+/// How long the writer must have been idle after such a burst before it trims.
+const IDLE_BEFORE_TRIM: Duration = Duration::from_millis(200);
 /// Most write requests merged into one group commit.
 const MAX_GROUP: usize = 1024;
 /// Default bound on Records waiting for the writer (`--write-queue-mib`).
@@ -51,7 +56,39 @@ const QUEUED_ENTRY_OVERHEAD: u64 = 128;
 /// Told, on the writer thread, about every entry that changed, after it is durable and
 /// visible to readers. Coordinated tuning uses it to wake callers waiting for a key.
 pub trait ChangeListener: Send + Sync {
-    fn entries_changed(&self, changed: &[(CacheKey, TunedResult)]);
+    fn entries_changed(&self, changed: &[StoredEntry]);
+}
+
+/// One entry of a write. Decoded entries (a Record, the tuner, the cluster tier) are encoded
+/// by the writer only when they win; entries read from the shared directory arrive already
+/// in stored form, so a load holds each entry once (the allocation the cache keeps), never a
+/// decoded copy beside it.
+pub enum Incoming {
+    Decoded(CacheKey, TunedResult),
+    Stored(StoredEntry),
+}
+
+impl Incoming {
+    fn views(&self) -> (KeyView<'_>, ResultView<'_>) {
+        match self {
+            Incoming::Decoded(key, result) => (key.view(), result.view()),
+            Incoming::Stored(entry) => entry.views(),
+        }
+    }
+
+    fn into_stored(self) -> StoredEntry {
+        match self {
+            Incoming::Decoded(key, result) => StoredEntry::new(&key, &result),
+            Incoming::Stored(entry) => entry,
+        }
+    }
+}
+
+fn decoded(entries: Vec<(CacheKey, TunedResult)>) -> Vec<Incoming> {
+    entries
+        .into_iter()
+        .map(|(key, result)| Incoming::Decoded(key, result))
+        .collect()
 }
 
 /// Counts of a batch applied through the merge rule.
@@ -65,7 +102,7 @@ pub struct ApplyOutcome {
 
 enum WriteCommand {
     Apply {
-        entries: Vec<(CacheKey, TunedResult)>,
+        entries: Vec<Incoming>,
         origin: Origin,
         reply: oneshot::Sender<Result<ApplyOutcome>>,
         /// This request's share of the write queue, given back when the writer takes it.
@@ -263,7 +300,7 @@ impl Store {
     /// in the write queue: for the daemon's own writers (the tuner), which have no caller to
     /// retry.
     pub async fn apply(&self, entries: Vec<(CacheKey, TunedResult)>) -> Result<ApplyOutcome> {
-        self.apply_from(entries, Origin::Own).await
+        self.apply_from(decoded(entries), Origin::Own).await
     }
 
     /// Like `apply`, for entries learned from other nodes (snapshots, a shared tier): they
@@ -272,15 +309,22 @@ impl Store {
         &self,
         entries: Vec<(CacheKey, TunedResult)>,
     ) -> Result<ApplyOutcome> {
-        self.apply_from(entries, Origin::Learned).await
+        self.apply_from(decoded(entries), Origin::Learned).await
+    }
+
+    /// Merges entries already in stored form (read from the shared directory) with the
+    /// given provenance, waiting for room in the write queue.
+    pub async fn apply_stored(
+        &self,
+        entries: Vec<StoredEntry>,
+        origin: Origin,
+    ) -> Result<ApplyOutcome> {
+        let entries = entries.into_iter().map(Incoming::Stored).collect();
+        self.apply_from(entries, origin).await
     }
 
     /// Merges `entries` with the given provenance, waiting for room in the write queue.
-    pub async fn apply_from(
-        &self,
-        entries: Vec<(CacheKey, TunedResult)>,
-        origin: Origin,
-    ) -> Result<ApplyOutcome> {
+    async fn apply_from(&self, entries: Vec<Incoming>, origin: Origin) -> Result<ApplyOutcome> {
         let units = self.queue_units_for(&entries);
         let queued = Arc::clone(&self.shared.queue_room)
             .acquire_many_owned(units)
@@ -293,6 +337,7 @@ impl Store {
     /// full (the disk is slower than the callers) it answers `WriteQueueFull` at once instead
     /// of growing.
     pub async fn try_apply(&self, entries: Vec<(CacheKey, TunedResult)>) -> Result<ApplyOutcome> {
+        let entries = decoded(entries);
         let units = self.queue_units_for(&entries);
         let Ok(queued) = Arc::clone(&self.shared.queue_room).try_acquire_many_owned(units) else {
             return Err(self.shed());
@@ -302,7 +347,7 @@ impl Store {
 
     async fn send(
         &self,
-        entries: Vec<(CacheKey, TunedResult)>,
+        entries: Vec<Incoming>,
         origin: Origin,
         queued: OwnedSemaphorePermit,
     ) -> Result<ApplyOutcome> {
@@ -320,10 +365,11 @@ impl Store {
 
     /// The queue units a write takes: its estimated memory, at least one unit, at most the
     /// whole queue (so a batch bigger than the queue still goes through an empty one).
-    fn queue_units_for(&self, entries: &[(CacheKey, TunedResult)]) -> u32 {
+    fn queue_units_for(&self, entries: &[Incoming]) -> u32 {
         let bytes: u64 = entries
             .iter()
-            .map(|(key, result)| {
+            .map(|incoming| {
+                let (key, result) = incoming.views();
                 (key.encoded_len_estimate() + result.encoded_len_estimate()) as u64
                     + QUEUED_ENTRY_OVERHEAD
             })
@@ -424,6 +470,8 @@ struct Writer {
     /// The last compaction and append failure causes, so a repeating cause is logged once.
     compaction_failure: Option<String>,
     write_failure: Option<String>,
+    /// Entry bytes written since the heap was last trimmed.
+    written_since_trim: u64,
 }
 
 fn run_writer(journal: Journal, commands: mpsc::Receiver<WriteCommand>, shared: Arc<Shared>) {
@@ -437,14 +485,15 @@ fn run_writer(journal: Journal, commands: mpsc::Receiver<WriteCommand>, shared: 
         repair_not_before: Instant::now(),
         compaction_failure: None,
         write_failure: None,
+        written_since_trim: 0,
     };
     writer.note_health();
     loop {
-        let first = if writer.journal.sync_pending() || writer.journal.needs_rewrite() {
-            match commands.recv_timeout(BATCH_SYNC_INTERVAL) {
+        let first = if let Some(wait) = writer.idle_work_wait() {
+            match commands.recv_timeout(wait) {
                 Ok(command) => command,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    writer.sync_or_repair();
+                    writer.idle_work();
                     continue;
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -491,9 +540,31 @@ fn run_writer(journal: Journal, commands: mpsc::Receiver<WriteCommand>, shared: 
 
 type Reply = oneshot::Sender<Result<ApplyOutcome>>;
 /// One write request in a group commit: its entries, their provenance, who to answer.
-type GroupedWrite = (Vec<(CacheKey, TunedResult)>, Origin, Reply);
+type GroupedWrite = (Vec<Incoming>, Origin, Reply);
 
 impl Writer {
+    /// How long to wait for the next write before doing idle work: a pending sync or repair
+    /// (under `--fsync batch`, or while the journal refuses appends), else a heap trim after
+    /// a burst. `None`: nothing to do, wait for the next write.
+    fn idle_work_wait(&self) -> Option<Duration> {
+        if self.journal.sync_pending() || self.journal.needs_rewrite() {
+            Some(BATCH_SYNC_INTERVAL)
+        } else if self.written_since_trim >= TRIM_AFTER_BYTES {
+            Some(IDLE_BEFORE_TRIM)
+        } else {
+            None
+        }
+    }
+
+    fn idle_work(&mut self) {
+        if self.journal.sync_pending() || self.journal.needs_rewrite() {
+            self.sync_or_repair();
+        } else {
+            crate::heap::return_free_pages();
+            self.written_since_trim = 0;
+        }
+    }
+
     /// Merges a group of write requests into one new version, journals the changes in one
     /// append, publishes, then acknowledges each request.
     fn apply_group(&mut self, group: Vec<GroupedWrite>) {
@@ -508,16 +579,19 @@ impl Writer {
         let live_before = self.live_bytes;
         for (entries, origin, reply) in group {
             let mut outcome = ApplyOutcome::default();
-            for (key, result) in entries {
-                let incoming = result.view();
+            for incoming in entries {
+                let (key, result) = incoming.views();
                 // An own result is kept as a contribution even when a learned one beats it
                 // in the cache, so compaction of this node's segments never loses it.
                 let own_replace = origin == Origin::Own
-                    && merge_views(own_next.get(&key).map(StoredEntry::result), incoming)
+                    && merge_views(own_next.get_view(&key).map(StoredEntry::result), result)
                         == MergeOutcome::Replace;
-                let current = next.get(&key).map(StoredEntry::result);
-                let replace = merge_views(current, incoming) == MergeOutcome::Replace;
+                let current = next.get_view(&key).map(StoredEntry::result);
+                let replace = merge_views(current, result) == MergeOutcome::Replace;
                 let old_result_bytes = current.map(|r| r.encoded_len_estimate() as u64);
+                let key_bytes = key.encoded_len_estimate() as u64;
+                let result_bytes = result.encoded_len_estimate() as u64;
+                self.written_since_trim += key_bytes + result_bytes;
                 if !replace {
                     outcome.unchanged += 1;
                 }
@@ -525,14 +599,12 @@ impl Writer {
                     continue;
                 }
                 // One allocation, shared by the cache, the own contributions and the journal.
-                let entry = StoredEntry::new(&key, &result);
+                let entry = incoming.into_stored();
                 if replace {
-                    let key_bytes = key.encoded_len_estimate() as u64;
                     let old = old_result_bytes.map_or(0, |r| key_bytes + r);
-                    self.live_bytes =
-                        self.live_bytes + key_bytes + result.encoded_len_estimate() as u64 - old;
+                    self.live_bytes = self.live_bytes + key_bytes + result_bytes - old;
                     next.insert(entry.clone());
-                    changed.push((key, result));
+                    changed.push(entry.clone());
                     outcome.stored += 1;
                 }
                 if own_replace {

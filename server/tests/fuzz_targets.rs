@@ -427,26 +427,26 @@ fn check_parsed(bytes: &[u8]) -> Result<(), TestCaseError> {
         step: 1 + bytes.len() % 7,
     });
     match (&whole, &trickled) {
-        (Ok(a), Ok(b)) => prop_assert_eq!(all_bits(&a.entries), all_bits(&b.entries)),
+        (Ok(a), Ok(b)) => prop_assert_eq!(all_bits(&a.pairs()), all_bits(&b.pairs())),
         (Err(_), Err(_)) => {}
         _ => prop_assert!(false, "whole: {whole:?}, in pieces: {trickled:?}"),
     }
     let Ok(parsed) = whole else {
         return Ok(());
     };
-    for (key, result) in &parsed.entries {
+    for (key, result) in &parsed.pairs() {
         prop_assert!(!key.namespace.is_empty() && !key.op.is_empty());
         prop_assert!(result.time_us.is_finite() && result.time_us.is_sign_positive());
         prop_assert!(serde_json::from_str::<serde::de::IgnoredAny>(&result.config).is_ok());
     }
-    let map = map_of(&parsed.entries);
+    let map = map_of(&parsed.pairs());
     let rewritten = snapshot_bytes(&parsed.node, parsed.written_at_unix_ms, &map);
     let reparsed = parse_snapshot(&rewritten).expect("a written snapshot parses");
     prop_assert_eq!(reparsed.invalid_entries, 0);
-    prop_assert_eq!(reparsed.node, parsed.node);
+    prop_assert_eq!(&reparsed.node, &parsed.node);
     prop_assert_eq!(reparsed.written_at_unix_ms, parsed.written_at_unix_ms);
     let expected: Vec<_> = map.into_iter().collect();
-    prop_assert_eq!(all_bits(&reparsed.entries), all_bits(&expected));
+    prop_assert_eq!(all_bits(&reparsed.pairs()), all_bits(&expected));
     Ok(())
 }
 
@@ -523,7 +523,7 @@ proptest! {
         prop_assert_eq!(parsed.written_at_unix_ms, at);
         prop_assert_eq!(parsed.invalid_entries, 0);
         let expected: Vec<_> = map.into_iter().collect();
-        prop_assert_eq!(all_bits(&parsed.entries), all_bits(&expected));
+        prop_assert_eq!(all_bits(&parsed.pairs()), all_bits(&expected));
         check_parsed(&bytes)?;
     }
 
@@ -594,6 +594,6 @@ fn snapshot_time_reads_back_to_the_same_bits() {
         };
         let map: CacheMap = [(key, result)].into_iter().collect();
         let parsed = parse_snapshot(&snapshot_bytes("node-a", 0, &map)).expect("parses");
-        assert_eq!(parsed.entries[0].1.time_us.to_bits(), time_us.to_bits());
+        assert_eq!(parsed.pairs()[0].1.time_us.to_bits(), time_us.to_bits());
     }
 }

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tunecache_proto::v1;
 
 use crate::entry::{CacheKey, TunedResult};
-use crate::store::{ChangeListener, Store};
+use crate::store::{ChangeListener, Store, StoredEntry};
 
 pub use lease::{Claim, ClusterLease};
 pub use link::LinkState;
@@ -274,18 +274,19 @@ impl crate::stats::FillStats for Cluster {
 struct ChangeFeed(std::sync::Weak<Cluster>);
 
 impl ChangeListener for ChangeFeed {
-    fn entries_changed(&self, changed: &[(CacheKey, TunedResult)]) {
+    fn entries_changed(&self, changed: &[StoredEntry]) {
         let Some(cluster) = self.0.upgrade() else {
             return;
         };
         let learned = cluster.lock_learned();
         let mut pending = cluster.lock_pending();
         let mut queued = false;
-        for (key, result) in changed {
-            if learned.get(key) == Some(result) {
+        for entry in changed {
+            let (key, result) = entry.to_pair();
+            if learned.get(&key) == Some(&result) {
                 continue;
             }
-            if pending.entries.len() >= MAX_PENDING && !pending.entries.contains_key(key) {
+            if pending.entries.len() >= MAX_PENDING && !pending.entries.contains_key(&key) {
                 let dropped = pending.entries.len() as u64;
                 pending.entries.clear();
                 cluster
@@ -299,7 +300,7 @@ impl ChangeListener for ChangeFeed {
                     );
                 }
             }
-            pending.entries.insert(key.clone(), result.clone());
+            pending.entries.insert(key, result);
             queued = true;
         }
         drop(pending);

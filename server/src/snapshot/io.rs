@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::entry::{unix_now_ms, CacheKey, Origin, TunedResult};
+use crate::entry::{unix_now_ms, Origin};
 use crate::error::{Error, Result};
 use crate::merge::{merge_views, MergeOutcome};
 use crate::shared_file::{self, FileVersion, OpenError};
@@ -77,7 +77,7 @@ pub(super) struct LoadedFile {
     pub name: String,
     pub node: String,
     pub origin: Origin,
-    pub entries: Vec<(CacheKey, TunedResult)>,
+    pub entries: Vec<StoredEntry>,
     undo: Undo,
 }
 
@@ -431,12 +431,12 @@ impl IoWorker {
             };
             if let Some(parsed) = self.accept(&path, version, parsed) {
                 entries_in_segments += parsed.entries.len();
-                for (key, result) in parsed.entries {
-                    let best = published.get(&key).map(StoredEntry::result);
-                    if merge_views(best, result.view()) == MergeOutcome::Replace {
-                        published.insert(StoredEntry::new(&key, &result));
+                for entry in parsed.entries {
+                    let best = published.get_view(&entry.key()).map(StoredEntry::result);
+                    if merge_views(best, entry.result()) == MergeOutcome::Replace {
+                        published.insert(entry.clone());
                     }
-                    entries.push((key, result));
+                    entries.push(entry);
                 }
             }
             read_through = segment.last;

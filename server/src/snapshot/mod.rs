@@ -456,11 +456,9 @@ impl SnapshotHandle {
             })
             .await?;
         let read_elapsed = started.elapsed();
-        let mut merged_entries = 0;
         for file in report.files {
             let merge_started = Instant::now();
             let total = file.entries.len();
-            merged_entries += total;
             let mut stored = 0;
             let mut entries = file.entries.into_iter();
             loop {
@@ -468,7 +466,7 @@ impl SnapshotHandle {
                 if batch.is_empty() {
                     break;
                 }
-                stored += self.store.apply_from(batch, file.origin).await?.stored;
+                stored += self.store.apply_stored(batch, file.origin).await?.stored;
             }
             tracing::info!(
                 file = %file.name,
@@ -479,9 +477,6 @@ impl SnapshotHandle {
                 merge = ?merge_started.elapsed(),
                 "merged from the shared directory"
             );
-        }
-        if merged_entries >= RETURN_MEMORY_AFTER_ENTRIES {
-            return_freed_memory().await;
         }
         slot.initial_load_done = true;
         Ok(())
@@ -582,21 +577,5 @@ impl crate::stats::FillStats for SnapshotHandle {
         stats.segment_compactions = load(&counters.compactions);
         stats.own_entries_published = load(&counters.published);
         stats.snapshot_format_version = crate::snapshot_format::FORMAT_VERSION as u32;
-    }
-}
-
-/// Entries merged in one pass above which the pass hands freed memory back to the system.
-const RETURN_MEMORY_AFTER_ENTRIES: usize = 50_000;
-
-/// Hands the heap's free pages back to the kernel. A large load parses every entry into
-/// decoded keys and results before the store keeps them in wire form; glibc keeps those freed
-/// pages, so without this a node that loaded 1M entries stays ~280 MiB above one that was
-/// written the same entries. Runs on the blocking pool: trimming a large heap takes
-/// milliseconds.
-async fn return_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        // SAFETY: malloc_trim only walks and releases the allocator's own free lists.
-        let _ = tokio::task::spawn_blocking(|| unsafe { libc::malloc_trim(0) }).await;
     }
 }
