@@ -4,7 +4,7 @@
 # plus building the rank's in-memory cache from the entries (what tunecache_rank.py does after the
 # bytes arrive). For a file-lock rank: json.loads of the whole cache file's bytes.
 #
-# Run by the harness as: python -c <this file> --socket S --namespace NS --device DEV --rank N
+# Run by the harness as: python -c <rank_view.py, then this file> --socket S --namespace NS --device DEV --rank N
 #   --cache FILE --runs K; prints one JSON object (medians in ms).
 import argparse
 import json
@@ -48,16 +48,7 @@ def main() -> None:
         return [entry for chunk in chunks for entry in pb.ScanResponse.FromString(chunk).entries]
 
     def view():
-        shared, own = {}, {}
-        for entry in parse():
-            if entry.key.HasField("rank"):
-                if entry.key.rank != args.rank:
-                    continue
-                section = own
-            else:
-                section = shared
-            config = json.loads(entry.result.config)
-            section[entry.key.problem] = (config["runner_id"], config["tactic"], entry.result.time_us / 1000.0)
+        shared, own = build_view(parse(), args.rank)
         return len(shared) + len(own)
 
     with open(args.cache, "rb") as file:

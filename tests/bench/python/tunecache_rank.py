@@ -6,7 +6,7 @@
 # cache from them (key text -> (runner_id, tactic, min_time), as the file peer's sections), Records
 # its new entries, and prints one RankReport JSON line (the shape tests/bench/src/scenario.rs reads).
 #
-# Run by the harness as: python -c <this file> --socket S --rank N --entries FILE --namespace NS
+# Run by the harness as: python -c <rank_view.py, then this file> --socket S --rank N --entries FILE --namespace NS
 #   --device DEV; rank protocol: print "ready", wait for EOF on stdin, work, print the report.
 import argparse
 import json
@@ -43,18 +43,8 @@ def main() -> None:
     # The connection is part of the load: a real rank opens it when its cache starts.
     load_started = time.perf_counter()
     client = Client(args.socket, timeout=CALL_DEADLINE_S)
-    shared = {}
-    own = {}
-    for chunk in client.scan(args.namespace, args.device, timeout=CALL_DEADLINE_S, rank=args.rank):
-        for entry in chunk:
-            if entry.key.HasField("rank"):
-                if entry.key.rank != args.rank:
-                    continue
-                section = own
-            else:
-                section = shared
-            config = json.loads(entry.result.config)
-            section[entry.key.problem] = (config["runner_id"], config["tactic"], entry.result.time_us / 1000.0)
+    chunks = client.scan(args.namespace, args.device, timeout=CALL_DEADLINE_S, rank=args.rank)
+    shared, own = build_view((entry for chunk in chunks for entry in chunk), args.rank)
     load_took = time.perf_counter() - load_started
 
     save_started = time.perf_counter()

@@ -16,12 +16,18 @@ use crate::scenario::{FileLockPeer, ScenarioError, ScenarioSpec, SystemUnderTest
 use crate::tunecache_system::{tuned_daemon_entries, TunecacheSystem, DEVICE, NAMESPACE};
 use crate::workload::{tuned_entries, write_initial_cache, NEW_EPOCH};
 
-/// The Python tunecache rank (see the script's header).
-pub const TUNECACHE_RANK_PY: &str = include_str!("../python/tunecache_rank.py");
+/// The Python tunecache rank (see the script's header), after the view it builds.
+pub const TUNECACHE_RANK_PY: &str = concat!(
+    include_str!("../python/rank_view.py"),
+    include_str!("../python/tunecache_rank.py")
+);
 /// The Python file-lock rank, "before" variant.
 pub const FILELOCK_RANK_PY: &str = include_str!("../python/filelock_rank.py");
-/// The Python parse floor.
-pub const PARSE_FLOOR_PY: &str = include_str!("../python/parse_floor.py");
+/// The Python parse floor, after the same view the rank builds.
+pub const PARSE_FLOOR_PY: &str = concat!(
+    include_str!("../python/rank_view.py"),
+    include_str!("../python/parse_floor.py")
+);
 
 /// Name of the Python tunecache system in reports.
 pub const TUNECACHE_PY: &str = "tunecache-py";
