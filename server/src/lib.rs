@@ -20,6 +20,7 @@ pub(crate) mod incoming;
 pub mod journal;
 pub(crate) mod limits;
 pub(crate) mod listener;
+pub(crate) mod lookup_request;
 pub mod merge;
 pub(crate) mod scan;
 pub mod server;

@@ -12,12 +12,15 @@ use tunecache_proto::v1::{self, tune_cache_server::TuneCache};
 
 use crate::coord::{Coordinator, ResolveCall, DEFAULT_LEASE, MAX_LEASE, MAX_WAIT};
 use crate::encoded::EncodedEntries;
+use crate::entry::{CacheKey, KeyView};
 use crate::error::Error;
+use crate::lookup_request::{self, LookupKeys};
 use crate::snapshot::SnapshotHandle;
 use crate::stats::FillStats;
 use crate::store::Store;
 use crate::tuner::TunerHandle;
-use crate::validate;
+use crate::validate::{self, CheckedKey};
+use prost::bytes::Bytes;
 use prost::Message;
 use tokio_stream::StreamExt;
 
@@ -102,21 +105,37 @@ impl TuneCacheService {
 pub type EncodedScanStream = Pin<Box<dyn Stream<Item = Result<EncodedEntries, Status>> + Send>>;
 
 impl TuneCacheService {
-    /// Lookup, answered as encoded `Entry` records: each hit is the caller's own key with the
-    /// stored result, written straight from the map without building prost messages.
+    /// Lookup from the request's bytes (the Lookup route), answered as encoded `Entry`
+    /// records: each hit is the caller's own key with the stored result, written straight
+    /// from the map. The keys are read in place where the request allows (`lookup_request`).
+    pub fn lookup_bytes(&self, request: &Bytes) -> Result<EncodedEntries, Status> {
+        Ok(match lookup_request::checked_keys(request)? {
+            LookupKeys::InPlace(keys) => self.lookup_views(keys.iter().map(CheckedKey::view)),
+            LookupKeys::Decoded(keys) => self.lookup_views(keys.iter().map(CacheKey::view)),
+        })
+    }
+
+    /// Lookup of a decoded request (the bare generated server), answered as `lookup_bytes`.
     pub fn lookup_encoded(
         &self,
         request: Request<v1::LookupRequest>,
     ) -> Result<EncodedEntries, Status> {
         let keys = validate::keys(request.into_inner().keys)?;
+        Ok(self.lookup_views(keys.iter().map(CacheKey::view)))
+    }
+
+    /// The hits of validated keys, in request order, with the Lookup counters.
+    fn lookup_views<'k>(
+        &self,
+        keys: impl ExactSizeIterator<Item = KeyView<'k>> + Clone,
+    ) -> EncodedEntries {
         let asked = keys.len();
         let map = self.store.current();
-        let found: Vec<_> = keys.iter().filter_map(|key| map.get(key)).collect();
-        let hits = EncodedEntries::from_entries(&found);
+        let hits = EncodedEntries::from_entries(&map.get_many(keys));
         count(&self.counters.lookups, asked);
         count(&self.counters.hits, hits.len());
         count(&self.counters.misses, asked - hits.len());
-        Ok(hits)
+        hits
     }
 
     /// Scan, answered as chunks of encoded `Entry` records.

@@ -1,10 +1,12 @@
 //! Checks every request before anything is applied. A violation refuses the whole batch
 //! with an error naming the entry index and the field, so a bad batch changes nothing.
 
+use std::borrow::Cow;
+
 use tunecache_proto::tuner::problem;
 use tunecache_proto::v1;
 
-use crate::entry::{CacheKey, TunedResult};
+use crate::entry::{CacheKey, KeyView, TunedResult};
 
 /// Longest accepted key field (namespace, op, device, problem) and `tuned_by`.
 pub const MAX_KEY_FIELD_BYTES: usize = 4 * 1024;
@@ -51,11 +53,34 @@ pub fn key(path: &str, key: Option<v1::Key>) -> Result<CacheKey, InvalidField> {
 /// 1,000 paths it never uses.
 fn key_at(path: impl Fn() -> String, key: Option<v1::Key>) -> Result<CacheKey, InvalidField> {
     let key = key.ok_or_else(|| InvalidField::new(path(), "missing"))?;
+    let canonical_problem = check_key(&path, &key_view(&key))?;
+    let mut key = CacheKey::from(key);
+    if let Some(problem) = canonical_problem {
+        key.problem = problem;
+    }
+    Ok(key)
+}
+
+/// A wire key as a view, to check it with the rules borrowed keys use.
+fn key_view(key: &v1::Key) -> KeyView<'_> {
+    KeyView {
+        namespace: &key.namespace,
+        op: &key.op,
+        device: &key.device,
+        problem: &key.problem,
+        rank: key.rank,
+    }
+}
+
+/// The rules every request key obeys, whether it arrived as a prost `v1::Key` or as a view
+/// into the request's bytes (Lookup): one rule set, so both give the same errors. Returns the
+/// canonical problem where the key's namespace has one (`None`: the problem stands as sent).
+fn check_key(path: impl Fn() -> String, key: &KeyView<'_>) -> Result<Option<String>, InvalidField> {
     for (name, value, required) in [
-        ("namespace", &key.namespace, true),
-        ("op", &key.op, true),
-        ("device", &key.device, false),
-        ("problem", &key.problem, false),
+        ("namespace", key.namespace, true),
+        ("op", key.op, true),
+        ("device", key.device, false),
+        ("problem", key.problem, false),
     ] {
         if required && value.is_empty() {
             return Err(InvalidField::new(
@@ -70,15 +95,58 @@ fn key_at(path: impl Fn() -> String, key: Option<v1::Key>) -> Result<CacheKey, I
             ));
         }
     }
-    let mut key = CacheKey::from(key);
-    if key.namespace == problem::NAMESPACE {
-        // The node tuner's own namespace: problems are canonicalised so equal problems
-        // give equal keys, whichever way a rank spelled the JSON. This is the only place a
-        // problem is canonicalised; the tuner takes the text as it is.
-        key.problem = problem::canonicalize(&key.op, &key.problem)
-            .map_err(|error| InvalidField::new(format!("{}.problem", path()), error.to_string()))?;
+    if key.namespace != problem::NAMESPACE {
+        return Ok(None);
     }
-    Ok(key)
+    // The node tuner's own namespace: problems are canonicalised so equal problems give equal
+    // keys, whichever way a rank spelled the JSON. This is the only place a problem is
+    // canonicalised; the tuner takes the text as it is.
+    problem::canonicalize(key.op, key.problem)
+        .map(Some)
+        .map_err(|error| InvalidField::new(format!("{}.problem", path()), error.to_string()))
+}
+
+/// A Lookup key that passed `check_key`, borrowed from the request: only a canonicalised
+/// problem is owned.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckedKey<'a> {
+    namespace: &'a str,
+    op: &'a str,
+    device: &'a str,
+    problem: Cow<'a, str>,
+    rank: Option<u32>,
+}
+
+impl CheckedKey<'_> {
+    /// The key as the map looks it up (with the canonical problem).
+    pub fn view(&self) -> KeyView<'_> {
+        KeyView {
+            namespace: self.namespace,
+            op: self.op,
+            device: self.device,
+            problem: &self.problem,
+            rank: self.rank,
+        }
+    }
+}
+
+/// Validates a Lookup's keys read in place: the same rules, paths and order as `keys`.
+pub fn key_views<'a>(
+    keys: impl ExactSizeIterator<Item = KeyView<'a>>,
+) -> Result<Vec<CheckedKey<'a>>, InvalidField> {
+    check_batch_len("keys", keys.len())?;
+    keys.enumerate()
+        .map(|(index, key)| {
+            let canonical_problem = check_key(|| format!("keys[{index}]"), &key)?;
+            Ok(CheckedKey {
+                namespace: key.namespace,
+                op: key.op,
+                device: key.device,
+                problem: canonical_problem.map_or(Cow::Borrowed(key.problem), Cow::Owned),
+                rank: key.rank,
+            })
+        })
+        .collect()
 }
 
 /// Validates one result; `path` names it in errors (e.g. `entries[2].result`).

@@ -8,7 +8,8 @@
 //! grpcurl, grpcio and the Rust client see the unchanged `tunecache.v1` contract.
 //!
 //! [`WireRoutes`] wraps the generated `TuneCacheServer` and answers the two methods itself;
-//! every other method goes to the generated server.
+//! every other method goes to the generated server. Lookup requests also stay bytes until the
+//! service reads their keys in place (`lookup_request`).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,6 +24,7 @@ use tonic::{Request, Response, Status};
 use tunecache_proto::v1;
 
 use crate::encoded::EncodedEntries;
+use crate::lookup_request::{LookupCodec, LookupRequestBytes};
 use crate::service::TuneCacheService;
 
 const LOOKUP_PATH: &str = "/tunecache.v1.TuneCache/Lookup";
@@ -78,11 +80,8 @@ where
             LOOKUP_PATH => {
                 let method = LookupMethod(Arc::clone(&self.service));
                 Box::pin(async move {
-                    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
-                        EncodedEntries,
-                        v1::LookupRequest,
-                    >::default())
-                    .apply_max_message_size_config(Some(decode), Some(encode));
+                    let mut grpc = tonic::server::Grpc::new(LookupCodec)
+                        .apply_max_message_size_config(Some(decode), Some(encode));
                     Ok(grpc.unary(method, request).await)
                 })
             }
@@ -106,13 +105,17 @@ type MethodFuture<T> = Pin<Box<dyn Future<Output = Result<Response<T>, Status>> 
 
 struct LookupMethod(Arc<TuneCacheService>);
 
-impl tonic::server::UnaryService<v1::LookupRequest> for LookupMethod {
+impl tonic::server::UnaryService<LookupRequestBytes> for LookupMethod {
     type Response = EncodedEntries;
     type Future = MethodFuture<EncodedEntries>;
 
-    fn call(&mut self, request: Request<v1::LookupRequest>) -> Self::Future {
+    fn call(&mut self, request: Request<LookupRequestBytes>) -> Self::Future {
         let service = Arc::clone(&self.0);
-        Box::pin(async move { service.lookup_encoded(request).map(Response::new) })
+        Box::pin(async move {
+            service
+                .lookup_bytes(&request.into_inner().0)
+                .map(Response::new)
+        })
     }
 }
 

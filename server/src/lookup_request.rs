@@ -1,0 +1,341 @@
+//! The Lookup request read in place, and the codec of the Lookup route that keeps its bytes.
+//!
+//! prost decodes each `Key` into four `String`s (an allocation and a UTF-8 check each, then a
+//! free): a third of the daemon's CPU in a 1,000-key Lookup. The Lookup route's codec
+//! ([`LookupCodec`]) instead hands the service the request's bytes, and [`checked_keys`] reads
+//! the keys as views into them. It reads only requests made of the declared fields in their
+//! declared wire types (what every client writes); any other request (an unknown field,
+//! malformed bytes) is decoded by prost and checked by `validate::keys` exactly as before, so
+//! the keys, the treatment of unknown fields and the error of a malformed request are prost's.
+
+use prost::bytes::{Buf, Bytes};
+use prost::encoding::{decode_key, WireType};
+use prost::Message;
+use tonic::codec::{Codec, DecodeBuf, Decoder};
+use tonic::Status;
+use tunecache_proto::v1;
+
+use crate::encoded::EncodedEntries;
+use crate::entry::{CacheKey, KeyView};
+use crate::stored::{parse_key, take_delimited};
+use crate::validate::{self, CheckedKey};
+
+/// Field number of the repeated `Key` in `LookupRequest`.
+const KEYS_FIELD: u32 = 1;
+
+/// A Lookup request as the client sent it: an encoded `tunecache.v1.LookupRequest`.
+#[derive(Debug, Clone)]
+pub struct LookupRequestBytes(pub Bytes);
+
+/// A Lookup's keys, validated.
+#[derive(Debug)]
+pub enum LookupKeys<'a> {
+    /// Read in place: views into the request's bytes.
+    InPlace(Vec<CheckedKey<'a>>),
+    /// A request of another shape, decoded by prost.
+    Decoded(Vec<CacheKey>),
+}
+
+/// Reads and validates a Lookup's keys. Errors are those the route gave when prost decoded
+/// every request: a malformed request is tonic's decode error (`decode_status`), an invalid
+/// key INVALID_ARGUMENT naming it.
+pub fn checked_keys(request: &Bytes) -> Result<LookupKeys<'_>, Status> {
+    match read_keys(request) {
+        Some(keys) => Ok(LookupKeys::InPlace(validate::key_views(keys.into_iter())?)),
+        None => {
+            let request = v1::LookupRequest::decode(request.clone()).map_err(decode_status)?;
+            Ok(LookupKeys::Decoded(validate::keys(request.keys)?))
+        }
+    }
+}
+
+/// The status tonic's prost codec answers for a message it cannot decode
+/// (`tonic_prost::codec::from_decode_error`): a malformed Lookup is refused as it was when
+/// the route decoded with that codec.
+fn decode_status(error: prost::DecodeError) -> Status {
+    Status::internal(error.to_string())
+}
+
+/// The keys of a `LookupRequest` holding only field-1 keys of only declared fields, as prost
+/// would decode them; `None` for any other request (which prost may still accept).
+fn read_keys(request: &[u8]) -> Option<Vec<KeyView<'_>>> {
+    let mut buf = request;
+    let mut keys = Vec::new();
+    while !buf.is_empty() {
+        if decode_key(&mut buf).ok()? != (KEYS_FIELD, WireType::LengthDelimited) {
+            return None;
+        }
+        keys.push(parse_key(take_delimited(&mut buf)?)?);
+    }
+    Some(keys)
+}
+
+/// The Lookup route's codec: requests stay bytes (`LookupRequestBytes`), responses are
+/// encoded as the generated route's prost codec encodes them.
+#[derive(Debug, Clone, Default)]
+pub struct LookupCodec;
+
+impl Codec for LookupCodec {
+    type Encode = EncodedEntries;
+    type Decode = LookupRequestBytes;
+    type Encoder = tonic_prost::ProstEncoder<EncodedEntries>;
+    type Decoder = LookupDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::default()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        LookupDecoder
+    }
+}
+
+/// Takes the whole message as bytes (no copy: the frame is split off tonic's buffer).
+#[derive(Debug, Clone, Default)]
+pub struct LookupDecoder;
+
+impl Decoder for LookupDecoder {
+    type Item = LookupRequestBytes;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Self::Error> {
+        Ok(Some(LookupRequestBytes(buf.copy_to_bytes(buf.remaining()))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::MAX_KEY_FIELD_BYTES;
+    use proptest::prelude::*;
+    use prost::encoding::{encode_key, encode_varint};
+
+    /// What the route answered when prost decoded every Lookup: the keys, or the status.
+    fn prost_path(request: &[u8]) -> Result<Vec<CacheKey>, Status> {
+        let request = v1::LookupRequest::decode(request).map_err(decode_status)?;
+        Ok(validate::keys(request.keys)?)
+    }
+
+    /// `checked_keys`, as owned keys (or the status), to compare with `prost_path`.
+    fn in_place_path(request: &[u8]) -> Result<Vec<CacheKey>, Status> {
+        let bytes = Bytes::copy_from_slice(request);
+        Ok(match checked_keys(&bytes)? {
+            LookupKeys::InPlace(keys) => keys.iter().map(|k| k.view().to_key()).collect(),
+            LookupKeys::Decoded(keys) => keys,
+        })
+    }
+
+    fn assert_same_answer(request: &[u8]) {
+        match (in_place_path(request), prost_path(request)) {
+            (Ok(ours), Ok(theirs)) => assert_eq!(ours, theirs),
+            (Err(ours), Err(theirs)) => {
+                assert_eq!(ours.code(), theirs.code());
+                assert_eq!(ours.message(), theirs.message());
+            }
+            (ours, theirs) => panic!("{ours:?} vs prost {theirs:?} for {request:?}"),
+        }
+    }
+
+    fn wire_key(namespace: &str, op: &str, problem: &str, rank: Option<u32>) -> v1::Key {
+        v1::Key {
+            namespace: namespace.into(),
+            op: op.into(),
+            device: "NVIDIA H200 80GB HBM3|sm_90|drv-550.54".into(),
+            problem: problem.into(),
+            rank,
+        }
+    }
+
+    fn request_of(keys: Vec<v1::Key>) -> Vec<u8> {
+        v1::LookupRequest { keys }.encode_to_vec()
+    }
+
+    fn good_keys(n: usize) -> Vec<v1::Key> {
+        (0..n)
+            .map(|i| {
+                let rank = [None, Some(0), Some(7), Some(u32::MAX)][i % 4];
+                wire_key("trtllm", "gemm", &format!("m={i},\u{e9}\0"), rank)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn reads_the_keys_prost_decodes_in_place() {
+        let mut keys = good_keys(1_000);
+        keys.push(wire_key("ns", "op", "", None));
+        keys.push(v1::Key {
+            device: String::new(),
+            ..wire_key("ns", "op", "p", Some(1))
+        });
+        keys.push(wire_key(
+            "tunecache",
+            "gemm",
+            r#"{"m":1,"n":2,"k":3,"dtype":"f16","layout":"nn"}"#,
+            None,
+        ));
+        let request = request_of(keys);
+        let bytes = Bytes::from(request.clone());
+        assert!(matches!(checked_keys(&bytes), Ok(LookupKeys::InPlace(_))));
+        assert_same_answer(&request);
+        assert_same_answer(&[]);
+    }
+
+    #[test]
+    fn tuner_problems_are_canonicalised_in_place() {
+        let key = wire_key(
+            "tunecache",
+            "gemm",
+            r#"{ "k": 3, "n": 2, "m": 1, "dtype": "f16", "layout": "nn" }"#,
+            None,
+        );
+        let bytes = Bytes::from(request_of(vec![key.clone()]));
+        let Ok(LookupKeys::InPlace(checked)) = checked_keys(&bytes) else {
+            panic!("not read in place")
+        };
+        let expected = validate::key("k", Some(key)).unwrap();
+        assert_ne!(
+            expected.problem,
+            r#"{ "k": 3, "n": 2, "m": 1, "dtype": "f16", "layout": "nn" }"#
+        );
+        assert_eq!(checked[0].view(), expected.view());
+    }
+
+    #[test]
+    fn invalid_keys_give_the_same_error_at_any_index() {
+        let long = "x".repeat(MAX_KEY_FIELD_BYTES + 1);
+        let bad_keys = [
+            wire_key("", "gemm", "p", None),
+            wire_key("ns", "", "p", None),
+            v1::Key {
+                device: long.clone(),
+                ..wire_key("ns", "op", "p", None)
+            },
+            wire_key("ns", "op", &long, None),
+            wire_key("tunecache", "gemm", "not json", None),
+            wire_key("tunecache", "no-such-op", "{}", None),
+        ];
+        for bad in bad_keys {
+            for index in [0, 3, 999] {
+                let mut keys = good_keys(1_000);
+                keys[index] = bad.clone();
+                // A later invalid key does not change which error is reported.
+                keys[999.min(index + 1)].op.clear();
+                let request = request_of(keys);
+                let error = in_place_path(&request).unwrap_err();
+                assert_eq!(error.code(), tonic::Code::InvalidArgument);
+                assert!(
+                    error.message().starts_with(&format!("keys[{index}].")),
+                    "{}",
+                    error.message()
+                );
+                assert_same_answer(&request);
+            }
+        }
+        let too_many = request_of(good_keys(validate::MAX_BATCH + 1));
+        let error = in_place_path(&too_many).unwrap_err();
+        assert!(error.message().starts_with("keys: 10001 items"), "{error}");
+        assert_same_answer(&too_many);
+    }
+
+    #[test]
+    fn unknown_fields_are_left_to_prost() {
+        let mut request = request_of(good_keys(3));
+        // An unknown top-level field: prost skips it.
+        encode_key(9, WireType::Varint, &mut request);
+        encode_varint(5, &mut request);
+        assert!(read_keys(&request).is_none());
+        assert_same_answer(&request);
+        assert_eq!(in_place_path(&request).unwrap().len(), 3);
+
+        // An unknown field inside a key (a later field of Key, say).
+        let mut key = wire_key("ns", "op", "p", Some(2)).encode_to_vec();
+        encode_key(6, WireType::LengthDelimited, &mut key);
+        encode_varint(1, &mut key);
+        key.push(b'z');
+        let mut request = Vec::new();
+        encode_key(KEYS_FIELD, WireType::LengthDelimited, &mut request);
+        encode_varint(key.len() as u64, &mut request);
+        request.extend_from_slice(&key);
+        assert!(read_keys(&request).is_none());
+        assert_same_answer(&request);
+        assert_eq!(in_place_path(&request).unwrap()[0].problem, "p");
+    }
+
+    #[test]
+    fn malformed_requests_get_prost_s_error() {
+        let request = request_of(good_keys(4));
+        for len in 0..request.len() {
+            assert_same_answer(&request[..len]);
+        }
+        // Invalid UTF-8 in a key field; a key field of the wrong wire type; a bad varint.
+        let mut bad_utf8 = request_of(vec![wire_key("ns", "op", "p\u{e9}", None)]);
+        let last = bad_utf8.len() - 1;
+        bad_utf8[last] = 0xff;
+        let wrong_type = [0x0a, 0x02, 0x08, 0x01];
+        let bad_varint = [
+            0x0a, 0x0b, 0x28, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f,
+        ];
+        for request in [&bad_utf8[..], &wrong_type, &bad_varint, &[0x00], &[0xff; 7]] {
+            let error = in_place_path(request).unwrap_err();
+            assert_eq!(error.code(), tonic::Code::Internal, "{request:?}");
+            assert_same_answer(request);
+        }
+    }
+
+    fn arb_field() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(String::new()),
+            Just("tunecache".to_owned()),
+            Just("gemm".to_owned()),
+            "[a-c\u{e9}\0]{0,6}",
+        ]
+    }
+
+    fn arb_key() -> impl Strategy<Value = v1::Key> {
+        (
+            arb_field(),
+            arb_field(),
+            arb_field(),
+            arb_field(),
+            proptest::option::of(any::<u32>()),
+        )
+            .prop_map(|(namespace, op, device, problem, rank)| v1::Key {
+                namespace,
+                op,
+                device,
+                problem,
+                rank,
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn answers_as_prost_for_any_keys(keys in proptest::collection::vec(arb_key(), 0..8)) {
+            let request = request_of(keys);
+            prop_assert!(read_keys(&request).is_some());
+            assert_same_answer(&request);
+        }
+
+        #[test]
+        fn answers_as_prost_for_damaged_requests(
+            keys in proptest::collection::vec(arb_key(), 1..4),
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let mut request = request_of(keys);
+            for (at, byte) in flips {
+                let at = at.index(request.len());
+                request[at] = byte;
+            }
+            let cut = cut.index(request.len() + 1);
+            assert_same_answer(&request[..cut]);
+        }
+
+        #[test]
+        fn answers_as_prost_for_any_bytes(request in proptest::collection::vec(any::<u8>(), 0..64)) {
+            assert_same_answer(&request);
+        }
+    }
+}
