@@ -63,7 +63,7 @@ pub trait ChangeListener: Send + Sync {
 /// by the writer only when they win; entries read from the shared directory arrive already
 /// in stored form, so a load holds each entry once (the allocation the cache keeps), never a
 /// decoded copy beside it.
-pub enum Incoming {
+enum Incoming {
     Decoded(CacheKey, TunedResult),
     Stored(StoredEntry),
 }

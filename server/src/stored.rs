@@ -132,24 +132,22 @@ fn find_vocab_runs<'k>(
     keys: impl Iterator<Item = KeyView<'k>>,
 ) -> Vec<(Option<Arc<Vocab>>, usize)> {
     let table = crate::sync::lock(interner());
-    let mut runs: Vec<(KeyView<'k>, Option<Arc<Vocab>>, usize)> = Vec::new();
+    let mut runs: Vec<(Option<Arc<Vocab>>, usize)> = Vec::new();
+    let mut run_names = None;
     for key in keys {
-        if let Some((first, _, len)) = runs.last_mut() {
-            if (first.namespace, first.op, first.device) == (key.namespace, key.op, key.device) {
-                *len += 1;
-                continue;
-            }
+        let names = (key.namespace, key.op, key.device);
+        if let (Some((_, len)), true) = (runs.last_mut(), run_names == Some(names)) {
+            *len += 1;
+            continue;
         }
-        let hash = table.hasher.hash_one((key.namespace, key.op, key.device));
+        let hash = table.hasher.hash_one(names);
         let vocab = table
             .find(hash, key.namespace, key.op, key.device)
             .map(Arc::clone);
-        runs.push((key, vocab, 1));
+        runs.push((vocab, 1));
+        run_names = Some(names);
     }
-    drop(table);
-    runs.into_iter()
-        .map(|(_, vocab, len)| (vocab, len))
-        .collect()
+    runs
 }
 
 /// A key whose (namespace, op, device) is already resolved to its interned `Vocab`: against

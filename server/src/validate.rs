@@ -52,24 +52,11 @@ pub fn key(path: &str, key: Option<v1::Key>) -> Result<CacheKey, InvalidField> {
 /// `key`, with the path made only for an error: a 1,000-key Lookup would otherwise format
 /// 1,000 paths it never uses.
 fn key_at(path: impl Fn() -> String, key: Option<v1::Key>) -> Result<CacheKey, InvalidField> {
-    let key = key.ok_or_else(|| InvalidField::new(path(), "missing"))?;
-    let canonical_problem = check_key(&path, &key_view(&key))?;
-    let mut key = CacheKey::from(key);
-    if let Some(problem) = canonical_problem {
+    let mut key = CacheKey::from(key.ok_or_else(|| InvalidField::new(path(), "missing"))?);
+    if let Some(problem) = check_key(&path, &key.view())? {
         key.problem = problem;
     }
     Ok(key)
-}
-
-/// A wire key as a view, to check it with the rules borrowed keys use.
-fn key_view(key: &v1::Key) -> KeyView<'_> {
-    KeyView {
-        namespace: &key.namespace,
-        op: &key.op,
-        device: &key.device,
-        problem: &key.problem,
-        rank: key.rank,
-    }
 }
 
 /// The rules every request key obeys, whether it arrived as a prost `v1::Key` or as a view
