@@ -257,6 +257,26 @@ pub struct Config {
     /// so it only runs out when the holding node dies or hangs.
     #[arg(long, env = "TUNECACHE_CLUSTER_LEASE_MS", default_value_t = 10_000)]
     pub cluster_lease_ms: u64,
+
+    /// PEM file of the certificates that verify a rediss:// server, for a site CA; without
+    /// it the system's and webpki's roots are used.
+    #[arg(long, env = "TUNECACHE_CLUSTER_TLS_CA_FILE", value_name = "PATH")]
+    pub cluster_tls_ca_file: Option<PathBuf>,
+
+    /// Most results the publish queue holds while Redis is away or slow; past it the queue
+    /// is dropped and every winner republished once Redis keeps up.
+    #[arg(long, env = "TUNECACHE_CLUSTER_PUBLISH_QUEUE", default_value_t = crate::cluster::DEFAULT_PUBLISH_QUEUE, value_name = "N")]
+    pub cluster_publish_queue: usize,
+
+    /// Messages kept (approximately) in each of the 16 shard streams; a node further behind
+    /// reads the shard again from its entries.
+    #[arg(long, env = "TUNECACHE_CLUSTER_STREAM_MAX_LEN", default_value_t = crate::cluster::DEFAULT_STREAM_MAX_LEN, value_name = "N")]
+    pub cluster_stream_max_len: u64,
+
+    /// Seconds between audits of this node against Redis (one also runs after every
+    /// reconnect).
+    #[arg(long, env = "TUNECACHE_CLUSTER_AUDIT_SECS", default_value_t = crate::cluster::DEFAULT_AUDIT_SECS, value_name = "SECS")]
+    pub cluster_audit_secs: u64,
 }
 
 /// Where the tuner worker comes from.
@@ -287,15 +307,19 @@ impl Config {
         let Some(url) = self.cluster_url.as_deref().filter(|u| !u.is_empty()) else {
             return Ok(None);
         };
-        crate::cluster::ClusterSettings::new(
+        let mut settings = crate::cluster::ClusterSettings::new(
             url,
             self.cluster_password_file.as_deref(),
+            self.cluster_tls_ca_file.as_deref(),
             self.cluster_prefix.clone(),
             Duration::from_millis(self.cluster_timeout_ms.max(1)),
             Duration::from_millis(self.cluster_lease_ms.max(300)),
             self.node_name(),
-        )
-        .map(Some)
+        )?;
+        settings.publish_queue = self.cluster_publish_queue.max(1);
+        settings.stream_max_len = self.cluster_stream_max_len.max(1);
+        settings.audit_interval = Duration::from_secs(self.cluster_audit_secs.max(1));
+        Ok(Some(settings))
     }
 
     /// `--socket`/`$TUNECACHE_SOCKET`, then `$RUNTIME_DIRECTORY/tunecache.sock` (systemd's
@@ -427,6 +451,12 @@ mod tests {
             "5",
             "--node-name",
             "n7",
+            "--cluster-publish-queue",
+            "0",
+            "--cluster-stream-max-len",
+            "64",
+            "--cluster-audit-secs",
+            "30",
         ])
         .cluster_settings()
         .unwrap()
@@ -445,6 +475,29 @@ mod tests {
             "at least 300 ms"
         );
         assert_eq!(settings.node_name, "n7");
+        assert_eq!(settings.publish_queue, 1, "at least 1");
+        assert_eq!(settings.stream_max_len, 64);
+        assert_eq!(settings.audit_interval, Duration::from_secs(30));
+        assert!(settings.tls_ca.is_none());
+
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(
+            &ca,
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let settings = config(&[
+            "--cluster-url",
+            "rediss://10.1.2.3:6380",
+            "--cluster-tls-ca-file",
+            ca.to_str().unwrap(),
+        ])
+        .cluster_settings()
+        .unwrap()
+        .expect("settings with --cluster-url");
+        assert!(settings
+            .tls_ca
+            .is_some_and(|pem| pem.starts_with(b"-----BEGIN")));
     }
 
     #[test]
@@ -468,5 +521,24 @@ mod tests {
             "/nonexistent/tunecache-password",
         ]);
         assert!(no_file.contains("--cluster-password-file"), "{no_file}");
+        let dir = tempfile::tempdir().unwrap();
+        let not_pem = dir.path().join("ca.pem");
+        std::fs::write(&not_pem, "hello").unwrap();
+        let not_pem = not_pem.to_str().unwrap();
+        let no_cert = error(&[
+            "--cluster-url",
+            "rediss://h",
+            "--cluster-tls-ca-file",
+            not_pem,
+        ]);
+        assert!(no_cert.contains("--cluster-tls-ca-file"), "{no_cert}");
+        assert!(no_cert.contains("no PEM certificate"), "{no_cert}");
+        let plain = error(&[
+            "--cluster-url",
+            "redis://h",
+            "--cluster-tls-ca-file",
+            not_pem,
+        ]);
+        assert!(plain.contains("needs a rediss://"), "{plain}");
     }
 }

@@ -212,6 +212,12 @@ const METRICS: &[Metric] = &[
     row("cluster_republished", "Results republished to a flushed or replaced Redis.", Counter(|s| s.cluster_republished)),
     row("cluster_reconnects", "Reconnections to Redis.", Counter(|s| s.cluster_reconnects)),
     row("cluster_errors", "Failed or timed-out Redis commands.", Counter(|s| s.cluster_errors)),
+    row("cluster_publish_already", "Publishes Redis already had (retries of a batch it ran): no-ops.", Counter(|s| s.cluster_publish_already)),
+    row("cluster_audits", "Comparisons of this node's shard digests with Redis's.", Counter(|s| s.cluster_audits)),
+    row("cluster_audit_differing", "Shards an audit found differing from Redis (then read again).", Counter(|s| s.cluster_audit_differing)),
+    row("cluster_audit_repaired", "Results found missing although Redis had announced them: 0 while healthy.", Counter(|s| s.cluster_audit_repaired)),
+    row("cluster_stream_gaps", "Shards whose stream skipped past this node (trimmed or restarted).", Counter(|s| s.cluster_stream_gaps)),
+    row("cluster_resync_entries", "Results learned by reading shards again after a gap or an audit.", Counter(|s| s.cluster_resync_entries)),
 ];
 
 /// -1 until the first snapshot, so "never" is not mistaken for "just now".
@@ -375,6 +381,12 @@ mod tests {
             waits_timed_out: 1051,
             write_queue_bytes: 1052,
             writes_shed: 1053,
+            cluster_publish_already: 1054,
+            cluster_audits: 1055,
+            cluster_audit_repaired: 1056,
+            cluster_stream_gaps: 1057,
+            cluster_resync_entries: 1058,
+            cluster_audit_differing: 1059,
             ..Default::default()
         }
     }

@@ -1,10 +1,20 @@
 //! Learns other nodes' winners: bootstraps from the entries in Redis (in the background,
-//! while the daemon serves), then follows the stream of published winners with a blocking
-//! read, so a new winner arrives within milliseconds without polling. Keeps its place in the
-//! stream across disconnects to catch up on exactly what it missed; bootstraps again only if
-//! the stream was trimmed past that place. Also watches the server's epoch marker: a
-//! flushed or replaced server gets this node's winners republished.
+//! while the daemon serves), then follows the shards' streams of published winners: one
+//! blocking read over every shard on a single server, so a new winner arrives within
+//! milliseconds without polling; a short poll per shard on Redis Cluster, where one read
+//! cannot span slots.
+//!
+//! Keeps its place in each shard's stream across disconnects to catch up on exactly what it
+//! missed. Every message carries its shard's sequence number, so a gap (the stream was
+//! trimmed past this node's place) or a restart (the shard's data was lost) is seen at the
+//! next message, and only that shard is read again. After every reconnect, and every audit
+//! interval, the audit compares each shard's entry count and digest in Redis with what this
+//! node holds, fetches what the stream failed to deliver, and queues for publishing what
+//! Redis lacks (`cluster_audit_repaired` counts the first kind: 0 while the tier is
+//! healthy). Also watches the server's epoch marker: a flushed or replaced server gets this
+//! node's winners republished.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,33 +24,96 @@ use redis::streams::StreamReadReply;
 use redis::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::keys::{decode_result, Layout};
+use super::keys::{decode_result, encode_result, entry_digest, format_digest, Layout, SHARDS};
 use super::link::{Conn, BACKGROUND_TIMEOUT};
-use super::Cluster;
+use super::{scripts, Cluster};
 use crate::entry::{CacheKey, TunedResult};
+use crate::merge::{merge, MergeOutcome};
 
-/// How long one blocking stream read waits for news.
+/// How long one blocking stream read waits for news (single server).
 const BLOCK: Duration = Duration::from_millis(1000);
-/// Entries per stream read and per bootstrap batch.
+/// How often each shard's stream is polled on Redis Cluster.
+const CLUSTER_POLL: Duration = Duration::from_millis(100);
+/// Entries per stream read (per shard) and per bootstrap batch.
 const READ_COUNT: usize = 512;
 /// How often the epoch marker is checked while connected.
 const EPOCH_CHECK: Duration = Duration::from_secs(1);
+/// Longest the audit waits for this node's own publish queue to drain first.
+const AUDIT_DRAIN: Duration = Duration::from_secs(2);
+/// Tries to find a quiet moment for a shard (no write in Redis between this node's place in
+/// its stream and the comparison) before the audit leaves it to the next round.
+const AUDIT_ATTEMPTS: usize = 5;
+
+/// Where this node is in one shard's stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Place {
+    /// Last message id read (`0-0` before any).
+    id: String,
+    /// The shard sequence number that message carried (0 before any).
+    seq: u64,
+}
+
+impl Place {
+    fn start() -> Place {
+        Place {
+            id: "0-0".to_owned(),
+            seq: 0,
+        }
+    }
+}
+
+/// A shard to read again from its entries, and the sequence number through which its stream
+/// had already been read: an entry written at or before it that this node lacks is one the
+/// stream should have delivered (a repair); a later one is ordinary catching up.
+#[derive(Clone, Copy, Debug)]
+struct Resync {
+    shard: usize,
+    known_through: u64,
+}
+
+/// What reading shards again found.
+#[derive(Clone, Copy, Debug, Default)]
+struct Resynced {
+    /// Entries this node lacked although their stream messages were already behind it.
+    repaired: u64,
+    /// Every entry that improved this node's results, repairs included.
+    learned: u64,
+}
+
+/// A shard's state in Redis: the META script's reply.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Meta {
+    seq: u64,
+    count: u64,
+    digest: String,
+}
 
 struct Follower {
     cluster: Arc<Cluster>,
-    /// Last stream id applied; `None` before the first bootstrap.
-    last_id: Option<String>,
+    /// Per shard: the place in its stream; `None` before the first bootstrap.
+    places: Option<Vec<Place>>,
     /// The server's epoch marker as last seen.
     epoch: Option<String>,
+    /// The single server's `run_id` as last seen: the connection manager reconnects by
+    /// itself, so a changed id is how a restart that no command failed on is noticed.
+    run_id: Option<String>,
+    /// The shards' stream names, and the shard of each.
+    logs: Vec<String>,
+    shard_of_log: HashMap<String, usize>,
 }
 
 type Failure = String;
 
 pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
+    let logs: Vec<String> = (0..SHARDS).map(|s| cluster.layout.log(s)).collect();
+    let shard_of_log = logs.iter().cloned().zip(0..).collect();
     let mut follower = Follower {
         cluster,
-        last_id: None,
+        places: None,
         epoch: None,
+        run_id: None,
+        logs,
+        shard_of_log,
     };
     let mut seen_generation = 0;
     loop {
@@ -81,32 +154,52 @@ impl Follower {
     /// Runs on one connection until it fails.
     async fn follow(&mut self, mut conn: Conn) -> Result<(), Failure> {
         let flushed = self.check_epoch(&mut conn).await?;
-        let mut bootstrap = self.last_id.is_none();
-        if !flushed && !bootstrap {
-            bootstrap = self.trimmed_past_us(&mut conn).await?;
-        }
-        if bootstrap {
+        self.check_restart(&mut conn).await?;
+        if self.places.is_none() {
             self.bootstrap(&mut conn).await?;
+        } else if !flushed {
+            self.audit(&mut conn, "reconnected").await?;
         }
         // Blocking reads get their own connection, so they never hold up the shared one.
-        let mut reader = self
-            .cluster
-            .link
-            .open_dedicated()
-            .await
-            .map_err(|e| format!("opening the stream reader: {e}"))?;
+        let mut reader = match conn {
+            Conn::Single(_) => Some(
+                self.cluster
+                    .link
+                    .open_dedicated()
+                    .await
+                    .map_err(|e| format!("opening the stream reader: {e}"))?,
+            ),
+            Conn::Cluster(_) => None,
+        };
         let mut epoch_checked = Instant::now();
+        let mut audited = Instant::now();
         loop {
-            self.read_stream(&mut reader).await?;
+            match reader.as_mut() {
+                Some(reader) => {
+                    self.read_streams(reader, Some(BLOCK)).await?;
+                }
+                None => {
+                    self.read_streams(&mut conn, None).await?;
+                    tokio::time::sleep(CLUSTER_POLL).await;
+                }
+            }
             if epoch_checked.elapsed() >= EPOCH_CHECK {
-                self.check_epoch(&mut conn).await?;
+                let flushed = self.check_epoch(&mut conn).await?;
+                if self.check_restart(&mut conn).await? && !flushed {
+                    self.audit(&mut conn, "redis restarted").await?;
+                    audited = Instant::now();
+                }
                 epoch_checked = Instant::now();
+            }
+            if audited.elapsed() >= self.cluster.audit_interval {
+                self.audit(&mut conn, "periodic").await?;
+                audited = Instant::now();
             }
         }
     }
 
     /// Reads the epoch marker, creating it on a fresh server. A changed or vanished marker
-    /// means the server lost its data: republish, and follow the new stream from its start.
+    /// means the server lost its data: republish, and follow the new streams from their start.
     async fn check_epoch(&mut self, conn: &mut Conn) -> Result<bool, Failure> {
         let layout = &self.cluster.layout;
         let fresh = format!("{:016x}", super::random_u64());
@@ -132,60 +225,105 @@ impl Follower {
         self.epoch = epoch;
         if created == Value::Okay && !flushed && !self.cluster.store.is_empty() {
             // A fresh server (or one restarted empty while this node was away).
-            self.cluster.republish_all.store(true, Ordering::Relaxed);
-            self.cluster.publish_wake.notify_one();
+            self.cluster.schedule_republish_all();
         }
         if flushed {
             tracing::warn!("cluster tier: redis lost its data (flushed or replaced); republishing this node's winners");
-            self.cluster.republish_all.store(true, Ordering::Relaxed);
-            self.cluster.publish_wake.notify_one();
-            self.last_id = Some("0-0".to_owned());
+            self.cluster.schedule_republish_all();
+            if let Some(places) = &mut self.places {
+                places.fill(Place::start());
+            }
         }
         Ok(flushed)
     }
 
-    /// Whether the stream no longer holds the entry after `last_id` (trimmed while away).
-    async fn trimmed_past_us(&self, conn: &mut Conn) -> Result<bool, Failure> {
-        let Some(last) = self.last_id.as_deref().filter(|id| *id != "0-0") else {
+    /// Whether the single server is another process than at the last check (restarted with
+    /// its data, or a failover to a replica): then what it lost since its last save is
+    /// found by an audit. Redis Cluster connections report their failures instead.
+    async fn check_restart(&mut self, conn: &mut Conn) -> Result<bool, Failure> {
+        let Conn::Single(_) = conn else {
             return Ok(false);
         };
-        let first: Vec<(String, Value)> = timed(
-            "reading the stream start",
-            redis::cmd("XRANGE")
-                .arg(self.cluster.layout.log())
-                .arg("-")
-                .arg("+")
-                .arg("COUNT")
-                .arg(1)
-                .query_async(conn),
+        let info: String = timed(
+            "reading the server's run id",
+            redis::cmd("INFO").arg("server").query_async(conn),
         )
         .await?;
-        Ok(first
-            .first()
-            .is_some_and(|(id, _)| stream_id(id) > stream_id(last)))
+        let run_id = info
+            .lines()
+            .find_map(|line| line.strip_prefix("run_id:"))
+            .map(|id| id.trim().to_owned());
+        let restarted = self.run_id.is_some() && run_id.is_some() && self.run_id != run_id;
+        if restarted {
+            tracing::info!("cluster tier: redis restarted; auditing this node against it");
+        }
+        self.run_id = run_id;
+        Ok(restarted)
     }
 
-    /// Loads every entry in Redis. The stream position is taken first, so whatever is
-    /// published meanwhile is read from the stream afterwards.
+    /// Loads every entry in Redis. Each shard's place is taken first, so whatever is
+    /// published meanwhile is read from the streams afterwards.
     async fn bootstrap(&mut self, conn: &mut Conn) -> Result<(), Failure> {
         let started = Instant::now();
-        let newest: Vec<(String, Value)> = timed(
-            "reading the stream end",
-            redis::cmd("XREVRANGE")
-                .arg(self.cluster.layout.log())
-                .arg("+")
-                .arg("-")
-                .arg("COUNT")
-                .arg(1)
-                .query_async(conn),
-        )
+        let positions = (0..SHARDS).map(|shard| {
+            let mut conn = conn.clone();
+            let mut invocation = scripts::POSITION.prepare_invoke();
+            invocation
+                .key(self.cluster.layout.log(shard))
+                .key(self.cluster.layout.meta(shard));
+            async move { invocation.invoke_async::<(String, u64)>(&mut conn).await }
+        });
+        let positions: Vec<(String, u64)> = timed("reading the stream positions", async {
+            join_all(positions).await.into_iter().collect()
+        })
         .await?;
-        let position = newest
-            .first()
-            .map_or_else(|| "0-0".to_owned(), |(id, _)| id.clone());
+        let places: Vec<Place> = positions
+            .into_iter()
+            .map(|(id, seq): (String, u64)| Place { id, seq })
+            .collect();
+        let everything: Vec<Resync> = (0..SHARDS)
+            .map(|shard| Resync {
+                shard,
+                known_through: 0,
+            })
+            .collect();
+        let loaded = self.resync(conn, &everything, false).await?.learned;
+        self.cluster
+            .counters
+            .bootstrap_entries
+            .fetch_add(loaded, Ordering::Relaxed);
+        self.cluster.bootstrapped.store(true, Ordering::Relaxed);
+        self.places = Some(places);
+        tracing::info!(
+            learned = loaded,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "cluster tier: bootstrapped from redis"
+        );
+        Ok(())
+    }
+
+    /// Reads `shards` again from their entries in Redis and applies what beats this node's
+    /// results. With `republish`, also queues this node's results of those shards that Redis
+    /// lacks or holds worse.
+    async fn resync(
+        &self,
+        conn: &mut Conn,
+        shards: &[Resync],
+        republish: bool,
+    ) -> Result<Resynced, Failure> {
+        let mut known_through: [Option<u64>; SHARDS] = [None; SHARDS];
+        for r in shards {
+            let slot = &mut known_through[r.shard];
+            *slot = Some(slot.map_or(r.known_through, |k| k.min(r.known_through)));
+        }
+        // One SCAN pass: over one shard's names, or over every name when several shards go.
+        let pattern = match shards {
+            [only] => self.cluster.layout.entry_pattern(Some(only.shard)),
+            _ => self.cluster.layout.entry_pattern(None),
+        };
         let nodes = timed("listing cluster nodes", conn.scan_nodes()).await?;
-        let pattern = self.cluster.layout.entry_pattern();
-        let mut loaded = 0u64;
+        let mut outcome = Resynced::default();
+        let mut in_redis: HashMap<CacheKey, TunedResult> = HashMap::new();
         for node in nodes {
             let mut cursor = 0u64;
             loop {
@@ -198,10 +336,32 @@ impl Follower {
                 let reply = timed("scanning entries", conn.on_node(node.as_ref(), &scan)).await?;
                 let (next, names): (u64, Vec<String>) = redis::from_redis_value(&reply)
                     .map_err(|e| format!("scanning entries: {e}"))?;
+                let names: Vec<(String, CacheKey, u64)> = names
+                    .into_iter()
+                    .filter_map(|name| {
+                        let (key, shard) = self.cluster.layout.key_of_entry(&name)?;
+                        let through = known_through[shard]?;
+                        Some((name, key, through))
+                    })
+                    .collect();
                 for chunk in names.chunks(READ_COUNT) {
-                    let entries = self.read_entries(conn, chunk).await?;
-                    let stored = self.cluster.apply_learned(entries).await;
-                    loaded += u64::from(stored);
+                    let entries = read_entries(conn, chunk).await?;
+                    let current = self.cluster.store.current();
+                    let mut apply = Vec::new();
+                    for (key, result, seq, through) in entries {
+                        if merge(current.get(&key).map(|e| e.to_pair().1).as_ref(), &result)
+                            == MergeOutcome::Replace
+                        {
+                            if through > 0 && seq <= through {
+                                outcome.repaired += 1;
+                            }
+                            apply.push((key.clone(), result.clone()));
+                        }
+                        if republish {
+                            in_redis.insert(key, result);
+                        }
+                    }
+                    outcome.learned += u64::from(self.cluster.apply_learned(apply).await);
                 }
                 cursor = next;
                 if cursor == 0 {
@@ -209,87 +369,266 @@ impl Follower {
                 }
             }
         }
+        if republish {
+            let wanted: Vec<bool> = known_through.iter().map(Option::is_some).collect();
+            let current = self.cluster.store.current();
+            let missing = tokio::task::spawn_blocking(move || {
+                current
+                    .iter()
+                    .filter_map(|entry| {
+                        let (key, result) = entry.to_pair();
+                        if !wanted[Layout::shard_of(&key)] {
+                            return None;
+                        }
+                        let beats_redis =
+                            merge(in_redis.get(&key), &result) == MergeOutcome::Replace;
+                        beats_redis.then_some((key, result))
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .map_err(|e| format!("comparing with redis: {e}"))?;
+            if !missing.is_empty() {
+                tracing::warn!(
+                    entries = missing.len(),
+                    "cluster tier: redis lacks results this node holds; publishing them again"
+                );
+                self.cluster.queue_for_publish(missing);
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Compares every shard's entry count and digest in Redis with this node's, at a moment
+    /// when this node has read the shard's stream through its newest message and has nothing
+    /// of its own waiting to be published; reads again the shards that differ.
+    async fn audit(&mut self, conn: &mut Conn, why: &str) -> Result<(), Failure> {
+        let started = Instant::now();
+        self.cluster.counters.audits.fetch_add(1, Ordering::Relaxed);
+        let mut unsettled: Vec<usize> = (0..SHARDS).collect();
+        let mut differing: Vec<Resync> = Vec::new();
+        for _ in 0..AUDIT_ATTEMPTS {
+            if unsettled.is_empty() {
+                break;
+            }
+            self.cluster.wait_publish_idle(AUDIT_DRAIN).await;
+            let before = self.metas(conn, &unsettled).await?;
+            let targets: Vec<(usize, u64)> = unsettled
+                .iter()
+                .copied()
+                .zip(before.iter().map(|m| m.seq))
+                .collect();
+            self.catch_up(conn, &targets).await?;
+            // The results to compare first, then whether any of them still waits to be
+            // published: one that does makes the shard differ for now, not for good.
+            let current = self.cluster.store.current();
+            let publish_quiet = self.cluster.publish_idle();
+            let local = self.local_digests(current).await?;
+            let after = self.metas(conn, &unsettled).await?;
+            let mut still = Vec::new();
+            for ((shard, meta), earlier) in unsettled.iter().copied().zip(after).zip(&before) {
+                // Compared only if Redis took no write in the shard while this node read its
+                // stream and summed its results, and none of this node's own was on its way.
+                // A message the stream lacks (trimmed, deleted) cannot be read, so the sums
+                // differ and the shard is read again from its entries.
+                if !publish_quiet || meta.seq != earlier.seq {
+                    tracing::debug!(
+                        shard,
+                        publish_quiet,
+                        seq = meta.seq,
+                        earlier = earlier.seq,
+                        "cluster tier: audit: shard busy"
+                    );
+                    still.push(shard);
+                    continue;
+                }
+                let (count, digest) = &local[shard];
+                if meta.count != *count || meta.digest != *digest {
+                    tracing::info!(
+                        shard,
+                        redis_entries = meta.count,
+                        local_entries = count,
+                        "cluster tier: audit: this node and redis differ; reading the shard again"
+                    );
+                    differing.push(Resync {
+                        shard,
+                        known_through: meta.seq,
+                    });
+                }
+            }
+            unsettled = still;
+        }
         self.cluster
             .counters
-            .bootstrap_entries
-            .fetch_add(loaded, Ordering::Relaxed);
-        self.cluster.bootstrapped.store(true, Ordering::Relaxed);
-        self.last_id = Some(position);
-        tracing::info!(
-            learned = loaded,
+            .audit_differing
+            .fetch_add(differing.len() as u64, Ordering::Relaxed);
+        let repaired = if differing.is_empty() {
+            0
+        } else {
+            self.resync_counted(conn, &differing, true).await?
+        };
+        if repaired > 0 {
+            tracing::warn!(
+                repaired,
+                "cluster tier: audit found results redis announced that never reached this node"
+            );
+        }
+        tracing::debug!(
+            why,
+            differing = differing.len(),
+            unsettled = unsettled.len(),
+            repaired,
             elapsed_ms = started.elapsed().as_millis() as u64,
-            "cluster tier: bootstrapped from redis"
+            "cluster tier: audit done"
         );
         Ok(())
     }
 
-    async fn read_entries(
-        &self,
-        conn: &Conn,
-        names: &[String],
-    ) -> Result<Vec<(CacheKey, TunedResult)>, Failure> {
-        let layout: &Layout = &self.cluster.layout;
-        let reads = names.iter().map(|name| {
+    async fn metas(&self, conn: &Conn, shards: &[usize]) -> Result<Vec<Meta>, Failure> {
+        let reads = shards.iter().map(|&shard| {
             let mut conn = conn.clone();
+            let mut invocation = scripts::META.prepare_invoke();
+            invocation.key(self.cluster.layout.meta(shard));
             async move {
-                let fields: Vec<Option<String>> = redis::cmd("HMGET")
-                    .arg(name)
-                    .arg("t")
-                    .arg("c")
-                    .arg("b")
-                    .arg("a")
-                    .query_async(&mut conn)
-                    .await?;
-                Ok::<_, redis::RedisError>((name, fields))
+                invocation
+                    .invoke_async::<(u64, u64, String)>(&mut conn)
+                    .await
             }
         });
-        let replies = timed("reading entries", async { Ok(join_all(reads).await) }).await?;
-        let mut entries = Vec::new();
-        for reply in replies {
-            let (name, fields) = reply.map_err(|e| format!("reading entries: {e}"))?;
-            let (Some(key), [Some(t), Some(c), Some(b), Some(a)]) = (
-                layout.key_of_entry(name),
-                <[Option<String>; 4]>::try_from(fields).unwrap_or_default(),
-            ) else {
-                continue; // not ours, or damaged: skipped
-            };
-            if let Some(result) = decode_result(&t, c, b, &a) {
-                entries.push((key, result));
-            }
-        }
-        Ok(entries)
+        let replies: Vec<(u64, u64, String)> = timed("reading the shard digests", async {
+            join_all(reads).await.into_iter().collect()
+        })
+        .await?;
+        Ok(replies
+            .into_iter()
+            .map(|(seq, count, digest)| Meta { seq, count, digest })
+            .collect())
     }
 
-    /// One blocking read of the stream; applies what it brings.
-    async fn read_stream(&mut self, reader: &mut Conn) -> Result<(), Failure> {
-        let last = self.last_id.clone().unwrap_or_else(|| "0-0".to_owned());
-        let mut read = redis::cmd("XREAD");
-        read.arg("COUNT")
-            .arg(READ_COUNT)
-            .arg("BLOCK")
-            .arg(BLOCK.as_millis() as u64)
-            .arg("STREAMS")
-            .arg(self.cluster.layout.log())
-            .arg(&last);
-        let reply = match tokio::time::timeout(
-            BLOCK + BACKGROUND_TIMEOUT,
-            read.query_async::<Option<StreamReadReply>>(reader),
-        )
+    /// Reads the streams (without blocking) until this node's place in each (shard,
+    /// sequence number) of `targets` is at least that number, or nothing more comes.
+    async fn catch_up(&mut self, conn: &mut Conn, targets: &[(usize, u64)]) -> Result<(), Failure> {
+        loop {
+            let behind = match &self.places {
+                Some(places) => targets
+                    .iter()
+                    .any(|&(shard, seq)| places.get(shard).is_some_and(|p| p.seq < seq)),
+                None => false,
+            };
+            if !behind || self.read_streams(conn, None).await? == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Each shard's entry count and digest over this node's results, off the runtime.
+    async fn local_digests(
+        &self,
+        current: Arc<crate::stored::EntryMap>,
+    ) -> Result<Vec<(u64, String)>, Failure> {
+        let layout = self.cluster.layout.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut shards = vec![(0u64, 0u64); SHARDS];
+            for entry in current.iter() {
+                let (key, result) = entry.to_pair();
+                let text = Layout::key_text(&key);
+                let shard = &mut shards[Layout::shard_of_text(&text)];
+                shard.0 += 1;
+                shard.1 ^= entry_digest(&layout.entry(&key), &encode_result(&result));
+            }
+            shards
+                .into_iter()
+                .map(|(count, digest)| (count, format_digest(digest)))
+                .collect()
+        })
         .await
-        {
-            Ok(Ok(reply)) => reply,
-            Ok(Err(error)) => return Err(format!("reading the stream: {error}")),
-            Err(_) => return Err("reading the stream: no answer".to_owned()),
+        .map_err(|e| format!("computing digests: {e}"))
+    }
+
+    /// One read of every shard's stream (blocking for at most `block` on a single server);
+    /// applies what it brings, reads again the shards with a gap; returns the messages read.
+    async fn read_streams(
+        &mut self,
+        conn: &mut Conn,
+        block: Option<Duration>,
+    ) -> Result<usize, Failure> {
+        let Some(places) = self.places.clone() else {
+            return Ok(0);
         };
-        let Some(reply) = reply else {
-            return Ok(()); // nothing new within BLOCK
+        let replies: Vec<StreamReadReply> = match conn {
+            Conn::Single(_) => {
+                let mut read = redis::cmd("XREAD");
+                read.arg("COUNT").arg(READ_COUNT);
+                if let Some(block) = block {
+                    read.arg("BLOCK").arg(block.as_millis() as u64);
+                }
+                read.arg("STREAMS").arg(&self.logs);
+                for place in &places {
+                    read.arg(&place.id);
+                }
+                let wait = block.unwrap_or_default() + BACKGROUND_TIMEOUT;
+                match tokio::time::timeout(wait, read.query_async::<Option<StreamReadReply>>(conn))
+                    .await
+                {
+                    Ok(Ok(reply)) => reply.into_iter().collect(),
+                    Ok(Err(error)) => return Err(format!("reading the streams: {error}")),
+                    Err(_) => return Err("reading the streams: no answer".to_owned()),
+                }
+            }
+            Conn::Cluster(_) => {
+                // One read per shard: a command's keys must share a slot on Redis Cluster.
+                let reads = self.logs.iter().zip(&places).map(|(log, place)| {
+                    let mut conn = conn.clone();
+                    let mut read = redis::cmd("XREAD");
+                    read.arg("COUNT")
+                        .arg(READ_COUNT)
+                        .arg("STREAMS")
+                        .arg(log)
+                        .arg(&place.id);
+                    async move { read.query_async::<Option<StreamReadReply>>(&mut conn).await }
+                });
+                let replies = timed("reading the streams", async {
+                    join_all(reads)
+                        .await
+                        .into_iter()
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .await?;
+                replies.into_iter().flatten().collect()
+            }
         };
         let me = self.cluster.node_id();
         let mut entries = Vec::new();
-        for stream in reply.keys {
+        let mut gaps: Vec<Resync> = Vec::new();
+        let mut read = 0;
+        let places = self.places.get_or_insert_with(Vec::new);
+        for stream in replies.into_iter().flat_map(|reply| reply.keys) {
+            let Some(&shard) = self.shard_of_log.get(&stream.key) else {
+                continue;
+            };
+            let place = &mut places[shard];
             for message in stream.ids {
-                self.last_id = Some(message.id.clone());
+                read += 1;
                 let field = |name: &str| message.get::<String>(name);
+                if let Some(seq) = field("s").and_then(|s| s.parse::<u64>().ok()) {
+                    if seq != place.seq + 1 && !gaps.iter().any(|g| g.shard == shard) {
+                        // Trimmed past this node's place (everything before stays known), or
+                        // the shard started over (it lost its data: nothing is known).
+                        let known_through = if seq > place.seq { place.seq } else { 0 };
+                        tracing::info!(
+                            shard,
+                            expected = place.seq + 1,
+                            got = seq,
+                            "cluster tier: a shard's stream skipped; reading the shard again"
+                        );
+                        gaps.push(Resync {
+                            shard,
+                            known_through,
+                        });
+                    }
+                    place.seq = seq;
+                }
+                place.id = message.id.clone();
                 if field("n").as_deref() == Some(me.as_str()) {
                     continue; // our own publish
                 }
@@ -307,12 +646,69 @@ impl Follower {
             }
         }
         self.cluster.apply_learned(entries).await;
-        Ok(())
+        if !gaps.is_empty() {
+            self.cluster
+                .counters
+                .stream_gaps
+                .fetch_add(gaps.len() as u64, Ordering::Relaxed);
+            // A shard that started over lost what this node may hold: publish it again.
+            let restarted = gaps.iter().any(|g| g.known_through == 0);
+            self.resync_counted(conn, &gaps, restarted).await?;
+        }
+        Ok(read)
+    }
+
+    /// `resync`, counted in Stats; returns the repairs.
+    async fn resync_counted(
+        &self,
+        conn: &mut Conn,
+        shards: &[Resync],
+        republish: bool,
+    ) -> Result<u64, Failure> {
+        let outcome = self.resync(conn, shards, republish).await?;
+        let counters = &self.cluster.counters;
+        counters
+            .audit_repaired
+            .fetch_add(outcome.repaired, Ordering::Relaxed);
+        counters
+            .resync_entries
+            .fetch_add(outcome.learned, Ordering::Relaxed);
+        Ok(outcome.repaired)
     }
 }
 
-/// A stream id as a comparable pair (milliseconds, sequence).
-fn stream_id(id: &str) -> (u64, u64) {
-    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+/// Reads the named entries: (key, result, the sequence number it was written at, and the
+/// `known_through` handed in with its name). Damaged or foreign entries are skipped.
+async fn read_entries(
+    conn: &Conn,
+    names: &[(String, CacheKey, u64)],
+) -> Result<Vec<(CacheKey, TunedResult, u64, u64)>, Failure> {
+    let reads = names.iter().map(|(name, _, _)| {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("HMGET")
+                .arg(name)
+                .arg("t")
+                .arg("c")
+                .arg("b")
+                .arg("a")
+                .arg("s")
+                .query_async::<Vec<Option<String>>>(&mut conn)
+                .await
+        }
+    });
+    let replies = timed("reading entries", async { Ok(join_all(reads).await) }).await?;
+    let mut entries = Vec::new();
+    for ((_, key, through), reply) in names.iter().zip(replies) {
+        let fields = reply.map_err(|e| format!("reading entries: {e}"))?;
+        let Ok([Some(t), Some(c), Some(b), Some(a), seq]) = <[Option<String>; 5]>::try_from(fields)
+        else {
+            continue; // damaged: skipped
+        };
+        let seq = seq.and_then(|s| s.parse().ok()).unwrap_or(0);
+        if let Some(result) = decode_result(&t, c, b, &a) {
+            entries.push((key.clone(), result, seq, *through));
+        }
+    }
+    Ok(entries)
 }

@@ -1,13 +1,22 @@
 //! How cache entries are laid out in Redis: key names, and field encodings whose plain byte
 //! order is the merge rule's order, so the server-side scripts compare bytes and nothing else.
 //!
-//! An entry `K` lives in the hash `<prefix>e:{<json K>}` with fields `t` (time, sortable hex),
-//! `c` (config), `b` (tuned_by) and `a` (tuned_at, sortable hex); its cluster lease is the
-//! string `<prefix>l:{<json K>}`. The braces make both names hash to the same Redis Cluster
-//! slot (the tag runs from the first `{` to the first `}` after it, the same bytes in both),
-//! so one script can touch the entry and its lease atomically.
+//! Every key belongs to one of `SHARDS` shards (a hash of its key text). A shard's tag
+//! `{sNN}` starts each of its names, so on Redis Cluster the entry, its lease, the shard's
+//! stream and the shard's meta hash share one slot, and one script can store a result and
+//! announce it atomically:
+//! - entry `<prefix>e:{sNN}<json K>`: fields `t` (time, sortable hex), `c` (config), `b`
+//!   (tuned_by), `a` (tuned_at, sortable hex), `s` (the shard sequence number it was last
+//!   written at);
+//! - cluster lease `<prefix>l:{sNN}<json K>`;
+//! - stream `<prefix>log:{sNN}`: one message per stored winner, carrying its `s`;
+//! - meta `<prefix>m:{sNN}`: `s` (last sequence number), `n` (entries), `x` (digest: the
+//!   XOR of every entry's `entry_digest`), which the audit compares with what a node holds.
 
 use crate::entry::{CacheKey, TunedResult};
+
+/// Shards of the key space: streams a node follows, digests the audit compares.
+pub const SHARDS: usize = 16;
 
 /// Why a prefix cannot be used.
 pub fn check_prefix(prefix: &str) -> Result<(), String> {
@@ -49,25 +58,52 @@ impl Layout {
         })
     }
 
+    /// The shard of a key text: FNV-1a, stable across versions and platforms.
+    pub fn shard_of_text(text: &str) -> usize {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in text.bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        (hash % SHARDS as u64) as usize
+    }
+
+    pub fn shard_of(key: &CacheKey) -> usize {
+        Self::shard_of_text(&Self::key_text(key))
+    }
+
+    fn named(&self, kind: &str, text: &str) -> String {
+        format!(
+            "{}{kind}:{{s{:02}}}{text}",
+            self.prefix,
+            Self::shard_of_text(text)
+        )
+    }
+
     pub fn entry(&self, key: &CacheKey) -> String {
-        format!("{}e:{{{}}}", self.prefix, Self::key_text(key))
+        self.named("e", &Self::key_text(key))
     }
 
     pub fn lease(&self, key: &CacheKey) -> String {
-        format!("{}l:{{{}}}", self.prefix, Self::key_text(key))
+        self.named("l", &Self::key_text(key))
     }
 
-    /// The cache key of an entry name found by SCAN; `None` for anything else.
-    pub fn key_of_entry(&self, name: &str) -> Option<CacheKey> {
-        let text = name
-            .strip_prefix(&self.prefix)?
-            .strip_prefix("e:{")?
-            .strip_suffix('}')?;
-        Self::parse_key_text(text)
+    /// The cache key of an entry name found by SCAN, and its shard; `None` for anything else
+    /// (a name whose shard tag disagrees with its key is not ours either).
+    pub fn key_of_entry(&self, name: &str) -> Option<(CacheKey, usize)> {
+        let rest = name.strip_prefix(&self.prefix)?.strip_prefix("e:{s")?;
+        let (digits, text) = rest.split_at_checked(2)?;
+        let text = text.strip_prefix('}')?;
+        let shard: usize = digits.parse().ok()?;
+        if shard != Self::shard_of_text(text) {
+            return None;
+        }
+        Some((Self::parse_key_text(text)?, shard))
     }
 
-    /// SCAN pattern matching every entry name (glob characters in the prefix escaped).
-    pub fn entry_pattern(&self) -> String {
+    /// SCAN pattern matching every entry name of `shard`, or of every shard (glob characters
+    /// in the prefix escaped).
+    pub fn entry_pattern(&self, shard: Option<usize>) -> String {
         let mut pattern = String::new();
         for c in self.prefix.chars() {
             if matches!(c, '*' | '?' | '[' | ']' | '\\') {
@@ -75,13 +111,21 @@ impl Layout {
             }
             pattern.push(c);
         }
-        pattern.push_str("e:{*");
+        match shard {
+            Some(shard) => pattern.push_str(&format!("e:{{s{shard:02}}}*")),
+            None => pattern.push_str("e:{s*"),
+        }
         pattern
     }
 
-    /// The stream every published winner is appended to.
-    pub fn log(&self) -> String {
-        format!("{}log", self.prefix)
+    /// The stream a shard's stored winners are appended to.
+    pub fn log(&self, shard: usize) -> String {
+        format!("{}log:{{s{shard:02}}}", self.prefix)
+    }
+
+    /// The shard's sequence number, entry count and digest.
+    pub fn meta(&self, shard: usize) -> String {
+        format!("{}m:{{s{shard:02}}}", self.prefix)
     }
 
     /// A random marker written once per server lifetime: when it changes, the server was
@@ -89,6 +133,31 @@ impl Layout {
     pub fn epoch(&self) -> String {
         format!("{}epoch", self.prefix)
     }
+}
+
+/// One entry's part of its shard's digest, as the merge script computes it: the first 8
+/// bytes of SHA-1 over the entry's name, `t`, `a`, the length of `c`, `:`, `c` and `b`
+/// (lengths and fixed widths make the concatenation unambiguous).
+pub fn entry_digest(entry_name: &str, fields: &[String; 4]) -> u64 {
+    let [t, c, b, a] = fields;
+    let mut sha = sha1_smol::Sha1::new();
+    sha.update(entry_name.as_bytes());
+    sha.update(b"\0");
+    sha.update(t.as_bytes());
+    sha.update(a.as_bytes());
+    sha.update(c.len().to_string().as_bytes());
+    sha.update(b":");
+    sha.update(c.as_bytes());
+    sha.update(b.as_bytes());
+    let bytes = sha.digest().bytes();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&bytes[..8]);
+    u64::from_be_bytes(first)
+}
+
+/// A shard's digest as the meta hash stores it.
+pub fn format_digest(digest: u64) -> String {
+    format!("{digest:016x}")
 }
 
 /// `time_us` as 16 hex digits whose byte order is `f64::total_cmp`'s order.
@@ -203,9 +272,31 @@ mod tests {
             problem: "{\"m\":1}".into(),
             rank: Some(3),
         };
-        assert_eq!(layout.key_of_entry(&layout.entry(&key)), Some(key.clone()));
+        let shard = Layout::shard_of(&key);
+        assert_eq!(
+            layout.key_of_entry(&layout.entry(&key)),
+            Some((key.clone(), shard))
+        );
         assert_eq!(layout.key_of_entry(&layout.lease(&key)), None);
+        // A name whose shard tag was altered is not taken for the key.
+        let forged = layout.entry(&key).replacen(
+            &format!("{{s{shard:02}}}"),
+            &format!("{{s{:02}}}", (shard + 1) % SHARDS),
+            1,
+        );
+        assert_eq!(layout.key_of_entry(&forged), None);
         assert!(check_prefix("a{b").is_err());
-        assert_eq!(Layout::new("a*b:").entry_pattern(), "a\\*b:e:{*");
+        assert_eq!(Layout::new("a*b:").entry_pattern(None), "a\\*b:e:{s*");
+        assert_eq!(Layout::new("p:").entry_pattern(Some(3)), "p:e:{s03}*");
+        // The entry, its lease, its stream and its meta share the shard tag (one slot).
+        let tag = format!("{{s{shard:02}}}");
+        for name in [
+            layout.entry(&key),
+            layout.lease(&key),
+            layout.log(shard),
+            layout.meta(shard),
+        ] {
+            assert!(name.contains(&tag), "{name}");
+        }
     }
 }

@@ -123,6 +123,8 @@ struct Current {
 pub struct Link {
     info: ConnectionInfo,
     shown_url: String,
+    /// PEM roots for `rediss://` instead of the system's (`--cluster-tls-ca-file`).
+    tls_ca: Option<Vec<u8>>,
     current: Mutex<Current>,
     /// Tells the connector to reconnect, and the followers that a new connection is up.
     changed: watch::Sender<u64>,
@@ -131,10 +133,11 @@ pub struct Link {
 }
 
 impl Link {
-    pub fn new(info: ConnectionInfo, shown_url: String) -> Arc<Link> {
+    pub fn new(info: ConnectionInfo, shown_url: String, tls_ca: Option<Vec<u8>>) -> Arc<Link> {
         Arc::new(Link {
             info,
             shown_url,
+            tls_ca,
             current: Mutex::new(Current {
                 conn: None,
                 generation: 0,
@@ -251,7 +254,10 @@ impl Link {
 
     /// Connects, and finds out whether the server is a Redis Cluster node.
     async fn connect(&self) -> RedisResult<(Conn, bool)> {
-        let client = redis::Client::open(self.info.clone())?;
+        let client = match &self.tls_ca {
+            Some(pem) => redis::Client::build_with_tls(self.info.clone(), self.certificates(pem))?,
+            None => redis::Client::open(self.info.clone())?,
+        };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(BACKGROUND_TIMEOUT)
             .set_number_of_retries(1)
@@ -278,9 +284,21 @@ impl Link {
         if matches!(self.info.addr, ConnectionAddr::TcpTls { .. }) {
             builder = builder.tls(redis::TlsMode::Secure);
         }
+        if let Some(pem) = &self.tls_ca {
+            builder = builder.certs(self.certificates(pem));
+        }
         let mut cluster = builder.build()?.get_async_connection().await?;
         super::scripts::load_all(&mut cluster).await?;
         Ok((Conn::Cluster(cluster), true))
+    }
+}
+
+impl Link {
+    fn certificates(&self, pem: &[u8]) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem.to_vec()),
+        }
     }
 }
 

@@ -17,7 +17,7 @@ mod scripts;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,15 +45,31 @@ pub struct ClusterSettings {
     pub timeout: Duration,
     pub lease_ttl: Duration,
     pub node_name: String,
+    /// PEM certificates to verify a `rediss://` server with, instead of the system's roots.
+    pub tls_ca: Option<Vec<u8>>,
+    /// Most keys the publish queue holds while Redis is away.
+    pub publish_queue: usize,
+    /// Messages each shard's stream keeps (approximately); a node further behind reads the
+    /// shard again.
+    pub stream_max_len: u64,
+    /// How often the audit compares this node with Redis (besides after every reconnect).
+    pub audit_interval: Duration,
 }
+
+/// The defaults of the settings above that have one.
+pub const DEFAULT_PUBLISH_QUEUE: usize = 100_000;
+pub const DEFAULT_STREAM_MAX_LEN: u64 = 10_000;
+pub const DEFAULT_AUDIT_SECS: u64 = 600;
 
 impl ClusterSettings {
     /// Checks the `--cluster-*` values `Config::cluster_settings` hands over: the URL parses,
     /// the password file reads, the prefix is a usable key prefix. The password comes from the
-    /// URL or the password file and never appears in `shown_url`.
+    /// URL or the password file and never appears in `shown_url`. The CA file, when given,
+    /// must hold at least one PEM certificate and needs a `rediss://` URL.
     pub fn new(
         url: &str,
         password_file: Option<&Path>,
+        tls_ca_file: Option<&Path>,
         prefix: String,
         timeout: Duration,
         lease_ttl: Duration,
@@ -69,6 +85,17 @@ impl ClusterSettings {
         if let Some(path) = password_file {
             info.redis.password = Some(read_password(path).map_err(bad)?);
         }
+        let tls_ca = match tls_ca_file {
+            None => None,
+            Some(path) => {
+                if !matches!(info.addr, redis::ConnectionAddr::TcpTls { .. }) {
+                    return Err(bad(
+                        "--cluster-tls-ca-file needs a rediss:// --cluster-url".to_owned()
+                    ));
+                }
+                Some(read_ca(path).map_err(bad)?)
+            }
+        };
         keys::check_prefix(&prefix).map_err(bad)?;
         Ok(ClusterSettings {
             shown_url: link::shown_url(&info),
@@ -77,8 +104,27 @@ impl ClusterSettings {
             timeout,
             lease_ttl,
             node_name,
+            tls_ca,
+            publish_queue: DEFAULT_PUBLISH_QUEUE,
+            stream_max_len: DEFAULT_STREAM_MAX_LEN,
+            audit_interval: Duration::from_secs(DEFAULT_AUDIT_SECS),
         })
     }
+}
+
+fn read_ca(path: &Path) -> Result<Vec<u8>, String> {
+    let pem = std::fs::read(path)
+        .map_err(|e| format!("--cluster-tls-ca-file {}: {e}", path.display()))?;
+    if !pem
+        .windows(b"-----BEGIN CERTIFICATE-----".len())
+        .any(|w| w == b"-----BEGIN CERTIFICATE-----")
+    {
+        return Err(format!(
+            "--cluster-tls-ca-file {}: no PEM certificate in it",
+            path.display()
+        ));
+    }
+    Ok(pem)
 }
 
 fn read_password(path: &Path) -> Result<String, String> {
@@ -98,6 +144,18 @@ pub struct ClusterCounters {
     pub lease_fallbacks: AtomicU64,
     pub takeovers: AtomicU64,
     pub republished: AtomicU64,
+    /// Publishes Redis already had (a retry of a batch it ran): nothing stored or announced.
+    pub publish_already: AtomicU64,
+    pub audits: AtomicU64,
+    /// Shards an audit found differing from Redis (and read again).
+    pub audit_differing: AtomicU64,
+    /// Results the audit or a stream gap found missing although their stream messages were
+    /// already behind this node: 0 while the tier is healthy.
+    pub audit_repaired: AtomicU64,
+    /// Shards whose stream skipped (trimmed past this node, or started over).
+    pub stream_gaps: AtomicU64,
+    /// Results learned by reading shards again (audits and gaps), repairs included.
+    pub resync_entries: AtomicU64,
 }
 
 /// The publish queue: the newest changed result per key, bounded. On overflow it is cleared
@@ -107,9 +165,6 @@ struct Pending {
     entries: HashMap<CacheKey, TunedResult>,
 }
 
-/// Most keys the publish queue holds while Redis is away.
-const MAX_PENDING: usize = 100_000;
-
 pub struct Cluster {
     pub(crate) layout: keys::Layout,
     pub(crate) link: Arc<link::Link>,
@@ -117,6 +172,11 @@ pub struct Cluster {
     pub(crate) timeout: Duration,
     pub(crate) lease_ttl: Duration,
     node_name: String,
+    publish_queue_limit: usize,
+    pub(crate) stream_max_len: u64,
+    pub(crate) audit_interval: Duration,
+    /// Entries the publisher took from the queue and Redis has not yet answered for.
+    publishing: AtomicUsize,
     /// Random per daemon run: tokens and stream messages carry it.
     instance: u64,
     token_counter: AtomicU64,
@@ -150,7 +210,11 @@ impl Cluster {
     /// Starts the tier in the background (connector, publisher, follower) and registers it
     /// on the store's change feed. Never waits for Redis.
     pub fn start(settings: ClusterSettings, store: Store, stop: CancellationToken) -> Arc<Cluster> {
-        let link = link::Link::new(settings.info.clone(), settings.shown_url.clone());
+        let link = link::Link::new(
+            settings.info.clone(),
+            settings.shown_url.clone(),
+            settings.tls_ca.clone(),
+        );
         let cluster = Arc::new(Cluster {
             layout: keys::Layout::new(&settings.prefix),
             link: Arc::clone(&link),
@@ -158,6 +222,10 @@ impl Cluster {
             timeout: settings.timeout,
             lease_ttl: settings.lease_ttl,
             node_name: settings.node_name,
+            publish_queue_limit: settings.publish_queue.max(1),
+            stream_max_len: settings.stream_max_len.max(1),
+            audit_interval: settings.audit_interval,
+            publishing: AtomicUsize::new(0),
             instance: random_u64(),
             token_counter: AtomicU64::new(0),
             slow_claims: AtomicU64::new(0),
@@ -170,7 +238,15 @@ impl Cluster {
             runtime: tokio::runtime::Handle::current(),
         });
         store.add_change_listener(Arc::new(ChangeFeed(Arc::downgrade(&cluster))));
-        tracing::info!(url = %settings.shown_url, prefix = %settings.prefix, timeout_ms = settings.timeout.as_millis() as u64, "cluster tier on");
+        tracing::info!(
+            url = %settings.shown_url,
+            prefix = %settings.prefix,
+            timeout_ms = settings.timeout.as_millis() as u64,
+            publish_queue_limit = settings.publish_queue,
+            stream_max_len = settings.stream_max_len,
+            audit_secs = settings.audit_interval.as_secs(),
+            "cluster tier on"
+        );
         tokio::spawn(link.run(stop.clone()));
         tokio::spawn(publish::run(Arc::clone(&cluster), stop.clone()));
         tokio::spawn(follow::run(Arc::clone(&cluster), stop));
@@ -226,6 +302,61 @@ impl Cluster {
         }
     }
 
+    /// Every local winner is to be published again (flushed server, queue overflow).
+    fn schedule_republish_all(&self) {
+        self.republish_all.store(true, Ordering::Relaxed);
+        self.publish_wake.notify_one();
+    }
+
+    /// Queues results for publishing (the audit found Redis lacking them), as the change
+    /// feed does, within the queue's bound.
+    fn queue_for_publish(&self, entries: Vec<(CacheKey, TunedResult)>) {
+        let mut pending = self.lock_pending();
+        for (key, result) in entries {
+            if !self.admit(&mut pending, &key) {
+                break;
+            }
+            pending.entries.insert(key, result);
+        }
+        drop(pending);
+        self.publish_wake.notify_one();
+    }
+
+    /// Whether `key` fits in the queue. When it does not, the queue is cleared and every
+    /// winner will be republished instead (bounded memory, nothing lost for good).
+    fn admit(&self, pending: &mut Pending, key: &CacheKey) -> bool {
+        if pending.entries.len() < self.publish_queue_limit || pending.entries.contains_key(key) {
+            return true;
+        }
+        let dropped = pending.entries.len() as u64;
+        pending.entries.clear();
+        self.counters
+            .publish_dropped
+            .fetch_add(dropped, Ordering::Relaxed);
+        if !self.republish_all.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                limit = self.publish_queue_limit,
+                "cluster tier: publish queue full; will republish every winner once redis keeps up"
+            );
+        }
+        false
+    }
+
+    /// Nothing of this node's waits to be published or is being published.
+    fn publish_idle(&self) -> bool {
+        self.lock_pending().entries.is_empty()
+            && !self.republish_all.load(Ordering::Relaxed)
+            && self.publishing.load(Ordering::Relaxed) == 0
+    }
+
+    /// Waits until `publish_idle`, at most `limit`.
+    async fn wait_publish_idle(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !self.publish_idle() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     fn link_url(&self) -> String {
         self.link.shown_url().to_owned()
     }
@@ -262,6 +393,13 @@ impl crate::stats::FillStats for Cluster {
         stats.cluster_republished = load(&c.republished);
         stats.cluster_reconnects = load(&self.link.reconnects);
         stats.cluster_errors = load(&self.link.errors);
+        stats.cluster_publish_already = load(&c.publish_already);
+        stats.cluster_audits = load(&c.audits);
+        stats.cluster_audit_differing = load(&c.audit_differing);
+        stats.cluster_audit_repaired = load(&c.audit_repaired);
+        stats.cluster_stream_gaps = load(&c.stream_gaps);
+        stats.cluster_resync_entries = load(&c.resync_entries);
+        stats.cluster_publish_queue_limit = self.publish_queue_limit as u64;
     }
 
     fn fill_stats_absent(stats: &mut v1::StatsResponse) {
@@ -286,26 +424,14 @@ impl ChangeListener for ChangeFeed {
             if learned.get(&key) == Some(&result) {
                 continue;
             }
-            if pending.entries.len() >= MAX_PENDING && !pending.entries.contains_key(&key) {
-                let dropped = pending.entries.len() as u64;
-                pending.entries.clear();
-                cluster
-                    .counters
-                    .publish_dropped
-                    .fetch_add(dropped, Ordering::Relaxed);
-                if !cluster.republish_all.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        limit = MAX_PENDING,
-                        "cluster tier: publish queue full; will republish every winner once redis keeps up"
-                    );
-                }
+            if cluster.admit(&mut pending, &key) {
+                pending.entries.insert(key, result);
+                queued = true;
             }
-            pending.entries.insert(key, result);
-            queued = true;
         }
         drop(pending);
         drop(learned);
-        if queued {
+        if queued || cluster.republish_all.load(Ordering::Relaxed) {
             cluster.publish_wake.notify_one();
         }
     }

@@ -1,7 +1,10 @@
-//! Publishes this node's improved results: drains the publish queue in batches, runs the
+//! Publishes this node's improved results: drains the publish queue in batches and runs the
 //! merge script for each entry (all of a batch in flight at once on the multiplexed
-//! connection, i.e. pipelined), then appends the entries Redis stored to the stream that
-//! other nodes follow. A result Redis already beats comes back and is learned here.
+//! connection, i.e. pipelined). The script stores a better result and appends it to its
+//! shard's stream in one atomic step, so a batch that timed out and is sent again can never
+//! leave a result stored but unannounced: Redis ran each script wholly or not at all, and a
+//! rerun finds its own result there and changes nothing. A result Redis already beats comes
+//! back and is learned here.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -15,10 +18,8 @@ use super::link::{Conn, BACKGROUND_TIMEOUT};
 use super::{scripts, Cluster};
 use crate::entry::{CacheKey, TunedResult};
 
-/// Entries per batch: one round of merge scripts, then one round of stream appends.
+/// Entries per batch: one round of merge scripts.
 const BATCH: usize = 256;
-/// Stream length kept (approximately); a node that falls further behind bootstraps again.
-pub const STREAM_MAX_LEN: u64 = 100_000;
 
 pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
     let mut seen_generation = 0;
@@ -32,7 +33,10 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
         };
         seen_generation = generation;
         if cluster.republish_all.swap(false, Ordering::Relaxed) {
-            if let Err(why) = republish_all(&cluster, conn.clone()).await {
+            cluster.publishing.store(usize::MAX, Ordering::Relaxed);
+            let outcome = republish_all(&cluster, conn.clone()).await;
+            cluster.publishing.store(0, Ordering::Relaxed);
+            if let Err(why) = outcome {
                 cluster.republish_all.store(true, Ordering::Relaxed);
                 cluster.link.failed(generation, &why);
                 wait_reconnect(&cluster, generation, &stop).await;
@@ -45,9 +49,14 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
         let batch: Vec<(CacheKey, TunedResult)> = {
             let mut pending = cluster.lock_pending();
             let keys: Vec<CacheKey> = pending.entries.keys().take(BATCH).cloned().collect();
-            keys.into_iter()
+            let batch: Vec<_> = keys
+                .into_iter()
                 .filter_map(|k| pending.entries.remove_entry(&k))
-                .collect()
+                .collect();
+            // Counted while the queue's lock is held, so the queue and this count are never
+            // both empty while a result is on its way.
+            cluster.publishing.store(batch.len(), Ordering::Relaxed);
+            batch
         };
         if batch.is_empty() {
             tokio::select! {
@@ -56,19 +65,23 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
             }
             continue;
         }
-        if let Err(why) = publish_batch(&cluster, conn, &batch).await {
+        let outcome = publish_batch(&cluster, conn, &batch).await;
+        if let Err(why) = outcome {
             // Put the batch back unless newer (better) results replaced it meanwhile.
             {
                 let mut pending = cluster.lock_pending();
                 for (key, result) in batch {
                     pending.entries.entry(key).or_insert(result);
                 }
+                cluster.publishing.store(0, Ordering::Relaxed);
             }
             cluster.link.failed(generation, &why);
             wait_reconnect(&cluster, generation, &stop).await;
             if stop.is_cancelled() {
                 return;
             }
+        } else {
+            cluster.publishing.store(0, Ordering::Relaxed);
         }
     }
 }
@@ -116,27 +129,38 @@ async fn publish_batch(
     batch: &[(CacheKey, TunedResult)],
 ) -> Result<(), String> {
     let layout: &Layout = &cluster.layout;
+    let node = cluster.node_id();
+    let max_len = cluster.stream_max_len;
     let merges = batch.iter().map(|(key, result)| {
         let mut conn = conn.clone();
         let [t, c, b, a] = encode_result(result);
+        let text = Layout::key_text(key);
+        let shard = Layout::shard_of_text(&text);
         let mut invocation = scripts::MERGE.prepare_invoke();
         invocation
             .key(layout.entry(key))
             .key(layout.lease(key))
+            .key(layout.log(shard))
+            .key(layout.meta(shard))
             .arg(t)
             .arg(c)
             .arg(b)
-            .arg(a);
+            .arg(a)
+            .arg(text)
+            .arg(&node)
+            .arg(max_len);
         async move { invocation.invoke_async::<Value>(&mut conn).await }
     });
     let replies = tokio::time::timeout(BACKGROUND_TIMEOUT, join_all(merges))
         .await
         .map_err(|_| "publishing timed out".to_owned())?;
-    let mut stored = Vec::new();
+    let mut stored = 0u64;
+    let mut already = 0u64;
     let mut better_there = Vec::new();
-    for ((key, result), reply) in batch.iter().zip(replies) {
+    for ((key, _), reply) in batch.iter().zip(replies) {
         match reply.map_err(|e| e.to_string())? {
-            Value::Int(1) => stored.push((key, result)),
+            Value::Int(1) => stored += 1,
+            Value::Int(0) => already += 1,
             Value::Array(fields) => {
                 let text = |i: usize| {
                     fields
@@ -152,41 +176,11 @@ async fn publish_batch(
             other => return Err(format!("unexpected reply to the merge script: {other:?}")),
         }
     }
-    let log = layout.log();
-    let node = cluster.node_id();
-    let appends = stored.iter().map(|(key, result)| {
-        let mut conn = conn.clone();
-        let [t, c, b, a] = encode_result(result);
-        let mut cmd = redis::cmd("XADD");
-        cmd.arg(&log)
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(STREAM_MAX_LEN)
-            .arg("*")
-            .arg("k")
-            .arg(Layout::key_text(key))
-            .arg("t")
-            .arg(t)
-            .arg("c")
-            .arg(c)
-            .arg("b")
-            .arg(b)
-            .arg("a")
-            .arg(a)
-            .arg("n")
-            .arg(&node);
-        async move { cmd.query_async::<Value>(&mut conn).await }
-    });
-    let appended = tokio::time::timeout(BACKGROUND_TIMEOUT, join_all(appends))
-        .await
-        .map_err(|_| "appending to the stream timed out".to_owned())?;
-    for reply in appended {
-        reply.map_err(|e| e.to_string())?;
-    }
-    cluster
-        .counters
-        .published
-        .fetch_add(stored.len() as u64, Ordering::Relaxed);
+    let counters = &cluster.counters;
+    counters.published.fetch_add(stored, Ordering::Relaxed);
+    counters
+        .publish_already
+        .fetch_add(already, Ordering::Relaxed);
     if !better_there.is_empty() {
         cluster.apply_learned(better_there).await;
     }

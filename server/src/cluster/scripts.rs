@@ -31,21 +31,75 @@ local function beats(new, cur)
 end
 ";
 
-/// KEYS: entry, lease. ARGV: t c b a. Stores the result if it beats the stored one (the
-/// same total order as `merge.rs`) and returns 1; else returns the stored fields. Either
-/// way the key now has a result, so its cluster lease is no longer needed and is deleted.
+/// KEYS: entry, lease, the shard's stream, the shard's meta. ARGV: t c b a, key text, node
+/// id, stream length kept.
+///
+/// Storing and announcing are one step: if the result beats the stored one (the same total
+/// order as `merge.rs`), the script stores it, bumps the shard's sequence number, updates the
+/// shard's entry count and digest (see `keys::entry_digest`), appends the winner to the
+/// shard's stream, and returns 1. A result equal to the stored one returns 0 and changes
+/// nothing: it was announced when it was stored, so a retry after a timeout (whose first try
+/// Redis did run) is a no-op, never a stored-but-unannounced result. A worse result returns
+/// the stored fields. Either way the key now has a result, so its cluster lease is deleted.
 pub static MERGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{COMPARE}
+local function digest(t, c, b, a)
+  local h = redis.sha1hex(KEYS[1] .. '\\0' .. t .. a .. #c .. ':' .. c .. b)
+  return tonumber(string.sub(h, 1, 8), 16), tonumber(string.sub(h, 9, 16), 16)
+end
 local cur = redis.call('HMGET', KEYS[1], 't', 'c', 'b', 'a')
 redis.call('DEL', KEYS[2])
-if (not cur[1]) or beats(ARGV, cur) then
-  redis.call('HSET', KEYS[1], 't', ARGV[1], 'c', ARGV[2], 'b', ARGV[3], 'a', ARGV[4])
-  return 1
+if cur[1] then
+  cur = {{cur[1], cur[2] or '', cur[3] or '', cur[4] or ''}}
+  if not beats(ARGV, cur) then
+    if cur[1] == ARGV[1] and cur[2] == ARGV[2] and cur[3] == ARGV[3] and cur[4] == ARGV[4] then
+      return 0
+    end
+    return cur
+  end
 end
-return {{cur[1], cur[2] or '', cur[3] or '', cur[4] or ''}}
+local x = redis.call('HGET', KEYS[4], 'x') or '0000000000000000'
+local hi, lo = tonumber(string.sub(x, 1, 8), 16), tonumber(string.sub(x, 9, 16), 16)
+local nhi, nlo = digest(ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+hi, lo = bit.bxor(hi, nhi), bit.bxor(lo, nlo)
+if cur[1] then
+  local ohi, olo = digest(cur[1], cur[2], cur[3], cur[4])
+  hi, lo = bit.bxor(hi, ohi), bit.bxor(lo, olo)
+else
+  redis.call('HINCRBY', KEYS[4], 'n', 1)
+end
+local seq = redis.call('HINCRBY', KEYS[4], 's', 1)
+redis.call('HSET', KEYS[4], 'x', bit.tohex(hi, 8) .. bit.tohex(lo, 8))
+redis.call('HSET', KEYS[1], 't', ARGV[1], 'c', ARGV[2], 'b', ARGV[3], 'a', ARGV[4], 's', seq)
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 'k', ARGV[5], 't', ARGV[1],
+  'c', ARGV[2], 'b', ARGV[3], 'a', ARGV[4], 'n', ARGV[6], 's', seq)
+return 1
 "
     ))
+});
+
+/// KEYS: the shard's stream, the shard's meta. Where a reader starts, in one step: the last
+/// message id (`0-0` for none) and the shard's sequence number, which that message carries.
+pub static POSITION: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local id = '0-0'
+if last[1] then id = last[1][1] end
+return {id, tonumber(redis.call('HGET', KEYS[2], 's') or '0')}
+",
+    )
+});
+
+/// KEYS: the shard's meta. Its sequence number, entry count and digest.
+pub static META: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local m = redis.call('HMGET', KEYS[1], 's', 'n', 'x')
+return {tonumber(m[1] or '0'), tonumber(m[2] or '0'), m[3] or '0000000000000000'}
+",
+    )
 });
 
 /// KEYS: entry, lease. ARGV: token, ttl ms. A stored result wins over any lease:
@@ -90,7 +144,7 @@ return 0
 /// Loads every script, so the first call on a new connection is one round trip (EVALSHA),
 /// not three (EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA).
 pub async fn load_all<C: redis::aio::ConnectionLike>(conn: &mut C) -> redis::RedisResult<()> {
-    for script in [&*MERGE, &*ACQUIRE, &*RENEW, &*RELEASE] {
+    for script in [&*MERGE, &*POSITION, &*META, &*ACQUIRE, &*RENEW, &*RELEASE] {
         script.load_async(conn).await?;
     }
     Ok(())

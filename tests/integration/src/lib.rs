@@ -13,6 +13,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tunecache_client::{proto, Client};
 
+pub mod redis;
+
 /// Directory holding the workspace's binaries: `$TUNECACHE_BIN_DIR`, else the cargo target
 /// directory this test binary was built into (`target/<profile>/deps/<test>` → `target/<profile>`).
 pub fn bin_dir() -> PathBuf {
@@ -625,4 +627,48 @@ where
         assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// `GET path` over plain HTTP/1.1: (status line, body).
+pub fn http_get(addr: &str, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP head and body");
+    (
+        head.lines().next().unwrap_or("").to_owned(),
+        body.to_owned(),
+    )
+}
+
+/// The metrics address a daemon started with `--metrics-addr 127.0.0.1:0` logged.
+pub fn metrics_addr(daemon: &Daemon) -> String {
+    let log = daemon.log();
+    log.split("metrics at http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"))
+        .to_owned()
+}
+
+/// The merge rule, as `merge.rs` states it, for a test's expected winner: lower time, then
+/// config, tuned_by and tuned_at bytes.
+pub fn best_result(candidates: &[proto::Result]) -> proto::Result {
+    candidates
+        .iter()
+        .min_by(|a, b| {
+            a.time_us
+                .total_cmp(&b.time_us)
+                .then_with(|| a.config.as_bytes().cmp(b.config.as_bytes()))
+                .then_with(|| a.tuned_by.as_bytes().cmp(b.tuned_by.as_bytes()))
+                .then_with(|| a.tuned_at_unix_ms.cmp(&b.tuned_at_unix_ms))
+        })
+        .cloned()
+        .expect("at least one candidate")
 }

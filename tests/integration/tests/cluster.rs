@@ -4,155 +4,16 @@
 //! and flushed Redis, and one winner for a contested key everywhere.
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde_json::Value;
 use tunecache_client::{proto, Client, Resolution, ResolveOptions};
-use tunecache_integration::{
-    entry, rank_command, require_tool, run_ranks, test_key, Daemon, DaemonOptions,
+use tunecache_integration::redis::{
+    cluster_node as node, free_port, wait_connected, wait_for_hit, Redis, RedisCluster,
 };
-
-/// A `redis-server` owned by the test, killed on drop.
-struct Redis {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-/// A TCP port nothing listens on now (and, for Redis Cluster, its bus port + 10000 too).
-fn free_port() -> u16 {
-    loop {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        if port < 55_000 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
-            return port;
-        }
-    }
-}
-
-impl Redis {
-    /// `None` (the test is skipped) when redis-server is missing outside CI.
-    fn server() -> Option<PathBuf> {
-        require_tool("redis-server", Some("REDIS_SERVER"))
-    }
-
-    fn start(dir: &Path, port: u16, extra: &[&str]) -> Redis {
-        let dir = dir.join(format!("redis-{port}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let server = Redis::server().expect("redis-server");
-        let log = std::fs::File::create(dir.join("redis.log")).unwrap();
-        let child = Command::new(server)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-            .arg("--dir")
-            .arg(&dir)
-            .args(extra)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start redis-server");
-        let redis = Redis { child, port, dir };
-        redis.wait_ready();
-        redis
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn cli(&self, args: &[&str]) -> String {
-        let output = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli");
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
-    }
-
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.cli(&["PING"]) != "PONG" {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server on {} did not start: {}",
-                self.port,
-                std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn signal(&self, signal: Signal) {
-        kill(Pid::from_raw(self.child.id() as i32), signal).expect("signal redis");
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A daemon of node `name` on the cluster tier at `url`, tuner off.
-async fn node(dir: &Path, name: &str, url: &str, extra: &[&str]) -> Daemon {
-    let node_dir = dir.join(name);
-    std::fs::create_dir_all(&node_dir).unwrap();
-    Daemon::start_with(
-        DaemonOptions::new(&node_dir)
-            .args(["--node-name", name, "--tuner", "off", "--cluster-url", url])
-            .args(extra.iter().copied()),
-    )
-    .await
-}
-
-async fn wait_connected(daemon: &Daemon) {
-    let client = daemon.client().await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let stats = client.stats().await.unwrap();
-        if stats.cluster_state.starts_with("connected") && stats.cluster_bootstrapped {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not connected: {}; log:\n{}",
-            stats.cluster_state,
-            daemon.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Waits (at most `limit`) until Lookup of `key` on `daemon` returns `expected` (any result
-/// when `None`); returns how long it took.
-async fn wait_for_hit(
-    daemon: &Daemon,
-    key: &proto::Key,
-    expected: Option<&proto::Result>,
-    limit: Duration,
-) -> Duration {
-    let client = daemon.client().await;
-    let started = Instant::now();
-    loop {
-        let hits = client.lookup(vec![key.clone()]).await.unwrap();
-        let got = hits.first().and_then(|e| e.result.clone());
-        if got.is_some() && (expected.is_none() || got.as_ref() == expected) {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < limit,
-            "{key:?} on {}: got {got:?}, want {expected:?} within {limit:?}; log:\n{}",
-            daemon.socket.display(),
-            daemon.log()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
+use tunecache_integration::{best_result, entry, rank_command, run_ranks, test_key, Daemon};
 
 /// Lines of the count file: one per tuning, "<problem> <pid>".
 fn tunings(dir: &Path) -> Vec<(String, String)> {
@@ -289,13 +150,7 @@ async fn a_record_on_one_node_is_a_hit_on_another_within_a_second() {
     a.client().await.record(vec![e.clone()]).await.unwrap();
     let took = wait_for_hit(&c, &k, e.result.as_ref(), Duration::from_secs(1)).await;
     eprintln!("record on a -> hit on c after {took:?}");
-    assert_eq!(
-        redis.cli(&[
-            "EXISTS",
-            "tunecache:e:{[\"test\",\"gemm\",\"test-device\",\"pushed\",null]}"
-        ]),
-        "1"
-    );
+    assert!(redis.entry_name("gemm", "pushed").is_some());
     // Learned entries are not published back.
     let stats_c = c.client().await.stats().await.unwrap();
     assert_eq!(stats_c.cluster_received, 1);
@@ -506,9 +361,9 @@ async fn a_hung_killed_or_flushed_redis_never_slows_the_nodes() {
 
     // Flushed: the nodes refill it.
     assert_eq!(redis.cli(&["FLUSHALL"]), "OK");
-    let name = "tunecache:e:{[\"test\",\"gemm\",\"test-device\",\"while-hung\",null]}";
+    let stored = |redis: &Redis| redis.entry_name("gemm", "while-hung").is_some();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while redis.cli(&["EXISTS", name]) != "1" {
+    while !stored(&redis) {
         assert!(
             Instant::now() < deadline,
             "redis was not refilled; log:\n{}",
@@ -531,7 +386,7 @@ async fn a_hung_killed_or_flushed_redis_never_slows_the_nodes() {
     drop(redis);
     let redis = Redis::start(dir.path(), port, &[]);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while redis.cli(&["EXISTS", name]) != "1" {
+    while !stored(&redis) {
         assert!(
             Instant::now() < deadline,
             "restarted redis was not refilled; log:\n{}",
@@ -543,21 +398,6 @@ async fn a_hung_killed_or_flushed_redis_never_slows_the_nodes() {
     let log = a.log();
     let lost = log.matches("lost the connection to redis").count();
     assert!((1..=4).contains(&lost), "{lost} 'lost' lines:\n{log}");
-}
-
-/// The merge rule, as `merge.rs` states it, for the expected winner.
-fn best(candidates: &[proto::Result]) -> proto::Result {
-    candidates
-        .iter()
-        .min_by(|a, b| {
-            a.time_us
-                .total_cmp(&b.time_us)
-                .then_with(|| a.config.as_bytes().cmp(b.config.as_bytes()))
-                .then_with(|| a.tuned_by.as_bytes().cmp(b.tuned_by.as_bytes()))
-                .then_with(|| a.tuned_at_unix_ms.cmp(&b.tuned_at_unix_ms))
-        })
-        .cloned()
-        .unwrap()
 }
 
 fn result(config: &str, time_us: f64, by: &str, at: i64) -> proto::Result {
@@ -631,13 +471,13 @@ async fn a_contested_key_ends_with_one_winner_everywhere_and_in_redis() {
     for round in 0..3 {
         for (index, candidates) in contests.iter().enumerate() {
             let k = test_key("contest", &format!("r{round}-k{index}"));
-            let winner = best(candidates);
+            let winner = best_result(candidates);
             for daemon in &nodes {
                 wait_for_hit(daemon, &k, Some(&winner), Duration::from_secs(10)).await;
             }
-            let name = format!(
-                "tunecache:e:{{[\"test\",\"contest\",\"test-device\",\"r{round}-k{index}\",null]}}"
-            );
+            let name = redis
+                .entry_name("contest", &format!("r{round}-k{index}"))
+                .expect("the contested key is in redis");
             assert_eq!(redis.cli(&["HGET", &name, "c"]), winner.config, "{name}");
             assert_eq!(redis.cli(&["HGET", &name, "b"]), winner.tuned_by, "{name}");
             let t = redis.cli(&["HGET", &name, "t"]);
@@ -657,42 +497,8 @@ async fn a_redis_cluster_of_three_masters_works_like_one_server() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let ports = [free_port(), free_port(), free_port()];
-    let servers: Vec<Redis> = ports
-        .iter()
-        .map(|&port| {
-            Redis::start(
-                dir.path(),
-                port,
-                &[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    &format!("nodes-{port}.conf"),
-                ],
-            )
-        })
-        .collect();
-    let addresses: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let created = Command::new("redis-cli")
-        .args(["--cluster", "create"])
-        .args(&addresses)
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
-        .output()
-        .expect("redis-cli --cluster create");
-    assert!(
-        created.status.success(),
-        "{}",
-        String::from_utf8_lossy(&created.stdout)
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !servers
-        .iter()
-        .all(|s| s.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
-    {
-        assert!(Instant::now() < deadline, "the redis cluster did not form");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let redis_cluster = RedisCluster::start(dir.path());
+    let servers = &redis_cluster.servers;
     let url = servers[0].url();
 
     // Single-flight across nodes.

@@ -2,30 +2,11 @@
 //! GET), `tunecache stats` as table and JSON, and the TensorRT-LLM cache file round trip
 //! through the CLI and the daemon.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-
 use serde_json::Value;
 use tunecache_client::key;
-use tunecache_integration::{cli, entry, test_key, Daemon, DaemonOptions};
+use tunecache_integration::{cli, entry, http_get, metrics_addr, test_key, Daemon, DaemonOptions};
 
 /// `GET path` over plain HTTP/1.1; returns status line and body.
-fn http_get(addr: &str, path: &str) -> (String, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP head and body");
-    (
-        head.lines().next().unwrap_or("").to_owned(),
-        body.to_owned(),
-    )
-}
-
 /// The value of an unlabelled sample, e.g. `tunecache_hits_total 3`.
 fn sample(text: &str, name: &str) -> Option<f64> {
     text.lines().find_map(|line| {
@@ -43,13 +24,7 @@ async fn metrics_endpoint_reports_the_daemons_counters() {
     let daemon =
         Daemon::start_with(DaemonOptions::new(dir.path()).args(["--metrics-addr", "127.0.0.1:0"]))
             .await;
-    let log = daemon.log();
-    let addr = log
-        .split("metrics at http://")
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"))
-        .to_owned();
+    let addr = metrics_addr(&daemon);
 
     let client = daemon.client().await;
     client

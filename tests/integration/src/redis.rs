@@ -1,0 +1,354 @@
+//! Real `redis-server` processes for the cluster tier's tests: one server (restartable on
+//! the same port, with or without its data), a Redis Cluster of three masters, and the
+//! helpers that wait for a node to connect or for a key to become a hit.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tunecache_client::proto;
+
+use crate::{require_tool, Daemon, DaemonOptions};
+
+/// A `redis-server` owned by the test, killed on drop.
+pub struct Redis {
+    child: Option<Child>,
+    pub port: u16,
+    /// Its working directory (AOF/RDB files, log).
+    pub dir: PathBuf,
+    args: Vec<String>,
+}
+
+/// A TCP port nothing listens on now (and, for Redis Cluster, its bus port + 10000 too).
+pub fn free_port() -> u16 {
+    loop {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        if port < 55_000 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+impl Redis {
+    /// `None` (the test is skipped) when redis-server is missing outside CI.
+    pub fn server() -> Option<PathBuf> {
+        require_tool("redis-server", Some("REDIS_SERVER"))
+    }
+
+    /// A server on `port` with persistence off, plus `extra` arguments.
+    pub fn start(dir: &Path, port: u16, extra: &[&str]) -> Redis {
+        let mut args: Vec<String> = ["--save", "", "--appendonly", "no"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        Redis::start_args(dir, port, args)
+    }
+
+    /// A server that keeps its data across a restart: AOF with fsync on every write.
+    pub fn start_persistent(dir: &Path, port: u16) -> Redis {
+        let args = [
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+        ];
+        Redis::start_args(dir, port, args.iter().map(|s| (*s).to_owned()).collect())
+    }
+
+    fn start_args(dir: &Path, port: u16, args: Vec<String>) -> Redis {
+        let dir = dir.join(format!("redis-{port}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut redis = Redis {
+            child: None,
+            port,
+            dir,
+            args,
+        };
+        redis.spawn();
+        redis
+    }
+
+    fn spawn(&mut self) {
+        let server = Redis::server().expect("redis-server");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("redis.log"))
+            .unwrap();
+        let child = Command::new(server)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--protected-mode", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.args)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start redis-server");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    /// SIGKILL, then the same server again on the same port and directory (so with its data
+    /// when persistence is on).
+    pub fn kill_and_restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// SIGKILL, then the server again on the same port with its data files deleted.
+    pub fn kill_and_restart_empty(&mut self) {
+        self.kill();
+        for name in ["appendonlydir", "dump.rdb"] {
+            let path = self.dir.join(name);
+            let _ = std::fs::remove_dir_all(&path);
+            let _ = std::fs::remove_file(&path);
+        }
+        self.spawn();
+    }
+
+    /// SIGKILL, and wait for it to be gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again after `kill`.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "redis is still running");
+        self.spawn();
+    }
+
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `redis-cli` against this server; its trimmed stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let output = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    /// The names of the keys matching `pattern` (SCAN, so a Cluster master's own keys).
+    pub fn keys_matching(&self, pattern: &str) -> Vec<String> {
+        let text = self.cli(&["--scan", "--pattern", pattern]);
+        text.lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The name of the entry of test key (`op`, `problem`) under the default prefix, found
+    /// by SCAN (its shard tag is the daemon's business); `None` when Redis lacks it.
+    pub fn entry_name(&self, op: &str, problem: &str) -> Option<String> {
+        let text = serde_json::json!(["test", op, "test-device", problem, null]).to_string();
+        let mut pattern = String::from("tunecache:e:{s??}");
+        for c in text.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        let mut names = self.keys_matching(&pattern);
+        assert!(names.len() <= 1, "{names:?}");
+        names.pop()
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let answer = self.cli(&["PING"]);
+            // A server loading its AOF answers LOADING; wait for PONG.
+            if answer == "PONG" || answer.contains("NOAUTH") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {} did not start: {}",
+                self.port,
+                std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn signal(&self, signal: Signal) {
+        let child = self.child.as_ref().expect("redis is running");
+        kill(Pid::from_raw(child.id() as i32), signal).expect("signal redis");
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // A stopped server must be continued before it can die of SIGKILL's delivery
+            // being observed by wait (SIGKILL works on stopped processes; this is belt and braces).
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGCONT);
+        }
+        self.kill();
+    }
+}
+
+/// A Redis Cluster of three masters, no replicas.
+pub struct RedisCluster {
+    pub servers: Vec<Redis>,
+}
+
+impl RedisCluster {
+    pub fn start(dir: &Path) -> RedisCluster {
+        let ports = [free_port(), free_port(), free_port()];
+        let servers: Vec<Redis> = ports
+            .iter()
+            .map(|&port| {
+                Redis::start(
+                    dir,
+                    port,
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        &format!("nodes-{port}.conf"),
+                    ],
+                )
+            })
+            .collect();
+        let addresses: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            created.status.success(),
+            "{}",
+            String::from_utf8_lossy(&created.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !servers
+            .iter()
+            .all(|s| s.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        {
+            assert!(Instant::now() < deadline, "the redis cluster did not form");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        RedisCluster { servers }
+    }
+
+    pub fn url(&self) -> String {
+        self.servers[0].url()
+    }
+}
+
+/// A daemon of node `name` on the cluster tier at `url`, tuner off.
+pub async fn cluster_node(dir: &Path, name: &str, url: &str, extra: &[&str]) -> Daemon {
+    let node_dir = dir.join(name);
+    std::fs::create_dir_all(&node_dir).unwrap();
+    Daemon::start_with(
+        DaemonOptions::new(&node_dir)
+            .args(["--node-name", name, "--tuner", "off", "--cluster-url", url])
+            .args(extra.iter().copied()),
+    )
+    .await
+}
+
+/// Waits until `daemon` is connected to Redis and bootstrapped.
+pub async fn wait_connected(daemon: &Daemon) {
+    let client = daemon.client().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let stats = client.stats().await.unwrap();
+        if stats.cluster_state.starts_with("connected") && stats.cluster_bootstrapped {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not connected: {}; log:\n{}",
+            stats.cluster_state,
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits (at most `limit`) until Lookup of `key` on `daemon` returns `expected` (any result
+/// when `None`); returns how long it took.
+pub async fn wait_for_hit(
+    daemon: &Daemon,
+    key: &proto::Key,
+    expected: Option<&proto::Result>,
+    limit: Duration,
+) -> Duration {
+    let client = daemon.client().await;
+    let started = Instant::now();
+    loop {
+        let hits = client.lookup(vec![key.clone()]).await.unwrap();
+        let got = hits.first().and_then(|e| e.result.clone());
+        if got.is_some() && (expected.is_none() || got.as_ref() == expected) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{key:?} on {}: got {got:?}, want {expected:?} within {limit:?}; log:\n{}",
+            daemon.socket.display(),
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// How many of `entries` are hits with exactly their result on `daemon` now.
+pub async fn hits_of(daemon: &Daemon, entries: &[proto::Entry]) -> usize {
+    let client = daemon.client().await;
+    let keys: Vec<proto::Key> = entries.iter().filter_map(|e| e.key.clone()).collect();
+    let mut hits = 0;
+    for chunk in keys.chunks(1000) {
+        let got = client.lookup(chunk.to_vec()).await.unwrap();
+        for found in got {
+            let want = entries
+                .iter()
+                .find(|e| e.key == found.key)
+                .and_then(|e| e.result.as_ref());
+            if found.result.is_some() && found.result.as_ref() == want {
+                hits += 1;
+            }
+        }
+    }
+    hits
+}
+
+/// Waits (at most `limit`) until every one of `entries` is a hit with its result on
+/// `daemon`; returns how long it took, or how many arrived when the limit ran out.
+pub async fn wait_for_all(
+    daemon: &Daemon,
+    entries: &[proto::Entry],
+    limit: Duration,
+) -> Result<Duration, usize> {
+    let started = Instant::now();
+    loop {
+        let hits = hits_of(daemon, entries).await;
+        if hits == entries.len() {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() >= limit {
+            return Err(hits);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
