@@ -159,6 +159,8 @@ class FakeTuneCache(pb_grpc.TuneCacheServicer):
     leases: dict = field(default_factory=dict)  # lease_id -> key bytes
     record_requests: list = field(default_factory=list)
     resolve_requests: list = field(default_factory=list)
+    # Set: every Record with entries fails with this code (a give-up still succeeds).
+    fail_records_with: object = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @staticmethod
@@ -180,6 +182,8 @@ class FakeTuneCache(pb_grpc.TuneCacheServicer):
     def Record(self, request, context):
         with self.lock:
             self.record_requests.append(request)
+            if request.entries and self.fail_records_with is not None:
+                context.abort(self.fail_records_with, "fake: Record failed")
             if request.lease_id:
                 self.leases.pop(request.lease_id, None)
             stored = 0

@@ -1,12 +1,16 @@
 # Owns the tests of tunecache.autotune, the generic helper, with the real daemon: eight processes
 # tuning the same twenty problems time each exactly once node-wide, a lease holder killed with
-# SIGKILL does not stop the others, the in-process memo, and tuning without a daemon.
+# SIGKILL does not stop the others, a holder whose result the daemon refuses hands its lease back
+# at once, the in-process memo, and tuning without a daemon.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -139,3 +143,53 @@ def test_memo_and_plain_call_and_no_daemon(daemon, tmp_path):
                                 client=tunecache.Client(tmp_path / "absent.sock", timeout=1.0))
     assert lonely.best(8) == 9
     assert len(calls) == 3
+
+
+def test_a_refused_record_gives_the_lease_up_so_a_waiter_times_at_once(daemon, caplog):
+    # The holder's only config holds a NaN, which the daemon refuses as not JSON; the waiter's is
+    # fine. Unless the holder hands its lease back, the waiter sits out its whole wait.
+    caplog.set_level(logging.DEBUG, logger="tunecache")
+    problem = f"refused-{uuid.uuid4()}"
+    wait_ms = 30_000
+    waiter_done = {}
+
+    def make(configs, bench, client):
+        return tunecache.autotune("pytest-autotune", "refused", key_fn=lambda: problem, configs=configs,
+                                  bench=bench, device="cpu|pytest", warmup=0, repeats=1, wait_ms=wait_ms,
+                                  lease_ms=60_000, client=client)
+
+    with daemon.client() as holder_client, daemon.client() as waiter_client:
+        waiter_tuner = make([{"block": 64}], lambda config: 3.0, waiter_client)
+
+        def run_waiter():
+            waiter_done["config"] = waiter_tuner.best()
+            waiter_done["at"] = time.monotonic()
+
+        waiter = threading.Thread(target=run_waiter, daemon=True)
+
+        def holder_bench(config):
+            if waiter.ident is None:  # the first bench call: let the waiter in
+                waiter.start()
+                deadline = time.monotonic() + 10.0
+                while holder_client.stats().waiters < 1:
+                    assert time.monotonic() < deadline, "the waiter never waited on the lease"
+                    time.sleep(0.01)
+            return 1.0
+
+        holder_config = make([{"x": float("nan")}], holder_bench, holder_client).best()
+        holder_done = time.monotonic()
+        waiter.join(timeout=120.0)
+        assert not waiter.is_alive()
+        blocked_s = waiter_done["at"] - holder_done
+        assert blocked_s < 5.0, f"the waiter blocked {blocked_s:.1f}s after the refused Record"
+        assert waiter_done["config"] == {"block": 64}
+        assert math.isnan(holder_config["x"])  # the holder's own config still runs its kernel
+        (stored,) = waiter_client.lookup([{"namespace": "pytest-autotune", "op": "refused",
+                                           "device": "cpu|pytest", "problem": problem}])
+        assert json.loads(stored.result.config)["config"] == {"block": 64}
+        assert holder_client.stats().leases_given_up == 1
+
+    warnings = [r for r in caplog.records if r.name.startswith("tunecache") and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert "not valid JSON" in warnings[0].getMessage() and problem in warnings[0].getMessage()
+    assert tunecache.client._warned_pid is None

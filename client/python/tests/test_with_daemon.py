@@ -1,14 +1,21 @@
 # Owns the client tests against the real tunecached (fixture `daemon` in conftest.py, skipped when
 # the binary is absent): Record/Lookup round trip and the merge rule, Scan completeness, and
-# several rank processes resolving one fresh key with exactly one tuner.
+# several rank processes resolving one fresh key with exactly one tuner, and a lease handed back
+# at once when tuning fails or the daemon refuses the tuned result.
 from __future__ import annotations
 
 import json
-import uuid
+import logging
 import os
 import subprocess
 import sys
+import threading
 import time
+import uuid
+
+import pytest
+
+import tunecache
 
 from conftest import PYTHON_PACKAGE_ROOT, unique_key
 from tunecache.v1 import tunecache_pb2 as pb
@@ -169,3 +176,79 @@ def test_rank_scan_returns_shared_and_own_entries(daemon):
         loaded = [item for chunk in client.scan(namespace=namespace, rank=1) for item in chunk]
         assert len(loaded) == 40
         assert {item.key.rank if item.key.HasField("rank") else None for item in loaded} == {None, 1}
+
+
+# Results the daemon refuses (validate.rs): a config that is not JSON to it (Python's json writes
+# NaN, which strict JSON has no word for) and a config over its 64 KiB limit.
+REFUSED_RESULTS = {
+    "nan-config": ({"x": float("nan")}, "not valid JSON"),
+    "config-over-64-KiB": ({"blob": "x" * (64 * 1024)}, "at most 65536"),
+}
+# The waiter's wait, far below the holder's lease: only a given-up lease can reach it in time.
+REFUSED_WAITER_WAIT_MS = 30_000
+REFUSED_HOLDER_LEASE_MS = 120_000
+# How soon the waiter must have the lease once the holder's get_or_tune returned.
+REFUSED_HANDOVER_LIMIT_S = 5.0
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_RESULTS))
+def test_a_refused_record_gives_the_lease_up_so_the_waiter_tunes_at_once(daemon, caplog, case):
+    bad_config, daemon_reason = REFUSED_RESULTS[case]
+    key = unique_key()
+    caplog.set_level(logging.DEBUG, logger="tunecache")
+    waiter_outcome = {}
+    waiter_calls = []
+
+    def waiter_tune():
+        waiter_calls.append(time.monotonic())
+        return {"tactic": 7}, 2.0
+
+    def run_waiter():
+        with daemon.client() as waiter_client:
+            result = waiter_client.get_or_tune(key, waiter_tune, "WAITER-FALLBACK", wait_ms=REFUSED_WAITER_WAIT_MS)
+        waiter_outcome["result"] = result
+        waiter_outcome["done"] = time.monotonic()
+
+    waiter = threading.Thread(target=run_waiter, daemon=True)
+
+    with daemon.client() as holder_client:
+
+        def holder_tune():
+            # Hold the lease until the other rank is waiting on it, then return what the daemon
+            # will refuse.
+            waiter.start()
+            deadline = time.monotonic() + 10.0
+            while holder_client.stats().waiters < 1:
+                assert time.monotonic() < deadline, "the waiter never waited on the lease"
+                time.sleep(0.01)
+            return bad_config, 1.0
+
+        holder_result = holder_client.get_or_tune(
+            key, holder_tune, "HOLDER-FALLBACK", wait_ms=0, lease_ms=REFUSED_HOLDER_LEASE_MS
+        )
+        holder_done = time.monotonic()
+        waiter.join(timeout=REFUSED_WAITER_WAIT_MS / 1000.0 + 15.0)
+        assert not waiter.is_alive(), "the waiter's get_or_tune did not return"
+        blocked_s = waiter_outcome["done"] - holder_done
+        # The lease was handed back at once: the waiter tuned it itself, well within its wait.
+        assert waiter_outcome["result"] == {"tactic": 7}, (
+            f"the waiter blocked {blocked_s:.1f}s after the refused Record and got {waiter_outcome['result']!r}"
+        )
+        assert blocked_s < REFUSED_HANDOVER_LIMIT_S, f"the waiter blocked {blocked_s:.1f}s after the refused Record"
+        assert len(waiter_calls) == 1
+        stats = holder_client.stats()
+        (hit,) = holder_client.lookup([key])
+
+    # The daemon did not store the refused result, so the tuning rank falls back like its peers would.
+    assert holder_result == "HOLDER-FALLBACK"
+    assert stats.leases_given_up == 1 and stats.leases_expired == 0
+    assert json.loads(hit.result.config) == {"tactic": 7}
+
+    # One warning, with the daemon's reason, that does not blame the daemon.
+    warnings = [r for r in caplog.records if r.name.startswith("tunecache") and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    message = warnings[0].getMessage()
+    assert daemon_reason in message and key.problem in message, message
+    assert "unavailable" not in message, message
+    # The once-per-process "daemon failing" warning is still unspent for a real outage.
+    assert tunecache.client._warned_pid is None

@@ -8,6 +8,7 @@ import logging
 import socket
 import time
 
+import grpc
 import pytest
 
 import tunecache
@@ -198,6 +199,23 @@ def test_failed_tuning_gives_the_lease_up_and_the_fallback(fake_daemon, tuner):
     good = CountingTuner()
     assert client.get_or_tune(key, good, FALLBACK) == {"runner_id": 2, "tactic": [128, 64]}
     assert good.calls == 1
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL])
+def test_a_failed_record_gives_the_lease_up_and_keeps_the_tuned_config(fake_daemon, caplog, code):
+    socket_path, servicer = fake_daemon
+    servicer.fail_records_with = code
+    caplog.set_level(logging.WARNING, logger="tunecache")
+    client = tunecache.Client(socket_path)
+    key = unique_key()
+    # The result is fine, only storing it failed: the rank keeps what it tuned.
+    assert client.get_or_tune(key, CountingTuner(), FALLBACK) == {"runner_id": 2, "tactic": [128, 64]}
+    record, give_up = servicer.record_requests
+    assert record.lease_id and record.entries
+    assert give_up.lease_id == record.lease_id and not give_up.entries
+    assert len(daemon_warnings(caplog)) == 1
+    # The lease is free again: nobody holds it.
+    assert not servicer.leases
 
 
 def test_interrupted_tuning_gives_the_lease_up_and_propagates(fake_daemon):

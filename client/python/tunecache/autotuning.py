@@ -15,9 +15,11 @@ On the first call for a problem (``key_fn(*args, **kwargs)``), the helper Resolv
 daemon. A hit is used at once. The process granted the lease calls ``bench(config, *args,
 **kwargs)`` for every config, ``warmup`` times untimed, then ``repeats`` times timed, and takes
 the median, as ``triton.testing.do_bench`` does; it Records the best with its statistics. The
-other processes wait for that result. Later calls in the process hit an in-process memo. If the
-lease holder dies, the daemon frees its lease and a waiter tunes instead. Without a daemon,
-every process tunes for itself (one warning).
+other processes wait for that result. If the daemon refuses it (a config that is not strict JSON,
+such as one holding NaN, or a record over 64 KiB), the holder gives its lease up at once, logs the
+daemon's reason, and uses its own config; a waiter then times for itself. Later calls in the
+process hit an in-process memo. If the lease holder dies, the daemon frees its lease and a waiter
+tunes instead. Without a daemon, every process tunes for itself (one warning).
 
 ``bench`` runs the kernel once with the config. If it returns a number, that number is the
 measured time in microseconds (e.g. from CUDA events); if it returns anything else, the helper
@@ -266,18 +268,9 @@ class Autotuner:
         return (config,)
 
     def _record(self, daemon: Client, key: pb.Key, result: pb.Result, lease_id: str) -> None:
-        entry = pb.Entry(key=key, result=result)
-        try:
-            daemon.record([entry], lease_id=lease_id)
-        except grpc.RpcError as err:
-            if lease_id and err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                # The lease expired while we timed: keep the result anyway; the faster one wins.
-                try:
-                    daemon.record([entry])
-                    return
-                except grpc.RpcError as retry_err:
-                    err = retry_err
-            client_module._warn_once_daemon_problem(daemon.socket_path, "Record", err)
+        # A result that is not recorded gives its lease up at once (see Client._record_tuned);
+        # this process uses its own best config either way.
+        daemon._record_tuned(pb.Entry(key=key, result=result), lease_id, "this process uses its own best config")
 
     def _give_up(self, daemon: Client, lease_id: str) -> None:
         try:

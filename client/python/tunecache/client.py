@@ -48,6 +48,9 @@ DEFAULT_WAIT_MS = 60_000
 # The daemon caps Resolve waits at 10 minutes; asking for more only stretches our deadline.
 MAX_WAIT_MS = 600_000
 
+# How Client._record_tuned ended.
+_RECORDED, _REFUSED, _FAILED = "recorded", "refused", "failed"
+
 # Over a Unix socket grpcio (>= 1.57) sends the %-encoded socket path as the HTTP/2 `:authority`,
 # which is not a valid authority; tonic's HTTP/2 layer (h2) rejects such requests outright.
 # Client sets this itself; callers never need it.
@@ -236,9 +239,10 @@ class Client:
         """The rank helper. Resolves key; on a hit returns the cached config decoded from JSON;
         when told to tune, runs tune_fn() -> (config, time_us), records it under the lease and
         returns the config decoded from JSON (so the tuning rank gets what the others get); if
-        tune_fn raises or returns something unusable, gives the lease up and returns fallback; on
-        a miss returns fallback. When the daemon is absent or fails, returns fallback and logs one
-        warning per process. Never raises (except KeyboardInterrupt/SystemExit from tune_fn) and
+        tune_fn raises or returns something unusable, or the daemon refuses the result (a config
+        over 64 KiB or not strict JSON; one warning with the daemon's reason), gives the lease up
+        at once and returns fallback; on a miss returns fallback. When the daemon is absent or
+        fails, returns fallback and logs one warning per process. Never raises (except KeyboardInterrupt/SystemExit from tune_fn) and
         never blocks longer than wait_ms plus the client timeout, plus tune_fn's own time."""
         try:
             key_message = _as_key(key)
@@ -296,26 +300,42 @@ class Client:
                 tuned_at_unix_ms=int(time.time() * 1000),
             ),
         )
-        try:
-            self.record([entry], lease_id=lease_id)
-        except grpc.RpcError as err:
-            if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                _warn_once_daemon_problem(self.socket_path, "Record", err)
-            else:
-                # The daemon refused the lease (e.g. it expired while we tuned); the result is
-                # still worth keeping, and the merge rule keeps whichever is faster.
-                self._record_without_lease(entry, err)
-        except Exception as err:
-            _warn_once_daemon_problem(self.socket_path, "Record", err)
-        # We have a tuned config; the model should use it even if storing it failed.
+        if self._record_tuned(entry, lease_id, "using the fallback") == _REFUSED:
+            # No rank will ever get this result from the cache; fall back as they will.
+            return fallback
+        # Recorded, or the daemon is failing: the model should use the tuned config either way.
         return decoded
 
-    def _record_without_lease(self, entry: pb.Entry, lease_error: grpc.RpcError) -> None:
-        logger.info("tunecache: Record with the lease failed (%s); recording without it", lease_error.code())
+    def _record_tuned(self, entry: pb.Entry, lease_id: str, consequence: str) -> str:
+        """Records a tuned result, completing ``lease_id`` when one is given. Returns _RECORDED;
+        when the result was not recorded, gives the lease up at once (the daemon leaves a failed
+        Record's lease held, so its waiters would sit out their whole wait) and returns _REFUSED
+        when the daemon rejected the result itself (INVALID_ARGUMENT: a config over 64 KiB or not
+        strict JSON, such as Python's NaN), logged at WARNING with the daemon's reason and
+        ``consequence``, or _FAILED when the daemon is unreachable or failing (the once-per-process
+        warning). After a deadline the lease is not given up: the Record may still be applied (and
+        then completes the lease itself), and a second call would block for another timeout."""
         try:
-            self.record([entry])
+            self.record([entry], lease_id=lease_id)
+            return _RECORDED
         except Exception as err:
-            _warn_once_daemon_problem(self.socket_path, "Record", err)
+            failure = err
+        code = failure.code() if isinstance(failure, grpc.Call) else None
+        if lease_id and code != grpc.StatusCode.DEADLINE_EXCEEDED:
+            self._give_up(lease_id)
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            # The daemon works; the result is bad. Not the once-per-process daemon warning, which
+            # stays unspent for a real outage.
+            logger.warning(
+                "tunecache: the daemon refused the tuned result for %s: %s; %s%s",
+                describe_key(entry.key),
+                failure.details(),
+                "gave the lease up so a waiter can tune it; " if lease_id else "",
+                consequence,
+            )
+            return _REFUSED
+        _warn_once_daemon_problem(self.socket_path, "Record", failure)
+        return _FAILED
 
     def _give_up(self, lease_id: str) -> None:
         try:
