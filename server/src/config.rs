@@ -39,7 +39,9 @@ pub struct Config {
     #[arg(long, env = "TUNECACHE_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
 
-    /// This node's name in snapshots and `tuned_by` [default: the hostname]
+    /// This node's name in snapshots, the cluster tier and `tuned_by`: 1 to 64 of
+    /// A-Z a-z 0-9 . _ -, not starting with '.' or '-' [default: the hostname and an id made
+    /// on first start and kept in the state directory (`node-id`), unique per daemon]
     #[arg(long, env = "TUNECACHE_NODE_NAME")]
     pub node_name: Option<String>,
 
@@ -249,6 +251,23 @@ pub struct Config {
     #[arg(long, env = "TUNECACHE_CLUSTER_PREFIX", default_value = "tunecache:")]
     pub cluster_prefix: String,
 
+    /// File holding the key every node of the cluster shares (one line, at least 16 bytes):
+    /// then every shared-directory file carries an HMAC-SHA256 under it, and files without
+    /// one that verifies are skipped. Without it, only files owned by --shared-dir-writer-uid
+    /// count.
+    #[arg(long, env = "TUNECACHE_SHARED_DIR_KEY_FILE", value_name = "PATH")]
+    pub shared_dir_key_file: Option<PathBuf>,
+
+    /// Uids whose files in the shared directory count when no key is set, and who may own
+    /// its `v2/` [default: this daemon's uid].
+    #[arg(
+        long,
+        env = "TUNECACHE_SHARED_DIR_WRITER_UID",
+        value_delimiter = ',',
+        value_name = "UID"
+    )]
+    pub shared_dir_writer_uid: Vec<u32>,
+
     /// Longest a Resolve waits for Redis before coordinating node-locally.
     #[arg(long, env = "TUNECACHE_CLUSTER_TIMEOUT_MS", default_value_t = 20)]
     pub cluster_timeout_ms: u64,
@@ -288,16 +307,44 @@ pub enum TunerSetting {
 
 impl Config {
     /// The snapshot module's settings; `None` when the daemon runs without `--shared-dir`.
-    pub(crate) fn snapshot_settings(&self) -> Option<crate::snapshot::SnapshotSettings> {
-        let dir = self.shared_dir.clone()?;
-        Some(crate::snapshot::SnapshotSettings {
+    /// The key file is read here, so a missing or short key stops the start, naming the flag.
+    pub(crate) fn snapshot_settings(
+        &self,
+    ) -> crate::Result<Option<crate::snapshot::SnapshotSettings>> {
+        let Some(dir) = self.shared_dir.clone() else {
+            return Ok(None);
+        };
+        let key = match &self.shared_dir_key_file {
+            None => None,
+            Some(path) => {
+                let bad = |why: String| {
+                    crate::Error::SharedDirUnsafe(format!(
+                        "--shared-dir-key-file {}: {why}",
+                        path.display()
+                    ))
+                };
+                let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+                let trimmed = text.strip_suffix(b"\n").unwrap_or(&text);
+                let trimmed = trimmed.strip_suffix(b"\r").unwrap_or(trimmed);
+                Some(crate::snapshot_format::SharedKey::new(trimmed).map_err(bad)?)
+            }
+        };
+        let writer_uids = if self.shared_dir_writer_uid.is_empty() {
+            vec![nix::unistd::geteuid().as_raw()]
+        } else {
+            self.shared_dir_writer_uid.clone()
+        };
+        Ok(Some(crate::snapshot::SnapshotSettings {
+            state_dir: self.state_dir(),
+            key,
+            writer_uids,
             dir,
             node: self.node_name(),
             interval: self.snapshot_interval(),
             fsync: self.snapshot_fsync,
             max_file_bytes: self.snapshot_max_file_bytes,
             compact_segments: self.snapshot_compact_segments.max(1),
-        })
+        }))
     }
 
     /// The cluster tier's settings, checked; `None` without `--cluster-url`.
@@ -353,13 +400,45 @@ impl Config {
         }
     }
 
+    /// `--node-name`, else the hostname (cut to the name rule) and this state directory's
+    /// node id (`ensure_node_id` makes it at start).
     pub fn node_name(&self) -> String {
-        self.node_name.clone().unwrap_or_else(|| {
-            nix::unistd::gethostname()
-                .ok()
-                .and_then(|name| name.into_string().ok())
-                .unwrap_or_else(|| "localhost".to_owned())
-        })
+        if let Some(name) = &self.node_name {
+            return name.clone();
+        }
+        let host: String = nix::unistd::gethostname()
+            .ok()
+            .and_then(|name| name.into_string().ok())
+            .unwrap_or_else(|| "localhost".to_owned())
+            .chars()
+            .map(|c| if node_name_char(c) { c } else { '-' })
+            .take(48)
+            .collect();
+        let host = host.trim_start_matches(['.', '-']);
+        let host = if host.is_empty() { "node" } else { host };
+        match std::fs::read_to_string(self.state_dir().join(NODE_ID_FILE)) {
+            Ok(id) if check_node_id(id.trim()) => format!("{host}-{}", id.trim()),
+            _ => host.to_owned(),
+        }
+    }
+
+    /// Without `--node-name`, makes sure the state directory has a node id (8 random hex
+    /// digits, made once), so two daemons on one host never share a default name.
+    pub fn ensure_node_id(&self) -> crate::Result<()> {
+        if self.node_name.is_some() {
+            return Ok(());
+        }
+        let path = self.state_dir().join(NODE_ID_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(id) if check_node_id(id.trim()) => return Ok(()),
+            _ => {}
+        }
+        let mut bytes = [0u8; 4];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+            .map_err(|e| crate::Error::io("reading", std::path::Path::new("/dev/urandom"), e))?;
+        let id = format!("{:08x}\n", u32::from_le_bytes(bytes));
+        std::fs::write(&path, id).map_err(|e| crate::Error::io("writing the node id", &path, e))
     }
 
     pub fn tuner_setting(&self) -> TunerSetting {
@@ -407,6 +486,33 @@ fn first_directory(variable: &str) -> Option<PathBuf> {
         .split(':')
         .find(|dir| !dir.is_empty())
         .map(PathBuf::from)
+}
+
+/// The state-directory file holding this daemon's node id.
+const NODE_ID_FILE: &str = "node-id";
+
+fn node_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
+}
+
+fn check_node_id(id: &str) -> bool {
+    id.len() == 8 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The node name rule: it names files in the shared directory and keys in Redis, so 1 to 64
+/// of A-Z a-z 0-9 . _ -, not starting with '.' (hidden files) or '-'.
+pub fn check_node_name(name: &str) -> Result<(), String> {
+    let rule = "1 to 64 of A-Z a-z 0-9 . _ -, not starting with '.' or '-'";
+    if name.is_empty() || name.len() > 64 {
+        return Err(format!(
+            "{name:?} is {} bytes; a node name is {rule}",
+            name.len()
+        ));
+    }
+    if name.starts_with(['.', '-']) || !name.chars().all(node_name_char) {
+        return Err(format!("{name:?} breaks the rule: a node name is {rule}"));
+    }
+    Ok(())
 }
 
 /// `StateDirectory=`'s directory, when the daemon runs as a systemd service that sets one.
@@ -540,5 +646,54 @@ mod tests {
             not_pem,
         ]);
         assert!(plain.contains("needs a rediss://"), "{plain}");
+    }
+
+    #[test]
+    fn node_names_follow_the_rule() {
+        for good in ["node-a", "gpu01.cluster_2", "A", &"n".repeat(64)] {
+            assert!(check_node_name(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            ".hidden",
+            "-x",
+            "a/b",
+            "a\nb",
+            "a b",
+            "é",
+            &"n".repeat(65),
+        ] {
+            let why = check_node_name(bad).unwrap_err();
+            assert!(why.contains("1 to 64"), "{why}");
+        }
+    }
+
+    #[test]
+    fn the_default_name_is_the_host_and_the_state_directory_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().to_str().unwrap();
+        let config = config(&["--state-dir", state]);
+        let before = config.node_name();
+        config.ensure_node_id().unwrap();
+        let named = config.node_name();
+        assert!(
+            named.starts_with(&before) && named.len() == before.len() + 9,
+            "{named}"
+        );
+        assert!(check_node_name(&named).is_ok(), "{named}");
+        config.ensure_node_id().unwrap();
+        assert_eq!(config.node_name(), named, "the id is kept");
+        let other = tempfile::tempdir().unwrap();
+        let other = config_in(other.path());
+        other.ensure_node_id().unwrap();
+        assert_ne!(
+            other.node_name(),
+            named,
+            "another state directory, another name"
+        );
+    }
+
+    fn config_in(dir: &std::path::Path) -> Config {
+        config(&["--state-dir", dir.to_str().unwrap()])
     }
 }

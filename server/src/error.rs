@@ -85,11 +85,26 @@ pub enum Error {
         waited: std::time::Duration,
     },
 
-    #[error("node name {0:?} cannot name a snapshot file (empty, leading '.' or '/')")]
+    #[error("--node-name: {0}")]
     InvalidNodeName(String),
 
     #[error("snapshot file skipped: {0}")]
     SnapshotFormat(String),
+
+    /// A shared-directory file that does not prove who wrote it (no MAC, a MAC that does not
+    /// verify, or an owner that is not an allowed writer).
+    #[error("snapshot file skipped: {0}")]
+    Unauthenticated(String),
+
+    /// A segment name this node was about to write exists already (another writer of the
+    /// node's name).
+    #[error("segment {0:?} exists already: another writer uses this node's name")]
+    SegmentNameTaken(String),
+
+    /// The shared directory's own layout is unsafe to use (a symlink, a foreign owner, a
+    /// mode others can write); nothing is read from or written to it until that is fixed.
+    #[error("{0}")]
+    SharedDirUnsafe(String),
 
     // Refused requests.
     /// A request field failed validation; names the element and field.
@@ -144,6 +159,7 @@ impl Error {
             | Error::JournalWrite(_)
             | Error::JournalUnwritable { .. }
             | Error::SharedDirUnavailable(_)
+            | Error::SharedDirUnsafe(_)
             | Error::SharedDirStuck { .. } => Code::Unavailable,
             Error::UnknownCaller | Error::CallerNotAllowed { .. } => Code::PermissionDenied,
             Error::NoSharedDir => Code::FailedPrecondition,

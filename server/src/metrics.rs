@@ -214,6 +214,9 @@ const METRICS: &[Metric] = &[
     row("cluster_errors", "Failed or timed-out Redis commands.", Counter(|s| s.cluster_errors)),
     row("cluster_publish_already", "Publishes Redis already had (retries of a batch it ran): no-ops.", Counter(|s| s.cluster_publish_already)),
     row("cluster_audits", "Comparisons of this node's shard digests with Redis's.", Counter(|s| s.cluster_audits)),
+    row("snapshot_untrusted_files", "Shared-directory files skipped: no valid MAC, an owner not allowed, or content that disagrees with the name.", Counter(|s| s.snapshot_untrusted_files)),
+    row("snapshot_name_conflicts", "Segments under this node's name that it did not write.", Counter(|s| s.snapshot_name_conflicts)),
+    row("cluster_name_conflicts", "Cluster messages from another daemon using this node's name.", Counter(|s| s.cluster_name_conflicts)),
     row("cluster_audit_differing", "Shards an audit found differing from Redis (then read again).", Counter(|s| s.cluster_audit_differing)),
     row("cluster_audit_repaired", "Results found missing although Redis had announced them: 0 while healthy.", Counter(|s| s.cluster_audit_repaired)),
     row("cluster_stream_gaps", "Shards whose stream skipped past this node (trimmed or restarted).", Counter(|s| s.cluster_stream_gaps)),
@@ -387,6 +390,9 @@ mod tests {
             cluster_stream_gaps: 1057,
             cluster_resync_entries: 1058,
             cluster_audit_differing: 1059,
+            snapshot_untrusted_files: 1060,
+            snapshot_name_conflicts: 1061,
+            cluster_name_conflicts: 1062,
             ..Default::default()
         }
     }

@@ -117,6 +117,9 @@ pub async fn run(
     .map_err(|e| Error::io("opening the store", &state_dir, std::io::Error::other(e)))??;
     log_replay(&report, &state_dir);
     let store = store_guard.store();
+    // The node's name before anything uses it: a default one needs the state directory's id.
+    config.ensure_node_id()?;
+    crate::config::check_node_name(&config.node_name()).map_err(Error::InvalidNodeName)?;
 
     let BoundSocket {
         listener,
@@ -159,7 +162,7 @@ pub async fn run(
     // Snapshots: the handle does no filesystem I/O here, so a hung shared directory cannot
     // delay serving; at shutdown the task is joined with a bound, never the I/O thread.
     let snapshots = config
-        .snapshot_settings()
+        .snapshot_settings()?
         .map(|settings| SnapshotHandle::start(settings, store.clone(), stop.clone()))
         .transpose()?;
     if let Some(snapshots) = &snapshots {

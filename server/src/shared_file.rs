@@ -70,6 +70,8 @@ impl From<io::Error> for OpenError {
 pub struct SharedFile {
     pub file: File,
     pub version: FileVersion,
+    /// The owner uid `fstat` saw: who could have written it.
+    pub owner: u32,
 }
 
 fn file_type_name(file_type: std::fs::FileType) -> &'static str {
@@ -122,7 +124,11 @@ pub fn open(path: &Path, max_bytes: u64) -> Result<SharedFile, OpenError> {
             Some(version),
         ));
     }
-    Ok(SharedFile { file, version })
+    Ok(SharedFile {
+        file,
+        version,
+        owner: metadata.uid(),
+    })
 }
 
 /// The version a name has now without following it: what `open` would refuse or read.

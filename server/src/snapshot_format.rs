@@ -7,10 +7,22 @@
 //! map's sorted order, so the same content always gives the same entry bytes. Reading streams
 //! from a reader, validates each entry as it is parsed and keeps only valid ones, and checks
 //! the format name and version; readers ignore fields they do not know, so later minor
-//! additions stay readable. Nothing here touches the
-//! filesystem: `snapshot` owns the I/O and calls these on its own thread.
+//! additions stay readable. An entry a Record would refuse (a time of `1e999` or `"fast"`)
+//! is dropped alone and counted; the rest of the file still loads.
+//!
+//! With a shared key (`--shared-dir-key-file`) every file ends with a MAC member,
+//! `,"mac":"hmac-sha256:<64 hex>"}`: HMAC-SHA256 under the key over every byte before it.
+//! The member has a fixed length, so a reader verifies while it streams (`MacCheck` holds back
+//! the last bytes it has seen until it knows they are not the trailer) and the document stays
+//! plain JSON that older readers parse as before. Nothing here touches the filesystem:
+//! `snapshot` owns the I/O and calls these on its own thread.
 
+use std::collections::VecDeque;
 use std::io::{Read, Write};
+
+use hmac::{Hmac, Mac};
+use serde_json::value::RawValue;
+use sha2::Sha256;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
@@ -30,6 +42,137 @@ pub const FORMAT_VERSION: u64 = 2;
 pub const FORMAT_VERSION_V1: u64 = 1;
 /// Suffix of snapshot files; everything else in the shared directory is ignored.
 pub const SNAPSHOT_SUFFIX: &str = ".tunecache.json";
+
+/// The MAC member that ends an authenticated file, up to the hex digest.
+const MAC_PREFIX: &[u8] = b",\"mac\":\"hmac-sha256:";
+/// `MAC_PREFIX`, 64 hex digits, `"}`.
+const MAC_TRAILER_LEN: usize = MAC_PREFIX.len() + 64 + 2;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The key every node of a cluster shares to authenticate shared-directory files.
+#[derive(Clone)]
+pub struct SharedKey(std::sync::Arc<[u8]>);
+
+impl SharedKey {
+    /// Keys shorter than this are refused: HMAC's strength is the key's.
+    pub const MIN_BYTES: usize = 16;
+
+    pub fn new(bytes: &[u8]) -> std::result::Result<SharedKey, String> {
+        if bytes.len() < Self::MIN_BYTES {
+            return Err(format!(
+                "is {} bytes; a shared key needs at least {}",
+                bytes.len(),
+                Self::MIN_BYTES
+            ));
+        }
+        Ok(SharedKey(bytes.into()))
+    }
+
+    fn mac(&self) -> HmacSha256 {
+        // HMAC takes a key of any length, so this cannot fail.
+        match HmacSha256::new_from_slice(&self.0) {
+            Ok(mac) => mac,
+            Err(_) => unreachable!("HMAC accepts keys of any length"),
+        }
+    }
+}
+
+impl std::fmt::Debug for SharedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedKey(..)")
+    }
+}
+
+/// Writes through to `inner`, MACing every byte, and holds back the last one (the
+/// document's closing brace) so the MAC member can go before it.
+struct MacWriter<W: Write> {
+    inner: W,
+    mac: HmacSha256,
+    held: Option<u8>,
+}
+
+impl<W: Write> Write for MacWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let Some((&last, body)) = buf.split_last() else {
+            return Ok(0);
+        };
+        if let Some(held) = self.held.take() {
+            self.inner.write_all(&[held])?;
+            self.mac.update(&[held]);
+        }
+        self.inner.write_all(body)?;
+        self.mac.update(body);
+        self.held = Some(last);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<W: Write> MacWriter<W> {
+    /// Writes the MAC member and the closing brace.
+    fn finish(mut self) -> std::io::Result<()> {
+        if self.held != Some(b'}') {
+            return Err(std::io::Error::other("the document does not end with '}'"));
+        }
+        let digest = self.mac.finalize().into_bytes();
+        let mut trailer = MAC_PREFIX.to_vec();
+        for byte in digest {
+            trailer.extend_from_slice(format!("{byte:02x}").as_bytes());
+        }
+        trailer.extend_from_slice(b"\"}");
+        self.inner.write_all(&trailer)?;
+        self.inner.flush()
+    }
+}
+
+/// Reads through, MACing every byte except the last `MAC_TRAILER_LEN`, which it keeps to
+/// check at the end.
+struct MacCheck<R> {
+    inner: R,
+    mac: HmacSha256,
+    tail: VecDeque<u8>,
+}
+
+impl<R: Read> Read for MacCheck<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let read = self.inner.read(buf)?;
+        self.tail.extend(&buf[..read]);
+        let excess = self.tail.len().saturating_sub(MAC_TRAILER_LEN);
+        if excess > 0 {
+            let (front, back) = self.tail.as_slices();
+            let from_front = excess.min(front.len());
+            self.mac.update(&front[..from_front]);
+            self.mac.update(&back[..excess - from_front]);
+            self.tail.drain(..excess);
+        }
+        Ok(read)
+    }
+}
+
+impl<R> MacCheck<R> {
+    /// Whether the file ended with a MAC member that verifies.
+    fn verdict(self) -> std::result::Result<(), &'static str> {
+        let tail: Vec<u8> = self.tail.into();
+        let Some(hex) = tail
+            .strip_prefix(MAC_PREFIX)
+            .and_then(|rest| rest.strip_suffix(b"\"}"))
+        else {
+            return Err("carries no MAC");
+        };
+        let mut digest = [0u8; 32];
+        for (i, pair) in hex.chunks(2).enumerate() {
+            let text = std::str::from_utf8(pair).map_err(|_| "carries a damaged MAC")?;
+            digest[i] = u8::from_str_radix(text, 16).map_err(|_| "carries a damaged MAC")?;
+        }
+        self.mac
+            .verify_slice(&digest)
+            .map_err(|_| "carries a MAC that does not verify under --shared-dir-key-file")
+    }
+}
 
 /// The file a node publishes: `<node>.tunecache.json`.
 pub fn snapshot_file_name(node: &str) -> String {
@@ -86,13 +229,14 @@ struct DocumentOut<'a, M: EntryViews + ?Sized> {
 }
 
 /// Writes `map` as one version-2 segment covering sequence numbers `first..=last` into `out`
-/// (the caller buffers and flushes).
+/// (the caller buffers and flushes), ending with its MAC when `key` is given.
 pub fn write_segment(
     out: impl Write,
     node: &str,
     (first, last): (u64, u64),
     written_at_unix_ms: i64,
     map: &(impl EntryViews + ?Sized),
+    key: Option<&SharedKey>,
 ) -> serde_json::Result<()> {
     let document = DocumentOut {
         format: FORMAT_NAME,
@@ -104,7 +248,16 @@ pub fn write_segment(
         entry_count: map.entry_count(),
         entries: EntriesInOrder(map),
     };
-    serde_json::to_writer(out, &document)
+    let Some(key) = key else {
+        return serde_json::to_writer(out, &document);
+    };
+    let mut writer = MacWriter {
+        inner: out,
+        mac: key.mac(),
+        held: None,
+    };
+    serde_json::to_writer(&mut writer, &document)?;
+    writer.finish().map_err(serde_json::Error::io)
 }
 
 /// Writes `map` as a version-1 whole-cache snapshot, as daemons before version 2 did. The
@@ -152,6 +305,9 @@ pub struct ParsedSnapshot {
     pub node: String,
     /// 1 for a whole-cache snapshot, 2 for a segment.
     pub version: u64,
+    /// The sequence range a segment says it covers (version 2); checked against its name.
+    pub first_seq: Option<u64>,
+    pub last_seq: Option<u64>,
     pub written_at_unix_ms: i64,
     /// In stored form: the allocations the cache keeps, so a load never holds a decoded
     /// copy of every entry beside them.
@@ -177,10 +333,30 @@ pub fn parse_snapshot(bytes: &[u8]) -> Result<ParsedSnapshot> {
 /// parsed and only valid ones are kept, so peak memory is the entries kept plus one entry,
 /// never the file. Empty, truncated, unparsable and foreign or future-version documents are
 /// `Error::SnapshotFormat` with a reason fit for one warning.
+/// Reads a file and, with a key, refuses it unless it ends with a MAC that verifies.
+pub fn read_authenticated(reader: impl Read, key: Option<&SharedKey>) -> Result<ParsedSnapshot> {
+    let Some(key) = key else {
+        return read_snapshot(reader);
+    };
+    let mut checked = MacCheck {
+        inner: reader,
+        mac: key.mac(),
+        tail: VecDeque::with_capacity(MAC_TRAILER_LEN * 2),
+    };
+    let parsed = read_snapshot(&mut checked);
+    // Drain what the parser left (nothing, for a well-formed file) before the verdict.
+    let _ = std::io::copy(&mut checked, &mut std::io::sink());
+    match checked.verdict() {
+        Ok(()) => parsed,
+        Err(why) => Err(Error::Unauthenticated(why.to_owned())),
+    }
+}
+
 pub fn read_snapshot(reader: impl Read) -> Result<ParsedSnapshot> {
     let mut reader = NoticesContent {
         inner: reader,
         saw_content: false,
+        saw_end: false,
     };
     let mut deserializer = serde_json::Deserializer::from_reader(&mut reader);
     let mut format_error = None;
@@ -194,6 +370,11 @@ pub fn read_snapshot(reader: impl Read) -> Result<ParsedSnapshot> {
         (_, Some(error)) => Err(error),
         (Ok(parsed), None) => Ok(parsed),
         (Err(_), None) if !reader.saw_content => Err(Error::SnapshotFormat("empty file".into())),
+        // The parser asked for more and the file had none: it ends early. (An element taken
+        // whole, as entries are, reports a number cut short as invalid rather than as EOF.)
+        (Err(parse_error), None) if reader.saw_end && !parse_error.is_io() => {
+            Err(Error::SnapshotFormat(format!("truncated: {parse_error}")))
+        }
         (Err(parse_error), None) => Err(explain_unparsable(parse_error)),
     }
 }
@@ -203,11 +384,15 @@ pub fn read_snapshot(reader: impl Read) -> Result<ParsedSnapshot> {
 struct NoticesContent<R> {
     inner: R,
     saw_content: bool,
+    saw_end: bool,
 }
 
 impl<R: Read> Read for NoticesContent<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let read = self.inner.read(buf)?;
+        if read == 0 && !buf.is_empty() {
+            self.saw_end = true;
+        }
         if !self.saw_content {
             self.saw_content = buf[..read].iter().any(|b| !b.is_ascii_whitespace());
         }
@@ -241,6 +426,8 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
         let mut format: Option<String> = None;
         let mut version: Option<u64> = None;
         let mut node = String::new();
+        let mut first_seq = None;
+        let mut last_seq = None;
         let mut written_at_unix_ms = 0;
         let mut entries: Option<(Vec<StoredEntry>, usize)> = None;
         while let Some(field) = map.next_key::<String>()? {
@@ -248,6 +435,8 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
                 "format" => format = Some(map.next_value()?),
                 "version" => version = Some(map.next_value()?),
                 "node" => node = map.next_value()?,
+                "first_seq" => first_seq = Some(map.next_value()?),
+                "last_seq" => last_seq = Some(map.next_value()?),
                 "written_at_unix_ms" => written_at_unix_ms = map.next_value()?,
                 "entries" => {
                     if format.is_some() || version.is_some() {
@@ -272,6 +461,8 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
         Ok(ParsedSnapshot {
             node,
             version: version.unwrap_or(FORMAT_VERSION),
+            first_seq,
+            last_seq,
             written_at_unix_ms,
             entries,
             invalid_entries,
@@ -300,8 +491,13 @@ impl<'de> Visitor<'de> for EntriesSeed {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut entries = Vec::new();
         let mut invalid = 0;
-        while let Some(entry) = seq.next_element::<EntryIn>()? {
-            match validated(entry) {
+        // Each element is taken whole first, so one that does not parse as an entry (a time
+        // out of range, a string where a number goes) is dropped alone.
+        while let Some(raw) = seq.next_element::<Box<RawValue>>()? {
+            match serde_json::from_str::<EntryIn>(raw.get())
+                .ok()
+                .and_then(validated)
+            {
                 Some(entry) => entries.push(entry),
                 None => invalid += 1,
             }
@@ -388,7 +584,7 @@ mod tests {
 
     fn written(map: &CacheMap, at: i64) -> Vec<u8> {
         let mut bytes = Vec::new();
-        write_segment(&mut bytes, "node-a", (1, 1), at, map).unwrap();
+        write_segment(&mut bytes, "node-a", (1, 1), at, map, None).unwrap();
         bytes
     }
 
@@ -466,7 +662,7 @@ mod tests {
             let started = Instant::now();
             let file = std::fs::File::create(&path).unwrap();
             let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-            write_segment(&mut out, "node-a", (1, 1), 1, &map).unwrap();
+            write_segment(&mut out, "node-a", (1, 1), 1, &map, None).unwrap();
             out.flush().unwrap();
             let write_time = started.elapsed();
             let started = Instant::now();
@@ -479,5 +675,59 @@ mod tests {
                 bytes.len() / 1_000_000
             );
         }
+    }
+
+    #[test]
+    fn a_key_authenticates_every_byte_and_nothing_else_passes() {
+        let map = sample_map(40);
+        let key = SharedKey::new(b"0123456789abcdef-cluster-key").unwrap();
+        let mut bytes = Vec::new();
+        write_segment(&mut bytes, "node-a", (3, 4), 7, &map, Some(&key)).unwrap();
+        // Still plain JSON, with the MAC as its last member.
+        let document: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert!(document["mac"]
+            .as_str()
+            .unwrap()
+            .starts_with("hmac-sha256:"));
+        let parsed = read_authenticated(&bytes[..], Some(&key)).unwrap();
+        assert_eq!((parsed.first_seq, parsed.last_seq), (Some(3), Some(4)));
+        assert_eq!(parsed.entries.len(), 40);
+        // Readers without a key read it as before.
+        assert_eq!(
+            read_authenticated(&bytes[..], None).unwrap().entries.len(),
+            40
+        );
+
+        let refused = |bytes: &[u8], key: &SharedKey| match read_authenticated(bytes, Some(key)) {
+            Err(Error::Unauthenticated(why)) => why,
+            other => panic!("accepted: {other:?}"),
+        };
+        // Any byte changed, the MAC included.
+        for at in [10, bytes.len() / 2, bytes.len() - 5] {
+            let mut tampered = bytes.clone();
+            tampered[at] ^= 0x01;
+            assert!(
+                read_authenticated(&tampered[..], Some(&key)).is_err(),
+                "byte {at}"
+            );
+        }
+        let other = SharedKey::new(b"another-key-of-16+bytes").unwrap();
+        assert!(refused(&bytes, &other).contains("does not verify"));
+        assert_eq!(refused(&written(&map, 7), &key), "carries no MAC");
+        assert!(SharedKey::new(b"short").is_err());
+    }
+
+    #[test]
+    fn an_invalid_entry_is_dropped_alone() {
+        let good = r#"{"namespace":"n","op":"o","device":"d","problem":"p1","config":"{}","time_us":1.5,"tuned_by":"x","tuned_at_unix_ms":1}"#;
+        let good2 = good.replace("p1", "p2");
+        let huge = good.replace("1.5", "1e999").replace("p1", "p3");
+        let text = good.replace("1.5", "\"fast\"").replace("p1", "p4");
+        let document = format!(
+            r#"{{"format":"tunecache-snapshot","version":2,"node":"a","first_seq":1,"last_seq":1,"entries":[{good},{huge},{text},{good2}]}}"#
+        );
+        let parsed = parse_snapshot(document.as_bytes()).unwrap();
+        assert_eq!(parsed.entries.len(), 2);
+        assert_eq!(parsed.invalid_entries, 2);
     }
 }

@@ -399,7 +399,7 @@ proptest! {
 
 fn snapshot_bytes(node: &str, at: i64, map: &CacheMap) -> Vec<u8> {
     let mut bytes = Vec::new();
-    write_segment(&mut bytes, node, (1, 1), at, map).expect("writing to memory");
+    write_segment(&mut bytes, node, (1, 1), at, map, None).expect("writing to memory");
     bytes
 }
 

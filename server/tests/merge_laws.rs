@@ -133,7 +133,7 @@ fn fold(pairs: &[(u8, TunedResult)]) -> CacheMap {
 
 fn snapshot_bytes(map: &CacheMap) -> Vec<u8> {
     let mut bytes = Vec::new();
-    write_segment(&mut bytes, "node-a", (1, 1), 1, map).expect("writing to memory");
+    write_segment(&mut bytes, "node-a", (1, 1), 1, map, None).expect("writing to memory");
     bytes
 }
 

@@ -629,8 +629,17 @@ impl Follower {
                     place.seq = seq;
                 }
                 place.id = message.id.clone();
-                if field("n").as_deref() == Some(me.as_str()) {
+                let publisher = field("n");
+                if publisher.as_deref() == Some(me.as_str()) {
                     continue; // our own publish
+                }
+                if publisher
+                    .as_deref()
+                    .and_then(|n| n.rsplit_once('/'))
+                    .is_some_and(|(name, _)| name == self.cluster.node_name())
+                {
+                    self.cluster
+                        .name_taken_by(publisher.as_deref().unwrap_or_default());
                 }
                 let (Some(k), Some(t), Some(c), Some(b), Some(a)) =
                     (field("k"), field("t"), field("c"), field("b"), field("a"))

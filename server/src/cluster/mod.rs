@@ -156,6 +156,8 @@ pub struct ClusterCounters {
     pub stream_gaps: AtomicU64,
     /// Results learned by reading shards again (audits and gaps), repairs included.
     pub resync_entries: AtomicU64,
+    /// Stream messages from another daemon that uses this node's name.
+    pub name_conflicts: AtomicU64,
 }
 
 /// The publish queue: the newest changed result per key, bounded. On overflow it is cleared
@@ -255,6 +257,23 @@ impl Cluster {
 
     pub fn state(&self) -> LinkState {
         self.link.state()
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// Another daemon publishes under this node's name (a second daemon given the same
+    /// `--node-name`): counted, and logged once.
+    pub(crate) fn name_taken_by(&self, other: &str) {
+        if self.counters.name_conflicts.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(
+                node = %self.node_name,
+                other = %other,
+                "cluster tier: another daemon publishes under this node's name (the same \
+                 --node-name given twice); give each daemon its own"
+            );
+        }
     }
 
     pub fn node_id(&self) -> String {
@@ -400,6 +419,7 @@ impl crate::stats::FillStats for Cluster {
         stats.cluster_stream_gaps = load(&c.stream_gaps);
         stats.cluster_resync_entries = load(&c.resync_entries);
         stats.cluster_publish_queue_limit = self.publish_queue_limit as u64;
+        stats.cluster_name_conflicts = load(&c.name_conflicts);
     }
 
     fn fill_stats_absent(stats: &mut v1::StatsResponse) {

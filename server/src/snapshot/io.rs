@@ -8,6 +8,17 @@
 //! - Publish: one new segment holding the own contributions not yet published, by temp file
 //!   and rename; then, past the bound, compaction of this node's segments into one, renamed
 //!   in before the segments it replaces are removed.
+//!
+//! Trust: a file counts only if it proves who wrote it: with `--shared-dir-key-file`, a MAC
+//! that verifies; without, an owner uid among `--shared-dir-writer-uid`. A segment must also
+//! say inside what its name says (node, sequence range). A node believes only what it wrote
+//! about itself: the names of its own segments are recorded in its state directory
+//! (`shared-segments.json`) before each rename, and only recorded segments are read as its
+//! own, compacted or removed. A segment that merely carries its name (an earlier state
+//! directory, an impostor, a second daemon given the same name) is read like another node's,
+//! warned about once and counted, and never deleted, adopted or renumbered from.
+//! `v2/` itself must be a real directory owned by an allowed writer, not writable by group or
+//! others unless a key is set; otherwise nothing is read or written there.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -25,8 +36,9 @@ use crate::merge::{merge_views, MergeOutcome};
 use crate::shared_file::{self, FileVersion, OpenError};
 use crate::snapshot_format::{self, ParsedSnapshot, SNAPSHOT_SUFFIX};
 use crate::stored::{EntryMap, StoredEntry};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 
-use super::segments::{self, Next, SegmentName, SEGMENT_DIR, SEGMENT_TEMP_MARKER};
+use super::segments::{self, Next, NodeSegments, SegmentName, SEGMENT_DIR, SEGMENT_TEMP_MARKER};
 use super::{Operation, Shared};
 
 /// Temp files older than this belong to writers that crashed; they are removed.
@@ -69,8 +81,26 @@ pub(super) struct WriteReport {
 /// How to forget that a loaded file was read, when nobody took its entries.
 enum Undo {
     V1(OsString),
-    Segment { node: String, read_through: u64 },
+    Segment {
+        node: String,
+        read_through: u64,
+    },
     OwnSegments,
+    /// A segment under this node's name that it did not write.
+    NotOurs(String),
+}
+
+/// The state-directory file that records which segments this node wrote.
+const OWN_RECORD_FILE: &str = "shared-segments.json";
+
+/// What this node wrote to the shared directory, kept in its own state directory: the only
+/// source of truth about its own segments.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+struct OwnRecord {
+    node: String,
+    shared_dir: String,
+    next_seq: u64,
+    segments: Vec<String>,
 }
 
 pub(super) struct LoadedFile {
@@ -104,6 +134,8 @@ struct OwnSegments {
     published: EntryMap,
     /// Entries the segments hold, superseded ones included.
     entries_in_segments: usize,
+    /// Another writer uses this node's name: compaction would hide its segments.
+    name_conflict: bool,
 }
 
 /// The I/O thread's state.
@@ -115,6 +147,12 @@ pub(super) struct IoWorker {
     own: OwnSegments,
     /// Nodes whose segment gap was already warned about.
     warned_gaps: HashSet<String>,
+    /// Segments under this node's name that it did not write, already read (or refused).
+    not_ours: HashSet<String>,
+    /// Segments that did not prove their writer or disagree with their name: treated as
+    /// absent, so a forged name can never make a reader skip the real segments it claims
+    /// to cover.
+    rejected: HashSet<String>,
 }
 
 /// A read of one file: its version and its entries, or why it was skipped.
@@ -128,6 +166,8 @@ impl IoWorker {
             cursors: HashMap::new(),
             own: OwnSegments::default(),
             warned_gaps: HashSet::new(),
+            not_ours: HashSet::new(),
+            rejected: HashSet::new(),
         }
     }
 
@@ -170,6 +210,9 @@ impl IoWorker {
                 cursor.read_through = cursor.read_through.min(read_through);
             }
             Undo::OwnSegments => self.own.loaded = false,
+            Undo::NotOurs(name) => {
+                self.not_ours.remove(&name);
+            }
         }
     }
 
@@ -290,12 +333,16 @@ impl IoWorker {
         parsed: Result<ParsedSnapshot>,
     ) -> Option<ParsedSnapshot> {
         let counters = &self.shared.counters;
+        // Paths are logged escaped (`?`): a file name may hold a newline or a fake log line.
         match parsed {
             Ok(parsed) => {
                 counters.peer_files_loaded.fetch_add(1, Ordering::Relaxed);
                 if parsed.invalid_entries > 0 {
+                    counters
+                        .invalid_entries
+                        .fetch_add(parsed.invalid_entries as u64, Ordering::Relaxed);
                     tracing::warn!(
-                        path = %path.display(),
+                        path = ?path,
                         invalid = parsed.invalid_entries,
                         "snapshot file holds entries a Record would refuse; they are skipped"
                     );
@@ -304,8 +351,11 @@ impl IoWorker {
             }
             Err(reason) => {
                 counters.peer_files_skipped.fetch_add(1, Ordering::Relaxed);
+                if matches!(reason, Error::Unauthenticated(_)) {
+                    counters.untrusted_files.fetch_add(1, Ordering::Relaxed);
+                }
                 tracing::warn!(
-                    path = %path.display(),
+                    path = ?path,
                     bytes = version.size,
                     "{reason}; skipped until the file changes"
                 );
@@ -356,21 +406,109 @@ impl IoWorker {
         };
         // The version of what is actually read, which may be newer than the lstat above.
         let version = opened.version;
+        let settings = &self.shared.settings;
+        if settings.key.is_none() && !settings.writer_uids.contains(&opened.owner) {
+            let error = Error::Unauthenticated(format!(
+                "owned by uid {}, not an allowed writer (--shared-dir-writer-uid {})",
+                opened.owner,
+                uid_list(&settings.writer_uids)
+            ));
+            return Ok(Some((version, Err(error))));
+        }
         let reader = opened.reader(max_bytes, Arc::clone(&self.shared.counters.bytes_read));
-        Ok(Some((version, snapshot_format::read_snapshot(reader))))
+        let parsed = snapshot_format::read_authenticated(reader, settings.key.as_ref());
+        Ok(Some((version, parsed)))
     }
 
-    /// Lists `DIR/v2`, removes stale temp files, and groups the segments by node.
-    fn list_segments(&self) -> Result<std::collections::BTreeMap<String, Vec<SegmentName>>> {
+    /// Reads a segment and checks that it says inside what its name says.
+    fn read_segment(&self, segment: &SegmentName) -> io::Result<Option<FileRead>> {
+        let path = self.segment_dir().join(segment.file_name());
+        let read = self.read_with_retries(&path, None)?;
+        Ok(read.map(|(version, parsed)| {
+            let parsed = parsed.and_then(|parsed| {
+                let agrees = parsed.version == snapshot_format::FORMAT_VERSION
+                    && parsed.node == segment.node
+                    && parsed.first_seq == Some(segment.first)
+                    && parsed.last_seq == Some(segment.last);
+                if agrees {
+                    Ok(parsed)
+                } else {
+                    Err(Error::Unauthenticated(format!(
+                        "says it is node {:?}, sequence {:?}..{:?}, version {}, which its name \
+                         does not",
+                        parsed.node, parsed.first_seq, parsed.last_seq, parsed.version
+                    )))
+                }
+            });
+            (version, parsed)
+        }))
+    }
+
+    /// `v2/` must be a real directory (not a symlink), owned by an allowed writer, and not
+    /// writable by group or others unless a key authenticates every file. Created 0755 when
+    /// missing.
+    fn check_segment_dir(&self, operation: Operation) -> Result<bool> {
         let dir = self.segment_dir();
-        let listing = match fs::read_dir(&dir) {
-            Ok(listing) => listing,
+        let metadata = match fs::symlink_metadata(&dir) {
+            Ok(metadata) => metadata,
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
                 // No node has published a segment yet. A directory that cannot be created
                 // (read-only, full) is reported by the publish that needs it.
-                if let Err(error) = fs::create_dir_all(&dir) {
-                    tracing::debug!(dir = %dir.display(), %error, "segment directory not created");
+                match fs::DirBuilder::new().mode(0o755).create(&dir) {
+                    Ok(()) => return self.check_segment_dir(operation),
+                    Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                        return self.check_segment_dir(operation)
+                    }
+                    Err(error) => {
+                        tracing::debug!(dir = ?dir, %error, "segment directory not created");
+                        return Ok(false);
+                    }
                 }
+            }
+            Err(error) => return Err(self.failed(operation, "checking", &dir, &error)),
+        };
+        let settings = &self.shared.settings;
+        let mode = metadata.mode() & 0o7777;
+        let unsafe_because = if metadata.file_type().is_symlink() {
+            Some("is a symbolic link".to_owned())
+        } else if !metadata.is_dir() {
+            Some("is not a directory".to_owned())
+        } else if !settings.writer_uids.contains(&metadata.uid()) {
+            Some(format!(
+                "is owned by uid {}, not an allowed writer (--shared-dir-writer-uid {})",
+                metadata.uid(),
+                uid_list(&settings.writer_uids)
+            ))
+        } else if mode & 0o022 != 0 && settings.key.is_none() {
+            Some(format!(
+                "is writable by group or others (mode {mode:04o}) and no \
+                 --shared-dir-key-file authenticates its files"
+            ))
+        } else {
+            None
+        };
+        match unsafe_because {
+            None => Ok(true),
+            Some(why) => {
+                let message = format!(
+                    "refusing to use {dir:?} (owner uid {}, mode {mode:04o}): it {why}",
+                    metadata.uid()
+                );
+                self.shared.refused(&message);
+                Err(Error::SharedDirUnsafe(message))
+            }
+        }
+    }
+
+    /// Lists `DIR/v2`, removes stale temp files, and groups the segments by node.
+    fn list_segments(&self) -> Result<std::collections::BTreeMap<String, NodeSegments>> {
+        let dir = self.segment_dir();
+        if !self.check_segment_dir(Operation::Load)? {
+            return Ok(Default::default());
+        }
+        let listing = match fs::read_dir(&dir) {
+            Ok(listing) => listing,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
                 return Ok(Default::default());
             }
             Err(error) => return Err(self.failed(Operation::Load, "listing", &dir, &error)),
@@ -393,11 +531,18 @@ impl IoWorker {
 
     fn load_segments(&mut self, started: Instant, report: &mut LoadReport) -> Result<()> {
         let mut by_node = self.list_segments()?;
+        let listed_names: HashSet<String> = by_node
+            .values()
+            .flat_map(|segments| segments.as_slice().iter().map(SegmentName::file_name))
+            .collect();
+        self.rejected.retain(|name| listed_names.contains(name));
         let own_listed = by_node.remove(self.node()).unwrap_or_default();
         if !self.own.loaded {
             self.load_own_segments(own_listed, report)?;
         } else {
+            self.republish_if_removed(&own_listed);
             self.remove_leftovers(&own_listed);
+            self.read_not_ours(&own_listed, report);
         }
         for (node, listed) in by_node {
             if started.elapsed() > LOAD_BUDGET {
@@ -409,19 +554,26 @@ impl IoWorker {
         Ok(())
     }
 
-    /// At the first load: what this node has published, and its own contributions back.
-    fn load_own_segments(
-        &mut self,
-        listed: Vec<SegmentName>,
-        report: &mut LoadReport,
-    ) -> Result<()> {
+    /// At the first load: what this node has published (the segments its state directory
+    /// records), and its own contributions back.
+    fn load_own_segments(&mut self, listed: NodeSegments, report: &mut LoadReport) -> Result<()> {
+        let record = self.read_own_record();
+        let recorded: HashSet<&str> = record.segments.iter().map(String::as_str).collect();
+        let mine = NodeSegments::new(
+            listed
+                .as_slice()
+                .iter()
+                .filter(|s| recorded.contains(s.file_name().as_str()))
+                .cloned()
+                .collect(),
+        );
         let mut published = EntryMap::new();
         let mut entries_in_segments = 0;
         let mut entries = Vec::new();
         let mut read_through = 0;
-        while let Next::Read(segment) = segments::next_to_read(&listed, read_through) {
+        while let Next::Read(segment) = mine.next_to_read(read_through) {
             let path = self.segment_dir().join(segment.file_name());
-            let (version, parsed) = match self.read_with_retries(&path, None) {
+            let (version, parsed) = match self.read_segment(segment) {
                 Ok(Some(read)) => read,
                 // Removed since the listing: look again next pass.
                 Ok(None) => return Ok(()),
@@ -441,13 +593,26 @@ impl IoWorker {
             }
             read_through = segment.last;
         }
+        // Numbering goes on after everything under this name that is listed, so no segment
+        // of another writer of the name is overwritten (names past `MAX_SEQ` never parse).
+        let next_seq = [
+            record.next_seq,
+            mine.max_last().map_or(0, |last| last + 1),
+            listed.max_last().map_or(0, |last| last + 1),
+            1,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(1);
         self.own = OwnSegments {
             loaded: true,
-            next_seq: listed.iter().map(|s| s.last).max().unwrap_or(0) + 1,
-            segments: listed,
+            next_seq,
+            segments: mine.as_slice().to_vec(),
             published,
             entries_in_segments,
+            name_conflict: false,
         };
+        self.write_own_record()?;
         if !entries.is_empty() {
             tracing::info!(
                 segments = self.own.segments.len(),
@@ -462,24 +627,170 @@ impl IoWorker {
                 undo: Undo::OwnSegments,
             });
         }
+        self.read_not_ours(&listed, report);
         Ok(())
+    }
+
+    /// Only this node removes its own segments, and it updates its record first; a recorded
+    /// segment missing from the listing was removed by someone else (`v2/` wiped, files
+    /// deleted by hand). What it held is then published again, in the next segment, so a
+    /// node that joins later still gets every contribution of this one.
+    fn republish_if_removed(&mut self, listed: &NodeSegments) {
+        let present: HashSet<&SegmentName> = listed.as_slice().iter().collect();
+        let before = self.own.segments.len();
+        self.own.segments.retain(|s| present.contains(s));
+        let missing = before - self.own.segments.len();
+        if missing == 0 {
+            return;
+        }
+        tracing::warn!(
+            missing,
+            node = self.node(),
+            "segments this node wrote are gone from the shared directory; publishing its \
+             contributions again"
+        );
+        self.own.published = EntryMap::new();
+        self.own.entries_in_segments = 0;
+        if let Err(error) = self.write_own_record() {
+            tracing::debug!(%error, "record not updated; the next pass tries again");
+        }
+    }
+
+    /// Segments under this node's name that its record does not list: read once each like
+    /// another node's (if they prove their writer), warned about once, counted; never
+    /// deleted, adopted or numbered from.
+    fn read_not_ours(&mut self, listed: &NodeSegments, report: &mut LoadReport) {
+        let recorded: HashSet<String> = self
+            .own
+            .segments
+            .iter()
+            .map(SegmentName::file_name)
+            .collect();
+        for segment in listed.as_slice() {
+            let name = segment.file_name();
+            if recorded.contains(&name) || self.not_ours.contains(&name) {
+                continue;
+            }
+            self.not_ours.insert(name.clone());
+            self.shared
+                .counters
+                .name_conflicts
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                file = ?name,
+                node = self.node(),
+                "a segment under this node's name that this node did not write (an earlier \
+                 state directory, an impostor, or a second daemon with the same --node-name); \
+                 read like another node's, never taken as this node's own"
+            );
+            let path = self.segment_dir().join(&name);
+            let (version, parsed) = match self.read_segment(segment) {
+                Ok(Some(read)) => read,
+                Ok(None) => continue,
+                Err(error) => {
+                    let _ = self.failed(Operation::Load, "reading", &path, &error);
+                    self.not_ours.remove(&name);
+                    continue;
+                }
+            };
+            if let Some(parsed) = self.accept(&path, version, parsed) {
+                report.files.push(LoadedFile {
+                    name: name.clone(),
+                    node: self.node().to_owned(),
+                    origin: Origin::Learned,
+                    entries: parsed.entries,
+                    undo: Undo::NotOurs(name),
+                });
+            }
+        }
+        // Forget names that are gone, so the set stays as small as the listing.
+        let listed_names: HashSet<String> = listed
+            .as_slice()
+            .iter()
+            .map(SegmentName::file_name)
+            .collect();
+        self.not_ours.retain(|name| listed_names.contains(name));
+    }
+
+    fn own_record_path(&self) -> PathBuf {
+        self.shared.settings.state_dir.join(OWN_RECORD_FILE)
+    }
+
+    /// The record of this node's own segments; empty when there is none yet, or when it
+    /// was written for another node name or shared directory.
+    fn read_own_record(&self) -> OwnRecord {
+        let path = self.own_record_path();
+        let record: OwnRecord = match fs::read(&path) {
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(record) => record,
+                Err(error) => {
+                    tracing::warn!(path = ?path, %error, "the record of this node's segments is damaged; starting a new one");
+                    return OwnRecord::default();
+                }
+            },
+            Err(_) => return OwnRecord::default(),
+        };
+        if record.node != self.node() || record.shared_dir != self.dir().display().to_string() {
+            return OwnRecord::default();
+        }
+        record
+    }
+
+    /// Writes the record (temp file, fsync, rename) in the state directory.
+    fn write_own_record(&self) -> Result<()> {
+        let record = OwnRecord {
+            node: self.node().to_owned(),
+            shared_dir: self.dir().display().to_string(),
+            next_seq: self.own.next_seq,
+            segments: self
+                .own
+                .segments
+                .iter()
+                .map(SegmentName::file_name)
+                .collect(),
+        };
+        let path = self.own_record_path();
+        let temp = path.with_extension("json.tmp");
+        let write = || -> io::Result<()> {
+            let mut file = File::create(&temp)?;
+            file.write_all(&serde_json::to_vec(&record).map_err(io::Error::from)?)?;
+            file.sync_all()?;
+            fs::rename(&temp, &path)?;
+            if let Some(dir) = path.parent() {
+                File::open(dir)?.sync_all()?;
+            }
+            Ok(())
+        };
+        write().map_err(|error| Error::io("recording this node's segments in", &path, error))
     }
 
     /// Reads the segments of `node` this reader has not read yet, in order.
     fn read_new_segments(
         &mut self,
         node: &str,
-        listed: &[SegmentName],
+        listed: &NodeSegments,
         started: Instant,
         report: &mut LoadReport,
     ) {
+        let without_rejected = |rejected: &HashSet<String>| {
+            NodeSegments::new(
+                listed
+                    .as_slice()
+                    .iter()
+                    .filter(|s| !rejected.contains(&s.file_name()))
+                    .cloned()
+                    .collect(),
+            )
+        };
+        let mut candidates = without_rejected(&self.rejected);
+        let listed = &mut candidates;
         let mut read_through = self.cursors.get(node).map_or(0, |c| c.read_through);
         let mut gap_passes = self.cursors.get(node).map_or(0, |c| c.gap_passes);
         loop {
             if started.elapsed() > LOAD_BUDGET {
                 break;
             }
-            let segment = match segments::next_to_read(listed, read_through) {
+            let segment = match listed.next_to_read(read_through) {
                 Next::UpToDate => {
                     gap_passes = 0;
                     break;
@@ -501,6 +812,7 @@ impl IoWorker {
                     }
                     // The same hole over several listings: files were removed by hand.
                     let resume = listed
+                        .as_slice()
                         .iter()
                         .map(|s| s.first)
                         .filter(|first| *first > read_through)
@@ -520,7 +832,7 @@ impl IoWorker {
                 }
             };
             let path = self.segment_dir().join(segment.file_name());
-            let (version, parsed) = match self.read_with_retries(&path, None) {
+            let (version, parsed) = match self.read_segment(segment) {
                 Ok(Some(read)) => read,
                 // Removed by a compaction after the listing: the compacted segment is in
                 // place; the next listing finds it.
@@ -531,6 +843,14 @@ impl IoWorker {
                     break;
                 }
             };
+            if matches!(parsed, Err(Error::Unauthenticated(_))) {
+                // Not a segment of this node's at all: as if it were not there.
+                let name = segment.file_name();
+                let _ = self.accept(&path, version, parsed);
+                self.rejected.insert(name);
+                *listed = without_rejected(&self.rejected);
+                continue;
+            }
             let before = read_through;
             // A damaged segment is warned about once and passed over, like a damaged file.
             read_through = segment.last;
@@ -556,15 +876,36 @@ impl IoWorker {
         cursor.gap_passes = gap_passes;
     }
 
-    /// Removes own segments another own segment covers: left by a compaction that was
-    /// interrupted after its rename.
-    fn remove_leftovers(&self, listed: &[SegmentName]) {
-        for leftover in segments::covered(listed) {
+    /// Removes own segments (recorded ones only) that another recorded own segment covers:
+    /// left by a compaction that was interrupted after its rename.
+    fn remove_leftovers(&mut self, listed: &NodeSegments) {
+        let recorded: HashSet<&SegmentName> = self.own.segments.iter().collect();
+        let mine = NodeSegments::new(
+            listed
+                .as_slice()
+                .iter()
+                .filter(|s| recorded.contains(s))
+                .cloned()
+                .collect(),
+        );
+        let mut removed = Vec::new();
+        for leftover in mine.covered() {
             let path = self.segment_dir().join(leftover.file_name());
             match fs::remove_file(&path) {
-                Ok(()) => tracing::info!(path = %path.display(), "removed a compacted segment"),
-                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-                Err(error) => tracing::debug!(path = %path.display(), %error, "not removed"),
+                Ok(()) => {
+                    tracing::info!(path = ?path, "removed a compacted segment");
+                    removed.push(leftover.clone());
+                }
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                    removed.push(leftover.clone())
+                }
+                Err(error) => tracing::debug!(path = ?path, %error, "not removed"),
+            }
+        }
+        if !removed.is_empty() {
+            self.own.segments.retain(|s| !removed.contains(s));
+            if let Err(error) = self.write_own_record() {
+                tracing::debug!(%error, "record not updated; the next pass tries again");
             }
         }
     }
@@ -597,9 +938,30 @@ impl IoWorker {
             last: self.own.next_seq,
         };
         let path = self.segment_dir().join(segment.file_name());
-        let bytes = self.write_segment(&segment, &new)?;
+        // Recorded before it exists, so a crash between the two never leaves a segment of
+        // this node that its record does not know.
         self.own.next_seq += 1;
-        self.own.segments.push(segment);
+        self.own.segments.push(segment.clone());
+        if let Err(error) = self.write_own_record() {
+            self.own.next_seq -= 1;
+            self.own.segments.pop();
+            return Err(error);
+        }
+        let bytes = match self.write_segment(&segment, &new) {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                // Not written: the number is used by the next try (the record may list the
+                // name meanwhile, which is harmless: it only ever protects).
+                self.own.segments.pop();
+                if matches!(&error, Error::SegmentNameTaken(_)) {
+                    // Another writer of this name took the number: go past it next pass.
+                    self.report_name_taken(&segment);
+                } else {
+                    self.own.next_seq -= 1;
+                }
+                return Err(error);
+            }
+        };
         self.own.entries_in_segments += new.len();
         for entry in new.iter() {
             self.own.published.insert(entry.clone());
@@ -623,8 +985,30 @@ impl IoWorker {
         })
     }
 
+    /// A segment name this node was about to use exists already: a second daemon with the
+    /// same `--node-name` (or an impostor) writes there. Counted, warned about once; this
+    /// node stops compacting, since a compaction would cover the other writer's numbers.
+    fn report_name_taken(&mut self, segment: &SegmentName) {
+        self.shared
+            .counters
+            .name_conflicts
+            .fetch_add(1, Ordering::Relaxed);
+        if !self.own.name_conflict {
+            tracing::warn!(
+                file = ?segment.file_name(),
+                node = self.node(),
+                "another writer uses this node's name (a second daemon with the same --node-name, \
+                 or an impostor); numbering goes past its segments and compaction stops"
+            );
+        }
+        self.own.name_conflict = true;
+    }
+
     fn compaction_due(&self) -> bool {
         let own = &self.own;
+        if own.name_conflict || !self.not_ours.is_empty() {
+            return false;
+        }
         own.segments.len() > self.shared.settings.compact_segments
             || (own.entries_in_segments >= COMPACT_MIN_ENTRIES
                 && own.entries_in_segments > 2 * own.published.len())
@@ -646,6 +1030,14 @@ impl IoWorker {
             last,
         };
         let published = self.own.published.clone();
+        if !self.own.segments.contains(&compacted) {
+            self.own.segments.push(compacted.clone());
+        }
+        if let Err(error) = self.write_own_record() {
+            tracing::debug!(%error, "compaction not recorded; the segments stay as they are");
+            self.own.segments.retain(|s| *s != compacted);
+            return;
+        }
         if let Err(error) = self.write_segment(&compacted, &published) {
             tracing::debug!(%error, "compaction failed; the segments stay as they are");
             return;
@@ -657,7 +1049,7 @@ impl IoWorker {
             let path = self.segment_dir().join(old.file_name());
             if let Err(error) = fs::remove_file(&path) {
                 // The next load removes what the compacted segment covers.
-                tracing::debug!(path = %path.display(), %error, "old segment not removed");
+                tracing::debug!(path = ?path, %error, "old segment not removed");
             }
         }
         tracing::info!(
@@ -666,6 +1058,10 @@ impl IoWorker {
             "compacted this node's segments"
         );
         self.own.segments = vec![compacted];
+        if let Err(error) = self.write_own_record() {
+            // The record still lists the old names: harmless, they are gone.
+            tracing::debug!(%error, "compaction's record not updated");
+        }
         self.own.entries_in_segments = published.len();
         self.shared
             .counters
@@ -676,6 +1072,8 @@ impl IoWorker {
     /// Writes one segment by temp file and rename; returns its bytes.
     fn write_segment(&self, segment: &SegmentName, entries: &EntryMap) -> Result<u64> {
         let dir = self.segment_dir();
+        self.check_segment_dir(Operation::Write)?;
+        let key = self.shared.settings.key.clone();
         let temp_path = dir.join(temp_file_name(self.node()));
         let path = dir.join(segment.file_name());
         let write = |out: &mut dyn Write| {
@@ -685,6 +1083,7 @@ impl IoWorker {
                 (segment.first, segment.last),
                 unix_now_ms(),
                 entries,
+                key.as_ref(),
             )
         };
         match self.write_temp_then_rename(&dir, &temp_path, &path, write) {
@@ -694,11 +1093,10 @@ impl IoWorker {
                     // Best effort: a temp file left behind is removed after an hour anyway.
                     let _ = fs::remove_file(&temp_path);
                 }
-                let at = if what == "renaming" {
-                    &path
-                } else {
-                    &temp_path
-                };
+                if what == "linking" && error.kind() == io::ErrorKind::AlreadyExists {
+                    return Err(Error::SegmentNameTaken(segment.file_name()));
+                }
+                let at = if what == "linking" { &path } else { &temp_path };
                 Err(self.failed(Operation::Write, what, at, &error))
             }
         }
@@ -746,7 +1144,12 @@ impl IoWorker {
         }
         let bytes = counted.bytes;
         drop(counted);
-        fs::rename(temp_path, path).map_err(|e| ("renaming", e))?;
+        // Linked in, not renamed: a rename would silently replace a segment another writer
+        // of this name put there; a link fails instead (atomic on NFS too).
+        if let Err(error) = fs::hard_link(temp_path, path) {
+            return Err(("linking", error));
+        }
+        let _ = fs::remove_file(temp_path);
         if fsync {
             File::open(dir)
                 .and_then(|dir| dir.sync_all())
@@ -754,6 +1157,14 @@ impl IoWorker {
         }
         Ok(bytes)
     }
+}
+
+/// Uids as the flag takes them.
+fn uid_list(uids: &[u32]) -> String {
+    uids.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn is_replacement_race(error: &io::Error) -> bool {

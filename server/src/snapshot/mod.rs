@@ -72,6 +72,12 @@ pub struct SnapshotSettings {
     pub max_file_bytes: u64,
     /// More own segments than this are compacted into one.
     pub compact_segments: usize,
+    /// Where this node records which segments it wrote (its state directory).
+    pub state_dir: PathBuf,
+    /// With a key, every file must carry a MAC that verifies under it.
+    pub key: Option<crate::snapshot_format::SharedKey>,
+    /// Without a key, only files owned by these uids count (and `v2/` must be owned by one).
+    pub writer_uids: Vec<u32>,
 }
 
 /// The two kinds of shared-filesystem job.
@@ -116,6 +122,12 @@ struct SnapshotCounters {
     last_pass_bytes_written: AtomicU64,
     /// Own contributions published in all.
     published: AtomicU64,
+    /// Files skipped because they do not prove who wrote them.
+    untrusted_files: AtomicU64,
+    /// Segments under this node's name that it did not write.
+    name_conflicts: AtomicU64,
+    /// Entries dropped from loaded files (a Record would refuse them).
+    invalid_entries: AtomicU64,
 }
 
 /// State shared by the handle, the background task and the I/O thread.
@@ -173,6 +185,17 @@ impl Shared {
             tracing::debug!("{message}");
         }
         Error::SharedDirUnavailable(message)
+    }
+
+    /// Reports a shared directory that is unsafe to use: counted, kept as the last error,
+    /// logged once per message, and the publish health goes down until it is fixed.
+    fn refused(&self, message: &str) {
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        *lock(&self.last_error) = message.to_owned();
+        self.last_write_ok.store(false, Ordering::Relaxed);
+        if lock(&self.logged_failures).insert(format!("unsafe:{message}")) {
+            tracing::error!("{message}");
+        }
     }
 
     /// Records a successful publish of `path`.
@@ -246,9 +269,19 @@ impl SnapshotHandle {
         store: Store,
         stop: CancellationToken,
     ) -> Result<Self> {
-        if settings.node.is_empty() || settings.node.starts_with('.') || settings.node.contains('/')
-        {
-            return Err(Error::InvalidNodeName(settings.node));
+        if let Err(why) = crate::config::check_node_name(&settings.node) {
+            return Err(Error::InvalidNodeName(why));
+        }
+        match &settings.key {
+            Some(_) => tracing::info!(
+                dir = ?settings.dir,
+                "shared directory: only files with a MAC under --shared-dir-key-file count"
+            ),
+            None => tracing::info!(
+                dir = ?settings.dir,
+                writer_uids = ?settings.writer_uids,
+                "shared directory: no --shared-dir-key-file; only files owned by --shared-dir-writer-uid count"
+            ),
         }
         let shared = Arc::new(Shared {
             settings,
@@ -577,5 +610,8 @@ impl crate::stats::FillStats for SnapshotHandle {
         stats.segment_compactions = load(&counters.compactions);
         stats.own_entries_published = load(&counters.published);
         stats.snapshot_format_version = crate::snapshot_format::FORMAT_VERSION as u32;
+        stats.snapshot_untrusted_files = load(&counters.untrusted_files);
+        stats.snapshot_name_conflicts = load(&counters.name_conflicts);
+        stats.snapshot_invalid_entries = load(&counters.invalid_entries);
     }
 }

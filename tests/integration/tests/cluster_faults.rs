@@ -835,3 +835,37 @@ async fn a_redis_restarted_from_an_older_snapshot_is_refilled_by_the_audit() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_daemons_given_one_name_are_reported_by_the_cluster_tier() {
+    if Redis::server().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let redis = Redis::start(dir.path(), free_port(), &[]);
+    let one = cluster_node(&dir.path().join("one"), "twin", &redis.url(), &[]).await;
+    let two = cluster_node(&dir.path().join("two"), "twin", &redis.url(), &[]).await;
+    wait_connected(&one).await;
+    wait_connected(&two).await;
+    for (daemon, tag) in [(&one, "one"), (&two, "two")] {
+        let e = entry(test_key("twin", tag), "{}", 1.0, "twin");
+        daemon.client().await.record(vec![e]).await.unwrap();
+    }
+    for (daemon, other) in [(&one, "two"), (&two, "one")] {
+        // Each still learns the other's result, and says that its name is taken.
+        wait_for_hit(
+            daemon,
+            &test_key("twin", other),
+            None,
+            Duration::from_secs(5),
+        )
+        .await;
+        let stats = daemon.client().await.stats().await.unwrap();
+        assert!(stats.cluster_name_conflicts >= 1, "{stats:?}");
+        assert!(
+            daemon.log().contains("same --node-name"),
+            "{}",
+            daemon.log()
+        );
+    }
+}

@@ -3,7 +3,6 @@
 //! nothing when nothing is new, survive a compaction racing a SIGSTOPped reader, get their
 //! own contributions back after a wipe, and still merge version-1 files of older daemons.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -269,7 +268,7 @@ async fn a_compaction_racing_a_stopped_reader_loses_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wiped_node_gets_its_own_contributions_back_and_owns_them_again() {
+async fn a_wiped_node_gets_its_entries_back_but_never_adopts_segments_it_cannot_prove_it_wrote() {
     let dir = tempfile::tempdir().unwrap();
     let shared = dir.path().join("shared");
     std::fs::create_dir_all(&shared).unwrap();
@@ -303,18 +302,32 @@ async fn a_wiped_node_gets_its_own_contributions_back_and_owns_them_again() {
         || async { entries(&client_a).await == 150 },
     )
     .await;
-    // Its own entries are its own again: a new contribution compacts them into its next
-    // segment, and nothing learned from node-b goes with them.
+    // A node believes only what its own state directory says it wrote: the old segments
+    // carry its name but the wiped node has no record of them, so it reads them like
+    // another node's, says so, and never compacts, deletes or renumbers from them. Its next
+    // contribution goes into a new segment after them, holding only what is new.
+    let stats = client_a.stats().await.unwrap();
+    assert!(stats.snapshot_name_conflicts >= 1, "{stats:?}");
     publish(&client_a, numbered("after-wipe", 0..1, "node-a")).await;
     let segments = segments_of(&shared, "node-a");
-    assert_eq!(segments.len(), 1, "{segments:?}");
-    assert!(!before_wipe.contains(&segments[0]), "numbering went on");
-    let published: BTreeSet<_> = published_by(&shared, "node-a")
-        .into_iter()
-        .map(|(problem, _)| problem)
+    for old in &before_wipe {
+        assert!(segments.contains(old), "{old:?} was removed: {segments:?}");
+    }
+    let new: Vec<_> = segments
+        .iter()
+        .filter(|s| !before_wipe.contains(s))
         .collect();
-    assert_eq!(published.len(), 101, "{published:?}");
-    assert!(published.iter().all(|p| !p.starts_with("peer")));
+    assert_eq!(new.len(), 1, "{segments:?}");
+    let document: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(new[0]).unwrap()).unwrap();
+    let problems: Vec<&str> = document["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["problem"].as_str().unwrap())
+        .collect();
+    assert_eq!(problems, vec!["after-wipe-0"]);
+    assert!(a.log().contains("did not write"), "{}", a.log());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,503 @@
+//! Who may speak in the shared directory, against real daemons: a forged segment name cannot
+//! cut a node off or make it delete its data, a file from a uid that is not an allowed writer
+//! (or without the shared key's MAC) is never served, a symlinked or world-writable `v2/` is
+//! refused, two daemons given one name are reported, a bad entry is dropped alone, and a
+//! node name that breaks the rule stops the start.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use tunecache_client::Client;
+use tunecache_integration::{
+    bin, eventually, numbered, require_root, start_shared_node, test_key, Daemon,
+};
+
+/// A version-2 segment of `node` covering `first..=last` with one entry `problem`, written
+/// as a stranger would write it (no MAC).
+fn forge_segment(
+    shared: &Path,
+    node: &str,
+    first: u64,
+    last: u64,
+    problem: &str,
+) -> std::path::PathBuf {
+    let document = serde_json::json!({
+        "format": "tunecache-snapshot", "version": 2, "node": node,
+        "first_seq": first, "last_seq": last, "written_at_unix_ms": 0, "entry_count": 1,
+        "entries": [{"namespace": "test", "op": "gemm", "device": "test-device",
+                     "problem": problem, "config": "{\"forged\":1}", "time_us": 0.0,
+                     "tuned_by": format!("{node}/rank0"), "tuned_at_unix_ms": 1}]
+    });
+    let v2 = shared.join("v2");
+    std::fs::create_dir_all(&v2).unwrap();
+    let path = v2.join(format!("{node}.{first:016x}-{last:016x}.seg.json"));
+    std::fs::write(&path, serde_json::to_vec(&document).unwrap()).unwrap();
+    path
+}
+
+async fn holds(client: &Client, problem: &str) -> bool {
+    client
+        .lookup(vec![test_key("gemm", problem)])
+        .await
+        .is_ok_and(|hits| !hits.is_empty())
+}
+
+async fn record(daemon: &Daemon, entries: Vec<tunecache_client::proto::Entry>) {
+    daemon.client().await.record(entries).await.unwrap();
+}
+
+fn own_segments(shared: &Path, node: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(shared.join("v2"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&format!("{node}.")) && n.ends_with(".seg.json"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_segment_ranges_neither_cut_a_node_off_nor_make_it_delete_its_data() {
+    for (variant, (first, last)) in [(1u64, u64::MAX), (1 << 32, 1 << 32)]
+        .into_iter()
+        .enumerate()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("shared");
+        std::fs::create_dir_all(&shared).unwrap();
+        let mut a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+        let b = start_shared_node(&dir.path().join("b"), &shared, "B", 1, &[]).await;
+        record(&a, numbered("before", 0..3, "A")).await;
+        let client_b = b.client().await;
+        eventually(
+            Duration::from_secs(10),
+            "B learns A's first results",
+            || async { holds(&client_b, "before-2").await },
+        )
+        .await;
+        let real = own_segments(&shared, "A");
+        forge_segment(&shared, "A", first, last, "forged");
+        // A's later results still reach B, one segment at a time.
+        for i in 0..4 {
+            record(&a, numbered(&format!("after{i}"), 0..1, "A")).await;
+            eventually(
+                Duration::from_secs(10),
+                "B learns A's next result",
+                || async { holds(&client_b, &format!("after{i}-0")).await },
+            )
+            .await;
+        }
+        for name in &real {
+            assert!(
+                own_segments(&shared, "A").contains(name),
+                "variant {variant}: A removed {name}"
+            );
+        }
+        assert!(
+            !holds(&client_b, "forged").await,
+            "variant {variant}: B served the forged entry"
+        );
+        // A fresh node gets everything of A's, and nothing forged.
+        let c = start_shared_node(&dir.path().join("c"), &shared, "C", 1, &[]).await;
+        let client_c = c.client().await;
+        eventually(Duration::from_secs(10), "C learns all of A", || async {
+            holds(&client_c, "before-0").await && holds(&client_c, "after3-0").await
+        })
+        .await;
+        // After a restart A neither adopts the forged entry nor wraps its numbering.
+        a.terminate(Duration::from_secs(10));
+        a.restart().await;
+        record(&a, numbered("restarted", 0..1, "A")).await;
+        eventually(
+            Duration::from_secs(10),
+            "B learns A's result after its restart",
+            || async { holds(&client_b, "restarted-0").await },
+        )
+        .await;
+        assert!(
+            !holds(&a.client().await, "forged").await,
+            "A adopted the forged entry"
+        );
+        assert!(
+            !own_segments(&shared, "A")
+                .iter()
+                .any(|n| n.starts_with("A.0000000000000000")),
+            "{:?}",
+            own_segments(&shared, "A")
+        );
+    }
+}
+
+/// Makes `path` belong to uid and gid 65534 (nobody), as if that user had written it.
+fn give_to_nobody(path: &Path) {
+    std::os::unix::fs::chown(path, Some(65534), Some(65534)).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_from_a_uid_that_is_not_an_allowed_writer_is_never_served() {
+    if !require_root("chown to another uid") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(shared.join("v2")).unwrap();
+    std::fs::set_permissions(shared.join("v2"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+    let b = start_shared_node(&dir.path().join("b"), &shared, "B", 1, &[]).await;
+    let forged = forge_segment(&shared, "Z", 1, 1, "from-nobody");
+    give_to_nobody(&forged);
+    record(&b, numbered("honest", 0..1, "B")).await;
+    let client_a = a.client().await;
+    eventually(
+        Duration::from_secs(10),
+        "A learns B's honest result",
+        || async { holds(&client_a, "honest-0").await },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !holds(&client_a, "from-nobody").await,
+        "A served a file uid 65534 wrote"
+    );
+    let stats = client_a.stats().await.unwrap();
+    assert!(stats.snapshot_untrusted_files >= 1, "{stats:?}");
+    assert!(a.log().contains("not an allowed writer"), "{}", a.log());
+    // Listing that uid as a writer lets its file count.
+    let c = start_shared_node(
+        &dir.path().join("c"),
+        &shared,
+        "C",
+        1,
+        &["--shared-dir-writer-uid", "0,65534"],
+    )
+    .await;
+    let client_c = c.client().await;
+    eventually(
+        Duration::from_secs(10),
+        "C, trusting 65534, reads its file",
+        || async { holds(&client_c, "from-nobody").await },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_world_writable_v2_is_refused_without_a_key_and_a_key_admits_only_its_macs() {
+    if !require_root("chown to another uid") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    let v2 = shared.join("v2");
+    std::fs::create_dir_all(&v2).unwrap();
+    std::fs::set_permissions(&v2, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let forged = forge_segment(&shared, "A", 1, 1, "planted");
+    give_to_nobody(&forged);
+
+    // No key: the daemon refuses a v2/ anyone can write, naming path, owner and mode.
+    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+    let client_a = a.client().await;
+    eventually(
+        Duration::from_secs(10),
+        "A reports the unsafe v2/",
+        || async {
+            client_a
+                .stats()
+                .await
+                .is_ok_and(|s| s.last_snapshot_error.contains("refusing to use"))
+        },
+    )
+    .await;
+    let error = client_a.stats().await.unwrap().last_snapshot_error;
+    assert!(
+        error.contains("0777") && error.contains("owner uid 0"),
+        "{error}"
+    );
+    assert!(!holds(&client_a, "planted").await);
+    drop(a);
+
+    // With a key, group- or world-writable is allowed, and only MACed files count.
+    let key = dir.path().join("cluster.key");
+    std::fs::write(&key, "a-cluster-secret-of-32-bytes-0123\n").unwrap();
+    let key_arg = key.to_str().unwrap().to_owned();
+    let flags = ["--shared-dir-key-file", key_arg.as_str()];
+    let b = start_shared_node(&dir.path().join("b"), &shared, "B", 1, &flags).await;
+    let c = start_shared_node(&dir.path().join("c"), &shared, "C", 1, &flags).await;
+    record(&b, numbered("keyed", 0..2, "B")).await;
+    let client_c = c.client().await;
+    eventually(
+        Duration::from_secs(10),
+        "C learns B's MACed segment",
+        || async { holds(&client_c, "keyed-1").await },
+    )
+    .await;
+    assert!(
+        !holds(&client_c, "planted").await,
+        "C served a file without a MAC"
+    );
+    let stats = client_c.stats().await.unwrap();
+    assert!(stats.snapshot_untrusted_files >= 1, "{stats:?}");
+    // A node without the key cannot read... it can (the MAC is a plain JSON member), but a
+    // node with another key refuses everything.
+    let other_key = dir.path().join("other.key");
+    std::fs::write(&other_key, "another-secret-of-enough-bytes!!\n").unwrap();
+    let other_arg = other_key.to_str().unwrap().to_owned();
+    let d = start_shared_node(
+        &dir.path().join("d"),
+        &shared,
+        "D",
+        1,
+        &["--shared-dir-key-file", other_arg.as_str()],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        !holds(&d.client().await, "keyed-0").await,
+        "D accepted another key's MAC"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_symlinked_v2_is_refused_and_nothing_is_written_through_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    let target = dir.path().join("elsewhere");
+    std::fs::create_dir_all(&target).unwrap();
+    std::os::unix::fs::symlink(&target, shared.join("v2")).unwrap();
+    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+    record(&a, numbered("own", 0..2, "A")).await;
+    let client_a = a.client().await;
+    eventually(
+        Duration::from_secs(10),
+        "A reports the symlinked v2/",
+        || async {
+            client_a
+                .stats()
+                .await
+                .is_ok_and(|s| s.last_snapshot_error.contains("symbolic link"))
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let written: Vec<_> = std::fs::read_dir(&target).unwrap().collect();
+    assert!(
+        written.is_empty(),
+        "wrote into the symlink's target: {written:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_daemons_given_one_name_are_reported_within_an_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    let first = start_shared_node(&dir.path().join("one"), &shared, "same", 1, &[]).await;
+    let second = start_shared_node(&dir.path().join("two"), &shared, "same", 1, &[]).await;
+    record(&first, numbered("one", 0..1, "same")).await;
+    record(&second, numbered("two", 0..1, "same")).await;
+    for (daemon, other) in [(&first, "two-0"), (&second, "one-0")] {
+        let client = daemon.client().await;
+        eventually(
+            Duration::from_secs(10),
+            "each reports the other",
+            || async {
+                client
+                    .stats()
+                    .await
+                    .is_ok_and(|s| s.snapshot_name_conflicts >= 1)
+            },
+        )
+        .await;
+        // Neither loses the other's result: each reads the other's segments as a peer's.
+        eventually(
+            Duration::from_secs(10),
+            "each learns the other's result",
+            || async { holds(&client, other).await },
+        )
+        .await;
+        assert!(
+            daemon.log().contains("same --node-name"),
+            "{}",
+            daemon.log()
+        );
+    }
+    // A third node gets both.
+    let third = start_shared_node(&dir.path().join("three"), &shared, "third", 1, &[]).await;
+    let client = third.client().await;
+    eventually(
+        Duration::from_secs(10),
+        "a third node gets both",
+        || async { holds(&client, "one-0").await && holds(&client, "two-0").await },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_with_an_impossible_time_is_dropped_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    let v2 = shared.join("v2");
+    std::fs::create_dir_all(&v2).unwrap();
+    std::fs::set_permissions(&v2, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let good = |problem: &str| {
+        format!(
+            r#"{{"namespace":"test","op":"gemm","device":"test-device","problem":"{problem}","config":"{{}}","time_us":2.5,"tuned_by":"P","tuned_at_unix_ms":1}}"#
+        )
+    };
+    let huge = good("huge").replace("2.5", "1e999");
+    let text = good("text").replace("2.5", "\"fast\"");
+    let document = format!(
+        r#"{{"format":"tunecache-snapshot","version":2,"node":"P","first_seq":1,"last_seq":1,"written_at_unix_ms":0,"entry_count":4,"entries":[{},{huge},{text},{}]}}"#,
+        good("good-1"),
+        good("good-2")
+    );
+    std::fs::write(
+        v2.join("P.0000000000000001-0000000000000001.seg.json"),
+        document,
+    )
+    .unwrap();
+    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+    let client = a.client().await;
+    eventually(Duration::from_secs(10), "the good entries load", || async {
+        holds(&client, "good-1").await && holds(&client, "good-2").await
+    })
+    .await;
+    assert!(!holds(&client, "huge").await && !holds(&client, "text").await);
+    assert_eq!(client.stats().await.unwrap().snapshot_invalid_entries, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_name_that_breaks_the_rule_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = "n".repeat(240);
+    for bad in [long.as_str(), "bad\nname", ".hidden"] {
+        let output = std::process::Command::new(bin("tunecached"))
+            .arg("--socket")
+            .arg(dir.path().join("t.sock"))
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .args(["--node-name", bad])
+            .env_remove("TUNECACHE_SOCKET")
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{bad:?} was accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("1 to 64"), "{bad:?}: {stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_v2_is_refilled_by_the_running_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+    record(&a, numbered("early", 0..3, "A")).await;
+    let a_client = a.client().await;
+    eventually(Duration::from_secs(10), "A publishes", || async {
+        a_client
+            .stats()
+            .await
+            .is_ok_and(|s| s.own_entries_published == 3)
+    })
+    .await;
+    std::fs::remove_dir_all(shared.join("v2")).unwrap();
+    record(&a, numbered("late", 0..1, "A")).await;
+    // A node that joins after the removal still gets all four of A's results.
+    let c = start_shared_node(&dir.path().join("c"), &shared, "C", 1, &[]).await;
+    let client_c = c.client().await;
+    eventually(
+        Duration::from_secs(15),
+        "C gets all of A's results",
+        || async {
+            holds(&client_c, "early-0").await
+                && holds(&client_c, "early-2").await
+                && holds(&client_c, "late-0").await
+        },
+    )
+    .await;
+    assert!(
+        a.log().contains("gone from the shared directory"),
+        "{}",
+        a.log()
+    );
+}
+
+/// Arbitrary names and contents, as a buggy or hostile writer of the shared directory would
+/// leave them, beside two honest nodes: the honest nodes still converge and lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arbitrary_files_in_v2_never_cost_the_honest_nodes_an_entry() {
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    let v2 = shared.join("v2");
+    std::fs::create_dir_all(&v2).unwrap();
+    // Anyone may write here; the shared key is what tells the honest nodes' files apart.
+    std::fs::set_permissions(&v2, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let key = dir.path().join("cluster.key");
+    std::fs::write(&key, "the-honest-nodes-share-this-key\n").unwrap();
+    let key_arg = key.to_str().unwrap().to_owned();
+    let flags = ["--shared-dir-key-file", key_arg.as_str()];
+    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &flags).await;
+    let b = start_shared_node(&dir.path().join("b"), &shared, "B", 1, &flags).await;
+
+    // Names: honest nodes' names with any range, other names, junk; contents: valid
+    // segments that lie about node or range, truncated JSON, random bytes.
+    let node = prop_oneof![Just("A".to_owned()), Just("B".to_owned()), "[a-zA-Z.]{1,8}"];
+    let range = prop_oneof![
+        (1u64..8).prop_map(|n| (n, n)),
+        (1u64..8, 0u64..8).prop_map(|(f, l)| (f, f + l)),
+        Just((1, u64::MAX)),
+        Just((1 << 32, 1 << 32)),
+    ];
+    let content = prop_oneof![
+        (node.clone(), range.clone()).prop_map(|(n, (f, l))| serde_json::json!({
+            "format": "tunecache-snapshot", "version": 2, "node": n, "first_seq": f,
+            "last_seq": l, "entries": [{"namespace": "test", "op": "gemm",
+            "device": "test-device", "problem": "honest-0", "config": "{\"evil\":1}",
+            "time_us": 0.0, "tuned_by": "evil", "tuned_at_unix_ms": 0}]
+        })
+        .to_string()),
+        "\\PC{0,64}",
+        Just("{\"format\":\"tunecache-snapshot\",\"version\":2,\"entries\":[".to_owned()),
+    ];
+    let file = (node, range, content);
+    let mut runner = TestRunner::deterministic();
+    let mut written = 0;
+    for round in 0..4 {
+        for _ in 0..8 {
+            let (node, (first, last), content) = file.new_tree(&mut runner).unwrap().current();
+            let name = format!("{node}.{first:016x}-{last:016x}.seg.json");
+            // Written without the key's MAC, as anyone but the honest nodes would.
+            if std::fs::write(v2.join(&name), content).is_ok() {
+                written += 1;
+            }
+        }
+        record(&a, numbered(&format!("a{round}"), 0..5, "A")).await;
+        record(&b, numbered(&format!("b{round}"), 0..5, "B")).await;
+    }
+    eprintln!("{written} arbitrary files written beside two honest nodes");
+    for daemon in [&a, &b] {
+        let client = daemon.client().await;
+        eventually(
+            Duration::from_secs(20),
+            "every honest entry everywhere",
+            || async {
+                let mut all = true;
+                for round in 0..4 {
+                    for who in ["a", "b"] {
+                        for i in 0..5 {
+                            all &= holds(&client, &format!("{who}{round}-{i}")).await;
+                        }
+                    }
+                }
+                all
+            },
+        )
+        .await;
+    }
+}
