@@ -9,6 +9,7 @@ pub mod filelock;
 pub mod multinode;
 pub mod python_ranks;
 pub mod scenario;
+pub mod segments;
 pub mod tunecache_system;
 pub mod workload;
 

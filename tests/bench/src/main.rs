@@ -147,6 +147,20 @@ enum Commands {
         #[arg(long, default_value_t = 200)]
         tune_ms: u64,
     },
+    /// Snapshot passes over a shared directory of N one-entry segments in three mixes of
+    /// owners, for each daemon binary given (before and after a change, side by side).
+    Segments {
+        #[arg(long, default_value_t = 50_000)]
+        segments: usize,
+        /// Passes timed after the first.
+        #[arg(long, default_value_t = 3)]
+        later: usize,
+        /// Daemon binaries to compare [default: this workspace's tunecached].
+        #[arg(long, value_delimiter = ',')]
+        daemon_bin: Vec<PathBuf>,
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+    },
     /// Write an initial cache file with S existing entries.
     Generate {
         #[arg(long)]
@@ -290,6 +304,25 @@ fn main() -> Result<()> {
             )?;
             let table = tunecache_bench::multinode::markdown(&results);
             std::fs::write(out.join("multinode.md"), &table)?;
+            println!("{table}");
+        }
+        Commands::Segments {
+            segments,
+            later,
+            mut daemon_bin,
+            out,
+        } => {
+            if daemon_bin.is_empty() {
+                daemon_bin.push(tunecache_bench::daemon::workspace_binary("tunecached"));
+            }
+            let rows = tunecache_bench::segments::run_all(&daemon_bin, segments, later)?;
+            std::fs::create_dir_all(&out)?;
+            std::fs::write(
+                out.join("segments.json"),
+                serde_json::to_string_pretty(&rows)?,
+            )?;
+            let table = tunecache_bench::segments::markdown(&rows);
+            std::fs::write(out.join("segments.md"), &table)?;
             println!("{table}");
         }
         Commands::Generate {
