@@ -91,6 +91,11 @@ impl PeerInfo {
         }
     }
 
+    /// The peer's uid, from the kernel's credentials; `None` when it recorded none.
+    pub fn uid(&self) -> Option<u32> {
+        self.uds.peer_cred.map(|cred| cred.uid())
+    }
+
     /// The peer's supplementary groups, read off the runtime on first use and kept for the
     /// connection; `None` when unknown (no pid, the process is gone, or the read timed out).
     async fn supplementary_groups(&self) -> Option<Arc<[u32]>> {

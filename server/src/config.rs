@@ -222,6 +222,32 @@ pub struct Config {
     )]
     pub write_queue_mib: u64,
 
+    /// Largest request message read, in bytes: a larger one is refused RESOURCE_EXHAUSTED
+    /// from its gRPC header, before any of it is buffered. The default holds a full batch of
+    /// 10,000 entries averaging 6.7 KB; the entry limits' worst case (10,000 keys or entries
+    /// at every field limit: 164 MB / 861 MB) is more than one request should make the
+    /// daemon hold.
+    #[arg(
+        long,
+        env = "TUNECACHE_MAX_MESSAGE_BYTES",
+        default_value_t = tunecache_proto::limits::DEFAULT_MAX_REQUEST_BYTES as u64,
+        value_name = "BYTES",
+        value_parser = clap::value_parser!(u64).range(4096..=u64::from(u32::MAX))
+    )]
+    pub max_message_bytes: u64,
+
+    /// Bytes of request messages one uid may have in flight (being read, decoded or served)
+    /// at once, over all its connections; a message that would pass it is refused
+    /// RESOURCE_EXHAUSTED from its header. At least --max-message-bytes [default: 4 times
+    /// --max-message-bytes]
+    #[arg(
+        long,
+        env = "TUNECACHE_MAX_REQUEST_BYTES_PER_UID",
+        value_name = "BYTES",
+        value_parser = clap::value_parser!(u64).range(4096..)
+    )]
+    pub max_request_bytes_per_uid: Option<u64>,
+
     /// Compact this node's own snapshot segments into one once there are more than this
     /// many (also once they hold twice the live entries).
     #[arg(
@@ -297,6 +323,9 @@ pub struct Config {
     #[arg(long, env = "TUNECACHE_CLUSTER_AUDIT_SECS", default_value_t = crate::cluster::DEFAULT_AUDIT_SECS, value_name = "SECS")]
     pub cluster_audit_secs: u64,
 }
+
+/// `--max-request-bytes-per-uid` by default: this many messages of the largest size.
+const DEFAULT_UID_MESSAGES: usize = 4;
 
 /// Where the tuner worker comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -471,6 +500,17 @@ impl Config {
             .map(|secs| Duration::from_secs(secs.max(1)))
     }
 
+    /// The request limits of `--max-message-bytes` and `--max-request-bytes-per-uid`.
+    pub(crate) fn request_limits(&self) -> crate::Result<crate::request_limits::RequestLimits> {
+        let max_message = usize::try_from(self.max_message_bytes).unwrap_or(usize::MAX);
+        let per_uid = self
+            .max_request_bytes_per_uid
+            .map_or(max_message.saturating_mul(DEFAULT_UID_MESSAGES), |bytes| {
+                usize::try_from(bytes).unwrap_or(usize::MAX)
+            });
+        crate::request_limits::RequestLimits::new(max_message, per_uid)
+    }
+
     pub fn exit_when_idle(&self) -> Option<Duration> {
         self.exit_when_idle
             .map(|secs| Duration::from_secs(secs.max(1)))
@@ -604,6 +644,44 @@ mod tests {
         assert!(settings
             .tls_ca
             .is_some_and(|pem| pem.starts_with(b"-----BEGIN")));
+    }
+
+    #[test]
+    fn request_limits_default_from_the_message_size() {
+        let stats = |args: &[&str]| {
+            let mut stats = tunecache_proto::v1::StatsResponse::default();
+            crate::stats::FillStats::fill_stats(
+                &config(args).request_limits().unwrap(),
+                &mut stats,
+            );
+            (stats.max_message_bytes, stats.max_request_bytes_per_uid)
+        };
+        assert_eq!(stats(&[]), (64 << 20, 256 << 20));
+        assert_eq!(
+            stats(&["--max-message-bytes", "1048576"]),
+            (1 << 20, 4 << 20)
+        );
+        assert_eq!(
+            stats(&[
+                "--max-message-bytes",
+                "1048576",
+                "--max-request-bytes-per-uid",
+                "1048576"
+            ]),
+            (1 << 20, 1 << 20)
+        );
+        let error = config(&["--max-request-bytes-per-uid", "1048576"])
+            .request_limits()
+            .err()
+            .expect("a per-uid bound below the message size")
+            .to_string();
+        assert!(
+            error.contains("--max-request-bytes-per-uid 1048576"),
+            "{error}"
+        );
+        assert!(
+            Config::try_parse_from(["tunecached", "--max-message-bytes", "4294967296"]).is_err()
+        );
     }
 
     #[test]

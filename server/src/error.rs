@@ -131,6 +131,30 @@ pub enum Error {
     #[error("the node's tuner queue is full ({capacity} jobs); resolve again later")]
     TunerQueueFull { capacity: usize },
 
+    /// Refused from its gRPC header, before any of the message was buffered.
+    #[error(
+        "request message of {len} bytes is over the daemon's limit (--max-message-bytes \
+         {limit}); split the batch"
+    )]
+    MessageTooLarge { len: usize, limit: usize },
+
+    /// Refused from its gRPC header: the caller's uid already has this many request bytes
+    /// being read or served.
+    #[error(
+        "uid {uid} already has {in_flight} bytes of requests in flight; {len} more would pass \
+         --max-request-bytes-per-uid {limit}: retry later"
+    )]
+    RequestBytesPerUid {
+        uid: u32,
+        in_flight: usize,
+        len: usize,
+        limit: usize,
+    },
+
+    /// Request limit flags that cannot work together.
+    #[error("{0}")]
+    RequestLimits(String),
+
     /// Re-decoding a response the daemon encoded itself failed.
     #[error(transparent)]
     Decode(#[from] prost::DecodeError),
@@ -154,7 +178,9 @@ impl Error {
             Error::InvalidField(_) => Code::InvalidArgument,
             Error::WriteQueueFull { .. }
             | Error::LeasesPerPid { .. }
-            | Error::TunerQueueFull { .. } => Code::ResourceExhausted,
+            | Error::TunerQueueFull { .. }
+            | Error::MessageTooLarge { .. }
+            | Error::RequestBytesPerUid { .. } => Code::ResourceExhausted,
             Error::WriterGone
             | Error::JournalWrite(_)
             | Error::JournalUnwritable { .. }
@@ -238,6 +264,32 @@ mod tests {
             (
                 Code::PermissionDenied,
                 "tunecached cannot tell who the caller is (no peer credentials)".into()
+            )
+        );
+        assert_eq!(
+            status(Error::MessageTooLarge {
+                len: 70_000_000,
+                limit: 67_108_864
+            }),
+            (
+                Code::ResourceExhausted,
+                "request message of 70000000 bytes is over the daemon's limit \
+                 (--max-message-bytes 67108864); split the batch"
+                    .into()
+            )
+        );
+        assert_eq!(
+            status(Error::RequestBytesPerUid {
+                uid: 1000,
+                in_flight: 200,
+                len: 100,
+                limit: 256
+            }),
+            (
+                Code::ResourceExhausted,
+                "uid 1000 already has 200 bytes of requests in flight; 100 more would pass \
+                 --max-request-bytes-per-uid 256: retry later"
+                    .into()
             )
         );
         assert_eq!(status(Error::WriterGone).0, Code::Unavailable);

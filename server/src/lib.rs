@@ -22,6 +22,8 @@ pub(crate) mod limits;
 pub(crate) mod listener;
 pub(crate) mod lookup_request;
 pub mod merge;
+pub(crate) mod record_request;
+pub(crate) mod request_limits;
 pub(crate) mod scan;
 pub mod server;
 pub(crate) mod service;

@@ -1,21 +1,20 @@
-//! The Lookup request read in place, and the codec of the Lookup route that keeps its bytes.
+//! The Lookup request read in place (the Lookup route's codec keeps its bytes: `wire`).
 //!
 //! prost decodes each `Key` into four `String`s (an allocation and a UTF-8 check each, then a
 //! free): a third of the daemon's CPU in a 1,000-key Lookup. The Lookup route's codec
-//! ([`LookupCodec`]) instead hands the service the request's bytes, and [`checked_keys`] reads
+//! (`wire::BytesCodec`) instead hands the service the request's bytes, and [`checked_keys`] reads
 //! the keys as views into them. It reads only requests made of the declared fields in their
 //! declared wire types (what every client writes); any other request (an unknown field,
 //! malformed bytes) is decoded by prost and checked by `validate::keys` exactly as before, so
 //! the keys, the treatment of unknown fields and the error of a malformed request are prost's.
+//! Either way no more than `MAX_BATCH` keys are ever built: reading stops at the next.
 
-use prost::bytes::{Buf, Bytes};
+use prost::bytes::Bytes;
 use prost::encoding::{decode_key, WireType};
 use prost::Message;
-use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::Status;
 use tunecache_proto::v1;
 
-use crate::encoded::EncodedEntries;
 use crate::entry::{CacheKey, KeyView};
 use crate::stored::{parse_key, take_delimited};
 use crate::validate::{self, CheckedKey};
@@ -27,6 +26,12 @@ const KEYS_FIELD: u32 = 1;
 #[derive(Debug, Clone)]
 pub struct LookupRequestBytes(pub Bytes);
 
+impl From<Bytes> for LookupRequestBytes {
+    fn from(bytes: Bytes) -> Self {
+        LookupRequestBytes(bytes)
+    }
+}
+
 /// A Lookup's keys, validated.
 #[derive(Debug)]
 pub enum LookupKeys<'a> {
@@ -36,13 +41,16 @@ pub enum LookupKeys<'a> {
     Decoded(Vec<CacheKey>),
 }
 
-/// Reads and validates a Lookup's keys. Errors are those the route gave when prost decoded
-/// every request: a malformed request is tonic's decode error (`decode_status`), an invalid
-/// key INVALID_ARGUMENT naming it.
+/// Reads and validates a Lookup's keys. A request of more than `MAX_BATCH` keys is refused
+/// at the first key over, whichever way it is read (`validate::too_many`). Other errors are
+/// those the route gave when prost decoded every request: a malformed request is tonic's
+/// decode error (`decode_status`), an invalid key INVALID_ARGUMENT naming it.
 pub fn checked_keys(request: &Bytes) -> Result<LookupKeys<'_>, Status> {
-    match read_keys(request) {
+    match read_keys(request)? {
         Some(keys) => Ok(LookupKeys::InPlace(validate::key_views(keys.into_iter())?)),
         None => {
+            // Counted before prost builds a single key, so it builds at most `MAX_BATCH`.
+            validate::check_count(request, KEYS_FIELD, "keys")?;
             let request = v1::LookupRequest::decode(request.clone()).map_err(decode_status)?;
             Ok(LookupKeys::Decoded(validate::keys(request.keys)?))
         }
@@ -50,57 +58,32 @@ pub fn checked_keys(request: &Bytes) -> Result<LookupKeys<'_>, Status> {
 }
 
 /// The status tonic's prost codec answers for a message it cannot decode
-/// (`tonic_prost::codec::from_decode_error`): a malformed Lookup is refused as it was when
-/// the route decoded with that codec.
-fn decode_status(error: prost::DecodeError) -> Status {
+/// (`tonic_prost::codec::from_decode_error`): a malformed Lookup or Record is refused as it
+/// was when the route decoded with that codec.
+pub(crate) fn decode_status(error: prost::DecodeError) -> Status {
     Status::internal(error.to_string())
 }
 
 /// The keys of a `LookupRequest` holding only field-1 keys of only declared fields, as prost
-/// would decode them; `None` for any other request (which prost may still accept).
-fn read_keys(request: &[u8]) -> Option<Vec<KeyView<'_>>> {
+/// would decode them; `None` for any other request (which prost may still accept). Stops at
+/// key `MAX_BATCH + 1` with `validate::too_many`.
+fn read_keys(request: &[u8]) -> Result<Option<Vec<KeyView<'_>>>, validate::InvalidField> {
     let mut buf = request;
     let mut keys = Vec::new();
     while !buf.is_empty() {
-        if decode_key(&mut buf).ok()? != (KEYS_FIELD, WireType::LengthDelimited) {
-            return None;
+        if keys.len() == validate::MAX_BATCH {
+            return Err(validate::too_many("keys"));
         }
-        keys.push(parse_key(take_delimited(&mut buf)?)?);
+        let key = decode_key(&mut buf)
+            .ok()
+            .filter(|&key| key == (KEYS_FIELD, WireType::LengthDelimited))
+            .and_then(|_| parse_key(take_delimited(&mut buf)?));
+        let Some(key) = key else {
+            return Ok(None);
+        };
+        keys.push(key);
     }
-    Some(keys)
-}
-
-/// The Lookup route's codec: requests stay bytes (`LookupRequestBytes`), responses are
-/// encoded as the generated route's prost codec encodes them.
-#[derive(Debug, Clone, Default)]
-pub struct LookupCodec;
-
-impl Codec for LookupCodec {
-    type Encode = EncodedEntries;
-    type Decode = LookupRequestBytes;
-    type Encoder = tonic_prost::ProstEncoder<EncodedEntries>;
-    type Decoder = LookupDecoder;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        tonic_prost::ProstEncoder::default()
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        LookupDecoder
-    }
-}
-
-/// Takes the whole message as bytes (no copy: the frame is split off tonic's buffer).
-#[derive(Debug, Clone, Default)]
-pub struct LookupDecoder;
-
-impl Decoder for LookupDecoder {
-    type Item = LookupRequestBytes;
-    type Error = Status;
-
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Self::Error> {
-        Ok(Some(LookupRequestBytes(buf.copy_to_bytes(buf.remaining()))))
-    }
+    Ok(Some(keys))
 }
 
 #[cfg(test)]
@@ -112,6 +95,7 @@ mod tests {
 
     /// What the route answered when prost decoded every Lookup: the keys, or the status.
     fn prost_path(request: &[u8]) -> Result<Vec<CacheKey>, Status> {
+        validate::check_count(request, KEYS_FIELD, "keys")?;
         let request = v1::LookupRequest::decode(request).map_err(decode_status)?;
         Ok(validate::keys(request.keys)?)
     }
@@ -233,8 +217,35 @@ mod tests {
         }
         let too_many = request_of(good_keys(validate::MAX_BATCH + 1));
         let error = in_place_path(&too_many).unwrap_err();
-        assert!(error.message().starts_with("keys: 10001 items"), "{error}");
+        assert_eq!(
+            error.message(),
+            "keys: more than 10000 items, at most 10000 per request"
+        );
         assert_same_answer(&too_many);
+        // Keys of other shapes (an unknown field) are counted the same way, before prost.
+        let mut unknown = too_many.clone();
+        encode_key(9, WireType::Varint, &mut unknown);
+        encode_varint(5, &mut unknown);
+        assert_eq!(
+            in_place_path(&unknown).unwrap_err().message(),
+            error.message()
+        );
+        assert_same_answer(&unknown);
+        // A malformed tail past key 10,001 is never read.
+        let mut damaged = too_many;
+        damaged.push(0xff);
+        assert_eq!(
+            in_place_path(&damaged).unwrap_err().message(),
+            error.message()
+        );
+        // Empty keys, two bytes each: refused at the 10,001st, not after 16 million.
+        let empty = [0x0a, 0x00].repeat(16 << 20);
+        let started = std::time::Instant::now();
+        assert_eq!(
+            in_place_path(&empty).unwrap_err().message(),
+            error.message()
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 
     #[test]
@@ -243,7 +254,7 @@ mod tests {
         // An unknown top-level field: prost skips it.
         encode_key(9, WireType::Varint, &mut request);
         encode_varint(5, &mut request);
-        assert!(read_keys(&request).is_none());
+        assert!(read_keys(&request).unwrap().is_none());
         assert_same_answer(&request);
         assert_eq!(in_place_path(&request).unwrap().len(), 3);
 
@@ -256,7 +267,7 @@ mod tests {
         encode_key(KEYS_FIELD, WireType::LengthDelimited, &mut request);
         encode_varint(key.len() as u64, &mut request);
         request.extend_from_slice(&key);
-        assert!(read_keys(&request).is_none());
+        assert!(read_keys(&request).unwrap().is_none());
         assert_same_answer(&request);
         assert_eq!(in_place_path(&request).unwrap()[0].problem, "p");
     }
@@ -314,7 +325,7 @@ mod tests {
         #[test]
         fn answers_as_prost_for_any_keys(keys in proptest::collection::vec(arb_key(), 0..8)) {
             let request = request_of(keys);
-            prop_assert!(read_keys(&request).is_some());
+            prop_assert!(read_keys(&request).unwrap().is_some());
             assert_same_answer(&request);
         }
 

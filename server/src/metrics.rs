@@ -189,8 +189,11 @@ const METRICS: &[Metric] = &[
     row("leases_refused_per_pid", "Resolves refused: the process held --max-leases-per-pid leases.", Counter(|s| s.leases_refused_per_pid)),
     row("tuner_queue_refusals", "Resolves refused: the node's tuner queue was full.", Counter(|s| s.tuner_queue_refusals)),
     row("writes_shed", "Records refused: the journal writer's queue was full.", Counter(|s| s.writes_shed)),
+    row("requests_refused_too_large", "Requests refused from their header: over --max-message-bytes.", Counter(|s| s.requests_refused_too_large)),
+    row("requests_refused_per_uid", "Requests refused from their header: the uid had --max-request-bytes-per-uid in flight.", Counter(|s| s.requests_refused_per_uid)),
     row("connections_open", "Client connections open.", Gauge(|s| s.connections_open)),
     row("write_queue_bytes", "Bytes of Records waiting for the journal writer.", Gauge(|s| s.write_queue_bytes)),
+    row("request_bytes_in_flight", "Bytes of request messages being read, decoded or served.", Gauge(|s| s.request_bytes_in_flight)),
     row("nofile_soft_limit", "Open-file limit the daemon runs under.", Gauge(|s| s.nofile_soft_limit)),
     row("entries", "Entries in the cache.", Gauge(|s| s.entries)),
     row("resolve_waiters", "Resolve callers waiting right now.", Gauge(|s| s.waiters)),
@@ -393,6 +396,9 @@ mod tests {
             snapshot_untrusted_files: 1060,
             snapshot_name_conflicts: 1061,
             cluster_name_conflicts: 1062,
+            requests_refused_too_large: 1063,
+            requests_refused_per_uid: 1064,
+            request_bytes_in_flight: 1065,
             ..Default::default()
         }
     }

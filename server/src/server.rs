@@ -137,6 +137,9 @@ pub async fn run(
     );
     // Stored results, from any writer, wake the coordinator's waiters.
     store.add_change_listener(coordinator.clone());
+    let request_limits = Arc::new(config.request_limits()?);
+    request_limits.log();
+    let max_request_bytes = request_limits.max_message_bytes();
     let connection_limits = Arc::new(ConnectionLimits::new(
         nofile,
         usize::try_from(config.max_connections_per_uid).unwrap_or(usize::MAX),
@@ -155,7 +158,8 @@ pub async fn run(
         tuner.clone(),
         config.node_name(),
     )
-    .with_connection_limits(connection_limits.clone());
+    .with_connection_limits(connection_limits.clone())
+    .with_request_limits(request_limits.clone());
     if let Some(cluster) = &cluster {
         service = service.with_cluster(cluster.clone());
     }
@@ -210,13 +214,19 @@ pub async fn run(
         }
     };
     // The peer check guards TuneCache only; health and reflection stay open (see `access`).
+    // Admitted calls pass the request limits as their messages are read (`request_limits`);
+    // tonic's own decoding limit, the same, stays as a backstop.
     let tune_cache = peer_check.guard(crate::idle::Touching::new(
-        crate::wire::WireRoutes::new(
-            TuneCacheServer::from_arc(Arc::clone(&service))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
-            service,
-            MAX_MESSAGE_BYTES,
+        crate::request_limits::Limited::new(
+            crate::wire::WireRoutes::new(
+                TuneCacheServer::from_arc(Arc::clone(&service))
+                    .max_decoding_message_size(max_request_bytes)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                service,
+                max_request_bytes,
+                MAX_MESSAGE_BYTES,
+            ),
+            request_limits,
         ),
         activity,
     ));

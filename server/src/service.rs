@@ -15,6 +15,7 @@ use crate::encoded::EncodedEntries;
 use crate::entry::{CacheKey, KeyView};
 use crate::error::Error;
 use crate::lookup_request::{self, LookupKeys};
+use crate::record_request::CheckedRecord;
 use crate::snapshot::SnapshotHandle;
 use crate::stats::FillStats;
 use crate::store::Store;
@@ -60,6 +61,8 @@ pub struct TuneCacheService {
     connection_limits: Option<Arc<crate::limits::ConnectionLimits>>,
     /// `None` without `--cluster-url`.
     cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// Request limits and their counters, for Stats; `None` until the daemon sets them.
+    request_limits: Option<Arc<crate::request_limits::RequestLimits>>,
 }
 
 impl TuneCacheService {
@@ -79,6 +82,7 @@ impl TuneCacheService {
             snapshots: None,
             connection_limits: None,
             cluster: None,
+            request_limits: None,
         }
     }
 
@@ -91,6 +95,15 @@ impl TuneCacheService {
     /// Reports the connection limits and their counters in Stats.
     pub fn with_connection_limits(mut self, limits: Arc<crate::limits::ConnectionLimits>) -> Self {
         self.connection_limits = Some(limits);
+        self
+    }
+
+    /// Reports the request limits and their counters in Stats.
+    pub fn with_request_limits(
+        mut self,
+        limits: Arc<crate::request_limits::RequestLimits>,
+    ) -> Self {
+        self.request_limits = Some(limits);
         self
     }
 
@@ -136,6 +149,24 @@ impl TuneCacheService {
         count(&self.counters.hits, hits.len());
         count(&self.counters.misses, asked - hits.len());
         hits
+    }
+
+    /// Record of validated entries (the Record route decodes and checks them).
+    pub async fn record_checked(
+        &self,
+        record: CheckedRecord,
+    ) -> Result<v1::RecordResponse, Status> {
+        count(&self.counters.records, 1);
+        let outcome = self
+            .coordinator
+            .record(record.entries, &record.lease_id)
+            .await?;
+        count(&self.counters.entries_stored, outcome.stored as usize);
+        count(&self.counters.entries_unchanged, outcome.unchanged as usize);
+        Ok(v1::RecordResponse {
+            stored: outcome.stored,
+            unchanged: outcome.unchanged,
+        })
     }
 
     /// Scan, answered as chunks of encoded `Entry` records.
@@ -184,16 +215,13 @@ impl TuneCache for TuneCacheService {
         &self,
         request: Request<v1::RecordRequest>,
     ) -> Result<Response<v1::RecordResponse>, Status> {
+        // Served by `wire::WireRoutes` from the request's bytes; the same checks here.
         let request = request.into_inner();
-        let entries = validate::entries(request.entries)?;
-        count(&self.counters.records, 1);
-        let outcome = self.coordinator.record(entries, &request.lease_id).await?;
-        count(&self.counters.entries_stored, outcome.stored as usize);
-        count(&self.counters.entries_unchanged, outcome.unchanged as usize);
-        Ok(Response::new(v1::RecordResponse {
-            stored: outcome.stored,
-            unchanged: outcome.unchanged,
-        }))
+        let record = CheckedRecord {
+            entries: validate::entries(request.entries)?,
+            lease_id: request.lease_id,
+        };
+        self.record_checked(record).await.map(Response::new)
     }
 
     type ScanStream = ScanStream;
@@ -219,12 +247,13 @@ impl TuneCache for TuneCacheService {
             uptime_ms: self.started.elapsed().as_millis() as u64,
             ..Default::default()
         };
-        let owners: [&dyn FillStats; 7] = [
+        let owners: [&dyn FillStats; 8] = [
             &self.counters,
             &self.store,
             &self.coordinator,
             &self.tuner,
             &self.connection_limits,
+            &self.request_limits,
             &self.snapshots,
             &self.cluster,
         ];

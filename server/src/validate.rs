@@ -8,12 +8,9 @@ use tunecache_proto::v1;
 
 use crate::entry::{CacheKey, KeyView, TunedResult};
 
-/// Longest accepted key field (namespace, op, device, problem) and `tuned_by`.
-pub const MAX_KEY_FIELD_BYTES: usize = 4 * 1024;
-/// Longest accepted config JSON text.
-pub const MAX_CONFIG_BYTES: usize = 64 * 1024;
+pub use tunecache_proto::limits::{MAX_CONFIG_BYTES, MAX_KEY_FIELD_BYTES};
 /// Most entries (Record) or keys (Lookup) in one request.
-pub const MAX_BATCH: usize = 10_000;
+pub const MAX_BATCH: usize = tunecache_proto::limits::MAX_ENTRIES;
 
 /// A rejected request: which element, which field, and why. Becomes INVALID_ARGUMENT
 /// (`Error::InvalidField`).
@@ -34,12 +31,46 @@ impl InvalidField {
     }
 }
 
+/// The refusal of a request with more than `MAX_BATCH` elements in `field`. Decoding stops
+/// at the first element over, so how many more there were is not known.
+pub fn too_many(field: &str) -> InvalidField {
+    InvalidField::new(
+        field,
+        format!("more than {MAX_BATCH} items, at most {MAX_BATCH} per request"),
+    )
+}
+
 fn check_batch_len(field: &str, len: usize) -> Result<(), InvalidField> {
     if len > MAX_BATCH {
-        return Err(InvalidField::new(
-            field,
-            format!("{len} items, at most {MAX_BATCH} per request"),
-        ));
+        return Err(too_many(field));
+    }
+    Ok(())
+}
+
+/// Refuses an encoded message with more than `MAX_BATCH` elements of its repeated field
+/// `field` (named `name` in the error) before anything of it is decoded: reads only the
+/// message's top-level tags and lengths, allocates nothing, and stops at the first element
+/// over the limit. A message it cannot read is left to prost, whose decode reports it.
+///
+/// prost decoding a repeated message field would build every element first: 64 MiB of empty
+/// elements (`0a 00`, two bytes each) is 33.5 million of them, gigabytes of structs.
+pub fn check_count(message: &[u8], field: u32, name: &str) -> Result<(), InvalidField> {
+    use prost::encoding::{decode_key, skip_field, DecodeContext};
+    let mut buf = message;
+    let mut count = 0usize;
+    while !buf.is_empty() {
+        let Ok((tag, wire_type)) = decode_key(&mut buf) else {
+            return Ok(());
+        };
+        if tag == field {
+            count += 1;
+            if count > MAX_BATCH {
+                return Err(too_many(name));
+            }
+        }
+        if skip_field(wire_type, tag, &mut buf, DecodeContext::default()).is_err() {
+            return Ok(());
+        }
     }
     Ok(())
 }
@@ -245,6 +276,37 @@ mod tests {
         let error = keys(vec![good.clone(), good, bad]).unwrap_err();
         assert_eq!(error.path, "keys[2].op");
         assert_eq!(key("key", None).unwrap_err().path, "key");
+    }
+
+    #[test]
+    fn counting_stops_at_the_first_element_over_the_limit() {
+        use prost::Message;
+        // Empty elements, two bytes each: 64 MiB of them is refused at element 10,001.
+        let empty = [0x0a, 0x00].repeat(32 << 20);
+        let started = std::time::Instant::now();
+        let error = check_count(&empty, 1, "entries").unwrap_err();
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        assert_eq!(
+            error.to_string(),
+            "entries: more than 10000 items, at most 10000 per request"
+        );
+        assert!(check_count(&empty[..2 * MAX_BATCH], 1, "entries").is_ok());
+        assert!(check_count(&empty[..2 * MAX_BATCH + 2], 1, "entries").is_err());
+
+        // Other fields (a lease id, an unknown field) are skipped, not counted.
+        let request = v1::RecordRequest {
+            entries: vec![wire_entry("ns", "{}", 1.0); MAX_BATCH],
+            lease_id: "lease".into(),
+        };
+        let mut bytes = request.encode_to_vec();
+        prost::encoding::encode_key(9, prost::encoding::WireType::Varint, &mut bytes);
+        prost::encoding::encode_varint(5, &mut bytes);
+        assert!(check_count(&bytes, 1, "entries").is_ok());
+        bytes.extend_from_slice(&[0x0a, 0x00]);
+        assert!(check_count(&bytes, 1, "entries").is_err());
+        // Bytes it cannot read are prost's to report.
+        assert!(check_count(&[0x0a, 0x05, 0x00], 1, "entries").is_ok());
+        assert!(check_count(&[0xff; 11], 1, "entries").is_ok());
     }
 
     #[test]

@@ -7,30 +7,99 @@
 //! exactly what prost writes for the same `Entry` (same field order, defaults skipped), so
 //! grpcurl, grpcio and the Rust client see the unchanged `tunecache.v1` contract.
 //!
-//! [`WireRoutes`] wraps the generated `TuneCacheServer` and answers the two methods itself;
-//! every other method goes to the generated server. Lookup requests also stay bytes until the
-//! service reads their keys in place (`lookup_request`).
+//! [`WireRoutes`] wraps the generated `TuneCacheServer` and answers these two methods, and
+//! Record, itself; every other method goes to the generated server. Lookup and Record requests
+//! stay bytes ([`BytesCodec`]) until the service reads them within the entry limit
+//! (`lookup_request`, `record_request`): a request of more entries than allowed is refused at
+//! the first one over, before prost builds any. One larger than `OFF_RUNTIME_BYTES` is read
+//! and checked on the blocking pool, so that one caller's large request never holds a runtime
+//! worker (and the other callers' calls queued behind it) for its whole decode.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use prost::bytes::{Buf, Bytes};
 use tonic::body::Body;
+use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::codegen::http;
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 use tunecache_proto::v1;
 
 use crate::encoded::EncodedEntries;
-use crate::lookup_request::{LookupCodec, LookupRequestBytes};
+use crate::lookup_request::LookupRequestBytes;
+use crate::record_request::RecordRequestBytes;
 use crate::service::TuneCacheService;
 
 const LOOKUP_PATH: &str = "/tunecache.v1.TuneCache/Lookup";
+const RECORD_PATH: &str = "/tunecache.v1.TuneCache/Record";
 const SCAN_PATH: &str = "/tunecache.v1.TuneCache/Scan";
 
-/// The generated `TuneCacheServer` with Lookup and Scan answered from the wire form.
+/// Requests larger than this are read and checked on the blocking pool. A 10,000-key Lookup
+/// of typical keys is about 1 MiB and 15 ms of decoding and validation.
+pub const OFF_RUNTIME_BYTES: usize = 256 * 1024;
+
+/// A route's codec that keeps the request message as bytes (`D` wraps them; no copy: the frame
+/// is split off tonic's buffer) and encodes responses `E` as the generated route's prost codec
+/// does.
+pub struct BytesCodec<E, D>(PhantomData<fn() -> (E, D)>);
+
+impl<E, D> Default for BytesCodec<E, D> {
+    fn default() -> Self {
+        BytesCodec(PhantomData)
+    }
+}
+
+impl<E, D> Codec for BytesCodec<E, D>
+where
+    E: prost::Message + Send + 'static,
+    D: From<Bytes> + Send + 'static,
+{
+    type Encode = E;
+    type Decode = D;
+    type Encoder = tonic_prost::ProstEncoder<E>;
+    type Decoder = BytesDecoder<D>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::default()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        BytesDecoder(PhantomData)
+    }
+}
+
+/// Takes the whole message as bytes.
+pub struct BytesDecoder<D>(PhantomData<fn() -> D>);
+
+impl<D: From<Bytes> + Send + 'static> Decoder for BytesDecoder<D> {
+    type Item = D;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Self::Error> {
+        Ok(Some(D::from(buf.copy_to_bytes(buf.remaining()))))
+    }
+}
+
+/// Runs `read` on the request's bytes: inline when small, else on the blocking pool.
+async fn off_runtime_if_large<T: Send + 'static>(
+    request: Bytes,
+    read: impl FnOnce(&Bytes) -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    if request.len() <= OFF_RUNTIME_BYTES {
+        return read(&request);
+    }
+    tokio::task::spawn_blocking(move || read(&request))
+        .await
+        .map_err(|error| Status::internal(format!("reading the request failed: {error}")))?
+}
+
+/// The generated `TuneCacheServer` with Lookup and Scan answered from the wire form, and
+/// Lookup and Record read from the request's bytes.
 #[derive(Clone)]
 pub struct WireRoutes<S> {
     generated: S,
@@ -40,12 +109,19 @@ pub struct WireRoutes<S> {
 }
 
 impl<S> WireRoutes<S> {
-    pub fn new(generated: S, service: Arc<TuneCacheService>, max_message_bytes: usize) -> Self {
+    /// Requests of up to `max_request_bytes` are decoded, responses of up to
+    /// `max_response_bytes` encoded.
+    pub fn new(
+        generated: S,
+        service: Arc<TuneCacheService>,
+        max_request_bytes: usize,
+        max_response_bytes: usize,
+    ) -> Self {
         WireRoutes {
             generated,
             service,
-            max_encoding_message_size: max_message_bytes,
-            max_decoding_message_size: max_message_bytes,
+            max_encoding_message_size: max_response_bytes,
+            max_decoding_message_size: max_request_bytes,
         }
     }
 }
@@ -80,7 +156,17 @@ where
             LOOKUP_PATH => {
                 let method = LookupMethod(Arc::clone(&self.service));
                 Box::pin(async move {
-                    let mut grpc = tonic::server::Grpc::new(LookupCodec)
+                    let codec = BytesCodec::<EncodedEntries, LookupRequestBytes>::default();
+                    let mut grpc = tonic::server::Grpc::new(codec)
+                        .apply_max_message_size_config(Some(decode), Some(encode));
+                    Ok(grpc.unary(method, request).await)
+                })
+            }
+            RECORD_PATH => {
+                let method = RecordMethod(Arc::clone(&self.service));
+                Box::pin(async move {
+                    let codec = BytesCodec::<v1::RecordResponse, RecordRequestBytes>::default();
+                    let mut grpc = tonic::server::Grpc::new(codec)
                         .apply_max_message_size_config(Some(decode), Some(encode));
                     Ok(grpc.unary(method, request).await)
                 })
@@ -112,9 +198,28 @@ impl tonic::server::UnaryService<LookupRequestBytes> for LookupMethod {
     fn call(&mut self, request: Request<LookupRequestBytes>) -> Self::Future {
         let service = Arc::clone(&self.0);
         Box::pin(async move {
-            service
-                .lookup_bytes(&request.into_inner().0)
-                .map(Response::new)
+            off_runtime_if_large(request.into_inner().0, move |bytes| {
+                service.lookup_bytes(bytes)
+            })
+            .await
+            .map(Response::new)
+        })
+    }
+}
+
+struct RecordMethod(Arc<TuneCacheService>);
+
+impl tonic::server::UnaryService<RecordRequestBytes> for RecordMethod {
+    type Response = v1::RecordResponse;
+    type Future = MethodFuture<v1::RecordResponse>;
+
+    fn call(&mut self, request: Request<RecordRequestBytes>) -> Self::Future {
+        let service = Arc::clone(&self.0);
+        Box::pin(async move {
+            let record =
+                off_runtime_if_large(request.into_inner().0, crate::record_request::checked)
+                    .await?;
+            service.record_checked(record).await.map(Response::new)
         })
     }
 }

@@ -187,8 +187,16 @@ struct ImportTally {
     refused: Vec<trtllm::SkippedEntry>,
 }
 
+/// Whether the daemon refused a Record for its size (`--max-message-bytes`): a smaller batch
+/// may pass.
+fn refused_for_size(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::ResourceExhausted
+        && status.message().contains("--max-message-bytes")
+}
+
 /// Records `batch`; an entry the daemon refuses (INVALID_ARGUMENT names its index) is set aside
 /// with the daemon's reason and the rest is sent again, so one bad entry never costs the others.
+/// A batch over the daemon's message size is split in halves until each fits.
 async fn record_keeping_the_valid(
     client: &Client,
     mut batch: Vec<proto::Entry>,
@@ -222,6 +230,20 @@ async fn record_keeping_the_valid(
                         batch = second;
                     }
                 }
+            }
+            Err(tunecache_client::ClientError::Rpc(status))
+                if refused_for_size(&status) && batch.len() > 1 =>
+            {
+                let second = batch.split_off(batch.len() / 2);
+                Box::pin(record_keeping_the_valid(client, batch, tally)).await?;
+                batch = second;
+            }
+            Err(tunecache_client::ClientError::Rpc(status)) if refused_for_size(&status) => {
+                let refused = batch.remove(0);
+                tally.refused.push(skipped_for(
+                    &refused,
+                    format!("daemon refused it: {}", status.message()),
+                ));
             }
             Err(error) => return Err(error).context("record"),
         }

@@ -182,15 +182,24 @@ impl Daemon {
 
     /// The daemon's resident memory (VmRSS from /proc/<pid>/status), in bytes.
     pub fn rss_bytes(&self) -> u64 {
+        self.status_kib("VmRSS:") * 1024
+    }
+
+    /// The daemon's peak resident memory since it started (VmHWM from /proc/<pid>/status), in
+    /// bytes.
+    pub fn peak_rss_bytes(&self) -> u64 {
+        self.status_kib("VmHWM:") * 1024
+    }
+
+    fn status_kib(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
             .expect("the daemon is still running");
-        let kib: u64 = status
+        status
             .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .find_map(|line| line.strip_prefix(field))
             .and_then(|rest| rest.split_whitespace().next())
             .and_then(|number| number.parse().ok())
-            .expect("VmRSS in /proc/PID/status");
-        kib * 1024
+            .unwrap_or_else(|| panic!("{field} in /proc/PID/status"))
     }
 
     /// Everything the daemon logged so far (all its runs in this directory).

@@ -406,7 +406,9 @@ async fn every_validation_rule_refuses_the_whole_batch() {
     let too_many: Vec<proto::Entry> = (0..10_001).map(good).collect();
     let error = client.record(too_many).await.unwrap_err();
     assert!(
-        error.to_string().contains("entries: 10001 items"),
+        error
+            .to_string()
+            .contains("entries: more than 10000 items, at most 10000 per request"),
         "{error}"
     );
     let mut keys: Vec<proto::Key> = (0..3).map(|i| test_key("gemm", &problem(i))).collect();

@@ -107,6 +107,48 @@ async fn import_stores_every_valid_entry_when_the_daemon_refuses_some() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_splits_batches_over_the_daemons_message_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = tunecache_integration::Daemon::start_with(
+        tunecache_integration::DaemonOptions::new(dir.path())
+            .args(["--max-message-bytes", "65536"]),
+    )
+    .await;
+    // 1,000 entries of about 1 KB, one batch of 1 MB: sixteen times the daemon's limit. One
+    // entry alone is over it.
+    let mut rank_0 = serde_json::Map::new();
+    for i in 0..1000 {
+        let (key, tactic) = if i == 500 {
+            // Valid (a 3 KB problem, a 63 KB config), but over 64 KiB as a message.
+            let key = format!("('trtllm::gemm', '{}')", "p".repeat(3_000));
+            (key, format!("'{}'", "t".repeat(63_000)))
+        } else {
+            (format!("('trtllm::gemm', {i})"), format!("'{i:01000}'"))
+        };
+        rank_0.insert(key, trtllm_entry(&tactic, 0.5));
+    }
+    let file = dir.path().join("cache.json");
+    std::fs::write(&file, cache_file("1.1.0", Value::Object(rank_0))).unwrap();
+    let output = cli(
+        &daemon.socket,
+        &[
+            "--json",
+            "import",
+            "--format",
+            "trtllm",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(summary["stored"], 999, "{summary}");
+    let skipped = summary["skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 1, "{summary}");
+    let reason = skipped[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("--max-message-bytes 65536"), "{reason}");
+}
+
 /// Takes `<file>.lock` the way TensorRT-LLM's writers (py-filelock) do.
 fn hold_writer_lock(cache: &Path) -> nix::fcntl::Flock<std::fs::File> {
     let lock = std::fs::OpenOptions::new()
