@@ -329,8 +329,17 @@ impl Client {
                     key: Some(key),
                     result: Some(result.clone()),
                 };
-                // The result is ours even if recording fails; the next run tunes again.
-                let _ = self.record_with_lease(vec![entry], lease.lease_id).await;
+                // The result is ours even if recording fails; the next run tunes again. A
+                // refused Record leaves the lease held (the daemon keeps it for a Record that
+                // may still come), so give it up at once: the waiting ranks tune instead of
+                // waiting out the lease.
+                if self
+                    .record_with_lease(vec![entry], lease.lease_id.clone())
+                    .await
+                    .is_err()
+                {
+                    let _ = self.record_with_lease(Vec::new(), lease.lease_id).await;
+                }
                 RankOutcome::Tuned(result)
             }
             Err(error) => {

@@ -344,3 +344,60 @@ async fn bitblas_scenario_ranks_share_one_tuning_per_matmul() {
     let stats = client.stats().await.unwrap();
     assert_eq!(stats.entries_stored, 3, "nothing was overwritten");
 }
+
+/// The Rust client's whole rank flow: a tuned result the daemon refuses (a NaN time) still
+/// gives the lease up at once, so a rank waiting on the key tunes it instead of waiting out
+/// the 120 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_record_gives_the_lease_up_so_a_waiter_tunes_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path()).await;
+    let holder = daemon.client().await;
+    let waiter = daemon.client().await;
+    let problem = key("test", "gemm", "test-device", "refused", None);
+    let holding = {
+        let problem = problem.clone();
+        tokio::spawn(async move {
+            let options = ResolveOptions {
+                wait: Duration::ZERO,
+                can_tune: true,
+                lease: Duration::from_secs(120),
+            };
+            holder
+                .get_or_tune(problem, options, || async {
+                    // Long enough for the waiter to be waiting on the lease.
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    Ok::<_, String>(proto::Result {
+                        config: "{}".into(),
+                        time_us: f64::NAN,
+                        tuned_by: "holder".into(),
+                        tuned_at_unix_ms: 1,
+                    })
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let resolution = waiter
+        .resolve(
+            problem,
+            ResolveOptions {
+                wait: Duration::from_secs(30),
+                can_tune: true,
+                lease: Duration::from_secs(5),
+            },
+        )
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    eprintln!("the waiter got {resolution:?} after {waited:?}");
+    assert!(
+        matches!(resolution, Resolution::TuneHere(_)),
+        "{resolution:?}"
+    );
+    assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+    holding.await.unwrap();
+    let stats = daemon.client().await.stats().await.unwrap();
+    assert_eq!(stats.leases_given_up, 1, "{stats:?}");
+}
