@@ -531,11 +531,13 @@ impl IoWorker {
 
     fn load_segments(&mut self, started: Instant, report: &mut LoadReport) -> Result<()> {
         let mut by_node = self.list_segments()?;
-        let listed_names: HashSet<String> = by_node
-            .values()
-            .flat_map(|segments| segments.as_slice().iter().map(SegmentName::file_name))
-            .collect();
-        self.rejected.retain(|name| listed_names.contains(name));
+        if !self.rejected.is_empty() {
+            let listed_names: HashSet<String> = by_node
+                .values()
+                .flat_map(|segments| segments.as_slice().iter().map(SegmentName::file_name))
+                .collect();
+            self.rejected.retain(|name| listed_names.contains(name));
+        }
         let own_listed = by_node.remove(self.node()).unwrap_or_default();
         if !self.own.loaded {
             self.load_own_segments(own_listed, report)?;
@@ -636,9 +638,11 @@ impl IoWorker {
     /// deleted by hand). What it held is then published again, in the next segment, so a
     /// node that joins later still gets every contribution of this one.
     fn republish_if_removed(&mut self, listed: &NodeSegments) {
-        let present: HashSet<&SegmentName> = listed.as_slice().iter().collect();
         let before = self.own.segments.len();
-        self.own.segments.retain(|s| present.contains(s));
+        // The listing is sorted: a binary search per recorded segment.
+        self.own
+            .segments
+            .retain(|s| listed.as_slice().binary_search(s).is_ok());
         let missing = before - self.own.segments.len();
         if missing == 0 {
             return;
@@ -782,15 +786,22 @@ impl IoWorker {
                     .collect(),
             )
         };
-        let mut candidates = without_rejected(&self.rejected);
-        let listed = &mut candidates;
+        // The listing itself while nothing of it is rejected (the usual case: no copy).
+        let any_rejected = !self.rejected.is_empty()
+            && listed
+                .as_slice()
+                .iter()
+                .any(|s| self.rejected.contains(&s.file_name()));
+        let mut filtered: Option<NodeSegments> =
+            any_rejected.then(|| without_rejected(&self.rejected));
         let mut read_through = self.cursors.get(node).map_or(0, |c| c.read_through);
         let mut gap_passes = self.cursors.get(node).map_or(0, |c| c.gap_passes);
         loop {
             if started.elapsed() > LOAD_BUDGET {
                 break;
             }
-            let segment = match listed.next_to_read(read_through) {
+            let candidates = filtered.as_ref().unwrap_or(listed);
+            let segment = match candidates.next_to_read(read_through) {
                 Next::UpToDate => {
                     gap_passes = 0;
                     break;
@@ -811,7 +822,7 @@ impl IoWorker {
                         break;
                     }
                     // The same hole over several listings: files were removed by hand.
-                    let resume = listed
+                    let resume = candidates
                         .as_slice()
                         .iter()
                         .map(|s| s.first)
@@ -848,7 +859,7 @@ impl IoWorker {
                 let name = segment.file_name();
                 let _ = self.accept(&path, version, parsed);
                 self.rejected.insert(name);
-                *listed = without_rejected(&self.rejected);
+                filtered = Some(without_rejected(&self.rejected));
                 continue;
             }
             let before = read_through;
