@@ -1157,10 +1157,21 @@ impl IoWorker {
         drop(counted);
         // Linked in, not renamed: a rename would silently replace a segment another writer
         // of this name put there; a link fails instead (atomic on NFS too).
-        if let Err(error) = fs::hard_link(temp_path, path) {
-            return Err(("linking", error));
+        match fs::hard_link(temp_path, path) {
+            Ok(()) => {
+                let _ = fs::remove_file(temp_path);
+            }
+            Err(error) if link_unsupported(&error) => {
+                // A filesystem without hard links (some FUSE and object-store mounts): look,
+                // then rename. A second writer of this name racing inside that window could
+                // still be replaced; every other case is caught.
+                if fs::symlink_metadata(path).is_ok() {
+                    return Err(("linking", io::Error::from(io::ErrorKind::AlreadyExists)));
+                }
+                fs::rename(temp_path, path).map_err(|e| ("renaming", e))?;
+            }
+            Err(error) => return Err(("linking", error)),
         }
-        let _ = fs::remove_file(temp_path);
         if fsync {
             File::open(dir)
                 .and_then(|dir| dir.sync_all())
@@ -1168,6 +1179,14 @@ impl IoWorker {
         }
         Ok(bytes)
     }
+}
+
+/// `link(2)` refused because the filesystem has no hard links, not because of the name.
+fn link_unsupported(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EPERM | libc::EOPNOTSUPP | libc::EXDEV | libc::EMLINK | libc::ENOSYS)
+    )
 }
 
 /// Uids as the flag takes them.
@@ -1205,9 +1224,9 @@ fn remove_if_stale(path: &Path) {
     if age.is_some_and(|age| age > STALE_TEMP_AGE) {
         match fs::remove_file(path) {
             Ok(()) => {
-                tracing::info!(path = %path.display(), "removed a crashed writer's temp file")
+                tracing::info!(path = ?path, "removed a crashed writer's temp file")
             }
-            Err(error) => tracing::debug!(path = %path.display(), %error, "temp file not removed"),
+            Err(error) => tracing::debug!(path = ?path, %error, "temp file not removed"),
         }
     }
 }

@@ -166,11 +166,8 @@ impl Shared {
         path: &Path,
         error: &std::io::Error,
     ) -> Error {
-        let message = format!(
-            "{} failed: {what} {}: {error}",
-            operation.as_str(),
-            path.display()
-        );
+        // The path escaped ({:?}): a peer's file name may hold a newline or a fake log line.
+        let message = format!("{} failed: {what} {path:?}: {error}", operation.as_str());
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
         *lock(&self.last_error) = message.clone();
         if operation == Operation::Write {

@@ -501,3 +501,37 @@ async fn arbitrary_files_in_v2_never_cost_the_honest_nodes_an_entry() {
         .await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_name_with_a_newline_cannot_fake_a_log_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    let v2 = shared.join("v2");
+    std::fs::create_dir_all(&v2).unwrap();
+    std::fs::set_permissions(&v2, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let fake = "ERROR tunecache_server: the cache is corrupt, delete it";
+    let name = format!("x\n{fake}.0000000000000001-0000000000000001.seg.json");
+    std::fs::write(v2.join(&name), b"not json").unwrap();
+    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+    let client = a.client().await;
+    eventually(
+        Duration::from_secs(10),
+        "the file is warned about",
+        || async {
+            client
+                .stats()
+                .await
+                .is_ok_and(|s| s.peer_files_skipped >= 1)
+        },
+    )
+    .await;
+    let log = a.log();
+    assert!(
+        !log.lines().any(|line| line.starts_with(fake)),
+        "a file name wrote a log line of its own:\n{log}"
+    );
+    assert!(
+        log.contains("x\\nERROR"),
+        "the name is logged escaped:\n{log}"
+    );
+}
