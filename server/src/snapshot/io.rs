@@ -676,17 +676,23 @@ impl IoWorker {
                 continue;
             }
             self.not_ours.insert(name.clone());
-            self.shared
+            let earlier = self
+                .shared
                 .counters
                 .name_conflicts
                 .fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                file = ?name,
-                node = self.node(),
-                "a segment under this node's name that this node did not write (an earlier \
-                 state directory, an impostor, or a second daemon with the same --node-name); \
-                 read like another node's, never taken as this node's own"
-            );
+            if earlier > 0 {
+                tracing::debug!(file = ?name, "another segment under this node's name it did not write");
+            } else {
+                tracing::warn!(
+                    file = ?name,
+                    node = self.node(),
+                    "a segment under this node's name that this node did not write (an earlier \
+                     state directory, an impostor, or a second daemon with the same --node-name); \
+                     read like another node's, never taken as this node's own (logged once; \
+                     Stats snapshot_name_conflicts counts them)"
+                );
+            }
             let path = self.segment_dir().join(&name);
             let (version, parsed) = match self.read_segment(segment) {
                 Ok(Some(read)) => read,
@@ -1015,9 +1021,25 @@ impl IoWorker {
         self.own.name_conflict = true;
     }
 
+    /// Whether a segment under this node's name that it did not write lies inside the range
+    /// a compaction of its own segments would cover (and so would hide from readers). Those
+    /// of an earlier state directory lie before it: numbering went on after them.
+    fn not_ours_within_own_range(&self) -> bool {
+        let (Some(first), Some(last)) = (
+            self.own.segments.iter().map(|s| s.first).min(),
+            self.own.segments.iter().map(|s| s.last).max(),
+        ) else {
+            return false;
+        };
+        self.not_ours
+            .iter()
+            .filter_map(|name| SegmentName::parse(name))
+            .any(|other| other.first <= last && first <= other.last)
+    }
+
     fn compaction_due(&self) -> bool {
         let own = &self.own;
-        if own.name_conflict || !self.not_ours.is_empty() {
+        if own.name_conflict || self.not_ours_within_own_range() {
             return false;
         }
         own.segments.len() > self.shared.settings.compact_segments

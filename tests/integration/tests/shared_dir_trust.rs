@@ -535,3 +535,38 @@ async fn a_file_name_with_a_newline_cannot_fake_a_log_line() {
         "the name is logged escaped:\n{log}"
     );
 }
+
+/// An upgrade from a daemon that kept no record of its segments: the old ones are read like a
+/// peer's, and the node still compacts what it writes from then on (they lie before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_a_record_of_its_old_segments_still_compacts_its_new_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    let compact = ["--snapshot-compact-segments", "2"];
+    let mut a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &compact).await;
+    for i in 0..2 {
+        record(&a, numbered(&format!("old{i}"), 0..1, "A")).await;
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+    }
+    let old = own_segments(&shared, "A");
+    a.terminate(Duration::from_secs(10));
+    std::fs::remove_file(a.state_dir.join("shared-segments.json")).unwrap();
+    a.restart().await;
+    for i in 0..5 {
+        record(&a, numbered(&format!("new{i}"), 0..1, "A")).await;
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+    }
+    let now = own_segments(&shared, "A");
+    let new: Vec<_> = now.iter().filter(|n| !old.contains(n)).collect();
+    assert!(
+        old.iter().all(|n| now.contains(n)),
+        "old segments removed: {old:?} -> {now:?}"
+    );
+    assert!(
+        new.len() <= 3,
+        "the new segments were never compacted: {new:?}"
+    );
+    let stats = a.client().await.stats().await.unwrap();
+    assert!(stats.segment_compactions >= 1, "{stats:?}");
+}
