@@ -19,6 +19,13 @@ pub enum Error {
     #[error("another tunecached is already serving on {}", .0.display())]
     AlreadyServing(PathBuf),
 
+    #[error(
+        "state directory {} belongs to another tunecached ({holder}); give each daemon its own \
+         --state-dir",
+        dir.display()
+    )]
+    StateDirInUse { dir: PathBuf, holder: String },
+
     #[error("{} exists and is not a socket; refusing to remove it", .0.display())]
     NotASocket(PathBuf),
 

@@ -30,6 +30,7 @@ pub(crate) mod service;
 pub(crate) mod shared_file;
 pub(crate) mod snapshot;
 pub mod snapshot_format;
+mod state_lock;
 pub(crate) mod stats;
 pub mod store;
 pub(crate) mod stored;

@@ -107,6 +107,9 @@ pub async fn run(
 ) -> Result<()> {
     let nofile = crate::limits::raise_nofile_limit();
     let state_dir = config.state_dir();
+    // Before the journal is opened: a second daemon on this state directory stops here.
+    let state_lock = crate::state_lock::StateLock::acquire(&state_dir, socket.guard.path())?;
+    let previous_shutdown = state_lock.previous_shutdown();
     let fsync = config.fsync;
     let open_dir = state_dir.clone();
     let write_queue_bytes = config.write_queue_mib * 1024 * 1024;
@@ -159,7 +162,8 @@ pub async fn run(
         config.node_name(),
     )
     .with_connection_limits(connection_limits.clone())
-    .with_request_limits(request_limits.clone());
+    .with_request_limits(request_limits.clone())
+    .with_previous_shutdown(previous_shutdown);
     if let Some(cluster) = &cluster {
         service = service.with_cluster(cluster.clone());
     }
@@ -287,6 +291,11 @@ pub async fn run(
             }
         }
     }
+    // What this node has not published yet goes out now, within a short bound, so a job's
+    // results reach the other nodes when it ends, not when the next job starts here.
+    let outcome = publish_at_shutdown(snapshots.as_ref(), cluster.as_ref()).await;
+    tracing::info!(outcome = %outcome, "last publish at shutdown");
+    state_lock.record_shutdown(&outcome);
     tuner.shutdown().await;
     join_tasks(tasks).await;
     if let Some(snapshot_task) = snapshot_task {
@@ -298,5 +307,37 @@ pub async fn run(
     let _ = tokio::task::spawn_blocking(move || store_guard.shutdown()).await;
     drop(socket_guard);
     tracing::info!("tunecached stopped");
+    drop(state_lock);
     Ok(())
+}
+
+/// Longest the last publish at shutdown may take, shared directory and cluster tier
+/// together: a hung filesystem or Redis never holds the shutdown longer.
+const SHUTDOWN_PUBLISH_LIMIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Publishes what is not yet published (a segment, the cluster tier's queue) within
+/// `SHUTDOWN_PUBLISH_LIMIT`; says what happened to each.
+async fn publish_at_shutdown(
+    snapshots: Option<&SnapshotHandle>,
+    cluster: Option<&Arc<crate::cluster::Cluster>>,
+) -> String {
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_PUBLISH_LIMIT;
+    let mut parts = Vec::new();
+    if let Some(snapshots) = snapshots {
+        parts.push(format!(
+            "shared directory: {}",
+            snapshots.publish_at_shutdown(deadline).await
+        ));
+    }
+    if let Some(cluster) = cluster {
+        parts.push(format!(
+            "cluster tier: {}",
+            cluster.drain_at_shutdown(deadline).await
+        ));
+    }
+    if parts.is_empty() {
+        "nothing to publish (no shared directory, no cluster tier)".to_owned()
+    } else {
+        parts.join("; ")
+    }
 }

@@ -63,6 +63,8 @@ pub struct TuneCacheService {
     cluster: Option<Arc<crate::cluster::Cluster>>,
     /// Request limits and their counters, for Stats; `None` until the daemon sets them.
     request_limits: Option<Arc<crate::request_limits::RequestLimits>>,
+    /// What the previous run's last publish at shutdown did (from the state directory).
+    previous_shutdown: String,
 }
 
 impl TuneCacheService {
@@ -83,7 +85,14 @@ impl TuneCacheService {
             connection_limits: None,
             cluster: None,
             request_limits: None,
+            previous_shutdown: String::new(),
         }
+    }
+
+    /// Reports what the previous run's last publish at shutdown did.
+    pub fn with_previous_shutdown(mut self, outcome: String) -> Self {
+        self.previous_shutdown = outcome;
+        self
     }
 
     /// Reports the cluster tier's state in Stats.
@@ -243,6 +252,7 @@ impl TuneCache for TuneCacheService {
     ) -> Result<Response<v1::StatsResponse>, Status> {
         let mut stats = v1::StatsResponse {
             node_name: self.node_name.clone(),
+            previous_shutdown_publish: self.previous_shutdown.clone(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
             ..Default::default()

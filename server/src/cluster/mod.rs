@@ -376,6 +376,24 @@ impl Cluster {
         }
     }
 
+    /// At shutdown: waits until this node's queue is published, at most until `deadline`;
+    /// says how far it got.
+    pub async fn drain_at_shutdown(&self, deadline: tokio::time::Instant) -> String {
+        let waiting = self.lock_pending().entries.len();
+        if self.publish_idle() {
+            return "nothing waiting to publish".to_owned();
+        }
+        while !self.publish_idle() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let left = self.lock_pending().entries.len();
+        if self.publish_idle() {
+            format!("published the {waiting} results that were waiting")
+        } else {
+            format!("{left} results still waiting when the time ran out (redis slow or away)")
+        }
+    }
+
     fn link_url(&self) -> String {
         self.link.shown_url().to_owned()
     }

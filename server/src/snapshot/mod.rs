@@ -142,6 +142,8 @@ struct Shared {
     last_write_ok: AtomicBool,
     /// "operation:error kind" pairs already logged, so each kind is logged once.
     logged_failures: Mutex<HashSet<String>>,
+    /// What the last publish at shutdown did (empty before shutdown).
+    shutdown_publish: Mutex<String>,
 }
 
 impl Shared {
@@ -288,6 +290,7 @@ impl SnapshotHandle {
             job_outstanding: AtomicBool::new(false),
             last_write_ok: AtomicBool::new(true),
             logged_failures: Mutex::new(HashSet::new()),
+            shutdown_publish: Mutex::new(String::new()),
         });
         let (jobs, job_receiver) = mpsc::channel();
         let worker = IoWorker::new(Arc::clone(&shared));
@@ -348,6 +351,26 @@ impl SnapshotHandle {
             duration_ms: started.elapsed().as_millis() as u64,
             skipped_unchanged: written.skipped_unchanged,
         })
+    }
+
+    /// The last publish, at shutdown: what is not yet published goes out before `deadline`
+    /// (the daemon's stop does not cut it short); says what happened.
+    pub async fn publish_at_shutdown(&self, deadline: tokio::time::Instant) -> String {
+        let work = async {
+            let mut slot = self.slot.lock().await;
+            self.publish_if_changed(&mut slot).await
+        };
+        let outcome = match tokio::time::timeout_at(deadline, work).await {
+            Ok(Ok(written)) if written.skipped_unchanged => "nothing new to publish".to_owned(),
+            Ok(Ok(written)) => format!(
+                "published {} bytes ({} contributions in all) to {:?}",
+                written.bytes, written.entries, written.path
+            ),
+            Ok(Err(error)) => format!("failed: {error}"),
+            Err(_) => "not done in time (the shared directory is slow or hung)".to_owned(),
+        };
+        *lock(&self.shared.shutdown_publish) = outcome.clone();
+        outcome
     }
 
     /// The job that has run longer than `STUCK_AFTER`, if any.
