@@ -38,6 +38,27 @@ pub enum ClientError {
     /// The default socket location is not private to the caller (see [`socket_path`]).
     #[error(transparent)]
     UntrustedSocket(#[from] UntrustedSocket),
+    /// The daemon answering on the socket runs as a uid the caller does not trust.
+    #[error(
+        "refusing the daemon at {}: it runs as uid {uid}, not as this user ({me}) or root; \
+         another user may have put it there. To trust that uid (e.g. the system unit's \
+         `tunecache` user), set {TRUST_UID_ENV}={uid}",
+        path.display()
+    )]
+    UntrustedDaemon { path: PathBuf, uid: u32, me: u32 },
+}
+
+/// Extra daemon uids a client trusts besides its own and root's (comma-separated), for a
+/// daemon run by another account, e.g. the system unit's `tunecache` user.
+pub const TRUST_UID_ENV: &str = "TUNECACHE_TRUST_UID";
+
+/// The uids whose daemon this process talks to: its own, root, and `$TUNECACHE_TRUST_UID`.
+fn trusted_daemon_uids() -> Vec<u32> {
+    let mut uids = vec![nix::unistd::geteuid().as_raw(), 0];
+    if let Ok(list) = std::env::var(TRUST_UID_ENV) {
+        uids.extend(list.split(',').filter_map(|u| u.trim().parse::<u32>().ok()));
+    }
+    uids
 }
 
 impl From<tonic::Status> for ClientError {
@@ -74,20 +95,49 @@ pub struct Client {
 }
 
 /// Opens a gRPC channel over the Unix socket at `path`. The `:authority` is `localhost`.
+///
+/// The daemon's uid is read from the connection itself (SO_PEERCRED), so the process checked
+/// is the one answering, with no gap between check and connect: a socket served by a uid
+/// other than the caller's, root's or one in `$TUNECACHE_TRUST_UID` is refused, named or not.
 pub async fn connect_channel(path: &Path) -> Result<Channel> {
     let socket = path.to_path_buf();
+    let trusted = trusted_daemon_uids();
+    let refused: std::sync::Arc<std::sync::Mutex<Option<u32>>> = Default::default();
+    let refused_in_connector = std::sync::Arc::clone(&refused);
     // The URI is required by the transport but unused: the connector below dials the socket.
-    Endpoint::from_static("http://localhost")
+    let connected = Endpoint::from_static("http://localhost")
         .connect_timeout(DEFAULT_TIMEOUT)
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let socket = socket.clone();
-            async move { UnixStream::connect(socket).await.map(TokioIo::new) }
+            let trusted = trusted.clone();
+            let refused = std::sync::Arc::clone(&refused_in_connector);
+            async move {
+                let stream = UnixStream::connect(socket).await?;
+                let uid = stream.peer_cred()?.uid();
+                if !trusted.contains(&uid) {
+                    if let Ok(mut slot) = refused.lock() {
+                        *slot = Some(uid);
+                    }
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        format!("the daemon runs as uid {uid}, which this client does not trust"),
+                    ));
+                }
+                Ok(TokioIo::new(stream))
+            }
         }))
-        .await
-        .map_err(|source| ClientError::Connect {
+        .await;
+    connected.map_err(|source| match refused.lock().ok().and_then(|slot| *slot) {
+        Some(uid) => ClientError::UntrustedDaemon {
+            path: path.to_path_buf(),
+            uid,
+            me: nix::unistd::geteuid().as_raw(),
+        },
+        None => ClientError::Connect {
             path: path.to_path_buf(),
             source,
-        })
+        },
+    })
 }
 
 impl Client {

@@ -380,3 +380,68 @@ fn autostart_on_the_default_path_makes_a_private_directory_and_never_a_squatted_
     let mode = std::fs::metadata(&default_dir).unwrap().mode() & 0o7777;
     assert_eq!(mode, 0o700, "auto-start made {mode:04o}");
 }
+
+/// A socket whose daemon runs as another uid is refused by the client even when named
+/// (`--socket`): the uid comes from the connection (SO_PEERCRED), so there is no gap between
+/// the check and the connect. `$TUNECACHE_TRUST_UID` admits a daemon account on purpose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_socket_served_by_another_uid_is_refused_unless_trusted() {
+    use std::os::unix::fs::PermissionsExt;
+    if !tunecache_integration::require_root("running a daemon as uid 65534") {
+        return;
+    }
+    let Some(setpriv) = tunecache_integration::require_tool("setpriv", None) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let run = dir.path().join("run");
+    let state = dir.path().join("state");
+    for d in [&run, &state] {
+        std::fs::create_dir_all(d).unwrap();
+        std::os::unix::fs::chown(d, Some(65534), Some(65534)).unwrap();
+    }
+    let socket = run.join("other.sock");
+    let mut daemon = std::process::Command::new(setpriv)
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(tunecache_integration::bin("tunecached"))
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--state-dir")
+        .arg(&state)
+        .args(["--tuner", "off"])
+        .env_remove("TUNECACHE_SOCKET")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon as 65534 never bound"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let refused = tunecache_integration::cli(&socket, &["stats"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success(),
+        "a daemon of uid 65534 was trusted"
+    );
+    assert!(stderr.contains("runs as uid 65534"), "{stderr}");
+    let trusted = std::process::Command::new(tunecache_integration::bin("tunecache"))
+        .arg("--socket")
+        .arg(&socket)
+        .arg("stats")
+        .env("TUNECACHE_TRUST_UID", "65534")
+        .output()
+        .unwrap();
+    assert!(
+        trusted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&trusted.stderr)
+    );
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+}
