@@ -101,15 +101,32 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
 /// Runs the daemon on `socket` until `shutdown` resolves, then drains calls, awaits its
 /// tasks, flushes the journal and removes the socket.
 pub async fn run(
-    config: Config,
+    mut config: Config,
     socket: BoundSocket,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let nofile = crate::limits::raise_nofile_limit();
     let state_dir = config.state_dir();
-    // Before the journal is opened: a second daemon on this state directory stops here.
-    let state_lock = crate::state_lock::StateLock::acquire(&state_dir, socket.guard.path())?;
-    let previous_shutdown = state_lock.previous_shutdown();
+    // Before the journal is opened: a second daemon on this state directory stops here. The
+    // node's name is settled here too, once (a default one reads or makes the state
+    // directory's id), before anything uses it. Both touch the disk: off the runtime.
+    let (state_lock, previous_shutdown, node_name) = {
+        let (dir, socket_path, config) = (
+            state_dir.clone(),
+            socket.guard.path().to_path_buf(),
+            config.clone(),
+        );
+        tokio::task::spawn_blocking(move || -> Result<_> {
+            let lock = crate::state_lock::StateLock::acquire(&dir, &socket_path)?;
+            let previous = lock.previous_shutdown();
+            config.ensure_node_id()?;
+            Ok((lock, previous, config.node_name()))
+        })
+        .await
+        .map_err(|e| Error::io("locking", &state_dir, std::io::Error::other(e)))??
+    };
+    crate::config::check_node_name(&node_name).map_err(Error::InvalidNodeName)?;
+    config.node_name = Some(node_name);
     let fsync = config.fsync;
     let open_dir = state_dir.clone();
     let write_queue_bytes = config.write_queue_mib * 1024 * 1024;
@@ -120,9 +137,6 @@ pub async fn run(
     .map_err(|e| Error::io("opening the store", &state_dir, std::io::Error::other(e)))??;
     log_replay(&report, &state_dir);
     let store = store_guard.store();
-    // The node's name before anything uses it: a default one needs the state directory's id.
-    config.ensure_node_id()?;
-    crate::config::check_node_name(&config.node_name()).map_err(Error::InvalidNodeName)?;
 
     let BoundSocket {
         listener,
@@ -295,7 +309,12 @@ pub async fn run(
     // results reach the other nodes when it ends, not when the next job starts here.
     let outcome = publish_at_shutdown(snapshots.as_ref(), cluster.as_ref()).await;
     tracing::info!(outcome = %outcome, "last publish at shutdown");
-    state_lock.record_shutdown(&outcome);
+    let state_lock = tokio::task::spawn_blocking(move || {
+        state_lock.record_shutdown(&outcome);
+        state_lock
+    })
+    .await
+    .ok();
     tuner.shutdown().await;
     join_tasks(tasks).await;
     if let Some(snapshot_task) = snapshot_task {

@@ -534,7 +534,7 @@ impl Follower {
                 let text = Layout::key_text(&key);
                 let shard = &mut shards[Layout::shard_of_text(&text)];
                 shard.0 += 1;
-                shard.1 ^= entry_digest(&layout.entry(&key), &encode_result(&result));
+                shard.1 ^= entry_digest(&layout.entry_of_text(&text), &encode_result(&result));
             }
             shards
                 .into_iter()

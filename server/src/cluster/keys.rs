@@ -80,12 +80,23 @@ impl Layout {
         )
     }
 
+    #[cfg(test)]
     pub fn entry(&self, key: &CacheKey) -> String {
-        self.named("e", &Self::key_text(key))
+        self.entry_of_text(&Self::key_text(key))
     }
 
     pub fn lease(&self, key: &CacheKey) -> String {
-        self.named("l", &Self::key_text(key))
+        self.lease_of_text(&Self::key_text(key))
+    }
+
+    /// `entry` from a key text already made (one JSON encoding per key, not one per name).
+    pub fn entry_of_text(&self, text: &str) -> String {
+        self.named("e", text)
+    }
+
+    /// `lease` from a key text already made.
+    pub fn lease_of_text(&self, text: &str) -> String {
+        self.named("l", text)
     }
 
     /// The cache key of an entry name found by SCAN, and its shard; `None` for anything else

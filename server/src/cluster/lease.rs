@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::keys::decode_result;
+use super::keys::{decode_result, Layout};
 use super::scripts;
 use super::Cluster;
 use crate::entry::{CacheKey, TunedResult};
@@ -81,10 +81,11 @@ impl Cluster {
         };
         let token = self.new_token();
         let ttl_ms = self.lease_ttl.as_millis() as u64;
+        let text = Layout::key_text(key);
         let mut invocation = scripts::ACQUIRE.prepare_invoke();
         invocation
-            .key(self.layout.entry(key))
-            .key(self.layout.lease(key))
+            .key(self.layout.entry_of_text(&text))
+            .key(self.layout.lease_of_text(&text))
             .arg(&token)
             .arg(ttl_ms);
         let reply =

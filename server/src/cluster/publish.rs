@@ -138,8 +138,8 @@ async fn publish_batch(
         let shard = Layout::shard_of_text(&text);
         let mut invocation = scripts::MERGE.prepare_invoke();
         invocation
-            .key(layout.entry(key))
-            .key(layout.lease(key))
+            .key(layout.entry_of_text(&text))
+            .key(layout.lease_of_text(&text))
             .key(layout.log(shard))
             .key(layout.meta(shard))
             .arg(t)

@@ -22,6 +22,24 @@ fn cache_file(lib_version: &str, rank_0: Value) -> String {
         .unwrap()
 }
 
+/// Writes a cache file holding `rank_0`, imports it through the CLI, returns its summary.
+fn import_rank_0(daemon: &Daemon, dir: &Path, rank_0: serde_json::Map<String, Value>) -> Value {
+    let file = dir.join("cache.json");
+    std::fs::write(&file, cache_file("1.1.0", Value::Object(rank_0))).unwrap();
+    let output = cli(
+        &daemon.socket,
+        &[
+            "--json",
+            "import",
+            "--format",
+            "trtllm",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
 fn trtllm_entry(tactic: &str, min_time: f64) -> Value {
     json!({"runner_id": 0, "tactic": tactic, "min_time": min_time})
 }
@@ -46,20 +64,7 @@ async fn import_stores_every_valid_entry_when_the_daemon_refuses_some() {
         };
         rank_0.insert(key, trtllm_entry(&tactic, 0.5));
     }
-    let file = dir.path().join("cache.json");
-    std::fs::write(&file, cache_file("1.1.0", Value::Object(rank_0))).unwrap();
-    let output = cli(
-        &daemon.socket,
-        &[
-            "--json",
-            "import",
-            "--format",
-            "trtllm",
-            file.to_str().unwrap(),
-        ],
-    );
-    assert!(output.status.success(), "{}", text(&output.stderr));
-    let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let summary = import_rank_0(&daemon, dir.path(), rank_0);
     assert_eq!(summary["stored"], 1499, "{summary}");
     let skipped = summary["skipped"].as_array().unwrap();
     assert_eq!(skipped.len(), 2, "{summary}");
@@ -78,6 +83,7 @@ async fn import_stores_every_valid_entry_when_the_daemon_refuses_some() {
     assert_eq!(entries.len(), 1499);
 
     // Nothing storable, or not a cache: non-zero, with the summary.
+    let file = dir.path().join("cache.json");
     let mut all_bad = serde_json::Map::new();
     all_bad.insert(
         format!("('trtllm::long', '{}')", "y".repeat(5000)),
@@ -128,20 +134,7 @@ async fn import_splits_batches_over_the_daemons_message_size() {
         };
         rank_0.insert(key, trtllm_entry(&tactic, 0.5));
     }
-    let file = dir.path().join("cache.json");
-    std::fs::write(&file, cache_file("1.1.0", Value::Object(rank_0))).unwrap();
-    let output = cli(
-        &daemon.socket,
-        &[
-            "--json",
-            "import",
-            "--format",
-            "trtllm",
-            file.to_str().unwrap(),
-        ],
-    );
-    assert!(output.status.success(), "{}", text(&output.stderr));
-    let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let summary = import_rank_0(&daemon, dir.path(), rank_0);
     assert_eq!(summary["stored"], 999, "{summary}");
     let skipped = summary["skipped"].as_array().unwrap();
     assert_eq!(skipped.len(), 1, "{summary}");
