@@ -1,29 +1,118 @@
-#!/usr/bin/env bash
-# Without prolog/epilog: inside a batch script, start one tunecached per node as a background
-# job step, run the job, then stop the daemons. Usage in an sbatch script:
+# shellcheck shell=bash
+# Without prolog/epilog: source this in a batch script to start one tunecached per node of the
+# job as an overlapping job step, and stop them when the script ends:
 #
-#   source deploy/slurm/tunecache-srun.sh     # starts the daemons, exports TUNECACHE_SOCKET
-#   srun python train.py                      # ranks use the node's daemon
-#   tunecache_stop                            # (also done on exit by the trap)
+#   source /path/to/tunecache-srun.sh || exit 1   # starts the daemons, exports TUNECACHE_SOCKET
+#   srun python train.py                          # ranks use their node's daemon
+#   tunecache_stop                                # optional: also done by the EXIT trap
 #
-# Needs `--overlap` (Slurm >= 20.11) so the daemon step does not hold the CPUs the ranks need.
-export TUNECACHE_SOCKET="${TUNECACHE_SOCKET:-/tmp/tunecache-$(id -u)-$SLURM_JOB_ID/tunecache.sock}"
-tunecache_state="${TUNECACHE_STATE_DIR:-$HOME/.local/state/tunecache}"
+# Settings (environment, all optional):
+#   TUNECACHE_BIN, TUNECACHE_CLI   daemon and CLI (default: tunecached, tunecache on PATH)
+#   TUNECACHE_SOCKET_DIR           socket directory on every node (default /tmp/tunecache-<uid>-<job>)
+#   TUNECACHE_STATE_DIR            journal parent; each node keeps <it>/<node> (default
+#                                  ~/.local/state/tunecache). A node whose directory another
+#                                  job's daemon holds uses one private to this job instead.
+#   TUNECACHE_DAEMON_FLAGS         more daemon flags, split on spaces (e.g. --shared-dir DIR)
+#
+# What it guarantees: exactly one daemon per node (--ntasks equal to the node count); a socket
+# directory this job created, 0700 and its own, on every node (a directory someone else made
+# first fails the start, loudly); readiness proven by each daemon's Stats (this uid, and the pid
+# the step started); SIGTERM to the step at the end (drain, last publish, socket removed).
+# Needs Slurm >= 20.11 (--overlap, so the daemon step does not hold the ranks' CPUs).
 
-srun --overlap --ntasks-per-node=1 --nodes="$SLURM_JOB_NUM_NODES" --kill-on-bad-exit=0 \
-    --cpu-bind=none --mem=0 \
-    tunecached --socket "$TUNECACHE_SOCKET" --state-dir "$tunecache_state" \
-               --exit-when-idle 3600 --log-format json &
+tunecache_bin="${TUNECACHE_BIN:-tunecached}"
+tunecache_cli="${TUNECACHE_CLI:-tunecache}"
+tunecache_socket_dir="${TUNECACHE_SOCKET_DIR:-/tmp/tunecache-$(id -u)-${SLURM_JOB_ID:?tunecache-srun.sh runs inside a Slurm job}}"
+tunecache_state_base="${TUNECACHE_STATE_DIR:-$HOME/.local/state/tunecache}"
+export TUNECACHE_SOCKET="$tunecache_socket_dir/tunecache.sock"
+
+# One task per node, as its own step: the explicit --ntasks overrides the job's SLURM_NTASKS,
+# which srun would otherwise inherit (and start one daemon per task).
+tunecache_per_node=(--overlap --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES"
+                    --ntasks-per-node=1 --kill-on-bad-exit=0 --cpu-bind=none)
+
+# The daemon step's task: make the socket directory (mkdir fails on one that exists: nobody
+# else's may be used), pick the state directory, note the pid and the step, become the daemon.
+# shellcheck disable=SC2016  # expanded by the task's shell
+tunecache_node_task='
+dir=$1 state_base=$2 bin=$3; shift 3
+node=${SLURMD_NODENAME:-$(hostname -s)}
+if ! mkdir -m 0700 -- "$dir" 2>/dev/null; then
+    read -r owner mode kind < <(stat -c "%u %a %F" -- "$dir" 2>/dev/null)
+    if [[ -L $dir || $owner != $(id -u) || $mode != 700 || $kind != directory ]]; then
+        echo "tunecache-srun: on $node, $dir exists and is not this user'"'"'s private directory (owner uid ${owner:-?}, mode ${mode:-?}, ${kind:-?}); another user may have made it. Remove it, or set TUNECACHE_SOCKET_DIR" >&2
+        exit 3
+    fi
+fi
+state=$state_base/$node
+mkdir -p -- "$state" || exit 4
+# The daemon keeps fd 8 and with it this lock as long as it runs: a second job on the node
+# finds the lock taken at once (no gap between a test and the daemon'"'"'s own lock).
+exec 8>>"$state/wrapper.lock"
+if ! flock -n 8; then
+    exec 8>&-
+    echo "tunecache-srun: on $node, $state belongs to another job'"'"'s daemon; this job journals in $dir/state and keeps it only for this job" >&2
+    state=$dir/state
+fi
+echo $$ >"$dir/daemon.pid"
+echo "$SLURM_STEP_ID" >"$dir/step"
+exec "$bin" --socket "$dir/tunecache.sock" --state-dir "$state" --exit-when-idle 3600 \
+    --log-format json "$@" >>"$dir/tunecached.log" 2>&1
+'
+# shellcheck disable=SC2086  # TUNECACHE_DAEMON_FLAGS is split on spaces, as documented
+srun "${tunecache_per_node[@]}" --job-name=tunecached \
+    bash -c "$tunecache_node_task" tunecache-node "$tunecache_socket_dir" "$tunecache_state_base" \
+    "$tunecache_bin" ${TUNECACHE_DAEMON_FLAGS:-} &
 tunecache_step_pid=$!
 
-# Wait until every node's daemon answers (one check per node).
-srun --overlap --ntasks-per-node=1 --nodes="$SLURM_JOB_NUM_NODES" bash -c '
-    for _ in $(seq 1 100); do tunecache stats >/dev/null 2>&1 && exit 0; sleep 0.1; done
-    echo "tunecached not up on $(hostname)" >&2' || true
-
 tunecache_stop() {
-    # SIGTERM to the step reaches every daemon: drain, flush, remove the socket.
-    kill -TERM "$tunecache_step_pid" 2>/dev/null || true
-    wait "$tunecache_step_pid" 2>/dev/null || true
+    trap - EXIT
+    local step
+    step="$(cat -- "$tunecache_socket_dir/step" 2>/dev/null)"
+    if [[ "$step" =~ ^[0-9]+$ ]] && kill -0 "$tunecache_step_pid" 2>/dev/null; then
+        # SIGTERM to the daemons themselves (a signal to srun would end the step with SIGKILL).
+        scancel --signal=TERM "$SLURM_JOB_ID.$step" 2>/dev/null
+        for _ in $(seq 1 200); do                 # 20 s: drain (7 s) and last publish (3 s)
+            kill -0 "$tunecache_step_pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -0 "$tunecache_step_pid" 2>/dev/null && scancel "$SLURM_JOB_ID.$step" 2>/dev/null
+    fi
+    wait "$tunecache_step_pid" 2>/dev/null
+    return 0
 }
 trap tunecache_stop EXIT
+
+# Ready when every node's daemon answers Stats as this uid with the pid its task wrote: the
+# daemon we started, not one someone else serves on the path (the CLI also refuses a daemon of
+# another uid by the connection's peer credentials). 30 s, then the start fails.
+# shellcheck disable=SC2016
+tunecache_ready_task='
+dir=$1 cli=$2 node=${SLURMD_NODENAME:-$(hostname -s)}
+for _ in $(seq 1 300); do
+    pid=$(cat -- "$dir/daemon.pid" 2>/dev/null)
+    stats=$("$cli" --socket "$dir/tunecache.sock" --json stats 2>/dev/null)
+    if [[ -n $pid && $stats == *"\"daemon_pid\":$pid,"* && $stats == *"\"daemon_uid\":$(id -u)"[,}]* ]]; then
+        exit 0
+    fi
+    sleep 0.1
+done
+echo "tunecache-srun: on $node, the daemon started for this job did not answer on $dir/tunecache.sock within 30 s; see $dir/tunecached.log" >&2
+exit 1
+'
+srun "${tunecache_per_node[@]}" bash -c "$tunecache_ready_task" tunecache-ready \
+    "$tunecache_socket_dir" "$tunecache_cli" &
+tunecache_ready_pid=$!
+while kill -0 "$tunecache_ready_pid" 2>/dev/null; do
+    if ! kill -0 "$tunecache_step_pid" 2>/dev/null; then   # a node's task failed: no waiting
+        kill -INT "$tunecache_ready_pid" 2>/dev/null; sleep 0.2; kill -INT "$tunecache_ready_pid" 2>/dev/null
+        break
+    fi
+    sleep 0.1
+done
+if ! wait "$tunecache_ready_pid" || ! kill -0 "$tunecache_step_pid" 2>/dev/null; then
+    echo "tunecache-srun: tunecached is not serving on every node; stopping it (ranks will use untuned defaults)" >&2
+    tunecache_stop
+    # shellcheck disable=SC2317  # exit only when run instead of sourced
+    return 1 2>/dev/null || exit 1
+fi

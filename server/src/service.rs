@@ -253,6 +253,8 @@ impl TuneCache for TuneCacheService {
         let mut stats = v1::StatsResponse {
             node_name: self.node_name.clone(),
             previous_shutdown_publish: self.previous_shutdown.clone(),
+            daemon_pid: std::process::id(),
+            daemon_uid: nix::unistd::geteuid().as_raw(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
             ..Default::default()

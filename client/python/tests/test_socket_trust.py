@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
+import time
 from concurrent import futures
 
 import grpc
@@ -109,3 +111,57 @@ def test_explicit_socket_variable_is_trusted_and_get_or_tune_falls_back(runtime_
             assert client.resolve(unique_key(), wait_ms=0).WhichOneof("outcome") == "tune_here"
     finally:
         server.stop(grace=None)
+
+
+def test_a_daemon_running_as_another_uid_is_refused_on_a_named_path_unless_trusted(monkeypatch, caplog):
+    """Issue 23: the squatter's daemon (uid 65534 here, the caller is root) is refused by its
+    peer credentials even on a path the caller named, and get_or_tune falls back without
+    sending it anything; TUNECACHE_TRUST_UID admits it."""
+    needs_root()
+    from conftest import daemon_binary
+
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or not daemon_binary().is_file():
+        if os.environ.get("CI"):
+            pytest.fail("needs setpriv and the tunecached binary in CI")
+        pytest.skip("needs setpriv and the tunecached binary")
+    directory = short_temp_dir("tc-squat-")
+    os.chmod(directory, 0o755)
+    socket_dir_path = directory / "run"
+    socket_dir_path.mkdir(mode=0o700)
+    os.chown(socket_dir_path, OTHER_UID, OTHER_UID)
+    socket_path = socket_dir_path / "tunecache.sock"
+    command = [setpriv, "--reuid", str(OTHER_UID), "--regid", str(OTHER_UID), "--clear-groups",
+               str(daemon_binary()), "--socket", str(socket_path), "--state-dir", str(socket_dir_path / "state")]
+    log = open(directory / "daemon.log", "wb")
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not socket_path.exists():
+            assert process.poll() is None, (directory / "daemon.log").read_text()
+            assert time.monotonic() < deadline, "the other uid's daemon did not start"
+            time.sleep(0.05)
+        monkeypatch.delenv(tunecache.TRUST_UID_ENV, raising=False)
+        with pytest.raises(tunecache.UntrustedDaemonError) as refused:
+            tunecache.Client(socket_path)
+        assert f"runs as uid {OTHER_UID}" in str(refused.value)
+        assert f"{tunecache.TRUST_UID_ENV}={OTHER_UID}" in str(refused.value)
+
+        # The process-wide client on $TUNECACHE_SOCKET: a fallback and one warning, no call made.
+        monkeypatch.setenv(tunecache.SOCKET_ENV, str(socket_path))
+        monkeypatch.setattr(tunecache.client, "_default_client", None)
+        with caplog.at_level(logging.WARNING, logger="tunecache"):
+            assert tunecache.get_or_tune(unique_key(), lambda: ({"x": 1}, 1.0), "fallback") == "fallback"
+        assert f"runs as uid {OTHER_UID}" in caplog.text
+
+        monkeypatch.setenv(tunecache.TRUST_UID_ENV, f"4242,{OTHER_UID}")
+        with tunecache.Client(socket_path) as client:
+            assert client.stats().daemon_uid == OTHER_UID
+            assert client.stats().daemon_pid == process.pid
+            stats = client.stats()
+            assert (stats.resolves, stats.records) == (0, 0), "the refused get_or_tune reached the daemon"
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+        log.close()
+        shutil.rmtree(directory, ignore_errors=True)

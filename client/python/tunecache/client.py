@@ -10,7 +10,9 @@ import logging
 import math
 import os
 import platform
+import socket as socketlib
 import stat
+import struct
 import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Tuple, Union
@@ -35,6 +37,9 @@ except RuntimeError as err:
 logger = logging.getLogger("tunecache")
 
 SOCKET_ENV = "TUNECACHE_SOCKET"
+# Extra daemon uids a client trusts besides its own and root's (comma-separated), for a daemon
+# run by another account, e.g. the system unit's `tunecache` user. The Rust client reads it too.
+TRUST_UID_ENV = "TUNECACHE_TRUST_UID"
 SOCKET_DIR_NAME = "tunecache"
 SOCKET_FILE_NAME = "tunecache.sock"
 
@@ -121,6 +126,50 @@ def check_default_socket(path: str, uid: Optional[int] = None) -> None:
                 )
 
 
+class UntrustedDaemonError(UntrustedSocketError):
+    """The daemon answering on the socket runs as a uid the caller does not trust."""
+
+
+def trusted_daemon_uids(environ: Optional[Mapping[str, str]] = None) -> set:
+    """The uids whose daemon this process talks to: its own, root, and $TUNECACHE_TRUST_UID."""
+    environ = os.environ if environ is None else environ
+    uids = {os.geteuid(), 0}
+    for item in environ.get(TRUST_UID_ENV, "").split(","):
+        if item.strip().isdigit():
+            uids.add(int(item.strip()))
+    return uids
+
+
+def check_daemon_uid(path: str, timeout: float = DEFAULT_TIMEOUT_S) -> Optional[int]:
+    """Refuses (UntrustedDaemonError) a socket whose daemon runs as a uid other than the
+    caller's, root's or one in $TUNECACHE_TRUST_UID, on any path, named or default: a squatted
+    path must not get a rank's entries. The uid is the daemon's own, read from a connection to
+    the socket (SO_PEERCRED), like the Rust client does. Returns that uid, or None when nothing
+    answers (the calls then fail as usual and get_or_tune uses its fallback).
+
+    grpcio dials the path again for its own connection, so a user who may write the socket's
+    directory could swap the socket between the two; in a directory only the caller or root
+    can write (the default one is checked for that) nobody can."""
+    probe = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM | socketlib.SOCK_CLOEXEC)
+    try:
+        probe.settimeout(timeout)
+        try:
+            probe.connect(path)
+        except OSError:
+            return None
+        credentials = probe.getsockopt(socketlib.SOL_SOCKET, socketlib.SO_PEERCRED, struct.calcsize("3i"))
+    finally:
+        probe.close()
+    _pid, uid, _gid = struct.unpack("3i", credentials)
+    if uid not in trusted_daemon_uids():
+        raise UntrustedDaemonError(
+            f"tunecache: refusing the daemon at {path}: it runs as uid {uid}, not as this user "
+            f"({os.geteuid()}) or root; another user may have put it there. To trust that uid "
+            f"(e.g. the system unit's `tunecache` user), set {TRUST_UID_ENV}={uid}"
+        )
+    return uid
+
+
 def _as_key(key: KeyLike) -> pb.Key:
     if isinstance(key, pb.Key):
         return key
@@ -148,14 +197,16 @@ class Client:
     a fork). Every call has a deadline: `timeout` seconds unless the call says otherwise."""
 
     def __init__(self, socket: Union[str, os.PathLike, None] = None, timeout: float = DEFAULT_TIMEOUT_S):
-        """``socket``: the daemon's socket; by default $TUNECACHE_SOCKET (trusted as given), else
-        the default path, which is checked first (see check_default_socket)."""
+        """``socket``: the daemon's socket; by default $TUNECACHE_SOCKET, else the default path,
+        whose directory is checked first (see check_default_socket). On every path the daemon
+        must run as the caller, root or a uid in $TUNECACHE_TRUST_UID (see check_daemon_uid)."""
         if socket is not None:
             self.socket_path = os.fspath(socket)
         else:
             self.socket_path = default_socket_path()
             if not os.environ.get(SOCKET_ENV, ""):
                 check_default_socket(self.socket_path)
+        check_daemon_uid(self.socket_path, timeout)
         self.timeout = timeout
         self._channel = grpc.insecure_channel(
             "unix:" + os.path.abspath(self.socket_path), options=CHANNEL_OPTIONS

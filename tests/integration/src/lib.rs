@@ -14,6 +14,7 @@ use nix::unistd::Pid;
 use tunecache_client::{proto, Client};
 
 pub mod redis;
+pub mod slurm;
 
 /// Directory holding the workspace's binaries: `$TUNECACHE_BIN_DIR`, else the cargo target
 /// directory this test binary was built into (`target/<profile>/deps/<test>` → `target/<profile>`).

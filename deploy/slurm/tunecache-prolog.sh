@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Slurm Prolog: starts one tunecached per node for the job's user before any rank runs, unless
+# one already answers on the user's socket (a concurrent or earlier job of the same user).
+#   slurm.conf:  Prolog=/etc/slurm/tunecache-prolog.sh
+#                Epilog=/etc/slurm/tunecache-epilog.sh
+#                PrologFlags=Alloc       (the prolog runs at allocation, before the first step)
+# Copy tunecache-slurm-lib.sh beside this script; settings: tunecache-slurm.conf beside it, or
+# /etc/tunecache/slurm.conf (see deploy/slurm/tunecache-slurm.conf).
+#
+# Runs as root on every allocated node. The daemon runs as the job's user, so the ranks (same
+# uid) pass its peer check and it passes theirs, and the journal stays the user's.
+# Ranks find it through:  export TUNECACHE_SOCKET=$SOCKET_ROOT/$SLURM_JOB_USER/tunecache.sock
+#
+# A problem here never fails the job or drains the node: the script logs why and exits 0, and
+# the ranks run with untuned defaults (the clients fall back when no daemon answers).
+set -uo pipefail
+here="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
+TUNECACHE_SCRIPT=tunecache-prolog
+# shellcheck source-path=SCRIPTDIR source=tunecache-slurm-lib.sh
+source "$here/tunecache-slurm-lib.sh" || exit 0
+tunecache_load_settings "$here" || exit 0
+tunecache_job_paths
+
+for program in "$BIN" "$CLI"; do
+    if [[ ! -x "$program" ]]; then
+        tunecache_log "$program is missing or not executable (BIN= and CLI= in $TUNECACHE_CONF); the job runs without tunecache"
+        exit 0
+    fi
+done
+for dir in "$SOCKET_ROOT" "$STATE_ROOT" "$jobs_dir" "$socket_dir" "$state_dir"; do
+    if [[ -L "$dir" ]]; then
+        tunecache_log "$dir is a symbolic link; refusing it, the job runs without tunecache"
+        exit 0
+    fi
+done
+# The roots are root's, so no user can take another user's directory inside them.
+if ! install -d -m 0755 -o root -g root "$SOCKET_ROOT" "$STATE_ROOT" "$jobs_dir" ||
+    ! install -d -m 0700 -o "$job_uid" -g "$job_gid" "$socket_dir" "$state_dir"; then
+    tunecache_log "cannot create $socket_dir or $state_dir; the job runs without tunecache"
+    exit 0
+fi
+
+tunecache_lock_user || { tunecache_log "the user's lock is busy for 30 s; the job runs without tunecache"; exit 0; }
+# This job's marker: the epilog stops the daemon when the user's last job on the node ends.
+: >"$jobs_dir/$job_user.$SLURM_JOB_ID"
+
+if as_job_user "$CLI" --socket "$socket" stats >/dev/null 2>&1; then
+    exit 0                                             # already serving
+fi
+
+args=(--socket "$socket" --state-dir "$state_dir" --exit-when-idle "$IDLE_SECS" --log-format json)
+[[ -n "$SHARED_DIR" ]] && args+=(--shared-dir "$SHARED_DIR")
+[[ -n "$CLUSTER_URL" ]] && args+=(--cluster-url "$CLUSTER_URL")
+# shellcheck disable=SC2206  # EXTRA_FLAGS is split on spaces, as its comment says
+[[ -n "$EXTRA_FLAGS" ]] && args+=($EXTRA_FLAGS)
+
+# Detached (own session), outside the prolog's lifetime, without the lock's fd 9. The log is
+# opened by the user's shell, not by root: the state directory is the user's to plant links in.
+# shellcheck disable=SC2016  # expanded by the user's shell
+setsid setpriv --reuid "$job_uid" --regid "$job_gid" --init-groups -- \
+    /bin/sh -c 'log=$1; shift; exec "$@" >>"$log" 2>&1' tunecached "$state_dir/tunecached.log" \
+    "$BIN" "${args[@]}" </dev/null >/dev/null 2>&1 9>&- &
+
+# Bounded wait until it answers, so the first rank finds it.
+for _ in $(seq 1 100); do
+    as_job_user "$CLI" --socket "$socket" stats >/dev/null 2>&1 && exit 0
+    sleep 0.1
+done
+tunecache_log "the daemon did not answer on $socket within 10 s (see $state_dir/tunecached.log); the job runs without it"
+exit 0
