@@ -400,6 +400,24 @@ impl Client {
     }
 }
 
+/// The index of the entry a Record's INVALID_ARGUMENT refused, read from the status's
+/// `google.rpc.BadRequest` detail (its field path is `entries[<index>]...`); `None` when the
+/// status names no entry. A caller drops that entry and sends the rest again.
+pub fn refused_entry_index(status: &tonic::Status) -> Option<usize> {
+    use tonic_types::StatusExt;
+    if status.code() != tonic::Code::InvalidArgument {
+        return None;
+    }
+    status
+        .get_details_bad_request()?
+        .field_violations
+        .iter()
+        .find_map(|violation| {
+            let rest = violation.field.strip_prefix("entries[")?;
+            rest[..rest.find(']')?].parse().ok()
+        })
+}
+
 /// Builds a key; `rank: None` is the entry shared by all ranks.
 pub fn key(namespace: &str, op: &str, device: &str, problem: &str, rank: Option<u32>) -> v1::Key {
     v1::Key {

@@ -203,8 +203,19 @@ impl Error {
 }
 
 impl From<Error> for tonic::Status {
+    /// A refused field also travels as the standard `google.rpc.BadRequest` detail, with the
+    /// field's path (`entries[7].key.problem`): clients find the refused entry there, not by
+    /// reading the message, which stays as it is for people.
     fn from(error: Error) -> Self {
-        tonic::Status::new(error.code(), error.to_string())
+        use tonic_types::{ErrorDetails, StatusExt};
+        match &error {
+            Error::InvalidField(field) => tonic::Status::with_error_details(
+                error.code(),
+                error.to_string(),
+                ErrorDetails::with_bad_request_violation(field.path.clone(), field.reason.clone()),
+            ),
+            _ => tonic::Status::new(error.code(), error.to_string()),
+        }
     }
 }
 
@@ -240,7 +251,19 @@ mod tests {
                 "entries[1].key.op: must not be empty".into()
             )
         );
-        assert_eq!(tonic::Status::from(invalid).code(), Code::InvalidArgument);
+        let with_details = tonic::Status::from(invalid);
+        assert_eq!(with_details.code(), Code::InvalidArgument);
+        let violations = tonic_types::StatusExt::get_details_bad_request(&with_details)
+            .expect("a BadRequest detail")
+            .field_violations;
+        assert_eq!(violations.len(), 1);
+        assert_eq!(
+            (
+                violations[0].field.as_str(),
+                violations[0].description.as_str()
+            ),
+            ("entries[1].key.op", "must not be empty")
+        );
         assert_eq!(
             status(Error::LeasesPerPid { pid: 7, limit: 2 }),
             (

@@ -174,12 +174,6 @@ fn skipped_for(entry: &proto::Entry, reason: String) -> trtllm::SkippedEntry {
     }
 }
 
-/// The entry index an INVALID_ARGUMENT names (`entries[7].key.problem: ...`).
-fn refused_index(message: &str) -> Option<usize> {
-    let rest = message.strip_prefix("entries[")?;
-    rest[..rest.find(']')?].parse().ok()
-}
-
 #[derive(Default)]
 struct ImportTally {
     stored: u64,
@@ -212,7 +206,7 @@ async fn record_keeping_the_valid(
             Err(tunecache_client::ClientError::Rpc(status))
                 if status.code() == tonic::Code::InvalidArgument =>
             {
-                let index = refused_index(status.message())
+                let index = tunecache_client::refused_entry_index(&status)
                     .filter(|&index| index < batch.len())
                     // A refusal that names no entry: split until it does, or is alone.
                     .or((batch.len() == 1).then_some(0));

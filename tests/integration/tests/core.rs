@@ -402,6 +402,21 @@ async fn every_validation_rule_refuses_the_whole_batch() {
             "{path}: {}",
             status.message()
         );
+        // The same field path, structured: the google.rpc.BadRequest detail clients read.
+        let violations = tonic_types::StatusExt::get_details_bad_request(&status)
+            .unwrap_or_else(|| panic!("{path}: no BadRequest detail"))
+            .field_violations;
+        assert_eq!(violations.len(), 1, "{path}");
+        assert_eq!(violations[0].field, path);
+        assert_eq!(
+            format!("{}: {}", violations[0].field, violations[0].description),
+            status.message()
+        );
+        assert_eq!(
+            tunecache_client::refused_entry_index(&status),
+            Some(2),
+            "{path}"
+        );
     }
     let too_many: Vec<proto::Entry> = (0..10_001).map(good).collect();
     let error = client.record(too_many).await.unwrap_err();
