@@ -4,7 +4,6 @@
 
 use cudarc::cublaslt::result::CublasError;
 use cudarc::driver::DriverError;
-use cudarc::nvrtc::CompileError;
 use tunecache_proto::tuner::problem::ProblemError;
 
 #[derive(Debug, thiserror::Error)]
@@ -44,8 +43,9 @@ pub enum TuneError {
         source: CublasError,
     },
 
+    /// NVRTC refused a candidate; the text is its status and log, cut to a bounded size.
     #[error("compile: {0}")]
-    Compile(#[source] CompileError),
+    Compile(String),
 
     /// A timer reported a negative or non-finite duration.
     #[error("timer returned {0} us")]

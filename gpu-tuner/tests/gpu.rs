@@ -15,6 +15,8 @@ async fn start_cuda() -> TunerHandle {
         backend: BackendChoice::Cuda,
         job_timeout: Duration::from_secs(300),
         queue_capacity: 4,
+        device: None,
+        worker_args: Vec::new(),
     })
     .await
     .expect("a cuda worker starts (is there an NVIDIA GPU and driver?)");

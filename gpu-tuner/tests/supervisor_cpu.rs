@@ -20,6 +20,8 @@ fn config(job_timeout: Duration, queue_capacity: usize) -> SupervisorConfig {
         backend: BackendChoice::Cpu,
         job_timeout,
         queue_capacity,
+        device: None,
+        worker_args: Vec::new(),
     }
 }
 
@@ -313,4 +315,168 @@ async fn auto_picks_cuda_only_when_the_driver_loads_and_cuda_without_one_is_a_st
             .to_string();
         assert!(error.contains("libcuda.so.1"), "{error}");
     }
+}
+
+/// A cpu worker whose named tactics fail as `faults` says (the worker's hidden
+/// `--inject-fault NAME=KIND`).
+async fn start_faulty(job_timeout: Duration, faults: &[&str]) -> TunerHandle {
+    let mut config = config(job_timeout, 4);
+    for fault in faults {
+        config.worker_args.push("--inject-fault".to_string());
+        config.worker_args.push(fault.to_string());
+    }
+    Supervisor::start(config)
+        .await
+        .expect("the cpu worker starts")
+}
+
+/// Tunes SMALL_GEMM and returns the result's config.
+async fn tune_small(tuner: &TunerHandle) -> Result<serde_json::Value, String> {
+    let result = tuner
+        .submit("gemm", SMALL_GEMM, &fingerprint(tuner))
+        .expect("accepted")
+        .await
+        .expect("answered")?;
+    Ok(serde_json::from_str(&result.config).expect("config is JSON"))
+}
+
+fn entry<'a>(config: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    config["candidates"]
+        .as_array()
+        .expect("a candidate list")
+        .iter()
+        .find(|e| e["name"] == name)
+        .unwrap_or_else(|| panic!("{name} not listed in {config}"))
+}
+
+#[tokio::test]
+async fn a_candidate_that_kills_the_worker_is_excluded_and_the_job_finishes_with_the_rest() {
+    let tuner = start_faulty(Duration::from_secs(120), &["64x64x64=abort"]).await;
+    let first_pid = tuner.worker_pid().expect("a worker pid");
+    let config = tune_small(&tuner)
+        .await
+        .expect("tuned without the aborting tactic");
+    assert_ne!(config["candidate"], "64x64x64");
+    let why = entry(&config, "64x64x64")["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(why.contains("excluded"), "{why}");
+    assert!(why.contains("SIGABRT"), "{why}");
+    assert!(
+        why.contains("aborting in candidate 64x64x64"),
+        "the stderr tail: {why}"
+    );
+    // The others were measured: the job finished with the best of the rest.
+    let measured = config["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["median_us"].is_f64())
+        .count();
+    assert_eq!(measured, 5, "{config}");
+    assert!(tuner.worker_pid().is_some_and(|pid| pid != first_pid));
+    let counters = tuner.counters();
+    assert_eq!(
+        (counters.restarts, counters.jobs_done, counters.jobs_failed),
+        (1, 1, 0)
+    );
+
+    // The next job succeeds too (its fresh worker dies once more on the same tactic, since
+    // exclusions belong to a job, and is restarted).
+    let config = tune_small(&tuner).await.expect("the next job succeeds");
+    assert_ne!(config["candidate"], "64x64x64");
+    assert_eq!(tuner.counters().restarts, 2);
+}
+
+#[tokio::test]
+async fn a_poisoned_context_and_a_crash_in_two_candidates_cost_only_those_two() {
+    let tuner = start_faulty(
+        Duration::from_secs(120),
+        &["32x32x64=poison", "128x128x128=abort", "64x128x128=wrong"],
+    )
+    .await;
+    let config = tune_small(&tuner)
+        .await
+        .expect("tuned with the other tactics");
+    let poisoned = entry(&config, "32x32x64")["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(poisoned.contains("status 70"), "{poisoned}");
+    assert!(poisoned.contains("sticky CUDA error"), "{poisoned}");
+    let aborted = entry(&config, "128x128x128")["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(aborted.contains("SIGABRT"), "{aborted}");
+    // The fastest-but-wrong tactic was timed (it is the fastest by far) but did not win.
+    let wrong = entry(&config, "64x128x128");
+    assert!(wrong["median_us"].is_f64(), "{wrong}");
+    assert!(
+        wrong["error"]
+            .as_str()
+            .unwrap()
+            .contains("failed verification"),
+        "{wrong}"
+    );
+    let winner = config["candidate"].as_str().unwrap();
+    assert!(
+        ["64x64x64", "128x256x256", "256x64x512"].contains(&winner),
+        "{winner}"
+    );
+    assert_eq!(tuner.counters().restarts, 2);
+}
+
+#[tokio::test]
+async fn a_job_whose_candidates_keep_killing_workers_fails_after_the_limit_naming_them() {
+    let faults = [
+        "32x32x64=abort",
+        "64x64x64=abort",
+        "64x128x128=abort",
+        "128x128x128=abort",
+        "128x256x256=abort",
+    ];
+    let tuner = start_faulty(Duration::from_secs(120), &faults).await;
+    let error = tune_small(&tuner).await.expect_err("too many deaths");
+    let limit = tunecache_server::tuner::MAX_DEATHS_PER_JOB;
+    assert!(error.contains(&format!("died {limit} times")), "{error}");
+    assert!(
+        error.contains("candidates excluded for killing it: 32x32x64, 64x64x64, 64x128x128"),
+        "{error}"
+    );
+    let counters = tuner.counters();
+    assert_eq!(counters.jobs_failed, 1);
+    eventually("a fresh worker after the last death", || {
+        tuner.counters().restarts == u64::from(limit) && tuner.state() == "running"
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_hanging_candidate_hits_the_job_timeout_and_is_named() {
+    let tuner = start_faulty(Duration::from_millis(2500), &["64x64x64=hang"]).await;
+    let first_pid = tuner.worker_pid().expect("a worker pid");
+    let error = tune_small(&tuner).await.expect_err("times out");
+    assert!(error.contains("timed out"), "{error}");
+    assert!(
+        error.contains("while running candidate \"64x64x64\""),
+        "{error}"
+    );
+    eventually("a restarted worker", || {
+        tuner.worker_pid().is_some_and(|pid| pid != first_pid) && tuner.state() == "running"
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn fault_injection_is_refused_outside_the_cpu_backend() {
+    let mut config = config(Duration::from_secs(5), 4);
+    config.backend = BackendChoice::Auto;
+    config.worker_args = vec!["--inject-fault".into(), "x=abort".into()];
+    let error = Supervisor::start(config)
+        .await
+        .expect_err("refused")
+        .to_string();
+    assert!(error.contains("cpu backend only"), "{error}");
 }

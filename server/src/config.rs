@@ -80,6 +80,12 @@ pub struct Config {
     #[arg(long, env = "TUNECACHE_TUNER_QUEUE", default_value_t = 64)]
     pub tuner_queue: usize,
 
+    /// The GPU (CUDA ordinal) the tuner worker measures on; it creates a context on that GPU
+    /// only. Default: the least-loaded GPU by NVML when NVML loads, else the last GPU (rank 0
+    /// usually runs on the first).
+    #[arg(long, env = "TUNECACHE_TUNER_DEVICE", value_name = "ORDINAL")]
+    pub tuner_device: Option<u32>,
+
     // --- Deployment and access ---
     /// Group (name or gid) given the socket, so its members can connect (mode is 0660).
     /// Ignored under socket activation, where the unit's SocketGroup= applies.

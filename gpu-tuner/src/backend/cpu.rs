@@ -12,10 +12,12 @@ use tunecache_proto::v1;
 
 use tunecache_proto::tuner::problem::{parse_gemm, GemmDtype, GemmProblem};
 
+use super::faults::FaultPlan;
 use super::reference::{naive_matmul, random_operands, reference_entry, GemmShape};
-use super::{make_result, tactic_deadline, Backend, SplitMix64};
+use super::report::{bound_error, bound_report, REPORT_BUDGET_BYTES};
+use super::{excluded, excluded_text, make_result, tactic_deadline, Backend, SplitMix64};
 use crate::error::TuneError;
-use crate::measure::{measure, MeasureConfig, Stats};
+use crate::measure::{measure_interleaved, MeasureConfig, Stats, Timed, TimingMethod};
 
 /// Problems above this many multiply-adds would take minutes per tactic on a CPU.
 pub const MAX_CPU_GEMM_MACS: u64 = 1 << 32;
@@ -123,9 +125,49 @@ fn worst_error(got: &[f32], want: &[f32]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// A tactic's name, as announced and reported: `mc x nc x kc`.
+pub fn tactic_name(tile: BlockTile) -> String {
+    format!("{}x{}x{}", tile.mc, tile.nc, tile.kc)
+}
+
 pub struct CpuBackend {
     devices: Vec<v1::Device>,
     measure: MeasureConfig,
+    faults: FaultPlan,
+}
+
+/// The problem's operands and scratch, timed by `measure_interleaved`.
+struct CpuTimed<'a> {
+    shape: GemmShape,
+    a: &'a [f32],
+    b: &'a [f32],
+    c: &'a mut [f32],
+    pack: &'a mut PackBuffers,
+    faults: &'a FaultPlan,
+}
+
+impl CpuTimed<'_> {
+    fn run(&mut self, tile: BlockTile) {
+        // An injected wrong tactic skips the work: the fastest, and wrong.
+        if self.faults.is_wrong(&tactic_name(tile)) {
+            self.c.fill(0.5);
+            return;
+        }
+        blocked_matmul(&self.shape, tile, self.a, self.b, self.c, self.pack);
+    }
+}
+
+impl Timed for CpuTimed<'_> {
+    fn name(&self, index: usize) -> String {
+        tactic_name(TACTICS[index])
+    }
+    fn sample(&mut self, index: usize, runs: u32) -> Result<f64, TuneError> {
+        let started = std::time::Instant::now();
+        for _ in 0..runs.max(1) {
+            self.run(TACTICS[index]);
+        }
+        Ok(started.elapsed().as_secs_f64() * 1e6 / f64::from(runs.max(1)))
+    }
 }
 
 impl CpuBackend {
@@ -133,10 +175,22 @@ impl CpuBackend {
         CpuBackend {
             devices: vec![cpu_device()],
             measure,
+            faults: FaultPlan::default(),
         }
     }
 
-    fn tune_gemm(&self, job: &TuneJob, problem: &GemmProblem) -> Result<v1::Result, TuneError> {
+    /// Injects `faults` into named tactics (tests only; see `faults`).
+    pub fn with_faults(mut self, faults: FaultPlan) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    fn tune_gemm(
+        &self,
+        job: &TuneJob,
+        problem: &GemmProblem,
+        announce: &mut dyn FnMut(&str),
+    ) -> Result<v1::Result, TuneError> {
         if problem.dtype != GemmDtype::F32 {
             return Err(TuneError::Unsupported(format!(
                 "the cpu backend tunes gemm for dtype f32 only, not {:?}; tune {} problems on a cuda worker",
@@ -152,9 +206,15 @@ impl CpuBackend {
         }
         let shape = GemmShape::from_problem(problem);
         let mut pack = PackBuffers::default();
+        let excluded = excluded(job);
+        let mut report: Vec<serde_json::Value> = TACTICS
+            .iter()
+            .map(|tile| json!({"name": tactic_name(*tile), "tactic": tile}))
+            .collect();
 
         // Every tactic must agree with the definition on an awkward small case (sizes that
-        // are not multiples of any block) before its timing means anything.
+        // are not multiples of any block) before its timing means anything; one that does
+        // not is reported and left out, and the rest go on.
         let small = GemmShape {
             m: 37,
             n: 29,
@@ -165,74 +225,120 @@ impl CpuBackend {
         let mut want = vec![0.0; small.m * small.n];
         naive_matmul(&small, &small_a, &small_b, &mut want);
         let mut got = vec![0.0; small.m * small.n];
-        for tile in TACTICS {
-            blocked_matmul(&small, tile, &small_a, &small_b, &mut got, &mut pack);
+        let mut live = Vec::new();
+        for (index, tile) in TACTICS.iter().enumerate() {
+            let name = tactic_name(*tile);
+            if let Some(reason) = excluded.get(&name) {
+                report[index]["error"] = json!(excluded_text(reason));
+                continue;
+            }
+            announce(&name);
+            blocked_matmul(&small, *tile, &small_a, &small_b, &mut got, &mut pack);
             let error = worst_error(&got, &want);
             if error > 1e-5 {
-                return Err(TuneError::WrongOutput(format!(
-                    "blocked matmul {tile:?} disagrees with the reference (error {error:e}); refusing to time it"
-                )));
+                report[index]["error"] = json!(format!(
+                    "failed verification: disagrees with the reference on 37x29x41 (error {error:e})"
+                ));
+                continue;
             }
+            live.push(index);
         }
 
         let (a, b) = random_operands(&shape, 1);
         let mut c = vec![0.0f32; shape.m * shape.n];
-        let deadline = tactic_deadline(job);
-        let mut measured: Vec<(BlockTile, Stats)> = Vec::new();
-        let mut skipped = 0;
-        for tile in TACTICS {
-            if deadline.is_some_and(|d| std::time::Instant::now() > d) && !measured.is_empty() {
-                skipped += 1;
-                continue;
+        let mut timed = CpuTimed {
+            shape,
+            a: &a,
+            b: &b,
+            c: &mut c,
+            pack: &mut pack,
+            faults: &self.faults,
+        };
+        let measured = measure_interleaved(
+            &self.measure,
+            "cpu",
+            &live,
+            &mut timed,
+            announce,
+            tactic_deadline(job),
+        );
+        let mut ranked: Vec<(usize, Stats)> = Vec::new();
+        for (index, outcome) in measured.outcomes {
+            match outcome {
+                Ok(stats) => {
+                    report[index]["median_us"] = json!(stats.median_us);
+                    report[index]["spread"] = json!(stats.spread);
+                    report[index]["repeats"] = json!(stats.repeats);
+                    ranked.push((index, stats));
+                }
+                Err(error) => report[index]["error"] = json!(error.to_string()),
             }
-            let stats = measure(&self.measure, "cpu", || {
-                let started = std::time::Instant::now();
-                blocked_matmul(&shape, tile, &a, &b, &mut c, &mut pack);
-                Ok(started.elapsed().as_secs_f64() * 1e6)
-            })?;
-            measured.push((tile, stats));
         }
-        let (best_tile, best_stats) = measured
-            .iter()
-            .min_by(|x, y| x.1.median_us.total_cmp(&y.1.median_us))
-            .cloned()
-            .ok_or_else(|| TuneError::NothingRan("no tactic was measured".to_string()))?;
+        ranked.sort_by(|x, y| x.1.median_us.total_cmp(&y.1.median_us));
 
-        // Check the winner on the real problem too, at sampled entries.
-        blocked_matmul(&shape, best_tile, &a, &b, &mut c, &mut pack);
+        // The fastest counts only if it is right on the real problem too (sampled entries);
+        // a wrong one is reported and the next fastest is checked.
         let mut rng = SplitMix64::new(11);
         let samples = 64.min(shape.m * shape.n);
-        for _ in 0..samples {
-            let i = (rng.next_u64() % shape.m as u64) as usize;
-            let j = (rng.next_u64() % shape.n as u64) as usize;
-            let want = reference_entry(&shape, &a, &b, i, j);
-            let got = f64::from(c[i + j * shape.m]);
-            let tolerance = 1e-4 * (shape.k as f64).sqrt() * (1.0 + want.abs());
-            if (got - want).abs() > tolerance {
-                return Err(TuneError::WrongOutput(format!(
-                    "winner {best_tile:?} is wrong at ({i},{j}): {got} vs {want}"
-                )));
+        let picks: Vec<(usize, usize)> = (0..samples)
+            .map(|_| {
+                let i = (rng.next_u64() % shape.m as u64) as usize;
+                let j = (rng.next_u64() % shape.n as u64) as usize;
+                (i, j)
+            })
+            .collect();
+        let mut winner = None;
+        for (index, stats) in ranked {
+            let tile = TACTICS[index];
+            announce(&tactic_name(tile));
+            timed.run(tile);
+            let wrong = picks.iter().find_map(|&(i, j)| {
+                let want = reference_entry(&shape, &a, &b, i, j);
+                let got = f64::from(timed.c[i + j * shape.m]);
+                let tolerance = 1e-4 * (shape.k as f64).sqrt() * (1.0 + want.abs());
+                ((got - want).abs() > tolerance || got.is_nan())
+                    .then(|| format!("({i},{j}): {got} vs {want}"))
+            });
+            match wrong {
+                Some(at) => {
+                    report[index]["error"] = json!(format!(
+                        "failed verification on the problem (it was the fastest left) at {at}"
+                    ))
+                }
+                None => {
+                    winner = Some((tile, stats));
+                    break;
+                }
             }
         }
+        let report = bound_report(report, REPORT_BUDGET_BYTES);
+        let Some((best_tile, best_stats)) = winner else {
+            return Err(TuneError::NothingRan(bound_error(&format!(
+                "no tactic was measured and verified: {}",
+                json!(report)
+            ))));
+        };
 
         let gflops = 2.0 * macs as f64 / (best_stats.median_us * 1e3);
+        let timing = TimingMethod::new(
+            &self.measure,
+            measured.rounds,
+            "none: host timer (CPU stand-in)".to_string(),
+            "off".to_string(),
+        );
         let config = json!({
             "backend": "cpu",
             "note": "CPU stand-in: blocked f32 matmul on the host, not a GPU measurement",
             "op": "gemm",
             "tactic": best_tile,
+            "candidate": tactic_name(best_tile),
             "stats": best_stats,
+            "timing": timing,
             "gflops": gflops,
-            "verified": {"small_case": "37x29x41 vs naive, all tactics", "sampled_entries": samples},
-            "candidates": measured.iter().map(|(tile, stats)| json!({
-                "tactic": tile,
-                "median_us": stats.median_us,
-                "spread": stats.spread,
-                "repeats": stats.repeats,
-            })).collect::<Vec<_>>(),
-            "skipped_for_time": skipped,
+            "verified": {"small_case": "37x29x41 vs naive, every tactic", "sampled_entries": samples},
+            "candidates": report,
         });
-        Ok(make_result("cpu", &config, best_stats.median_us))
+        Ok(make_result("cpu", config, best_stats.median_us))
     }
 }
 
@@ -245,12 +351,16 @@ impl Backend for CpuBackend {
         &self.devices
     }
 
-    fn tune(&mut self, job: &TuneJob) -> Result<v1::Result, TuneError> {
+    fn tune(
+        &mut self,
+        job: &TuneJob,
+        announce: &mut dyn FnMut(&str),
+    ) -> Result<v1::Result, TuneError> {
         if !self.devices.iter().any(|d| d.fingerprint == job.device) {
             return Err(TuneError::NoDevice(job.device.clone()));
         }
         match job.op.as_str() {
-            "gemm" => self.tune_gemm(job, &parse_gemm(&job.problem)?),
+            "gemm" => self.tune_gemm(job, &parse_gemm(&job.problem)?, announce),
             "nvrtc" => Err(TuneError::Unsupported(
                 "op \"nvrtc\" needs a cuda worker; the cpu backend cannot run CUDA C".to_string(),
             )),
@@ -339,23 +449,27 @@ mod tests {
             problem: problem.into(),
             device: device.clone(),
             timeout_ms: 0,
+            excluded: Vec::new(),
         };
         let err = backend
-            .tune(&job(
-                "gemm",
-                r#"{"m":8,"n":8,"k":8,"dtype":"f16","layout":"nn"}"#,
-            ))
+            .tune(
+                &job("gemm", r#"{"m":8,"n":8,"k":8,"dtype":"f16","layout":"nn"}"#),
+                &mut |_| {},
+            )
             .unwrap_err()
             .to_string();
         assert!(err.contains("f32 only"), "{err}");
-        let err = backend.tune(&job("nvrtc", "{}")).unwrap_err().to_string();
+        let err = backend
+            .tune(&job("nvrtc", "{}"), &mut |_| {})
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("cuda"), "{err}");
     }
 
     #[test]
     fn cpu_backend_tunes_a_small_gemm() {
         let mut backend = CpuBackend::new(MeasureConfig {
-            max_repeats: 5,
+            max_rounds: 5,
             ..MeasureConfig::default()
         });
         let job = TuneJob {
@@ -364,8 +478,16 @@ mod tests {
             problem: r#"{"m":40,"n":24,"k":56,"dtype":"f32","layout":"tn"}"#.into(),
             device: backend.devices()[0].fingerprint.clone(),
             timeout_ms: 0,
+            excluded: Vec::new(),
         };
-        let result = backend.tune(&job).unwrap();
+        let mut announced = Vec::new();
+        let result = backend
+            .tune(&job, &mut |name| announced.push(name.to_string()))
+            .unwrap();
+        // Each tactic was announced before its check, warm-up and samples.
+        for tile in TACTICS {
+            assert!(announced.contains(&tactic_name(tile)), "{announced:?}");
+        }
         let config: serde_json::Value = serde_json::from_str(&result.config).unwrap();
         assert_eq!(config["stats"]["median_us"].as_f64(), Some(result.time_us));
         assert_eq!(
@@ -373,5 +495,57 @@ mod tests {
             Some(TACTICS.len())
         );
         assert!(result.tuned_by.starts_with("tunecache-tuner/cpu@"));
+        assert_eq!(
+            config["timing"]["version"].as_u64(),
+            Some(u64::from(crate::measure::METHOD_VERSION))
+        );
+        assert!(config["stats"]["runs_per_sample"].as_u64().unwrap() >= 1);
+    }
+
+    #[test]
+    fn excluded_and_fastest_but_wrong_tactics_lose_to_the_best_of_the_rest() {
+        let wrong = tactic_name(TACTICS[0]);
+        let gone = tactic_name(TACTICS[1]);
+        let faults = FaultPlan::parse(&[format!("{wrong}=wrong")]).unwrap();
+        let mut backend = CpuBackend::new(MeasureConfig {
+            max_rounds: 5,
+            ..MeasureConfig::default()
+        })
+        .with_faults(faults);
+        let job = TuneJob {
+            job_id: 1,
+            op: "gemm".into(),
+            problem: r#"{"m":48,"n":32,"k":64,"dtype":"f32","layout":"nn"}"#.into(),
+            device: backend.devices()[0].fingerprint.clone(),
+            timeout_ms: 0,
+            excluded: vec![tunecache_proto::tuner::v1::ExcludedCandidate {
+                candidate: gone.clone(),
+                reason: "killed by signal 6 (SIGABRT)".into(),
+            }],
+        };
+        let mut announced = Vec::new();
+        let result = backend
+            .tune(&job, &mut |name| announced.push(name.to_string()))
+            .unwrap();
+        let config: serde_json::Value = serde_json::from_str(&result.config).unwrap();
+        let winner = config["candidate"].as_str().unwrap();
+        assert_ne!(winner, wrong);
+        assert_ne!(winner, gone);
+        assert!(!announced.contains(&gone), "an excluded tactic never runs");
+        let entry = |name: &str| {
+            config["candidates"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["name"] == name)
+                .cloned()
+                .unwrap()
+        };
+        let gone_entry = entry(&gone);
+        let why = gone_entry["error"].as_str().unwrap();
+        assert!(why.contains("excluded") && why.contains("SIGABRT"), "{why}");
+        let wrong_entry = entry(&wrong);
+        let why = wrong_entry["error"].as_str().unwrap();
+        assert!(why.contains("failed verification on the problem"), "{why}");
     }
 }

@@ -4,10 +4,19 @@
 //! `tunecache.v1.Result`. `cpu` is a real-but-slow stand-in used where no GPU is present;
 //! `cuda` drives cuBLASLt and NVRTC through cudarc with the driver loaded at run time. Both
 //! check gemm tactics against the same host reference (`reference`).
+//!
+//! Every backend names its candidates and announces each one before running it (the
+//! worker forwards that as a `Running` frame), skips the candidates the job excludes
+//! (they killed an earlier worker), checks a candidate's answer before its time counts,
+//! and bounds its report (`report`). `faults` injects failures for the cpu backend's tests.
 
 pub mod cpu;
 pub mod cuda;
+pub mod faults;
 pub mod reference;
+pub mod report;
+
+use std::collections::BTreeMap;
 
 use std::time::{Duration, Instant};
 
@@ -25,25 +34,59 @@ pub trait Backend {
     /// The devices this backend tunes; a job names one of them by fingerprint.
     fn devices(&self) -> &[v1::Device];
     /// Tunes one job. `Err` means the problem cannot be tuned here (not retried).
-    fn tune(&mut self, job: &TuneJob) -> Result<v1::Result, TuneError>;
+    /// `announce` is called with a candidate's name before any of its code runs.
+    fn tune(
+        &mut self,
+        job: &TuneJob,
+        announce: &mut dyn FnMut(&str),
+    ) -> Result<v1::Result, TuneError>;
+}
+
+/// Which GPU the worker uses (`--device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    /// The least-loaded GPU by NVML when it loads, else the last one.
+    #[default]
+    Auto,
+    /// This CUDA ordinal.
+    Ordinal(usize),
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "auto" => Ok(DeviceChoice::Auto),
+            number => number.parse().map(DeviceChoice::Ordinal).map_err(|_| {
+                format!("--device {number:?}: expected auto or a CUDA device ordinal")
+            }),
+        }
+    }
 }
 
 /// Opens the chosen backend and says why it was chosen (the `Ready.note`).
 pub fn select(
     choice: BackendChoice,
     measure: MeasureConfig,
+    device: DeviceChoice,
+    faults: faults::FaultPlan,
 ) -> Result<(Box<dyn Backend>, String), TuneError> {
+    if !faults.is_empty() && choice != BackendChoice::Cpu {
+        return Err(TuneError::Unavailable(
+            "--inject-fault is for tests of the cpu backend only".to_string(),
+        ));
+    }
     match choice {
         BackendChoice::Cpu => Ok((
-            Box::new(cpu::CpuBackend::new(measure)),
+            Box::new(cpu::CpuBackend::new(measure).with_faults(faults)),
             "cpu backend requested; CPU stand-in, not a GPU measurement".to_string(),
         )),
         BackendChoice::Cuda => {
-            let backend = cuda::CudaBackend::open(measure)?;
+            let backend = cuda::CudaBackend::open(measure, device)?;
             let note = format!("cuda backend requested; {}", backend.summary());
             Ok((Box::new(backend), note))
         }
-        BackendChoice::Auto => match cuda::CudaBackend::open(measure.clone()) {
+        BackendChoice::Auto => match cuda::CudaBackend::open(measure.clone(), device) {
             Ok(backend) => {
                 let note = format!("auto: {}", backend.summary());
                 Ok((Box::new(backend), note))
@@ -69,14 +112,28 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "unknown-host".to_string())
 }
 
-/// Builds the result from a winner's config JSON and median time.
-pub fn make_result(backend: &str, config: &serde_json::Value, time_us: f64) -> v1::Result {
+/// Builds the result from a winner's config JSON and median time; the config is fitted
+/// under the daemon's size limit.
+pub fn make_result(backend: &str, config: serde_json::Value, time_us: f64) -> v1::Result {
     v1::Result {
-        config: config.to_string(),
+        config: report::fit_config(config).to_string(),
         time_us,
         tuned_by: tuned_by(backend),
         tuned_at_unix_ms: tunecache_proto::unix_now_ms(),
     }
+}
+
+/// The job's excluded candidates: name to the reason (how a worker died running it).
+pub fn excluded(job: &TuneJob) -> BTreeMap<String, String> {
+    job.excluded
+        .iter()
+        .map(|e| (e.candidate.clone(), e.reason.clone()))
+        .collect()
+}
+
+/// The report entry text of an excluded candidate.
+pub fn excluded_text(reason: &str) -> String {
+    format!("excluded: it killed the worker on an earlier attempt ({reason})")
 }
 
 /// When to stop measuring further tactics: 80% of the job's timeout, leaving time to

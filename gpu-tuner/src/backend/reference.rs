@@ -63,6 +63,21 @@ pub fn reference_entry(shape: &GemmShape, a: &[f32], b: &[f32], i: usize, j: usi
         .sum()
 }
 
+/// One entry of `op(a) · op(b)` and `sum |a||b|` over its products (the scale its rounding
+/// error grows with), both accumulated in f64.
+pub fn reference_entry_with_magnitude(
+    shape: &GemmShape,
+    a: &[f32],
+    b: &[f32],
+    i: usize,
+    j: usize,
+) -> (f64, f64) {
+    (0..shape.k).fold((0.0, 0.0), |(sum, magnitude), p| {
+        let product = f64::from(a[shape.a_index(i, p)]) * f64::from(b[shape.b_index(p, j)]);
+        (sum + product, magnitude + product.abs())
+    })
+}
+
 /// Inputs of a gemm, deterministic, in [-1, 1).
 pub fn random_operands(shape: &GemmShape, seed: u64) -> (Vec<f32>, Vec<f32>) {
     let mut rng = SplitMix64::new(seed);
@@ -104,5 +119,17 @@ mod tests {
         );
         // A^T = [1 3; 2 4]: [26 30; 38 44].
         assert_eq!(c, vec![26.0, 38.0, 30.0, 44.0]);
+        // Entry (0,0) of [1 -2] · [3; 4] is 3 - 8 = -5 from products of size 3 + 8.
+        let row = GemmShape {
+            m: 1,
+            n: 1,
+            k: 2,
+            transpose_a: false,
+            transpose_b: false,
+        };
+        assert_eq!(
+            reference_entry_with_magnitude(&row, &[1.0, -2.0], &[3.0, 4.0], 0, 0),
+            (-5.0, 11.0)
+        );
     }
 }

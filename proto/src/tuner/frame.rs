@@ -119,6 +119,7 @@ mod tests {
                 problem: "x".repeat(200),
                 device: "cpu|x|y".into(),
                 timeout_ms: 5,
+                excluded: Vec::new(),
             })),
         };
         let mut bytes = Vec::new();

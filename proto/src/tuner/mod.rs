@@ -13,3 +13,8 @@ pub mod frame;
 pub mod problem;
 
 pub use backend_choice::BackendChoice;
+
+/// Exit status of a worker that found its CUDA context poisoned by a sticky error (a fault
+/// in a kernel, an ECC error, ...): the daemon restarts it, and blames the candidate it had
+/// announced last.
+pub const POISONED_EXIT_CODE: i32 = 70;

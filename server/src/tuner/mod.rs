@@ -10,7 +10,7 @@ mod supervisor;
 
 pub use supervisor::{
     JobReply, SubmitError, Supervisor, SupervisorConfig, SupervisorError, TunerCounters,
-    TunerHandle, READY_TIMEOUT,
+    TunerHandle, MAX_DEATHS_PER_JOB, READY_TIMEOUT,
 };
 
 use tunecache_proto::v1::StatsResponse;
@@ -32,6 +32,8 @@ pub async fn start(config: &Config) -> TunerHandle {
         backend: config.tuner_backend,
         job_timeout: Duration::from_secs(config.tuner_job_timeout.max(1)),
         queue_capacity: config.tuner_queue.max(1),
+        device: config.tuner_device,
+        worker_args: Vec::new(),
     };
     match Supervisor::start(supervisor_config).await {
         Ok(tuner) => {

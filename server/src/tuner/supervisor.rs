@@ -8,9 +8,16 @@
 //! Guarantees:
 //! * a job is only accepted for a device fingerprint the running worker reported in `Ready`,
 //!   so results measured on one device kind never answer keys of another;
-//! * a job whose worker died is retried once on a fresh worker; if that worker dies too, the
-//!   caller gets an error naming the death (exit status or signal, last stderr lines);
-//! * a job running past `job_timeout` gets the worker killed and fails with a reason;
+//! * the worker names each candidate before running it (`Running` frames); when the worker
+//!   dies of something a candidate can cause (a poisoned CUDA context, exit status
+//!   [`POISONED_EXIT_CODE`], or a crash signal), that candidate is excluded and the job is
+//!   retried on a fresh worker, which reports it with the reason and finishes with the best
+//!   of the rest; at most [`MAX_DEATHS_PER_JOB`] deaths per job;
+//! * a death that names no candidate (e.g. SIGKILL from outside, or during set-up) is retried
+//!   once; if that worker dies too, the caller gets an error naming the death (exit status or
+//!   signal, last stderr lines);
+//! * a job running past `job_timeout` gets the worker killed and fails with a reason that
+//!   names the candidate it was running;
 //! * restarts back off exponentially (200 ms doubling to 30 s, reset by a successful job);
 //! * when the last [`TunerHandle`] is dropped, or [`TunerHandle::shutdown`] is called, the
 //!   worker is killed (and `kill_on_drop` covers a runtime that shuts down first).
@@ -37,9 +44,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tunecache_proto::tuner::frame::{read_frame_async, write_frame_async};
 use tunecache_proto::tuner::v1::{
-    from_worker, job_done, to_worker, FromWorker, Ready, ToWorker, TuneJob,
+    from_worker, job_done, to_worker, ExcludedCandidate, FromWorker, Ready, ToWorker, TuneJob,
 };
-use tunecache_proto::tuner::BackendChoice;
+use tunecache_proto::tuner::{BackendChoice, POISONED_EXIT_CODE};
 use tunecache_proto::v1;
 
 use crate::entry::TunedResult;
@@ -53,6 +60,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const STDERR_TAIL_LINES: usize = 20;
 /// Lines of that tail quoted in a death reason.
 const STDERR_LINES_IN_REASON: usize = 4;
+/// Worker deaths one job may cause before it fails: each death blamed on a candidate
+/// excludes that candidate, so this many faulting candidates are survived, less one.
+pub const MAX_DEATHS_PER_JOB: u32 = 4;
 
 /// How to run the worker.
 #[derive(Debug, Clone)]
@@ -65,6 +75,11 @@ pub struct SupervisorConfig {
     pub job_timeout: Duration,
     /// Jobs that may wait behind the running one; more are refused with `QueueFull`.
     pub queue_capacity: usize,
+    /// Passed as `--device`: the GPU (CUDA ordinal) to tune on; `None` lets the worker pick
+    /// (the least-loaded by NVML, else the last).
+    pub device: Option<u32>,
+    /// More arguments for the worker (tests use the hidden `--inject-fault`).
+    pub worker_args: Vec<String>,
 }
 
 /// Why the supervisor could not start; the daemon logs "tuning off: {error}" and carries on.
@@ -194,7 +209,19 @@ struct QueuedJob {
     device: String,
     /// Worker deaths this job has already seen.
     deaths: u32,
+    /// Of those, the deaths no candidate was blamed for.
+    unattributed_deaths: u32,
+    /// Candidates that killed a worker on this job, with how.
+    excluded: Vec<ExcludedCandidate>,
     reply: oneshot::Sender<JobReply>,
+}
+
+/// How a worker ended, and whether a candidate it was running can be the cause.
+struct Death {
+    reason: String,
+    /// A crash a candidate can cause (poisoned context, SIGSEGV, SIGABRT, ...), not a kill
+    /// from outside (SIGKILL from the OOM killer or an operator, SIGTERM).
+    blames_candidate: bool,
 }
 
 /// Starts the worker supervisor.
@@ -369,6 +396,8 @@ impl TunerHandle {
             problem: canonical_problem.to_string(),
             device: device_fingerprint.to_string(),
             deaths: 0,
+            unattributed_deaths: 0,
+            excluded: Vec::new(),
             reply,
         };
         let shared = &self.inner.shared;
@@ -421,6 +450,10 @@ impl Worker {
         self.death_reason().await
     }
 
+    async fn death_reason(&mut self) -> String {
+        self.death().await.reason
+    }
+
     async fn kill(&mut self) {
         if let Err(error) = self.child.kill().await {
             tracing::warn!(%error, pid = ?self.pid, "could not kill the tuner worker");
@@ -428,15 +461,19 @@ impl Worker {
     }
 
     /// Reaps the worker and describes its end: exit status or signal, plus last stderr lines.
-    async fn death_reason(&mut self) -> String {
-        let ending = match tokio::time::timeout(Duration::from_secs(2), self.child.wait()).await {
-            Ok(Ok(status)) => describe_exit(status),
-            Ok(Err(error)) => format!("could not be reaped ({error})"),
-            Err(_) => {
-                self.kill().await;
-                "closed its stdout without exiting, so it was killed".to_string()
-            }
-        };
+    async fn death(&mut self) -> Death {
+        let (ending, blames_candidate) =
+            match tokio::time::timeout(Duration::from_secs(2), self.child.wait()).await {
+                Ok(Ok(status)) => (describe_exit(status), crash_of_a_candidate(status)),
+                Ok(Err(error)) => (format!("could not be reaped ({error})"), false),
+                Err(_) => {
+                    self.kill().await;
+                    (
+                        "closed its stdout without exiting, so it was killed".to_string(),
+                        false,
+                    )
+                }
+            };
         // Let the stderr reader drain what the worker wrote last.
         if let Some(task) = self.stderr_task.take() {
             let _ = tokio::time::timeout(Duration::from_millis(500), task).await;
@@ -452,14 +489,29 @@ impl Worker {
                 .collect()
         };
         let pid = self.pid.map_or_else(|| "?".to_string(), |p| p.to_string());
-        if tail.is_empty() {
+        let reason = if tail.is_empty() {
             format!("tuner worker (pid {pid}) died: {ending}")
         } else {
             format!(
                 "tuner worker (pid {pid}) died: {ending}; last stderr: {}",
                 tail.join(" | ")
             )
+        };
+        Death {
+            reason,
+            blames_candidate,
         }
+    }
+}
+
+/// Whether an exit can be the doing of the code the worker was running: its own exit after
+/// a sticky CUDA error, a crash signal, or another failing exit status. SIGKILL, SIGTERM,
+/// SIGINT and SIGHUP come from outside (the OOM killer, an operator, a shutdown).
+fn crash_of_a_candidate(status: ExitStatus) -> bool {
+    match (status.signal(), status.code()) {
+        (Some(signal), _) => !matches!(signal, 1 | 2 | 9 | 15),
+        (None, Some(code)) => code != 0,
+        (None, None) => false,
     }
 }
 
@@ -475,6 +527,9 @@ fn describe_exit(status: ExitStatus) -> String {
         format!("killed by signal {signal}{name}")
     } else {
         match status.code() {
+            Some(POISONED_EXIT_CODE) => format!(
+                "exited with status {POISONED_EXIT_CODE} (a sticky CUDA error poisoned its context)"
+            ),
             Some(code) => format!("exited with status {code}"),
             None => "exited".to_string(),
         }
@@ -486,9 +541,13 @@ async fn spawn_worker(config: &SupervisorConfig) -> Result<(Worker, Ready), Supe
         path: config.worker_path.clone(),
         reason,
     };
-    let mut child = Command::new(&config.worker_path)
-        .arg("--backend")
-        .arg(config.backend.as_str())
+    let mut command = Command::new(&config.worker_path);
+    command.arg("--backend").arg(config.backend.as_str());
+    if let Some(device) = config.device {
+        command.arg("--device").arg(device.to_string());
+    }
+    let mut child = command
+        .args(&config.worker_args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -570,8 +629,10 @@ async fn spawn_worker(config: &SupervisorConfig) -> Result<(Worker, Ready), Supe
 enum JobOutcome {
     Done(TunedResult),
     Failed(String),
-    WorkerDied(String),
-    TimedOut,
+    /// The worker died; the candidate it had announced last, if any.
+    WorkerDied(Death, Option<String>),
+    /// The job ran past its timeout; the candidate the worker had announced last, if any.
+    TimedOut(Option<String>),
     Shutdown,
 }
 
@@ -589,19 +650,25 @@ async fn run_job(
             problem: job.problem.clone(),
             device: job.device.clone(),
             timeout_ms: u32::try_from(job_timeout.as_millis()).unwrap_or(u32::MAX),
+            excluded: job.excluded.clone(),
         })),
     };
     if let Err(error) = write_frame_async(&mut worker.stdin, &frame).await {
         tracing::warn!(%error, "could not send a job to the tuner worker");
-        return JobOutcome::WorkerDied(worker.death_reason().await);
+        return JobOutcome::WorkerDied(worker.death().await, None);
     }
     let deadline = tokio::time::Instant::now() + job_timeout;
+    // The candidate the worker said it is running; blamed if the worker dies or hangs.
+    let mut running: Option<String> = None;
     loop {
         tokio::select! {
             _ = shutdown.changed() => return JobOutcome::Shutdown,
-            _ = tokio::time::sleep_until(deadline) => return JobOutcome::TimedOut,
+            _ = tokio::time::sleep_until(deadline) => return JobOutcome::TimedOut(running),
             frame = worker.frames.recv() => match frame {
-                None => return JobOutcome::WorkerDied(worker.death_reason().await),
+                None => return JobOutcome::WorkerDied(worker.death().await, running),
+                Some(FromWorker { msg: Some(from_worker::Msg::Running(now)) }) if now.job_id == job_id => {
+                    running = Some(now.candidate);
+                }
                 Some(FromWorker { msg: Some(from_worker::Msg::Done(done)) }) if done.job_id == job_id => {
                     return match done.outcome {
                         Some(job_done::Outcome::Result(result)) => match crate::validate::result("result", Some(result)) {
@@ -616,6 +683,40 @@ async fn run_job(
             },
         }
     }
+}
+
+/// Notes on `job` that its worker died running `candidate` (excluding the candidate when
+/// the death is its doing) and says whether to retry it: `None`, or the message to fail it
+/// with.
+fn after_death(job: &mut QueuedJob, death: Death, candidate: Option<String>) -> Option<String> {
+    job.deaths += 1;
+    match candidate.filter(|_| death.blames_candidate) {
+        Some(name) if !job.excluded.iter().any(|e| e.candidate == name) => {
+            job.excluded.push(ExcludedCandidate {
+                candidate: name,
+                reason: death.reason.clone(),
+            });
+        }
+        // No candidate to blame, or one already excluded (so not its doing).
+        _ => job.unattributed_deaths += 1,
+    }
+    if job.unattributed_deaths < 2 && job.deaths < MAX_DEATHS_PER_JOB {
+        return None;
+    }
+    let excluded = if job.excluded.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<&str> = job.excluded.iter().map(|e| e.candidate.as_str()).collect();
+        format!("; candidates excluded for killing it: {}", names.join(", "))
+    };
+    let times = match job.deaths {
+        2 => "twice".to_string(),
+        n => format!("{n} times"),
+    };
+    Some(format!(
+        "tuning failed: the worker died {times} on this job{excluded}; last time: {}",
+        death.reason
+    ))
 }
 
 async fn supervise(
@@ -708,32 +809,29 @@ async fn supervise(
                 shared.answer(job, Err(error));
                 worker = Some(current);
             }
-            JobOutcome::WorkerDied(reason) => {
-                tracing::warn!(%reason, job_id, "tuner worker died during a job");
+            JobOutcome::WorkerDied(death, candidate) => {
+                tracing::warn!(reason = %death.reason, ?candidate, job_id, "tuner worker died during a job");
                 let mut job = job;
-                job.deaths += 1;
-                if job.deaths < 2 {
-                    retry = Some(job);
-                } else {
-                    shared.answer(
-                        job,
-                        Err(format!(
-                            "tuning failed: the worker died twice on this job; last time: {reason}"
-                        )),
-                    );
+                match after_death(&mut job, death, candidate) {
+                    None => retry = Some(job),
+                    Some(error) => shared.answer(job, Err(error)),
                 }
             }
-            JobOutcome::TimedOut => {
+            JobOutcome::TimedOut(candidate) => {
                 current.kill().await;
                 tracing::warn!(
                     job_id,
+                    ?candidate,
                     timeout_s = config.job_timeout.as_secs_f64(),
                     "tuning job timed out; worker killed"
                 );
+                let during = candidate.map_or_else(String::new, |name| {
+                    format!(" while running candidate {name:?}")
+                });
                 shared.answer(
                     job,
                     Err(format!(
-                        "tuning timed out after {:.1} s; the worker was killed (it may have hung in a kernel) and is restarted",
+                        "tuning timed out after {:.1} s{during}; the worker was killed (it may have hung in a kernel) and is restarted",
                         config.job_timeout.as_secs_f64()
                     )),
                 );
@@ -760,4 +858,64 @@ async fn supervise(
         shared.answer(job, Err("the tuner is shutting down".to_string()));
     }
     tracing::info!("tuner supervisor stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(raw: i32) -> ExitStatus {
+        ExitStatus::from_raw(raw)
+    }
+
+    #[test]
+    fn crashes_blame_the_candidate_and_kills_from_outside_do_not() {
+        // Raw wait statuses: a signal in the low bits, an exit code in the second byte.
+        assert!(crash_of_a_candidate(status(POISONED_EXIT_CODE << 8)));
+        assert!(crash_of_a_candidate(status(6))); // SIGABRT
+        assert!(crash_of_a_candidate(status(11))); // SIGSEGV
+        assert!(!crash_of_a_candidate(status(9))); // SIGKILL: the OOM killer, an operator
+        assert!(!crash_of_a_candidate(status(15))); // SIGTERM
+        assert!(!crash_of_a_candidate(status(0)));
+        assert!(describe_exit(status(POISONED_EXIT_CODE << 8)).contains("sticky CUDA error"));
+    }
+
+    #[test]
+    fn deaths_exclude_candidates_up_to_the_limit_and_unblamed_ones_retry_once() {
+        let (reply, _receiver) = oneshot::channel();
+        let mut job = QueuedJob {
+            op: "gemm".into(),
+            problem: "{}".into(),
+            device: "cpu|x|y".into(),
+            deaths: 0,
+            unattributed_deaths: 0,
+            excluded: Vec::new(),
+            reply,
+        };
+        let crash = |why: &str| Death {
+            reason: why.to_string(),
+            blames_candidate: true,
+        };
+        assert_eq!(
+            after_death(&mut job, crash("abort a"), Some("a".into())),
+            None
+        );
+        assert_eq!(
+            after_death(&mut job, crash("abort b"), Some("b".into())),
+            None
+        );
+        assert_eq!(job.excluded.len(), 2);
+        assert_eq!(job.excluded[1].reason, "abort b");
+        // A SIGKILL names no culprit: one of those is retried, as before.
+        let kill = Death {
+            reason: "SIGKILL".into(),
+            blames_candidate: false,
+        };
+        assert_eq!(after_death(&mut job, kill, Some("c".into())), None);
+        assert_eq!(job.excluded.len(), 2, "a kill from outside excludes nobody");
+        let error = after_death(&mut job, crash("abort d"), Some("d".into())).expect("the limit");
+        assert_eq!(job.deaths, MAX_DEATHS_PER_JOB);
+        assert!(error.contains("died 4 times"), "{error}");
+        assert!(error.contains("a, b, d"), "{error}");
+    }
 }
