@@ -618,7 +618,9 @@ impl SampleTimer {
         enqueue: &mut dyn FnMut() -> Result<(), TuneError>,
     ) -> Result<f64, TuneError> {
         let runs = runs.max(1);
-        for attempt in 0..2 {
+        // A sample the host out-ran (the GPU may have idled inside it) is taken once more.
+        let mut retaken = false;
+        loop {
             let ns = (self.delay.delay_us * 1e3) as u64;
             let mut builder = stream.launch_builder(&self.spin);
             builder.arg(&ns);
@@ -649,12 +651,12 @@ impl SampleTimer {
                 .elapsed_ms(&self.end)
                 .map_err(|e| driver_error("reading the event timer", e))?;
             let starved = self.delay.observe(enqueue_us);
-            if !starved || attempt == 1 {
+            if !starved || retaken {
                 return Ok(f64::from(ms) * 1e3 / f64::from(runs));
             }
+            retaken = true;
             self.retaken += 1;
         }
-        unreachable!("the loop returns on its second attempt")
     }
 
     fn queued_behind(&self) -> String {
@@ -1245,6 +1247,82 @@ impl Timed for GemmRun {
             enqueue_gemm(stream, descriptors, &mut sets[set], workspace, &heuristic)
         })
     }
+}
+
+/// The 64 bytes of a `cublasLtMatmulAlgo_t` from the `algo_hex` of a result.
+pub fn parse_algo_hex(hex: &str) -> Option<[u64; 8]> {
+    if hex.len() != 128 || !hex.is_ascii() {
+        return None;
+    }
+    let mut words = [0u64; 8];
+    for (word, chunk) in words.iter_mut().zip(hex.as_bytes().chunks(16)) {
+        let mut bytes = [0u8; 8];
+        for (byte, pair) in bytes.iter_mut().zip(chunk.chunks(2)) {
+            *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+        }
+        *word = u64::from_le_bytes(bytes);
+    }
+    Some(words)
+}
+
+/// For the GPU check (`tests/gpu.rs`): the mean time of one run of `algo_hex` on `problem`
+/// (canonical gemm JSON) on GPU `ordinal`, timed the plain way: `runs` back-to-back launches
+/// between one event pair after a warm-up, no delay kernel, warm L2. An independent method
+/// to hold the tuner's median against.
+pub fn time_algo_back_to_back(
+    ordinal: usize,
+    problem: &str,
+    algo_hex: &str,
+    runs: u32,
+) -> Result<f64, TuneError> {
+    if !driver_library_present() || !cublaslt_library_present() {
+        return Err(TuneError::Unavailable(
+            "libcuda or libcublasLt is missing".into(),
+        ));
+    }
+    let problem = parse_gemm(problem)?;
+    let data = parse_algo_hex(algo_hex)
+        .ok_or_else(|| TuneError::Unsupported(format!("not an algo_hex: {algo_hex:?}")))?;
+    let context = CudaContext::new(ordinal).map_err(|e| TuneError::driver("context", e))?;
+    let device = CudaDevice { ordinal, context };
+    let mut run = GemmRun::prepare(&device, &problem, &MeasureConfig::default())?;
+    let mut heuristic = run.candidates[0];
+    heuristic.algo.data = data;
+    heuristic.workspaceSize = GEMM_WORKSPACE_BYTES;
+    let GemmRun {
+        stream,
+        descriptors,
+        sets,
+        workspace,
+        ..
+    } = &mut run;
+    for _ in 0..20 {
+        enqueue_gemm(stream, descriptors, &mut sets[0], workspace, &heuristic)?;
+    }
+    let event = || {
+        device
+            .context
+            .new_event(Some(driver_sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| driver_error("creating a CUDA event", e))
+    };
+    let (start, end) = (event()?, event()?);
+    stream
+        .synchronize()
+        .map_err(|e| driver_error("warming up", e))?;
+    start
+        .record(stream)
+        .map_err(|e| driver_error("recording the start event", e))?;
+    for _ in 0..runs.max(1) {
+        enqueue_gemm(stream, descriptors, &mut sets[0], workspace, &heuristic)?;
+    }
+    end.record(stream)
+        .map_err(|e| driver_error("recording the end event", e))?;
+    end.synchronize()
+        .map_err(|e| driver_error("waiting for the runs", e))?;
+    let ms = start
+        .elapsed_ms(&end)
+        .map_err(|e| driver_error("reading the event timer", e))?;
+    Ok(f64::from(ms) * 1e3 / f64::from(runs.max(1)))
 }
 
 /// A kernel argument with a stable address for the launch.
@@ -2017,6 +2095,19 @@ mod tests {
         );
         assert_eq!(nvrtc_targets(8, 0)[0], ("sm_80".to_string(), true));
         assert_eq!(nvrtc_targets(8, 0).len(), 2);
+    }
+
+    #[test]
+    fn algo_hex_round_trips_to_the_algorithm_words() {
+        let words = [1u64, 2, 3, 0xdead_beef, 5, 6, 7, u64::MAX];
+        let hex: String = words
+            .iter()
+            .flat_map(|word| word.to_le_bytes())
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        assert_eq!(parse_algo_hex(&hex), Some(words));
+        assert_eq!(parse_algo_hex(&hex[..126]), None);
+        assert_eq!(parse_algo_hex(&"zz".repeat(64)), None);
     }
 
     #[test]
