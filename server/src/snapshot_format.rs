@@ -612,15 +612,31 @@ mod tests {
     }
 
     #[test]
-    fn same_content_gives_same_bytes() {
+    fn same_content_gives_same_bytes_in_key_order() {
+        // Two nodes holding the same entries write the same file: the writer puts entries in
+        // key order and adds nothing that varies between writes.
         let map = sample_map(100);
-        // Built in another insertion order: the sorted map iterates the same way.
-        let reversed: CacheMap = map
-            .iter()
-            .rev()
-            .map(|(k, v)| (k.clone(), v.clone()))
+        let bytes = written(&map, 7);
+        assert_eq!(bytes, written(&map, 7));
+        let text = String::from_utf8(bytes).unwrap();
+        let offsets: Vec<usize> = map
+            .keys()
+            .map(|key| {
+                let quoted = format!("\"{}\"", key.problem);
+                text.find(&quoted)
+                    .unwrap_or_else(|| panic!("{quoted} not written"))
+            })
             .collect();
-        assert_eq!(written(&map, 7), written(&reversed, 7));
+        assert!(
+            offsets.windows(2).all(|pair| pair[0] < pair[1]),
+            "entries are not written in key order"
+        );
+        let mut sorted: Vec<&CacheKey> = map.keys().collect();
+        sorted.sort();
+        assert!(
+            map.keys().eq(sorted),
+            "the map does not iterate in key order"
+        );
     }
 
     #[test]

@@ -682,3 +682,21 @@ pub fn best_result(candidates: &[proto::Result]) -> proto::Result {
         .cloned()
         .expect("at least one candidate")
 }
+
+/// The bodies of the ```sh fenced blocks of a markdown text.
+pub fn sh_blocks(markdown: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in markdown.lines() {
+        match (&mut current, line.trim_start()) {
+            (None, "```sh") => current = Some(String::new()),
+            (Some(_), "```") => blocks.extend(current.take()),
+            (Some(block), _) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            (None, _) => {}
+        }
+    }
+    blocks
+}

@@ -8,25 +8,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use tunecache_integration::{require_tool, Daemon};
-
-/// The bodies of the ```sh fenced blocks of a markdown text.
-fn sh_blocks(markdown: &str) -> Vec<String> {
-    let mut blocks = Vec::new();
-    let mut current: Option<String> = None;
-    for line in markdown.lines() {
-        match (&mut current, line.trim_start()) {
-            (None, "```sh") => current = Some(String::new()),
-            (Some(_), "```") => blocks.extend(current.take()),
-            (Some(block), _) => {
-                block.push_str(line);
-                block.push('\n');
-            }
-            (None, _) => {}
-        }
-    }
-    blocks
-}
+use tunecache_integration::{require_tool, sh_blocks, Daemon};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_command_in_the_grpcurl_doc_works() {

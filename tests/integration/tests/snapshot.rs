@@ -445,9 +445,14 @@ async fn hung_shared_filesystem_never_stalls_ranks_or_shutdown() {
         ServingStatus::Serving as i32
     );
 
-    let (status, took) = daemon.terminate(Duration::from_secs(10));
+    // The hung filesystem does not hold the shutdown: its last publish is bounded by 3 s
+    // (nothing is in flight to drain), where a wait on the mount would never end.
+    let (status, took) = daemon.terminate(Duration::from_secs(30));
     assert!(status.success(), "exit status {status}");
-    assert!(took < Duration::from_secs(10), "SIGTERM took {took:?}");
+    assert!(
+        took < Duration::from_secs(8),
+        "SIGTERM took {took:?} on a hung shared directory"
+    );
 
     mount.unmount();
     daemon.restart().await;
