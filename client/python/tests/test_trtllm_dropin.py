@@ -41,16 +41,22 @@ def run_rank(standin, socket, spec, rank=0, **env_overrides):
     return json.loads(process.stdout.strip().splitlines()[-1]), process.stderr
 
 
+def run_rank_cache(standin, socket, spec, rank=0, **env_overrides):
+    """run_rank's cache only (canonical entries), with the log."""
+    result, log = run_rank(standin, socket, spec, rank=rank, **env_overrides)
+    return result["cache"], log
+
+
 def test_daemon_round_trip_equals_the_file_round_trip(daemon, standin, tmp_path):
     file_path = tmp_path / "file" / "autotuner_cache.json"
     for rank in (0, 1):
-        run_rank(standin, daemon.socket_path, {"mode": "save", "path": str(file_path)}, rank=rank)
-    from_file, _ = run_rank(standin, daemon.socket_path, {"mode": "load", "path": str(file_path)}, rank=0)
+        run_rank_cache(standin, daemon.socket_path, {"mode": "save", "path": str(file_path)}, rank=rank)
+    from_file, _ = run_rank_cache(standin, daemon.socket_path, {"mode": "load", "path": str(file_path)}, rank=0)
 
     no_file = tmp_path / "daemon" / "autotuner_cache.json"
     for rank in (0, 1):
-        run_rank(standin, daemon.socket_path, {"mode": "save", "path": str(no_file), "install": True}, rank=rank)
-    from_daemon, _ = run_rank(
+        run_rank_cache(standin, daemon.socket_path, {"mode": "save", "path": str(no_file), "install": True}, rank=rank)
+    from_daemon, _ = run_rank_cache(
         standin, daemon.socket_path, {"mode": "load", "path": str(no_file), "install": True}, rank=0
     )
     # Same keys and values, exact types and float bits (5e-324, 0.1 + 0.2, 2**70, int min_time...).
@@ -70,17 +76,17 @@ def test_daemon_round_trip_equals_the_file_round_trip(daemon, standin, tmp_path)
 
 def test_autotune_loads_from_the_daemon_without_a_file_both_import_styles(daemon, standin, tmp_path):
     cache_path = tmp_path / "never" / "cache.json"
-    saved, _ = run_rank(standin, daemon.socket_path, {"mode": "save", "path": str(cache_path), "install": True})
+    saved, _ = run_rank_cache(standin, daemon.socket_path, {"mode": "save", "path": str(cache_path), "install": True})
     # Without the drop-in, no file means a cold start (and a file written at the end).
     cold_path = tmp_path / "cold" / "cache.json"
-    cold, _ = run_rank(standin, daemon.socket_path, {"mode": "autotune", "path": str(cold_path)})
+    cold, _ = run_rank_cache(standin, daemon.socket_path, {"mode": "autotune", "path": str(cold_path)})
     assert cold == [] and cold_path.exists()
     assert not cache_path.exists()
-    warm, _ = run_rank(
+    warm, _ = run_rank_cache(
         standin, daemon.socket_path, {"mode": "autotune", "path": str(cache_path), "install": True}
     )
     assert warm == saved
-    bound, _ = run_rank(
+    bound, _ = run_rank_cache(
         standin,
         daemon.socket_path,
         {"mode": "autotune_bound", "path": str(cache_path), "install": True, "bind_before_install": True},
@@ -93,9 +99,9 @@ def test_autotune_loads_from_the_daemon_without_a_file_both_import_styles(daemon
 def test_unreachable_daemon_falls_back_to_the_file_with_one_warning(standin, tmp_path):
     missing_socket = tmp_path / "no-daemon.sock"
     cache_path = tmp_path / "cache.json"
-    saved, save_log = run_rank(standin, missing_socket, {"mode": "save", "path": str(cache_path), "install": True})
+    saved, save_log = run_rank_cache(standin, missing_socket, {"mode": "save", "path": str(cache_path), "install": True})
     assert cache_path.is_file(), "the original save_cache did not run"
-    loaded, load_log = run_rank(
+    loaded, load_log = run_rank_cache(
         standin, missing_socket, {"mode": "autotune", "path": str(cache_path), "install": True}
     )
     assert loaded == saved
@@ -106,17 +112,17 @@ def test_unreachable_daemon_falls_back_to_the_file_with_one_warning(standin, tmp
 
 def test_another_release_or_gpu_never_wins(daemon, standin, tmp_path):
     path = str(tmp_path / "cache.json")
-    new, _ = run_rank(standin, daemon.socket_path, {"mode": "save", "path": path, "install": True, "count": 3})
+    new, _ = run_rank_cache(standin, daemon.socket_path, {"mode": "save", "path": path, "install": True, "count": 3})
     # The older release measured other tactics; they are not loaded by the newer one.
-    run_rank(
+    run_rank_cache(
         standin,
         daemon.socket_path,
         {"mode": "save", "path": path, "install": True, "count": 3, "cycle": 5},
         STANDIN_TRTLLM_VERSION="1.0.0",
     )
-    loaded, _ = run_rank(standin, daemon.socket_path, {"mode": "load", "path": path, "install": True})
+    loaded, _ = run_rank_cache(standin, daemon.socket_path, {"mode": "load", "path": path, "install": True})
     assert loaded == new
-    other_gpu, _ = run_rank(
+    other_gpu, _ = run_rank_cache(
         standin,
         daemon.socket_path,
         {"mode": "load", "path": path, "install": True},
@@ -132,7 +138,7 @@ def test_many_ranks_save_and_load_at_once(daemon, standin, tmp_path):
     with ThreadPoolExecutor(max_workers=ranks) as pool:
         results = list(
             pool.map(
-                lambda rank: run_rank(
+                lambda rank: run_rank_cache(
                     standin,
                     daemon.socket_path,
                     {"mode": "cycles", "path": path, "install": True, "cycles": cycles, "count": count},
@@ -143,7 +149,67 @@ def test_many_ranks_save_and_load_at_once(daemon, standin, tmp_path):
         )
     assert not os.path.exists(path)
     for rank in range(ranks):
-        final, _ = run_rank(standin, daemon.socket_path, {"mode": "load", "path": path, "install": True}, rank=rank)
+        final, _ = run_rank_cache(standin, daemon.socket_path, {"mode": "load", "path": path, "install": True}, rank=rank)
         # Everything the rank saved, own and shared, is there after all ranks saved at once.
         assert final == results[rank], f"rank {rank}"
         assert len(final) == 2 * cycles * count
+
+
+def test_four_ranks_get_what_their_file_loader_returns_enums_independent_op_and_rejects(
+    daemon, standin, tmp_path
+):
+    """Issue 26: four ranks save and load through the drop-in, and every rank gets what the
+    unpatched class gives from a real file: enum tactics as their values, independent_op filled
+    with the shared entries' op names, the metadata, and the same entries skipped."""
+    ranks = range(4)
+    spec = {"count": 10, "enums": True, "rejects": True}
+    file_path = tmp_path / "file" / "autotuner_cache.json"
+    for rank in ranks:
+        run_rank(standin, daemon.socket_path, {**spec, "mode": "save", "path": str(file_path)}, rank=rank)
+    from_file = [
+        run_rank(standin, daemon.socket_path, {"mode": "load", "path": str(file_path)}, rank=rank)[0]
+        for rank in ranks
+    ]
+    no_file = tmp_path / "daemon" / "autotuner_cache.json"
+    daemon_saves = [
+        run_rank(
+            standin, daemon.socket_path, {**spec, "mode": "save", "path": str(no_file), "install": True}, rank=rank
+        )[0]
+        for rank in ranks
+    ]
+    from_daemon = [
+        run_rank(
+            standin, daemon.socket_path, {"mode": "load", "path": str(no_file), "install": True}, rank=rank
+        )[0]
+        for rank in ranks
+    ]
+    assert not no_file.parent.exists()
+
+    for rank in ranks:
+        expected, got = from_file[rank], from_daemon[rank]
+        # What their loader does, spelled out, so that a stand-in gone wrong fails here too.
+        assert expected["independent_op"] == ["trtllm::allreduce"], rank
+        tactics = {json.dumps(key): value[1][1] for key, value in expected["cache"]}
+        runners = {key[1][1][1]: value[1][1] for key, value in expected["cache"]}
+        assert runners["Fp4QuantRunner"] == ["int", "-1"], rank  # Fp4QuantTactic.TRTLLM, saved as -1
+        assert runners["TileRunner"] == ["str", "small"], rank  # TileCfg.SMALL, saved as "small"
+        assert runners["SlowRunner"] == ["int", "4"] and "OpaqueRunner" not in runners, rank
+        assert "NanRunner" not in runners and "InfKeyRunner" not in runners, rank
+        slow = next(value for key, value in expected["cache"] if key[1][1][1] == "SlowRunner")
+        assert slow[1][2] == ["float", "inf"], rank
+        assert len(tactics) == (10 + 2) + (10 + 1), rank  # shared ones, then the rank's own
+        # The drop-in gives the same, type for type and bit for bit.
+        assert got["cache"] == expected["cache"], f"rank {rank}"
+        assert got["independent_op"] == expected["independent_op"], f"rank {rank}"
+        # The metadata is the first saver's, read back from JSON (device_capability a list), in
+        # each run; only the creation time differs between the two runs.
+        got_metadata, expected_metadata = metadata_of(got), metadata_of(expected)
+        assert got_metadata.pop("creation_timestamp") == metadata_of(daemon_saves[0])["creation_timestamp"]
+        expected_metadata.pop("creation_timestamp")
+        assert got_metadata == expected_metadata, f"rank {rank}"
+        assert got_metadata["device_capability"] == ["list", [["int", "9"], ["int", "0"]]], f"rank {rank}"
+
+
+def metadata_of(result):
+    """The canonical metadata of a rank's result as {name: canonical value}."""
+    return {name[1]: value for name, value in result["metadata"][1]}

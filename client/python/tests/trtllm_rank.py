@@ -1,16 +1,48 @@
 # Owns one TensorRT-LLM rank process for the drop-in tests: it imports the stand-in autotuner
 # (from PYTHONPATH), optionally installs the drop-in, saves or loads entries, and prints the
-# resulting cache as canonical JSON (types and float bits spelled out) on its last stdout line.
+# resulting cache, independent_op and metadata as canonical JSON (types and float bits spelled
+# out) on its last stdout line.
 from __future__ import annotations
 
+import enum
 import json
 import logging
+import math
 import os
 import sys
 
 
+class Fp4QuantTactic(enum.IntEnum):
+    """An IntEnum tactic, as TensorRT-LLM's FP4 quantize runners use."""
+
+    TRTLLM = -1
+    CUTEDSL = 1
+
+
+class TileCfg(enum.Enum):
+    """An Enum tactic whose value is a string."""
+
+    SMALL = "small"
+    LARGE = "large"
+
+
+class Opaque:
+    """A tactic whose repr is no Python literal: TensorRT-LLM's loader skips its entry."""
+
+    def __repr__(self):
+        return "Opaque(tile=64)"
+
+    def __eq__(self, other):
+        return isinstance(other, Opaque)
+
+    def __hash__(self):
+        return 1
+
+
 def canonical(value):
     """A JSON form that tells apart every type and float bit pattern the cache can hold."""
+    if isinstance(value, enum.Enum):
+        return ["enum", type(value).__name__, value.name]
     if isinstance(value, bool):
         return ["bool", value]
     if isinstance(value, int):
@@ -21,6 +53,8 @@ def canonical(value):
         return ["str", value]
     if isinstance(value, bytes):
         return ["bytes", value.hex()]
+    if isinstance(value, Opaque):
+        return ["opaque"]
     if value is None:
         return ["none"]
     if isinstance(value, tuple):
@@ -58,9 +92,19 @@ TACTICS = [
 MIN_TIMES = [5e-324, 1e-3, 0.1 + 0.2, 12.345678901234567, 1e300, 7, 0.0, 2.5e-05]
 
 
-def entries(rank: int, cycle: int, count: int):
-    """Deterministic cache entries: `count` of the rank's own op and `count` shared ones."""
+def entries(rank: int, cycle: int, count: int, enums: bool = False, rejects: bool = False):
+    """Deterministic cache entries: `count` of the rank's own op and `count` shared ones; with
+    `enums`, an IntEnum and an Enum tactic for each; with `rejects`, entries TensorRT-LLM's
+    loader skips (a tactic or a key that is no literal) and one it keeps (min_time inf)."""
     made = {}
+    if enums:
+        made[(OWN_OP, "Fp4QuantRunner", "(0,)", ((rank + 1, 16),))] = (0, Fp4QuantTactic.TRTLLM, 0.25)
+        made[(SHARED_OP, "TileRunner", "()", ((7, 7),))] = (1, TileCfg.SMALL, 0.5)
+    if rejects:
+        made[(OWN_OP, "OpaqueRunner", "()", ((rank + 1, 1),))] = (0, Opaque(), 1.0)
+        made[(OWN_OP, "NanRunner", "()", ((rank + 1, 2),))] = (0, float("nan"), 1.0)
+        made[(OWN_OP, "InfKeyRunner", "()", ((rank + 1, math.inf),))] = (0, 3, 1.0)
+        made[(SHARED_OP, "SlowRunner", "()", ((9, 9),))] = (0, 4, math.inf)
     for i in range(count):
         n = cycle * count + i
         made[(OWN_OP, "MoERunner", "(0,)", ((n + 1, 4096), (4096, 4096 + rank)))] = (
@@ -88,14 +132,20 @@ def main() -> int:
 
         tt.install()
     tuner = autotuner.AutoTuner.get()
-    tuner._map_op_to_distributed_strategy[SHARED_OP] = autotuner.DistributedTuningStrategy.BROADCAST
-    tuner._map_op_to_distributed_strategy[OWN_OP] = autotuner.DistributedTuningStrategy.INDEPENDENT
+
+    def as_choose_one_would(profiling_cache):
+        # choose_one() records each tuned op's strategy in the cache it tunes into.
+        profiling_cache.add_independent_op(SHARED_OP, autotuner.DistributedTuningStrategy.BROADCAST)
+        profiling_cache.add_independent_op(OWN_OP, autotuner.DistributedTuningStrategy.INDEPENDENT)
+
     rank = tuner.mapping.rank
     path = spec["path"]
     mode = spec["mode"]
     count = spec.get("count", 10)
+    extra = {"enums": spec.get("enums", False), "rejects": spec.get("rejects", False)}
     if mode == "save":
-        tuner.profiling_cache.cache.update(entries(rank, spec.get("cycle", 0), count))
+        as_choose_one_would(tuner.profiling_cache)
+        tuner.profiling_cache.cache.update(entries(rank, spec.get("cycle", 0), count, **extra))
         tuner.profiling_cache.save_cache(path, rank)
         result = dump(tuner.profiling_cache.cache)
     elif mode == "load":
@@ -115,6 +165,7 @@ def main() -> int:
             new = entries(rank, cycle, count)
             expected.update(new)
             saver = autotuner.AutoTunerProfilingCache()
+            as_choose_one_would(saver)
             saver.cache.update(expected)
             saver.save_cache(path, rank)
             loader = autotuner.AutoTunerProfilingCache()
@@ -127,7 +178,14 @@ def main() -> int:
         result = dump(expected)
     else:
         raise SystemExit(f"unknown mode {mode}")
-    print(json.dumps(result))
+    profiling_cache = tuner.profiling_cache
+    metadata = {name: getattr(profiling_cache, name) for name in
+                ("lib_version", "creation_timestamp", "device_name", "device_capability")}
+    print(json.dumps({
+        "cache": result,
+        "independent_op": sorted(getattr(profiling_cache, "independent_op", ())),
+        "metadata": canonical(metadata),
+    }))
     return 0
 
 

@@ -1,13 +1,44 @@
 # Owns the stand-in of TensorRT-LLM's autotuner cache that the drop-in tests run against:
 # TensorRT-LLM needs a GPU and is not installable here, so the tests write a small
-# `tensorrt_llm` package whose `_torch.autotuner` module follows the documented behaviour of
-# AutoTunerProfilingCache (file layout, str(tuple) keys and repr tactics read back with
-# ast.literal_eval, min_time in ms, rank sections, shared section, writer lock and rename) and of
-# the autotune(cache_path=...) context manager. Nothing of tunecache is imported by it.
+# `tensorrt_llm` package whose `_torch.autotuner` module behaves as TensorRT-LLM's own
+# AutoTunerProfilingCache does in the newest public copy read for issue 26 (a fork of
+# NVIDIA/TensorRT-LLM at 7603e2ef7fb84533c9d6a935041b20e0a702c78c, see docs/integrations.md):
+# `shared` plus `rank_N` sections, a `<file>.lock` sidecar (fcntl.lockf) taken by readers and
+# writers, an atomic write-and-rename, `independent_op` (the non-INDEPENDENT ops, filled from
+# the shared section's key[0] on load), `excluded_op`, enum tactics saved as their value, a load
+# that replaces the in-memory cache, and a loader that skips keys and tactics it cannot
+# literal_eval. Written from a reading of that code, not copied. Nothing of tunecache is
+# imported by it.
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+
+LOGGER_SOURCE = textwrap.dedent(
+    '''
+    """Stand-in of tensorrt_llm.logger: the standard logger plus warning_once."""
+    import logging
+
+    _logger = logging.getLogger("tensorrt_llm")
+
+
+    class _Logger:
+        def __init__(self):
+            self._once = set()
+
+        def __getattr__(self, name):
+            return getattr(_logger, name)
+
+        def warning_once(self, message, key=None):
+            key = message if key is None else key
+            if key not in self._once:
+                self._once.add(key)
+                _logger.warning(message)
+
+
+    logger = _Logger()
+    '''
+)
 
 AUTOTUNER_SOURCE = textwrap.dedent(
     '''
@@ -22,8 +53,7 @@ AUTOTUNER_SOURCE = textwrap.dedent(
     from pathlib import Path
 
     import tensorrt_llm
-
-    LOCK_TIMEOUT_S = float(os.environ.get("TLLM_AUTOTUNER_CACHE_LOCK_TIMEOUT", "120"))
+    from tensorrt_llm.logger import logger
 
 
     class DistributedTuningStrategy(enum.Enum):
@@ -38,9 +68,30 @@ AUTOTUNER_SOURCE = textwrap.dedent(
             self.rank = int(os.environ.get("STANDIN_RANK", "0"))
 
 
+    @contextlib.contextmanager
+    def _exclusive_cache_lock(lock_path):
+        # A POSIX record lock on a separate, persistent lock file, for readers and writers alike.
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.lockf(descriptor, fcntl.LOCK_EX)
+            yield
+        finally:
+            try:
+                fcntl.lockf(descriptor, fcntl.LOCK_UN)
+            finally:
+                os.close(descriptor)
+
+
     class AutoTunerProfilingCache:
+        SHARED_CACHE_KEY = "shared"
+
         def __init__(self):
             self.cache = dict()
+            # Despite the name: the ops whose strategy is NOT independent (their entries are
+            # saved to the shared section). choose_one() adds to it; load_cache() refills it.
+            self.independent_op = set()
+            self.excluded_op = set()
             self.lib_version = tensorrt_llm.__version__
             self.creation_timestamp = time.time()
             # torch.cuda.get_device_name() / get_device_capability() on a real GPU.
@@ -48,50 +99,105 @@ AUTOTUNER_SOURCE = textwrap.dedent(
             major, minor = os.environ.get("STANDIN_DEVICE_CAPABILITY", "9.0").split(".")
             self.device_capability = (int(major), int(minor))
 
-        def _is_shared(self, custom_op):
-            strategy = AutoTuner.get()._map_op_to_distributed_strategy.get(custom_op)
-            return strategy is not None and strategy != DistributedTuningStrategy.INDEPENDENT
+        def __setitem__(self, cache_key, value):
+            self.cache[cache_key] = value
+
+        def __getitem__(self, cache_key):
+            return self.cache[cache_key]
+
+        def __len__(self):
+            return len(self.cache)
+
+        def clear(self):
+            self.cache.clear()
+            self.independent_op.clear()
+            self.excluded_op.clear()
+
+        def merge_cache_data(self, cache_data):
+            self.cache.update(cache_data)
+
+        def add_independent_op(self, custom_op, strategy):
+            if strategy != DistributedTuningStrategy.INDEPENDENT:
+                self.independent_op.add(custom_op)
+
+        def add_excluded_op(self, custom_op):
+            self.excluded_op.add(custom_op)
+
+        def _partition_cache_by_strategy(self):
+            shared, own = {}, {}
+            for key, value in self.cache.items():
+                custom_op = key[0]
+                if custom_op in self.excluded_op:
+                    continue
+                (shared if custom_op in self.independent_op else own)[key] = value
+            return shared, own
 
         def save_cache(self, file_path, rank):
-            """Writer: under <file>.lock, read the file, replace this rank's section and merge the
-            shared one, write a temporary file and rename it over the cache."""
             file_path = Path(file_path)
             file_path.parent.mkdir(parents=True, exist_ok=True)
-            shared = {k: v for k, v in self.cache.items() if self._is_shared(k[0])}
-            own = {k: v for k, v in self.cache.items() if not self._is_shared(k[0])}
-            with open(str(file_path) + ".lock", "a") as lock:
-                deadline = time.monotonic() + LOCK_TIMEOUT_S
-                while True:
-                    try:
-                        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        if time.monotonic() > deadline:
-                            raise TimeoutError(f"{file_path}.lock")
-                        time.sleep(0.01)
-                try:
-                    with open(file_path) as f:
-                        current = json.load(f)
-                except (FileNotFoundError, ValueError):
-                    current = {"metadata": self._serialize_metadata()}
-                current.setdefault("shared", {}).update(self._serialize_cache_data(shared))
-                current[f"rank_{rank}"] = self._serialize_cache_data(own)
-                temporary = f"{file_path}.tmp.{os.getpid()}"
-                with open(temporary, "w") as f:
-                    json.dump(current, f, indent=2, default=str)
-                os.replace(temporary, file_path)
+            try:
+                shared, own = self._partition_cache_by_strategy()
+                serialized_shared = self._serialize_cache_data(shared)
+                serialized_own = self._serialize_cache_data(own)
+                with _exclusive_cache_lock(self._lock_path_for(file_path)):
+                    current = self._read_existing_cache(file_path)
+                    current.setdefault(self.SHARED_CACHE_KEY, {}).update(serialized_shared)
+                    # Merged, not replaced: what this rank saved before stays.
+                    current.setdefault(f"rank_{rank}", {}).update(serialized_own)
+                    self._atomic_write_json(file_path, current)
+                logger.info(f"[AutoTuner] Successfully saved cache to {file_path} using JSON format")
+            except Exception as e:
+                logger.error(f"[AutoTuner] Failed to save cache with JSON: {e}")
+                raise
+
+        @staticmethod
+        def _lock_path_for(file_path):
+            return file_path.with_name(file_path.name + ".lock")
+
+        def _read_existing_cache(self, file_path):
+            if not file_path.exists():
+                return {"metadata": self._serialize_metadata()}
+            try:
+                content = file_path.read_text()
+                if not content.strip():
+                    return {"metadata": self._serialize_metadata()}
+                return json.loads(content)
+            except (FileNotFoundError, json.JSONDecodeError) as e:
+                logger.warning(f"[AutoTuner] Could not parse existing cache at {file_path}: {e!r}")
+                return {"metadata": self._serialize_metadata()}
+
+        @staticmethod
+        def _atomic_write_json(file_path, payload):
+            temporary = file_path.with_name(f".{file_path.name}.tmp.{os.getpid()}.{time.time_ns()}")
+            with open(temporary, "w") as f:
+                json.dump(payload, f, indent=2, default=str)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(temporary, file_path)
 
         def load_cache(self, file_path, rank):
-            """Reader: no lock (writers rename); shared entries, then the rank's own; merged into
-            the in-memory cache, the file winning."""
             file_path = Path(file_path)
             if not file_path.exists():
                 raise FileNotFoundError(f"Cache file not found: {file_path}")
-            with open(file_path) as f:
-                contents = json.load(f)
-            self._deserialize_metadata(contents["metadata"])
-            self.cache.update(self._deserialize_cache_data(contents.get("shared", {})))
-            self.cache.update(self._deserialize_cache_data(contents.get(f"rank_{rank}", {})))
+            try:
+                with _exclusive_cache_lock(self._lock_path_for(file_path)):
+                    with open(file_path) as f:
+                        contents = json.load(f)
+                self._deserialize_metadata(contents.get("metadata", {}))
+                # The file replaces what the process held.
+                self.cache = {}
+                self.independent_op = set()
+                if self.SHARED_CACHE_KEY in contents:
+                    shared = self._deserialize_cache_data(contents[self.SHARED_CACHE_KEY])
+                    self.cache.update(shared)
+                    for key in shared.keys():
+                        self.independent_op.add(key[0])
+                if f"rank_{rank}" in contents:
+                    self.cache.update(self._deserialize_cache_data(contents[f"rank_{rank}"]))
+                logger.info(f"[AutoTuner] Successfully loaded cache from {file_path} (total {len(self.cache)} entries)")
+            except Exception as e:
+                logger.error(f"[AutoTuner] Failed to load cache with JSON: {e}")
+                raise
 
         def _serialize_metadata(self):
             return {
@@ -107,17 +213,39 @@ AUTOTUNER_SOURCE = textwrap.dedent(
             self.device_name = metadata["device_name"]
             self.device_capability = metadata["device_capability"]
 
-        def _serialize_cache_data(self, cache):
+        def _serialize_cache_data(self, cache=None):
+            if cache is None:
+                cache = self.cache
             serialized = {}
             for key, (runner_id, tactic, min_time) in cache.items():
-                serialized[str(key)] = {"runner_id": runner_id, "tactic": repr(tactic), "min_time": min_time}
+                key_str = str(key)
+                # An enum tactic is saved as its value (its repr is no literal).
+                value = tactic.value if isinstance(tactic, enum.Enum) else tactic
+                tactic_str = repr(value)
+                try:
+                    assert value == ast.literal_eval(tactic_str)
+                except Exception as e:
+                    logger.warning_once(
+                        f"[AutoTuner] Could not serialize tactic: {tactic_str} for cache key {key_str} due to {e}. Deserialization may fail.",
+                        key=tactic_str)
+                serialized[key_str] = {"runner_id": runner_id, "tactic": tactic_str, "min_time": min_time}
             return serialized
 
         def _deserialize_cache_data(self, cache_data):
             cache = {}
             for key_str, value in cache_data.items():
-                key = ast.literal_eval(key_str)
-                tactic = ast.literal_eval(value["tactic"])
+                try:
+                    key = ast.literal_eval(key_str)
+                except (ValueError, SyntaxError):
+                    logger.warning(f"[AutoTuner] Could not reconstruct cache key: {key_str}")
+                    continue
+                try:
+                    tactic = ast.literal_eval(value["tactic"])
+                except (ValueError, TypeError, SyntaxError):
+                    logger.warning_once(
+                        f"[AutoTuner] Could not deserialize tactic: {value['tactic']} for cache key {key_str}; skipping entry.",
+                        key=value["tactic"])
+                    continue
                 cache[key] = (value["runner_id"], tactic, value["min_time"])
             return cache
 
@@ -128,7 +256,6 @@ AUTOTUNER_SOURCE = textwrap.dedent(
         def __init__(self):
             self.profiling_cache = AutoTunerProfilingCache()
             self.is_tuning_mode = False
-            self._map_op_to_distributed_strategy = {}
             self.mapping = Mapping()
 
         @classmethod
@@ -139,12 +266,11 @@ AUTOTUNER_SOURCE = textwrap.dedent(
 
 
     @contextlib.contextmanager
-    def autotune(tune_mode: bool = True, cache_path: str = None):
+    def autotune(tune_mode: bool = True, cache_path: str = None, skip_dynamic_tuning_buckets: bool = False):
         autotuner = AutoTuner.get()
         rank = autotuner.mapping.rank
-        if cache_path is not None:
-            if os.path.exists(cache_path):
-                autotuner.profiling_cache.load_cache(cache_path, rank)
+        if cache_path is not None and os.path.exists(cache_path):
+            autotuner.profiling_cache.load_cache(cache_path, rank)
         old_mode = autotuner.is_tuning_mode
         autotuner.is_tuning_mode = tune_mode
         try:
@@ -176,6 +302,7 @@ def write_standin(root: Path, version: str = "1.1.0") -> Path:
     (package / "__init__.py").write_text(
         f'import os\n__version__ = os.environ.get("STANDIN_TRTLLM_VERSION", {version!r})\n'
     )
+    (package / "logger.py").write_text(LOGGER_SOURCE)
     (package / "_torch" / "__init__.py").write_text("")
     (package / "_torch" / "autotuner.py").write_text(AUTOTUNER_SOURCE)
     (package / "_torch" / "pyexecutor" / "__init__.py").write_text("")

@@ -4,15 +4,22 @@
 # original file code, with one warning, when the daemon cannot be reached.
 """TensorRT-LLM drop-in: ``import tunecache.integrations.trtllm as tt; tt.install()``.
 
-After ``install()``, while the daemon (``$TUNECACHE_SOCKET`` or the default socket) answers:
+After ``install()``, while the daemon (``$TUNECACHE_SOCKET`` or the default socket) answers,
+the patched methods do what TensorRT-LLM's own file code does (the newest public copy, with
+``shared`` plus ``rank_N`` sections; see docs/integrations.md), with the daemon as the file:
 
-* ``AutoTunerProfilingCache.save_cache(file_path, rank)`` Records the rank's entries: ops whose
-  distributed tuning strategy is shared (BROADCAST, MERGE, PARALLEL) with no rank, the others
-  under ``rank``. The file at ``file_path`` is neither read, written nor locked.
-* ``load_cache(file_path, rank)`` merges into the cache the shared entries plus that rank's own,
-  as TensorRT-LLM's file loader would: keys from ``ast.literal_eval(str(key))``, tactics from
-  ``ast.literal_eval(repr(tactic))``, ``runner_id`` and ``min_time`` (ms) with their exact types
-  and float bits. Its own entries win over shared ones on the same key.
+* ``AutoTunerProfilingCache.save_cache(file_path, rank)`` Records the rank's entries: those of
+  the ops in ``independent_op`` (which, whatever its name, holds the ops whose distributed
+  strategy is not INDEPENDENT) with no rank, the others under ``rank``; ops in ``excluded_op``
+  are not saved. An ``enum.Enum`` tactic is saved as its value. The file at ``file_path`` is
+  neither read, written nor locked.
+* ``load_cache(file_path, rank)`` replaces the cache with the shared entries plus that rank's
+  own (its own win on the same key), sets ``independent_op`` to the op names (``key[0]``) of the
+  shared entries, and the metadata to the oldest saved one, as TensorRT-LLM's loader does:
+  keys from ``ast.literal_eval(str(key))``, tactics from ``ast.literal_eval(repr(tactic))``
+  (entries whose key or tactic that cannot read are skipped, as it skips them), ``runner_id``
+  and ``min_time`` (ms, ``inf`` and ``nan`` included) with the types and float bits a JSON file
+  would give back.
 * ``autotune(cache_path=...)`` loads from the daemon even when no file exists at ``cache_path``,
   so a node without a cache file starts warm. The hook sits inside the context manager itself,
   so modules that did ``from tensorrt_llm._torch.autotuner import autotune`` before
@@ -27,6 +34,7 @@ the original methods run and one warning per process is logged.
 from __future__ import annotations
 
 import ast
+import enum
 import functools
 import importlib
 import inspect
@@ -36,6 +44,7 @@ import math
 import os
 import platform
 import re
+import sys
 import threading
 import time
 from typing import Any, Dict, Optional, Tuple
@@ -52,6 +61,10 @@ NAMESPACE = "trtllm"
 RECORD_BATCH = 1000
 # Strategies whose results every rank of a tuning group shares (DistributedTuningStrategy values).
 INDEPENDENT_STRATEGY = "independent"
+# Result.time_us of an entry whose min_time the daemon cannot order (inf, nan, negative, not a
+# number): the largest finite time, so that any measured entry wins over it. Its exact value
+# travels in the config's text fields.
+UNORDERED_TIME_US = sys.float_info.max
 
 
 class _DaemonUnreachable(Exception):
@@ -123,15 +136,15 @@ class _Bridge:
 
     # --- strategy: which ops go to the shared section ------------------------------------------
 
-    def is_shared_op(self, op: str) -> bool:
-        tuner_class = getattr(self.module, "AutoTuner", None)
-        if tuner_class is None:
-            return False
-        strategies = getattr(tuner_class.get(), "_map_op_to_distributed_strategy", None) or {}
-        strategy = strategies.get(op)
-        if strategy is None:
-            return False
-        return getattr(strategy, "value", strategy) != INDEPENDENT_STRATEGY
+    def shared_ops(self, profiling_cache: Any) -> Optional[set]:
+        """The ops whose entries go to the shared section, as TensorRT-LLM's
+        ``_partition_cache_by_strategy`` picks them: those in ``independent_op`` (the ops with a
+        non-INDEPENDENT strategy, despite the name). None for releases before that section,
+        which save every entry under the rank."""
+        independent_op = getattr(profiling_cache, "independent_op", None)
+        if independent_op is None:
+            return None
+        return set(independent_op)
 
     # --- save ------------------------------------------------------------------------------------
 
@@ -141,41 +154,17 @@ class _Bridge:
         metadata_json = json.dumps(metadata, separators=(",", ":"), default=str)
         tuned_by = f"{platform.node()} pid {os.getpid()} rank {rank} (tensorrt_llm drop-in)"
         now_ms = int(time.time() * 1000)
+        shared_ops = self.shared_ops(profiling_cache)
+        excluded_ops = set(getattr(profiling_cache, "excluded_op", None) or ())
         entries = []
         for key, value in list(profiling_cache.cache.items()):
-            runner_id, tactic, min_time = value
-            if not isinstance(min_time, (int, float)) or not math.isfinite(min_time) or min_time < 0:
-                logger.debug("tunecache: not recording %s: min_time %r is not a finite time", key, min_time)
+            entry = _entry_of(key, value, rank, shared_ops, excluded_ops, metadata_json)
+            if entry is None:
                 continue
-            op = key[0] if isinstance(key, tuple) and key and isinstance(key[0], str) else ""
-            if not op:
-                logger.debug("tunecache: not recording %r: the key is not a (custom_op, ...) tuple", key)
-                continue
-            config = {
-                "runner_id": runner_id,
-                "tactic": repr(tactic),
-                "min_time": min_time,
-                # The exact text, which a re-serializing store cannot re-format.
-                "min_time_text": json.dumps(min_time),
-                "trtllm_metadata_json": metadata_json,
-            }
-            entries.append(
-                pb.Entry(
-                    key=pb.Key(
-                        namespace=NAMESPACE,
-                        op=op,
-                        device=device,
-                        problem=str(key),
-                        rank=None if self.is_shared_op(op) else int(rank),
-                    ),
-                    result=pb.Result(
-                        config=json.dumps(config),
-                        time_us=float(min_time) * 1000.0,
-                        tuned_by=tuned_by,
-                        tuned_at_unix_ms=now_ms,
-                    ),
-                )
-            )
+            entry.key.device = device
+            entry.result.tuned_by = tuned_by
+            entry.result.tuned_at_unix_ms = now_ms
+            entries.append(entry)
         client = self.client()
         for start in range(0, len(entries), RECORD_BATCH):
             self._record_keeping_the_valid(client, entries[start : start + RECORD_BATCH])
@@ -203,45 +192,162 @@ class _Bridge:
 
     # --- load ------------------------------------------------------------------------------------
 
-    def load(self, profiling_cache: Any, rank: int) -> int:
-        """Merges the daemon's shared entries and rank's own into the cache; returns how many."""
+    def load(self, profiling_cache: Any, rank: int, keep_when_empty: bool = False) -> int:
+        """Replaces the cache with the daemon's shared entries and rank's own, as TensorRT-LLM's
+        ``load_cache`` does with its file; returns how many. With ``keep_when_empty``, a daemon
+        without entries for this device leaves the cache as it is (no file: nothing loaded)."""
         device = device_key(_metadata_of(profiling_cache))
         client = self.client()
-        shared: Dict[Tuple, Tuple] = {}
-        own: Dict[Tuple, Tuple] = {}
+        shared: Dict[Any, Tuple] = {}
+        own: Dict[Any, Tuple] = {}
+        oldest_metadata: Optional[Dict[str, Any]] = None
         for chunk in client.scan(namespace=NAMESPACE, device=device, rank=int(rank)):
             for entry in chunk:
                 decoded = _decoded(entry)
                 if decoded is None:
                     continue
-                key, value = decoded
+                key, value, metadata = decoded
                 (shared if not entry.key.HasField("rank") else own)[key] = value
-        profiling_cache.cache.update(shared)
-        profiling_cache.cache.update(own)
-        return len(shared) + len(own)
+                if metadata is not None and (
+                    oldest_metadata is None
+                    or _timestamp(metadata) < _timestamp(oldest_metadata)
+                ):
+                    oldest_metadata = metadata
+        if keep_when_empty and not shared and not own:
+            return 0
+        if oldest_metadata is not None:
+            _apply_metadata(profiling_cache, oldest_metadata)
+        cache: Dict[Any, Tuple] = {}
+        cache.update(shared)
+        cache.update(own)
+        # Their loader rebinds the dict (self.cache = {}), and so does this.
+        profiling_cache.cache = cache
+        if hasattr(profiling_cache, "independent_op"):
+            profiling_cache.independent_op = {key[0] for key in shared}
+        return len(cache)
 
 
-def _decoded(entry: Any) -> Optional[Tuple[Tuple, Tuple]]:
-    """(key, (runner_id, tactic, min_time)) as TensorRT-LLM's loader builds them, or None (with
-    a debug line) for an entry its loader could not read either."""
+def _tactic_text(tactic: Any) -> str:
+    """The tactic as TensorRT-LLM's ``_serialize_cache_data`` writes it: ``repr``, of the value
+    for an enum member (whose own repr is no literal)."""
+    return repr(tactic.value if isinstance(tactic, enum.Enum) else tactic)
+
+
+def _json_text(value: Any) -> str:
+    """``value`` as ``json.dump(..., default=str)`` writes it into TensorRT-LLM's file."""
+    return json.dumps(value, default=str)
+
+
+def _entry_of(
+    key: Any, value: Any, rank: int, shared_ops: Optional[set], excluded_ops: set, metadata_json: str
+) -> Optional[Any]:
+    """The daemon entry of one cache item (key.device, tuned_by and tuned_at left to the caller),
+    or None, with a debug line, for one TensorRT-LLM would not save or could not read back."""
+    try:
+        op = key[0]  # their _partition_cache_by_strategy takes the op so
+        if op in excluded_ops:
+            return None
+        runner_id, tactic, min_time = value
+        problem = str(key)
+        tactic_text = _tactic_text(tactic)
+        # Their loader skips what it cannot literal_eval; such an entry is not worth a Record.
+        ast.literal_eval(problem)
+        ast.literal_eval(tactic_text)
+        runner_id_text = _json_text(runner_id)
+        min_time_text = _json_text(min_time)
+        shared = shared_ops is not None and op in shared_ops
+    except (ValueError, SyntaxError, TypeError, IndexError, KeyError, MemoryError, RecursionError) as err:
+        logger.debug("tunecache: not recording %r: TensorRT-LLM could not save or load it (%s)", key, err)
+        return None
+    orderable = (
+        isinstance(min_time, (int, float))
+        and not isinstance(min_time, bool)
+        and math.isfinite(min_time)
+        and 0 <= min_time
+    )
+    time_us = float(min_time) * 1000.0 if orderable else UNORDERED_TIME_US
+    if not math.isfinite(time_us):
+        time_us = UNORDERED_TIME_US
+    config = {
+        # What the file holds (the JSON round trip), for readers of the cache such as
+        # `tunecache export`; the loader reads the exact texts, which a re-serializing store
+        # cannot re-format.
+        "runner_id": json.loads(runner_id_text),
+        "tactic": tactic_text,
+        "min_time": min_time if orderable else None,
+        "runner_id_text": runner_id_text,
+        "min_time_text": min_time_text,
+        "trtllm_metadata_json": metadata_json,
+    }
+    try:
+        config_text = json.dumps(config, allow_nan=False)
+    except ValueError:  # a runner_id holding inf or nan: only its text can carry it
+        config["runner_id"] = None
+        config_text = json.dumps(config, allow_nan=False)
+    return pb.Entry(
+        key=pb.Key(
+            namespace=NAMESPACE,
+            op=op if isinstance(op, str) else repr(op),
+            problem=problem,
+            rank=None if shared else int(rank),
+        ),
+        result=pb.Result(config=config_text, time_us=time_us),
+    )
+
+
+def _timestamp(metadata: Dict[str, Any]) -> float:
+    stamp = metadata.get("creation_timestamp")
+    return float(stamp) if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) else math.inf
+
+
+def _apply_metadata(profiling_cache: Any, metadata: Dict[str, Any]) -> None:
+    """Sets the metadata as their loader does from the file (``_deserialize_metadata``)."""
+    try:
+        deserialize = getattr(profiling_cache, "_deserialize_metadata", None)
+        if callable(deserialize):
+            deserialize(metadata)
+        else:
+            for name in ("lib_version", "creation_timestamp", "device_name", "device_capability"):
+                setattr(profiling_cache, name, metadata[name])
+    except Exception as err:  # the metadata is informative; the entries matter
+        logger.debug("tunecache: metadata %r not applied: %s", metadata, err)
+
+
+def _decoded(entry: Any) -> Optional[Tuple[Any, Tuple, Optional[Dict[str, Any]]]]:
+    """(key, (runner_id, tactic, min_time), metadata) as TensorRT-LLM's loader builds them from
+    its file, or None (with a debug line) for an entry its loader skips: a key or a tactic that
+    ``ast.literal_eval`` cannot read. Where their loader would raise instead (a config without
+    the fields, a literal too deep to parse), the entry is skipped too: a rank never fails here."""
     problem = entry.key.problem
     try:
         key = ast.literal_eval(problem)
         config = json.loads(entry.result.config)
-        runner_id = config["runner_id"]
         tactic_text = config["tactic"]
         if not isinstance(tactic_text, str):
             raise ValueError(f"tactic {tactic_text!r} is not the repr text the loader reads")
         tactic = ast.literal_eval(tactic_text)
+        # The texts first: json.loads gives back what the file would (int or float bits, inf).
+        runner_id_text = config.get("runner_id_text")
+        runner_id = json.loads(runner_id_text) if isinstance(runner_id_text, str) else config["runner_id"]
         min_time_text = config.get("min_time_text")
-        # The text first: json.loads gives back the int or the float bits that were written.
         min_time = json.loads(min_time_text) if isinstance(min_time_text, str) else config.get("min_time")
-        if min_time is None:
+        if min_time is None and not isinstance(min_time_text, str):
             min_time = entry.result.time_us / 1000.0
-    except (ValueError, SyntaxError, TypeError, KeyError, MemoryError, RecursionError) as err:
+        hash(key)  # a dict key, as in their cache
+        if not entry.key.HasField("rank"):
+            key[0]  # their loader takes key[0] of every shared key (independent_op)
+    except (ValueError, SyntaxError, TypeError, KeyError, IndexError, MemoryError, RecursionError) as err:
         logger.debug("tunecache: skipping cache entry %s: %s", problem[:200], err)
         return None
-    return key, (runner_id, tactic, min_time)
+    metadata = None
+    metadata_json = config.get("trtllm_metadata_json")
+    if isinstance(metadata_json, str):
+        try:
+            parsed = json.loads(metadata_json)
+            metadata = parsed if isinstance(parsed, dict) else None
+        except ValueError:
+            metadata = None
+    return key, (runner_id, tactic, min_time), metadata
 
 
 # --- installing the patches ------------------------------------------------------------------------
@@ -347,7 +453,9 @@ def _load_without_file(module: Any, bridge: _Bridge, arguments: Dict[str, Any]) 
     tuner = module.AutoTuner.get()
     rank = arguments["rank"] if "rank" in arguments else tuner.mapping.rank
     try:
-        loaded = bridge.load(tuner.profiling_cache, rank)
+        # Without a file their autotune() loads nothing: a daemon without entries changes
+        # nothing either.
+        loaded = bridge.load(tuner.profiling_cache, rank, keep_when_empty=True)
         logger.info("tunecache: loaded %d autotuner cache entries for rank %s from the daemon", loaded, rank)
     except (_DaemonUnreachable, grpc.RpcError) as err:
         # No file either: TensorRT-LLM tunes as it would without a cache.
