@@ -8,6 +8,9 @@
 #   PYTHON              interpreter that creates the venv (default: python3; needs >= 3.10)
 #   TUNECACHE_PY_VENV   venv directory (default: client/python/.venv); "current" installs into
 #                       the running interpreter instead (e.g. inside a CI-provided venv)
+#   TUNECACHE_TRITON    the triton requirement the Triton cache-manager tests run against
+#                       (default: the version they were written for); "none" installs none and
+#                       those tests skip (outside CI)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -24,6 +27,12 @@ fi
 
 # grpcio-tools pulls in the grpcio and protobuf it generates code for, so the three match.
 "$python" -m pip install --quiet --disable-pip-version-check grpcio protobuf grpcio-tools pytest
+# The real triton package for tests/test_triton_cache_manager.py (about 1 GB installed, once:
+# pip finds it satisfied in a reused venv). It has no dependencies of its own to pull in.
+triton_requirement="${TUNECACHE_TRITON:-triton==3.9.0}"
+if [[ "$triton_requirement" != "none" ]]; then
+    "$python" -m pip install --quiet --disable-pip-version-check "$triton_requirement"
+fi
 "$python" "$here/gen_stubs.py"
 
 cd "$here"

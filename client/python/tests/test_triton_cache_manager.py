@@ -1,0 +1,187 @@
+# Owns the tests of the Triton drop-in (TRITON_CACHE_MANAGER=tunecache.integrations.triton:
+# CacheManager) against the real daemon and the real triton package: processes (triton_worker.py)
+# run a real @triton.autotune kernel with Triton's own Autotuner, compiler and cache code; only
+# the active driver is a stand-in (triton_standin.py), as the machine has no GPU.
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON_PACKAGE_ROOT
+
+try:
+    import triton  # noqa: F401
+except ImportError:
+    if os.environ.get("CI"):
+        raise  # CI installs it (run_tests.sh): a missing triton is a failure there
+    pytest.skip("the Triton tests need the triton package (run_tests.sh installs it)", allow_module_level=True)
+
+TESTS = Path(__file__).resolve().parent
+WORKER = TESTS / "triton_worker.py"
+MANAGER = "tunecache.integrations.triton:CacheManager"
+WORKER_TIMEOUT_S = 240
+PROCESSES = 8
+FASTEST = {"BLOCK": 32}
+
+
+def worker_env(tmp_path, name, socket, manager=True):
+    """The environment of one worker: its own empty TRITON_CACHE_DIR (returned too)."""
+    cache_dir = tmp_path / name / "triton-cache"
+    cache_dir.mkdir(parents=True)
+    environment = dict(os.environ)
+    environment.update(
+        PYTHONPATH=os.pathsep.join([str(TESTS), str(PYTHON_PACKAGE_ROOT)]),
+        TRITON_CACHE_DIR=str(cache_dir),
+        TRITON_HOME=str(tmp_path / name),
+        TRITON_CACHE_AUTOTUNING="1",
+        TRITON_DEFAULT_FP_FUSION="1",
+        TUNECACHE_SOCKET=str(socket),
+        TUNECACHE_TRITON_WAIT_MS="120000",
+    )
+    environment.pop("TRITON_CACHE_MANAGER", None)
+    if manager:
+        environment["TRITON_CACHE_MANAGER"] = MANAGER
+    return environment, cache_dir
+
+
+def start(environment, spec):
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+    )
+
+
+def finish(process):
+    try:
+        out, err = process.communicate(timeout=WORKER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"worker timed out:\n{out}\n{err}")
+    return process.returncode, out, err
+
+
+def run_round(tmp_path, round_name, socket, spec, manager=True, expect_killed=0):
+    """Starts PROCESSES workers at once, each with an empty cache directory; returns the
+    results of those that exited 0 and their logs."""
+    processes = []
+    for index in range(PROCESSES):
+        environment, cache_dir = worker_env(tmp_path, f"{round_name}-{index}", socket, manager)
+        assert not any(cache_dir.iterdir())
+        processes.append(start(environment, spec))
+    with ThreadPoolExecutor(max_workers=PROCESSES) as pool:
+        outcomes = list(pool.map(finish, processes))
+    results, logs, killed = [], [], 0
+    for code, out, err in outcomes:
+        if code == -9 and expect_killed:
+            killed += 1
+            continue
+        assert code == 0, f"worker failed ({code}):\n{out}\n{err}"
+        results.append(json.loads(out.strip().splitlines()[-1]))
+        logs.append(err)
+    assert killed == expect_killed
+    return results, logs
+
+
+def benchmark_pids(bench_log):
+    if not bench_log.exists():
+        return []
+    return [line.split()[0] for line in bench_log.read_text().splitlines()]
+
+
+def tunecache_warnings(log):
+    return [line for line in log.splitlines() if line.startswith("WARNING:tunecache")]
+
+
+def test_eight_processes_benchmark_once_and_a_second_round_not_at_all(daemon, tmp_path):
+    bench_log = tmp_path / "bench.log"
+    results, logs = run_round(tmp_path, "first", daemon.socket_path, {"bench_log": str(bench_log)})
+    pids = benchmark_pids(bench_log)
+    # One process benchmarked the three configs; nobody else benchmarked anything.
+    assert len(set(pids)) == 1 and len(pids) == 3, pids
+    assert [result["best"] for result in results] == [FASTEST] * PROCESSES
+    assert sorted(result["benchmarked"] for result in results) == [0] * (PROCESSES - 1) + [3]
+    assert all(result["launches"] >= 1 for result in results)  # each ran the kernel
+    for log in logs:
+        assert not tunecache_warnings(log), log
+
+    with daemon.client() as client:
+        entries = [entry for chunk in client.scan(namespace="triton") for entry in chunk]
+    assert len(entries) == 1
+    entry = entries[0]
+    assert entry.key.op == "scale_kernel" and entry.key.device == "cuda|90|warp32"
+    assert len(entry.key.problem) == 52  # the base32 sha256 key Triton gives its manager
+    assert entry.result.time_us == pytest.approx(10.0)  # 0.010 ms
+    stored = json.loads(json.loads(entry.result.config)["autotune_json"])
+    assert [config["kwargs"] for config, _timing in stored["configs_timings"]] == [{"BLOCK": b} for b in (16, 32, 64)]
+
+    second_log = tmp_path / "bench-second.log"
+    results, logs = run_round(tmp_path, "second", daemon.socket_path, {"bench_log": str(second_log)})
+    assert benchmark_pids(second_log) == []
+    assert [result["best"] for result in results] == [FASTEST] * PROCESSES
+
+
+def tree(directory):
+    """{relative path: bytes} of a cache directory; group files name their members by absolute
+    path, which is spelled <dir> here."""
+    return {
+        str(path.relative_to(directory)): path.read_bytes().replace(str(directory).encode(), b"<dir>")
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    }
+
+
+def test_compiled_kernel_files_land_in_the_cache_dir_as_with_the_default_manager(daemon, tmp_path):
+    spec = {"bench_log": str(tmp_path / "bench.log")}
+    environment, ours = worker_env(tmp_path, "ours", daemon.socket_path, manager=True)
+    code, out, err = finish(start(environment, spec))
+    assert code == 0, err
+    environment, stock = worker_env(tmp_path, "stock", daemon.socket_path, manager=False)
+    code, out, err = finish(start(environment, spec))
+    assert code == 0, err
+    ours_files, stock_files = tree(ours), tree(stock)
+    # Three compiled configs (their .cubin, .ptx, .json, __grp__ files ...) and the autotune file.
+    assert sum(name.endswith(".cubin") for name in stock_files) == 3
+    assert sum(name.endswith(".autotune.json") for name in stock_files) == 1
+    assert sorted(ours_files) == sorted(stock_files)
+    assert ours_files == stock_files
+
+
+def test_dead_socket_behaves_like_stock_triton_with_one_warning(tmp_path):
+    bench_log = tmp_path / "bench.log"
+    dead = tmp_path / "no-daemon.sock"
+    results, logs = run_round(tmp_path, "dead", dead, {"bench_log": str(bench_log)})
+    pids = benchmark_pids(bench_log)
+    assert len(set(pids)) == PROCESSES and len(pids) == 3 * PROCESSES
+    assert [result["best"] for result in results] == [FASTEST] * PROCESSES
+    for log in logs:
+        warnings = tunecache_warnings(log)
+        assert len(warnings) == 1 and "unreachable" in warnings[0], log
+    # And each cache directory holds what stock Triton writes: its autotune file included.
+    for index in range(PROCESSES):
+        cache_dir = tmp_path / f"dead-{index}" / "triton-cache"
+        assert len(list(cache_dir.rglob("scale_kernel.autotune.json"))) == 1
+
+
+def test_holder_killed_mid_benchmark_hands_over(daemon, tmp_path):
+    bench_log = tmp_path / "bench.log"
+    spec = {"bench_log": str(bench_log), "doom_marker": str(tmp_path / "doom")}
+    results, logs = run_round(tmp_path, "kill", daemon.socket_path, spec, expect_killed=1)
+    pids = benchmark_pids(bench_log)
+    # The doomed holder logged its first benchmark and died; exactly one other process tuned.
+    assert len(set(pids)) == 2, pids
+    assert len(results) == PROCESSES - 1
+    assert sorted(result["benchmarked"] for result in results) == [0] * (PROCESSES - 2) + [3]
+    assert [result["best"] for result in results] == [FASTEST] * (PROCESSES - 1)
+    with daemon.client() as client:
+        stats = client.stats()
+    assert stats.leases_released_dead == 1

@@ -1,0 +1,257 @@
+# Owns the Triton drop-in: a TRITON_CACHE_MANAGER whose `<kernel>.autotune.json` files come from
+# tunecached, so that one process on the node benchmarks each @triton.autotune kernel and key
+# while the others wait for its result; every other file (compiled kernels, groups, overrides,
+# dumps) goes to Triton's own FileCacheManager unchanged. Without a daemon, or past the wait
+# bound, it is Triton's default manager, with one warning per process.
+"""Triton drop-in: ``TRITON_CACHE_MANAGER=tunecache.integrations.triton:CacheManager``.
+
+With autotune caching on (``TRITON_CACHE_AUTOTUNING=1``, or ``cache_results=True`` in
+``@triton.autotune``), Triton's ``Autotuner.check_disk_cache`` asks its cache manager for
+``<kernel>.autotune.json`` before it benchmarks, and puts that file after. This manager:
+
+* ``get_file("<kernel>.autotune.json")`` returns the file from ``TRITON_CACHE_DIR`` when it is
+  there (as the default manager does); else it Resolves the key ``namespace="triton"``,
+  ``op=<kernel>``, ``device=<backend>|<arch>|warp<warp_size>`` (Triton's current target),
+  ``problem=<the key Triton gave the manager>``. On a hit it writes the result into the cache
+  directory and returns that path; when told to tune it returns None, so Triton benchmarks, and
+  the ``put`` that follows Records the file's text with the lease, ``time_us`` the best config's
+  time (Triton's milliseconds times 1000). Every other process waits in Resolve for that result.
+* Everything else (``put``/``get_file`` of compiled kernels, ``get_group``/``put_group``, the
+  override and dump managers) is Triton's ``FileCacheManager``: same directory, same files.
+* When the daemon cannot be reached, or nobody has a result within the wait bound
+  (``$TUNECACHE_TRITON_WAIT_MS``, default 120000), it behaves as the default manager with one
+  warning per process. A holder that dies (even SIGKILL) hands the lease on: the daemon watches
+  its pid, and one of the waiting processes tunes instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import platform
+import sys
+import threading
+import time
+from typing import Any, Dict, Optional
+
+import grpc
+from triton.runtime.cache import CacheManager as _TritonCacheManager
+from triton.runtime.cache import FileCacheManager
+
+from tunecache.client import Client, UntrustedSocketError, pb
+
+logger = logging.getLogger("tunecache.triton")
+
+NAMESPACE = "triton"
+AUTOTUNE_SUFFIX = ".autotune.json"
+WAIT_ENV = "TUNECACHE_TRITON_WAIT_MS"
+LEASE_ENV = "TUNECACHE_TRITON_LEASE_MS"
+DEFAULT_WAIT_MS = 120_000
+# Result.time_us when no config has a finite time (all failed): any measured result wins.
+UNORDERED_TIME_US = sys.float_info.max
+# Result.config = {"format": CONFIG_FORMAT, "autotune_json": <the file's exact text>}.
+CONFIG_FORMAT = "triton-autotune-json-1"
+
+
+class _Daemon:
+    """One client per process (recreated after fork), one warning per process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._client: Optional[Client] = None
+        self._client_pid: Optional[int] = None
+        self._warned_pid: Optional[int] = None
+
+    def client(self) -> Client:
+        with self._lock:
+            if self._client is None or self._client_pid != os.getpid():
+                self._client = Client()
+                self._client_pid = os.getpid()
+            return self._client
+
+    def warn_once(self, what: str, problem: Any) -> None:
+        with self._lock:
+            first = self._warned_pid != os.getpid()
+            self._warned_pid = os.getpid()
+        if isinstance(problem, grpc.RpcError):
+            problem = f"{problem.code()}: {problem.details()}"
+        if first:
+            logger.warning(
+                "tunecache: %s (%s); Triton's autotune cache uses its own files in this process "
+                "as it would without tunecache. Further fallbacks are logged at DEBUG.",
+                what,
+                problem,
+            )
+        else:
+            logger.debug("tunecache: %s (%s)", what, problem)
+
+
+_daemon = _Daemon()
+
+
+def _env_ms(name: str, default: int) -> int:
+    try:
+        return max(0, int(os.environ.get(name, "") or default))
+    except ValueError:
+        return default
+
+
+def _device() -> str:
+    """Triton's current target as a Key.device, e.g. ``cuda|90|warp32`` or ``hip|gfx942|warp64``."""
+    from triton.runtime.driver import driver
+
+    target = driver.active.get_current_target()
+    return f"{target.backend}|{target.arch}|warp{target.warp_size}"
+
+
+def _best_time_us(text: str) -> float:
+    """The best config's time in microseconds, chosen as Triton chooses it (the least timing,
+    timings compared as lists), from the file's ``configs_timings``."""
+    document = json.loads(text)
+    timings = [timing for _config, timing in document["configs_timings"]]
+    best = min(timings)
+    best_ms = best[0] if isinstance(best, (list, tuple)) else best
+    time_us = float(best_ms) * 1000.0
+    if not math.isfinite(time_us) or time_us < 0:
+        return UNORDERED_TIME_US
+    return time_us
+
+
+class CacheManager(_TritonCacheManager):
+    """Triton's ``CacheManager`` with ``*.autotune.json`` shared through tunecached; see the
+    module doc. Constructed by Triton as ``CacheManager(key, override=False, dump=False)``."""
+
+    def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+        self.key = key
+        self._files = FileCacheManager(key, override=override, dump=dump)
+        # The override and dump managers are Triton's files only.
+        self._shares_autotune = not override and not dump
+        # filename -> (Key, lease_id) while this process holds the lease for it.
+        self._leases: Dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        # cache_dir, lock_path, has_file, ... as the default manager has them.
+        if name.startswith("__") or name == "_files":
+            raise AttributeError(name)
+        return getattr(self._files, name)
+
+    # --- the CacheManager interface ---------------------------------------------------------------
+
+    def get_file(self, filename: str) -> Optional[str]:
+        local = self._files.get_file(filename)
+        if local is not None or not self._is_autotune(filename):
+            return local
+        try:
+            return self._resolve(filename)
+        except Exception as err:  # never worse than Triton: its own behaviour instead
+            _daemon.warn_once("tunecached could not be used", err)
+            return None
+
+    def put(self, data: Any, filename: str, binary: bool = True) -> str:
+        path = self._files.put(data, filename, binary=binary)
+        if self._is_autotune(filename):
+            self._record(filename, data)
+        return path
+
+    def get_group(self, filename: str) -> Optional[Dict[str, str]]:
+        return self._files.get_group(filename)
+
+    def put_group(self, filename: str, group: Dict[str, str]) -> str:
+        return self._files.put_group(filename, group)
+
+    # --- autotune files ---------------------------------------------------------------------------
+
+    def _is_autotune(self, filename: str) -> bool:
+        return self._shares_autotune and filename.endswith(AUTOTUNE_SUFFIX) and len(filename) > len(AUTOTUNE_SUFFIX)
+
+    def _key(self, filename: str) -> Any:
+        return pb.Key(
+            namespace=NAMESPACE,
+            op=filename[: -len(AUTOTUNE_SUFFIX)],
+            device=_device(),
+            problem=self.key,
+        )
+
+    def _resolve(self, filename: str) -> Optional[str]:
+        key = self._key(filename)
+        try:
+            client = _daemon.client()
+            response = client.resolve(
+                key, wait_ms=_env_ms(WAIT_ENV, DEFAULT_WAIT_MS), can_tune=True, lease_ms=_env_ms(LEASE_ENV, 0)
+            )
+        except (UntrustedSocketError, OSError, ValueError, grpc.RpcError) as err:
+            _daemon.warn_once("tunecached unreachable", err)
+            return None
+        outcome = response.WhichOneof("outcome")
+        if outcome == "tune_here":
+            # Triton benchmarks now; the put that follows Records with this lease.
+            self._leases[filename] = (key, response.tune_here.lease_id)
+            return None
+        if outcome == "hit":
+            text = _autotune_text(response.hit.config)
+            if text is None:
+                logger.debug("tunecache: %s holds no Triton autotune file; tuning here", key.problem)
+                return None
+            # Like a remote cache manager: the result becomes a file of this cache directory.
+            return self._files.put(text, filename, binary=False)
+        reason = response.miss.reason if outcome == "miss" else f"no outcome ({outcome!r})"
+        _daemon.warn_once(f"no tuned result for {filename} within the wait bound", reason)
+        return None
+
+    def _record(self, filename: str, data: Any) -> None:
+        held = self._leases.pop(filename, None)
+        if held is None:
+            return  # tuned without a lease (daemon away, wait bound passed): files only
+        key, lease_id = held
+        try:
+            text = data.decode("utf-8") if isinstance(data, bytes) else str(data)
+            entry = pb.Entry(
+                key=key,
+                result=pb.Result(
+                    config=json.dumps({"format": CONFIG_FORMAT, "autotune_json": text}),
+                    time_us=_best_time_us(text),
+                    tuned_by=f"{platform.node()} pid {os.getpid()} (triton cache manager)",
+                    tuned_at_unix_ms=int(time.time() * 1000),
+                ),
+            )
+        except (ValueError, TypeError, KeyError, IndexError) as err:
+            logger.warning("tunecache: %s is not a Triton autotune file (%s); not shared", filename, err)
+            self._give_up(lease_id)
+            return
+        try:
+            _daemon.client().record([entry], lease_id=lease_id)
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                logger.warning("tunecache: the daemon refused %s (%s); it stays local", filename, err.details())
+            else:
+                _daemon.warn_once("tunecached could not store an autotune result", err)
+            self._give_up(lease_id)
+        except Exception as err:
+            _daemon.warn_once("tunecached could not store an autotune result", err)
+            self._give_up(lease_id)
+
+    def _give_up(self, lease_id: str) -> None:
+        try:
+            _daemon.client().record([], lease_id=lease_id)
+        except Exception as err:
+            logger.debug("tunecache: could not give the lease up (%s); it expires", err)
+
+    def __del__(self) -> None:
+        # Triton never got to put (its benchmark raised): let a waiting process tune now.
+        leases = self.__dict__.get("_leases") or {}
+        for _key, lease_id in list(leases.values()):
+            self._give_up(lease_id)
+        leases.clear()
+
+
+def _autotune_text(config: str) -> Optional[str]:
+    try:
+        document = json.loads(config)
+    except ValueError:
+        return None
+    if not isinstance(document, dict) or document.get("format") != CONFIG_FORMAT:
+        return None
+    text = document.get("autotune_json")
+    return text if isinstance(text, str) else None
