@@ -146,9 +146,14 @@ pub async fn run(
 
     let stop = CancellationToken::new();
     let tuner = crate::tuner::start(&config).await;
+    // The cluster tier connects in the background: Redis being down delays nothing here.
+    let cluster = config
+        .cluster_settings()?
+        .map(|settings| crate::cluster::Cluster::start(settings, store.clone(), stop.clone()));
     let coordinator = Coordinator::new(
         store.clone(),
         tuner.clone(),
+        cluster.clone(),
         stop.clone(),
         usize::try_from(config.max_leases_per_pid).unwrap_or(usize::MAX),
     );
@@ -162,13 +167,6 @@ pub async fn run(
         usize::try_from(config.max_connections_per_uid).unwrap_or(usize::MAX),
         config.preface_timeout(),
     ));
-    // The cluster tier connects in the background: Redis being down delays nothing here.
-    let cluster = config
-        .cluster_settings()?
-        .map(|settings| crate::cluster::Cluster::start(settings, store.clone(), stop.clone()));
-    if let Some(cluster) = &cluster {
-        coordinator.set_cluster(cluster.clone());
-    }
     let mut service = TuneCacheService::new(
         store.clone(),
         coordinator,

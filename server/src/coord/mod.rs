@@ -1,0 +1,502 @@
+//! Coordinated tuning: `Resolve` makes each missing problem get tuned once per node.
+//!
+//! The rules (who holds a key's flight, who waits, what each event does) are a plain type,
+//! [`flights::Flights`], tested without a runtime. This module is its adapter: it keeps the
+//! waiters' reply channels, runs the effects the rules return (answer a waiter, hand a lease
+//! on), and connects the events: a result for the key, whoever stored it (a rank's Record,
+//! the node's tuner, a snapshot, the cluster tier), arrives through the store's change feed
+//! (`entries_changed`), which wakes every waiter with the merged result; a lease's end comes
+//! from its watch ([`lease_watch`]), a tuner job's from [`tuner_job`], cluster answers from
+//! [`cluster_claim`]. Waiting costs a oneshot channel and a timer, no thread.
+//!
+//! Leases and waiters live in memory only: after a daemon restart callers simply Resolve
+//! again.
+
+mod cluster_claim;
+pub mod flights;
+mod lease_watch;
+mod tuner_job;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::oneshot;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tunecache_proto::v1;
+
+use crate::cluster::{Cluster, ClusterLease};
+use crate::entry::{CacheKey, TunedResult};
+use crate::error::{Error, Result};
+use crate::store::{ApplyOutcome, ChangeListener, Store, StoredEntry};
+use crate::tuner::TunerHandle;
+use flights::{Attachments, Caller, Effect, Flights, Grant, LeaseEnd, Step, WaiterId};
+
+/// Longest a caller may wait for someone else's result.
+pub const MAX_WAIT: Duration = Duration::from_secs(600);
+/// Lease length when the caller does not say.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(120);
+/// Longest lease a caller may ask for.
+pub const MAX_LEASE: Duration = Duration::from_secs(3600);
+
+/// Resolve outcomes counted outside the rules (the lease outcomes are the rules' `Tally`).
+#[derive(Default)]
+struct CoordCounters {
+    resolves: AtomicU64,
+    waits_satisfied: AtomicU64,
+    waits_timed_out: AtomicU64,
+    /// Resolves refused because the caller's process held `max_leases_per_pid` leases.
+    leases_refused_per_pid: AtomicU64,
+    /// Resolves refused because the node's tuner queue was full.
+    tuner_queue_refusals: AtomicU64,
+}
+
+/// What a Resolve call ends with.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    Hit(TunedResult),
+    TuneHere {
+        lease_id: String,
+        expires_in: Duration,
+    },
+    Miss(String),
+}
+
+impl From<Resolution> for v1::ResolveResponse {
+    fn from(resolution: Resolution) -> Self {
+        use v1::resolve_response::Outcome;
+        let outcome = match resolution {
+            Resolution::Hit(result) => Outcome::Hit(result.into()),
+            Resolution::TuneHere {
+                lease_id,
+                expires_in,
+            } => Outcome::TuneHere(v1::Lease {
+                lease_id,
+                expires_in_ms: u32::try_from(expires_in.as_millis()).unwrap_or(u32::MAX),
+            }),
+            Resolution::Miss(reason) => Outcome::Miss(v1::Miss { reason }),
+        };
+        v1::ResolveResponse {
+            outcome: Some(outcome),
+        }
+    }
+}
+
+/// One Resolve request, validated.
+pub struct ResolveCall {
+    pub key: CacheKey,
+    pub wait: Duration,
+    pub can_tune: bool,
+    pub lease: Duration,
+    /// The caller's pid from the socket's peer credentials, when known.
+    pub caller_pid: Option<i32>,
+}
+
+impl ResolveCall {
+    fn caller(&self) -> Caller {
+        Caller {
+            can_tune: self.can_tune,
+            pid: self.caller_pid,
+            lease: self.lease,
+        }
+    }
+}
+
+/// What a flight owns outside the rules; dropping it (the flight ended) stops and releases
+/// all of it.
+#[derive(Default)]
+struct Resources {
+    /// Ends the lease at expiry or the holder's death; dropped, the watch stops.
+    lease_watch: Option<DropGuard>,
+    /// Polls another node's cluster lease; dropped, the poll stops.
+    remote_watch: Option<DropGuard>,
+    /// This node's cluster lease on the key, renewed while held; dropped, it is released.
+    cluster_lease: Option<ClusterLease>,
+}
+
+impl Attachments for Resources {
+    fn stop_lease_watch(&mut self) {
+        self.lease_watch = None;
+    }
+
+    fn stop_remote_watch(&mut self) {
+        self.remote_watch = None;
+    }
+
+    fn keep_cluster_lease_for_result(&mut self) {
+        if let Some(lease) = self.cluster_lease.take() {
+            // Deleted by the publish of this result, so no node takes it before then.
+            lease.keep_for_result();
+        }
+    }
+
+    fn release_cluster_lease(&mut self) {
+        self.cluster_lease = None;
+    }
+}
+
+/// The rules and the reply channels of their waiters, under one lock.
+struct Inner {
+    flights: Flights<Resources>,
+    replies: HashMap<WaiterId, oneshot::Sender<Resolution>>,
+}
+
+pub struct Coordinator {
+    inner: Mutex<Inner>,
+    store: Store,
+    tuner: TunerHandle,
+    /// The Redis cluster tier, when on: cross-node single-flight before local tuning.
+    cluster: Option<Arc<Cluster>>,
+    counters: CoordCounters,
+    shutdown: CancellationToken,
+    me: Weak<Coordinator>,
+    /// Watches are spawned from here, also when an event arrives on a non-runtime thread.
+    runtime: tokio::runtime::Handle,
+    refusals_logged: crate::limits::LogOnce,
+}
+
+impl Coordinator {
+    /// Creates the coordinator with what it coordinates with: the store, the node's tuner
+    /// and, when on, the cluster tier. Call it inside the tokio runtime, and subscribe it to
+    /// the store's change feed (`Store::add_change_listener`) before serving: that is how
+    /// stored results wake waiters. One process may hold at most `max_leases_per_pid` leases.
+    pub fn new(
+        store: Store,
+        tuner: TunerHandle,
+        cluster: Option<Arc<Cluster>>,
+        shutdown: CancellationToken,
+        max_leases_per_pid: usize,
+    ) -> Arc<Coordinator> {
+        let nonce = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()) << 32;
+        Arc::new_cyclic(|me| Coordinator {
+            inner: Mutex::new(Inner {
+                flights: Flights::new(format!("{nonce:016x}"), max_leases_per_pid),
+                replies: HashMap::new(),
+            }),
+            store,
+            tuner,
+            cluster,
+            counters: CoordCounters::default(),
+            shutdown,
+            me: me.clone(),
+            runtime: tokio::runtime::Handle::current(),
+            refusals_logged: Default::default(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        crate::sync::lock(&self.inner)
+    }
+
+    /// Counts and logs (once per pid) a Resolve refused for the per-pid lease cap.
+    fn refuse_lease(&self, pid: i32, limit: usize) -> Error {
+        self.counters
+            .leases_refused_per_pid
+            .fetch_add(1, Ordering::Relaxed);
+        if self.refusals_logged.first(format!("leases of pid {pid}")) {
+            tracing::warn!(
+                pid,
+                limit,
+                "refused a lease: this process already holds --max-leases-per-pid leases \
+                 (logged once per pid; Stats counts each as leases_refused_per_pid)"
+            );
+        }
+        Error::LeasesPerPid { pid, limit }
+    }
+
+    /// Starts the expiry/death watch of a lease just granted and attaches it to the flight.
+    fn watch(&self, inner: &mut Inner, grant: &Grant) {
+        let stop = CancellationToken::new();
+        if let Some(resources) = inner.flights.attachments_mut(&grant.key) {
+            resources.lease_watch = Some(stop.clone().drop_guard());
+        }
+        if let Some(me) = self.me.upgrade() {
+            self.runtime.spawn(lease_watch::watch_lease(
+                me,
+                grant.key.clone(),
+                grant.lease_id.clone(),
+                grant.pid,
+                grant.length,
+                stop,
+            ));
+        }
+    }
+
+    /// Carries out what the rules asked: answers waiters, hands leases on (and, when the
+    /// waiter has gone meanwhile, asks the rules for the next one).
+    fn run(&self, inner: &mut Inner, effects: Vec<Effect>) {
+        let mut queue = VecDeque::from(effects);
+        while let Some(effect) = queue.pop_front() {
+            match effect {
+                Effect::Reply(waiter, resolution) => {
+                    if let Some(reply) = inner.replies.remove(&waiter) {
+                        let _ = reply.send(resolution);
+                    }
+                }
+                Effect::Grant(waiter, grant) => {
+                    self.watch(inner, &grant);
+                    let answer = Resolution::TuneHere {
+                        lease_id: grant.lease_id.clone(),
+                        expires_in: grant.length,
+                    };
+                    let delivered = inner
+                        .replies
+                        .remove(&waiter)
+                        .is_some_and(|reply| reply.send(answer).is_ok());
+                    if !delivered {
+                        let Inner { flights, replies } = &mut *inner;
+                        let alive = |id: WaiterId| replies.get(&id).is_some_and(|r| !r.is_closed());
+                        queue.extend(flights.grant_undelivered(
+                            &grant.key,
+                            &grant.lease_id,
+                            SystemTime::now(),
+                            &alive,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives `key`'s flight to its next live waiter that can tune, or to nobody.
+    fn hand_over(&self, inner: &mut Inner, key: &CacheKey) {
+        let Inner { flights, replies } = &mut *inner;
+        let alive = |id: WaiterId| replies.get(&id).is_some_and(|r| !r.is_closed());
+        let effects = flights.hand_over(key, SystemTime::now(), &alive);
+        self.run(inner, effects);
+    }
+
+    /// Wakes `key`'s waiters with `result` and ends its flight.
+    fn finish(&self, inner: &mut Inner, key: &CacheKey, result: &TunedResult) {
+        let effects = inner.flights.stored(key, result);
+        self.run(inner, effects);
+    }
+
+    /// Wakes the waiters of `key` with the stored result, if there is one now.
+    fn finish_from_store(&self, key: &CacheKey) -> bool {
+        let mut inner = self.lock();
+        match self.store.get(key) {
+            Some(result) => {
+                self.finish(&mut inner, key, &result);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A lease's watch fired: it expired or its holder died.
+    fn lease_ended(&self, key: &CacheKey, lease_id: &str, why: LeaseEnd) {
+        let mut inner = self.lock();
+        self.end_lease(&mut inner, key, lease_id, why);
+    }
+
+    fn end_lease(&self, inner: &mut Inner, key: &CacheKey, lease_id: &str, why: LeaseEnd) {
+        let Inner { flights, replies } = &mut *inner;
+        let alive = |id: WaiterId| replies.get(&id).is_some_and(|r| !r.is_closed());
+        if let Some(effects) = flights.lease_ended(key, lease_id, why, SystemTime::now(), &alive) {
+            tracing::info!(lease = lease_id, problem = %key.problem, reason = ?why, "lease ended without a result");
+            self.run(inner, effects);
+        }
+    }
+
+    /// Whether the node's tuner measures this key: its namespace, and a device fingerprint
+    /// the worker reported. Keys of other devices follow the lease path.
+    fn tuner_takes(&self, key: &CacheKey) -> bool {
+        key.namespace == tunecache_proto::tuner::problem::NAMESPACE
+            && self
+                .tuner
+                .devices()
+                .iter()
+                .any(|d| d.fingerprint == key.device)
+    }
+
+    /// Resolves one key: a hit, a lease to tune it here, or a wait for someone else.
+    /// Refused only when the node's tuner should take the job but its queue is full, or the
+    /// caller's process holds the most leases it may.
+    pub async fn resolve(&self, call: ResolveCall) -> Result<Resolution> {
+        self.counters.resolves.fetch_add(1, Ordering::Relaxed);
+        if let Some(result) = self.store.get(&call.key) {
+            return Ok(Resolution::Hit(result));
+        }
+        if let Some(cluster) = &self.cluster {
+            if let Some(resolution) = self.claim_in_cluster(cluster, &call).await? {
+                return Ok(resolution);
+            }
+        }
+        let (waiter, receiver) = {
+            let mut inner = self.lock();
+            // Checked again under the lock: the store publishes before it notifies, so a
+            // result stored after the first check is either visible here or will wake us.
+            if let Some(result) = self.store.get(&call.key) {
+                return Ok(Resolution::Hit(result));
+            }
+            if inner.flights.is_new(&call.key) {
+                self.start_tuner_job(&mut inner, &call.key)?;
+            }
+            let now = SystemTime::now();
+            match inner
+                .flights
+                .resolve(&call.key, &call.caller(), !call.wait.is_zero(), now)
+            {
+                Step::Lease(grant) => {
+                    self.watch(&mut inner, &grant);
+                    return Ok(Resolution::TuneHere {
+                        lease_id: grant.lease_id,
+                        expires_in: grant.length,
+                    });
+                }
+                Step::TooManyLeases { pid, limit } => return Err(self.refuse_lease(pid, limit)),
+                Step::Miss(reason) => {
+                    self.counters
+                        .waits_timed_out
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Ok(Resolution::Miss(reason));
+                }
+                Step::Wait(waiter) => {
+                    let (reply, receiver) = oneshot::channel();
+                    inner.replies.insert(waiter, reply);
+                    (waiter, receiver)
+                }
+            }
+        };
+
+        // Removes this waiter if the call ends any other way than through its channel:
+        // timeout, shutdown, or the caller going away (the future is dropped).
+        let guard = WaiterGuard {
+            coordinator: self,
+            key: &call.key,
+            waiter,
+        };
+        let outcome = tokio::select! {
+            outcome = receiver => outcome.ok(),
+            () = tokio::time::sleep(call.wait) => None,
+            () = self.shutdown.cancelled() => {
+                return Ok(Resolution::Miss("the daemon is shutting down".to_owned()));
+            }
+        };
+        match outcome {
+            Some(resolution) => {
+                std::mem::forget(guard);
+                if matches!(resolution, Resolution::Hit(_)) {
+                    self.counters
+                        .waits_satisfied
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(resolution)
+            }
+            None => {
+                let reason = self
+                    .lock()
+                    .flights
+                    .miss_reason(&call.key, SystemTime::now());
+                drop(guard);
+                self.counters
+                    .waits_timed_out
+                    .fetch_add(1, Ordering::Relaxed);
+                Ok(Resolution::Miss(format!(
+                    "no result within {} ms: {reason}",
+                    call.wait.as_millis()
+                )))
+            }
+        }
+    }
+
+    /// A rank's Record, with the lease it tuned under (empty: none). Stored through the
+    /// store's write queue (refused when it is full), so the change feed wakes the waiters
+    /// of every key it changes; then the lease ends. A refused Record leaves the lease held.
+    pub async fn record(
+        &self,
+        entries: Vec<(CacheKey, TunedResult)>,
+        lease_id: &str,
+    ) -> Result<ApplyOutcome> {
+        let outcome = if entries.is_empty() {
+            ApplyOutcome::default()
+        } else {
+            self.store.try_apply(entries).await?
+        };
+        if !lease_id.is_empty() {
+            self.complete_lease(lease_id);
+        }
+        Ok(outcome)
+    }
+
+    /// A Record carrying `lease_id` was applied: the lease is complete. If the key now has
+    /// a result the change feed has already woken the waiters; otherwise (the Record did
+    /// not hold the key, or was empty) the lease is given up and passes on.
+    fn complete_lease(&self, lease_id: &str) {
+        let mut inner = self.lock();
+        let Some(key) = inner.flights.lease_key(lease_id).cloned() else {
+            return; // unknown, expired or already completed: nothing to do
+        };
+        match self.store.get(&key) {
+            Some(result) => self.finish(&mut inner, &key, &result),
+            None => self.end_lease(&mut inner, &key, lease_id, LeaseEnd::GivenUp),
+        }
+    }
+
+    fn remove_waiter(&self, key: &CacheKey, waiter: WaiterId) {
+        let mut inner = self.lock();
+        inner.replies.remove(&waiter);
+        inner.flights.waiter_left(key, waiter);
+    }
+}
+
+/// The store's change feed: every stored result wakes the waiters of its key.
+impl ChangeListener for Coordinator {
+    fn entries_changed(&self, changed: &[StoredEntry]) {
+        let mut inner = self.lock();
+        if inner.flights.is_empty() {
+            return;
+        }
+        for entry in changed {
+            let key = entry.key().to_key();
+            if !inner.flights.is_new(&key) {
+                self.finish(&mut inner, &key, &entry.result().to_result());
+            }
+        }
+    }
+}
+
+struct WaiterGuard<'a> {
+    coordinator: &'a Coordinator,
+    key: &'a CacheKey,
+    waiter: WaiterId,
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        self.coordinator.remove_waiter(self.key, self.waiter);
+    }
+}
+
+/// The coordinator's Stats fields: Resolve outcomes, leases and waiters.
+impl crate::stats::FillStats for Coordinator {
+    fn fill_stats(&self, stats: &mut v1::StatsResponse) {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let counters = &self.counters;
+        let (tally, (waiters, leases_active), max_leases_per_pid) = {
+            let inner = self.lock();
+            (
+                inner.flights.tally(),
+                inner.flights.gauges(),
+                inner.flights.max_leases_per_pid(),
+            )
+        };
+        stats.resolves = load(&counters.resolves);
+        stats.leases_granted = tally.leases_granted;
+        stats.leases_expired = tally.leases_expired;
+        stats.leases_released_dead = tally.leases_released_dead;
+        stats.leases_given_up = tally.leases_given_up;
+        stats.waits_satisfied = load(&counters.waits_satisfied);
+        stats.waits_timed_out = load(&counters.waits_timed_out);
+        stats.waiters = waiters;
+        stats.leases_active = leases_active;
+        stats.max_leases_per_pid = max_leases_per_pid as u64;
+        stats.leases_refused_per_pid = load(&counters.leases_refused_per_pid);
+        stats.tuner_queue_refusals = load(&counters.tuner_queue_refusals);
+    }
+}
