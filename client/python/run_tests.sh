@@ -26,7 +26,8 @@ else
 fi
 
 # grpcio-tools pulls in the grpcio and protobuf it generates code for, so the three match.
-"$python" -m pip install --quiet --disable-pip-version-check grpcio protobuf grpcio-tools pytest
+"$python" -m pip install --quiet --disable-pip-version-check grpcio protobuf grpcio-tools pytest \
+    googleapis-common-protos
 # The real triton package for tests/test_triton_cache_manager.py (about 1 GB installed, once:
 # pip finds it satisfied in a reused venv). It has no dependencies of its own to pull in.
 triton_requirement="${TUNECACHE_TRITON:-triton==3.9.0}"

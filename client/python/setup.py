@@ -33,9 +33,11 @@ def runtime_requirements():
         tools = metadata.version("grpcio-tools")
         protobuf = metadata.version("protobuf")
     except metadata.PackageNotFoundError:
-        return ["grpcio", "protobuf"]
+        return ["grpcio", "protobuf", "googleapis-common-protos"]
     major = int(protobuf.split(".")[0])
-    return [f"grpcio>={tools}", f"protobuf>={protobuf},<{major + 1}"]
+    # googleapis-common-protos: google.rpc.Status and BadRequest, the error details the daemon
+    # sends with INVALID_ARGUMENT (which entry of a batch it refused).
+    return [f"grpcio>={tools}", f"protobuf>={protobuf},<{major + 1}", "googleapis-common-protos"]
 
 
 setup(cmdclass={"build_py": BuildPyWithStubs}, install_requires=runtime_requirements())

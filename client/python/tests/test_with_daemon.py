@@ -252,3 +252,26 @@ def test_a_refused_record_gives_the_lease_up_so_the_waiter_tunes_at_once(daemon,
     assert "unavailable" not in message, message
     # The once-per-process "daemon failing" warning is still unspent for a real outage.
     assert tunecache.client._warned_pid is None
+
+
+def test_a_refused_entry_is_named_by_the_structured_error_detail(daemon):
+    """The daemon's INVALID_ARGUMENT carries a google.rpc.BadRequest detail whose field path
+    names the refused entry; refused_entry_index reads it (no parsing of the message)."""
+    import grpc
+
+    good = [
+        pb.Entry(key=unique_key(), result=pb.Result(config="{}", time_us=1.0, tuned_by="t"))
+        for _ in range(4)
+    ]
+    good[2].result.config = "{not json"
+    with daemon.client() as client:
+        with pytest.raises(grpc.RpcError) as refused:
+            client.record(good)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details().startswith("entries[2].result.config")
+        assert tunecache.refused_entry_index(refused.value) == 2
+        # Nothing of the batch was stored, and a later error that names no entry gives None.
+        assert client.lookup([entry.key for entry in good]) == []
+        with pytest.raises(grpc.RpcError) as other:
+            client.resolve(pb.Key(), wait_ms=0)
+        assert tunecache.refused_entry_index(other.value) is None

@@ -20,6 +20,7 @@ from tunecache.client import (
     default_socket_path,
     describe_key,
     get_or_tune,
+    refused_entry_index,
 )
 from tunecache.autotuning import Autotuner, autotune
 
@@ -42,4 +43,5 @@ __all__ = [
     "default_socket_path",
     "describe_key",
     "get_or_tune",
+    "refused_entry_index",
 ]

@@ -170,6 +170,35 @@ def check_daemon_uid(path: str, timeout: float = DEFAULT_TIMEOUT_S) -> Optional[
     return uid
 
 
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+
+def refused_entry_index(error: grpc.RpcError) -> Optional[int]:
+    """The index of the entry a Record's INVALID_ARGUMENT refused, read from the standard
+    google.rpc.BadRequest detail the daemon sends with it (field path `entries[<index>]...`);
+    None when the error names no entry. A caller drops that entry and sends the rest again."""
+    from google.rpc import error_details_pb2, status_pb2
+
+    if not callable(getattr(error, "code", None)) or error.code() != grpc.StatusCode.INVALID_ARGUMENT:
+        return None
+    trailers = error.trailing_metadata() if callable(getattr(error, "trailing_metadata", None)) else None
+    for key, value in trailers or ():
+        if key != _STATUS_DETAILS_KEY:
+            continue
+        for detail in status_pb2.Status.FromString(value).details:
+            if not detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                continue
+            bad_request = error_details_pb2.BadRequest()
+            detail.Unpack(bad_request)
+            for violation in bad_request.field_violations:
+                field = violation.field
+                if field.startswith("entries[") and "]" in field:
+                    index = field[len("entries[") : field.index("]")]
+                    if index.isdigit():
+                        return int(index)
+    return None
+
+
 def _as_key(key: KeyLike) -> pb.Key:
     if isinstance(key, pb.Key):
         return key

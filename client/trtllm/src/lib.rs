@@ -726,8 +726,10 @@ impl Serialize for SectionOut<'_> {
     }
 }
 
-/// `<file>.lock`: the lock TensorRT-LLM's writers take (`flock(LOCK_EX)` on that file, as
-/// py-filelock does) around their read-merge-rename of the cache file.
+/// `<file>.lock`: the lock TensorRT-LLM's writers take around their read-merge-rename of
+/// the cache file: a POSIX lock (`fcntl.lockf`) in the newest versions, `flock(LOCK_EX)`
+/// (py-filelock) in earlier ones. On Linux the two kinds do not exclude each other, so
+/// [`WriterLock`] takes both.
 pub fn lock_path(cache_path: &Path) -> PathBuf {
     let mut name = cache_path.as_os_str().to_owned();
     name.push(".lock");
@@ -744,8 +746,8 @@ pub struct WriterLock {
 const LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl WriterLock {
-    /// Takes `<cache_path>.lock` exclusively, waiting at most `timeout` for the writer that
-    /// holds it. The lock file is created if missing (0644) and never followed if it is a
+    /// Takes `<cache_path>.lock` exclusively (both kinds of lock, see [`lock_path`]), waiting
+    /// at most `timeout` for the writer that holds it. The lock file is created if missing (0644) and never followed if it is a
     /// symlink: the cache may sit in a directory other users can write.
     pub fn acquire(cache_path: &Path, timeout: std::time::Duration) -> Result<Self, TrtllmError> {
         use std::os::unix::fs::OpenOptionsExt;
@@ -768,15 +770,27 @@ impl WriterLock {
             return Err(lock_error(std::io::Error::other("not a regular file")));
         }
         let started = std::time::Instant::now();
+        let busy = |error: &std::io::Error| {
+            matches!(
+                error.raw_os_error(),
+                Some(libc::EWOULDBLOCK | libc::EACCES | libc::EINTR)
+            )
+        };
         loop {
-            // SAFETY: flock on a descriptor this function owns.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            let fd = file.as_raw_fd();
+            // SAFETY: flock and lockf on a descriptor this function owns.
+            let error = if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                std::io::Error::last_os_error()
+            } else if unsafe { libc::lockf(fd, libc::F_TLOCK, 0) } == 0 {
+                // Both held; closing the descriptor releases both.
                 return Ok(WriterLock { _file: file });
-            }
-            let error = std::io::Error::last_os_error();
-            if error.raw_os_error() != Some(libc::EWOULDBLOCK)
-                && error.kind() != std::io::ErrorKind::Interrupted
-            {
+            } else {
+                let error = std::io::Error::last_os_error();
+                // SAFETY: as above; never hold one lock while waiting for the other.
+                unsafe { libc::flock(fd, libc::LOCK_UN) };
+                error
+            };
+            if !busy(&error) {
                 return Err(lock_error(error));
             }
             if started.elapsed() >= timeout {

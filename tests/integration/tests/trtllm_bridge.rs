@@ -142,7 +142,25 @@ async fn import_splits_batches_over_the_daemons_message_size() {
     assert!(reason.contains("--max-message-bytes 65536"), "{reason}");
 }
 
-/// Takes `<file>.lock` the way TensorRT-LLM's writers (py-filelock) do.
+/// Takes `<file>.lock` the way the newest TensorRT-LLM writers do: a POSIX lock
+/// (`fcntl.lockf(fd, LOCK_EX)`), which an `flock` alone would not see.
+fn hold_writer_lockf(cache: &Path) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(format!("{}.lock", cache.display()))
+        .unwrap();
+    // SAFETY: lockf on a descriptor this function owns.
+    assert_eq!(
+        unsafe { libc::lockf(lock.as_raw_fd(), libc::F_TLOCK, 0) },
+        0
+    );
+    lock
+}
+
+/// Takes `<file>.lock` the way earlier TensorRT-LLM writers (py-filelock) do.
 fn hold_writer_lock(cache: &Path) -> nix::fcntl::Flock<std::fs::File> {
     let lock = std::fs::OpenOptions::new()
         .create(true)
@@ -201,6 +219,26 @@ async fn export_waits_for_the_writers_lock_and_keeps_what_ranks_saved() {
         "{stderr}"
     );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), saved_later);
+    drop(lock);
+
+    // The newest writers' POSIX lock holds export off just the same.
+    let posix_lock = hold_writer_lockf(&file);
+    let refused = cli(
+        &daemon.socket,
+        &[
+            "export",
+            "--format",
+            "trtllm",
+            "--lock-timeout",
+            "0.5",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert!(!refused.status.success(), "export ignored a lockf writer");
+    assert!(text(&refused.stderr).contains("nothing written"));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), saved_later);
+    drop(posix_lock);
+    let lock = hold_writer_lock(&file);
 
     // Released while export waits: it goes ahead.
     let socket = daemon.socket.clone();

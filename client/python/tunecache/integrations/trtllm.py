@@ -43,7 +43,6 @@ import logging
 import math
 import os
 import platform
-import re
 import sys
 import threading
 import time
@@ -51,7 +50,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import grpc
 
-from tunecache.client import Client, UntrustedSocketError, pb
+from tunecache.client import Client, UntrustedSocketError, pb, refused_entry_index
 
 logger = logging.getLogger("tunecache.trtllm")
 
@@ -179,9 +178,8 @@ class _Bridge:
             except grpc.RpcError as err:
                 if err.code() != grpc.StatusCode.INVALID_ARGUMENT:
                     raise
-                match = re.match(r"entries\[(\d+)\]", err.details() or "")
-                index = int(match.group(1)) if match else -1
-                if not 0 <= index < len(batch):
+                index = refused_entry_index(err)
+                if index is None or not 0 <= index < len(batch):
                     raise
                 refused = batch.pop(index)
                 logger.warning(
