@@ -55,6 +55,7 @@ pub struct Daemon {
     pub state_dir: PathBuf,
     pub log_path: PathBuf,
     args: Vec<String>,
+    nofile: Option<(u64, u64)>,
 }
 
 /// Options for starting a daemon. `dir` holds the socket, the state and the log.
@@ -62,6 +63,9 @@ pub struct DaemonOptions {
     pub dir: PathBuf,
     pub args: Vec<String>,
     pub state_dir: Option<PathBuf>,
+    /// RLIMIT_NOFILE (soft, hard) the daemon process starts with, set in the child only
+    /// (the test process's own limit stays as it is); `None` inherits this process's.
+    pub nofile: Option<(u64, u64)>,
 }
 
 impl DaemonOptions {
@@ -70,7 +74,14 @@ impl DaemonOptions {
             dir: dir.to_path_buf(),
             args: Vec::new(),
             state_dir: None,
+            nofile: None,
         }
+    }
+
+    /// Starts the daemon with RLIMIT_NOFILE `soft`:`hard` (see [`DaemonOptions::nofile`]).
+    pub fn nofile(mut self, soft: u64, hard: u64) -> Self {
+        self.nofile = Some((soft, hard));
+        self
     }
 
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
@@ -105,6 +116,7 @@ impl Daemon {
             state_dir,
             log_path: options.dir.join("daemon.log"),
             args: options.args,
+            nofile: options.nofile,
         };
         daemon.spawn();
         daemon.wait_ready().await;
@@ -125,6 +137,24 @@ impl Daemon {
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
             );
+        if let Some((soft, hard)) = self.nofile {
+            use std::os::unix::process::CommandExt;
+            let limit = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            // SAFETY: between fork and exec only setrlimit (async-signal-safe) runs, on the
+            // child's own limit.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
         command
     }
 

@@ -21,15 +21,79 @@ pub struct Redis {
     args: Vec<String>,
 }
 
-/// A TCP port nothing listens on now (and, for Redis Cluster, its bus port + 10000 too).
+/// Ports handed out by [`free_port`] in this process (each with its cluster bus port), and
+/// the locks that keep other test processes off them until this one exits.
+static HANDED_OUT: std::sync::Mutex<Vec<(u16, Vec<nix::fcntl::Flock<std::fs::File>>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// The lowest port the kernel hands out as an ephemeral (outgoing) port; ports below it are
+/// never taken by some connection's local end between `free_port` and the server's bind.
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
+}
+
+/// Takes `port` for this process across processes: an exclusive `flock` on
+/// `$TMPDIR/tunecache-test-ports/<port>.lock`, held (the descriptor kept open) until the
+/// process exits, so the lock of a process that died is free again.
+fn lock_port(port: u16) -> Option<nix::fcntl::Flock<std::fs::File>> {
+    let dir = std::env::temp_dir().join("tunecache-test-ports");
+    std::fs::create_dir_all(&dir).ok()?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(format!("{port}.lock")))
+        .ok()?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).ok()
+}
+
+/// A TCP port nothing listens on now, with its Redis Cluster bus port (+ 10000) free too,
+/// that no other `free_port` call hands out while this test process lives: not in this
+/// process (tests run in parallel threads) and, through a lock file per port, not in another
+/// test process on the machine either. Both ports lie below the kernel's ephemeral range, so
+/// an outgoing connection cannot take one before the server binds it.
 pub fn free_port() -> u16 {
-    loop {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        if port < 55_000 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
-            return port;
+    // Candidates in [10000, low - 10000), so that port + 10000 is below `low` too; where the
+    // ephemeral range starts too low for that, anywhere up to 55000.
+    let low = u32::from(ephemeral_low());
+    let (first, end) = if low >= 30_000 {
+        (10_000, low - 10_000)
+    } else {
+        (10_000, 55_000)
+    };
+    let span = end - first;
+    let seed = std::process::id()
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    for attempt in 0..span {
+        // From a per-process starting point, in steps of a prime (which visits every
+        // candidate unless it divides the span).
+        let offset = seed.wrapping_add(attempt.wrapping_mul(7_919)) % span;
+        let port = (first + offset) as u16;
+        let bus = port + 10_000;
+        let taken = |p: u16| handed_out.iter().any(|(q, _)| *q == p || *q + 10_000 == p);
+        if taken(port) || taken(bus) {
+            continue;
         }
+        let bindable = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if !bindable(port) || !bindable(bus) {
+            continue;
+        }
+        let Some(port_lock) = lock_port(port) else {
+            continue;
+        };
+        let Some(bus_lock) = lock_port(bus) else {
+            continue;
+        };
+        handed_out.push((port, vec![port_lock, bus_lock]));
+        return port;
     }
+    panic!("no free port pair in [{first}, {end})");
 }
 
 impl Redis {

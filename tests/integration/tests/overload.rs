@@ -23,23 +23,15 @@ use tunecache_integration::{
 const DEFAULT_MAX_CONNECTIONS_PER_UID: usize = 512;
 const DEFAULT_MAX_LEASES_PER_PID: usize = 256;
 
-/// Held by tests that change this test process's fd limit (shared by the tests that run
-/// in parallel in it).
-static OWN_FD_LIMIT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Sets a process's NOFILE limit with `prlimit`, as an operator would.
-fn set_nofile_soft_hard(prlimit: &Path, pid: u32, soft: u64, hard: u64) {
+/// Sets another process's NOFILE limit with `prlimit`, as an operator would.
+fn set_nofile(prlimit: &Path, pid: u32, limit: u64) {
     let status = Command::new(prlimit)
         .arg("--pid")
         .arg(pid.to_string())
-        .arg(format!("--nofile={soft}:{hard}"))
+        .arg(format!("--nofile={limit}:{limit}"))
         .status()
         .expect("run prlimit");
-    assert!(status.success(), "prlimit --nofile={soft}:{hard} failed");
-}
-
-fn set_nofile(prlimit: &Path, pid: u32, limit: u64) {
-    set_nofile_soft_hard(prlimit, pid, limit, limit);
+    assert!(status.success(), "prlimit --nofile={limit}:{limit} failed");
 }
 
 /// This process's hard NOFILE limit (raising it needs CAP_SYS_RESOURCE, which a container's
@@ -52,6 +44,23 @@ fn own_hard_nofile() -> u64 {
         .expect("Max open files in /proc/self/limits");
     let hard = line.split_whitespace().nth(4).expect("hard limit column");
     hard.parse().unwrap_or(u64::MAX)
+}
+
+/// Raises this process's soft NOFILE limit to its hard limit, for tests that hold hundreds of
+/// sockets. Only ever raised, never lowered, so the tests running beside them only gain.
+fn raise_own_soft_nofile() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on this process, with a valid rlimit.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        if limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+        }
+    }
 }
 
 /// User plus system CPU time of `pid` so far, from /proc/<pid>/stat.
@@ -75,6 +84,32 @@ fn open_fds(pid: Pid) -> usize {
         .unwrap_or(0)
 }
 
+/// Whether the daemon's journal writer thread (`tunecache-writer`) is blocked in a system call
+/// other than futex, i.e. in the file system rather than waiting for work (it waits for work
+/// on a futex), from /proc/<pid>/task/<tid>/syscall ("running" while it runs).
+fn writer_blocked_in_io(pid: Pid) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.filter_map(Result::ok).any(|task| {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        // comm holds 15 bytes of the name.
+        if !comm.trim_end().starts_with("tunecache-write") {
+            return false;
+        }
+        let syscall = std::fs::read_to_string(task.path().join("syscall")).unwrap_or_default();
+        syscall
+            .split_whitespace()
+            .next()
+            .and_then(|number| number.parse::<i64>().ok())
+            .is_some_and(|number| number != libc::SYS_futex)
+    })
+}
+
+fn answered_while_hung(round: usize, answer: impl std::fmt::Debug) -> ! {
+    panic!("Record {round} answered while the disk hangs: {answer:?}")
+}
+
 /// A client that has completed a call, so its connection is accepted and admitted.
 async fn answering_client(socket: &Path) -> Result<Client, ClientError> {
     let client = Client::connect(socket)
@@ -94,18 +129,18 @@ async fn idle_sockets_past_the_fd_limit_are_reclaimed_without_spinning() {
     };
     const DAEMON_FDS: u64 = 256;
     const IDLE_SOCKETS: usize = 300;
-    let _own_limit = OWN_FD_LIMIT.lock().await;
     let hard = own_hard_nofile();
     assert!(
         hard > 2 * IDLE_SOCKETS as u64,
         "this test needs {} fds",
         2 * IDLE_SOCKETS
     );
-    // The daemon starts with a soft limit below its hard limit, as under a default login.
-    set_nofile_soft_hard(&prlimit, std::process::id(), 256, hard);
+    // This process holds the idle sockets.
+    raise_own_soft_nofile();
+    // The daemon starts with a soft limit below its hard limit, as under a default login;
+    // set in the daemon's process only, so the tests beside this one keep their limit.
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
-    set_nofile(&prlimit, std::process::id(), hard);
+    let daemon = Daemon::start_with(DaemonOptions::new(dir.path()).nofile(256, hard)).await;
     let pid = daemon.pid();
     let at_start = daemon.client().await.stats().await.unwrap();
     assert_eq!(
@@ -237,13 +272,11 @@ async fn a_uid_holding_the_most_connections_is_refused_and_other_uids_are_not() 
     if !require_root("acting as another uid") {
         return;
     }
-    let (Some(setpriv), Some(prlimit)) =
-        (require_tool("setpriv", None), require_tool("prlimit", None))
-    else {
+    let Some(setpriv) = require_tool("setpriv", None) else {
         return;
     };
-    let _own_limit = OWN_FD_LIMIT.lock().await;
-    set_nofile(&prlimit, std::process::id(), own_hard_nofile());
+    // This process holds the uid's connections.
+    raise_own_soft_nofile();
     let dir = tempfile::tempdir().unwrap();
     let daemon =
         Daemon::start_with(DaemonOptions::new(dir.path()).args(["--allow-uid", "65534"])).await;
@@ -332,19 +365,57 @@ async fn a_hung_journal_disk_sheds_records_instead_of_queueing_them() {
     mount.signal_server(Signal::SIGSTOP);
     let mut queued = Vec::new();
     let mut shed = None;
-    for round in 0..20 {
+    let recording = |round: usize| {
         let client = client.clone().with_timeout(Duration::from_secs(120));
         let entries = batch(round);
-        let mut call = tokio::spawn(async move { client.record(entries).await });
-        match tokio::time::timeout(Duration::from_millis(300), &mut call).await {
-            Ok(result) => match result.unwrap() {
-                Err(ClientError::Rpc(status)) if status.code() == Code::ResourceExhausted => {
-                    shed = Some((round, status));
-                    break;
+        tokio::spawn(async move { client.record(entries).await })
+    };
+    // The first Record cannot be refused (the queue is empty): it goes to the writer, which
+    // blocks on the stopped disk with it.
+    let first = recording(0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !writer_blocked_in_io(daemon.pid()) {
+        if first.is_finished() {
+            answered_while_hung(0, first.await.unwrap());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the journal writer never blocked on the hung disk"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    queued.push((0, first));
+    // Each further Record either takes room in the queue (write_queue_bytes grows: the writer
+    // is stuck, so nothing leaves it) or is refused at once.
+    let mut queue_bytes = client.stats().await.unwrap().write_queue_bytes;
+    assert_eq!(queue_bytes, 0, "the writer took the first Record");
+    for round in 1..20 {
+        let call = recording(round);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if call.is_finished() {
+                match call.await.unwrap() {
+                    Err(ClientError::Rpc(status)) if status.code() == Code::ResourceExhausted => {
+                        shed = Some((round, status));
+                    }
+                    other => answered_while_hung(round, other),
                 }
-                other => panic!("Record {round} answered while the disk hangs: {other:?}"),
-            },
-            Err(_) => queued.push((round, call)),
+                break;
+            }
+            let now = client.stats().await.unwrap().write_queue_bytes;
+            if now > queue_bytes {
+                queue_bytes = now;
+                queued.push((round, call));
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Record {round} was neither queued nor refused"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if shed.is_some() {
+            break;
         }
     }
     let (shed_round, status) =
