@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tunecache_client::{key, proto, Client, Resolution, ResolveOptions};
-use tunecache_integration::{rank_command, run_ranks, Daemon};
+use tunecache_integration::{eventually, rank_command, run_ranks, Daemon};
 
 /// How many times each problem was tuned, from the count file.
 fn tune_counts(dir: &Path) -> HashMap<String, usize> {
@@ -24,10 +24,35 @@ fn tune_counts(dir: &Path) -> HashMap<String, usize> {
 async fn eight_processes_one_fresh_key_exactly_one_tunes() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::start(dir.path()).await;
+    // The rank that gets the lease holds its result until the gate opens, and the gate opens
+    // only once the seven others wait on the lease: each of them is then woken by the
+    // result (a wait satisfied), none can arrive late and find a plain hit.
+    let gate = dir.path().join("gate");
+    let gate_arg = gate.to_str().unwrap().to_owned();
     let commands = (0..8)
-        .map(|_| rank_command(&daemon, dir.path(), &["--tune-ms", "300"]))
+        .map(|_| rank_command(&daemon, dir.path(), &["--tune-gate", &gate_arg]))
         .collect();
-    let outputs = run_ranks(commands, dir.path()).await;
+    let ranks = tokio::spawn({
+        let dir = dir.path().to_path_buf();
+        async move { run_ranks(commands, &dir).await }
+    });
+    let client = daemon.client().await;
+    eventually(
+        Duration::from_secs(30),
+        "one rank tuning, seven waiting",
+        || {
+            let client = client.clone();
+            let dir = dir.path().to_path_buf();
+            async move {
+                let stats = client.stats().await.unwrap();
+                assert!(stats.waiters <= 7, "{} waiters", stats.waiters);
+                tune_counts(&dir).get("p0") == Some(&1) && stats.waiters == 7
+            }
+        },
+    )
+    .await;
+    std::fs::write(&gate, b"open").unwrap();
+    let outputs = ranks.await.unwrap();
 
     assert_eq!(tune_counts(dir.path()).get("p0"), Some(&1));
     let outcomes: Vec<&str> = outputs
@@ -47,7 +72,7 @@ async fn eight_processes_one_fresh_key_exactly_one_tunes() {
     let configs: Vec<&Value> = outputs.iter().map(|o| &o[0]["config"]).collect();
     assert!(configs.iter().all(|c| *c == configs[0]), "{configs:?}");
 
-    let stats = daemon.client().await.stats().await.unwrap();
+    let stats = client.stats().await.unwrap();
     assert_eq!(stats.leases_granted, 1);
     assert_eq!(stats.waits_satisfied, 7);
     assert_eq!(stats.waiters, 0);
@@ -133,8 +158,7 @@ async fn sigkilled_holder_hands_the_lease_to_a_waiter_long_before_expiry() {
             (resolution, Instant::now())
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(client.stats().await.unwrap().waiters, 1);
+    wait_for_waiters(&client, 1).await;
 
     holder.kill().unwrap(); // SIGKILL, mid-tune
     let killed_at = Instant::now();
@@ -147,6 +171,17 @@ async fn sigkilled_holder_hands_the_lease_to_a_waiter_long_before_expiry() {
     let stats = client.stats().await.unwrap();
     assert_eq!(stats.leases_released_dead, 1);
     assert_eq!(stats.leases_expired, 0);
+}
+
+/// Waits (at most 20 s) until exactly `n` callers wait on the daemon; more is a failure.
+async fn wait_for_waiters(client: &Client, n: u64) {
+    let what = format!("{n} waiters");
+    eventually(Duration::from_secs(20), &what, || async {
+        let waiters = client.stats().await.unwrap().waiters;
+        assert!(waiters <= n, "{waiters} waiters, expected {n}");
+        waiters == n
+    })
+    .await;
 }
 
 fn options(wait_ms: u64, can_tune: bool, lease_ms: u64) -> ResolveOptions {
@@ -212,7 +247,7 @@ async fn expiry_timeout_and_give_up() {
         let key = k("give-up");
         async move { client.resolve(key, options(10_000, true, 60_000)).await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_for_waiters(&client, 1).await;
     client
         .record_with_lease(vec![], lease.lease_id)
         .await
@@ -230,7 +265,7 @@ async fn expiry_timeout_and_give_up() {
         let key = k("give-up");
         async move { client.resolve(key, options(10_000, false, 0)).await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_for_waiters(&client, 1).await;
     let result = proto::Result {
         config: r#"{"tile":64}"#.into(),
         time_us: 3.5,
@@ -354,9 +389,11 @@ async fn a_refused_record_gives_the_lease_up_so_a_waiter_tunes_at_once() {
     let daemon = Daemon::start(dir.path()).await;
     let holder = daemon.client().await;
     let waiter = daemon.client().await;
+    let observer = daemon.client().await;
     let problem = key("test", "gemm", "test-device", "refused", None);
     let holding = {
         let problem = problem.clone();
+        let observer = observer.clone();
         tokio::spawn(async move {
             let options = ResolveOptions {
                 wait: Duration::ZERO,
@@ -365,8 +402,8 @@ async fn a_refused_record_gives_the_lease_up_so_a_waiter_tunes_at_once() {
             };
             holder
                 .get_or_tune(problem, options, || async {
-                    // Long enough for the waiter to be waiting on the lease.
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    // The result comes once the waiter waits on the lease.
+                    wait_for_waiters(&observer, 1).await;
                     Ok::<_, String>(proto::Result {
                         config: "{}".into(),
                         time_us: f64::NAN,
@@ -377,7 +414,11 @@ async fn a_refused_record_gives_the_lease_up_so_a_waiter_tunes_at_once() {
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The holder has the lease before the waiter asks.
+    eventually(Duration::from_secs(20), "the holder's lease", || async {
+        observer.stats().await.unwrap().leases_active == 1
+    })
+    .await;
     let started = Instant::now();
     let resolution = waiter
         .resolve(

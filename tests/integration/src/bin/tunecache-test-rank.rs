@@ -33,6 +33,10 @@ struct Args {
     /// Tuning never finishes (the test kills this process).
     #[arg(long)]
     hang: bool,
+    /// Tuning waits until this file exists (after counting itself), so a test can hold the
+    /// tuner until the other ranks are waiting on its lease.
+    #[arg(long)]
+    tune_gate: Option<PathBuf>,
     #[arg(long)]
     count_file: PathBuf,
     #[arg(long)]
@@ -72,6 +76,11 @@ async fn main() -> anyhow::Result<()> {
                 file.write_all(format!("{problem} {pid}\n").as_bytes())?;
                 if args.hang {
                     std::future::pending::<()>().await;
+                }
+                if let Some(gate) = &args.tune_gate {
+                    while !gate.exists() {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
                 }
                 tokio::time::sleep(Duration::from_millis(args.tune_ms)).await;
                 Ok::<_, std::io::Error>(proto::Result {
