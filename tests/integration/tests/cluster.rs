@@ -13,7 +13,9 @@ use tunecache_client::{proto, Client, Resolution, ResolveOptions};
 use tunecache_integration::redis::{
     cluster_node as node, free_port, wait_connected, wait_for_hit, Redis, RedisCluster,
 };
-use tunecache_integration::{best_result, entry, rank_command, run_ranks, test_key, Daemon};
+use tunecache_integration::{
+    best_result, entry, eventually, rank_command, run_ranks, test_key, Daemon,
+};
 
 /// Lines of the count file: one per tuning, "<problem> <pid>".
 fn tunings(dir: &Path) -> Vec<(String, String)> {
@@ -336,15 +338,20 @@ async fn a_hung_killed_or_flushed_redis_never_slows_the_nodes() {
     let hung_key = test_key("gemm", "while-hung");
     let hung_entry = entry(hung_key.clone(), r#"{"x":1}"#, 2.0, "a");
     client_a.record(vec![hung_entry.clone()]).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let stats = client_a.stats().await.unwrap();
-    assert!(
-        stats.cluster_state.starts_with("down"),
-        "{}",
-        stats.cluster_state
-    );
+    // The node notices the hung server and says so, in Stats and (polled at its own period)
+    // on the health service.
+    eventually(Duration::from_secs(20), "cluster_state down", || async {
+        let state = client_a.stats().await.unwrap().cluster_state;
+        state.starts_with("down")
+    })
+    .await;
     use tonic_health::pb::health_check_response::ServingStatus;
-    assert_eq!(cluster_health(&a).await, ServingStatus::NotServing as i32);
+    eventually(
+        Duration::from_secs(10),
+        "cluster health NOT_SERVING",
+        || async { cluster_health(&a).await == ServingStatus::NotServing as i32 },
+    )
+    .await;
 
     // Back: node b catches up on what node a recorded meanwhile.
     redis.signal(Signal::SIGCONT);
@@ -356,8 +363,12 @@ async fn a_hung_killed_or_flushed_redis_never_slows_the_nodes() {
     )
     .await;
     wait_connected(&a).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(cluster_health(&a).await, ServingStatus::Serving as i32);
+    eventually(
+        Duration::from_secs(10),
+        "cluster health SERVING",
+        || async { cluster_health(&a).await == ServingStatus::Serving as i32 },
+    )
+    .await;
 
     // Flushed: the nodes refill it.
     assert_eq!(redis.cli(&["FLUSHALL"]), "OK");

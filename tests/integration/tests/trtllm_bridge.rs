@@ -3,10 +3,11 @@
 //! to the file, and never mixes devices or TensorRT-LLM releases.
 
 use std::path::Path;
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tunecache_integration::{cli, Daemon};
+use tunecache_integration::{bin, cli, Daemon};
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -142,6 +143,16 @@ async fn import_splits_batches_over_the_daemons_message_size() {
     assert!(reason.contains("--max-message-bytes 65536"), "{reason}");
 }
 
+/// Whether process `pid` has `path` open, from /proc/<pid>/fd.
+fn holds_open(pid: u32, path: &Path) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(Result::ok)
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == path))
+}
+
+
 /// Takes `<file>.lock` the way the newest TensorRT-LLM writers do: a POSIX lock
 /// (`fcntl.lockf(fd, LOCK_EX)`), which an `flock` alone would not see.
 fn hold_writer_lockf(cache: &Path) -> std::fs::File {
@@ -241,26 +252,40 @@ async fn export_waits_for_the_writers_lock_and_keeps_what_ranks_saved() {
     let lock = hold_writer_lock(&file);
 
     // Released while export waits: it goes ahead.
-    let socket = daemon.socket.clone();
-    let path = file.clone();
-    let waiting = std::thread::spawn(move || {
-        cli(
-            &socket,
-            &[
-                "export",
-                "--format",
-                "trtllm",
-                "--lock-timeout",
-                "60",
-                path.to_str().unwrap(),
-            ],
-        )
-    });
-    std::thread::sleep(Duration::from_millis(700));
-    assert!(!waiting.is_finished(), "export did not wait for the lock");
+    let mut waiting = Command::new(bin("tunecache"))
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .args(["export", "--format", "trtllm", "--lock-timeout", "60"])
+        .arg(&file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // It waits on the lock once it holds the lock file open (it tries it every 50 ms);
+    // exiting first would be not waiting.
+    let lock_file = std::fs::canonicalize(file.with_file_name("cache.json.lock")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !holds_open(waiting.id(), &lock_file) {
+        if let Some(status) = waiting.try_wait().unwrap() {
+            let output = waiting.wait_with_output().unwrap();
+            panic!(
+                "export did not wait for the lock: it exited with {status}; {}",
+                text(&output.stderr)
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "export never opened the lock file"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        waiting.try_wait().unwrap().is_none(),
+        "export did not wait for the lock"
+    );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), saved_later);
     drop(lock);
-    let exported = waiting.join().unwrap();
+    let exported = waiting.wait_with_output().unwrap();
     assert!(exported.status.success(), "{}", text(&exported.stderr));
     assert!(
         text(&exported.stdout).contains("(1 kept from the file)"),

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use tonic::Code;
 use tunecache_client::{key, proto, Client, ClientError, Resolution, ResolveOptions};
-use tunecache_integration::{child_pids, Daemon, DaemonOptions};
+use tunecache_integration::{child_pids, eventually, Daemon, DaemonOptions};
 
 fn gemm(size: u32) -> String {
     format!(r#"{{"m":{size},"n":{size},"k":{size},"dtype":"f32","layout":"nn"}}"#)
@@ -135,6 +135,27 @@ async fn wait_for_new_worker(daemon: &Daemon, not: Option<nix::unistd::Pid>) -> 
     }
 }
 
+/// Waits until worker `pid` has the job: the daemon logs the worker's stderr with its pid,
+/// and the worker logs "tuning" when it takes a job, before it measures anything.
+async fn wait_until_tuning(daemon: &Daemon, pid: nix::unistd::Pid) {
+    let marker = format!("pid=Some({pid})");
+    eventually(Duration::from_secs(30), "the worker taking the job", || {
+        let log = daemon.log();
+        let taken = log
+            .lines()
+            .any(|line| line.contains(&marker) && line.contains("tuning job_id="));
+        let finished = log
+            .lines()
+            .any(|line| line.contains(&marker) && line.contains(" tuned "));
+        assert!(
+            !finished,
+            "the job finished before the worker was killed:\n{log}"
+        );
+        async move { taken }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_is_restarted_and_the_job_retried_then_failed_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
@@ -150,11 +171,11 @@ async fn a_killed_worker_is_restarted_and_the_job_retried_then_failed_with_the_r
         async move { client.resolve(k, waiting(false)).await.unwrap() }
     });
     let first = wait_for_new_worker(&daemon, None).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_until_tuning(&daemon, first).await;
     kill(first, Signal::SIGKILL).unwrap();
     // The supervisor restarts the worker and retries the job once; kill that try too.
     let second = wait_for_new_worker(&daemon, Some(first)).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_until_tuning(&daemon, second).await;
     kill(second, Signal::SIGKILL).unwrap();
 
     match waiter.await.unwrap() {
