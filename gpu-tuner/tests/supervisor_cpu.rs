@@ -44,6 +44,47 @@ async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
     }
 }
 
+/// What the supervisor logs (it logs each line of its workers' stderr with the worker's pid),
+/// captured from every test in this binary; see [`worker_took_a_job`].
+static LOG: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+struct Capture;
+
+impl std::io::Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        LOG.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Captures the process's tracing output into [`LOG`] (once per test binary).
+fn capture_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_writer(|| Capture)
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .try_init();
+    });
+}
+
+/// Whether worker `pid` has taken a job: it logs "tuning" when it reads one, before it
+/// measures anything (so the job is in flight on it, not queued).
+fn worker_took_a_job(pid: u32) -> bool {
+    let marker = format!("pid=Some({pid})");
+    let log = LOG.lock().unwrap_or_else(|e| e.into_inner());
+    String::from_utf8_lossy(&log)
+        .lines()
+        .any(|line| line.contains(&marker) && line.contains("tuning job_id="))
+}
+
 fn sigkill(pid: u32) {
     kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("kill the worker");
 }
@@ -63,20 +104,67 @@ async fn cpu_worker_tunes_a_small_gemm_and_reports_stats() {
     assert!(devices[0].fingerprint.ends_with(std::env::consts::ARCH));
     assert!(tuner.note().contains("CPU stand-in"), "{}", tuner.note());
 
+    let started = Instant::now();
     let reply = tuner
         .submit("gemm", SMALL_GEMM, &fingerprint(&tuner))
         .expect("accepted")
         .await
         .expect("answered");
+    let job_wall_us = started.elapsed().as_secs_f64() * 1e6;
     let result = reply.expect("tuned");
     let config: serde_json::Value = serde_json::from_str(&result.config).expect("config is JSON");
     let stats = &config["stats"];
     assert_eq!(stats["backend"], "cpu");
     assert_eq!(stats["median_us"].as_f64(), Some(result.time_us));
-    assert!(result.time_us > 0.0);
-    assert!(stats["min_us"].as_f64().unwrap() <= result.time_us);
-    assert!(stats["repeats"].as_u64().unwrap() >= 5);
-    assert!(stats["spread"].as_f64().unwrap() >= 0.0);
+
+    // The samples: between the policy's least and most rounds (5 and 100, MeasureConfig's
+    // defaults), no more than the measurement's rounds, of 1 to 100 runs each.
+    let repeats = stats["repeats"].as_u64().unwrap();
+    let runs = stats["runs_per_sample"].as_u64().unwrap();
+    let rounds = config["timing"]["rounds"].as_u64().unwrap();
+    assert!((5..=100).contains(&repeats), "{repeats} samples: {config}");
+    assert!(repeats <= rounds, "{repeats} samples in {rounds} rounds");
+    assert!((1..=100).contains(&runs), "{runs} runs per sample");
+    // The timed runs happened inside the job: the winner's runs alone, each at least its
+    // fastest sample's mean, fit in the job's wall-clock time (a time in the wrong unit, or
+    // one that counts more than the run, does not).
+    let min_us = stats["min_us"].as_f64().unwrap();
+    assert!(min_us > 0.0, "{config}");
+    let timed_us = (repeats * runs) as f64 * min_us;
+    assert!(
+        timed_us < job_wall_us,
+        "{repeats} x {runs} runs of at least {min_us} us = {timed_us} us in a job of {job_wall_us} us"
+    );
+    // Plausible for the known work: 64x48x80 multiply-adds per run on one core. Faster than
+    // 1 TFLOP/s is not a measurement of it; slower than 1 MFLOP/s is not a CPU doing it.
+    let flops = 2.0 * 64.0 * 48.0 * 80.0;
+    let gflops = flops / (result.time_us * 1e3);
+    assert!(
+        (0.001..1000.0).contains(&gflops),
+        "{gflops} GFLOP/s from a median of {} us",
+        result.time_us
+    );
+    let reported = config["gflops"].as_f64().unwrap();
+    assert!(
+        (reported - gflops).abs() <= 1e-9 * gflops,
+        "{reported} vs {gflops}"
+    );
+    // The winner is the fastest verified candidate listed, with its own figures.
+    let candidates = config["candidates"].as_array().expect("candidates");
+    assert_eq!(candidates.len(), 6, "one report per tactic: {config}");
+    let fastest = candidates
+        .iter()
+        .filter(|c| c.get("error").is_none())
+        .filter(|c| c["median_us"].is_f64())
+        .min_by(|a, b| {
+            let time = |c: &serde_json::Value| c["median_us"].as_f64().unwrap();
+            time(a).total_cmp(&time(b))
+        })
+        .expect("a measured candidate");
+    assert_eq!(fastest["name"], config["candidate"], "{config}");
+    assert_eq!(fastest["tactic"], config["tactic"], "{config}");
+    assert_eq!(fastest["median_us"].as_f64(), Some(result.time_us));
+    assert_eq!(fastest["repeats"].as_u64(), Some(repeats));
     for block in ["mc", "nc", "kc"] {
         assert!(config["tactic"][block].as_u64().unwrap() > 0);
     }
@@ -108,11 +196,15 @@ async fn cpu_worker_tunes_a_small_gemm_and_reports_stats() {
 
 #[tokio::test]
 async fn sigkill_mid_job_restarts_the_worker_retries_once_then_fails_naming_the_death() {
+    capture_logs();
     let tuner = start_cpu().await;
     let device = fingerprint(&tuner);
     let first_pid = tuner.worker_pid().expect("a worker pid");
     let reply = tuner.submit("gemm", BIG_GEMM, &device).expect("accepted");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    eventually("the first worker taking the job", || {
+        worker_took_a_job(first_pid)
+    })
+    .await;
     assert_eq!(
         tuner.counters().queue_depth,
         1,
@@ -127,7 +219,10 @@ async fn sigkill_mid_job_restarts_the_worker_retries_once_then_fails_naming_the_
     .await;
     assert_eq!(tuner.counters().restarts, 1);
     let second_pid = tuner.worker_pid().expect("a worker pid");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    eventually("the second worker taking the retried job", || {
+        worker_took_a_job(second_pid)
+    })
+    .await;
     assert_eq!(
         tuner.counters().queue_depth,
         1,
@@ -139,8 +234,9 @@ async fn sigkill_mid_job_restarts_the_worker_retries_once_then_fails_naming_the_
         .await
         .expect("answered")
         .expect_err("the job dies twice");
-    assert!(error.contains("died"), "{error}");
+    assert!(error.contains("died twice on this job"), "{error}");
     assert!(error.contains("SIGKILL"), "{error}");
+    assert!(error.contains(&format!("pid {second_pid}")), "{error}");
     eventually("a third worker", || {
         tuner.worker_pid().is_some_and(|pid| pid != second_pid) && tuner.state() == "running"
     })
@@ -210,8 +306,21 @@ async fn a_full_queue_refuses_jobs() {
         .expect("starts");
     let device = fingerprint(&tuner);
     let _running = tuner.submit("gemm", BIG_GEMM, &device).expect("runs");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let _waiting = tuner.submit("gemm", SMALL_GEMM, &device).expect("waits");
+    // The queue holds one job: until the worker has taken the big one, the next is refused.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let _waiting = loop {
+        match tuner.submit("gemm", SMALL_GEMM, &device) {
+            Ok(waiting) => break waiting,
+            Err(SubmitError::QueueFull { capacity: 1 }) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the worker never took the big job"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(other) => panic!("{other}"),
+        }
+    };
     assert_eq!(
         tuner.submit("gemm", SMALL_GEMM, &device).err(),
         Some(SubmitError::QueueFull { capacity: 1 })
