@@ -54,9 +54,36 @@ const QUEUE_UNIT_BYTES: u64 = 1024;
 const QUEUED_ENTRY_OVERHEAD: u64 = 128;
 
 /// Told, on the writer thread, about every entry that changed, after it is durable and
-/// visible to readers. Coordinated tuning uses it to wake callers waiting for a key.
+/// visible to readers, and before the writes that made the changes are answered. Its
+/// subscribers: the coordinator (wakes callers waiting for a key), the cluster tier (publishes
+/// what it did not bring itself), the snapshot writer (publishes this node's contributions).
 pub trait ChangeListener: Send + Sync {
-    fn entries_changed(&self, changed: &[StoredEntry]);
+    fn entries_changed(&self, changes: &[Change]);
+}
+
+/// Where a change came from: the feed's subscribers filter on it, instead of keeping their
+/// own records of what they wrote.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Source {
+    /// A rank's Record, with the lease it was tuned under, if any.
+    Record { lease: Option<Arc<str>> },
+    /// The node's tuner worker.
+    Tuner,
+    /// A segment read from the shared directory.
+    Snapshot,
+    /// The Redis cluster tier.
+    Cluster,
+}
+
+/// One changed entry, as the feed tells it.
+#[derive(Clone, Debug)]
+pub struct Change {
+    pub entry: StoredEntry,
+    pub source: Source,
+    /// The cache's winner for the key is now `entry`: readers see it.
+    pub in_cache: bool,
+    /// This node's own contributions (what it publishes) now hold `entry`.
+    pub own: bool,
 }
 
 /// One entry of a write. Decoded entries (a Record, the tuner, the cluster tier) are encoded
@@ -104,6 +131,7 @@ enum WriteCommand {
     Apply {
         entries: Vec<Incoming>,
         origin: Origin,
+        source: Source,
         reply: oneshot::Sender<Result<ApplyOutcome>>,
         /// This request's share of the write queue, given back when the writer takes it.
         _queued: OwnedSemaphorePermit,
@@ -128,12 +156,8 @@ pub struct StoreCounters {
     pub journal_unwritable: Mutex<String>,
     /// Since when (unix ms) the journal refuses appends; 0 while it takes them.
     pub journal_unwritable_since_unix_ms: AtomicI64,
-    /// Bumped each time a new version is published; lets snapshots skip unchanged state.
-    pub generation: AtomicU64,
     /// Records refused because the write queue was full.
     pub writes_shed: AtomicU64,
-    /// Bumped each time this node's own contributions change.
-    pub own_generation: AtomicU64,
 }
 
 struct Shared {
@@ -299,17 +323,23 @@ impl Store {
     /// returns once the changes are in the journal and visible. All or nothing. Waits for room
     /// in the write queue: for the daemon's own writers (the tuner), which have no caller to
     /// retry.
-    pub async fn apply(&self, entries: Vec<(CacheKey, TunedResult)>) -> Result<ApplyOutcome> {
-        self.apply_from(decoded(entries), Origin::Own).await
+    pub async fn apply(
+        &self,
+        entries: Vec<(CacheKey, TunedResult)>,
+        source: Source,
+    ) -> Result<ApplyOutcome> {
+        self.apply_from(decoded(entries), Origin::Own, source).await
     }
 
-    /// Like `apply`, for entries learned from other nodes (snapshots, a shared tier): they
-    /// enter the cache but are not this node's contributions, so it never republishes them.
+    /// Like `apply`, for entries learned from other nodes (the cluster tier): they enter
+    /// the cache but are not this node's contributions, so it never republishes them.
     pub async fn apply_learned(
         &self,
         entries: Vec<(CacheKey, TunedResult)>,
+        source: Source,
     ) -> Result<ApplyOutcome> {
-        self.apply_from(decoded(entries), Origin::Learned).await
+        self.apply_from(decoded(entries), Origin::Learned, source)
+            .await
     }
 
     /// Merges entries already in stored form (read from the shared directory) with the
@@ -320,35 +350,49 @@ impl Store {
         origin: Origin,
     ) -> Result<ApplyOutcome> {
         let entries = entries.into_iter().map(Incoming::Stored).collect();
-        self.apply_from(entries, origin).await
+        self.apply_from(entries, origin, Source::Snapshot).await
     }
 
     /// Merges `entries` with the given provenance, waiting for room in the write queue.
-    async fn apply_from(&self, entries: Vec<Incoming>, origin: Origin) -> Result<ApplyOutcome> {
+    async fn apply_from(
+        &self,
+        entries: Vec<Incoming>,
+        origin: Origin,
+        source: Source,
+    ) -> Result<ApplyOutcome> {
         let units = self.queue_units_for(&entries);
         let queued = Arc::clone(&self.shared.queue_room)
             .acquire_many_owned(units)
             .await
             .map_err(|_| Error::WriterGone)?;
-        self.send(entries, origin, queued).await
+        self.send(entries, origin, source, queued).await
     }
 
     /// `apply` for callers (Record: this node's own contributions): when the write queue is
     /// full (the disk is slower than the callers) it answers `WriteQueueFull` at once instead
     /// of growing.
-    pub async fn try_apply(&self, entries: Vec<(CacheKey, TunedResult)>) -> Result<ApplyOutcome> {
+    /// `lease` is the lease the Record completes, which the change feed reports with it.
+    pub async fn try_apply(
+        &self,
+        entries: Vec<(CacheKey, TunedResult)>,
+        lease: Option<&str>,
+    ) -> Result<ApplyOutcome> {
         let entries = decoded(entries);
         let units = self.queue_units_for(&entries);
         let Ok(queued) = Arc::clone(&self.shared.queue_room).try_acquire_many_owned(units) else {
             return Err(self.shed());
         };
-        self.send(entries, Origin::Own, queued).await
+        let source = Source::Record {
+            lease: lease.map(Arc::from),
+        };
+        self.send(entries, Origin::Own, source, queued).await
     }
 
     async fn send(
         &self,
         entries: Vec<Incoming>,
         origin: Origin,
+        source: Source,
         queued: OwnedSemaphorePermit,
     ) -> Result<ApplyOutcome> {
         let (reply, outcome) = oneshot::channel();
@@ -356,6 +400,7 @@ impl Store {
             .send(WriteCommand::Apply {
                 entries,
                 origin,
+                source,
                 reply,
                 _queued: queued,
             })
@@ -513,9 +558,10 @@ fn run_writer(journal: Journal, commands: mpsc::Receiver<WriteCommand>, shared: 
                 WriteCommand::Apply {
                     entries,
                     origin,
+                    source,
                     reply,
                     ..
-                } => group.push((entries, origin, reply)),
+                } => group.push((entries, origin, source, reply)),
                 WriteCommand::Stop => {
                     stop = true;
                     break;
@@ -539,8 +585,9 @@ fn run_writer(journal: Journal, commands: mpsc::Receiver<WriteCommand>, shared: 
 }
 
 type Reply = oneshot::Sender<Result<ApplyOutcome>>;
-/// One write request in a group commit: its entries, their provenance, who to answer.
-type GroupedWrite = (Vec<Incoming>, Origin, Reply);
+/// One write request in a group commit: its entries, their provenance (for the journal and
+/// for the change feed), who to answer.
+type GroupedWrite = (Vec<Incoming>, Origin, Source, Reply);
 
 impl Writer {
     /// How long to wait for the next write before doing idle work: a pending sync or repair
@@ -577,7 +624,7 @@ impl Writer {
         let mut own_changed = false;
         let mut replies = Vec::with_capacity(group.len());
         let live_before = self.live_bytes;
-        for (entries, origin, reply) in group {
+        for (entries, origin, source, reply) in group {
             let mut outcome = ApplyOutcome::default();
             for incoming in entries {
                 let (key, result) = incoming.views();
@@ -600,11 +647,16 @@ impl Writer {
                 }
                 // One allocation, shared by the cache, the own contributions and the journal.
                 let entry = incoming.into_stored();
+                changed.push(Change {
+                    entry: entry.clone(),
+                    source: source.clone(),
+                    in_cache: replace,
+                    own: own_replace,
+                });
                 if replace {
                     let old = old_result_bytes.map_or(0, |r| key_bytes + r);
                     self.live_bytes = self.live_bytes + key_bytes + result_bytes - old;
                     next.insert(entry.clone());
-                    changed.push(entry.clone());
                     outcome.stored += 1;
                 }
                 if own_replace {
@@ -638,16 +690,8 @@ impl Writer {
             self.note_health();
             if own_changed {
                 self.shared.own.store(Arc::new(own_next));
-                self.shared
-                    .counters
-                    .own_generation
-                    .fetch_add(1, Ordering::Release);
             }
             self.shared.map.store(Arc::new(next));
-            self.shared
-                .counters
-                .generation
-                .fetch_add(1, Ordering::Release);
             let listeners = crate::sync::read(&self.shared.listeners);
             for listener in listeners.iter() {
                 listener.entries_changed(&changed);
@@ -812,4 +856,81 @@ fn live_entries<'a>(
         .filter(|entry| !own.contains(entry))
         .map(|entry| (entry, Origin::Learned));
     own_entries.chain(learned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Keeps what the feed told it.
+    #[derive(Default)]
+    struct Told(Mutex<Vec<(String, Source, bool, bool)>>);
+
+    impl ChangeListener for Told {
+        fn entries_changed(&self, changes: &[Change]) {
+            let mut told = crate::sync::lock(&self.0);
+            for change in changes {
+                let problem = change.entry.key().to_key().problem;
+                told.push((problem, change.source.clone(), change.in_cache, change.own));
+            }
+        }
+    }
+
+    fn pair(problem: &str, time_us: f64) -> (CacheKey, TunedResult) {
+        let key = CacheKey {
+            namespace: "ns".into(),
+            op: "op".into(),
+            device: "dev".into(),
+            problem: problem.into(),
+            rank: None,
+        };
+        let result = TunedResult {
+            config: "{}".into(),
+            time_us,
+            tuned_by: "t".into(),
+            tuned_at_unix_ms: 1,
+        };
+        (key, result)
+    }
+
+    #[tokio::test]
+    async fn the_change_feed_says_where_each_change_came_from_and_what_it_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (guard, _) = Store::open(dir.path(), FsyncPolicy::Never).unwrap();
+        let store = guard.store();
+        let told = Arc::new(Told::default());
+        store.add_change_listener(told.clone());
+
+        store
+            .try_apply(vec![pair("a", 5.0)], Some("lease-1"))
+            .await
+            .unwrap();
+        store
+            .apply(vec![pair("b", 5.0)], Source::Tuner)
+            .await
+            .unwrap();
+        // Learned from the cluster and better than b: the cache changes, not the own part.
+        store
+            .apply_learned(vec![pair("b", 1.0)], Source::Cluster)
+            .await
+            .unwrap();
+        // This node's own b improves (4 < 5) but does not beat the cache's 1: own only.
+        store.try_apply(vec![pair("b", 4.0)], None).await.unwrap();
+        // Nothing better: nothing told.
+        store.try_apply(vec![pair("a", 9.0)], None).await.unwrap();
+
+        let record = |lease: Option<&str>| Source::Record {
+            lease: lease.map(Arc::from),
+        };
+        let told = crate::sync::lock(&told.0).clone();
+        assert_eq!(
+            told,
+            vec![
+                ("a".into(), record(Some("lease-1")), true, true),
+                ("b".into(), Source::Tuner, true, true),
+                ("b".into(), Source::Cluster, true, false),
+                ("b".into(), record(None), false, true),
+            ]
+        );
+    }
 }

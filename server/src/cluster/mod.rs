@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tunecache_proto::v1;
 
 use crate::entry::{CacheKey, TunedResult};
-use crate::store::{ChangeListener, Store, StoredEntry};
+use crate::store::{Change, ChangeListener, Source, Store};
 
 pub use lease::{Claim, ClusterLease};
 pub use link::LinkState;
@@ -187,8 +187,6 @@ pub struct Cluster {
     publish_wake: tokio::sync::Notify,
     /// Set when every local winner must be published again (queue overflow, flushed server).
     republish_all: AtomicBool,
-    /// Entries being applied from Redis right now: their change events are not republished.
-    learned: Mutex<HashMap<CacheKey, TunedResult>>,
     bootstrapped: AtomicBool,
     pub counters: ClusterCounters,
     pub(crate) runtime: tokio::runtime::Handle,
@@ -234,7 +232,6 @@ impl Cluster {
             pending: Mutex::default(),
             publish_wake: tokio::sync::Notify::new(),
             republish_all: AtomicBool::new(false),
-            learned: Mutex::default(),
             bootstrapped: AtomicBool::new(false),
             counters: ClusterCounters::default(),
             runtime: tokio::runtime::Handle::current(),
@@ -280,10 +277,6 @@ impl Cluster {
         format!("{}/{:016x}", self.node_name, self.instance)
     }
 
-    fn lock_learned(&self) -> std::sync::MutexGuard<'_, HashMap<CacheKey, TunedResult>> {
-        crate::sync::lock(&self.learned)
-    }
-
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, Pending> {
         crate::sync::lock(&self.pending)
     }
@@ -293,20 +286,9 @@ impl Cluster {
         if entries.is_empty() {
             return 0;
         }
-        {
-            let mut learned = self.lock_learned();
-            for (key, result) in &entries {
-                learned.insert(key.clone(), result.clone());
-            }
-        }
-        let keys: Vec<CacheKey> = entries.iter().map(|(k, _)| k.clone()).collect();
-        // Learned, not this node's own contributions: snapshots do not republish them.
-        let outcome = self.store.apply_learned(entries).await;
-        // The change listener ran on the writer thread before `apply` returned.
-        let mut learned = self.lock_learned();
-        for key in &keys {
-            learned.remove(key);
-        }
+        // Learned, not this node's own contributions: snapshots do not republish them, and
+        // the change feed tells this tier they came from it, so it does not either.
+        let outcome = self.store.apply_learned(entries, Source::Cluster).await;
         match outcome {
             Ok(outcome) => {
                 self.counters
@@ -450,25 +432,24 @@ impl crate::stats::FillStats for Cluster {
 struct ChangeFeed(std::sync::Weak<Cluster>);
 
 impl ChangeListener for ChangeFeed {
-    fn entries_changed(&self, changed: &[StoredEntry]) {
+    fn entries_changed(&self, changes: &[Change]) {
         let Some(cluster) = self.0.upgrade() else {
             return;
         };
-        let learned = cluster.lock_learned();
         let mut pending = cluster.lock_pending();
         let mut queued = false;
-        for entry in changed {
-            let (key, result) = entry.to_pair();
-            if learned.get(&key) == Some(&result) {
-                continue;
-            }
+        // What this tier brought from Redis is there already: only the rest is published.
+        let news = changes
+            .iter()
+            .filter(|change| change.in_cache && change.source != Source::Cluster);
+        for change in news {
+            let (key, result) = change.entry.to_pair();
             if cluster.admit(&mut pending, &key) {
                 pending.entries.insert(key, result);
                 queued = true;
             }
         }
         drop(pending);
-        drop(learned);
         if queued || cluster.republish_all.load(Ordering::Relaxed) {
             cluster.publish_wake.notify_one();
         }

@@ -29,7 +29,7 @@ use tunecache_proto::v1;
 use crate::cluster::{Cluster, ClusterLease};
 use crate::entry::{CacheKey, TunedResult};
 use crate::error::{Error, Result};
-use crate::store::{ApplyOutcome, ChangeListener, Store, StoredEntry};
+use crate::store::{ApplyOutcome, Change, ChangeListener, Store};
 use crate::tuner::TunerHandle;
 use flights::{Attachments, Caller, Effect, Flights, Grant, LeaseEnd, Step, WaiterId};
 
@@ -406,36 +406,34 @@ impl Coordinator {
     }
 
     /// A rank's Record, with the lease it tuned under (empty: none). Stored through the
-    /// store's write queue (refused when it is full), so the change feed wakes the waiters
-    /// of every key it changes; then the lease ends. A refused Record leaves the lease held.
+    /// store's write queue (refused when it is full); the change feed, which runs before
+    /// the write is answered, wakes the waiters of every key it changes and so completes a
+    /// lease whose key now has a result. A refused Record leaves the lease held.
     pub async fn record(
         &self,
         entries: Vec<(CacheKey, TunedResult)>,
         lease_id: &str,
     ) -> Result<ApplyOutcome> {
+        let lease = (!lease_id.is_empty()).then_some(lease_id);
         let outcome = if entries.is_empty() {
             ApplyOutcome::default()
         } else {
-            self.store.try_apply(entries).await?
+            self.store.try_apply(entries, lease).await?
         };
-        if !lease_id.is_empty() {
-            self.complete_lease(lease_id);
+        if let Some(lease) = lease {
+            self.give_up_if_still_held(lease);
         }
         Ok(outcome)
     }
 
-    /// A Record carrying `lease_id` was applied: the lease is complete. If the key now has
-    /// a result the change feed has already woken the waiters; otherwise (the Record did
-    /// not hold the key, or was empty) the lease is given up and passes on.
-    fn complete_lease(&self, lease_id: &str) {
+    /// After a Record carrying `lease_id`: a lease still held means the Record did not give
+    /// its key a result (it held other keys, or none): it is given up and passes on.
+    fn give_up_if_still_held(&self, lease_id: &str) {
         let mut inner = self.lock();
         let Some(key) = inner.flights.lease_key(lease_id).cloned() else {
-            return; // unknown, expired or already completed: nothing to do
+            return; // completed by the change feed, expired, or unknown
         };
-        match self.store.get(&key) {
-            Some(result) => self.finish(&mut inner, &key, &result),
-            None => self.end_lease(&mut inner, &key, lease_id, LeaseEnd::GivenUp),
-        }
+        self.end_lease(&mut inner, &key, lease_id, LeaseEnd::GivenUp);
     }
 
     fn remove_waiter(&self, key: &CacheKey, waiter: WaiterId) {
@@ -447,15 +445,15 @@ impl Coordinator {
 
 /// The store's change feed: every stored result wakes the waiters of its key.
 impl ChangeListener for Coordinator {
-    fn entries_changed(&self, changed: &[StoredEntry]) {
+    fn entries_changed(&self, changes: &[Change]) {
         let mut inner = self.lock();
         if inner.flights.is_empty() {
             return;
         }
-        for entry in changed {
-            let key = entry.key().to_key();
+        for change in changes.iter().filter(|change| change.in_cache) {
+            let key = change.entry.key().to_key();
             if !inner.flights.is_new(&key) {
-                self.finish(&mut inner, &key, &entry.result().to_result());
+                self.finish(&mut inner, &key, &change.entry.result().to_result());
             }
         }
     }

@@ -10,6 +10,7 @@ use tokio::sync::oneshot;
 use super::{Coordinator, Inner};
 use crate::entry::CacheKey;
 use crate::error::{Error, Result};
+use crate::store::Source;
 use crate::tuner::{JobReply, SubmitError};
 
 impl Coordinator {
@@ -64,7 +65,11 @@ async fn finish_tuner_job(
 ) {
     let failure = match reply.await {
         // The supervisor has checked the result (`validate::result`).
-        Ok(Ok(result)) => match coordinator.store.apply(vec![(key.clone(), result)]).await {
+        Ok(Ok(result)) => match coordinator
+            .store
+            .apply(vec![(key.clone(), result)], Source::Tuner)
+            .await
+        {
             // A better result recorded meanwhile leaves this one unchanged, and then the
             // change feed has nothing to announce: finish from the store.
             Ok(_) if coordinator.finish_from_store(&key) => return,

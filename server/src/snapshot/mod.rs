@@ -132,6 +132,9 @@ struct SnapshotCounters {
 
 /// State shared by the handle, the background task and the I/O thread.
 struct Shared {
+    /// Changes to this node's own contributions, counted by the store's change feed; a
+    /// publish with the count unchanged since the last one has nothing to write.
+    own_changes: AtomicU64,
     settings: SnapshotSettings,
     counters: SnapshotCounters,
     last_error: Mutex<String>,
@@ -213,8 +216,8 @@ impl Shared {
 /// Owned by whoever holds the I/O slot (the async mutex): one job at a time.
 struct IoSlot {
     jobs: mpsc::Sender<IoJob>,
-    /// Own-contributions generation last published (or found to hold nothing new).
-    last_published_generation: Option<u64>,
+    /// `Shared::own_changes` at the last publish (or when it was found to hold nothing new).
+    last_published_changes: Option<u64>,
     /// Writes wait for one complete load, so a wiped node learns what it published before
     /// and never publishes it again as new.
     initial_load_done: bool,
@@ -283,6 +286,7 @@ impl SnapshotHandle {
             ),
         }
         let shared = Arc::new(Shared {
+            own_changes: AtomicU64::new(0),
             settings,
             counters: SnapshotCounters::default(),
             last_error: Mutex::new(String::new()),
@@ -302,11 +306,12 @@ impl SnapshotHandle {
             .map_err(|e| Error::io("starting the snapshot I/O thread", &shared.settings.dir, e))?;
         let slot = IoSlot {
             jobs,
-            last_published_generation: None,
+            last_published_changes: None,
             initial_load_done: false,
             consecutive_failures: 0,
             retry_after: None,
         };
+        store.add_change_listener(Arc::new(OwnChanges(Arc::downgrade(&shared))));
         Ok(SnapshotHandle {
             shared,
             slot: Arc::new(tokio::sync::Mutex::new(slot)),
@@ -543,10 +548,10 @@ impl SnapshotHandle {
                 "the first load of the shared directory has not finished".into(),
             ));
         }
-        // Generation before map: a change landing in between is published next time.
-        let generation = self.store.counters().own_generation.load(Ordering::Acquire);
+        // Count before map: a change landing in between is published next time.
+        let changes = self.shared.own_changes.load(Ordering::Acquire);
         let published = self.shared.counters.published.load(Ordering::Relaxed) as usize;
-        if slot.last_published_generation == Some(generation) {
+        if slot.last_published_changes == Some(changes) {
             self.shared
                 .counters
                 .skipped_unchanged
@@ -562,7 +567,7 @@ impl SnapshotHandle {
         let report: WriteReport = self
             .run_job(slot, Operation::Write, |reply| IoJob::Write { own, reply })
             .await?;
-        slot.last_published_generation = Some(generation);
+        slot.last_published_changes = Some(changes);
         self.shared
             .counters
             .published
@@ -633,5 +638,20 @@ impl crate::stats::FillStats for SnapshotHandle {
         stats.snapshot_untrusted_files = load(&counters.untrusted_files);
         stats.snapshot_name_conflicts = load(&counters.name_conflicts);
         stats.snapshot_invalid_entries = load(&counters.invalid_entries);
+    }
+}
+
+/// The snapshot writer's subscription to the store's change feed: counts the changes to
+/// this node's own contributions (a Record, the tuner, or its own segment read back), so a
+/// publish knows without looking whether there is anything new to write.
+struct OwnChanges(std::sync::Weak<Shared>);
+
+impl crate::store::ChangeListener for OwnChanges {
+    fn entries_changed(&self, changes: &[crate::store::Change]) {
+        if let Some(shared) = self.0.upgrade() {
+            if changes.iter().any(|change| change.own) {
+                shared.own_changes.fetch_add(1, Ordering::Release);
+            }
+        }
     }
 }

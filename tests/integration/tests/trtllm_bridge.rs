@@ -152,7 +152,6 @@ fn holds_open(pid: u32, path: &Path) -> bool {
         .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == path))
 }
 
-
 /// Takes `<file>.lock` the way the newest TensorRT-LLM writers do: a POSIX lock
 /// (`fcntl.lockf(fd, LOCK_EX)`), which an `flock` alone would not see.
 fn hold_writer_lockf(cache: &Path) -> std::fs::File {
