@@ -133,7 +133,7 @@ pub struct Config {
     #[arg(
         long,
         env = "TUNECACHE_SNAPSHOT_MAX_FILE_BYTES",
-        default_value_t = crate::shared_file::DEFAULT_MAX_FILE_BYTES,
+        default_value_t = crate::snapshot::shared_file::DEFAULT_MAX_FILE_BYTES,
         value_name = "BYTES"
     )]
     pub snapshot_max_file_bytes: u64,
@@ -361,7 +361,7 @@ impl Config {
                 let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
                 let trimmed = text.strip_suffix(b"\n").unwrap_or(&text);
                 let trimmed = trimmed.strip_suffix(b"\r").unwrap_or(trimmed);
-                Some(crate::snapshot_format::SharedKey::new(trimmed).map_err(bad)?)
+                Some(crate::snapshot::format::SharedKey::new(trimmed).map_err(bad)?)
             }
         };
         let writer_uids = if self.shared_dir_writer_uid.is_empty() {
@@ -507,14 +507,16 @@ impl Config {
     }
 
     /// The request limits of `--max-message-bytes` and `--max-request-bytes-per-uid`.
-    pub(crate) fn request_limits(&self) -> crate::Result<crate::request_limits::RequestLimits> {
+    pub(crate) fn request_limits(
+        &self,
+    ) -> crate::Result<crate::ops::request_limits::RequestLimits> {
         let max_message = usize::try_from(self.max_message_bytes).unwrap_or(usize::MAX);
         let per_uid = self
             .max_request_bytes_per_uid
             .map_or(max_message.saturating_mul(DEFAULT_UID_MESSAGES), |bytes| {
                 usize::try_from(bytes).unwrap_or(usize::MAX)
             });
-        crate::request_limits::RequestLimits::new(max_message, per_uid)
+        crate::ops::request_limits::RequestLimits::new(max_message, per_uid)
     }
 
     pub fn exit_when_idle(&self) -> Option<Duration> {
@@ -656,7 +658,7 @@ mod tests {
     fn request_limits_default_from_the_message_size() {
         let stats = |args: &[&str]| {
             let mut stats = tunecache_proto::v1::StatsResponse::default();
-            crate::stats::FillStats::fill_stats(
+            crate::rpc::stats::FillStats::fill_stats(
                 &config(args).request_limits().unwrap(),
                 &mut stats,
             );

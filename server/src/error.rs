@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::validate::InvalidField;
+use crate::model::validate::InvalidField;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

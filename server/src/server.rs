@@ -14,10 +14,10 @@ use tunecache_proto::v1::tune_cache_server::TuneCacheServer;
 use crate::config::Config;
 use crate::coord::Coordinator;
 use crate::error::{Error, Result};
-use crate::incoming::Incoming;
-use crate::limits::ConnectionLimits;
-use crate::listener::SocketGuard;
-use crate::service::TuneCacheService;
+use crate::ops::incoming::Incoming;
+use crate::ops::limits::ConnectionLimits;
+use crate::ops::listener::SocketGuard;
+use crate::rpc::service::TuneCacheService;
 use crate::snapshot::SnapshotHandle;
 use crate::store::Store;
 
@@ -45,7 +45,7 @@ impl BoundSocket {
 /// Must run inside the tokio runtime.
 pub fn bind(config: &Config) -> Result<BoundSocket> {
     let (listener, guard) =
-        crate::listener::listen(&config.socket_path(), config.socket_group.as_deref())?;
+        crate::ops::listener::listen(&config.socket_path(), config.socket_group.as_deref())?;
     Ok(BoundSocket { listener, guard })
 }
 
@@ -105,7 +105,7 @@ pub async fn run(
     socket: BoundSocket,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let nofile = crate::limits::raise_nofile_limit();
+    let nofile = crate::ops::limits::raise_nofile_limit();
     let state_dir = config.state_dir();
     // Before the journal is opened: a second daemon on this state directory stops here. The
     // node's name is settled here too, once (a default one reads or makes the state
@@ -117,7 +117,7 @@ pub async fn run(
             config.clone(),
         );
         tokio::task::spawn_blocking(move || -> Result<_> {
-            let lock = crate::state_lock::StateLock::acquire(&dir, &socket_path)?;
+            let lock = crate::ops::state_lock::StateLock::acquire(&dir, &socket_path)?;
             let previous = lock.previous_shutdown();
             config.ensure_node_id()?;
             Ok((lock, previous, config.node_name()))
@@ -207,22 +207,22 @@ pub async fn run(
     let reflection_v1alpha = reflection().build_v1alpha()?;
 
     // --- Deployment: access check, idle timer, metrics, systemd. ---
-    let probe = crate::probe::StatsProbe::new(service.clone());
-    let activity = crate::idle::ActivityClock::default();
-    let peer_check = crate::access::PeerCheck::new(crate::access::AccessPolicy::new(
+    let probe = crate::rpc::probe::StatsProbe::new(service.clone());
+    let activity = crate::ops::idle::ActivityClock::default();
+    let peer_check = crate::ops::access::PeerCheck::new(crate::ops::access::AccessPolicy::new(
         &config.allow_uid,
         &config.allow_gid,
     )?);
     if let Some(metrics_addr) = &config.metrics_addr {
-        let metrics_listener = crate::metrics::bind(metrics_addr).await?;
-        tasks.push(tokio::spawn(crate::metrics::serve(
+        let metrics_listener = crate::ops::metrics::bind(metrics_addr).await?;
+        tasks.push(tokio::spawn(crate::ops::metrics::serve(
             metrics_listener,
             probe.clone(),
             stop.clone(),
         )));
     }
     let idle_exit =
-        crate::idle::exit_when_idle(config.exit_when_idle(), activity.clone(), probe.clone());
+        crate::ops::idle::exit_when_idle(config.exit_when_idle(), activity.clone(), probe.clone());
     let shutdown = async move {
         tokio::select! {
             () = shutdown => {}
@@ -232,8 +232,8 @@ pub async fn run(
     // The peer check guards TuneCache only; health and reflection stay open (see `access`).
     // Admitted calls pass the request limits as their messages are read (`request_limits`);
     // tonic's own decoding limit, the same, stays as a backstop.
-    let tune_cache = peer_check.guard(crate::idle::Touching::new(
-        crate::request_limits::Limited::new(
+    let tune_cache = peer_check.guard(crate::ops::idle::Touching::new(
+        crate::ops::request_limits::Limited::new(
             crate::wire::WireRoutes::new(
                 TuneCacheServer::from_arc(Arc::clone(&service))
                     .max_decoding_message_size(max_request_bytes)
@@ -278,8 +278,8 @@ pub async fn run(
 
     let mut server = tokio::spawn(server);
     // The listener is bound and the server task accepting: tell systemd (no-op elsewhere).
-    crate::systemd::notify_ready(&probe).await;
-    tasks.push(tokio::spawn(crate::systemd::report_status(
+    crate::ops::systemd::notify_ready(&probe).await;
+    tasks.push(tokio::spawn(crate::ops::systemd::report_status(
         probe,
         stop.clone(),
     )));
@@ -290,7 +290,7 @@ pub async fn run(
         }
         () = shutdown => {
             tracing::info!("shutting down: draining in-flight calls");
-            crate::systemd::notify_stopping();
+            crate::ops::systemd::notify_stopping();
             stop.cancel();
             match tokio::time::timeout(DRAIN_TIMEOUT, &mut server).await {
                 Ok(result) => {

@@ -23,10 +23,10 @@ use std::path::Path;
 use proptest::prelude::*;
 use prost::Message;
 use tunecache_proto::journal::v1::JournalBatch;
-use tunecache_server::entry::{to_wire_entry, CacheKey, Origin, TunedResult};
 use tunecache_server::journal::{FsyncPolicy, Journal, ReplayReport};
-use tunecache_server::merge::{merge, MergeOutcome};
-use tunecache_server::snapshot_format::{parse_snapshot, read_snapshot, write_segment};
+use tunecache_server::model::entry::{to_wire_entry, CacheKey, Origin, TunedResult};
+use tunecache_server::model::merge::{merge, MergeOutcome};
+use tunecache_server::snapshot::format::{parse_snapshot, read_snapshot, write_segment};
 use tunecache_server::store::CacheMap;
 use tunecache_server::Error;
 

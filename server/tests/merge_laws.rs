@@ -16,9 +16,9 @@
 use std::cmp::Ordering;
 
 use proptest::prelude::*;
-use tunecache_server::entry::{CacheKey, TunedResult};
-use tunecache_server::merge::{merge, rank_results, MergeOutcome};
-use tunecache_server::snapshot_format::write_segment;
+use tunecache_server::model::entry::{CacheKey, TunedResult};
+use tunecache_server::model::merge::{merge, rank_results, MergeOutcome};
+use tunecache_server::snapshot::format::write_segment;
 use tunecache_server::store::CacheMap;
 
 /// Every field of a result, floats as bits: equal tuples mean equal bytes.

@@ -27,8 +27,8 @@ use tokio_util::sync::CancellationToken;
 use super::keys::{decode_result, encode_result, entry_digest, format_digest, Layout, SHARDS};
 use super::link::{Conn, BACKGROUND_TIMEOUT};
 use super::{scripts, Cluster};
-use crate::entry::{CacheKey, TunedResult};
-use crate::merge::{merge, MergeOutcome};
+use crate::model::entry::{CacheKey, TunedResult};
+use crate::model::merge::{merge, MergeOutcome};
 
 /// How long one blocking stream read waits for news (single server).
 const BLOCK: Duration = Duration::from_millis(1000);
@@ -524,7 +524,7 @@ impl Follower {
     /// Each shard's entry count and digest over this node's results, off the runtime.
     async fn local_digests(
         &self,
-        current: Arc<crate::stored::EntryMap>,
+        current: Arc<crate::wire::stored::EntryMap>,
     ) -> Result<Vec<(u64, String)>, Failure> {
         let layout = self.cluster.layout.clone();
         tokio::task::spawn_blocking(move || {

@@ -13,7 +13,7 @@
 //! - meta `<prefix>m:{sNN}`: `s` (last sequence number), `n` (entries), `x` (digest: the
 //!   XOR of every entry's `entry_digest`), which the audit compares with what a node holds.
 
-use crate::entry::{CacheKey, TunedResult};
+use crate::model::entry::{CacheKey, TunedResult};
 
 /// Shards of the key space: streams a node follows, digests the audit compares.
 pub const SHARDS: usize = 16;
@@ -226,13 +226,13 @@ pub fn decode_result(t: &str, c: String, b: String, a: &str) -> Option<TunedResu
         tuned_by: b,
         tuned_at_unix_ms: decode_at(a)?,
     };
-    crate::validate::result("cluster entry", Some(result)).ok()
+    crate::model::validate::result("cluster entry", Some(result)).ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::merge::rank_results;
+    use crate::model::merge::rank_results;
 
     fn result(time_us: f64, config: &str, by: &str, at: i64) -> TunedResult {
         TunedResult {

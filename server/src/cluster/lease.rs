@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::keys::{decode_result, Layout};
 use super::scripts;
 use super::Cluster;
-use crate::entry::{CacheKey, TunedResult};
+use crate::model::entry::{CacheKey, TunedResult};
 
 /// What asking the cluster for a key's lease found.
 pub enum Claim {

@@ -25,7 +25,7 @@ use redis::IntoConnectionInfo;
 use tokio_util::sync::CancellationToken;
 use tunecache_proto::v1;
 
-use crate::entry::{CacheKey, TunedResult};
+use crate::model::entry::{CacheKey, TunedResult};
 use crate::store::{Change, ChangeListener, Source, Store};
 
 pub use lease::{Claim, ClusterLease};
@@ -386,14 +386,14 @@ impl Cluster {
         reporter: tonic_health::server::HealthReporter,
         stop: CancellationToken,
     ) {
-        crate::health::report(reporter, HEALTH_NAME, HEALTH_POLL, stop, || {
+        crate::ops::health::report(reporter, HEALTH_NAME, HEALTH_POLL, stop, || {
             matches!(self.state(), LinkState::Connected { .. })
         })
         .await;
     }
 }
 
-impl crate::stats::FillStats for Cluster {
+impl crate::rpc::stats::FillStats for Cluster {
     fn fill_stats(&self, stats: &mut v1::StatsResponse) {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let c = &self.counters;

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::keys::{decode_result, encode_result, Layout};
 use super::link::{Conn, BACKGROUND_TIMEOUT};
 use super::{scripts, Cluster};
-use crate::entry::{CacheKey, TunedResult};
+use crate::model::entry::{CacheKey, TunedResult};
 
 /// Entries per batch: one round of merge scripts.
 const BATCH: usize = 256;

@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 use super::flights::{AfterClaim, ClaimAnswer, WaiterId};
 use super::{Coordinator, Inner, Resolution, ResolveCall};
 use crate::cluster::{Claim, Cluster, ClusterLease};
-use crate::entry::CacheKey;
 use crate::error::Result;
+use crate::model::entry::CacheKey;
 
 impl Coordinator {
     /// Asks the cluster for the key's lease, waiting at most the cluster timeout. `Some`

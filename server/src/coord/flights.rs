@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use super::Resolution;
-use crate::entry::{CacheKey, TunedResult};
+use crate::model::entry::{CacheKey, TunedResult};
 
 /// A waiting Resolve, as the caller's side knows it.
 pub type WaiterId = u64;

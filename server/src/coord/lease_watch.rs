@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::flights::LeaseEnd;
 use super::Coordinator;
-use crate::entry::CacheKey;
+use crate::model::entry::CacheKey;
 
 /// Opens a pidfd for `pid`: readable once the process exits (zombie or reaped).
 fn pidfd_open(pid: i32) -> Option<OwnedFd> {

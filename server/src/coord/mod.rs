@@ -27,8 +27,8 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tunecache_proto::v1;
 
 use crate::cluster::{Cluster, ClusterLease};
-use crate::entry::{CacheKey, TunedResult};
 use crate::error::{Error, Result};
+use crate::model::entry::{CacheKey, TunedResult};
 use crate::store::{ApplyOutcome, Change, ChangeListener, Store};
 use crate::tuner::TunerHandle;
 use flights::{Attachments, Caller, Effect, Flights, Grant, LeaseEnd, Step, WaiterId};
@@ -153,7 +153,7 @@ pub struct Coordinator {
     me: Weak<Coordinator>,
     /// Watches are spawned from here, also when an event arrives on a non-runtime thread.
     runtime: tokio::runtime::Handle,
-    refusals_logged: crate::limits::LogOnce,
+    refusals_logged: crate::ops::limits::LogOnce,
 }
 
 impl Coordinator {
@@ -472,7 +472,7 @@ impl Drop for WaiterGuard<'_> {
 }
 
 /// The coordinator's Stats fields: Resolve outcomes, leases and waiters.
-impl crate::stats::FillStats for Coordinator {
+impl crate::rpc::stats::FillStats for Coordinator {
     fn fill_stats(&self, stats: &mut v1::StatsResponse) {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let counters = &self.counters;

@@ -8,8 +8,8 @@ use std::time::SystemTime;
 use tokio::sync::oneshot;
 
 use super::{Coordinator, Inner};
-use crate::entry::CacheKey;
 use crate::error::{Error, Result};
+use crate::model::entry::CacheKey;
 use crate::store::Source;
 use crate::tuner::{JobReply, SubmitError};
 

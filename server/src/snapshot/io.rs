@@ -30,12 +30,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::entry::{unix_now_ms, Origin};
 use crate::error::{Error, Result};
-use crate::merge::{merge_views, MergeOutcome};
-use crate::shared_file::{self, FileVersion, OpenError};
-use crate::snapshot_format::{self, ParsedSnapshot, SNAPSHOT_SUFFIX};
-use crate::stored::{EntryMap, StoredEntry};
+use crate::model::entry::{unix_now_ms, Origin};
+use crate::model::merge::{merge_views, MergeOutcome};
+use crate::snapshot::format::{self, ParsedSnapshot, SNAPSHOT_SUFFIX};
+use crate::snapshot::shared_file::{self, FileVersion, OpenError};
+use crate::wire::stored::{EntryMap, StoredEntry};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 
 use super::segments::{self, Next, NodeSegments, SegmentName, SEGMENT_DIR, SEGMENT_TEMP_MARKER};
@@ -272,7 +272,7 @@ impl IoWorker {
             }
             Err(error) => return Err(self.failed(Operation::Load, "listing", &dir, &error)),
         };
-        let own_v1 = snapshot_format::snapshot_file_name(self.node());
+        let own_v1 = format::snapshot_file_name(self.node());
         let mut present = HashSet::new();
         for dirent in listing {
             let dirent = dirent.map_err(|e| self.failed(Operation::Load, "listing", &dir, &e))?;
@@ -416,7 +416,7 @@ impl IoWorker {
             return Ok(Some((version, Err(error))));
         }
         let reader = opened.reader(max_bytes, Arc::clone(&self.shared.counters.bytes_read));
-        let parsed = snapshot_format::read_authenticated(reader, settings.key.as_ref());
+        let parsed = format::read_authenticated(reader, settings.key.as_ref());
         Ok(Some((version, parsed)))
     }
 
@@ -426,7 +426,7 @@ impl IoWorker {
         let read = self.read_with_retries(&path, None)?;
         Ok(read.map(|(version, parsed)| {
             let parsed = parsed.and_then(|parsed| {
-                let agrees = parsed.version == snapshot_format::FORMAT_VERSION
+                let agrees = parsed.version == format::FORMAT_VERSION
                     && parsed.node == segment.node
                     && parsed.first_seq == Some(segment.first)
                     && parsed.last_seq == Some(segment.last);
@@ -1110,7 +1110,7 @@ impl IoWorker {
         let temp_path = dir.join(temp_file_name(self.node()));
         let path = dir.join(segment.file_name());
         let write = |out: &mut dyn Write| {
-            snapshot_format::write_segment(
+            format::write_segment(
                 out,
                 self.node(),
                 (segment.first, segment.last),

@@ -22,8 +22,10 @@
 //!   ends when the daemon's `CancellationToken` is cancelled. Shutdown never waits for the
 //!   I/O thread: if it is stuck in the kernel, the process exits around it.
 
+pub mod format;
 mod io;
 pub mod segments;
+pub(crate) mod shared_file;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -36,8 +38,8 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::server::HealthReporter;
 use tunecache_proto::v1;
 
-use crate::entry::unix_now_ms;
 use crate::error::{Error, Result};
+use crate::model::entry::unix_now_ms;
 use crate::store::Store;
 use crate::sync::lock;
 
@@ -75,7 +77,7 @@ pub struct SnapshotSettings {
     /// Where this node records which segments it wrote (its state directory).
     pub state_dir: PathBuf,
     /// With a key, every file must carry a MAC that verifies under it.
-    pub key: Option<crate::snapshot_format::SharedKey>,
+    pub key: Option<crate::snapshot::format::SharedKey>,
     /// Without a key, only files owned by these uids count (and `v2/` must be owned by one).
     pub writer_uids: Vec<u32>,
 }
@@ -590,7 +592,7 @@ impl SnapshotHandle {
     async fn report_health(self, health: HealthReporter) {
         let mut reported_stuck = false;
         let stop = self.stop.clone();
-        crate::health::report(health, HEALTH_SERVICE_NAME, HEALTH_POLL, stop, || {
+        crate::ops::health::report(health, HEALTH_SERVICE_NAME, HEALTH_POLL, stop, || {
             let stuck = self.stuck();
             match (stuck, reported_stuck) {
                 (Some((operation, since_unix_ms)), false) => tracing::warn!(
@@ -610,7 +612,7 @@ impl SnapshotHandle {
 }
 
 /// Fills the snapshot fields (40–59) of a Stats response. Touches no filesystem.
-impl crate::stats::FillStats for SnapshotHandle {
+impl crate::rpc::stats::FillStats for SnapshotHandle {
     fn fill_stats(&self, stats: &mut v1::StatsResponse) {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let counters = &self.shared.counters;
@@ -634,7 +636,7 @@ impl crate::stats::FillStats for SnapshotHandle {
         stats.peer_segments_loaded = load(&counters.segments_loaded);
         stats.segment_compactions = load(&counters.compactions);
         stats.own_entries_published = load(&counters.published);
-        stats.snapshot_format_version = crate::snapshot_format::FORMAT_VERSION as u32;
+        stats.snapshot_format_version = crate::snapshot::format::FORMAT_VERSION as u32;
         stats.snapshot_untrusted_files = load(&counters.untrusted_files);
         stats.snapshot_name_conflicts = load(&counters.name_conflicts);
         stats.snapshot_invalid_entries = load(&counters.invalid_entries);

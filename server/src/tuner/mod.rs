@@ -16,7 +16,7 @@ pub use supervisor::{
 use tunecache_proto::v1::StatsResponse;
 
 use crate::config::{Config, TunerSetting};
-use crate::stats::FillStats;
+use crate::rpc::stats::FillStats;
 
 /// The tuner handle for this daemon: running, or `off` with the reason (logged once).
 pub async fn start(config: &Config) -> TunerHandle {

@@ -49,7 +49,7 @@ use tunecache_proto::tuner::v1::{
 use tunecache_proto::tuner::{BackendChoice, POISONED_EXIT_CODE};
 use tunecache_proto::v1;
 
-use crate::entry::TunedResult;
+use crate::model::entry::TunedResult;
 use crate::sync::lock;
 
 /// How long a starting worker may take to say `Ready` (CUDA init on many GPUs takes seconds).
@@ -671,7 +671,7 @@ async fn run_job(
                 }
                 Some(FromWorker { msg: Some(from_worker::Msg::Done(done)) }) if done.job_id == job_id => {
                     return match done.outcome {
-                        Some(job_done::Outcome::Result(result)) => match crate::validate::result("result", Some(result)) {
+                        Some(job_done::Outcome::Result(result)) => match crate::model::validate::result("result", Some(result)) {
                             Ok(result) => JobOutcome::Done(result),
                             Err(why) => JobOutcome::Failed(format!("the tuner worker returned an invalid result: {why}")),
                         },

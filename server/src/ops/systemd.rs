@@ -11,9 +11,9 @@ use nix::sys::socket::{getsockname, getsockopt, sockopt, AddressFamily, SockType
 use sd_notify::NotifyState;
 use tokio_util::sync::CancellationToken;
 
-use crate::entry::unix_now_ms;
 use crate::error::{Error, Result};
-use crate::probe::StatsProbe;
+use crate::model::entry::unix_now_ms;
+use crate::rpc::probe::StatsProbe;
 
 /// How often STATUS= is refreshed when no watchdog asks for more.
 const STATUS_INTERVAL: Duration = Duration::from_secs(10);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tunecache_proto::v1::{self, tune_cache_server::TuneCache};
 
-use crate::service::TuneCacheService;
+use crate::rpc::service::TuneCacheService;
 
 #[derive(Clone)]
 pub struct StatsProbe {

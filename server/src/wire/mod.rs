@@ -15,6 +15,11 @@
 //! and checked on the blocking pool, so that one caller's large request never holds a runtime
 //! worker (and the other callers' calls queued behind it) for its whole decode.
 
+pub(crate) mod encoded;
+pub(crate) mod lookup_request;
+pub(crate) mod record_request;
+pub(crate) mod stored;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -30,10 +35,10 @@ use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 use tunecache_proto::v1;
 
-use crate::encoded::EncodedEntries;
-use crate::lookup_request::LookupRequestBytes;
-use crate::record_request::RecordRequestBytes;
-use crate::service::TuneCacheService;
+use crate::rpc::service::TuneCacheService;
+use crate::wire::encoded::EncodedEntries;
+use crate::wire::lookup_request::LookupRequestBytes;
+use crate::wire::record_request::RecordRequestBytes;
 
 const LOOKUP_PATH: &str = "/tunecache.v1.TuneCache/Lookup";
 const RECORD_PATH: &str = "/tunecache.v1.TuneCache/Record";
@@ -217,7 +222,7 @@ impl tonic::server::UnaryService<RecordRequestBytes> for RecordMethod {
         let service = Arc::clone(&self.0);
         Box::pin(async move {
             let record =
-                off_runtime_if_large(request.into_inner().0, crate::record_request::checked)
+                off_runtime_if_large(request.into_inner().0, crate::wire::record_request::checked)
                     .await?;
             service.record_checked(record).await.map(Response::new)
         })
@@ -228,7 +233,7 @@ struct ScanMethod(Arc<TuneCacheService>);
 
 impl tonic::server::ServerStreamingService<v1::ScanRequest> for ScanMethod {
     type Response = EncodedEntries;
-    type ResponseStream = crate::service::EncodedScanStream;
+    type ResponseStream = crate::rpc::service::EncodedScanStream;
     type Future = MethodFuture<Self::ResponseStream>;
 
     fn call(&mut self, request: Request<v1::ScanRequest>) -> Self::Future {
@@ -240,8 +245,8 @@ impl tonic::server::ServerStreamingService<v1::ScanRequest> for ScanMethod {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::{CacheKey, TunedResult};
-    use crate::stored::StoredEntry;
+    use crate::model::entry::{CacheKey, TunedResult};
+    use crate::wire::stored::StoredEntry;
     use prost::Message;
 
     fn key(namespace: &str, problem: &str, rank: Option<u32>) -> CacheKey {
@@ -292,7 +297,7 @@ mod tests {
         let expected = v1::ScanResponse {
             entries: pairs
                 .iter()
-                .map(|(key, result)| crate::entry::to_wire_entry(key, result))
+                .map(|(key, result)| crate::model::entry::to_wire_entry(key, result))
                 .collect(),
         };
         assert_eq!(encoded.len(), pairs.len());

@@ -21,7 +21,7 @@ use tokio::time::Sleep;
 use tokio_stream::Stream;
 use tonic::transport::server::Connected;
 
-use crate::limits::ConnectionLimits;
+use crate::ops::limits::ConnectionLimits;
 
 /// The client connection preface every HTTP/2 connection starts with.
 const HTTP2_PREFACE_BYTES: usize = 24;
@@ -226,11 +226,11 @@ pub struct Connection {
 }
 
 impl Connected for Connection {
-    type ConnectInfo = crate::access::PeerInfo;
+    type ConnectInfo = crate::ops::access::PeerInfo;
 
     /// Asked once per connection; every call on it gets a clone (see `access::PeerInfo`).
     fn connect_info(&self) -> Self::ConnectInfo {
-        crate::access::PeerInfo::new(self.stream.connect_info())
+        crate::ops::access::PeerInfo::new(self.stream.connect_info())
     }
 }
 

@@ -12,6 +12,8 @@
 //! Records and its tuner's results, the best per key), which is what snapshots publish;
 //! entries learned from other nodes (`Origin::Learned`) only enter the cache.
 
+pub(crate) mod scan;
+
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -21,11 +23,11 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
-use crate::entry::{CacheKey, KeyView, Origin, ResultView, TunedResult};
 use crate::error::{Error, Result};
 use crate::journal::{FsyncPolicy, Journal, ReplayReport, BATCH_SYNC_INTERVAL};
-use crate::merge::{merge_views, MergeOutcome};
-pub use crate::stored::{EntryMap, StoredEntry};
+use crate::model::entry::{CacheKey, KeyView, Origin, ResultView, TunedResult};
+use crate::model::merge::{merge_views, MergeOutcome};
+pub use crate::wire::stored::{EntryMap, StoredEntry};
 
 /// Entries decoded into owned keys and results, in key order: what tests and tools build
 /// snapshot segments from. The store itself keeps its entries in wire form (`EntryMap`).
@@ -174,7 +176,7 @@ struct Shared {
     /// by writes waiting for the writer (and its disk).
     queue_room: Arc<Semaphore>,
     queue_units: u32,
-    shed_logged: crate::limits::LogOnce,
+    shed_logged: crate::ops::limits::LogOnce,
 }
 
 /// Cheap, cloneable handle to the cache.
@@ -451,7 +453,7 @@ impl Store {
 }
 
 /// The store's Stats fields: the cache size, the journal writer and its queue.
-impl crate::stats::FillStats for Store {
+impl crate::rpc::stats::FillStats for Store {
     fn fill_stats(&self, stats: &mut tunecache_proto::v1::StatsResponse) {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let counters = &self.shared.counters;
@@ -607,7 +609,7 @@ impl Writer {
         if self.journal.sync_pending() || self.journal.needs_rewrite() {
             self.sync_or_repair();
         } else {
-            crate::heap::return_free_pages();
+            crate::ops::heap::return_free_pages();
             self.written_since_trim = 0;
         }
     }
@@ -836,7 +838,7 @@ impl Writer {
                     .fetch_add(1, Ordering::Relaxed);
                 counters
                     .journal_unwritable_since_unix_ms
-                    .store(crate::entry::unix_now_ms(), Ordering::Relaxed);
+                    .store(crate::model::entry::unix_now_ms(), Ordering::Relaxed);
             }
             tracing::error!(cause = %now, "journal not writable: Records are refused (UNAVAILABLE) until it is repaired");
         }

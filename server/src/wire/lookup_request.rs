@@ -15,9 +15,9 @@ use prost::Message;
 use tonic::Status;
 use tunecache_proto::v1;
 
-use crate::entry::{CacheKey, KeyView};
-use crate::stored::{parse_key, take_delimited};
-use crate::validate::{self, CheckedKey};
+use crate::model::entry::{CacheKey, KeyView};
+use crate::model::validate::{self, CheckedKey};
+use crate::wire::stored::{parse_key, take_delimited};
 
 /// Field number of the repeated `Key` in `LookupRequest`.
 const KEYS_FIELD: u32 = 1;
@@ -89,7 +89,7 @@ fn read_keys(request: &[u8]) -> Result<Option<Vec<KeyView<'_>>>, validate::Inval
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::MAX_KEY_FIELD_BYTES;
+    use crate::model::validate::MAX_KEY_FIELD_BYTES;
     use proptest::prelude::*;
     use prost::encoding::{encode_key, encode_varint};
 

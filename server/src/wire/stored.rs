@@ -26,7 +26,7 @@ use prost::encoding::{
     self, decode_key, decode_varint, encode_key, encode_varint, encoded_len_varint, WireType,
 };
 
-use crate::entry::{CacheKey, EntryViews, KeyView, ResultView, TunedResult};
+use crate::model::entry::{CacheKey, EntryViews, KeyView, ResultView, TunedResult};
 
 /// Field number of the repeated `Entry` in `LookupResponse.hits`, `ScanResponse.entries` and
 /// `JournalBatch.entries`: the field a stored record is encoded as.
@@ -719,7 +719,7 @@ mod tests {
             );
             // The record is the field-1 `Entry` prost writes.
             let expected = v1::ScanResponse {
-                entries: vec![crate::entry::to_wire_entry(key, result)],
+                entries: vec![crate::model::entry::to_wire_entry(key, result)],
             };
             assert_eq!(entry.record(), expected.encode_to_vec().as_slice());
         }

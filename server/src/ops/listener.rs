@@ -178,7 +178,7 @@ pub fn listen(
     path: &Path,
     socket_group: Option<&str>,
 ) -> Result<(tokio::net::UnixListener, SocketGuard)> {
-    if let Some(inherited) = crate::systemd::inherited_listener()? {
+    if let Some(inherited) = crate::ops::systemd::inherited_listener()? {
         let (listener, guard) = adopt(inherited)?;
         tracing::info!(
             socket = %guard.path().display(),
@@ -194,7 +194,7 @@ pub fn listen(
     }
     let (listener, guard) = bind(path)?;
     if let Some(group) = socket_group {
-        crate::access::apply_socket_group(guard.path(), group)?;
+        crate::ops::access::apply_socket_group(guard.path(), group)?;
     }
     Ok((listener, guard))
 }

@@ -5,7 +5,7 @@
 use prost::bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::encoding::{self, WireType};
 
-use crate::stored::StoredEntry;
+use crate::wire::stored::StoredEntry;
 
 /// A `LookupResponse` or `ScanResponse` held as its encoded body: a run of field-1 `Entry`
 /// records. Encoding it copies the bytes; it is never decoded (it is a response only).

@@ -130,7 +130,7 @@ impl ConnectionLimits {
 }
 
 /// The connection fields of Stats.
-impl crate::stats::FillStats for ConnectionLimits {
+impl crate::rpc::stats::FillStats for ConnectionLimits {
     fn fill_stats(&self, stats: &mut v1::StatsResponse) {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         stats.nofile_soft_limit = self.nofile.soft;

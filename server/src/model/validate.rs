@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use tunecache_proto::tuner::problem;
 use tunecache_proto::v1;
 
-use crate::entry::{CacheKey, KeyView, TunedResult};
+use crate::model::entry::{CacheKey, KeyView, TunedResult};
 
 pub use tunecache_proto::limits::{MAX_CONFIG_BYTES, MAX_KEY_FIELD_BYTES};
 /// Most entries (Record) or keys (Lookup) in one request.

@@ -35,7 +35,7 @@ use tunecache_proto::limits::GRPC_FRAME_HEADER_BYTES;
 use tunecache_proto::v1;
 
 use crate::error::Error;
-use crate::limits::LogOnce;
+use crate::ops::limits::LogOnce;
 
 /// What one request may hold, what is held now, and what was refused. One per daemon.
 pub struct RequestLimits {
@@ -162,7 +162,7 @@ impl RequestLimits {
 }
 
 /// The request fields of Stats.
-impl crate::stats::FillStats for RequestLimits {
+impl crate::rpc::stats::FillStats for RequestLimits {
     fn fill_stats(&self, stats: &mut v1::StatsResponse) {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         stats.max_message_bytes = self.max_message_bytes as u64;
@@ -239,8 +239,8 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let uid = request
             .extensions()
-            .get::<crate::access::PeerInfo>()
-            .and_then(crate::access::PeerInfo::uid);
+            .get::<crate::ops::access::PeerInfo>()
+            .and_then(crate::ops::access::PeerInfo::uid);
         let grants = CallGrants::default();
         let body_grants = grants.clone();
         let limits = self.limits.clone();
@@ -371,7 +371,7 @@ mod tests {
 
     fn stats(limits: &RequestLimits) -> v1::StatsResponse {
         let mut stats = v1::StatsResponse::default();
-        crate::stats::FillStats::fill_stats(limits, &mut stats);
+        crate::rpc::stats::FillStats::fill_stats(limits, &mut stats);
         stats
     }
 

@@ -29,10 +29,10 @@ use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 use tunecache_proto::v1;
 
-use crate::entry::{CacheKey, EntryViews, KeyView, ResultView, TunedResult};
 use crate::error::{Error, Result};
-use crate::stored::StoredEntry;
-use crate::validate;
+use crate::model::entry::{CacheKey, EntryViews, KeyView, ResultView, TunedResult};
+use crate::model::validate;
+use crate::wire::stored::StoredEntry;
 
 /// The `format` field of every snapshot file.
 pub const FORMAT_NAME: &str = "tunecache-snapshot";

@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 use prost::Message;
 use tunecache_proto::journal::v1::JournalBatch;
 
-use crate::entry::{CacheKey, Origin, TunedResult};
 use crate::error::{Error, Result};
-use crate::stored::StoredEntry;
+use crate::model::entry::{CacheKey, Origin, TunedResult};
+use crate::wire::stored::StoredEntry;
 
 const MAGIC: [u8; 4] = *b"TCJ1";
 const HEADER_LEN: usize = 12;
@@ -229,7 +229,10 @@ fn sync_dir(dir_handle: &File, dir: &Path) -> Result<()> {
 /// it needs no space on a full disk; the clean rewrite then replaces `journal` and leaves
 /// the link holding the damaged file), a copy where links do not work. Best effort.
 fn keep_damaged_copy(dir: &Path, path: &Path) -> std::result::Result<PathBuf, String> {
-    let kept = dir.join(format!("journal.corrupt.{}", crate::entry::unix_now_ms()));
+    let kept = dir.join(format!(
+        "journal.corrupt.{}",
+        crate::model::entry::unix_now_ms()
+    ));
     let linked = match std::fs::hard_link(path, &kept) {
         Ok(()) => return Ok(kept),
         Err(error) => error,
@@ -747,7 +750,7 @@ mod tests {
                 Origin::Own => &mut batch.entries,
                 Origin::Learned => &mut batch.learned,
             };
-            field.push(crate::entry::to_wire_entry(key, result));
+            field.push(crate::model::entry::to_wire_entry(key, result));
         }
         assert_eq!(&frame[HEADER_LEN..], batch.encode_to_vec().as_slice());
     }

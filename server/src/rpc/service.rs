@@ -11,16 +11,16 @@ use tonic::{Request, Response, Status};
 use tunecache_proto::v1::{self, tune_cache_server::TuneCache};
 
 use crate::coord::{Coordinator, ResolveCall, DEFAULT_LEASE, MAX_LEASE, MAX_WAIT};
-use crate::encoded::EncodedEntries;
-use crate::entry::{CacheKey, KeyView};
 use crate::error::Error;
-use crate::lookup_request::{self, LookupKeys};
-use crate::record_request::CheckedRecord;
+use crate::model::entry::{CacheKey, KeyView};
+use crate::model::validate::{self, CheckedKey};
+use crate::rpc::stats::FillStats;
 use crate::snapshot::SnapshotHandle;
-use crate::stats::FillStats;
 use crate::store::Store;
 use crate::tuner::TunerHandle;
-use crate::validate::{self, CheckedKey};
+use crate::wire::encoded::EncodedEntries;
+use crate::wire::lookup_request::{self, LookupKeys};
+use crate::wire::record_request::CheckedRecord;
 use prost::bytes::Bytes;
 use prost::Message;
 use tokio_stream::StreamExt;
@@ -58,11 +58,11 @@ pub struct TuneCacheService {
     /// `None` without `--shared-dir`.
     snapshots: Option<SnapshotHandle>,
     /// Connection limits and their counters, for Stats; `None` until the daemon sets them.
-    connection_limits: Option<Arc<crate::limits::ConnectionLimits>>,
+    connection_limits: Option<Arc<crate::ops::limits::ConnectionLimits>>,
     /// `None` without `--cluster-url`.
     cluster: Option<Arc<crate::cluster::Cluster>>,
     /// Request limits and their counters, for Stats; `None` until the daemon sets them.
-    request_limits: Option<Arc<crate::request_limits::RequestLimits>>,
+    request_limits: Option<Arc<crate::ops::request_limits::RequestLimits>>,
     /// What the previous run's last publish at shutdown did (from the state directory).
     previous_shutdown: String,
 }
@@ -102,7 +102,10 @@ impl TuneCacheService {
     }
 
     /// Reports the connection limits and their counters in Stats.
-    pub fn with_connection_limits(mut self, limits: Arc<crate::limits::ConnectionLimits>) -> Self {
+    pub fn with_connection_limits(
+        mut self,
+        limits: Arc<crate::ops::limits::ConnectionLimits>,
+    ) -> Self {
         self.connection_limits = Some(limits);
         self
     }
@@ -110,7 +113,7 @@ impl TuneCacheService {
     /// Reports the request limits and their counters in Stats.
     pub fn with_request_limits(
         mut self,
-        limits: Arc<crate::request_limits::RequestLimits>,
+        limits: Arc<crate::ops::request_limits::RequestLimits>,
     ) -> Self {
         self.request_limits = Some(limits);
         self
@@ -187,18 +190,18 @@ impl TuneCacheService {
         } = request.into_inner();
         // In chunks, each from the version current at the time: a client that stops reading
         // holds a chunk, not a version of the cache (see `scan`).
-        let filter = crate::scan::ScanFilter {
+        let filter = crate::store::scan::ScanFilter {
             namespace,
             device,
             rank,
         };
-        Box::pin(crate::scan::spawn(self.store.clone(), filter))
+        Box::pin(crate::store::scan::spawn(self.store.clone(), filter))
     }
 }
 
 /// The calling process, from the Unix socket's peer credentials.
 fn caller_pid<T>(request: &Request<T>) -> Option<i32> {
-    crate::access::peer_credentials(request).and_then(|cred| cred.pid())
+    crate::ops::access::peer_credentials(request).and_then(|cred| cred.pid())
 }
 
 fn count(counter: &AtomicU64, n: usize) {

@@ -19,9 +19,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tunecache_proto::v1::StatsResponse;
 
-use crate::entry::unix_now_ms;
 use crate::error::{Error, Result};
-use crate::probe::StatsProbe;
+use crate::model::entry::unix_now_ms;
+use crate::rpc::probe::StatsProbe;
 
 /// A scrape request larger than this, or slower than the timeout, is dropped.
 const MAX_REQUEST_BYTES: usize = 8 * 1024;
@@ -409,7 +409,7 @@ mod tests {
     #[test]
     fn metrics_text_is_pinned() {
         let text = render(&every_metric_field()).unwrap();
-        let pinned = include_str!("../testdata/metrics.txt");
+        let pinned = include_str!("../../testdata/metrics.txt");
         assert!(
             text == pinned,
             "metrics text changed; diff it against server/testdata/metrics.txt:\n{text}"

@@ -14,9 +14,9 @@ use prost::Message;
 use tonic::Status;
 use tunecache_proto::v1;
 
-use crate::entry::{CacheKey, TunedResult};
-use crate::lookup_request::decode_status;
-use crate::validate;
+use crate::model::entry::{CacheKey, TunedResult};
+use crate::model::validate;
+use crate::wire::lookup_request::decode_status;
 
 /// Field number of the repeated `Entry` in `RecordRequest`.
 const ENTRIES_FIELD: u32 = 1;

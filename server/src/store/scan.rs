@@ -16,10 +16,10 @@ use std::ops::Bound;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-use crate::encoded::EncodedEntries;
-use crate::entry::KeyView;
+use crate::model::entry::KeyView;
 use crate::store::Store;
-use crate::stored::{EntryMap, StoredEntry};
+use crate::wire::encoded::EncodedEntries;
+use crate::wire::stored::{EntryMap, StoredEntry};
 
 /// Chunks hold at most this many entries...
 pub const CHUNK_ENTRIES: usize = 1024;
@@ -114,7 +114,7 @@ pub fn spawn(store: Store, filter: ScanFilter) -> ReceiverStream<Result<EncodedE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::{CacheKey, TunedResult};
+    use crate::model::entry::{CacheKey, TunedResult};
     use prost::Message;
     use tunecache_proto::v1;
 

@@ -8,7 +8,7 @@
 
 use std::cmp::Ordering;
 
-use crate::entry::{ResultView, TunedResult};
+use crate::model::entry::{ResultView, TunedResult};
 
 /// What merging an incoming result into the current one decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
