@@ -476,6 +476,22 @@ impl Config {
         std::fs::write(&path, id).map_err(|e| crate::Error::io("writing the node id", &path, e))
     }
 
+    /// The tuner's settings; `None` with `--tuner off`.
+    pub(crate) fn tuner_settings(&self) -> Option<crate::tuner::SupervisorConfig> {
+        let worker_path = match self.tuner_setting() {
+            TunerSetting::Off => return None,
+            TunerSetting::Worker(path) => path,
+        };
+        Some(crate::tuner::SupervisorConfig {
+            worker_path,
+            backend: self.tuner_backend,
+            job_timeout: std::time::Duration::from_secs(self.tuner_job_timeout.max(1)),
+            queue_capacity: self.tuner_queue.max(1),
+            device: self.tuner_device,
+            worker_args: Vec::new(),
+        })
+    }
+
     pub fn tuner_setting(&self) -> TunerSetting {
         match self.tuner.as_deref() {
             Some("off") => TunerSetting::Off,

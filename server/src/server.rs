@@ -145,7 +145,7 @@ pub async fn run(
     let mut tasks = Vec::new();
 
     let stop = CancellationToken::new();
-    let tuner = crate::tuner::start(&config).await;
+    let tuner = crate::tuner::start(config.tuner_settings()).await;
     // The cluster tier connects in the background: Redis being down delays nothing here.
     let cluster = config
         .cluster_settings()?

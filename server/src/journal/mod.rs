@@ -530,9 +530,8 @@ impl Journal {
         Ok(())
     }
 
-    /// Appends entries as one or more frames and syncs according to the policy. On failure
-    /// the file is cut back to where it was, so a failed write leaves no partial frame; if
-    /// that or a sync fails, the journal refuses appends until it is rewritten.
+    /// `append_stored` for decoded entries, as the tests write them.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn append(&mut self, entries: &[JournalEntry]) -> Result<u64> {
         let stored: Vec<(StoredEntry, Origin)> = entries
             .iter()
@@ -541,7 +540,10 @@ impl Journal {
         self.append_stored(&stored)
     }
 
-    /// `append` for entries already in wire form (the store's): their records are copied.
+    /// Appends entries (in wire form, the store's: their records are copied) as one or more
+    /// frames and syncs according to the policy. On failure the file is cut back to where it
+    /// was, so a failed write leaves no partial frame; if that or a sync fails, the journal
+    /// refuses appends until it is rewritten.
     pub fn append_stored(&mut self, entries: &[(StoredEntry, Origin)]) -> Result<u64> {
         self.ensure_writable()?;
         let bytes = encode_frames(entries.iter().map(|(entry, origin)| (entry, *origin)));

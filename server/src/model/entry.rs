@@ -118,6 +118,8 @@ pub trait EntryViews {
     fn views(&self) -> Box<dyn Iterator<Item = (KeyView<'_>, ResultView<'_>)> + '_>;
 }
 
+/// For tests, which build entry maps from decoded entries.
+#[cfg(any(test, feature = "test-support"))]
 impl EntryViews for imbl::OrdMap<CacheKey, TunedResult> {
     fn entry_count(&self) -> usize {
         self.len()

@@ -31,6 +31,7 @@ pub use crate::wire::stored::{EntryMap, StoredEntry};
 
 /// Entries decoded into owned keys and results, in key order: what tests and tools build
 /// snapshot segments from. The store itself keeps its entries in wire form (`EntryMap`).
+#[cfg(any(test, feature = "test-support"))]
 pub type CacheMap = imbl::OrdMap<CacheKey, TunedResult>;
 
 /// Compaction waits until the journal is at least this big, so small caches never churn.

@@ -4,8 +4,6 @@
 //! faulting kernel or a driver error kills only the worker; the `supervisor` restarts it.
 //! With no worker, the daemon serves as before and every miss follows the lease path.
 
-use std::time::Duration;
-
 mod supervisor;
 
 pub use supervisor::{
@@ -15,26 +13,16 @@ pub use supervisor::{
 
 use tunecache_proto::v1::StatsResponse;
 
-use crate::config::{Config, TunerSetting};
 use crate::rpc::stats::FillStats;
 
-/// The tuner handle for this daemon: running, or `off` with the reason (logged once).
-pub async fn start(config: &Config) -> TunerHandle {
-    let worker_path = match config.tuner_setting() {
-        TunerSetting::Off => {
-            tracing::info!("tuning off: --tuner off");
-            return TunerHandle::off("--tuner off");
-        }
-        TunerSetting::Worker(path) => path,
+/// The tuner handle for this daemon, from its settings (`None`: `--tuner off`): running, or
+/// `off` with the reason (logged once).
+pub async fn start(settings: Option<SupervisorConfig>) -> TunerHandle {
+    let Some(supervisor_config) = settings else {
+        tracing::info!("tuning off: --tuner off");
+        return TunerHandle::off("--tuner off");
     };
-    let supervisor_config = SupervisorConfig {
-        worker_path: worker_path.clone(),
-        backend: config.tuner_backend,
-        job_timeout: Duration::from_secs(config.tuner_job_timeout.max(1)),
-        queue_capacity: config.tuner_queue.max(1),
-        device: config.tuner_device,
-        worker_args: Vec::new(),
-    };
+    let worker_path = supervisor_config.worker_path.clone();
     match Supervisor::start(supervisor_config).await {
         Ok(tuner) => {
             let devices: Vec<String> = tuner.devices().into_iter().map(|d| d.fingerprint).collect();
