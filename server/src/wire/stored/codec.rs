@@ -1,0 +1,191 @@
+//! The wire bytes of a stored entry: encoding a key and result as a `tunecache.v1.Entry`
+//! field-1 record exactly as prost does, and reading our own records back as views.
+
+use prost::bytes::BufMut;
+use prost::encoding::{
+    self, decode_key, decode_varint, encode_key, encode_varint, encoded_len_varint, WireType,
+};
+
+use crate::model::entry::{KeyView, ResultView};
+
+/// Field number of the repeated `Entry` in `LookupResponse.hits`, `ScanResponse.entries` and
+/// `JournalBatch.entries`: the field a stored record is encoded as.
+pub const ENTRY_FIELD: u32 = 1;
+
+pub(super) fn string_len(tag: u32, value: &str) -> usize {
+    if value.is_empty() {
+        0
+    } else {
+        encoding::key_len(tag) + encoded_len_varint(value.len() as u64) + value.len()
+    }
+}
+
+pub(super) fn put_string(tag: u32, value: &str, buf: &mut impl BufMut) {
+    if !value.is_empty() {
+        encode_key(tag, WireType::LengthDelimited, buf);
+        encode_varint(value.len() as u64, buf);
+        buf.put_slice(value.as_bytes());
+    }
+}
+
+pub(super) fn key_body_len(key: &KeyView<'_>) -> usize {
+    string_len(1, key.namespace)
+        + string_len(2, key.op)
+        + string_len(3, key.device)
+        + string_len(4, key.problem)
+        + key
+            .rank
+            .map_or(0, |rank| encoding::uint32::encoded_len(5, &rank))
+}
+
+pub(super) fn result_body_len(result: &ResultView<'_>) -> usize {
+    string_len(1, result.config)
+        + if result.time_us != 0.0 {
+            encoding::double::encoded_len(2, &result.time_us)
+        } else {
+            0
+        }
+        + string_len(3, result.tuned_by)
+        + if result.tuned_at_unix_ms != 0 {
+            encoding::int64::encoded_len(4, &result.tuned_at_unix_ms)
+        } else {
+            0
+        }
+}
+
+/// A length-delimited field of a field number below 16 (one tag byte).
+pub(super) fn nested_len(body: usize) -> usize {
+    1 + encoded_len_varint(body as u64) + body
+}
+
+/// Appends `Entry { key, result }` as a field-`ENTRY_FIELD` record, exactly as prost writes it
+/// (same field order, defaults skipped). Returns where in `buf` the problem's bytes start.
+pub(super) fn put_record(key: &KeyView<'_>, result: &ResultView<'_>, buf: &mut Vec<u8>) -> usize {
+    let key_body = key_body_len(key);
+    let result_body = result_body_len(result);
+    let entry_body = nested_len(key_body) + nested_len(result_body);
+    buf.reserve(nested_len(entry_body));
+    encode_key(ENTRY_FIELD, WireType::LengthDelimited, buf);
+    encode_varint(entry_body as u64, buf);
+
+    encode_key(1, WireType::LengthDelimited, buf);
+    encode_varint(key_body as u64, buf);
+    put_string(1, key.namespace, buf);
+    put_string(2, key.op, buf);
+    put_string(3, key.device, buf);
+    let problem_at = buf.len() + string_len(4, key.problem) - key.problem.len();
+    put_string(4, key.problem, buf);
+    if let Some(rank) = key.rank {
+        encoding::uint32::encode(5, &rank, buf);
+    }
+
+    encode_key(2, WireType::LengthDelimited, buf);
+    encode_varint(result_body as u64, buf);
+    put_string(1, result.config, buf);
+    if result.time_us != 0.0 {
+        encoding::double::encode(2, &result.time_us, buf);
+    }
+    put_string(3, result.tuned_by, buf);
+    if result.tuned_at_unix_ms != 0 {
+        encoding::int64::encode(4, &result.tuned_at_unix_ms, buf);
+    }
+    problem_at
+}
+
+pub(super) fn take<'a>(buf: &mut &'a [u8], len: usize) -> Option<&'a [u8]> {
+    let (head, tail) = buf.split_at_checked(len)?;
+    *buf = tail;
+    Some(head)
+}
+
+/// Takes a length-delimited field's bytes (after its tag) from the front of `buf`.
+pub(crate) fn take_delimited<'a>(buf: &mut &'a [u8]) -> Option<&'a [u8]> {
+    let len = usize::try_from(decode_varint(buf).ok()?).ok()?;
+    take(buf, len)
+}
+
+pub(super) fn take_str<'a>(buf: &mut &'a [u8]) -> Option<&'a str> {
+    std::str::from_utf8(take_delimited(buf)?).ok()
+}
+
+/// Reads a `tunecache.v1.Key` message body as prost decodes it (a repeated field: the last
+/// value wins; `rank` truncated to 32 bits), as long as it holds only the declared fields in
+/// their declared wire types; `None` for anything else (an unknown field, a bad length,
+/// invalid UTF-8). The Lookup route reads request keys with it too (`lookup_request`).
+pub(crate) fn parse_key(mut body: &[u8]) -> Option<KeyView<'_>> {
+    let mut key = KeyView {
+        namespace: "",
+        op: "",
+        device: "",
+        problem: "",
+        rank: None,
+    };
+    while !body.is_empty() {
+        match decode_key(&mut body).ok()? {
+            (1, WireType::LengthDelimited) => key.namespace = take_str(&mut body)?,
+            (2, WireType::LengthDelimited) => key.op = take_str(&mut body)?,
+            (3, WireType::LengthDelimited) => key.device = take_str(&mut body)?,
+            (4, WireType::LengthDelimited) => key.problem = take_str(&mut body)?,
+            (5, WireType::Varint) => key.rank = Some(decode_varint(&mut body).ok()? as u32),
+            _ => return None,
+        }
+    }
+    Some(key)
+}
+
+pub(super) fn parse_result(mut body: &[u8]) -> Option<ResultView<'_>> {
+    let mut result = ResultView {
+        config: "",
+        time_us: 0.0,
+        tuned_by: "",
+        tuned_at_unix_ms: 0,
+    };
+    while !body.is_empty() {
+        match decode_key(&mut body).ok()? {
+            (1, WireType::LengthDelimited) => result.config = take_str(&mut body)?,
+            (2, WireType::SixtyFourBit) => {
+                result.time_us = f64::from_le_bytes(take(&mut body, 8)?.try_into().ok()?);
+            }
+            (3, WireType::LengthDelimited) => result.tuned_by = take_str(&mut body)?,
+            (4, WireType::Varint) => {
+                result.tuned_at_unix_ms = decode_varint(&mut body).ok()? as i64
+            }
+            _ => return None,
+        }
+    }
+    Some(result)
+}
+
+/// Reads a record written by `put_record`.
+pub(super) fn parse_record(mut record: &[u8]) -> Option<(KeyView<'_>, ResultView<'_>)> {
+    if decode_key(&mut record).ok()? != (ENTRY_FIELD, WireType::LengthDelimited) {
+        return None;
+    }
+    let mut body = take_delimited(&mut record)?;
+    let mut key = None;
+    let mut result = None;
+    while !body.is_empty() {
+        match decode_key(&mut body).ok()? {
+            (1, WireType::LengthDelimited) => key = Some(parse_key(take_delimited(&mut body)?)?),
+            (2, WireType::LengthDelimited) => {
+                result = Some(parse_result(take_delimited(&mut body)?)?);
+            }
+            _ => return None,
+        }
+    }
+    Some((key?, result?))
+}
+
+pub(super) const EMPTY_KEY: KeyView<'static> = KeyView {
+    namespace: "",
+    op: "",
+    device: "",
+    problem: "",
+    rank: None,
+};
+pub(super) const EMPTY_RESULT: ResultView<'static> = ResultView {
+    config: "",
+    time_us: 0.0,
+    tuned_by: "",
+    tuned_at_unix_ms: 0,
+};

@@ -1,0 +1,114 @@
+//! The ordered index of stored entries (the cache map), looked up by key views.
+
+use std::ops::Bound;
+
+use crate::model::entry::{CacheKey, EntryViews, KeyView, ResultView};
+
+use super::entry::*;
+use super::vocab::*;
+
+/// One immutable version of the cache (or of this node's own contributions): the stored
+/// entries in key order. Cloning is O(1) (structural sharing); so is sharing an entry between
+/// versions and between the cache and the own-contributions map.
+#[derive(Clone, Default)]
+pub struct EntryMap {
+    index: imbl::OrdMap<StoredEntry, ()>,
+}
+
+impl EntryMap {
+    pub fn new() -> EntryMap {
+        EntryMap::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    pub fn get(&self, key: &CacheKey) -> Option<&StoredEntry> {
+        self.get_view(&key.view())
+    }
+
+    pub fn get_view(&self, key: &KeyView<'_>) -> Option<&StoredEntry> {
+        self.index.get_key_value(key).map(|(entry, ())| entry)
+    }
+
+    /// The entries of `keys` the map holds, in the order asked (misses left out): a Lookup.
+    /// Each run of keys with equal (namespace, op, device) is resolved to its interned
+    /// vocabulary once, so the index compares those fields by pointer instead of by bytes (the
+    /// comparisons were a third of a 1,000-key Lookup), and keys of a vocabulary no entry has
+    /// are misses without a search.
+    pub fn get_many<'k, I>(&self, keys: I) -> Vec<&StoredEntry>
+    where
+        I: Iterator<Item = KeyView<'k>> + Clone,
+    {
+        let runs = find_vocab_runs(keys.clone());
+        let mut keys = keys;
+        let mut found = Vec::with_capacity(keys.size_hint().0);
+        for (vocab, len) in &runs {
+            let run = keys.by_ref().take(*len);
+            let Some(vocab) = vocab else {
+                run.for_each(drop);
+                continue;
+            };
+            for key in run {
+                let probe = VocabKey {
+                    vocab,
+                    problem: key.problem,
+                    rank: key.rank,
+                };
+                if let Some((entry, ())) = self.index.get_key_value(&probe) {
+                    found.push(entry);
+                }
+            }
+        }
+        found
+    }
+
+    /// Whether the map holds this very entry (same key and result).
+    pub fn contains(&self, entry: &StoredEntry) -> bool {
+        self.index
+            .get_key_value(entry)
+            .is_some_and(|(held, ())| held.same_entry(entry))
+    }
+
+    /// Inserts `entry`, replacing the entry of the same key.
+    pub fn insert(&mut self, entry: StoredEntry) {
+        self.index.insert(entry, ());
+    }
+
+    /// The entries in key order.
+    pub fn iter(&self) -> impl Iterator<Item = &StoredEntry> + '_ {
+        self.index.keys()
+    }
+
+    /// The entries from `start` on, in key order.
+    pub fn range_from(&self, start: Bound<KeyView<'_>>) -> impl Iterator<Item = &StoredEntry> {
+        self.index
+            .range((start, Bound::Unbounded))
+            .map(|(entry, ())| entry)
+    }
+}
+
+impl FromIterator<StoredEntry> for EntryMap {
+    fn from_iter<I: IntoIterator<Item = StoredEntry>>(entries: I) -> Self {
+        let mut map = EntryMap::new();
+        for entry in entries {
+            map.insert(entry);
+        }
+        map
+    }
+}
+
+impl EntryViews for EntryMap {
+    fn entry_count(&self) -> usize {
+        self.len()
+    }
+
+    fn views(&self) -> Box<dyn Iterator<Item = (KeyView<'_>, ResultView<'_>)> + '_> {
+        Box::new(self.iter().map(StoredEntry::views))
+    }
+}
