@@ -347,34 +347,12 @@ async fn export_trtllm(
     // Under the writers' lock: keep what ranks saved to the file that the cache lacks, then
     // replace the file by rename, as their writers do.
     let _lock = trtllm::WriterLock::acquire(file, args.lock_timeout)?;
-    let mut kept_from_file = 0usize;
-    let mut replaced_device = None;
+    let mut merge = trtllm::FileMerge::default();
     let mut all_entries = entries;
     if let Some(text) = trtllm::read_existing(file)? {
         match trtllm::import_with(&text, &trtllm::ImportOptions::default()) {
             Ok(existing) => {
-                let file_device = existing
-                    .metadata
-                    .as_ref()
-                    .map(trtllm::TrtllmMetadata::device_fingerprint);
-                if file_device.as_deref() == Some(export_device.as_str()) {
-                    let held: std::collections::HashSet<(Option<u32>, String)> = all_entries
-                        .iter()
-                        .filter_map(|entry| entry.key.as_ref())
-                        .map(|key| (key.rank, key.problem.clone()))
-                        .collect();
-                    for entry in existing.entries {
-                        let Some(key) = entry.key.as_ref() else {
-                            continue;
-                        };
-                        if !held.contains(&(key.rank, key.problem.clone())) {
-                            kept_from_file += 1;
-                            all_entries.push(entry);
-                        }
-                    }
-                } else {
-                    replaced_device = file_device;
-                }
+                merge = trtllm::merge_file_entries(&mut all_entries, existing, &export_device);
             }
             Err(error) => eprintln!(
                 "tunecache: replacing {}, which is not a readable cache ({error})",
@@ -382,6 +360,10 @@ async fn export_trtllm(
             ),
         }
     }
+    let trtllm::FileMerge {
+        kept_from_file,
+        replaced_device,
+    } = merge;
     let options = trtllm::ExportOptions {
         empty_rank_sections: (0..args.world_size.unwrap_or(0)).collect(),
     };

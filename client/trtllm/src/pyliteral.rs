@@ -1,6 +1,8 @@
-//! Checks that text is a Python literal that `ast.literal_eval` accepts, the way TensorRT-LLM's
-//! `load_cache` reads every key (`str()` of a tuple) and tactic (`repr()` of the tactic) back.
-//! It only recognises; it never builds the value.
+//! The crate's one parser of Python literals and their string escapes. [`parse`] checks that
+//! text is a Python literal that `ast.literal_eval` accepts, the way TensorRT-LLM's `load_cache`
+//! reads every key (`str()` of a tuple) and tactic (`repr()` of the tactic) back; it only
+//! recognises, it never builds the value. [`repr_str`] reads one string literal as `repr()` writes
+//! it and decodes it: import takes the custom op name from a key with it.
 //!
 //! Accepted, as by `ast.literal_eval`: strings and bytes (any prefix of `r`, `u`, `b`, implicit
 //! concatenation, triple quotes), integers (with `0x`/`0o`/`0b` and `_`), floats, imaginary
@@ -20,11 +22,7 @@ pub enum LiteralKind {
 
 /// The kind of the literal in `text`, or why `ast.literal_eval(text)` would raise.
 pub fn parse(text: &str) -> Result<LiteralKind, String> {
-    let mut parser = Parser {
-        bytes: text.as_bytes(),
-        at: 0,
-        depth: 0,
-    };
+    let mut parser = Parser::new(text);
     let kind = parser.expression()?;
     parser.skip_space();
     if parser.at != parser.bytes.len() {
@@ -37,16 +35,60 @@ pub fn parse(text: &str) -> Result<LiteralKind, String> {
     Ok(kind)
 }
 
+/// The string literal at the start of `text`, decoded, and the text after its closing quote. It
+/// is read as Python's `repr()` of a str writes one: a `'` or `"` quote (never tripled), no
+/// prefix, and only the escapes `repr()` writes (`\\`, `\'`, `\"`, `\n`, `\r`, `\t`, `\xXX`,
+/// `\uXXXX`, `\UXXXXXXXX`); any other escape is refused rather than guessed at. Characters
+/// between the quotes, line breaks included, are taken as they are.
+pub fn repr_str(text: &str) -> Result<(String, &str), String> {
+    let mut parser = Parser::new(text);
+    let quote = match parser.peek() {
+        Some(quote @ (b'\'' | b'"')) => quote,
+        _ => return parser.error("expected a quoted string"),
+    };
+    let form = Quoting {
+        quote,
+        triple: false,
+        raw: false,
+        is_bytes: false,
+    };
+    let mut value = String::new();
+    parser.string_body(form, Some(&mut value))?;
+    Ok((value, &text[parser.at..]))
+}
+
 /// Deeper nesting than this is refused (Python's own parser stops near 200 too).
 const MAX_DEPTH: usize = 200;
 
 struct Parser<'a> {
+    text: &'a str,
     bytes: &'a [u8],
     at: usize,
     depth: usize,
 }
 
-impl Parser<'_> {
+/// How one string literal is quoted and prefixed.
+#[derive(Debug, Clone, Copy)]
+struct Quoting {
+    quote: u8,
+    /// `'''` or `"""`: it ends at three quotes and may span lines.
+    triple: bool,
+    /// `r` prefix: a backslash escapes nothing (but still keeps the quote after it).
+    raw: bool,
+    /// `b` prefix: ASCII only, and no `\u`, `\U` or `\N` escapes.
+    is_bytes: bool,
+}
+
+impl<'a> Parser<'a> {
+    fn new(text: &'a str) -> Self {
+        Parser {
+            text,
+            bytes: text.as_bytes(),
+            at: 0,
+            depth: 0,
+        }
+    }
+
     fn peek(&self) -> Option<u8> {
         self.bytes.get(self.at).copied()
     }
@@ -277,39 +319,64 @@ impl Parser<'_> {
                 return Err("cannot mix bytes and str literals".to_owned());
             }
             kind = Some(!is_bytes);
-            self.string_body(raw, is_bytes)?;
+            let quote = self.bytes[self.at];
+            let form = Quoting {
+                quote,
+                triple: self.bytes[self.at..].starts_with(&[quote, quote, quote]),
+                raw,
+                is_bytes,
+            };
+            self.string_body(form, None)?;
         }
     }
 
-    fn string_body(&mut self, raw: bool, is_bytes: bool) -> Result<(), String> {
-        let quote = self.bytes[self.at];
-        let triple = self.bytes[self.at..].starts_with(&[quote, quote, quote]);
-        self.at += if triple { 3 } else { 1 };
+    /// At the opening quote: the body of one string literal, through its closing quote. Checking
+    /// (`decoded` is `None`) refuses what Python refuses; decoding appends the characters the
+    /// literal stands for to `decoded` and refuses escapes it does not decode (see [`repr_str`]).
+    fn string_body(
+        &mut self,
+        form: Quoting,
+        mut decoded: Option<&mut String>,
+    ) -> Result<(), String> {
+        let quote = form.quote;
+        self.at += if form.triple { 3 } else { 1 };
+        // Start of the text not yet copied to `decoded`; always at a char boundary.
+        let mut copied_from = self.at;
         loop {
             let Some(byte) = self.peek() else {
                 return self.error("unterminated string");
             };
-            if is_bytes && !byte.is_ascii() {
+            if form.is_bytes && !byte.is_ascii() {
                 return Err("bytes literals may only hold ASCII characters".to_owned());
             }
             if byte == quote {
-                if !triple {
-                    self.at += 1;
+                let close = if !form.triple {
+                    1
+                } else if self.bytes[self.at..].starts_with(&[quote, quote, quote]) {
+                    3
+                } else {
+                    0
+                };
+                if close > 0 {
+                    if let Some(out) = decoded.as_deref_mut() {
+                        out.push_str(&self.text[copied_from..self.at]);
+                    }
+                    self.at += close;
                     return Ok(());
                 }
-                if self.bytes[self.at..].starts_with(&[quote, quote, quote]) {
-                    self.at += 3;
-                    return Ok(());
-                }
-            } else if (byte == b'\n' || byte == b'\r') && !triple {
+            } else if (byte == b'\n' || byte == b'\r') && !form.triple && decoded.is_none() {
                 return self.error("newline in a single-quoted string");
             } else if byte == b'\\' {
+                if let Some(out) = decoded.as_deref_mut() {
+                    out.push_str(&self.text[copied_from..self.at]);
+                }
                 self.at += 1;
                 if self.peek().is_none() {
                     return self.error("unterminated string");
                 }
-                if !raw {
-                    self.escape(is_bytes)?;
+                if !form.raw {
+                    self.escape(form.is_bytes, decoded.as_deref_mut())?;
+                    copied_from = self.at;
                     continue;
                 }
             }
@@ -317,40 +384,66 @@ impl Parser<'_> {
         }
     }
 
-    /// At the byte after a backslash (not raw): checks the escapes Python refuses.
-    fn escape(&mut self, is_bytes: bool) -> Result<(), String> {
-        let hex_digits = match self.peek() {
-            Some(b'x') => 2,
-            Some(b'u') if !is_bytes => 4,
-            Some(b'U') if !is_bytes => 8,
-            Some(b'N') if !is_bytes => {
-                self.at += 1;
-                if self.peek() != Some(b'{') {
-                    return self.error("\\N needs {name}");
-                }
-                while self.peek().is_some_and(|b| b != b'}') {
-                    self.at += 1;
-                }
-                if self.peek().is_none() {
-                    return self.error("unterminated \\N{...}");
-                }
-                self.at += 1;
-                return Ok(());
-            }
+    /// At the byte after a backslash (not raw): checks the escapes Python refuses and, when
+    /// decoding, appends the character the escape stands for.
+    fn escape(&mut self, is_bytes: bool, decoded: Option<&mut String>) -> Result<(), String> {
+        let escaped = self.bytes[self.at];
+        let hex_digits = match escaped {
+            b'x' => 2,
+            b'u' if !is_bytes => 4,
+            b'U' if !is_bytes => 8,
             _ => {
-                // Any other escaped character (a multi-byte one included) stands for itself
-                // or is a known one-letter escape.
-                let width = utf8_width(self.bytes[self.at]);
-                self.at += width;
+                match decoded {
+                    Some(out) => {
+                        let Some(c) = one_letter_escape(escaped) else {
+                            let other = self.text[self.at..].chars().next().unwrap_or_default();
+                            return self.error(&format!("unsupported escape \\{other}"));
+                        };
+                        out.push(c);
+                        self.at += 1;
+                    }
+                    None if escaped == b'N' && !is_bytes => self.named_escape()?,
+                    // Any other escaped character (a multi-byte one included) stands for itself
+                    // or is a known one-letter escape.
+                    None => self.at += utf8_width(escaped),
+                }
                 return Ok(());
             }
         };
         self.at += 1;
-        let digits = self.bytes.get(self.at..self.at + hex_digits);
-        if !digits.is_some_and(|digits| digits.iter().all(u8::is_ascii_hexdigit)) {
+        let Some(digits) = self
+            .text
+            .get(self.at..self.at + hex_digits)
+            .filter(|digits| digits.bytes().all(|b| b.is_ascii_hexdigit()))
+        else {
             return self.error("truncated \\x, \\u or \\U escape");
+        };
+        if let Some(out) = decoded {
+            let c = u32::from_str_radix(digits, 16)
+                .ok()
+                .and_then(char::from_u32)
+                .ok_or_else(|| {
+                    format!("escape \\{} {digits} is not a character", escaped as char)
+                })?;
+            out.push(c);
         }
         self.at += hex_digits;
+        Ok(())
+    }
+
+    /// At the `N` of `\N{name}`: checks its shape (the name is not looked up).
+    fn named_escape(&mut self) -> Result<(), String> {
+        self.at += 1;
+        if self.peek() != Some(b'{') {
+            return self.error("\\N needs {name}");
+        }
+        while self.peek().is_some_and(|b| b != b'}') {
+            self.at += 1;
+        }
+        if self.peek().is_none() {
+            return self.error("unterminated \\N{...}");
+        }
+        self.at += 1;
         Ok(())
     }
 
@@ -447,6 +540,19 @@ fn is_string_prefix(prefix: &[u8]) -> bool {
     matches!(lower.as_slice(), b"" | b"r" | b"u" | b"b" | b"br" | b"rb")
 }
 
+/// What the escapes `repr()` writes besides `\x`, `\u` and `\U` stand for.
+fn one_letter_escape(escaped: u8) -> Option<char> {
+    match escaped {
+        b'\\' => Some('\\'),
+        b'\'' => Some('\''),
+        b'"' => Some('"'),
+        b'n' => Some('\n'),
+        b'r' => Some('\r'),
+        b't' => Some('\t'),
+        _ => None,
+    }
+}
+
 fn utf8_width(first: u8) -> usize {
     match first {
         0xf0..=0xff => 4,
@@ -527,5 +633,32 @@ mod tests {
         }
         let deep = "(".repeat(500) + &")".repeat(500);
         assert!(parse(&deep).is_err());
+    }
+
+    #[test]
+    fn repr_str_decodes_what_repr_writes_and_refuses_the_rest() {
+        assert_eq!(
+            repr_str(r#"'it\'s \"x\"\t\x41\u00e9\U0001F600', 1)"#),
+            Ok(("it's \"x\"\tA\u{e9}\u{1f600}".to_owned(), ", 1)"))
+        );
+        assert_eq!(repr_str("\"it's\")"), Ok(("it's".to_owned(), ")")));
+        // Taken as they are, where checking would refuse them.
+        assert_eq!(repr_str("'a\nb'"), Ok(("a\nb".to_owned(), "")));
+        assert!(parse("'a\nb'").is_err());
+        assert_eq!(repr_str("'''x'''"), Ok((String::new(), "'x'''")));
+        for text in [
+            "x'",
+            "'open",
+            r"'trailing\",
+            r"'\q'",
+            r"'\N{DASH}'",
+            r"'\x4'",
+            r"'\ud800'",
+            r"'\U00110000'",
+        ] {
+            assert!(repr_str(text).is_err(), "{text:?}");
+        }
+        // Checking accepts every escape Python does.
+        assert!(parse(r"'\q \ud800 \N{DASH}'").is_ok());
     }
 }
