@@ -1,7 +1,8 @@
 //! The `tunecache-bench` binary: command-line front of the benchmark harness. `peer` runs a
 //! multi-rank file-lock scenario and prints its JSON result; `generate` writes an initial
 //! cache file; `suite` runs the whole benchmark (scenario matrix and daemon
-//! micro-benchmarks) and writes its JSON, Markdown and SVG outputs.
+//! micro-benchmarks) and writes its JSON, Markdown and SVG outputs; `report` regenerates the
+//! tables of BENCHMARKS.md from those outputs.
 
 mod suite;
 
@@ -160,6 +161,25 @@ enum Commands {
         daemon_bin: Vec<PathBuf>,
         #[arg(long, default_value = "bench-out")]
         out: PathBuf,
+    },
+    /// Regenerate the tables of BENCHMARKS.md from the raw outputs they name: every block
+    /// between `<!-- report:begin KIND SOURCE -->` and `<!-- report:end -->` is rendered again
+    /// from SOURCE (relative to the Markdown file). With --table, print one table instead.
+    Report {
+        /// The Markdown file to update (or check).
+        #[arg(default_value = "BENCHMARKS.md")]
+        markdown: PathBuf,
+        /// Change nothing; exit non-zero if a block differs from its source.
+        #[arg(long)]
+        check: bool,
+        /// Print the table of this kind (single-node, shared-filesystem, peer-pickup,
+        /// cluster, multinode, segments, data-path, transport, python-ranks, memory) from
+        /// --source, instead of updating a file.
+        #[arg(long, requires = "source")]
+        table: Option<String>,
+        /// The raw output to render --table from.
+        #[arg(long)]
+        source: Option<PathBuf>,
     },
     /// Write an initial cache file with S existing entries.
     Generate {
@@ -324,6 +344,45 @@ fn main() -> Result<()> {
             let table = tunecache_bench::segments::markdown(&rows);
             std::fs::write(out.join("segments.md"), &table)?;
             println!("{table}");
+        }
+        Commands::Report {
+            markdown,
+            check,
+            table,
+            source,
+        } => {
+            use tunecache_bench::current;
+            if let (Some(kind), Some(source)) = (table, source) {
+                print!(
+                    "{}",
+                    current::render(&kind, &current::read_source(&source)?)?
+                );
+                return Ok(());
+            }
+            let blocks = if check {
+                current::check(&markdown)?
+            } else {
+                current::update(&markdown)?
+            };
+            let mut stale = 0;
+            for block in &blocks {
+                let what = match block.outcome {
+                    current::Outcome::Unchanged => "up to date",
+                    current::Outcome::Changed if check => {
+                        stale += 1;
+                        "differs from its source"
+                    }
+                    current::Outcome::Changed => "rewritten",
+                    current::Outcome::SourceMissing => "kept as recorded (source missing)",
+                };
+                eprintln!("{} <- {}: {what}", block.kind, block.source.display());
+            }
+            anyhow::ensure!(
+                stale == 0,
+                "{stale} table(s) in {} differ from their sources: run `tunecache-bench report {}`",
+                markdown.display(),
+                markdown.display()
+            );
         }
         Commands::Generate {
             cache,

@@ -1,6 +1,7 @@
 //! End-to-end check of `tunecache-bench suite --quick` through the real binaries (daemon,
 //! rank processes, slowfs when /dev/fuse exists, the Python client when its venv exists):
-//! every output file is written and every expected row is present with finite numbers.
+//! every output file is written and every expected row is present with finite numbers, and
+//! the results render as the BENCHMARKS.md tables (`tunecache-bench report --table`).
 //! With the client's venv present the Python ranks run too (`--python`), and every rank of every
 //! system must load the shared entries and its own, no more. No timing assertions: the quick suite judges nothing.
 
@@ -222,4 +223,37 @@ fn quick_suite_writes_every_row() {
         String::from_utf8_lossy(&output.stderr)
     );
     check_outputs(out.path(), python);
+    check_report_tables(out.path(), python);
+}
+
+/// The quick run's results.json renders as the BENCHMARKS.md tables (`report --table`), with a
+/// row per R of the matrix.
+fn check_report_tables(out: &Path, python: bool) {
+    let source = out.join("results.json");
+    let mut kinds = vec!["single-node", "peer-pickup", "memory"];
+    if Path::new("/dev/fuse").exists() {
+        kinds.push("shared-filesystem");
+    }
+    if python {
+        kinds.push("python-ranks");
+    }
+    for kind in kinds {
+        let output = Command::new(env!("CARGO_BIN_EXE_tunecache-bench"))
+            .args(["report", "--table", kind, "--source"])
+            .arg(&source)
+            .output()
+            .expect("run tunecache-bench report");
+        assert!(
+            output.status.success(),
+            "report --table {kind}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let table = String::from_utf8(output.stdout).expect("UTF-8 table");
+        let rows = table.lines().filter(|line| line.starts_with("| ")).count();
+        assert!(rows >= 2, "{kind}: no rows in\n{table}");
+        assert!(
+            !table.contains("NaN"),
+            "{kind}: a figure is missing in\n{table}"
+        );
+    }
 }

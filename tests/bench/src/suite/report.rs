@@ -7,6 +7,8 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+use tunecache_bench::current::{bytes, ms, times};
+
 use super::{PythonFloor, ScenarioRow, SuiteResults};
 
 pub const JSON_NAME: &str = "results.json";
@@ -34,29 +36,6 @@ fn system_label(system: &str) -> &str {
         "filelock-after" | "after" => "after",
         "filelock-py-before" | "before-py" => "before-py",
         other => other,
-    }
-}
-
-fn ms(value: f64) -> String {
-    if value >= 10_000.0 {
-        format!("{:.1} s", value / 1e3)
-    } else if value >= 100.0 {
-        format!("{value:.0} ms")
-    } else if value >= 1.0 {
-        format!("{value:.1} ms")
-    } else {
-        format!("{value:.2} ms")
-    }
-}
-
-fn bytes(value: u64) -> String {
-    let value = value as f64;
-    if value >= 1024.0 * 1024.0 {
-        format!("{:.1} MiB", value / (1024.0 * 1024.0))
-    } else if value >= 1024.0 {
-        format!("{:.0} KiB", value / 1024.0)
-    } else {
-        format!("{value:.0} B")
     }
 }
 
@@ -573,13 +552,4 @@ fn python_section(out: &mut String, results: &SuiteResults, floor: &PythonFloor)
         }
     }
     let _ = writeln!(out);
-}
-
-/// A ratio with two decimals below 10, one above.
-fn times(ratio: f64) -> String {
-    if ratio < 10.0 {
-        format!("{ratio:.2}x")
-    } else {
-        format!("{ratio:.1}x")
-    }
 }
