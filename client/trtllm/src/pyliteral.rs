@@ -418,6 +418,11 @@ impl<'a> Parser<'a> {
         else {
             return self.error("truncated \\x, \\u or \\U escape");
         };
+        // Python refuses a \U escape past the last code point ("illegal Unicode character");
+        // a lone surrogate (\ud800) it keeps in a str.
+        if escaped == b'U' && u32::from_str_radix(digits, 16).map_or(true, |c| c > 0x10FFFF) {
+            return self.error("\\U escape past U+10FFFF (Python: illegal Unicode character)");
+        }
         if let Some(out) = decoded {
             let c = u32::from_str_radix(digits, 16)
                 .ok()
@@ -660,5 +665,8 @@ mod tests {
         }
         // Checking accepts every escape Python does.
         assert!(parse(r"'\q \ud800 \N{DASH}'").is_ok());
+        // ...and refuses what it refuses: a code point past U+10FFFF.
+        assert!(parse(r"'\U00110000'").is_err());
+        assert!(parse(r"'\U0010FFFF'").is_ok());
     }
 }
