@@ -462,6 +462,50 @@ def _warn_once_daemon_problem(socket_path: str, call: str, problem: Any) -> None
         logger.debug("tunecache: %s failed: %s", call, detail)
 
 
+# --- one client per process, for the framework drop-ins --------------------------------------------
+class ProcessClient:
+    """A Client made on first use and again after a fork (gRPC channels do not survive one),
+    plus a once-per-process warning flag: what a drop-in patched into a framework needs, so
+    that a model never fails because of its cache and the log never floods."""
+
+    def __init__(self, socket: Union[str, os.PathLike, None] = None, timeout: float = DEFAULT_TIMEOUT_S):
+        self.socket = socket
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._client: Optional[Client] = None
+        self._client_pid: Optional[int] = None
+        self._warned_pid: Optional[int] = None
+
+    def client(self) -> Client:
+        """This process's client (raises what Client() raises: UntrustedSocketError...)."""
+        with self._lock:
+            if self._client is None or self._client_pid != os.getpid():
+                self._client = Client(self.socket, timeout=self.timeout)
+                self._client_pid = os.getpid()
+            return self._client
+
+    @property
+    def socket_path(self) -> str:
+        if self._client is not None:
+            return self._client.socket_path
+        return os.fspath(self.socket) if self.socket is not None else "default socket"
+
+    def first_warning(self) -> bool:
+        """True once per process: the caller logs its first problem as a warning, the rest at
+        debug."""
+        with self._lock:
+            first = self._warned_pid != os.getpid()
+            self._warned_pid = os.getpid()
+        return first
+
+
+def describe_problem(problem: Any) -> str:
+    """An RpcError as `CODE: details`, anything else as its text."""
+    if isinstance(problem, grpc.RpcError):
+        return f"{problem.code()}: {problem.details()}"
+    return str(problem)
+
+
 # --- process-wide default client -------------------------------------------------------------------
 _default_client: Optional[Client] = None
 _default_client_pid: Optional[int] = None

@@ -32,7 +32,6 @@ import math
 import os
 import platform
 import sys
-import threading
 import time
 from typing import Any, Dict, Optional
 
@@ -40,7 +39,7 @@ import grpc
 from triton.runtime.cache import CacheManager as _TritonCacheManager
 from triton.runtime.cache import FileCacheManager
 
-from tunecache.client import Client, UntrustedSocketError, pb
+from tunecache.client import ProcessClient, UntrustedSocketError, describe_problem, pb
 
 logger = logging.getLogger("tunecache.triton")
 
@@ -55,29 +54,12 @@ UNORDERED_TIME_US = sys.float_info.max
 CONFIG_FORMAT = "triton-autotune-json-1"
 
 
-class _Daemon:
-    """One client per process (recreated after fork), one warning per process."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._client: Optional[Client] = None
-        self._client_pid: Optional[int] = None
-        self._warned_pid: Optional[int] = None
-
-    def client(self) -> Client:
-        with self._lock:
-            if self._client is None or self._client_pid != os.getpid():
-                self._client = Client()
-                self._client_pid = os.getpid()
-            return self._client
+class _Daemon(ProcessClient):
+    """The default socket's client in this process, and its one warning."""
 
     def warn_once(self, what: str, problem: Any) -> None:
-        with self._lock:
-            first = self._warned_pid != os.getpid()
-            self._warned_pid = os.getpid()
-        if isinstance(problem, grpc.RpcError):
-            problem = f"{problem.code()}: {problem.details()}"
-        if first:
+        problem = describe_problem(problem)
+        if self.first_warning():
             logger.warning(
                 "tunecache: %s (%s); Triton's autotune cache uses its own files in this process "
                 "as it would without tunecache. Further fallbacks are logged at DEBUG.",

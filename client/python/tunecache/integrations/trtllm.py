@@ -50,7 +50,14 @@ from typing import Any, Dict, Optional, Tuple
 
 import grpc
 
-from tunecache.client import Client, UntrustedSocketError, pb, refused_entry_index
+from tunecache.client import (
+    Client,
+    ProcessClient,
+    UntrustedSocketError,
+    describe_problem,
+    pb,
+    refused_entry_index,
+)
 
 logger = logging.getLogger("tunecache.trtllm")
 
@@ -93,40 +100,26 @@ def _metadata_of(profiling_cache: Any) -> Dict[str, Any]:
     }
 
 
-class _Bridge:
+class _Bridge(ProcessClient):
     """The daemon side of the patched methods: one client per process, one warning per process."""
 
     def __init__(self, module: Any, socket: Optional[str], timeout: float):
+        super().__init__(socket, timeout)
         self.module = module
-        self.socket = socket
-        self.timeout = timeout
-        self._lock = threading.Lock()
-        self._client: Optional[Client] = None
-        self._client_pid: Optional[int] = None
-        self._warned_pid: Optional[int] = None
 
     def client(self) -> Client:
-        with self._lock:
-            if self._client is None or self._client_pid != os.getpid():
-                try:
-                    self._client = Client(self.socket, timeout=self.timeout)
-                except (UntrustedSocketError, OSError, ValueError) as err:
-                    raise _DaemonUnreachable(str(err)) from err
-                self._client_pid = os.getpid()
-            return self._client
+        try:
+            return super().client()
+        except (UntrustedSocketError, OSError, ValueError) as err:
+            raise _DaemonUnreachable(str(err)) from err
 
     def warn_once(self, call: str, problem: Any) -> None:
-        with self._lock:
-            first = self._warned_pid != os.getpid()
-            self._warned_pid = os.getpid()
-        socket = self._client.socket_path if self._client is not None else (self.socket or "default socket")
-        if isinstance(problem, grpc.RpcError):
-            problem = f"{problem.code()}: {problem.details()}"
-        if first:
+        problem = describe_problem(problem)
+        if self.first_warning():
             logger.warning(
                 "tunecache: daemon at %s unreachable (%s: %s); TensorRT-LLM's autotuner cache uses "
                 "its file instead. Further fallbacks in this process are logged at DEBUG.",
-                socket,
+                self.socket_path,
                 call,
                 problem,
             )
