@@ -210,43 +210,36 @@ async fn export_waits_for_the_writers_lock_and_keeps_what_ranks_saved() {
     );
     std::fs::write(&file, &saved_later).unwrap();
 
+    // While a writer holds `<file>.lock`, export gives up after its timeout and writes nothing.
+    let export_is_held_off = |writer: &str| {
+        let refused = cli(
+            &daemon.socket,
+            &[
+                "export",
+                "--format",
+                "trtllm",
+                "--lock-timeout",
+                "0.5",
+                file.to_str().unwrap(),
+            ],
+        );
+        assert!(
+            !refused.status.success(),
+            "export ignored a {writer} writer"
+        );
+        let stderr = text(&refused.stderr);
+        assert!(
+            stderr.contains("cache.json.lock") && stderr.contains("nothing written"),
+            "{stderr}"
+        );
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), saved_later);
+    };
     let lock = hold_writer_lock(&file);
-    let refused = cli(
-        &daemon.socket,
-        &[
-            "export",
-            "--format",
-            "trtllm",
-            "--lock-timeout",
-            "0.5",
-            file.to_str().unwrap(),
-        ],
-    );
-    assert!(!refused.status.success());
-    let stderr = text(&refused.stderr);
-    assert!(
-        stderr.contains("cache.json.lock") && stderr.contains("nothing written"),
-        "{stderr}"
-    );
-    assert_eq!(std::fs::read_to_string(&file).unwrap(), saved_later);
+    export_is_held_off("flock");
     drop(lock);
-
     // The newest writers' POSIX lock holds export off just the same.
     let posix_lock = hold_writer_lockf(&file);
-    let refused = cli(
-        &daemon.socket,
-        &[
-            "export",
-            "--format",
-            "trtllm",
-            "--lock-timeout",
-            "0.5",
-            file.to_str().unwrap(),
-        ],
-    );
-    assert!(!refused.status.success(), "export ignored a lockf writer");
-    assert!(text(&refused.stderr).contains("nothing written"));
-    assert_eq!(std::fs::read_to_string(&file).unwrap(), saved_later);
+    export_is_held_off("lockf");
     drop(posix_lock);
     let lock = hold_writer_lock(&file);
 
