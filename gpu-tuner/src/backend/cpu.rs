@@ -14,10 +14,10 @@ use tunecache_proto::tuner::problem::{parse_gemm, GemmDtype, GemmProblem};
 
 use super::faults::FaultPlan;
 use super::reference::{naive_matmul, random_operands, reference_entry, GemmShape};
-use super::report::{bound_error, bound_report, REPORT_BUDGET_BYTES};
+use super::report::{bound_error, bound_report, record_timings, REPORT_BUDGET_BYTES};
 use super::{excluded, excluded_text, make_result, tactic_deadline, Backend, SplitMix64};
 use crate::error::TuneError;
-use crate::measure::{measure_interleaved, MeasureConfig, Stats, Timed, TimingMethod};
+use crate::measure::{measure_interleaved, MeasureConfig, Timed, TimingMethod};
 
 /// Problems above this many multiply-adds would take minutes per tactic on a CPU.
 pub const MAX_CPU_GEMM_MACS: u64 = 1 << 32;
@@ -262,19 +262,7 @@ impl CpuBackend {
             announce,
             tactic_deadline(job),
         );
-        let mut ranked: Vec<(usize, Stats)> = Vec::new();
-        for (index, outcome) in measured.outcomes {
-            match outcome {
-                Ok(stats) => {
-                    report[index]["median_us"] = json!(stats.median_us);
-                    report[index]["spread"] = json!(stats.spread);
-                    report[index]["repeats"] = json!(stats.repeats);
-                    ranked.push((index, stats));
-                }
-                Err(error) => report[index]["error"] = json!(error.to_string()),
-            }
-        }
-        ranked.sort_by(|x, y| x.1.median_us.total_cmp(&y.1.median_us));
+        let ranked = record_timings(&mut report, measured.outcomes, "");
 
         // The fastest counts only if it is right on the real problem too (sampled entries);
         // a wrong one is reported and the next fastest is checked.

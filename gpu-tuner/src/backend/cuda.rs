@@ -46,13 +46,15 @@ use tunecache_proto::v1;
 pub use tunecache_proto::tuner::POISONED_EXIT_CODE;
 
 use super::reference::{random_operands, reference_entry_with_magnitude, GemmShape};
-use super::report::{bound_error, bound_report, cut, MAX_FIELD_CHARS, REPORT_BUDGET_BYTES};
+use super::report::{
+    bound_error, bound_report, cut, record_timings, MAX_FIELD_CHARS, REPORT_BUDGET_BYTES,
+};
 use super::{
     excluded, excluded_text, make_result, tactic_deadline, Backend, DeviceChoice, SplitMix64,
 };
 use crate::error::TuneError;
 use crate::measure::{
-    measure_interleaved, rotation_sets, DelayPolicy, MeasureConfig, Stats, Timed, TimingMethod,
+    measure_interleaved, rotation_sets, DelayPolicy, MeasureConfig, Timed, TimingMethod,
 };
 
 /// cuBLASLt algorithms asked of the heuristic.
@@ -1161,30 +1163,13 @@ impl GemmRun {
             announce,
             tactic_deadline(job),
         );
-        let mut best: Option<(usize, Stats)> = None;
-        let mut heuristic0 = None;
-        for (rank, outcome) in measured.outcomes {
-            match outcome {
-                Ok(stats) => {
-                    report[rank]["median_us"] = json!(stats.median_us);
-                    report[rank]["spread"] = json!(stats.spread);
-                    report[rank]["runs_per_sample"] = json!(stats.runs_per_sample);
-                    if rank == 0 {
-                        heuristic0 = Some(stats.median_us);
-                    }
-                    let better = match &best {
-                        None => true,
-                        Some((_, b)) => stats.median_us < b.median_us,
-                    };
-                    if better {
-                        best = Some((rank, stats));
-                    }
-                }
-                Err(error) => report[rank]["error"] = json!(format!("timing: {error}")),
-            }
-        }
+        let ranked = record_timings(&mut report, measured.outcomes, "timing: ");
+        let heuristic0 = ranked
+            .iter()
+            .find(|(rank, _)| *rank == 0)
+            .map(|(_, stats)| stats.median_us);
         let report = bound_report(report, REPORT_BUDGET_BYTES);
-        let Some((best_rank, best_stats)) = best else {
+        let Some((best_rank, best_stats)) = ranked.into_iter().next() else {
             return Err(TuneError::NothingRan(bound_error(&format!(
                 "no cuBLASLt algorithm ran correctly: {}",
                 json!(report)
@@ -1824,32 +1809,12 @@ impl<'a> NvrtcRun<'a> {
             announce,
             tactic_deadline(job),
         );
-        let mut best: Option<(usize, Stats)> = None;
-        for (index, outcome) in measured.outcomes {
-            match outcome {
-                Ok(stats) => {
-                    report[index]["median_us"] = json!(stats.median_us);
-                    report[index]["spread"] = json!(stats.spread);
-                    report[index]["repeats"] = json!(stats.repeats);
-                    report[index]["runs_per_sample"] = json!(stats.runs_per_sample);
-                    let better = match &best {
-                        None => true,
-                        Some((_, b)) => stats.median_us < b.median_us,
-                    };
-                    if better {
-                        best = Some((index, stats));
-                    }
-                }
-                Err(error) => {
-                    errors.insert(index, format!("launch: {error}"));
-                }
-            }
-        }
         for (index, error) in errors {
             report[index]["error"] = json!(error);
         }
+        let ranked = record_timings(&mut report, measured.outcomes, "launch: ");
         let report = bound_report(report, REPORT_BUDGET_BYTES);
-        let Some((winner, stats)) = best else {
+        let Some((winner, stats)) = ranked.into_iter().next() else {
             return Err(TuneError::NothingRan(bound_error(&format!(
                 "no candidate compiled, passed its check and ran: {}",
                 json!(report)
