@@ -3,6 +3,7 @@
 # TuneCache server for testing get_or_tune's flows without the daemon.
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -40,6 +41,17 @@ DAEMON_STOP_TIMEOUT_S = 15.0
 def daemon_binary() -> Path:
     configured = os.environ.get(DAEMON_BIN_ENV, "")
     return Path(configured) if configured else REPO_ROOT / "target" / "debug" / "tunecached"
+
+
+def start_python_worker(script: Path, spec: dict, environment: dict) -> subprocess.Popen:
+    """Runs a test worker script with its JSON spec as the one argument, output captured."""
+    return subprocess.Popen(
+        [sys.executable, str(script), json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+    )
 
 
 def short_temp_dir(prefix: str) -> Path:

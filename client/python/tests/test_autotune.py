@@ -8,8 +8,6 @@ import json
 import logging
 import math
 import os
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -21,7 +19,7 @@ import pytest
 
 import tunecache
 from tunecache.autotuning import measure
-from conftest import PYTHON_PACKAGE_ROOT
+from conftest import PYTHON_PACKAGE_ROOT, start_python_worker
 
 WORKER = Path(__file__).resolve().parent / "autotune_worker.py"
 WORKER_TIMEOUT_S = 240
@@ -32,13 +30,7 @@ def start_worker(socket, spec):
     environment = dict(os.environ)
     environment["PYTHONPATH"] = str(PYTHON_PACKAGE_ROOT)
     environment["TUNECACHE_SOCKET"] = str(socket)
-    return subprocess.Popen(
-        [sys.executable, str(WORKER), json.dumps(spec)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=environment,
-    )
+    return start_python_worker(WORKER, spec, environment)
 
 
 def bench_calls(count_file):

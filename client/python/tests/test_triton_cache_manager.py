@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON_PACKAGE_ROOT
+from conftest import PYTHON_PACKAGE_ROOT, start_python_worker
 
 try:
     import triton  # noqa: F401
@@ -51,13 +50,7 @@ def worker_env(tmp_path, name, socket, manager=True):
 
 
 def start(environment, spec):
-    return subprocess.Popen(
-        [sys.executable, str(WORKER), json.dumps(spec)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=environment,
-    )
+    return start_python_worker(WORKER, spec, environment)
 
 
 def finish(process):
