@@ -274,6 +274,20 @@ impl Client {
         let request = self.request(v1::StatsRequest {}, self.timeout);
         Ok(self.inner.clone().stats(request).await?.into_inner())
     }
+
+    /// Forgets results on every node (see `ForgetRequest`): a scope (an administrator's act),
+    /// or one exact key `only_if` its winner is still the given result. Answers how many
+    /// entries this node dropped.
+    pub async fn forget(&self, forget: v1::ForgetRequest) -> Result<u32> {
+        let request = self.request(forget, self.timeout);
+        Ok(self
+            .inner
+            .clone()
+            .forget(request)
+            .await?
+            .into_inner()
+            .forgotten)
+    }
 }
 
 /// What `Resolve` told the caller to do.

@@ -99,6 +99,7 @@ mod tests {
                 time_us: 1.0,
                 tuned_by: field,
                 tuned_at_unix_ms: i64::MIN,
+                forget_epoch: 0,
             }),
         };
         let lookup = v1::LookupRequest { keys: vec![key; 3] };

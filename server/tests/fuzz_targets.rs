@@ -140,6 +140,7 @@ fn valid_entry() -> impl Strategy<Value = (CacheKey, TunedResult)> {
                     time_us,
                     tuned_by,
                     tuned_at_unix_ms: at,
+                    forget_epoch: 0,
                 };
                 (key, result)
             },
@@ -325,6 +326,7 @@ fn check_journal(bytes: &[u8], expected: &[(CacheKey, TunedResult)]) -> Result<(
             time_us: 1.0,
             tuned_by: String::new(),
             tuned_at_unix_ms: 0,
+            forget_epoch: 0,
         },
     );
     let (key, result) = added.clone();
@@ -591,6 +593,7 @@ fn snapshot_time_reads_back_to_the_same_bits() {
             time_us,
             tuned_by: String::new(),
             tuned_at_unix_ms: i64::MIN,
+            forget_epoch: 0,
         };
         let map: CacheMap = [(key, result)].into_iter().collect();
         let parsed = parse_snapshot(&snapshot_bytes("node-a", 0, &map)).expect("parses");

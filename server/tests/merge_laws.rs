@@ -96,6 +96,7 @@ fn result() -> impl Strategy<Value = TunedResult> {
             time_us,
             tuned_by,
             tuned_at_unix_ms,
+            forget_epoch: 0,
         },
     )
 }

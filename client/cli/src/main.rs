@@ -536,6 +536,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     time_us,
                     tuned_by,
                     tuned_at_unix_ms: tunecache_proto::unix_now_ms(),
+                    forget_epoch: 0,
                 }),
             };
             let response = client

@@ -203,6 +203,7 @@ fn import_entry(
             time_us,
             tuned_by: IMPORTED_BY.to_owned(),
             tuned_at_unix_ms: context.tuned_at_unix_ms,
+            forget_epoch: 0,
         }),
     })
 }

@@ -79,6 +79,7 @@ pub(crate) fn native_entry(
             time_us,
             tuned_by: "rank 0".to_owned(),
             tuned_at_unix_ms: 0,
+            forget_epoch: 0,
         }),
     }
 }

@@ -225,6 +225,7 @@ pub fn decode_result(t: &str, c: String, b: String, a: &str) -> Option<TunedResu
         config: c,
         tuned_by: b,
         tuned_at_unix_ms: decode_at(a)?,
+        forget_epoch: 0,
     };
     crate::model::validate::result("cluster entry", Some(result)).ok()
 }
@@ -240,6 +241,7 @@ mod tests {
             time_us,
             tuned_by: by.into(),
             tuned_at_unix_ms: at,
+            forget_epoch: 0,
         }
     }
 

@@ -659,6 +659,7 @@ mod tests {
                 time_us: f64::from(i),
                 tuned_by: "t".into(),
                 tuned_at_unix_ms: 0,
+                forget_epoch: 0,
             },
             if i.is_multiple_of(2) {
                 Origin::Own

@@ -24,6 +24,9 @@ pub struct TunedResult {
     pub time_us: f64,
     pub tuned_by: String,
     pub tuned_at_unix_ms: i64,
+    /// The stamp of the newest Forget of this key the recording node knew (`model::forget`):
+    /// the first thing the merge rule compares. Assigned by the daemon, never by a client.
+    pub forget_epoch: u64,
 }
 
 /// Where an entry came from: the provenance the store and the journal keep per entry.
@@ -54,6 +57,7 @@ pub struct ResultView<'a> {
     pub time_us: f64,
     pub tuned_by: &'a str,
     pub tuned_at_unix_ms: i64,
+    pub forget_epoch: u64,
 }
 
 impl<'a> KeyView<'a> {
@@ -106,6 +110,7 @@ impl ResultView<'_> {
             time_us: self.time_us,
             tuned_by: self.tuned_by.to_owned(),
             tuned_at_unix_ms: self.tuned_at_unix_ms,
+            forget_epoch: self.forget_epoch,
         }
     }
 }
@@ -154,6 +159,7 @@ impl TunedResult {
             time_us: self.time_us,
             tuned_by: &self.tuned_by,
             tuned_at_unix_ms: self.tuned_at_unix_ms,
+            forget_epoch: self.forget_epoch,
         }
     }
 
@@ -193,6 +199,7 @@ impl From<v1::Result> for TunedResult {
             time_us: result.time_us,
             tuned_by: result.tuned_by,
             tuned_at_unix_ms: result.tuned_at_unix_ms,
+            forget_epoch: result.forget_epoch,
         }
     }
 }
@@ -204,6 +211,7 @@ impl From<TunedResult> for v1::Result {
             time_us: result.time_us,
             tuned_by: result.tuned_by,
             tuned_at_unix_ms: result.tuned_at_unix_ms,
+            forget_epoch: result.forget_epoch,
         }
     }
 }

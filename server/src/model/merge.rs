@@ -58,6 +58,7 @@ mod tests {
             time_us,
             tuned_by: tuned_by.to_owned(),
             tuned_at_unix_ms: at,
+            forget_epoch: 0,
         }
     }
 

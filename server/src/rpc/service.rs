@@ -315,4 +315,11 @@ impl TuneCache for TuneCacheService {
             devices: self.tuner.devices(),
         }))
     }
+
+    async fn forget(
+        &self,
+        _request: Request<v1::ForgetRequest>,
+    ) -> Result<Response<v1::ForgetResponse>, Status> {
+        Err(Status::unimplemented("Forget: not yet"))
+    }
 }

@@ -548,6 +548,7 @@ fn validated(entry: EntryIn) -> Option<StoredEntry> {
         time_us: entry.time_us,
         tuned_by: entry.tuned_by,
         tuned_at_unix_ms: entry.tuned_at_unix_ms,
+        forget_epoch: 0,
     };
     let key = validate::key("snapshot entry key", Some(key)).ok()?;
     let result = validate::result("snapshot entry result", Some(result)).ok()?;
@@ -576,6 +577,7 @@ mod tests {
                     time_us: i as f64 * 0.25 + 1.0,
                     tuned_by: "node-a/rank0".into(),
                     tuned_at_unix_ms: 1_700_000_000_000 + i as i64,
+                    forget_epoch: 0,
                 };
                 (key, result)
             })

@@ -892,6 +892,7 @@ mod tests {
             time_us,
             tuned_by: "t".into(),
             tuned_at_unix_ms: 1,
+            forget_epoch: 0,
         };
         (key, result)
     }

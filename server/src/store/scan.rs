@@ -134,6 +134,7 @@ mod tests {
             time_us: 1.0,
             tuned_by: "t".to_owned(),
             tuned_at_unix_ms: 0,
+            forget_epoch: 0,
         }
     }
 

@@ -265,6 +265,7 @@ mod tests {
             time_us,
             tuned_by: "node-a/rank-3".into(),
             tuned_at_unix_ms: tuned_at,
+            forget_epoch: 0,
         }
     }
 

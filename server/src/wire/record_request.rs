@@ -76,6 +76,7 @@ mod tests {
                 time_us: i as f64,
                 tuned_by: "t".into(),
                 tuned_at_unix_ms: 1,
+                forget_epoch: 0,
             }),
         }
     }

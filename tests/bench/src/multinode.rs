@@ -153,6 +153,7 @@ async fn run_rank(
                     time_us: 10.0 + problem as f64,
                     tuned_by: tuned_by.clone(),
                     tuned_at_unix_ms: 0,
+                    forget_epoch: 0,
                 })
             })
             .await;

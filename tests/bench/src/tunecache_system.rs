@@ -63,6 +63,7 @@ pub fn daemon_entry(key: &str, entry: &CacheEntry, rank: Option<u32>) -> v1::Ent
                 None => "bench/shared".to_owned(),
             },
             tuned_at_unix_ms: TUNED_AT_UNIX_MS,
+            forget_epoch: 0,
         }),
     }
 }

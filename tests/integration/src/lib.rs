@@ -301,6 +301,7 @@ pub fn entry(key: proto::Key, config: &str, time_us: f64, tuned_by: &str) -> pro
             time_us,
             tuned_by: tuned_by.to_owned(),
             tuned_at_unix_ms: 1_700_000_000_000,
+            forget_epoch: 0,
         }),
     }
 }

@@ -271,6 +271,7 @@ async fn expiry_timeout_and_give_up() {
         time_us: 3.5,
         tuned_by: "me".into(),
         tuned_at_unix_ms: 1,
+        forget_epoch: 0,
     };
     let entry = proto::Entry {
         key: Some(k("give-up")),
@@ -409,6 +410,7 @@ async fn a_refused_record_gives_the_lease_up_so_a_waiter_tunes_at_once() {
                         time_us: f64::NAN,
                         tuned_by: "holder".into(),
                         tuned_at_unix_ms: 1,
+                        forget_epoch: 0,
                     })
                 })
                 .await

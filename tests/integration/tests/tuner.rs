@@ -270,6 +270,7 @@ async fn a_malformed_problem_is_invalid_argument() {
                 time_us: 1.0,
                 tuned_by: "t".into(),
                 tuned_at_unix_ms: 0,
+                forget_epoch: 0,
             }),
         };
         let error = client.record(vec![entry]).await.unwrap_err();

@@ -51,6 +51,11 @@ pub(super) fn result_body_len(result: &ResultView<'_>) -> usize {
         } else {
             0
         }
+        + if result.forget_epoch != 0 {
+            encoding::uint64::encoded_len(5, &result.forget_epoch)
+        } else {
+            0
+        }
 }
 
 /// A length-delimited field of a field number below 16 (one tag byte).
@@ -88,6 +93,9 @@ pub(super) fn put_record(key: &KeyView<'_>, result: &ResultView<'_>, buf: &mut V
     put_string(3, result.tuned_by, buf);
     if result.tuned_at_unix_ms != 0 {
         encoding::int64::encode(4, &result.tuned_at_unix_ms, buf);
+    }
+    if result.forget_epoch != 0 {
+        encoding::uint64::encode(5, &result.forget_epoch, buf);
     }
     problem_at
 }
@@ -139,6 +147,7 @@ pub(super) fn parse_result(mut body: &[u8]) -> Option<ResultView<'_>> {
         time_us: 0.0,
         tuned_by: "",
         tuned_at_unix_ms: 0,
+        forget_epoch: 0,
     };
     while !body.is_empty() {
         match decode_key(&mut body).ok()? {
@@ -150,6 +159,7 @@ pub(super) fn parse_result(mut body: &[u8]) -> Option<ResultView<'_>> {
             (4, WireType::Varint) => {
                 result.tuned_at_unix_ms = decode_varint(&mut body).ok()? as i64
             }
+            (5, WireType::Varint) => result.forget_epoch = decode_varint(&mut body).ok()?,
             _ => return None,
         }
     }
@@ -188,4 +198,5 @@ pub(super) const EMPTY_RESULT: ResultView<'static> = ResultView {
     time_us: 0.0,
     tuned_by: "",
     tuned_at_unix_ms: 0,
+    forget_epoch: 0,
 };

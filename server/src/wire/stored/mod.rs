@@ -52,6 +52,7 @@ mod tests {
             time_us,
             tuned_by: tuned_by.into(),
             tuned_at_unix_ms: at,
+            forget_epoch: 0,
         }
     }
 

@@ -532,6 +532,7 @@ async fn measure_pickup(
                 time_us: 1.0,
                 tuned_by: "bench/pickup".to_owned(),
                 tuned_at_unix_ms: 1_700_000_000_000,
+                forget_epoch: 0,
             }),
         };
         let recorded = Instant::now();

@@ -391,6 +391,7 @@ async fn measure_rust(
                 time_us: 1.0,
                 tuned_by: "bench/record".to_owned(),
                 tuned_at_unix_ms: 1_700_000_000_000,
+                forget_epoch: 0,
             }),
         };
         async move {

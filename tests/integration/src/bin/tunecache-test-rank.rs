@@ -88,6 +88,7 @@ async fn main() -> anyhow::Result<()> {
                     time_us: 10.0 + index as f64,
                     tuned_by: format!("rank-pid-{pid}"),
                     tuned_at_unix_ms: 0,
+                    forget_epoch: 0,
                 })
             })
             .await;
