@@ -112,6 +112,37 @@ pub struct Config {
     )]
     pub allow_gid: Vec<String>,
 
+    /// Also let this uid run a scope Forget (repeatable, or comma-separated): an
+    /// administrator's act. Root and the daemon's own uid always may; a Forget of one key
+    /// with `only_if` is open to every allowed caller.
+    #[arg(
+        long,
+        env = "TUNECACHE_ADMIN_UID",
+        value_delimiter = ',',
+        value_name = "UID"
+    )]
+    pub admin_uid: Vec<u32>,
+
+    /// Also let members of this group (name or gid, primary or supplementary) run a scope
+    /// Forget (repeatable, or comma-separated).
+    #[arg(
+        long,
+        env = "TUNECACHE_ADMIN_GID",
+        value_delimiter = ',',
+        value_name = "NAME|GID"
+    )]
+    pub admin_gid: Vec<String>,
+
+    /// Keep each Forget's tombstone this many days, so that no replica (a node that was
+    /// down, an old shared-directory file) brings its entries back (docs/forget.md).
+    #[arg(
+        long,
+        env = "TUNECACHE_FORGET_RETENTION_DAYS",
+        default_value_t = 90,
+        value_name = "DAYS"
+    )]
+    pub forget_retention_days: u32,
+
     /// Exit cleanly (as on SIGTERM) once no client has called for this many seconds.
     #[arg(long, env = "TUNECACHE_EXIT_WHEN_IDLE", value_name = "SECS")]
     pub exit_when_idle: Option<u64>,

@@ -114,6 +114,13 @@ pub enum Error {
     SharedDirUnsafe(String),
 
     // Refused requests.
+    /// A scope Forget from a caller who is not an administrator.
+    #[error(
+        "a scope Forget is an administrator's act: uid {uid} is not an --admin-uid ({admins}) \
+         and in no --admin-gid; a Forget of one key with only_if is open to every caller"
+    )]
+    NotAdmin { uid: String, admins: String },
+
     /// A request field failed validation; names the element and field.
     #[error(transparent)]
     InvalidField(#[from] InvalidField),
@@ -194,7 +201,9 @@ impl Error {
             | Error::SharedDirUnavailable(_)
             | Error::SharedDirUnsafe(_)
             | Error::SharedDirStuck { .. } => Code::Unavailable,
-            Error::UnknownCaller | Error::CallerNotAllowed { .. } => Code::PermissionDenied,
+            Error::UnknownCaller | Error::CallerNotAllowed { .. } | Error::NotAdmin { .. } => {
+                Code::PermissionDenied
+            }
             Error::NoSharedDir => Code::FailedPrecondition,
             Error::SharedDirTimeout { .. } => Code::DeadlineExceeded,
             _ => Code::Internal,

@@ -175,7 +175,14 @@ pub async fn run(
     )
     .with_connection_limits(connection_limits.clone())
     .with_request_limits(request_limits.clone())
-    .with_previous_shutdown(previous_shutdown);
+    .with_previous_shutdown(previous_shutdown)
+    .with_admins(crate::ops::access::AccessPolicy::new(
+        &config.admin_uid,
+        &config.admin_gid,
+    )?);
+    store.set_forget_retention(Duration::from_secs(
+        u64::from(config.forget_retention_days) * 24 * 3600,
+    ));
     if let Some(cluster) = &cluster {
         service = service.with_cluster(cluster.clone());
     }

@@ -186,6 +186,7 @@ fn encode_batch(entries: &[(CacheKey, TunedResult)]) -> Vec<u8> {
     JournalBatch {
         entries: entries.iter().map(|(k, r)| to_wire_entry(k, r)).collect(),
         learned: Vec::new(),
+        forgets: Vec::new(),
     }
     .encode_to_vec()
 }

@@ -265,6 +265,8 @@ impl Follower {
     /// published meanwhile is read from the streams afterwards.
     async fn bootstrap(&mut self, conn: &mut Conn) -> Result<(), Failure> {
         let started = Instant::now();
+        // Tombstones before entries: a forgotten entry still in Redis is never served here.
+        super::forget::load_all(&self.cluster, conn).await?;
         let positions = (0..SHARDS).map(|shard| {
             let mut conn = conn.clone();
             let mut invocation = scripts::POSITION.prepare_invoke();

@@ -5,13 +5,17 @@
 //! `{sNN}` starts each of its names, so on Redis Cluster the entry, its lease, the shard's
 //! stream and the shard's meta hash share one slot, and one script can store a result and
 //! announce it atomically:
-//! - entry `<prefix>e:{sNN}<json K>`: fields `t` (time, sortable hex), `c` (config), `b`
+//! - entry `<prefix>e:{sNN}<json K>`: fields `t` (the forget epoch, inverted, then the time:
+//!   32 sortable hex digits, so a higher epoch sorts first; 16 digits, the time alone, were
+//!   written before Forget existed and read as epoch 0), `c` (config), `b`
 //!   (tuned_by), `a` (tuned_at, sortable hex), `s` (the shard sequence number it was last
 //!   written at);
 //! - cluster lease `<prefix>l:{sNN}<json K>`;
 //! - stream `<prefix>log:{sNN}`: one message per stored winner, carrying its `s`;
 //! - meta `<prefix>m:{sNN}`: `s` (last sequence number), `n` (entries), `x` (digest: the
-//!   XOR of every entry's `entry_digest`), which the audit compares with what a node holds.
+//!   XOR of every entry's `entry_digest`), which the audit compares with what a node holds;
+//! - tombstones `<prefix>forgets:{f}` (scope text → stamp) and their stream
+//!   `<prefix>flog:{f}`: the Forgets of every node (`cluster::forget`).
 
 use crate::model::entry::{CacheKey, TunedResult};
 
@@ -139,6 +143,16 @@ impl Layout {
         format!("{}m:{{s{shard:02}}}", self.prefix)
     }
 
+    /// The tombstones of every node's Forgets: scope text → stamp (16 hex digits).
+    pub fn forgets(&self) -> String {
+        format!("{}forgets:{{f}}", self.prefix)
+    }
+
+    /// The stream announcing each new tombstone.
+    pub fn forget_log(&self) -> String {
+        format!("{}flog:{{f}}", self.prefix)
+    }
+
     /// A random marker written once per server lifetime: when it changes, the server was
     /// flushed or replaced, and this node republishes its winners.
     pub fn epoch(&self) -> String {
@@ -211,21 +225,45 @@ fn parse_hex16(text: &str) -> Option<u64> {
 /// The four stored fields of a result, in the merge rule's order of comparison.
 pub fn encode_result(result: &TunedResult) -> [String; 4] {
     [
-        encode_time(result.time_us),
+        encode_epoch_time(result.forget_epoch, result.time_us),
         result.config.clone(),
         result.tuned_by.clone(),
         encode_at(result.tuned_at_unix_ms),
     ]
 }
 
+/// The `t` field: the epoch inverted (a higher epoch sorts first), then the time.
+pub fn encode_epoch_time(epoch: u64, time_us: f64) -> String {
+    format!("{}{}", encode_stamp(!epoch), encode_time(time_us))
+}
+
+/// A stamp or an inverted epoch as 16 hex digits.
+pub fn encode_stamp(stamp: u64) -> String {
+    format!("{stamp:016x}")
+}
+
+pub fn decode_stamp(text: &str) -> Option<u64> {
+    parse_hex16(text)
+}
+
+/// Reads `t`: 32 digits (epoch and time), or 16 (time only, written before Forget: epoch 0).
+pub fn decode_epoch_time(t: &str) -> Option<(u64, f64)> {
+    if t.len() == 16 {
+        return Some((0, decode_time(t)?));
+    }
+    let (epoch, time) = t.split_at_checked(16)?;
+    Some((!parse_hex16(epoch)?, decode_time(time)?))
+}
+
 /// A result read back from Redis, checked like a Record (a corrupt field is refused).
 pub fn decode_result(t: &str, c: String, b: String, a: &str) -> Option<TunedResult> {
+    let (forget_epoch, time_us) = decode_epoch_time(t)?;
     let result = tunecache_proto::v1::Result {
-        time_us: decode_time(t)?,
+        time_us,
         config: c,
         tuned_by: b,
         tuned_at_unix_ms: decode_at(a)?,
-        forget_epoch: 0,
+        forget_epoch,
     };
     crate::model::validate::result("cluster entry", Some(result)).ok()
 }

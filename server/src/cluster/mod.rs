@@ -9,6 +9,7 @@
 //! Resolve fall back to node-local coordination after the cluster timeout.
 
 mod follow;
+mod forget;
 pub mod keys;
 mod lease;
 mod link;
@@ -158,6 +159,9 @@ pub struct ClusterCounters {
     pub resync_entries: AtomicU64,
     /// Stream messages from another daemon that uses this node's name.
     pub name_conflicts: AtomicU64,
+    /// This node's Forgets Redis stored and announced; tombstones read from Redis.
+    pub forgets_published: AtomicU64,
+    pub forgets_learned: AtomicU64,
 }
 
 /// The publish queue: the newest changed result per key, bounded. On overflow it is cleared
@@ -184,6 +188,9 @@ pub struct Cluster {
     token_counter: AtomicU64,
     slow_claims: AtomicU64,
     pending: Mutex<Pending>,
+    /// Tombstones of this node's Forgets waiting to be published (few: administrators'
+    /// acts and broken-config reports; bounded by `publish_queue_limit`).
+    pending_forgets: Mutex<Vec<crate::model::forget::Tombstone>>,
     publish_wake: tokio::sync::Notify,
     /// Set when every local winner must be published again (queue overflow, flushed server).
     republish_all: AtomicBool,
@@ -230,6 +237,7 @@ impl Cluster {
             token_counter: AtomicU64::new(0),
             slow_claims: AtomicU64::new(0),
             pending: Mutex::default(),
+            pending_forgets: Mutex::default(),
             publish_wake: tokio::sync::Notify::new(),
             republish_all: AtomicBool::new(false),
             bootstrapped: AtomicBool::new(false),
@@ -248,6 +256,7 @@ impl Cluster {
         );
         tokio::spawn(link.run(stop.clone()));
         tokio::spawn(publish::run(Arc::clone(&cluster), stop.clone()));
+        tokio::spawn(forget::run(Arc::clone(&cluster), stop.clone()));
         tokio::spawn(follow::run(Arc::clone(&cluster), stop));
         cluster
     }
@@ -420,6 +429,8 @@ impl crate::rpc::stats::FillStats for Cluster {
         stats.cluster_resync_entries = load(&c.resync_entries);
         stats.cluster_publish_queue_limit = self.publish_queue_limit as u64;
         stats.cluster_name_conflicts = load(&c.name_conflicts);
+        stats.cluster_forgets_published = load(&c.forgets_published);
+        stats.cluster_forgets_learned = load(&c.forgets_learned);
     }
 
     fn fill_stats_absent(stats: &mut v1::StatsResponse) {
@@ -453,5 +464,25 @@ impl ChangeListener for ChangeFeed {
         if queued || cluster.republish_all.load(Ordering::Relaxed) {
             cluster.publish_wake.notify_one();
         }
+    }
+
+    /// Forgets asked of this node go to Redis; those learned elsewhere are there already
+    /// (or in the shared directory, whose writer announces them itself).
+    fn forgotten(&self, forgets: &[crate::store::ForgetChange]) {
+        let Some(cluster) = self.0.upgrade() else {
+            return;
+        };
+        let mut pending = crate::sync::lock(&cluster.pending_forgets);
+        for forget in forgets.iter().filter(|f| f.source == Source::Forget) {
+            if pending.len() >= cluster.publish_queue_limit {
+                // Bounded: the full republish publishes every tombstone this node holds.
+                pending.clear();
+                cluster.republish_all.store(true, Ordering::Relaxed);
+                break;
+            }
+            pending.push(forget.tombstone.clone());
+        }
+        drop(pending);
+        cluster.publish_wake.notify_one();
     }
 }

@@ -46,6 +46,18 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
                 continue;
             }
         }
+        let forgets = take_forgets(&cluster);
+        if !forgets.is_empty() {
+            if let Err(why) = super::forget::publish(&cluster, &conn, &forgets).await {
+                put_back_forgets(&cluster, forgets);
+                cluster.link.failed(generation, &why);
+                wait_reconnect(&cluster, generation, &stop).await;
+                if stop.is_cancelled() {
+                    return;
+                }
+                continue;
+            }
+        }
         let batch: Vec<(CacheKey, TunedResult)> = {
             let mut pending = cluster.lock_pending();
             let keys: Vec<CacheKey> = pending.entries.keys().take(BATCH).cloned().collect();
@@ -59,6 +71,10 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
             batch
         };
         if batch.is_empty() {
+            let forgets_waiting = !crate::sync::lock(&cluster.pending_forgets).is_empty();
+            if forgets_waiting {
+                continue;
+            }
             tokio::select! {
                 () = cluster.publish_wake.notified() => {}
                 () = stop.cancelled() => return,
@@ -86,6 +102,17 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
     }
 }
 
+fn take_forgets(cluster: &Cluster) -> Vec<crate::model::forget::Tombstone> {
+    std::mem::take(&mut *crate::sync::lock(&cluster.pending_forgets))
+}
+
+/// Puts tombstones that failed to publish back in front of any queued meanwhile.
+fn put_back_forgets(cluster: &Cluster, forgets: Vec<crate::model::forget::Tombstone>) {
+    let mut pending = crate::sync::lock(&cluster.pending_forgets);
+    let newer = std::mem::replace(&mut *pending, forgets);
+    pending.extend(newer);
+}
+
 async fn wait_reconnect(cluster: &Cluster, generation: u64, stop: &CancellationToken) {
     tokio::select! {
         () = cluster.link.wait_newer(generation) => {}
@@ -96,6 +123,11 @@ async fn wait_reconnect(cluster: &Cluster, generation: u64, stop: &CancellationT
 /// Publishes every entry of the store: after a flushed or replaced server, or a queue
 /// overflow.
 async fn republish_all(cluster: &Arc<Cluster>, conn: Conn) -> Result<(), String> {
+    // Tombstones first: a node bootstrapping meanwhile never takes a forgotten entry for live.
+    let tombstones: Vec<_> = cluster.store.tombstones().iter().collect();
+    if !tombstones.is_empty() {
+        super::forget::publish(cluster, &conn, &tombstones).await?;
+    }
     let map = cluster.store.current();
     tracing::info!(
         entries = map.len(),

@@ -22,12 +22,23 @@ local function cmp(a, b)
   end
   if #a < #b then return -1 else return 1 end
 end
+-- A `t` written before Forget existed has no epoch part: it reads as epoch 0.
+local function full_t(t)
+  if #t == 16 then return 'ffffffffffffffff' .. t end
+  return t
+end
 local function beats(new, cur)
-  for i = 1, 4 do
-    local r = cmp(new[i], cur[i] or '')
+  local r = cmp(full_t(new[1]), full_t(cur[1] or ''))
+  if r ~= 0 then return r < 0 end
+  for i = 2, 4 do
+    r = cmp(new[i], cur[i] or '')
     if r ~= 0 then return r < 0 end
   end
   return false
+end
+local function digest(t, c, b, a)
+  local h = redis.sha1hex(KEYS[1] .. '\0' .. t .. a .. #c .. ':' .. c .. b)
+  return tonumber(string.sub(h, 1, 8), 16), tonumber(string.sub(h, 9, 16), 16)
 end
 ";
 
@@ -44,10 +55,6 @@ end
 pub static MERGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{COMPARE}
-local function digest(t, c, b, a)
-  local h = redis.sha1hex(KEYS[1] .. '\\0' .. t .. a .. #c .. ':' .. c .. b)
-  return tonumber(string.sub(h, 1, 8), 16), tonumber(string.sub(h, 9, 16), 16)
-end
 local cur = redis.call('HMGET', KEYS[1], 't', 'c', 'b', 'a')
 redis.call('DEL', KEYS[2])
 if cur[1] then
@@ -74,6 +81,47 @@ redis.call('HSET', KEYS[4], 'x', bit.tohex(hi, 8) .. bit.tohex(lo, 8))
 redis.call('HSET', KEYS[1], 't', ARGV[1], 'c', ARGV[2], 'b', ARGV[3], 'a', ARGV[4], 's', seq)
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 'k', ARGV[5], 't', ARGV[1],
   'c', ARGV[2], 'b', ARGV[3], 'a', ARGV[4], 'n', ARGV[6], 's', seq)
+return 1
+"
+    ))
+});
+
+/// KEYS: the tombstone hash, the forget stream (one slot: tag `{f}`). ARGV: the scope's text,
+/// the stamp (16 hex digits), the tombstone's text, node id, stream length kept.
+///
+/// Stores a Forget's tombstone unless the hash holds that scope with a stamp at least as
+/// high, and announces it on the forget stream in the same step: returns 1, else 0.
+pub static FORGET: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{COMPARE}
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur and cmp(cur, ARGV[2]) >= 0 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'f', ARGV[3], 'n', ARGV[4])
+return 1
+"
+    ))
+});
+
+/// KEYS: entry, the shard's meta. ARGV: the tombstone's stamp, inverted, as 16 hex digits
+/// (the form of the epoch part of `t`).
+///
+/// Deletes the entry if a tombstone with that stamp drops it (its epoch is lower), taking it
+/// out of the shard's count and digest: returns 1, else 0. The caller checked the scope.
+pub static FORGET_ENTRY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{COMPARE}
+local cur = redis.call('HMGET', KEYS[1], 't', 'c', 'b', 'a')
+if not cur[1] then return 0 end
+cur = {{cur[1], cur[2] or '', cur[3] or '', cur[4] or ''}}
+if cmp(string.sub(full_t(cur[1]), 1, 16), ARGV[1]) <= 0 then return 0 end
+redis.call('DEL', KEYS[1])
+local x = redis.call('HGET', KEYS[2], 'x') or '0000000000000000'
+local hi, lo = tonumber(string.sub(x, 1, 8), 16), tonumber(string.sub(x, 9, 16), 16)
+local ohi, olo = digest(cur[1], cur[2], cur[3], cur[4])
+hi, lo = bit.bxor(hi, ohi), bit.bxor(lo, olo)
+redis.call('HSET', KEYS[2], 'x', bit.tohex(hi, 8) .. bit.tohex(lo, 8))
+redis.call('HINCRBY', KEYS[2], 'n', -1)
 return 1
 "
     ))
@@ -144,7 +192,16 @@ return 0
 /// Loads every script, so the first call on a new connection is one round trip (EVALSHA),
 /// not three (EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA).
 pub async fn load_all<C: redis::aio::ConnectionLike>(conn: &mut C) -> redis::RedisResult<()> {
-    for script in [&*MERGE, &*POSITION, &*META, &*ACQUIRE, &*RENEW, &*RELEASE] {
+    for script in [
+        &*MERGE,
+        &*POSITION,
+        &*META,
+        &*ACQUIRE,
+        &*RENEW,
+        &*RELEASE,
+        &*FORGET,
+        &*FORGET_ENTRY,
+    ] {
         script.load_async(conn).await?;
     }
     Ok(())

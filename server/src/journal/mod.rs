@@ -22,7 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
-use tunecache_proto::journal::v1::JournalBatch;
+use tunecache_proto::journal::v1::{JournalBatch, Tombstone as JournalTombstone};
+
+use crate::model::forget::{ForgetScope, RankScope, Tombstone};
 
 use crate::error::{Error, Result};
 use crate::model::entry::{CacheKey, Origin, TunedResult};
@@ -80,6 +82,9 @@ pub struct ReplayReport {
     /// Where the damaged file was kept, or why it could not be (best effort: a full disk
     /// must not stop the start).
     pub kept_copy: Option<std::result::Result<PathBuf, String>>,
+    /// The tombstones of Forgets, with their provenance: the store applies them after every
+    /// entry (the merge rule does not depend on the order).
+    pub tombstones: Vec<(Tombstone, Origin)>,
 }
 
 /// Device and inode of a file: what "the same file" means across a rename.
@@ -176,6 +181,74 @@ pub type JournalEntry = (CacheKey, TunedResult, Origin);
 /// the field a stored record is already encoded as.
 const LEARNED_TAG: u8 = 2 << 3 | 2;
 
+/// A tombstone as the journal writes it.
+fn tombstone_record(tombstone: &Tombstone, origin: Origin) -> JournalTombstone {
+    let scope = &tombstone.scope;
+    let (rank, every_rank) = match scope.rank {
+        RankScope::Every => (None, true),
+        RankScope::Shared => (None, false),
+        RankScope::Rank(n) => (Some(n), false),
+    };
+    JournalTombstone {
+        namespace: scope.namespace.clone(),
+        op: scope.op.clone(),
+        device: scope.device.clone(),
+        problem: scope.problem.clone(),
+        rank,
+        every_rank,
+        stamp: tombstone.stamp,
+        learned: origin == Origin::Learned,
+    }
+}
+
+fn tombstone_from_record(record: JournalTombstone) -> (Tombstone, Origin) {
+    let rank = match (record.every_rank, record.rank) {
+        (true, _) => RankScope::Every,
+        (false, None) => RankScope::Shared,
+        (false, Some(n)) => RankScope::Rank(n),
+    };
+    let tombstone = Tombstone {
+        scope: ForgetScope {
+            namespace: record.namespace,
+            op: record.op,
+            device: record.device,
+            problem: record.problem,
+            rank,
+        },
+        stamp: record.stamp,
+    };
+    let origin = if record.learned {
+        Origin::Learned
+    } else {
+        Origin::Own
+    };
+    (tombstone, origin)
+}
+
+/// Encodes tombstones as one frame (they are few: subsumed ones are not kept).
+fn encode_tombstone_frame(tombstones: &[(Tombstone, Origin)], out: &mut Vec<u8>) {
+    if tombstones.is_empty() {
+        return;
+    }
+    let batch = JournalBatch {
+        forgets: tombstones
+            .iter()
+            .map(|(tombstone, origin)| tombstone_record(tombstone, *origin))
+            .collect(),
+        ..Default::default()
+    };
+    frame_payload(&batch.encode_to_vec(), out);
+}
+
+/// Appends the frame header and `payload`.
+fn frame_payload(payload: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&MAGIC);
+    // Frames are split well below u32::MAX (TARGET_FRAME_PAYLOAD), so the cast is exact.
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
 /// Encodes one frame. The payload is the `JournalBatch` prost would write: every own entry
 /// (field 1), then every learned one (field 2), each copied from its stored record.
 fn encode_frame(entries: &[(&StoredEntry, Origin)], out: &mut Vec<u8>) {
@@ -188,11 +261,7 @@ fn encode_frame(entries: &[(&StoredEntry, Origin)], out: &mut Vec<u8>) {
         payload.push(LEARNED_TAG);
         payload.extend_from_slice(&entry.record()[1..]);
     }
-    out.extend_from_slice(&MAGIC);
-    // Frames are split well below u32::MAX (TARGET_FRAME_PAYLOAD), so the cast is exact.
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-    out.extend_from_slice(&payload);
+    frame_payload(&payload, out);
 }
 
 /// Encodes entries as frames of about `TARGET_FRAME_PAYLOAD` bytes each.
@@ -378,6 +447,9 @@ impl Journal {
                                     apply(key.into(), result.into(), origin);
                                 }
                             }
+                            report
+                                .tombstones
+                                .extend(batch.forgets.into_iter().map(tombstone_from_record));
                             pos = payload_end;
                             continue;
                         }
@@ -547,6 +619,18 @@ impl Journal {
     pub fn append_stored(&mut self, entries: &[(StoredEntry, Origin)]) -> Result<u64> {
         self.ensure_writable()?;
         let bytes = encode_frames(entries.iter().map(|(entry, origin)| (entry, *origin)));
+        self.append_bytes(bytes)
+    }
+
+    /// Appends tombstones as one frame, like `append_stored`.
+    pub fn append_tombstones(&mut self, tombstones: &[(Tombstone, Origin)]) -> Result<u64> {
+        self.ensure_writable()?;
+        let mut bytes = Vec::new();
+        encode_tombstone_frame(tombstones, &mut bytes);
+        self.append_bytes(bytes)
+    }
+
+    fn append_bytes(&mut self, bytes: Vec<u8>) -> Result<u64> {
         let path = journal_path(&self.dir);
         if let Err(error) = self.file.write_all(&bytes) {
             if let Err(cut) = self.file.set_len(self.len) {
@@ -604,8 +688,10 @@ impl Journal {
     pub fn rewrite<'a>(
         &mut self,
         live: impl Iterator<Item = (&'a StoredEntry, Origin)>,
+        tombstones: &[(Tombstone, Origin)],
     ) -> Result<()> {
-        let bytes = encode_frames(live);
+        let mut bytes = encode_frames(live);
+        encode_tombstone_frame(tombstones, &mut bytes);
         let (file, id) = match place_new_journal(&self.dir, &bytes, self.fsync, Some(self.file_id))
         {
             Ok(placed) => placed,
@@ -768,7 +854,7 @@ mod tests {
         }
         let live = [entry(3), entry(7)];
         journal
-            .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)))
+            .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)), &[])
             .unwrap();
         journal.append(&[entry(8)]).unwrap();
         drop(journal);
@@ -831,7 +917,7 @@ mod tests {
         assert!(journal.holds_damage());
         // The clean rewrite replaces `journal`; the kept copy still holds the damage.
         journal
-            .rewrite(stored(&seen).iter().map(|(e, o)| (e, *o)))
+            .rewrite(stored(&seen).iter().map(|(e, o)| (e, *o)), &[])
             .unwrap();
         assert!(!journal.holds_damage());
         let copies = kept_copies(dir.path());
@@ -848,7 +934,7 @@ mod tests {
             journal.append(&[entry(round)]).unwrap();
             let live = [entry(round)];
             journal
-                .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)))
+                .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)), &[])
                 .unwrap();
             let at_path = std::fs::metadata(journal_path(dir.path())).unwrap();
             assert_eq!(
@@ -875,7 +961,7 @@ mod tests {
         std::fs::write(dir.path().join("journal.compacting/x"), b"x").unwrap();
         let live = [entry(1)];
         assert!(journal
-            .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)))
+            .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)), &[])
             .is_err());
         assert!(journal.unwritable().is_none());
         journal.append(&[entry(2)]).unwrap();
@@ -897,7 +983,7 @@ mod tests {
         assert!(refused.contains("not writable"), "{refused}");
         let live = [entry(1)];
         journal
-            .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)))
+            .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)), &[])
             .unwrap();
         assert!(journal.unwritable().is_none());
         journal.append(&[entry(3)]).unwrap();
@@ -919,13 +1005,13 @@ mod tests {
         std::fs::write(path.join("x"), b"x").unwrap();
         let live = [entry(1)];
         assert!(journal
-            .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)))
+            .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)), &[])
             .is_err());
         assert!(journal.needs_rewrite());
         assert!(journal.append(&[entry(2)]).is_err());
         std::fs::remove_dir_all(&path).unwrap();
         journal
-            .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)))
+            .rewrite(stored(&live).iter().map(|(e, o)| (e, *o)), &[])
             .unwrap();
         journal.append(&[entry(3)]).unwrap();
         drop(journal);

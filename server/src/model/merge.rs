@@ -1,10 +1,14 @@
-//! The one rule that decides which result wins. Every path that changes the store uses it:
-//! Record, journal replay, snapshot load and node-to-node merge.
+//! The one rule that decides which result wins, and what a Forget removes. Every path that
+//! changes the store uses it: Record, journal replay, snapshot load, node-to-node merge and
+//! Forget.
 //!
-//! The rule is a total order on results: lower `time_us` wins, and ties are broken on the
-//! config text, then `tuned_by`, then `tuned_at_unix_ms` (earlier wins). Because it is a
-//! total order, merging the same results in any order, on any node, ends with the same
-//! winner and therefore the same bytes.
+//! The rule is a total order on results: the higher `forget_epoch` wins (a result recorded
+//! after a Forget of its key beats every result recorded before it: `model::forget`), then
+//! lower `time_us`, and ties are broken on the config text, then `tuned_by`, then
+//! `tuned_at_unix_ms` (earlier wins). A tombstone removes the results of its scope whose
+//! epoch is below its stamp (`forget::drops`), which, with epochs compared first, never
+//! removes a result while keeping one it beat. So merging the same results and forgets in
+//! any order, on any node, ends with the same winner and therefore the same bytes.
 
 use std::cmp::Ordering;
 
@@ -26,8 +30,9 @@ pub fn rank_results(a: &TunedResult, b: &TunedResult) -> Ordering {
 
 /// The rule itself, on borrowed results (decoded ones, or views of stored wire bytes).
 pub fn rank_views(a: ResultView<'_>, b: ResultView<'_>) -> Ordering {
-    a.time_us
-        .total_cmp(&b.time_us)
+    b.forget_epoch
+        .cmp(&a.forget_epoch)
+        .then_with(|| a.time_us.total_cmp(&b.time_us))
         .then_with(|| a.config.cmp(b.config))
         .then_with(|| a.tuned_by.cmp(b.tuned_by))
         .then_with(|| a.tuned_at_unix_ms.cmp(&b.tuned_at_unix_ms))
@@ -70,6 +75,17 @@ mod tests {
         assert_eq!(merge(Some(&slow), &fast), MergeOutcome::Replace);
         assert_eq!(merge(Some(&fast), &slow), MergeOutcome::Keep);
         assert_eq!(merge(Some(&fast), &fast.clone()), MergeOutcome::Keep);
+    }
+
+    #[test]
+    fn a_result_recorded_after_a_forget_beats_any_recorded_before() {
+        let bogus = result(0.0, r#"{"bogus":true}"#, "a", 1);
+        let after = TunedResult {
+            forget_epoch: 7,
+            ..result(41.5, "{}", "b", 2)
+        };
+        assert_eq!(rank_results(&after, &bogus), Ordering::Less);
+        assert_eq!(merge(Some(&after), &bogus), MergeOutcome::Keep);
     }
 
     #[test]

@@ -7,6 +7,8 @@ use tunecache_proto::tuner::problem;
 use tunecache_proto::v1;
 
 use crate::model::entry::{CacheKey, KeyView, TunedResult};
+use crate::model::forget::{ForgetScope, RankScope};
+use crate::store::ForgetAsk;
 
 pub use tunecache_proto::limits::{MAX_CONFIG_BYTES, MAX_KEY_FIELD_BYTES};
 /// Most entries (Record) or keys (Lookup) in one request.
@@ -203,6 +205,82 @@ pub fn result(path: &str, result: Option<v1::Result>) -> Result<TunedResult, Inv
         result.time_us = 0.0;
     }
     Ok(result)
+}
+
+/// Validates a Forget: a scope (the namespace required, other strings optional), or, with
+/// `only_if`, one exact key (all four strings required) and the result it must still hold.
+pub fn forget(request: v1::ForgetRequest) -> Result<ForgetAsk, InvalidField> {
+    let v1::ForgetRequest {
+        namespace,
+        op,
+        device,
+        problem,
+        rank,
+        only_if,
+    } = request;
+    let mut key = CacheKey {
+        namespace,
+        op,
+        device,
+        problem,
+        rank,
+    };
+    let Some(only_if) = only_if else {
+        for (name, value) in [
+            ("namespace", &key.namespace),
+            ("op", &key.op),
+            ("device", &key.device),
+            ("problem", &key.problem),
+        ] {
+            if value.len() > MAX_KEY_FIELD_BYTES {
+                return Err(InvalidField::new(
+                    name,
+                    format!("{} bytes, at most {MAX_KEY_FIELD_BYTES}", value.len()),
+                ));
+            }
+        }
+        if key.namespace.is_empty() {
+            return Err(InvalidField::new("namespace", "must not be empty"));
+        }
+        if key.namespace == problem::NAMESPACE && !key.problem.is_empty() && !key.op.is_empty() {
+            if let Some(canonical) = check_key(String::new, &key.view())? {
+                key.problem = canonical;
+            }
+        }
+        let rank = key.rank.map_or(RankScope::Every, RankScope::Rank);
+        let scope = ForgetScope {
+            rank,
+            ..ForgetScope::exact(&key)
+        };
+        return Ok(ForgetAsk {
+            scope,
+            only_if: None,
+        });
+    };
+    for (name, value) in [
+        ("op", &key.op),
+        ("device", &key.device),
+        ("problem", &key.problem),
+    ] {
+        if value.is_empty() {
+            return Err(InvalidField::new(
+                name,
+                "must not be empty: a Forget with only_if names one exact key",
+            ));
+        }
+    }
+    // Paths name the request's own fields (`namespace`, `only_if.time_us`).
+    if let Some(canonical) = check_key(String::new, &key.view()).map_err(|mut error| {
+        error.path = error.path.trim_start_matches('.').to_owned();
+        error
+    })? {
+        key.problem = canonical;
+    }
+    let only_if = result("only_if", Some(only_if))?;
+    Ok(ForgetAsk {
+        scope: ForgetScope::exact(&key),
+        only_if: Some((only_if.config, only_if.time_us)),
+    })
 }
 
 /// Validates a Record batch. All or nothing: the first violation refuses the batch.

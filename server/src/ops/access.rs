@@ -52,6 +52,36 @@ impl AccessPolicy {
         Ok(AccessPolicy { uids, gids })
     }
 
+    /// The daemon's own uid and root only.
+    pub fn owner_and_root() -> Self {
+        AccessPolicy {
+            uids: HashSet::from([0, Uid::current().as_raw()]),
+            gids: HashSet::new(),
+        }
+    }
+
+    /// Whether the caller of `request` is allowed, by uid, primary gid or supplementary
+    /// group; a caller without kernel credentials is not.
+    pub async fn allows_caller<T>(&self, request: &Request<T>) -> bool {
+        let Some(peer) = request.extensions().get::<PeerInfo>() else {
+            return false;
+        };
+        let Some(cred) = peer.uds.peer_cred else {
+            return false;
+        };
+        self.allows(peer, cred.uid(), cred.gid()).await
+    }
+
+    /// The uids allowed, sorted, for messages.
+    pub fn uid_list(&self) -> String {
+        let mut uids: Vec<_> = self.uids.iter().collect();
+        uids.sort();
+        uids.iter()
+            .map(|uid| uid.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// Allowed by uid or primary gid, without looking further.
     fn allows_directly(&self, uid: u32, gid: u32) -> bool {
         self.uids.contains(&uid) || self.gids.contains(&gid)

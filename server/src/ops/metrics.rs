@@ -224,6 +224,12 @@ const METRICS: &[Metric] = &[
     row("cluster_audit_repaired", "Results found missing although Redis had announced them: 0 while healthy.", Counter(|s| s.cluster_audit_repaired)),
     row("cluster_stream_gaps", "Shards whose stream skipped past this node (trimmed or restarted).", Counter(|s| s.cluster_stream_gaps)),
     row("cluster_resync_entries", "Results learned by reading shards again after a gap or an audit.", Counter(|s| s.cluster_resync_entries)),
+    row("forgets_received", "Forgets applied: asked of this node, or learned from other nodes.", Counter(|s| s.forgets_received)),
+    row("forget_entries_dropped", "Entries removed from this node's cache by Forgets.", Counter(|s| s.forget_entries_dropped)),
+    row("forgets_refused", "Scope Forgets refused: the caller is not an --admin-uid or --admin-gid.", Counter(|s| s.forgets_refused)),
+    row("tombstones_held", "Forgets kept so that no replica brings their entries back.", Gauge(|s| s.tombstones_held)),
+    row("cluster_forgets_published", "This node's Forgets Redis stored and announced.", Counter(|s| s.cluster_forgets_published)),
+    row("cluster_forgets_learned", "Tombstones read from Redis.", Counter(|s| s.cluster_forgets_learned)),
 ];
 
 /// -1 until the first snapshot, so "never" is not mistaken for "just now".
@@ -399,6 +405,12 @@ mod tests {
             requests_refused_too_large: 1063,
             requests_refused_per_uid: 1064,
             request_bytes_in_flight: 1065,
+            forgets_received: 1066,
+            forget_entries_dropped: 1067,
+            forgets_refused: 1068,
+            tombstones_held: 1069,
+            cluster_forgets_published: 1070,
+            cluster_forgets_learned: 1071,
             ..Default::default()
         }
     }

@@ -65,6 +65,9 @@ pub struct TuneCacheService {
     request_limits: Option<Arc<crate::ops::request_limits::RequestLimits>>,
     /// What the previous run's last publish at shutdown did (from the state directory).
     previous_shutdown: String,
+    /// Who may run a scope Forget (`--admin-uid`, `--admin-gid`).
+    admins: crate::ops::access::AccessPolicy,
+    forgets_refused: AtomicU64,
 }
 
 impl TuneCacheService {
@@ -86,7 +89,15 @@ impl TuneCacheService {
             cluster: None,
             request_limits: None,
             previous_shutdown: String::new(),
+            admins: crate::ops::access::AccessPolicy::owner_and_root(),
+            forgets_refused: AtomicU64::new(0),
         }
+    }
+
+    /// Who may run a scope Forget.
+    pub fn with_admins(mut self, admins: crate::ops::access::AccessPolicy) -> Self {
+        self.admins = admins;
+        self
     }
 
     /// Reports what the previous run's last publish at shutdown did.
@@ -275,6 +286,7 @@ impl TuneCache for TuneCacheService {
         for owner in owners {
             owner.fill_stats(&mut stats);
         }
+        stats.forgets_refused = self.forgets_refused.load(Ordering::Relaxed);
         Ok(Response::new(stats))
     }
 
@@ -318,8 +330,30 @@ impl TuneCache for TuneCacheService {
 
     async fn forget(
         &self,
-        _request: Request<v1::ForgetRequest>,
+        request: Request<v1::ForgetRequest>,
     ) -> Result<Response<v1::ForgetResponse>, Status> {
-        Err(Status::unimplemented("Forget: not yet"))
+        let credentials = crate::ops::access::peer_credentials(&request);
+        let uid = credentials.map(|c| c.uid());
+        let pid = credentials.and_then(|c| c.pid());
+        let admin = self.admins.allows_caller(&request).await;
+        let ask = validate::forget(request.into_inner())?;
+        let scope = ask.scope.to_string();
+        let is_scope = ask.only_if.is_none();
+        if is_scope && !admin {
+            self.forgets_refused.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::NotAdmin {
+                uid: uid.map_or_else(|| "unknown".to_owned(), |uid| uid.to_string()),
+                admins: self.admins.uid_list(),
+            }
+            .into());
+        }
+        let forgotten = self.store.forget(ask).await?;
+        if is_scope {
+            // An administrator's act: logged, with who asked, once per Forget.
+            tracing::warn!(%scope, ?uid, ?pid, forgotten, "Forget of a scope");
+        } else if forgotten > 0 {
+            tracing::info!(%scope, ?uid, ?pid, "Forget of one key: its winner was reported broken");
+        }
+        Ok(Response::new(v1::ForgetResponse { forgotten }))
     }
 }

@@ -31,6 +31,7 @@ use tunecache_proto::v1;
 
 use crate::error::{Error, Result};
 use crate::model::entry::{CacheKey, EntryViews, KeyView, ResultView, TunedResult};
+use crate::model::forget::{ForgetScope, RankScope, Tombstone};
 use crate::model::validate;
 use crate::wire::stored::StoredEntry;
 
@@ -196,7 +197,8 @@ struct EntryRef<'a> {
 
 impl Serialize for EntryRef<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let fields = if self.key.rank.is_some() { 9 } else { 8 };
+        let fields =
+            8 + usize::from(self.key.rank.is_some()) + usize::from(self.result.forget_epoch != 0);
         let mut object = serializer.serialize_map(Some(fields))?;
         object.serialize_entry("namespace", &self.key.namespace)?;
         object.serialize_entry("op", &self.key.op)?;
@@ -209,6 +211,11 @@ impl Serialize for EntryRef<'_> {
         object.serialize_entry("time_us", &self.result.time_us)?;
         object.serialize_entry("tuned_by", &self.result.tuned_by)?;
         object.serialize_entry("tuned_at_unix_ms", &self.result.tuned_at_unix_ms)?;
+        // Written only once a Forget happened: files of caches that never forgot are the
+        // bytes they always were.
+        if self.result.forget_epoch != 0 {
+            object.serialize_entry("forget_epoch", &self.result.forget_epoch)?;
+        }
         object.end()
     }
 }
@@ -226,6 +233,66 @@ struct DocumentOut<'a, M: EntryViews + ?Sized> {
     written_at_unix_ms: i64,
     entry_count: usize,
     entries: EntriesInOrder<'a, M>,
+    #[serde(skip_serializing_if = "<[TombstoneJson]>::is_empty")]
+    forgets: &'a [TombstoneJson],
+}
+
+/// A tombstone as segments carry it (`model::forget`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TombstoneJson {
+    namespace: String,
+    #[serde(default)]
+    op: String,
+    #[serde(default)]
+    device: String,
+    #[serde(default)]
+    problem: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rank: Option<u32>,
+    #[serde(default)]
+    every_rank: bool,
+    stamp: u64,
+}
+
+impl From<&Tombstone> for TombstoneJson {
+    fn from(tombstone: &Tombstone) -> Self {
+        let scope = &tombstone.scope;
+        let (rank, every_rank) = match scope.rank {
+            RankScope::Every => (None, true),
+            RankScope::Shared => (None, false),
+            RankScope::Rank(n) => (Some(n), false),
+        };
+        TombstoneJson {
+            namespace: scope.namespace.clone(),
+            op: scope.op.clone(),
+            device: scope.device.clone(),
+            problem: scope.problem.clone(),
+            rank,
+            every_rank,
+            stamp: tombstone.stamp,
+        }
+    }
+}
+
+impl TombstoneJson {
+    /// The tombstone, unless its namespace is empty (a Forget needs one).
+    fn into_tombstone(self) -> Option<Tombstone> {
+        let rank = match (self.every_rank, self.rank) {
+            (true, _) => RankScope::Every,
+            (false, None) => RankScope::Shared,
+            (false, Some(n)) => RankScope::Rank(n),
+        };
+        (!self.namespace.is_empty()).then_some(Tombstone {
+            scope: ForgetScope {
+                namespace: self.namespace,
+                op: self.op,
+                device: self.device,
+                problem: self.problem,
+                rank,
+            },
+            stamp: self.stamp,
+        })
+    }
 }
 
 /// Writes `map` as one version-2 segment covering sequence numbers `first..=last` into `out`
@@ -233,11 +300,25 @@ struct DocumentOut<'a, M: EntryViews + ?Sized> {
 pub fn write_segment(
     out: impl Write,
     node: &str,
-    (first, last): (u64, u64),
+    seq: (u64, u64),
     written_at_unix_ms: i64,
     map: &(impl EntryViews + ?Sized),
     key: Option<&SharedKey>,
 ) -> serde_json::Result<()> {
+    write_segment_with_forgets(out, node, seq, written_at_unix_ms, map, &[], key)
+}
+
+/// `write_segment`, carrying the tombstones of Forgets made by this node too.
+pub fn write_segment_with_forgets(
+    out: impl Write,
+    node: &str,
+    (first, last): (u64, u64),
+    written_at_unix_ms: i64,
+    map: &(impl EntryViews + ?Sized),
+    tombstones: &[Tombstone],
+    key: Option<&SharedKey>,
+) -> serde_json::Result<()> {
+    let forgets: Vec<TombstoneJson> = tombstones.iter().map(TombstoneJson::from).collect();
     let document = DocumentOut {
         format: FORMAT_NAME,
         version: FORMAT_VERSION,
@@ -247,6 +328,7 @@ pub fn write_segment(
         written_at_unix_ms,
         entry_count: map.entry_count(),
         entries: EntriesInOrder(map),
+        forgets: &forgets,
     };
     let Some(key) = key else {
         return serde_json::to_writer(out, &document);
@@ -277,6 +359,7 @@ pub fn write_v1_snapshot(
         written_at_unix_ms,
         entry_count: map.entry_count(),
         entries: EntriesInOrder(map),
+        forgets: &[],
     };
     serde_json::to_writer(out, &document)
 }
@@ -297,6 +380,8 @@ struct EntryIn {
     tuned_by: String,
     #[serde(default)]
     tuned_at_unix_ms: i64,
+    #[serde(default)]
+    forget_epoch: u64,
 }
 
 /// A snapshot read back: who wrote it, when, and its valid entries.
@@ -315,6 +400,8 @@ pub struct ParsedSnapshot {
     /// Entries the daemon would refuse in a Record (bad JSON config, negative time, ...);
     /// dropped so a damaged peer cannot poison the cache.
     pub invalid_entries: usize,
+    /// Tombstones of the writer's Forgets (version-2 segments since Forget existed).
+    pub tombstones: Vec<Tombstone>,
 }
 
 impl ParsedSnapshot {
@@ -430,6 +517,7 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
         let mut last_seq = None;
         let mut written_at_unix_ms = 0;
         let mut entries: Option<(Vec<StoredEntry>, usize)> = None;
+        let mut tombstones = Vec::new();
         while let Some(field) = map.next_key::<String>()? {
             match field.as_str() {
                 "format" => format = Some(map.next_value()?),
@@ -446,6 +534,13 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
                         }
                     }
                     entries = Some(map.next_value_seed(EntriesSeed)?);
+                }
+                "forgets" => {
+                    let forgets: Vec<TombstoneJson> = map.next_value()?;
+                    tombstones = forgets
+                        .into_iter()
+                        .filter_map(TombstoneJson::into_tombstone)
+                        .collect();
                 }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
@@ -466,6 +561,7 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
             written_at_unix_ms,
             entries,
             invalid_entries,
+            tombstones,
         })
     }
 }
@@ -548,7 +644,7 @@ fn validated(entry: EntryIn) -> Option<StoredEntry> {
         time_us: entry.time_us,
         tuned_by: entry.tuned_by,
         tuned_at_unix_ms: entry.tuned_at_unix_ms,
-        forget_epoch: 0,
+        forget_epoch: entry.forget_epoch,
     };
     let key = validate::key("snapshot entry key", Some(key)).ok()?;
     let result = validate::result("snapshot entry result", Some(result)).ok()?;

@@ -20,6 +20,7 @@
 //! `v2/` itself must be a real directory owned by an allowed writer, not writable by group or
 //! others unless a key is set; otherwise nothing is read or written there.
 
+use crate::model::forget::{Tombstone, Tombstones};
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
@@ -60,6 +61,10 @@ const COMPACT_MIN_ENTRIES: usize = 10_000;
 pub(super) enum IoJob {
     Write {
         own: Arc<EntryMap>,
+        /// Tombstones of Forgets made here (published), and all known (what published
+        /// entries no longer count).
+        own_tombstones: Arc<Tombstones>,
+        all_tombstones: Arc<Tombstones>,
         reply: tokio::sync::oneshot::Sender<Result<WriteReport>>,
     },
     Load {
@@ -108,6 +113,7 @@ pub(super) struct LoadedFile {
     pub node: String,
     pub origin: Origin,
     pub entries: Vec<StoredEntry>,
+    pub tombstones: Vec<Tombstone>,
     undo: Undo,
 }
 
@@ -132,6 +138,10 @@ struct OwnSegments {
     next_seq: u64,
     /// Best entry per key that the segments hold: what is published.
     published: EntryMap,
+    /// Tombstones of this node's Forgets that its segments hold.
+    published_tombstones: Tombstones,
+    /// The tombstones `published` was last pruned with.
+    pruned_with: Option<Arc<Tombstones>>,
     /// Entries the segments hold, superseded ones included.
     entries_in_segments: usize,
     /// Another writer uses this node's name: compaction would hide its segments.
@@ -174,9 +184,14 @@ impl IoWorker {
     pub(super) fn run(mut self, jobs: mpsc::Receiver<IoJob>) {
         while let Ok(job) = jobs.recv() {
             match job {
-                IoJob::Write { own, reply } => {
+                IoJob::Write {
+                    own,
+                    own_tombstones,
+                    all_tombstones,
+                    reply,
+                } => {
                     self.begin(Operation::Write);
-                    let outcome = self.publish(&own);
+                    let outcome = self.publish(&own, &own_tombstones, all_tombstones);
                     drop(own);
                     self.end();
                     let _ = reply.send(outcome);
@@ -321,6 +336,7 @@ impl IoWorker {
             node: parsed.node,
             origin: Origin::Learned,
             entries: parsed.entries,
+            tombstones: parsed.tombstones,
             undo: Undo::V1(name),
         })
     }
@@ -570,8 +586,10 @@ impl IoWorker {
                 .collect(),
         );
         let mut published = EntryMap::new();
+        let mut published_tombstones = Tombstones::default();
         let mut entries_in_segments = 0;
         let mut entries = Vec::new();
+        let mut tombstones = Vec::new();
         let mut read_through = 0;
         while let Next::Read(segment) = mine.next_to_read(read_through) {
             let path = self.segment_dir().join(segment.file_name());
@@ -585,6 +603,10 @@ impl IoWorker {
             };
             if let Some(parsed) = self.accept(&path, version, parsed) {
                 entries_in_segments += parsed.entries.len();
+                for tombstone in parsed.tombstones {
+                    published_tombstones.insert(tombstone.clone());
+                    tombstones.push(tombstone);
+                }
                 for entry in parsed.entries {
                     let best = published.get_view(&entry.key()).map(StoredEntry::result);
                     if merge_views(best, entry.result()) == MergeOutcome::Replace {
@@ -611,11 +633,13 @@ impl IoWorker {
             next_seq,
             segments: mine.as_slice().to_vec(),
             published,
+            published_tombstones,
+            pruned_with: None,
             entries_in_segments,
             name_conflict: false,
         };
         self.write_own_record()?;
-        if !entries.is_empty() {
+        if !entries.is_empty() || !tombstones.is_empty() {
             tracing::info!(
                 segments = self.own.segments.len(),
                 entries = self.own.published.len(),
@@ -626,6 +650,7 @@ impl IoWorker {
                 node: self.node().to_owned(),
                 origin: Origin::Own,
                 entries,
+                tombstones,
                 undo: Undo::OwnSegments,
             });
         }
@@ -709,6 +734,7 @@ impl IoWorker {
                     node: self.node().to_owned(),
                     origin: Origin::Learned,
                     entries: parsed.entries,
+                    tombstones: parsed.tombstones,
                     undo: Undo::NotOurs(name),
                 });
             }
@@ -881,6 +907,7 @@ impl IoWorker {
                     node: node.to_owned(),
                     origin: Origin::Learned,
                     entries: parsed.entries,
+                    tombstones: parsed.tombstones,
                     undo: Undo::Segment {
                         node: node.to_owned(),
                         read_through: before,
@@ -929,19 +956,40 @@ impl IoWorker {
 
     // --- Publish ------------------------------------------------------------------------
 
-    fn publish(&mut self, own: &EntryMap) -> Result<WriteReport> {
+    fn publish(
+        &mut self,
+        own: &EntryMap,
+        own_tombstones: &Tombstones,
+        all_tombstones: Arc<Tombstones>,
+    ) -> Result<WriteReport> {
         if !self.own.loaded {
             return Err(Error::SharedDirUnavailable(
                 "this node's published segments have not been read yet".into(),
             ));
         }
         let started = Instant::now();
+        // What Forgets removed no longer counts as published: a compaction leaves it out.
+        if !self
+            .own
+            .pruned_with
+            .as_ref()
+            .is_some_and(|pruned| Arc::ptr_eq(pruned, &all_tombstones))
+        {
+            for tombstone in all_tombstones.iter() {
+                self.own.published.remove_dropped_by(&tombstone);
+            }
+            self.own.pruned_with = Some(all_tombstones);
+        }
         let new: EntryMap = own
             .iter()
             .filter(|entry| !self.own.published.contains(entry))
             .cloned()
             .collect();
-        if new.is_empty() {
+        let new_tombstones: Vec<Tombstone> = own_tombstones
+            .iter()
+            .filter(|tombstone| !self.own.published_tombstones.subsumes(tombstone))
+            .collect();
+        if new.is_empty() && new_tombstones.is_empty() {
             return Ok(WriteReport {
                 path: self.segment_dir(),
                 wrote: false,
@@ -964,7 +1012,7 @@ impl IoWorker {
             self.own.segments.pop();
             return Err(error);
         }
-        let bytes = match self.write_segment(&segment, &new) {
+        let bytes = match self.write_segment(&segment, &new, &new_tombstones) {
             Ok(bytes) => bytes,
             Err(error) => {
                 // Not written: the number is used by the next try (the record may list the
@@ -982,6 +1030,9 @@ impl IoWorker {
         self.own.entries_in_segments += new.len();
         for entry in new.iter() {
             self.own.published.insert(entry.clone());
+        }
+        for tombstone in new_tombstones {
+            self.own.published_tombstones.insert(tombstone);
         }
         self.shared.wrote(&path);
         tracing::debug!(
@@ -1063,6 +1114,7 @@ impl IoWorker {
             last,
         };
         let published = self.own.published.clone();
+        let tombstones: Vec<Tombstone> = self.own.published_tombstones.iter().collect();
         if !self.own.segments.contains(&compacted) {
             self.own.segments.push(compacted.clone());
         }
@@ -1071,7 +1123,7 @@ impl IoWorker {
             self.own.segments.retain(|s| *s != compacted);
             return;
         }
-        if let Err(error) = self.write_segment(&compacted, &published) {
+        if let Err(error) = self.write_segment(&compacted, &published, &tombstones) {
             tracing::debug!(%error, "compaction failed; the segments stay as they are");
             return;
         }
@@ -1103,19 +1155,25 @@ impl IoWorker {
     }
 
     /// Writes one segment by temp file and rename; returns its bytes.
-    fn write_segment(&self, segment: &SegmentName, entries: &EntryMap) -> Result<u64> {
+    fn write_segment(
+        &self,
+        segment: &SegmentName,
+        entries: &EntryMap,
+        tombstones: &[Tombstone],
+    ) -> Result<u64> {
         let dir = self.segment_dir();
         self.check_segment_dir(Operation::Write)?;
         let key = self.shared.settings.key.clone();
         let temp_path = dir.join(temp_file_name(self.node()));
         let path = dir.join(segment.file_name());
         let write = |out: &mut dyn Write| {
-            format::write_segment(
+            format::write_segment_with_forgets(
                 out,
                 self.node(),
                 (segment.first, segment.last),
                 unix_now_ms(),
                 entries,
+                tombstones,
                 key.as_ref(),
             )
         };

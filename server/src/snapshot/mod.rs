@@ -40,7 +40,7 @@ use tunecache_proto::v1;
 
 use crate::error::{Error, Result};
 use crate::model::entry::unix_now_ms;
-use crate::store::Store;
+use crate::store::{Source, Store};
 use crate::sync::lock;
 
 use io::{IoJob, IoWorker, WriteReport};
@@ -516,7 +516,20 @@ impl SnapshotHandle {
             })
             .await?;
         let read_elapsed = started.elapsed();
-        for file in report.files {
+        // Every file's tombstones before any file's entries: a forgotten entry in an older
+        // segment is never served, not even for the moment until a newer segment is merged.
+        let mut files = report.files;
+        for file in &mut files {
+            let tombstones = std::mem::take(&mut file.tombstones);
+            let forgotten = self
+                .store
+                .apply_tombstones(tombstones, Source::Snapshot, file.origin)
+                .await?;
+            if forgotten > 0 {
+                tracing::info!(file = %file.name, forgotten, "a Forget from the shared directory dropped entries");
+            }
+        }
+        for file in files {
             let merge_started = Instant::now();
             let total = file.entries.len();
             let mut stored = 0;
@@ -566,8 +579,15 @@ impl SnapshotHandle {
             });
         }
         let own = self.store.own_contributions();
+        let own_tombstones = self.store.own_tombstones();
+        let all_tombstones = self.store.tombstones();
         let report: WriteReport = self
-            .run_job(slot, Operation::Write, |reply| IoJob::Write { own, reply })
+            .run_job(slot, Operation::Write, |reply| IoJob::Write {
+                own,
+                own_tombstones,
+                all_tombstones,
+                reply,
+            })
             .await?;
         slot.last_published_changes = Some(changes);
         self.shared
@@ -652,6 +672,15 @@ impl crate::store::ChangeListener for OwnChanges {
     fn entries_changed(&self, changes: &[crate::store::Change]) {
         if let Some(shared) = self.0.upgrade() {
             if changes.iter().any(|change| change.own) {
+                shared.own_changes.fetch_add(1, Ordering::Release);
+            }
+        }
+    }
+
+    /// A Forget made here is published like a contribution.
+    fn forgotten(&self, forgets: &[crate::store::ForgetChange]) {
+        if let Some(shared) = self.0.upgrade() {
+            if forgets.iter().any(|forget| forget.source == Source::Forget) {
                 shared.own_changes.fetch_add(1, Ordering::Release);
             }
         }

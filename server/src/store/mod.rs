@@ -11,6 +11,11 @@
 //! Beside the cache the store keeps this node's own contributions (`Origin::Own`: its ranks'
 //! Records and its tuner's results, the best per key), which is what snapshots publish;
 //! entries learned from other nodes (`Origin::Learned`) only enter the cache.
+//!
+//! The writer also owns Forgets (`model::forget`): it stamps them from its clock, keeps the
+//! tombstones (all known, and this node's own, which it publishes), gives each Record the
+//! epoch that makes it live after the Forgets it knows, and drops what a tombstone removes
+//! on every path in, so no replica brings a forgotten entry back.
 
 pub(crate) mod scan;
 
@@ -26,6 +31,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use crate::error::{Error, Result};
 use crate::journal::{FsyncPolicy, Journal, ReplayReport, BATCH_SYNC_INTERVAL};
 use crate::model::entry::{CacheKey, KeyView, Origin, ResultView, TunedResult};
+use crate::model::forget::{ForgetClock, ForgetScope, Tombstone, Tombstones};
 use crate::model::merge::{merge_views, MergeOutcome};
 pub use crate::wire::stored::{EntryMap, StoredEntry};
 
@@ -45,6 +51,8 @@ const REPAIR_RETRY: Duration = Duration::from_secs(1);
 /// Entry bytes written in a burst after which the writer, once idle, hands freed heap pages
 /// back (`heap`): a burst's decoded requests leave that much garbage in the allocator.
 const TRIM_AFTER_BYTES: u64 = 8 * 1024 * 1024;
+/// Default of `--forget-retention-days`: how long a tombstone is kept (docs/forget.md).
+pub const DEFAULT_FORGET_RETENTION: Duration = Duration::from_secs(90 * 24 * 3600);
 /// How long the writer must have been idle after such a burst before it trims.
 const IDLE_BEFORE_TRIM: Duration = Duration::from_millis(200);
 /// Most write requests merged into one group commit.
@@ -62,6 +70,28 @@ const QUEUED_ENTRY_OVERHEAD: u64 = 128;
 /// what it did not bring itself), the snapshot writer (publishes this node's contributions).
 pub trait ChangeListener: Send + Sync {
     fn entries_changed(&self, changes: &[Change]);
+
+    /// Tombstones this node learned or made, after they are durable and their entries are
+    /// gone from what readers see.
+    fn forgotten(&self, _forgets: &[ForgetChange]) {}
+}
+
+/// A tombstone new to this node, as the feed tells it.
+#[derive(Clone, Debug)]
+pub struct ForgetChange {
+    pub tombstone: Tombstone,
+    /// `Source::Forget` when asked of this node (it publishes those), else where it came from.
+    pub source: Source,
+    /// Entries it removed from this node's cache.
+    pub dropped: u32,
+}
+
+/// What a Forget asked of this node removes.
+#[derive(Clone, Debug)]
+pub struct ForgetAsk {
+    pub scope: ForgetScope,
+    /// With one exact key: forget it only if its winner still has this config and time.
+    pub only_if: Option<(String, f64)>,
 }
 
 /// Where a change came from: the feed's subscribers filter on it, instead of keeping their
@@ -76,6 +106,8 @@ pub enum Source {
     Snapshot,
     /// The Redis cluster tier.
     Cluster,
+    /// A Forget asked of this node (the Forget RPC).
+    Forget,
 }
 
 /// One changed entry, as the feed tells it.
@@ -106,6 +138,22 @@ impl Incoming {
         }
     }
 
+    fn set_forget_epoch(&mut self, epoch: u64) {
+        match self {
+            Incoming::Decoded(_, result) => result.forget_epoch = epoch,
+            Incoming::Stored(entry) => {
+                let (key, result) = entry.to_pair();
+                *self = Incoming::Decoded(
+                    key,
+                    TunedResult {
+                        forget_epoch: epoch,
+                        ..result
+                    },
+                );
+            }
+        }
+    }
+
     fn into_stored(self) -> StoredEntry {
         match self {
             Incoming::Decoded(key, result) => StoredEntry::new(&key, &result),
@@ -130,6 +178,11 @@ pub struct ApplyOutcome {
     pub unchanged: u32,
 }
 
+enum ForgetCommand {
+    Ask(ForgetAsk),
+    Learned(Vec<Tombstone>, Source, Origin),
+}
+
 enum WriteCommand {
     Apply {
         entries: Vec<Incoming>,
@@ -138,6 +191,11 @@ enum WriteCommand {
         reply: oneshot::Sender<Result<ApplyOutcome>>,
         /// This request's share of the write queue, given back when the writer takes it.
         _queued: OwnedSemaphorePermit,
+    },
+    /// A Forget asked here, or tombstones learned from other nodes.
+    Forget {
+        forget: ForgetCommand,
+        reply: oneshot::Sender<Result<u32>>,
     },
     /// Finish what is queued before this, sync, and stop. Handles still held elsewhere
     /// (by connections that outlive the shutdown) then get `WriterGone`.
@@ -161,6 +219,10 @@ pub struct StoreCounters {
     pub journal_unwritable_since_unix_ms: AtomicI64,
     /// Records refused because the write queue was full.
     pub writes_shed: AtomicU64,
+    /// Forgets applied (asked here or learned), entries they dropped, tombstones held now.
+    pub forgets_received: AtomicU64,
+    pub forget_entries_dropped: AtomicU64,
+    pub tombstones_held: AtomicU64,
 }
 
 struct Shared {
@@ -178,6 +240,11 @@ struct Shared {
     queue_room: Arc<Semaphore>,
     queue_units: u32,
     shed_logged: crate::ops::limits::LogOnce,
+    /// Every tombstone this node knows, and those it made itself (what it publishes).
+    tombstones: ArcSwap<Tombstones>,
+    own_tombstones: ArcSwap<Tombstones>,
+    /// `--forget-retention-days`, in milliseconds.
+    forget_retention_ms: AtomicI64,
 }
 
 /// Cheap, cloneable handle to the cache.
@@ -215,7 +282,7 @@ impl Store {
             .clamp(1, Semaphore::MAX_PERMITS as u32);
         let mut map = EntryMap::new();
         let mut own = EntryMap::new();
-        let (mut journal, report) = Journal::open(state_dir, fsync, |key, result, origin| {
+        let (mut journal, mut report) = Journal::open(state_dir, fsync, |key, result, origin| {
             let incoming = result.view();
             let own_replace = origin == Origin::Own
                 && merge_views(own.get(&key).map(StoredEntry::result), incoming)
@@ -232,11 +299,29 @@ impl Store {
                 }
             }
         })?;
+        let mut clock = ForgetClock::default();
+        let mut tombstones = Tombstones::default();
+        let mut own_tombstones = Tombstones::default();
+        for (tombstone, origin) in std::mem::take(&mut report.tombstones) {
+            clock.observe(tombstone.stamp);
+            if origin == Origin::Own {
+                own_tombstones.insert(tombstone.clone());
+            }
+            tombstones.insert(tombstone);
+        }
+        for tombstone in tombstones.iter() {
+            map.remove_dropped_by(&tombstone);
+            own.remove_dropped_by(&tombstone);
+        }
+        for entry in map.iter().chain(own.iter()) {
+            clock.observe(entry.result().forget_epoch);
+        }
         if !report.skipped.is_empty() {
             // Damage was skipped: write the journal clean so it is not met again. Best effort
             // (a full disk must not stop the start): the writer retries, and appends after the
             // damage are safe meanwhile, as replay skips it.
-            if let Err(error) = journal.rewrite(live_entries(&map, &own)) {
+            let held = held_tombstones(&tombstones, &own_tombstones);
+            if let Err(error) = journal.rewrite(live_entries(&map, &own), &held) {
                 tracing::warn!(
                     %error,
                     "journal: could not rewrite the damaged journal clean; will retry"
@@ -256,7 +341,14 @@ impl Store {
             queue_room: Arc::new(Semaphore::new(queue_units as usize)),
             queue_units,
             shed_logged: Default::default(),
+            tombstones: ArcSwap::from_pointee(tombstones),
+            own_tombstones: ArcSwap::from_pointee(own_tombstones),
+            forget_retention_ms: AtomicI64::new(DEFAULT_FORGET_RETENTION.as_millis() as i64),
         });
+        shared
+            .counters
+            .tombstones_held
+            .store(shared.tombstones.load().len() as u64, Ordering::Relaxed);
         shared
             .counters
             .journal_bytes
@@ -270,7 +362,7 @@ impl Store {
         let writer_shared = Arc::clone(&shared);
         let writer = std::thread::Builder::new()
             .name("tunecache-writer".into())
-            .spawn(move || run_writer(journal, commands, writer_shared))
+            .spawn(move || run_writer(journal, commands, writer_shared, clock))
             .map_err(|e| Error::io("starting the writer thread", state_dir, e))?;
         let store = Store { shared, writes };
         Ok((
@@ -290,6 +382,52 @@ impl Store {
     /// The current version of the whole cache, for scans and snapshots.
     pub fn current(&self) -> Arc<EntryMap> {
         self.shared.map.load_full()
+    }
+
+    /// Every tombstone this node knows.
+    pub fn tombstones(&self) -> Arc<Tombstones> {
+        self.shared.tombstones.load_full()
+    }
+
+    /// The tombstones of Forgets asked of this node: what it publishes.
+    pub fn own_tombstones(&self) -> Arc<Tombstones> {
+        self.shared.own_tombstones.load_full()
+    }
+
+    /// Sets how long tombstones are kept (`--forget-retention-days`).
+    pub fn set_forget_retention(&self, retention: Duration) {
+        let ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+        self.shared.forget_retention_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Applies a Forget asked of this node: stamps it, drops what it covers, journals its
+    /// tombstone and tells the feed. Answers the entries dropped from the cache (0, and no
+    /// tombstone, when `only_if` no longer matches the winner).
+    pub async fn forget(&self, ask: ForgetAsk) -> Result<u32> {
+        self.send_forget(ForgetCommand::Ask(ask)).await
+    }
+
+    /// Applies tombstones read from elsewhere (`source`: Snapshot or Cluster): other nodes'
+    /// (`Origin::Learned`), or this node's own read back from its segments.
+    pub async fn apply_tombstones(
+        &self,
+        tombstones: Vec<Tombstone>,
+        source: Source,
+        origin: Origin,
+    ) -> Result<u32> {
+        if tombstones.is_empty() {
+            return Ok(0);
+        }
+        self.send_forget(ForgetCommand::Learned(tombstones, source, origin))
+            .await
+    }
+
+    async fn send_forget(&self, forget: ForgetCommand) -> Result<u32> {
+        let (reply, outcome) = oneshot::channel();
+        self.writes
+            .send(WriteCommand::Forget { forget, reply })
+            .map_err(|_| Error::WriterGone)?;
+        outcome.await.map_err(|_| Error::WriterGone)?
     }
 
     /// The current version of this node's own contributions (best per key): what it
@@ -473,6 +611,9 @@ impl crate::rpc::stats::FillStats for Store {
         stats.write_queue_bytes = self.write_queue_bytes();
         stats.write_queue_limit_bytes = self.write_queue_limit_bytes();
         stats.writes_shed = load(&counters.writes_shed);
+        stats.forgets_received = load(&counters.forgets_received);
+        stats.forget_entries_dropped = load(&counters.forget_entries_dropped);
+        stats.tombstones_held = load(&counters.tombstones_held);
     }
 }
 
@@ -520,9 +661,16 @@ struct Writer {
     write_failure: Option<String>,
     /// Entry bytes written since the heap was last trimmed.
     written_since_trim: u64,
+    /// Stamps Forgets; moved past every stamp and epoch the node learns.
+    clock: ForgetClock,
 }
 
-fn run_writer(journal: Journal, commands: mpsc::Receiver<WriteCommand>, shared: Arc<Shared>) {
+fn run_writer(
+    journal: Journal,
+    commands: mpsc::Receiver<WriteCommand>,
+    shared: Arc<Shared>,
+    clock: ForgetClock,
+) {
     let live_bytes = shared.counters.journal_live_bytes.load(Ordering::Relaxed);
     let mut writer = Writer {
         journal,
@@ -534,6 +682,7 @@ fn run_writer(journal: Journal, commands: mpsc::Receiver<WriteCommand>, shared: 
         compaction_failure: None,
         write_failure: None,
         written_since_trim: 0,
+        clock,
     };
     writer.note_health();
     loop {
@@ -565,6 +714,13 @@ fn run_writer(journal: Journal, commands: mpsc::Receiver<WriteCommand>, shared: 
                     reply,
                     ..
                 } => group.push((entries, origin, source, reply)),
+                WriteCommand::Forget { forget, reply } => {
+                    // In order with the writes around it: what came before is applied first.
+                    if !group.is_empty() {
+                        writer.apply_group(std::mem::take(&mut group));
+                    }
+                    let _ = reply.send(writer.apply_forget(forget));
+                }
                 WriteCommand::Stop => {
                     stop = true;
                     break;
@@ -622,6 +778,7 @@ impl Writer {
         self.repair_if_needed();
         let mut next = EntryMap::clone(&self.shared.map.load());
         let mut own_next = EntryMap::clone(&self.shared.own.load());
+        let tombstones = self.shared.tombstones.load_full();
         let mut changed = Vec::new();
         let mut journalled: Vec<(StoredEntry, Origin)> = Vec::new();
         let mut own_changed = false;
@@ -629,8 +786,27 @@ impl Writer {
         let live_before = self.live_bytes;
         for (entries, origin, source, reply) in group {
             let mut outcome = ApplyOutcome::default();
-            for incoming in entries {
+            // This node's own new results get their epoch here (a client's is ignored): live
+            // after every Forget of the key the node knows, and level with its winner.
+            let stamps_epoch = matches!(source, Source::Record { .. } | Source::Tuner);
+            for mut incoming in entries {
+                if stamps_epoch {
+                    let (key, _) = incoming.views();
+                    let held = |map: &EntryMap| {
+                        map.get_view(&key)
+                            .map_or(0, |entry| entry.result().forget_epoch)
+                    };
+                    let epoch = tombstones.floor(&key).max(held(&next)).max(held(&own_next));
+                    incoming.set_forget_epoch(epoch);
+                } else {
+                    let (key, result) = incoming.views();
+                    if tombstones.drops(&key, &result) {
+                        outcome.unchanged += 1;
+                        continue;
+                    }
+                }
                 let (key, result) = incoming.views();
+                self.clock.observe(result.forget_epoch);
                 // An own result is kept as a contribution even when a learned one beats it
                 // in the cache, so compaction of this node's segments never loses it.
                 let own_replace = origin == Origin::Own
@@ -722,7 +898,8 @@ impl Writer {
         }
         let map = self.shared.map.load_full();
         let own = self.shared.own.load_full();
-        match self.journal.rewrite(live_entries(&map, &own)) {
+        let held = self.compact_tombstones(&map);
+        match self.journal.rewrite(live_entries(&map, &own), &held) {
             Ok(()) => {
                 self.shared
                     .counters
@@ -751,6 +928,126 @@ impl Writer {
             .store(self.journal.len(), Ordering::Relaxed);
     }
 
+    /// Applies a Forget: asked here (stamped now, `only_if` checked against the winner), or
+    /// learned (each tombstone new to this node). Drops what each removes from the cache and
+    /// the own contributions, journals the tombstones, then publishes and tells the feed.
+    fn apply_forget(&mut self, forget: ForgetCommand) -> Result<u32> {
+        self.journal.check_path();
+        self.repair_if_needed();
+        let mut next = EntryMap::clone(&self.shared.map.load());
+        let mut own_next = EntryMap::clone(&self.shared.own.load());
+        let mut tombstones = Tombstones::clone(&self.shared.tombstones.load());
+        let mut own_tombstones = Tombstones::clone(&self.shared.own_tombstones.load());
+        let (new, source, origin) = match forget {
+            ForgetCommand::Ask(ask) => {
+                if let Some((config, time_us)) = &ask.only_if {
+                    let winner = ask
+                        .scope
+                        .exact_key()
+                        .and_then(|key| next.get(&key).map(|entry| entry.result().to_result()));
+                    let same = winner.is_some_and(|w| &w.config == config && w.time_us == *time_us);
+                    if !same {
+                        return Ok(0);
+                    }
+                }
+                let stamp = self.clock.tick(crate::model::entry::unix_now_ms());
+                let tombstone = Tombstone {
+                    scope: ask.scope,
+                    stamp,
+                };
+                (vec![tombstone], Source::Forget, Origin::Own)
+            }
+            ForgetCommand::Learned(learned, source, origin) => (learned, source, origin),
+        };
+        let mut told = Vec::new();
+        let mut journalled = Vec::new();
+        let mut dropped_total = 0u32;
+        for tombstone in new {
+            self.clock.observe(tombstone.stamp);
+            let own_new = origin == Origin::Own && own_tombstones.insert(tombstone.clone());
+            // Nothing new (it, or a wider and newer one, is held): nothing to drop or tell.
+            if !tombstones.insert(tombstone.clone()) && !own_new && source != Source::Forget {
+                continue;
+            }
+            let dropped = next.remove_dropped_by(&tombstone);
+            own_next.remove_dropped_by(&tombstone);
+            for entry in &dropped {
+                self.live_bytes = self
+                    .live_bytes
+                    .saturating_sub(entry.encoded_len_estimate() as u64);
+            }
+            let dropped = u32::try_from(dropped.len()).unwrap_or(u32::MAX);
+            dropped_total = dropped_total.saturating_add(dropped);
+            journalled.push((tombstone.clone(), origin));
+            told.push(ForgetChange {
+                tombstone,
+                source: source.clone(),
+                dropped,
+            });
+        }
+        if journalled.is_empty() {
+            return Ok(0);
+        }
+        if let Err(error) = self.journal.append_tombstones(&journalled) {
+            self.note_write_failure(&error);
+            self.note_health();
+            return Err(error);
+        }
+        self.note_health();
+        let counters = &self.shared.counters;
+        counters
+            .forgets_received
+            .fetch_add(told.len() as u64, Ordering::Relaxed);
+        counters
+            .forget_entries_dropped
+            .fetch_add(u64::from(dropped_total), Ordering::Relaxed);
+        counters
+            .tombstones_held
+            .store(tombstones.len() as u64, Ordering::Relaxed);
+        counters
+            .journal_bytes
+            .store(self.journal.len(), Ordering::Relaxed);
+        counters
+            .journal_live_bytes
+            .store(self.live_bytes, Ordering::Relaxed);
+        self.shared.tombstones.store(Arc::new(tombstones));
+        self.shared.own_tombstones.store(Arc::new(own_tombstones));
+        self.shared.own.store(Arc::new(own_next));
+        self.shared.map.store(Arc::new(next));
+        let listeners = crate::sync::read(&self.shared.listeners);
+        for listener in listeners.iter() {
+            listener.forgotten(&told);
+        }
+        Ok(dropped_total)
+    }
+
+    /// Before a compaction: drops the tombstones no longer needed (`Tombstones::compact`)
+    /// and returns those to keep, with their provenance.
+    fn compact_tombstones(&mut self, map: &EntryMap) -> Vec<(Tombstone, Origin)> {
+        let retention = self.shared.forget_retention_ms.load(Ordering::Relaxed);
+        let expire_before = crate::model::entry::unix_now_ms().saturating_sub(retention);
+        let epoch_held = |key: &CacheKey| map.get(key).map(|e| e.result().forget_epoch);
+        let mut tombstones = Tombstones::clone(&self.shared.tombstones.load());
+        let mut own_tombstones = Tombstones::clone(&self.shared.own_tombstones.load());
+        let went = tombstones.compact(epoch_held, expire_before);
+        own_tombstones.compact(epoch_held, expire_before);
+        if went > 0 {
+            tracing::info!(
+                dropped = went,
+                held = tombstones.len(),
+                "tombstones compacted (a newer result carries their floor, or past --forget-retention-days)"
+            );
+        }
+        let held = held_tombstones(&tombstones, &own_tombstones);
+        self.shared
+            .counters
+            .tombstones_held
+            .store(tombstones.len() as u64, Ordering::Relaxed);
+        self.shared.tombstones.store(Arc::new(tombstones));
+        self.shared.own_tombstones.store(Arc::new(own_tombstones));
+        held
+    }
+
     /// Idle under `--fsync batch`, or while the journal refuses appends: sync, or repair.
     fn sync_or_repair(&mut self) {
         if self.journal.needs_rewrite() {
@@ -774,7 +1071,11 @@ impl Writer {
         }
         let map = self.shared.map.load_full();
         let own = self.shared.own.load_full();
-        match self.journal.rewrite(live_entries(&map, &own)) {
+        let held = held_tombstones(
+            &self.shared.tombstones.load(),
+            &self.shared.own_tombstones.load(),
+        );
+        match self.journal.rewrite(live_entries(&map, &own), &held) {
             Ok(()) => {
                 self.compaction_failure = None;
                 tracing::info!(
@@ -845,6 +1146,15 @@ impl Writer {
         }
         *shown = now;
     }
+}
+
+/// The tombstones a rewritten journal holds: this node's own, then every one it knows as
+/// learned (a duplicate of an own one is subsumed on replay).
+fn held_tombstones(all: &Tombstones, own: &Tombstones) -> Vec<(Tombstone, Origin)> {
+    own.iter()
+        .map(|t| (t, Origin::Own))
+        .chain(all.iter().map(|t| (t, Origin::Learned)))
+        .collect()
 }
 
 /// What a compacted journal holds: every own contribution, then every cache entry that is

@@ -3,6 +3,7 @@
 use std::ops::Bound;
 
 use crate::model::entry::{CacheKey, EntryViews, KeyView, ResultView};
+use crate::model::forget::{drops, Tombstone};
 
 use super::entry::*;
 use super::vocab::*;
@@ -78,6 +79,31 @@ impl EntryMap {
     /// Inserts `entry`, replacing the entry of the same key.
     pub fn insert(&mut self, entry: StoredEntry) {
         self.index.insert(entry, ());
+    }
+
+    /// Removes the entries `tombstone` drops (`forget::drops`) and returns them.
+    pub fn remove_dropped_by(&mut self, tombstone: &Tombstone) -> Vec<StoredEntry> {
+        let dropped = |entry: &&StoredEntry| drops(tombstone, &entry.key(), &entry.result());
+        let doomed: Vec<StoredEntry> = match tombstone.scope.exact_key() {
+            Some(key) => self
+                .get(&key)
+                .filter(dropped)
+                .cloned()
+                .into_iter()
+                .collect(),
+            None => {
+                let namespace = tombstone.scope.namespace.as_str();
+                self.range_from(Bound::Included(KeyView::namespace_start(namespace)))
+                    .take_while(|entry| entry.namespace() == namespace)
+                    .filter(dropped)
+                    .cloned()
+                    .collect()
+            }
+        };
+        for entry in &doomed {
+            self.index.remove(entry);
+        }
+        doomed
     }
 
     /// The entries in key order.

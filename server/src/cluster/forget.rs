@@ -1,0 +1,418 @@
+//! Forgets through the Redis tier: this node's tombstones published, other nodes' learned
+//! within a stream read, and the entries a tombstone drops deleted from Redis too, so a node
+//! that bootstraps later, and the audit's digests, see the cache as every node holds it.
+//!
+//! Redis keeps every tombstone in one hash (`Layout::forgets`: scope text → stamp), and
+//! announces each new one on one stream (`Layout::forget_log`); both share the slot `{f}`,
+//! so one script stores and announces atomically, as the merge script does for results. A
+//! follower takes its place in the stream first and reads the whole hash after, so a
+//! tombstone stored in between is in both, never in neither; it reads the hash again on
+//! every (re)connection, so a stream trimmed past it loses nothing.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use redis::streams::StreamReadReply;
+use redis::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::keys::{decode_stamp, encode_stamp, Layout};
+use super::link::{Conn, BACKGROUND_TIMEOUT};
+use super::{scripts, Cluster};
+use crate::model::entry::Origin;
+use crate::model::forget::{ForgetScope, RankScope, Tombstone};
+use crate::store::Source;
+
+/// How long one blocking read of the forget stream waits (single server).
+const BLOCK: Duration = Duration::from_millis(1000);
+/// How often the forget stream is polled on Redis Cluster.
+const CLUSTER_POLL: Duration = Duration::from_millis(100);
+/// Messages per stream read.
+const READ_COUNT: usize = 512;
+/// How often the follower checks that the server kept its data (the epoch marker).
+const EPOCH_CHECK: Duration = Duration::from_secs(2);
+
+type Failure = String;
+
+/// A scope as the tombstone hash names it: a JSON array of its fields.
+fn scope_text(scope: &ForgetScope) -> String {
+    let (rank, every_rank) = rank_fields(scope.rank);
+    serde_json::json!([
+        scope.namespace,
+        scope.op,
+        scope.device,
+        scope.problem,
+        rank,
+        every_rank
+    ])
+    .to_string()
+}
+
+fn rank_fields(rank: RankScope) -> (Option<u32>, bool) {
+    match rank {
+        RankScope::Every => (None, true),
+        RankScope::Shared => (None, false),
+        RankScope::Rank(n) => (Some(n), false),
+    }
+}
+
+fn parse_scope_text(text: &str) -> Option<ForgetScope> {
+    type Fields = (String, String, String, String, Option<u32>, bool);
+    let (namespace, op, device, problem, rank, every_rank): Fields =
+        serde_json::from_str(text).ok()?;
+    let rank = match (every_rank, rank) {
+        (true, _) => RankScope::Every,
+        (false, None) => RankScope::Shared,
+        (false, Some(n)) => RankScope::Rank(n),
+    };
+    (!namespace.is_empty()).then_some(ForgetScope {
+        namespace,
+        op,
+        device,
+        problem,
+        rank,
+    })
+}
+
+/// A tombstone as the stream carries it: the scope text, a space, the stamp.
+fn tombstone_text(tombstone: &Tombstone) -> String {
+    format!(
+        "{} {}",
+        encode_stamp(tombstone.stamp),
+        scope_text(&tombstone.scope)
+    )
+}
+
+fn parse_tombstone_text(text: &str) -> Option<Tombstone> {
+    let (stamp, scope) = text.split_once(' ')?;
+    Some(Tombstone {
+        scope: parse_scope_text(scope)?,
+        stamp: decode_stamp(stamp)?,
+    })
+}
+
+async fn timed<T>(
+    what: &str,
+    future: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T, Failure> {
+    match tokio::time::timeout(BACKGROUND_TIMEOUT, future).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(format!("{what}: {error}")),
+        Err(_) => Err(format!("{what}: no answer within {BACKGROUND_TIMEOUT:?}")),
+    }
+}
+
+/// Publishes tombstones (stored and announced), then deletes from Redis the entries they
+/// drop. Safe to repeat: a tombstone Redis holds already is not announced again.
+pub(super) async fn publish(
+    cluster: &Arc<Cluster>,
+    conn: &Conn,
+    tombstones: &[Tombstone],
+) -> Result<(), Failure> {
+    let layout = &cluster.layout;
+    let node = cluster.node_id();
+    let stores = tombstones.iter().map(|tombstone| {
+        let mut conn = conn.clone();
+        let mut invocation = scripts::FORGET.prepare_invoke();
+        invocation
+            .key(layout.forgets())
+            .key(layout.forget_log())
+            .arg(scope_text(&tombstone.scope))
+            .arg(encode_stamp(tombstone.stamp))
+            .arg(tombstone_text(tombstone))
+            .arg(&node)
+            .arg(cluster.stream_max_len);
+        async move { invocation.invoke_async::<i64>(&mut conn).await }
+    });
+    let stored = timed("publishing forgets", async {
+        join_all(stores)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await?;
+    let announced = stored.iter().filter(|&&n| n == 1).count() as u64;
+    cluster
+        .counters
+        .forgets_published
+        .fetch_add(announced, Ordering::Relaxed);
+    let deleted = sweep(cluster, conn, tombstones).await?;
+    tracing::info!(
+        forgets = tombstones.len(),
+        announced,
+        entries_deleted = deleted,
+        "cluster tier: published forgets"
+    );
+    Ok(())
+}
+
+/// Deletes the Redis entries `tombstones` drop: the one entry of an exact-key tombstone
+/// directly, else by one SCAN over the entries. Returns how many went.
+async fn sweep(cluster: &Cluster, conn: &Conn, tombstones: &[Tombstone]) -> Result<u64, Failure> {
+    let layout = &cluster.layout;
+    let mut doomed: Vec<(String, usize, u64)> = Vec::new();
+    let mut wide = Vec::new();
+    for tombstone in tombstones {
+        match tombstone.scope.exact_key() {
+            Some(key) => {
+                let text = Layout::key_text(&key);
+                let shard = Layout::shard_of_text(&text);
+                doomed.push((layout.entry_of_text(&text), shard, tombstone.stamp));
+            }
+            None => wide.push(tombstone),
+        }
+    }
+    if !wide.is_empty() {
+        let mut conn = conn.clone();
+        let pattern = layout.entry_pattern(None);
+        let nodes = timed("listing cluster nodes", conn.scan_nodes()).await?;
+        for node in nodes {
+            let mut cursor = 0u64;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                let reply = timed("scanning entries", conn.on_node(node.as_ref(), &scan)).await?;
+                let (next, names): (u64, Vec<String>) = redis::from_redis_value(&reply)
+                    .map_err(|e| format!("scanning entries: {e}"))?;
+                for name in names {
+                    let Some((key, shard)) = layout.key_of_entry(&name) else {
+                        continue;
+                    };
+                    let stamp = wide
+                        .iter()
+                        .filter(|t| t.scope.covers(&key.view()))
+                        .map(|t| t.stamp)
+                        .max();
+                    if let Some(stamp) = stamp {
+                        doomed.push((name, shard, stamp));
+                    }
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+    }
+    let mut deleted = 0;
+    for chunk in doomed.chunks(READ_COUNT) {
+        let deletes = chunk.iter().map(|(name, shard, stamp)| {
+            let mut conn = conn.clone();
+            let mut invocation = scripts::FORGET_ENTRY.prepare_invoke();
+            invocation
+                .key(name)
+                .key(layout.meta(*shard))
+                .arg(encode_stamp(!stamp));
+            async move { invocation.invoke_async::<i64>(&mut conn).await }
+        });
+        let replies = timed("deleting forgotten entries", async {
+            join_all(deletes)
+                .await
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await?;
+        deleted += replies.iter().filter(|&&n| n == 1).count() as u64;
+    }
+    Ok(deleted)
+}
+
+/// Reads every tombstone Redis holds and applies the new ones: at bootstrap, before any
+/// entry is read, and on every (re)connection of the forget follower.
+pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, Failure> {
+    let held: Vec<(String, String)> = timed(
+        "reading the tombstones",
+        redis::cmd("HGETALL")
+            .arg(cluster.layout.forgets())
+            .query_async(conn),
+    )
+    .await?;
+    let tombstones: Vec<Tombstone> = held
+        .into_iter()
+        .filter_map(|(scope, stamp)| {
+            Some(Tombstone {
+                scope: parse_scope_text(&scope)?,
+                stamp: decode_stamp(&stamp)?,
+            })
+        })
+        .collect();
+    Ok(cluster.apply_tombstones(tombstones).await)
+}
+
+/// Follows the forget stream while the tier is connected.
+pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
+    let mut seen_generation = 0;
+    loop {
+        let Some((conn, generation)) = cluster.link.conn() else {
+            tokio::select! {
+                () = cluster.link.wait_newer(seen_generation) => {}
+                () = stop.cancelled() => return,
+            }
+            continue;
+        };
+        seen_generation = generation;
+        let outcome = tokio::select! {
+            outcome = follow(&cluster, conn) => outcome,
+            () = stop.cancelled() => return,
+        };
+        if let Err(why) = outcome {
+            cluster.link.failed(generation, &why);
+            tokio::select! {
+                () = cluster.link.wait_newer(generation) => {}
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// Runs on one connection until it fails, or the server lost its data (then the caller
+/// starts over: a new place, the whole hash again).
+async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
+    let epoch = read_epoch(cluster, &mut conn).await?;
+    let last: Value = timed(
+        "reading the forget stream's position",
+        redis::cmd("XREVRANGE")
+            .arg(cluster.layout.forget_log())
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut conn),
+    )
+    .await?;
+    let last: Vec<(String, Value)> = redis::from_redis_value(&last).unwrap_or_default();
+    let mut place = last
+        .into_iter()
+        .next()
+        .map_or_else(|| "0-0".to_owned(), |(id, _)| id);
+    load_all(cluster, &mut conn).await?;
+    let mut reader = match conn {
+        Conn::Single(_) => Some(
+            cluster
+                .link
+                .open_dedicated()
+                .await
+                .map_err(|e| format!("opening the forget stream reader: {e}"))?,
+        ),
+        Conn::Cluster(_) => None,
+    };
+    let me = cluster.node_id();
+    let mut epoch_checked = Instant::now();
+    loop {
+        let mut read = redis::cmd("XREAD");
+        read.arg("COUNT").arg(READ_COUNT);
+        if reader.is_some() {
+            read.arg("BLOCK").arg(BLOCK.as_millis() as u64);
+        }
+        read.arg("STREAMS")
+            .arg(cluster.layout.forget_log())
+            .arg(&place);
+        let reply: Option<StreamReadReply> = match reader.as_mut() {
+            Some(reader) => {
+                let wait = BLOCK + BACKGROUND_TIMEOUT;
+                match tokio::time::timeout(wait, read.query_async(reader)).await {
+                    Ok(Ok(reply)) => reply,
+                    Ok(Err(error)) => return Err(format!("reading the forget stream: {error}")),
+                    Err(_) => return Err("reading the forget stream: no answer".to_owned()),
+                }
+            }
+            None => {
+                let reply = timed("reading the forget stream", read.query_async(&mut conn)).await?;
+                tokio::time::sleep(CLUSTER_POLL).await;
+                reply
+            }
+        };
+        let mut learned = Vec::new();
+        for stream in reply.into_iter().flat_map(|reply| reply.keys) {
+            for message in stream.ids {
+                place = message.id.clone();
+                if message.get::<String>("n").as_deref() == Some(me.as_str()) {
+                    continue; // our own
+                }
+                if let Some(tombstone) = message
+                    .get::<String>("f")
+                    .and_then(|text| parse_tombstone_text(&text))
+                {
+                    learned.push(tombstone);
+                }
+            }
+        }
+        cluster.apply_tombstones(learned).await;
+        if epoch_checked.elapsed() >= EPOCH_CHECK {
+            if read_epoch(cluster, &mut conn).await? != epoch {
+                return Err("redis lost its data: reading the forgets again".to_owned());
+            }
+            epoch_checked = Instant::now();
+        }
+    }
+}
+
+async fn read_epoch(cluster: &Cluster, conn: &mut Conn) -> Result<Option<String>, Failure> {
+    timed(
+        "reading the epoch",
+        redis::cmd("GET")
+            .arg(cluster.layout.epoch())
+            .query_async(conn),
+    )
+    .await
+}
+
+impl Cluster {
+    /// Applies tombstones learned from Redis, counting the new ones.
+    pub(super) async fn apply_tombstones(&self, tombstones: Vec<Tombstone>) -> u32 {
+        if tombstones.is_empty() {
+            return 0;
+        }
+        let count = tombstones.len() as u64;
+        match self
+            .store
+            .apply_tombstones(tombstones, Source::Cluster, Origin::Learned)
+            .await
+        {
+            Ok(dropped) => {
+                self.counters
+                    .forgets_learned
+                    .fetch_add(count, Ordering::Relaxed);
+                dropped
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cluster tier: applying forgets learned from redis failed");
+                0
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tombstones_read_back_as_written() {
+        for rank in [RankScope::Every, RankScope::Shared, RankScope::Rank(3)] {
+            let tombstone = Tombstone {
+                scope: ForgetScope {
+                    namespace: "ns".into(),
+                    op: "gemm \" {s01}".into(),
+                    device: String::new(),
+                    problem: "m=1".into(),
+                    rank,
+                },
+                stamp: u64::MAX - 5,
+            };
+            let text = tombstone_text(&tombstone);
+            assert_eq!(parse_tombstone_text(&text), Some(tombstone.clone()));
+            assert_eq!(
+                parse_scope_text(&scope_text(&tombstone.scope)),
+                Some(tombstone.scope)
+            );
+        }
+        assert_eq!(parse_tombstone_text("zz [\"ns\"]"), None);
+    }
+}
