@@ -11,19 +11,28 @@
 //! Results are compared by bits (`f64::to_bits`), not with `==`: `-0.0 == 0.0` and
 //! `NaN != NaN` would hide exactly the differences this file looks for.
 //!
+//! The same laws hold with Forgets (`model::forget`): three replicas that make Records and
+//! Forgets of their own and receive each other's in any interleaving, some compacting their
+//! tombstones on the way, end with the same bytes, and those bytes are what the rule says
+//! the set of results and tombstones gives.
+//!
 //! `PROPTEST_CASES=N` runs more cases (default 256); see docs/ci.md.
 
 use std::cmp::Ordering;
 
 use proptest::prelude::*;
 use tunecache_server::model::entry::{CacheKey, TunedResult};
+use tunecache_server::model::forget::{
+    drops, record_epoch, ForgetClock, ForgetScope, RankScope, Tombstone, Tombstones,
+};
 use tunecache_server::model::merge::{merge, rank_results, MergeOutcome};
 use tunecache_server::snapshot::format::write_segment;
 use tunecache_server::store::CacheMap;
 
 /// Every field of a result, floats as bits: equal tuples mean equal bytes.
-fn bits(result: &TunedResult) -> (u64, String, String, i64) {
+fn bits(result: &TunedResult) -> (u64, u64, String, String, i64) {
     (
+        result.forget_epoch,
         result.time_us.to_bits(),
         result.config.clone(),
         result.tuned_by.clone(),
@@ -89,14 +98,21 @@ fn tuned_at() -> impl Strategy<Value = i64> {
     ]
 }
 
+fn forget_epoch() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        3 => Just(0),
+        1 => prop::sample::select(vec![1, 2, u64::MAX]),
+    ]
+}
+
 fn result() -> impl Strategy<Value = TunedResult> {
-    (time_us(), config(), tuned_by(), tuned_at()).prop_map(
-        |(time_us, config, tuned_by, tuned_at_unix_ms)| TunedResult {
+    (time_us(), config(), tuned_by(), tuned_at(), forget_epoch()).prop_map(
+        |(time_us, config, tuned_by, tuned_at_unix_ms, forget_epoch)| TunedResult {
             config,
             time_us,
             tuned_by,
             tuned_at_unix_ms,
-            forget_epoch: 0,
+            forget_epoch,
         },
     )
 }
@@ -171,10 +187,15 @@ proptest! {
         let ab = merged(&a, &b);
         let ba = merged(&b, &a);
         prop_assert_eq!(bits(&ab), bits(&ba));
-        // The winner is one of the two, and never slower than either (in the total order).
+        // The winner is one of the two: the one recorded after more Forgets, else never
+        // slower than the other (in the total order).
         prop_assert!(bits(&ab) == bits(&a) || bits(&ab) == bits(&b));
-        prop_assert_ne!(ab.time_us.total_cmp(&a.time_us), Ordering::Greater);
-        prop_assert_ne!(ab.time_us.total_cmp(&b.time_us), Ordering::Greater);
+        prop_assert_eq!(ab.forget_epoch, a.forget_epoch.max(b.forget_epoch));
+        for other in [&a, &b] {
+            if other.forget_epoch == ab.forget_epoch {
+                prop_assert_ne!(ab.time_us.total_cmp(&other.time_us), Ordering::Greater);
+            }
+        }
     }
 
     #[test]
@@ -219,5 +240,224 @@ proptest! {
         let bytes = snapshot_bytes(&in_order);
         prop_assert_eq!(&bytes, &snapshot_bytes(&in_other_order));
         prop_assert_eq!(&bytes, &snapshot_bytes(&fold(&reversed)));
+    }
+}
+
+/// One replica as the store keeps it: the cache, its tombstones, its clock.
+#[derive(Default)]
+struct Replica {
+    map: CacheMap,
+    tombstones: Tombstones,
+    clock: ForgetClock,
+    /// Messages it has had, by index: each path delivers a message to a replica once (a
+    /// cursor in a stream or in the segments), so a tombstone it compacted away is not
+    /// handed to it again.
+    received: std::collections::HashSet<usize>,
+}
+
+/// What travels between replicas: a stored result, or a tombstone.
+#[derive(Clone, Debug)]
+enum Message {
+    Result(CacheKey, TunedResult),
+    Tombstone(Tombstone),
+}
+
+impl Replica {
+    /// A result from elsewhere, as every learned path applies it.
+    fn learn(&mut self, key: &CacheKey, result: &TunedResult) {
+        if self.tombstones.drops(&key.view(), &result.view()) {
+            return;
+        }
+        self.clock.observe(result.forget_epoch);
+        if merge(self.map.get(key), result) == MergeOutcome::Replace {
+            self.map.insert(key.clone(), result.clone());
+        }
+    }
+
+    /// A Record asked of this replica: the daemon sets the epoch.
+    fn record(&mut self, key: &CacheKey, mut result: TunedResult) -> Message {
+        let held = self.map.get(key).map_or(0, |r| r.forget_epoch);
+        result.forget_epoch = record_epoch(self.tombstones.floor(&key.view()), held);
+        self.learn(key, &result);
+        Message::Result(key.clone(), result)
+    }
+
+    fn apply_tombstone(&mut self, tombstone: &Tombstone) {
+        self.clock.observe(tombstone.stamp);
+        if self.tombstones.insert(tombstone.clone()) {
+            let doomed: Vec<CacheKey> = self
+                .map
+                .iter()
+                .filter(|(key, result)| drops(tombstone, &key.view(), &result.view()))
+                .map(|(key, _)| key.clone())
+                .collect();
+            for key in doomed {
+                self.map.remove(&key);
+            }
+        }
+    }
+
+    /// A Forget asked of this replica, stamped from its clock at `now_ms` (any value: the
+    /// clock never goes back).
+    fn forget(&mut self, scope: ForgetScope, now_ms: i64) -> Message {
+        let tombstone = Tombstone {
+            scope,
+            stamp: self.clock.tick(now_ms),
+        };
+        self.apply_tombstone(&tombstone);
+        Message::Tombstone(tombstone)
+    }
+
+    fn receive(&mut self, message: &Message) {
+        match message {
+            Message::Result(key, result) => self.learn(key, result),
+            Message::Tombstone(tombstone) => self.apply_tombstone(tombstone),
+        }
+    }
+
+    /// What a journal compaction does to the tombstones (nothing expires here).
+    fn compact(&mut self) {
+        let map = &self.map;
+        self.tombstones
+            .compact(|key| map.get(key).map(|r| r.forget_epoch), i64::MIN);
+    }
+}
+
+/// The scopes a Forget may name: a namespace, an op, one problem's every rank, one key.
+fn scope() -> impl Strategy<Value = ForgetScope> {
+    (0u8..5, 0u8..4).prop_map(|(kind, index)| {
+        let key = key(index);
+        match kind {
+            0 => ForgetScope {
+                op: String::new(),
+                device: String::new(),
+                problem: String::new(),
+                rank: RankScope::Every,
+                ..ForgetScope::exact(&key)
+            },
+            1 => ForgetScope {
+                problem: String::new(),
+                rank: RankScope::Every,
+                ..ForgetScope::exact(&key)
+            },
+            2 => ForgetScope {
+                rank: RankScope::Every,
+                ..ForgetScope::exact(&key)
+            },
+            _ => ForgetScope::exact(&key),
+        }
+    })
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    Record {
+        at: usize,
+        key: u8,
+        result: TunedResult,
+    },
+    Forget {
+        at: usize,
+        scope: ForgetScope,
+        now_ms: i64,
+    },
+    /// Delivers message `message` (modulo those made so far) to replica `to`.
+    Deliver {
+        message: usize,
+        to: usize,
+    },
+    Compact {
+        at: usize,
+    },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0usize..3, 0u8..4, result().prop_map(|r| TunedResult { forget_epoch: 0, ..r }))
+            .prop_map(|(at, key, result)| Step::Record { at, key, result }),
+        1 => (0usize..3, scope(), 0i64..50).prop_map(|(at, scope, now_ms)| Step::Forget { at, scope, now_ms }),
+        4 => (any::<usize>(), 0usize..3).prop_map(|(message, to)| Step::Deliver { message, to }),
+        1 => (0usize..3).prop_map(|at| Step::Compact { at }),
+    ]
+}
+
+/// What the rule says a set of results and tombstones gives: per key, the best result that
+/// no tombstone drops.
+fn expected(messages: &[Message]) -> CacheMap {
+    let tombstones: Vec<&Tombstone> = messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::Tombstone(t) => Some(t),
+            Message::Result(..) => None,
+        })
+        .collect();
+    let mut map = CacheMap::new();
+    for message in messages {
+        let Message::Result(key, result) = message else {
+            continue;
+        };
+        if tombstones
+            .iter()
+            .any(|t| drops(t, &key.view(), &result.view()))
+        {
+            continue;
+        }
+        if merge(map.get(key), result) == MergeOutcome::Replace {
+            map.insert(key.clone(), result.clone());
+        }
+    }
+    map
+}
+
+proptest! {
+    #[test]
+    fn replicas_converge_under_any_interleaving_of_records_and_forgets(
+        steps in prop::collection::vec(step(), 1..60),
+        final_order in prop::collection::vec(any::<u64>(), 0..1),
+    ) {
+        let mut replicas: Vec<Replica> = (0..3).map(|_| Replica::default()).collect();
+        let mut messages: Vec<Message> = Vec::new();
+        for step in steps {
+            match step {
+                Step::Record { at, key, result } => {
+                    replicas[at].received.insert(messages.len());
+                    messages.push(replicas[at].record(&self::key(key), result));
+                }
+                Step::Forget { at, scope, now_ms } => {
+                    replicas[at].received.insert(messages.len());
+                    messages.push(replicas[at].forget(scope, now_ms));
+                }
+                Step::Deliver { message, to } if !messages.is_empty() => {
+                    let index = message % messages.len();
+                    if replicas[to].received.insert(index) {
+                        let message = messages[index].clone();
+                        replicas[to].receive(&message);
+                    }
+                }
+                Step::Deliver { .. } => {}
+                Step::Compact { at } => replicas[at].compact(),
+            }
+        }
+        // Then everything reaches everyone it has not reached, each replica in its own order.
+        let seed = final_order.first().copied().unwrap_or(7);
+        for (index, replica) in replicas.iter_mut().enumerate() {
+            let mut order: Vec<usize> = (0..messages.len()).collect();
+            let mut state = seed.wrapping_add(index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            for i in (1..order.len()).rev() {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                order.swap(i, (state % (i as u64 + 1)) as usize);
+            }
+            for i in order {
+                if replica.received.insert(i) {
+                    replica.receive(&messages[i]);
+                }
+            }
+        }
+        let want = snapshot_bytes(&expected(&messages));
+        for replica in &replicas {
+            prop_assert_eq!(&snapshot_bytes(&replica.map), &want);
+        }
     }
 }

@@ -153,6 +153,13 @@ pub fn drops(tombstone: &Tombstone, key: &KeyView<'_>, result: &ResultView<'_>) 
     result.forget_epoch < tombstone.stamp && tombstone.scope.covers(key)
 }
 
+/// The epoch a node gives a result it stores as its own (a Record, its tuner's result): the
+/// floor of the Forgets it knows for the key, or its current winner's epoch if higher, so the
+/// new result is live after those Forgets and competes with the winner on time.
+pub fn record_epoch(floor: u64, winner_epoch: u64) -> u64 {
+    floor.max(winner_epoch)
+}
+
 /// A hybrid logical clock: milliseconds of the daemon's own clock in the high 48 bits, a
 /// counter in the low 16. It never goes back, and `observe` moves it past every stamp and
 /// epoch the node learns, so a Forget made here covers everything this node has seen.

@@ -796,7 +796,8 @@ impl Writer {
                         map.get_view(&key)
                             .map_or(0, |entry| entry.result().forget_epoch)
                     };
-                    let epoch = tombstones.floor(&key).max(held(&next)).max(held(&own_next));
+                    let winner = held(&next).max(held(&own_next));
+                    let epoch = crate::model::forget::record_epoch(tombstones.floor(&key), winner);
                     incoming.set_forget_epoch(epoch);
                 } else {
                     let (key, result) = incoming.views();

@@ -492,8 +492,11 @@ async fn a_contested_key_ends_with_one_winner_everywhere_and_in_redis() {
                 .expect("the contested key is in redis");
             assert_eq!(redis.cli(&["HGET", &name, "c"]), winner.config, "{name}");
             assert_eq!(redis.cli(&["HGET", &name, "b"]), winner.tuned_by, "{name}");
+            // `t`: the forget epoch, inverted (no Forget here: all f), then the time.
             let t = redis.cli(&["HGET", &name, "t"]);
-            let ordered = u64::from_str_radix(&t, 16).unwrap();
+            let (epoch, time) = t.split_at(16);
+            assert_eq!(epoch, "ffffffffffffffff", "{name}");
+            let ordered = u64::from_str_radix(time, 16).unwrap();
             assert_eq!(
                 f64::from_bits(ordered & !(1 << 63)),
                 winner.time_us,
