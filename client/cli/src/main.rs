@@ -104,6 +104,36 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         lease_ms: u64,
     },
+    /// Forget results on every node, for good; prints how many entries this node dropped.
+    ///
+    /// Without --only-if-*, every entry of the namespace whose fields equal the ones given,
+    /// which only an administrator may do (the daemon's --admin-uid / --admin-gid). With them,
+    /// the one key named (--op, --device and --problem all given), and only while its result is
+    /// still that one: what any caller who may Record does about a config it found broken.
+    Forget {
+        #[arg(long)]
+        namespace: String,
+        /// Empty: every op.
+        #[arg(long, default_value = "")]
+        op: String,
+        /// Empty: every device.
+        #[arg(long, default_value = "")]
+        device: String,
+        /// Empty: every problem.
+        #[arg(long, default_value = "")]
+        problem: String,
+        /// The rank's own entry; omit for the shared entry and every rank's (with --only-if-*:
+        /// the shared entry).
+        #[arg(long)]
+        rank: Option<u32>,
+        /// Forget the key only if its result has this config: the text exactly as stored, as
+        /// `tunecache get` prints it.
+        #[arg(long, requires = "only_if_time_us")]
+        only_if_config: Option<String>,
+        /// ... and this time_us, exactly (as `tunecache get --json` prints it).
+        #[arg(long, requires = "only_if_config")]
+        only_if_time_us: Option<f64>,
+    },
     /// Record the entries of a tuning-cache file (TensorRT-LLM's TLLM_AUTOTUNER_CACHE_PATH).
     /// Invalid entries are skipped with reasons and the rest stored; exits non-zero only when
     /// the file is not a cache or nothing in it could be stored.
@@ -611,6 +641,39 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let resolution = client.resolve(key.to_key(), options).await?;
             print_resolution(&key.to_key(), &resolution, cli.json);
+        }
+        Command::Forget {
+            namespace,
+            op,
+            device,
+            problem,
+            rank,
+            only_if_config,
+            only_if_time_us,
+        } => {
+            // clap makes the two --only-if flags come together; the daemon compares only the
+            // config and time_us of `only_if`.
+            let only_if = only_if_config
+                .zip(only_if_time_us)
+                .map(|(config, time_us)| proto::Result {
+                    config,
+                    time_us,
+                    ..Default::default()
+                });
+            let request = proto::ForgetRequest {
+                namespace,
+                op,
+                device,
+                problem,
+                rank,
+                only_if,
+            };
+            let forgotten = client.forget(request).await.context("forget")?;
+            if cli.json {
+                println!("{}", json!({ "forgotten": forgotten }));
+            } else {
+                println!("forgotten {forgotten}");
+            }
         }
         Command::Import {
             format: CacheFormat::Trtllm,
