@@ -76,7 +76,10 @@ async fn every_command_in_the_grpcurl_doc_works() {
         " list",
         &["tunecache.v1.TuneCache", "grpc.health.v1.Health"],
     );
-    expect(" describe ", &["rpc Lookup", "rpc Record", "message Key"]);
+    expect(
+        " describe ",
+        &["rpc Lookup", "rpc Record", "rpc Forget", "message Key"],
+    );
     expect("TuneCache/Record", &["\"stored\": 1"]);
     expect(
         "TuneCache/Lookup",
@@ -90,7 +93,14 @@ async fn every_command_in_the_grpcurl_doc_works() {
         "TuneCache/Stats",
         &["\"entries\": \"1\"", "\"records\": \"1\"", "SERVING"],
     );
-    // And the daemon really holds what the doc recorded.
+    // The only_if Forget dropped the entry the doc recorded; the scope Forget after it was
+    // allowed (the caller is the daemon's own uid) and found nothing left.
+    expect("\"only_if\"", &["\"forgotten\": 1"]);
+    let scope_output = outputs[find("\"namespace\": \"demo\", \"device\"")];
+    assert!(!scope_output.contains("forgotten"), "{scope_output}");
+    // And the daemon really did what the doc says.
     let stats = daemon.client().await.stats().await.unwrap();
-    assert_eq!(stats.entries, 1);
+    assert_eq!(stats.entries, 0);
+    assert_eq!(stats.forget_entries_dropped, 1);
+    assert_eq!(stats.forgets_refused, 0);
 }
