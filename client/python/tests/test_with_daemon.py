@@ -1,7 +1,7 @@
 # Owns the client tests against the real tunecached (fixture `daemon` in conftest.py, skipped when
 # the binary is absent): Record/Lookup round trip and the merge rule, Scan completeness, and
-# several rank processes resolving one fresh key with exactly one tuner, and a lease handed back
-# at once when tuning fails or the daemon refuses the tuned result.
+# several rank processes resolving one fresh key with exactly one tuner, a lease handed back at
+# once when tuning fails or the daemon refuses the tuned result, and Forget in both its forms.
 from __future__ import annotations
 
 import json
@@ -275,3 +275,25 @@ def test_a_refused_entry_is_named_by_the_structured_error_detail(daemon):
         with pytest.raises(grpc.RpcError) as other:
             client.resolve(pb.Key(), wait_ms=0)
         assert tunecache.refused_entry_index(other.value) is None
+
+
+def test_forget_only_if_then_a_scope(daemon):
+    shared = unique_key(namespace="pytest-forget")
+    own = unique_key(namespace="pytest-forget", problem=shared.problem, rank=1)
+    other = unique_key(namespace="pytest-forget", op="softmax")
+    with daemon.client() as client:
+        assert client.record([entry(key, '{"tile": 64}', 5.0) for key in (shared, own, other)]).stored == 3
+        (hit,) = client.lookup([shared])
+        # only_if names one exact key (no rank: the shared entry), and only its current winner.
+        assert client.forget(shared.namespace, shared.op, shared.device, shared.problem,
+                             only_if={"config": '{"tile": 64}', "time_us": 4.0}) == 0
+        assert client.forget(shared.namespace, shared.op, shared.device, shared.problem, only_if=hit.result) == 1
+        assert [e.key for e in client.lookup([shared, own, other])] == [own, other]
+        # A scope (the daemon's own uid is an administrator): no rank matches every rank's entry.
+        assert client.forget("pytest-forget", op=shared.op) == 1
+        assert [e.key for e in client.lookup([shared, own, other])] == [other]
+        assert client.forget("pytest-forget") == 1
+        assert client.lookup([other]) == []
+        # What is recorded after the Forget counts again.
+        assert client.record([entry(shared, '{"tile": 32}', 9.0)]).stored == 1
+        assert client.lookup([shared])[0].result.time_us == 9.0

@@ -66,6 +66,8 @@ Result = pb.Result
 Entry = pb.Entry
 KeyLike = Union[pb.Key, Mapping[str, Any]]
 EntryLike = Union[pb.Entry, Mapping[str, Any]]
+# A Result, or a mapping with its fields (Forget's only_if reads config and time_us).
+ResultLike = Union[pb.Result, Mapping[str, Any]]
 # What a tune function returns: the winning config (JSON text, or a JSON-serializable value)
 # and its measured time in microseconds.
 TuneOutput = Tuple[Union[str, Any], float]
@@ -216,6 +218,15 @@ def _as_entry(entry: EntryLike) -> pb.Entry:
     return pb.Entry(**fields)
 
 
+def _only_if(result: ResultLike) -> pb.Result:
+    """Forget's only_if: just the config and time_us the daemon compares, so a Result read back
+    from the daemon (with its tuned_by and forget_epoch) can be passed as it is."""
+    if isinstance(result, pb.Result):
+        return pb.Result(config=result.config, time_us=result.time_us)
+    fields = dict(result)
+    return pb.Result(config=fields["config"], time_us=fields["time_us"])
+
+
 def describe_key(key: pb.Key) -> str:
     rank = f" rank {key.rank}" if key.HasField("rank") else ""
     return f"{key.namespace}/{key.op} on {key.device!r}{rank}: {key.problem}"
@@ -289,6 +300,35 @@ class Client:
 
     def snapshot(self, timeout: Optional[float] = None) -> pb.SnapshotResponse:
         return self._stub.Snapshot(pb.SnapshotRequest(), timeout=self._deadline(timeout))
+
+    def forget(
+        self,
+        namespace: str,
+        op: str = "",
+        device: str = "",
+        problem: str = "",
+        rank: Optional[int] = None,
+        only_if: Optional[ResultLike] = None,
+        timeout: Optional[float] = None,
+    ) -> int:
+        """Forgets results on every node, for good; returns how many entries this node dropped.
+        Without ``only_if``, every entry of ``namespace`` whose op, device and problem equal the
+        non-empty ones given (``rank=None``: the shared entries and every rank's own), which only
+        an administrator may do (the daemon's --admin-uid / --admin-gid; anyone else gets
+        PERMISSION_DENIED). With ``only_if`` (a Result, or a mapping with its ``config`` text
+        and ``time_us``), the one key named (op, device and problem all given; ``rank=None``:
+        the shared entry), and only while its winner has exactly that config and time_us: how a
+        caller who may Record reports a config it found broken without dropping a better result
+        recorded since. Raises grpc.RpcError, like the other calls."""
+        request = pb.ForgetRequest(
+            namespace=namespace,
+            op=op,
+            device=device,
+            problem=problem,
+            rank=rank,
+            only_if=None if only_if is None else _only_if(only_if),
+        )
+        return self._stub.Forget(request, timeout=self._deadline(timeout)).forgotten
 
     def resolve(
         self,
