@@ -68,8 +68,10 @@ def socket_dir():
 
 @pytest.fixture(autouse=True)
 def fresh_warning_state(monkeypatch):
-    """Each test sees get_or_tune's once-per-process warning afresh."""
+    """Each test sees the once-per-process warnings (get_or_tune's, autotune's broken cached
+    config) afresh."""
     monkeypatch.setattr(tunecache.client, "_warned_pid", None)
+    monkeypatch.setattr(tunecache.autotuning, "_broken_warned_pid", None)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 # Owns the tests of tunecache.autotune, the generic helper, with the real daemon: eight processes
 # tuning the same twenty problems time each exactly once node-wide, a lease holder killed with
 # SIGKILL does not stop the others, a holder whose result the daemon refuses hands its lease back
-# at once, the in-process memo, and tuning without a daemon.
+# at once, the in-process memo, tuning without a daemon, and a cached config the kernel raises
+# for forgotten (only_if), tuned again and retried, while a config tuned or run here never is.
 from __future__ import annotations
 
 import json
@@ -19,6 +20,7 @@ import pytest
 
 import tunecache
 from tunecache.autotuning import measure
+from tunecache.v1 import tunecache_pb2 as pb
 from conftest import PYTHON_PACKAGE_ROOT, start_python_worker
 
 WORKER = Path(__file__).resolve().parent / "autotune_worker.py"
@@ -188,3 +190,161 @@ def test_a_refused_record_gives_the_lease_up_so_a_waiter_times_at_once(daemon, c
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert "not valid JSON" in warnings[0].getMessage() and problem in warnings[0].getMessage()
     assert tunecache.client._warned_pid is None
+
+
+# --- a broken cached config -------------------------------------------------------------------
+
+BLOCKS = (16, 32, 64, 256)
+BEST_BLOCK = 32
+
+
+def broken_key(problem):
+    return {"namespace": "pytest-autotune", "op": "broken", "device": "cpu|pytest", "problem": problem}
+
+
+def too_big(problem, block):
+    return block == 256
+
+
+def block_tuner(client, kernel_calls, kernel_raises_for=too_big):
+    """An autotuned kernel over BLOCKS whose bench raises for block 256 (too big for this
+    device), so the best of the others is BEST_BLOCK, and whose kernel raises where
+    ``kernel_raises_for`` says (by default where bench does). Each kernel call is appended to
+    ``kernel_calls`` as (problem, block)."""
+
+    def bench(config, problem):
+        if too_big(problem, config["block"]):
+            raise RuntimeError(f"block {config['block']} needs more shared memory than this device has")
+        return 10.0 + abs(config["block"] - BEST_BLOCK)
+
+    tuner = tunecache.autotune("pytest-autotune", "broken", key_fn=lambda problem: problem,
+                               configs=[{"block": block} for block in BLOCKS], bench=bench,
+                               device="cpu|pytest", warmup=0, repeats=1, client=client)
+
+    @tuner
+    def kernel(problem, *, config):
+        kernel_calls.append((problem, config["block"]))
+        if kernel_raises_for(problem, config["block"]):
+            raise RuntimeError(f"the kernel failed with block {config['block']}")
+        return config["block"]
+
+    return kernel
+
+
+def record_as_the_helper(client, problem, block, time_us, tuned_by="an older build"):
+    """The result another node (with more shared memory) tuned, in the helper's format."""
+    config = json.dumps({"config": {"block": block}, "index": BLOCKS.index(block), "stats": {}})
+    result = {"config": config, "time_us": time_us, "tuned_by": tuned_by}
+    assert client.record([{"key": broken_key(problem), "result": result}]).stored == 1
+    return config
+
+
+def stored_block(client, problem):
+    (hit,) = client.lookup([broken_key(problem)])
+    return json.loads(hit.result.config)["config"]["block"], hit.result.time_us
+
+
+def test_a_broken_cached_config_is_forgotten_retuned_and_retried(daemon, caplog):
+    caplog.set_level(logging.DEBUG, logger="tunecache")
+    problems = [f"broken-{uuid.uuid4()}" for _ in range(2)]
+    calls = []
+    with daemon.client() as client:
+        for problem in problems:
+            record_as_the_helper(client, problem, 256, 1.0)
+        kernel = block_tuner(client, calls)
+        for problem in problems:
+            assert kernel(problem) == BEST_BLOCK
+        # Each problem: the cached block raised, then the retuned one ran.
+        assert calls == [(problems[0], 256), (problems[0], BEST_BLOCK), (problems[1], 256), (problems[1], BEST_BLOCK)]
+        assert kernel(problems[0]) == BEST_BLOCK  # the memo holds the new config
+        for problem in problems:
+            # The daemon's entry is the config tuned here now, though the broken one was faster.
+            assert stored_block(client, problem) == (BEST_BLOCK, 10.0)
+        stats = client.stats()
+        assert stats.forget_entries_dropped == 2
+        assert stats.forgets_refused == 0
+
+    warnings = [r for r in caplog.records if r.name.startswith("tunecache") and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    message = warnings[0].getMessage()
+    assert problems[0] in message and "'block': 256" in message and "the kernel failed with block 256" in message
+    later = [r for r in caplog.records if r.name.startswith("tunecache") and problems[1] in r.getMessage()
+             and "raised" in r.getMessage()]
+    assert [r.levelno for r in later] == [logging.DEBUG]
+    assert tunecache.client._warned_pid is None  # the daemon did nothing wrong
+
+
+def test_the_forget_spares_a_better_result_recorded_since(daemon):
+    # The helper was handed block 256; before it reports it broken, another process records
+    # block 32 at a better time. The Forget (only_if the 256 result) drops nothing, and the
+    # helper retries with the new winner without tuning.
+    problem = f"broken-{uuid.uuid4()}"
+    calls = []
+    with daemon.client() as client:
+        record_as_the_helper(client, problem, 256, 5.0)
+        kernel = block_tuner(client, calls)
+        assert kernel.autotuner.best(problem) == {"block": 256}  # cached, not yet run
+        record_as_the_helper(client, problem, BEST_BLOCK, 2.0, tuned_by="a process on this node")
+        assert kernel(problem) == BEST_BLOCK
+        assert calls == [(problem, 256), (problem, BEST_BLOCK)]
+        assert stored_block(client, problem) == (BEST_BLOCK, 2.0)
+        assert client.stats().forget_entries_dropped == 0
+
+
+def test_a_retry_that_raises_too_propagates(daemon):
+    problem = f"broken-{uuid.uuid4()}"
+    calls = []
+    with daemon.client() as client:
+        record_as_the_helper(client, problem, 256, 1.0)
+        # The kernel raises with every block, though bench runs them: this input is bad.
+        kernel = block_tuner(client, calls, kernel_raises_for=lambda p, block: True)
+        with pytest.raises(RuntimeError, match=f"the kernel failed with block {BEST_BLOCK}"):
+            kernel(problem)
+        assert calls == [(problem, 256), (problem, BEST_BLOCK)]  # one retry, no more
+        assert stored_block(client, problem) == (BEST_BLOCK, 10.0)  # tuned here: not forgotten again
+        assert client.stats().forget_entries_dropped == 1
+
+
+def test_a_config_tuned_or_run_here_is_never_forgotten(daemon):
+    tuned_here, cached = f"tuned-{uuid.uuid4()}", f"cached-{uuid.uuid4()}"
+    calls = []
+    failing = set()
+    with daemon.client() as client:
+        record_as_the_helper(client, cached, 64, 1.0)
+        kernel = block_tuner(client, calls, kernel_raises_for=lambda p, block: too_big(p, block) or p in failing)
+        assert kernel(tuned_here) == BEST_BLOCK  # a miss: tuned by this process
+        assert kernel(cached) == 64  # a hit, and it ran
+        failing.update((tuned_here, cached))  # now the kernel raises for these inputs
+        for problem in (tuned_here, cached):
+            calls.clear()
+            with pytest.raises(RuntimeError, match="the kernel failed"):
+                kernel(problem)
+            assert len(calls) == 1, calls  # no forget, no retune, no retry
+        assert stored_block(client, tuned_here) == (BEST_BLOCK, 10.0)
+        assert stored_block(client, cached) == (64, 1.0)
+        assert client.stats().forget_entries_dropped == 0
+
+
+def test_with_a_daemon_without_forget_the_helper_tunes_for_itself(fake_daemon, caplog):
+    # The fake daemon has no Forget (UNIMPLEMENTED, as an older tunecached answers) and keeps
+    # answering the broken result: the helper tunes for itself, Records (the faster one wins)
+    # and retries with its own config.
+    caplog.set_level(logging.DEBUG, logger="tunecache")
+    socket_path, servicer = fake_daemon
+    problem = f"broken-{uuid.uuid4()}"
+    broken = json.dumps({"config": {"block": 256}, "index": 3, "stats": {}})
+    servicer.results[servicer._key_bytes(pb.Key(**broken_key(problem)))] = pb.Result(config=broken, time_us=1.0)
+    calls = []
+    with tunecache.Client(socket_path) as client:
+        kernel = block_tuner(client, calls)
+        assert kernel(problem) == BEST_BLOCK
+        assert kernel(problem) == BEST_BLOCK
+    assert calls == [(problem, 256), (problem, BEST_BLOCK), (problem, BEST_BLOCK)]
+    assert len(servicer.resolve_requests) == 2  # the first call and the retune; then the memo
+    ((recorded,),) = [request.entries for request in servicer.record_requests]
+    assert json.loads(recorded.result.config)["config"] == {"block": BEST_BLOCK}
+    assert servicer.record_requests[0].lease_id == ""
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("tunecache") and r.levelno >= logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert "the kernel failed with block 256" in warnings[0]
+    assert "Forget" in warnings[1] and "unavailable or failing" in warnings[1]

@@ -1,6 +1,7 @@
 # Owns the generic autotuning helper for Python kernel launchers (BitBLAS, Triton-style kernels,
 # hand-written CUDA): one Resolve per problem, timing of every config by the one process that
-# holds the node-wide lease, Record of the best with its statistics, and an in-process memo.
+# holds the node-wide lease, Record of the best with its statistics, an in-process memo, and the
+# Forget of a cached config the kernel raises for.
 """``tunecache.autotune``: tune a problem once per node, reuse it everywhere.
 
 As a decorator, the wrapped function receives the chosen config as ``config=``::
@@ -23,7 +24,27 @@ tunes instead. Without a daemon, every process tunes for itself (one warning).
 
 ``bench`` runs the kernel once with the config. If it returns a number, that number is the
 measured time in microseconds (e.g. from CUDA events); if it returns anything else, the helper
-measures the call's wall time with ``time.perf_counter_ns`` (synchronize inside ``bench``).
+measures the call's wall time with ``time.perf_counter_ns`` (synchronize inside ``bench``). A
+config for which ``bench`` raises is skipped.
+
+A cached config can be broken here even though it was tuned somewhere: a config tuned by an
+older build of the kernel, or one that no longer is among ``configs``. When the decorated
+function raises (an ``Exception``) with a config that came from the cache, the helper sends the
+daemon a Forget of that key ``only_if`` its winner is still that result (so a better result
+recorded since stays; the Forget reaches every node), tunes the problem again as on a miss
+(Resolve, and the lease holder times every config; ``bench`` raising for the broken one skips it)
+and calls the function once more with the new config. The first such case in a process is logged
+at WARNING, later ones at DEBUG. If the second call raises too, its exception propagates, and so
+does a failure to tune again. If the Forget does not take (an older daemon without Forget, or one
+gone since), the helper tunes for itself and Records its result, so that the faster one wins.
+
+Which configs are forgotten: only one that came from the cache and has not completed a call in
+this process yet. A config this process tuned has just run ``bench`` for this very problem, and
+one that completed a call has run the kernel for it; an exception with either is taken to be
+about the arguments or the device (bad inputs, out of memory), not the config, and propagates as
+it is: forgetting it would send every process on every node to tune the problem again for
+nothing. A call retries at most once, so the config of its retry is not forgotten in that call.
+With ``.best()`` the caller runs the kernel, so the helper cannot see it fail and forgets nothing.
 """
 
 from __future__ import annotations
@@ -38,7 +59,7 @@ import statistics
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import grpc
 
@@ -54,6 +75,11 @@ DEFAULT_WAIT_MS = 60_000
 # How many Resolve rounds a waiter makes (each up to wait_ms) before it tunes for itself.
 MAX_RESOLVE_ROUNDS = 10
 DEVICE_ENV = "TUNECACHE_DEVICE"
+
+
+# A problem's config, and the Result of the daemon's it came from: None when this process tuned
+# it, or once a call with it has completed (see the module doc: only such configs are forgotten).
+Choice = Tuple[Any, Optional[pb.Result]]
 
 
 def default_device() -> str:
@@ -135,29 +161,85 @@ class Autotuner:
         self.lease_ms = lease_ms
         self._client = client
         self._config_json = [_config_json(config) for config in self.configs]
-        self._memo: Dict[str, Any] = {}
+        self._memo: Dict[str, Choice] = {}
         self._locks: Dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
     def __call__(self, function: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(function)
         def tuned(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, config=self.best(*args, **kwargs), **kwargs)
+            problem = problem_text(self.key_fn(*args, **kwargs))
+            choice = self._choose(problem, args, kwargs)
+            try:
+                answer = function(*args, config=choice[0], **kwargs)
+            except Exception as error:
+                if choice[1] is None:
+                    raise
+                # A cached config this process never ran to completion: it may be broken here.
+                choice = self._replace_broken(problem, choice, error, args, kwargs)
+                answer = function(*args, config=choice[0], **kwargs)
+            self._completed(problem, choice)
+            return answer
 
         tuned.autotuner = self  # type: ignore[attr-defined]
         return tuned
 
     def best(self, *args: Any, **kwargs: Any) -> Any:
         """The config for the problem of these arguments (tuned at most once per node)."""
-        problem = problem_text(self.key_fn(*args, **kwargs))
+        return self._choose(problem_text(self.key_fn(*args, **kwargs)), args, kwargs)[0]
+
+    def _lock(self, problem: str) -> threading.Lock:
         with self._locks_guard:
-            lock = self._locks.setdefault(problem, threading.Lock())
-        with lock:
-            if problem in self._memo:
-                return self._memo[problem]
-            config = self._resolve(problem, args, kwargs)
-            self._memo[problem] = config
-            return config
+            return self._locks.setdefault(problem, threading.Lock())
+
+    def _choose(self, problem: str, args: Sequence[Any], kwargs: Dict[str, Any]) -> Choice:
+        with self._lock(problem):
+            if problem not in self._memo:
+                self._memo[problem] = self._resolve(problem, args, kwargs)
+            return self._memo[problem]
+
+    def _completed(self, problem: str, choice: Choice) -> None:
+        """A call with ``choice`` returned: its config works for this problem, never forget it."""
+        if choice[1] is None:
+            return
+        with self._lock(problem):
+            if self._memo.get(problem) is choice:
+                self._memo[problem] = (choice[0], None)
+
+    def _replace_broken(
+        self, problem: str, broken: Choice, error: Exception, args: Sequence[Any], kwargs: Dict[str, Any]
+    ) -> Choice:
+        """Forgets the cached result behind ``broken`` (only if it is still the key's winner) and
+        tunes the problem again; returns the new choice. A thread that finds ``broken`` already
+        replaced by another takes that one."""
+        with self._lock(problem):
+            current = self._memo.get(problem)
+            if current is not None and current is not broken:
+                return current
+            key = self._key(problem)
+            _warn_once_broken_config(key, broken[0], error)
+            self._forget(key, broken[1])
+            # As on a miss; should the daemon still answer the broken result, _resolve tunes here.
+            choice = self._resolve(problem, args, kwargs, broken=broken[1])
+            self._memo[problem] = choice
+            return choice
+
+    def _forget(self, key: pb.Key, result: pb.Result) -> None:
+        """Forgets ``key`` on every node, only if ``result`` is still its winner. A failure (a
+        daemon without Forget, or none) is the once-per-process daemon warning: the caller tunes
+        again regardless."""
+        try:
+            daemon = self._daemon()
+        except Exception as err:
+            client_module._warn_once_daemon_problem(client_module.default_socket_path(), "connect", err)
+            return
+        try:
+            forgotten = daemon.forget(key.namespace, key.op, key.device, key.problem, only_if=result)
+        except grpc.RpcError as err:
+            client_module._warn_once_daemon_problem(daemon.socket_path, "Forget", err)
+            return
+        # 0: the winner is no longer that result (someone forgot it first, or recorded a better one).
+        logger.debug("tunecache: Forget of %s dropped %d entries", client_module.describe_key(key), forgotten)
 
     # --- the node-wide part ------------------------------------------------------------------------
 
@@ -168,28 +250,33 @@ class Autotuner:
     def _daemon(self) -> Client:
         return self._client if self._client is not None else client_module._process_client()
 
-    def _resolve(self, problem: str, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    def _resolve(
+        self, problem: str, args: Sequence[Any], kwargs: Dict[str, Any], broken: Optional[pb.Result] = None
+    ) -> Choice:
+        """The problem's config from the daemon, or tuned here. ``broken``: a result just
+        forgotten; should the daemon still answer it (the Forget did not take), tune here."""
         key = self._key(problem)
         try:
             daemon = self._daemon()
         except Exception as err:
             client_module._warn_once_daemon_problem(client_module.default_socket_path(), "connect", err)
-            return self._tune(key, args, kwargs)[0]
+            return self._tune(key, args, kwargs)[0], None
         for _ in range(MAX_RESOLVE_ROUNDS):
             try:
                 response = daemon.resolve(key, wait_ms=self.wait_ms, can_tune=True, lease_ms=self.lease_ms)
             except grpc.RpcError as err:
                 client_module._warn_once_daemon_problem(daemon.socket_path, "Resolve", err)
-                return self._tune(key, args, kwargs)[0]
+                return self._tune(key, args, kwargs)[0], None
             outcome = response.WhichOneof("outcome")
             if outcome == "hit":
                 found = self._config_from_result(response.hit)
-                if found is not None:
-                    return found[0]
-                # A result this helper cannot read: tune and let the faster one win.
+                if found is not None and not _same_result(response.hit, broken):
+                    return found[0], response.hit
+                # A result this helper cannot read, or the broken one still: tune and let the
+                # faster one win.
                 config, result = self._tune(key, args, kwargs)
                 self._record(daemon, key, result, lease_id="")
-                return config
+                return config, None
             if outcome == "tune_here":
                 lease_id = response.tune_here.lease_id
                 try:
@@ -198,11 +285,11 @@ class Autotuner:
                     self._give_up(daemon, lease_id)
                     raise
                 self._record(daemon, key, result, lease_id)
-                return config
+                return config, None
             # miss: the wait ran out (the tuner is slow) or the lease was given up; ask again.
             logger.debug("tunecache: %s: %s; resolving again", client_module.describe_key(key), response.miss.reason)
         logger.warning("tunecache: no result for %s after %d waits; tuning here", client_module.describe_key(key), MAX_RESOLVE_ROUNDS)
-        return self._tune(key, args, kwargs)[0]
+        return self._tune(key, args, kwargs)[0], None
 
     def _tune(self, key: pb.Key, args: Sequence[Any], kwargs: Dict[str, Any]):
         """Times every config; returns (best config, the Result to record)."""
@@ -277,6 +364,36 @@ class Autotuner:
             daemon.record([], lease_id=lease_id)
         except grpc.RpcError as err:
             client_module._warn_once_daemon_problem(daemon.socket_path, "Record (giving the lease up)", err)
+
+
+def _same_result(result: pb.Result, other: Optional[pb.Result]) -> bool:
+    """What Forget's only_if compares: the config text and time_us."""
+    return other is not None and result.config == other.config and result.time_us == other.time_us
+
+
+# --- once-per-process warning about a broken cached config ------------------------------------------
+# A launcher calls its kernels in a loop over many problems; after a kernel update every cached
+# problem may break in turn. One warning says what happens; the rest go to DEBUG. The pid makes a
+# forked child warn once on its own.
+_broken_warned_pid: Optional[int] = None
+_broken_warn_lock = threading.Lock()
+
+
+def _warn_once_broken_config(key: pb.Key, config: Any, error: Exception) -> None:
+    global _broken_warned_pid
+    with _broken_warn_lock:
+        first = _broken_warned_pid != os.getpid()
+        _broken_warned_pid = os.getpid()
+    log = logger.warning if first else logger.debug
+    log(
+        "tunecache: the cached config %r for %s raised %s: %s; forgetting it (on every node, "
+        "unless a better result replaced it), tuning again and retrying once.%s",
+        config,
+        client_module.describe_key(key),
+        type(error).__name__,
+        error,
+        " Further such cases in this process are logged at DEBUG." if first else "",
+    )
 
 
 def autotune(
