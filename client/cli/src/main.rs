@@ -107,9 +107,10 @@ enum Command {
     /// Forget results on every node, for good; prints how many entries this node dropped.
     ///
     /// Without --only-if-*, every entry of the namespace whose fields equal the ones given,
-    /// which only an administrator may do (the daemon's --admin-uid / --admin-gid). With them,
-    /// the one key named (--op, --device and --problem all given), and only while its result is
-    /// still that one: what any caller who may Record does about a config it found broken.
+    /// which only an administrator may do (root, the daemon's uid, its --admin-uid /
+    /// --admin-gid). With them, the one key named (--op, --device and --problem all given), and
+    /// only while its result is still that one: what any caller who may Record does about a
+    /// config it found broken.
     Forget {
         #[arg(long)]
         namespace: String,

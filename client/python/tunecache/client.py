@@ -314,12 +314,12 @@ class Client:
         """Forgets results on every node, for good; returns how many entries this node dropped.
         Without ``only_if``, every entry of ``namespace`` whose op, device and problem equal the
         non-empty ones given (``rank=None``: the shared entries and every rank's own), which only
-        an administrator may do (the daemon's --admin-uid / --admin-gid; anyone else gets
-        PERMISSION_DENIED). With ``only_if`` (a Result, or a mapping with its ``config`` text
-        and ``time_us``), the one key named (op, device and problem all given; ``rank=None``:
-        the shared entry), and only while its winner has exactly that config and time_us: how a
-        caller who may Record reports a config it found broken without dropping a better result
-        recorded since. Raises grpc.RpcError, like the other calls."""
+        an administrator may do (root, the daemon's own uid, its --admin-uid / --admin-gid;
+        anyone else gets PERMISSION_DENIED). With ``only_if`` (a Result, or a mapping with its
+        ``config`` text and ``time_us``), the one key named (op, device and problem all given;
+        ``rank=None``: the shared entry), and only while its winner has exactly that config and
+        time_us: how a caller who may Record reports a config it found broken without dropping
+        a better result recorded since. Raises grpc.RpcError, like the other calls."""
         request = pb.ForgetRequest(
             namespace=namespace,
             op=op,
