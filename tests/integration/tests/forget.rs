@@ -539,7 +539,7 @@ async fn lone_daemon(dir: &Path, extra: &[&str]) -> Daemon {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exact_key_forget_drops_only_the_winner_it_names() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = lone_daemon(dir.path(), &[]).await;
+    let mut daemon = lone_daemon(dir.path(), &[]).await;
     let client = daemon.client().await;
 
     // The winner named: dropped.
@@ -633,12 +633,29 @@ async fn an_exact_key_forget_drops_only_the_winner_it_names() {
     let stats = client.stats().await.unwrap();
     assert_eq!(stats.forget_entries_dropped, 3, "{stats:?}");
     assert_eq!(stats.forgets_refused, 0, "{stats:?}");
+
+    // SIGKILL and restart: the journal, the only replica here, holds the forgotten results
+    // and the Forgets; what was dropped stays dropped, what was not stays.
+    daemon.kill();
+    daemon.restart().await;
+    let client = daemon.client().await;
+    for key in [&rank_key, &shared_key] {
+        let got = winner(&client, key).await;
+        assert_eq!(got, None, "after SIGKILL and restart {key:?} is back");
+    }
+    let got = winner(&client, &named).await;
+    assert!(
+        is(got.as_ref(), GOOD, 9.0),
+        "after restart, the result recorded after the Forget, not the forgotten one: {got:?}"
+    );
+    let got = winner(&client, &moved).await;
+    assert!(is(got.as_ref(), GOOD, 5.0), "after restart: {got:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_forget_stats_count_it_and_resolve_tunes_again() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = lone_daemon(dir.path(), &[]).await;
+    let mut daemon = lone_daemon(dir.path(), &[]).await;
     let client = daemon.client().await;
     let s = scenario();
     s.record_bogus(&daemon, "r", &[&daemon]).await;
@@ -710,6 +727,24 @@ async fn after_a_forget_stats_count_it_and_resolve_tunes_again() {
     client.record(vec![e]).await.unwrap();
     let got = winner(&client, &untouched).await.expect("recorded");
     assert_eq!(got.forget_epoch, 0, "no Forget covers {untouched:?}");
+
+    // SIGKILL and restart: the journal alone brings nothing back, and the retuned result
+    // stays the winner.
+    daemon.kill();
+    daemon.restart().await;
+    let client = daemon.client().await;
+    let left = hits_among(&daemon, &s.forgotten[1..]).await;
+    assert!(left.is_empty(), "after SIGKILL and restart: {left:?}");
+    let got = winner(&client, &s.main).await;
+    assert!(
+        is(got.as_ref(), GOOD, 12.0),
+        "after restart the retuned result: {got:?}"
+    );
+    let stats = client.stats().await.unwrap();
+    assert!(
+        stats.tombstones_held >= 1,
+        "the journal kept the Forgets: {stats:?}"
+    );
 }
 
 // --- A caller that is not an administrator. ---
