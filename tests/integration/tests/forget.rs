@@ -492,6 +492,25 @@ async fn scope_forget_reaches_every_node_and_stays(tier: &Tier, dir: &Path) {
     );
     let got = winner(&d.client().await, main_key).await;
     assert!(is(got.as_ref(), GOOD_AFTER, GOOD_AFTER_TIME), "D: {got:?}");
+    assert_healthy(&[&a, &b, &c, &d]).await;
+}
+
+/// No node saw a shared-directory error, dropped an invalid entry it loaded, or found an
+/// entry the Redis stream never announced.
+async fn assert_healthy(nodes: &[&Daemon]) {
+    for node in nodes {
+        let stats = stats(node).await;
+        assert_eq!(
+            (
+                stats.snapshot_errors,
+                stats.snapshot_invalid_entries,
+                stats.cluster_audit_repaired
+            ),
+            (0, 0, 0),
+            "{}: snapshot errors, invalid entries loaded, audit repairs: {stats:?}",
+            node.socket.display()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -764,10 +783,16 @@ fn nobody_tool() -> Option<NobodyTool> {
         .output()
         .expect("run the tunecache CLI");
     if help.status.success() {
+        eprintln!("acting as uid 65534 with `tunecache forget`");
         return Some(NobodyTool::Cli);
     }
     let found = require_tool("grpcurl", Some("GRPCURL"))?;
-    Some(NobodyTool::Grpcurl(static_grpcurl(&found)))
+    let grpcurl = static_grpcurl(&found);
+    eprintln!(
+        "this tunecache CLI has no `forget`: acting as uid 65534 with {}",
+        grpcurl.display()
+    );
+    Some(NobodyTool::Grpcurl(grpcurl))
 }
 
 /// pip's grpcurl is a Python script (under root's home, which uid 65534 cannot reach)
@@ -1056,6 +1081,7 @@ async fn a_node_down_during_the_forget_brings_nothing_back(
         let got = winner(&node.client().await, kept.key.as_ref().unwrap()).await;
         assert!(is(got.as_ref(), GOOD, 3.0), "outside the scope: {got:?}");
     }
+    assert_healthy(&[&a, &b, &c]).await;
 }
 
 fn sigkill(daemon: &mut Daemon) {
