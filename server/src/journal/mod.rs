@@ -763,6 +763,54 @@ mod tests {
     }
 
     #[test]
+    fn tombstones_survive_appends_and_rewrites_with_their_provenance() {
+        let dir = tempfile::tempdir().unwrap();
+        let scope = |problem: &str, rank| ForgetScope {
+            namespace: "ns".into(),
+            op: "op".into(),
+            device: String::new(),
+            problem: problem.into(),
+            rank,
+        };
+        let own = Tombstone {
+            scope: scope("", RankScope::Every),
+            stamp: 7 << 16,
+        };
+        let learned = Tombstone {
+            scope: scope("p1", RankScope::Rank(3)),
+            stamp: 9 << 16,
+        };
+        {
+            let (mut journal, _) =
+                Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _| {}).unwrap();
+            journal.append(&[entry(1)]).unwrap();
+            journal
+                .append_tombstones(&[
+                    (own.clone(), Origin::Own),
+                    (learned.clone(), Origin::Learned),
+                ])
+                .unwrap();
+        }
+        let (seen, report) = replay(dir.path());
+        assert_eq!(seen.len(), 1);
+        let expected = vec![
+            (own.clone(), Origin::Own),
+            (learned.clone(), Origin::Learned),
+        ];
+        assert_eq!(report.tombstones, expected);
+        {
+            let (mut journal, _) =
+                Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _| {}).unwrap();
+            journal
+                .rewrite(stored(&[entry(2)]).iter().map(|(e, o)| (e, *o)), &expected)
+                .unwrap();
+        }
+        let (seen, report) = replay(dir.path());
+        assert_eq!(seen.len(), 1, "the rewrite holds what it was given");
+        assert_eq!(report.tombstones, expected);
+    }
+
+    #[test]
     fn replays_frames_and_skips_damage_in_the_middle() {
         let dir = tempfile::tempdir().unwrap();
         let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _| {}).unwrap();

@@ -963,6 +963,7 @@ impl Writer {
         let mut told = Vec::new();
         let mut journalled = Vec::new();
         let mut dropped_total = 0u32;
+        let mut freed = 0u64;
         for tombstone in new {
             self.clock.observe(tombstone.stamp);
             let own_new = origin == Origin::Own && own_tombstones.insert(tombstone.clone());
@@ -972,11 +973,10 @@ impl Writer {
             }
             let dropped = next.remove_dropped_by(&tombstone);
             own_next.remove_dropped_by(&tombstone);
-            for entry in &dropped {
-                self.live_bytes = self
-                    .live_bytes
-                    .saturating_sub(entry.encoded_len_estimate() as u64);
-            }
+            freed += dropped
+                .iter()
+                .map(|entry| entry.encoded_len_estimate() as u64)
+                .sum::<u64>();
             let dropped = u32::try_from(dropped.len()).unwrap_or(u32::MAX);
             dropped_total = dropped_total.saturating_add(dropped);
             journalled.push((tombstone.clone(), origin));
@@ -995,6 +995,7 @@ impl Writer {
             return Err(error);
         }
         self.note_health();
+        self.live_bytes = self.live_bytes.saturating_sub(freed);
         let counters = &self.shared.counters;
         counters
             .forgets_received
@@ -1206,6 +1207,70 @@ mod tests {
             forget_epoch: 0,
         };
         (key, result)
+    }
+
+    fn scope_of(op: &str) -> ForgetScope {
+        ForgetScope {
+            namespace: "ns".into(),
+            op: op.into(),
+            device: String::new(),
+            problem: String::new(),
+            rank: crate::model::forget::RankScope::Every,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_forget_drops_what_it_covers_for_good_and_what_is_recorded_after_it_lives() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bogus_key, bogus) = pair("a", 0.0);
+        {
+            let (guard, _) = Store::open(dir.path(), FsyncPolicy::Never).unwrap();
+            let store = guard.store();
+            store
+                .try_apply(
+                    vec![pair("a", 41.5), (bogus_key.clone(), bogus.clone())],
+                    None,
+                )
+                .await
+                .unwrap();
+            store.try_apply(vec![pair("b", 3.0)], None).await.unwrap();
+            let ask = ForgetAsk {
+                scope: ForgetScope::exact(&bogus_key),
+                only_if: Some(("{}".into(), 41.5)),
+            };
+            assert_eq!(
+                store.forget(ask).await.unwrap(),
+                0,
+                "only_if no longer the winner"
+            );
+            let ask = ForgetAsk {
+                scope: scope_of("op"),
+                only_if: None,
+            };
+            assert_eq!(store.forget(ask).await.unwrap(), 2);
+            assert!(store.is_empty());
+            // The old result arriving from another node is dropped; a new Record lives,
+            // though slower than what was forgotten.
+            store
+                .apply_learned(vec![(bogus_key.clone(), bogus.clone())], Source::Cluster)
+                .await
+                .unwrap();
+            assert!(store.get(&bogus_key).is_none());
+            store.try_apply(vec![pair("a", 50.0)], None).await.unwrap();
+            let live = store.get(&bogus_key).unwrap();
+            assert_eq!(live.time_us, 50.0);
+            assert!(live.forget_epoch > 0);
+            assert_eq!(store.tombstones().len(), 1);
+            assert_eq!(store.own_tombstones().len(), 1);
+        }
+        // After a restart: the journal's tombstone still drops what it covered, and the
+        // result recorded after the Forget is still live.
+        let (guard, _) = Store::open(dir.path(), FsyncPolicy::Never).unwrap();
+        let store = guard.store();
+        assert_eq!(store.get(&bogus_key).unwrap().time_us, 50.0);
+        assert!(store.get(&pair("b", 0.0).0).is_none());
+        assert_eq!(store.tombstones().len(), 1);
+        assert_eq!(store.counters().tombstones_held.load(Ordering::Relaxed), 1);
     }
 
     #[tokio::test]

