@@ -349,8 +349,17 @@ impl Follower {
                 for chunk in names.chunks(READ_COUNT) {
                     let entries = read_entries(conn, chunk).await?;
                     let current = self.cluster.store.current();
+                    let tombstones = self.cluster.store.tombstones();
                     let mut apply = Vec::new();
+                    let mut forgotten = Vec::new();
                     for (key, result, seq, through) in entries {
+                        let floor = tombstones.floor(&key.view());
+                        if result.forget_epoch < floor {
+                            // Published before the Forget reached its node: neither learned
+                            // nor kept in Redis.
+                            forgotten.push((key, floor));
+                            continue;
+                        }
                         if merge(current.get(&key).map(|e| e.to_pair().1).as_ref(), &result)
                             == MergeOutcome::Replace
                         {
@@ -364,6 +373,9 @@ impl Follower {
                         }
                     }
                     outcome.learned += u64::from(self.cluster.apply_learned(apply).await);
+                    if !forgotten.is_empty() {
+                        super::forget::delete_forgotten(&self.cluster, conn, forgotten).await?;
+                    }
                 }
                 cursor = next;
                 if cursor == 0 {

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::keys::{decode_stamp, encode_stamp, Layout};
 use super::link::{Conn, BACKGROUND_TIMEOUT};
 use super::{scripts, Cluster};
-use crate::model::entry::Origin;
+use crate::model::entry::{CacheKey, Origin};
 use crate::model::forget::{ForgetScope, RankScope, Tombstone};
 use crate::store::Source;
 
@@ -200,6 +200,43 @@ async fn sweep(cluster: &Cluster, conn: &Conn, tombstones: &[Tombstone]) -> Resu
             }
         }
     }
+    delete_entries(cluster, conn, &doomed).await
+}
+
+/// Deletes from Redis entries this node's tombstones drop, found by a resync: results a node
+/// published before the Forget reached it. Afterwards Redis agrees with the nodes again (the
+/// audit's digests). `forgotten`: each key with the floor of the tombstones covering it.
+pub(super) async fn delete_forgotten(
+    cluster: &Cluster,
+    conn: &Conn,
+    forgotten: Vec<(CacheKey, u64)>,
+) -> Result<u64, Failure> {
+    let doomed: Vec<(String, usize, u64)> = forgotten
+        .into_iter()
+        .map(|(key, floor)| {
+            let text = Layout::key_text(&key);
+            let shard = Layout::shard_of_text(&text);
+            (cluster.layout.entry_of_text(&text), shard, floor)
+        })
+        .collect();
+    let deleted = delete_entries(cluster, conn, &doomed).await?;
+    if deleted > 0 {
+        tracing::info!(
+            deleted,
+            "cluster tier: deleted forgotten entries that reached redis after their Forget"
+        );
+    }
+    Ok(deleted)
+}
+
+/// Runs the delete script for each (entry name, shard, stamp): the entry goes if a tombstone
+/// with that stamp drops it. Returns how many went.
+async fn delete_entries(
+    cluster: &Cluster,
+    conn: &Conn,
+    doomed: &[(String, usize, u64)],
+) -> Result<u64, Failure> {
+    let layout = &cluster.layout;
     let mut deleted = 0;
     for chunk in doomed.chunks(READ_COUNT) {
         let deletes = chunk.iter().map(|(name, shard, stamp)| {

@@ -49,6 +49,16 @@ impl Coordinator {
         std::mem::forget(abandoned);
 
         let (answer, cluster_lease, retry_in) = match claim {
+            // Forgotten here and not yet deleted from Redis (the forgetting node sweeps it
+            // moments after the Forget): not a hit; this node coordinates the tuning.
+            Claim::Found(result)
+                if self
+                    .store
+                    .tombstones()
+                    .drops(&call.key.view(), &result.view()) =>
+            {
+                (ClaimAnswer::Unavailable, None, Duration::ZERO)
+            }
             Claim::Found(result) => {
                 cluster
                     .apply_learned(vec![(call.key.clone(), result.clone())])

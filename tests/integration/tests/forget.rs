@@ -1039,3 +1039,184 @@ async fn a_node_sigtermed_during_a_forget_over_the_shared_directory_resurrects_n
     // SIGTERM: B publishes what it holds on the way out, so its last segment has them.
     a_node_down_during_the_forget_brings_nothing_back(&tier, dir.path(), sigterm).await;
 }
+
+/// A version-1 whole-cache file, as a daemon before version 2 (and before Forget) writes it.
+fn write_v1_file(shared: &Path, node: &str, written_at: i64, problems: &[&str]) {
+    let entries: Vec<_> = problems
+        .iter()
+        .map(|problem| {
+            serde_json::json!({"namespace": "test", "op": "gemm", "device": DEVICE,
+                "problem": problem, "config": BOGUS, "time_us": 0.0,
+                "tuned_by": node, "tuned_at_unix_ms": 1})
+        })
+        .collect();
+    let document = serde_json::json!({"format": "tunecache-snapshot", "version": 1,
+        "node": node, "written_at_unix_ms": written_at, "entry_count": entries.len(),
+        "entries": entries});
+    let path = shared.join(format!("{node}.tunecache.json"));
+    let temp = shared.join(format!(".{node}.tmp"));
+    std::fs::write(&temp, serde_json::to_vec(&document).unwrap()).unwrap();
+    std::fs::rename(temp, path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_format_1_file_of_an_old_daemon_brings_nothing_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    write_v1_file(&shared, "old-node", 1, &["v1-a", "v1-b"]);
+    for node in ["a", "b"] {
+        std::fs::create_dir_all(dir.path().join(node)).unwrap();
+    }
+    let shared_arg = shared.to_str().unwrap().to_owned();
+    let flags = ["--shared-dir", &shared_arg, "--snapshot-interval", "1"];
+    let a = lone_daemon(&dir.path().join("a"), &flags).await;
+    let keys = [
+        k("test", "gemm", "v1-a", None),
+        k("test", "gemm", "v1-b", None),
+    ];
+    eventually(
+        GENEROUS,
+        "node a serves the version-1 file's entries",
+        || async { hits_among(&a, &keys).await.len() == 2 },
+    )
+    .await;
+    let forgotten = a
+        .client()
+        .await
+        .forget(scope("test", "gemm"))
+        .await
+        .unwrap();
+    assert_eq!(forgotten, 2);
+    // The old daemon writes its file again (same entries, a new version): read again, and
+    // still dropped, as is a fresh node's first read of it.
+    let loaded = stats(&a).await.peer_files_loaded;
+    write_v1_file(&shared, "old-node", 2, &["v1-a", "v1-b"]);
+    eventually(
+        GENEROUS,
+        "node a reads the new version of the file",
+        || async { stats(&a).await.peer_files_loaded > loaded },
+    )
+    .await;
+    wait_passes(&a, 1).await;
+    assert_eq!(hits_among(&a, &keys).await, vec![], "{}", a.log());
+    let b = lone_daemon(&dir.path().join("b"), &flags).await;
+    wait_passes(&b, 2).await;
+    assert!(stats(&b).await.peer_files_loaded >= 1);
+    assert_eq!(hits_among(&b, &keys).await, vec![], "{}", b.log());
+    // What is recorded after the Forget lives, on both.
+    let after = k("test", "gemm", "v1-a", None);
+    a.client()
+        .await
+        .record(vec![proto::Entry {
+            key: Some(after.clone()),
+            result: Some(result(GOOD_AFTER, GOOD_AFTER_TIME, "a")),
+        }])
+        .await
+        .unwrap();
+    wait_winner(
+        &b,
+        &after,
+        GOOD_AFTER,
+        GOOD_AFTER_TIME,
+        Instant::now(),
+        GENEROUS,
+    )
+    .await;
+}
+
+/// A result published to Redis after the Forget, by a node that had not heard of it yet
+/// (here put back by hand, as that node's late publish would): the audit finds the shard
+/// differing, deletes the entry from Redis, and no node serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgotten_result_published_late_to_redis_is_deleted_by_the_audit() {
+    if Redis::server().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let redis = Redis::start(dir.path(), free_port(), &[]);
+    let a = tunecache_integration::redis::cluster_node(
+        dir.path(),
+        "a",
+        &redis.url(),
+        &["--cluster-audit-secs", "1"],
+    )
+    .await;
+    wait_connected(&a).await;
+    let late = k("test", "gemm", "late", None);
+    a.client()
+        .await
+        .record(vec![proto::Entry {
+            key: Some(late.clone()),
+            result: Some(result(BOGUS, 0.0, "a")),
+        }])
+        .await
+        .unwrap();
+    let name = eventually_some(|| redis.entry_name("gemm", "late")).await;
+    let fields: Vec<String> = ["t", "c", "b", "a"]
+        .iter()
+        .map(|field| redis.cli(&["HGET", &name, field]))
+        .collect();
+    assert_eq!(
+        a.client()
+            .await
+            .forget(scope("test", "gemm"))
+            .await
+            .unwrap(),
+        1
+    );
+    eventually(
+        GENEROUS,
+        "the forgetting node deletes the entry from redis",
+        || async { redis.entry_name("gemm", "late").is_none() },
+    )
+    .await;
+    let differing = stats(&a).await.cluster_audit_differing;
+    // What the merge script does for a result it stores: the entry, and the shard's count
+    // and digest (server/src/cluster/scripts.rs).
+    let shard = &name["tunecache:e:{s".len()..]["".len()..2];
+    let meta = format!("tunecache:m:{{s{shard}}}");
+    let store_as_merge_does = r"
+local h = redis.sha1hex(KEYS[1] .. '\0' .. ARGV[1] .. ARGV[4] .. #ARGV[2] .. ':' .. ARGV[2] .. ARGV[3])
+local x = redis.call('HGET', KEYS[2], 'x') or '0000000000000000'
+local hi = bit.bxor(tonumber(string.sub(x, 1, 8), 16), tonumber(string.sub(h, 1, 8), 16))
+local lo = bit.bxor(tonumber(string.sub(x, 9, 16), 16), tonumber(string.sub(h, 9, 16), 16))
+redis.call('HSET', KEYS[2], 'x', bit.tohex(hi, 8) .. bit.tohex(lo, 8))
+redis.call('HINCRBY', KEYS[2], 'n', 1)
+redis.call('HSET', KEYS[1], 't', ARGV[1], 'c', ARGV[2], 'b', ARGV[3], 'a', ARGV[4], 's', 1)
+return 1";
+    let stored = redis.cli(&[
+        "EVAL",
+        store_as_merge_does,
+        "2",
+        &name,
+        &meta,
+        &fields[0],
+        &fields[1],
+        &fields[2],
+        &fields[3],
+    ]);
+    assert_eq!(stored, "1", "the late publish");
+    assert!(redis.entry_name("gemm", "late").is_some());
+    eventually(
+        GENEROUS,
+        "an audit deletes the late entry from redis",
+        || async { redis.entry_name("gemm", "late").is_none() },
+    )
+    .await;
+    let stats = stats(&a).await;
+    assert!(stats.cluster_audit_differing > differing, "{stats:?}");
+    assert_eq!(stats.cluster_audit_repaired, 0, "{stats:?}");
+    assert_eq!(hits_among(&a, &[late]).await, vec![], "{}", a.log());
+}
+
+async fn eventually_some<T>(mut find: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + GENEROUS;
+    loop {
+        if let Some(found) = find() {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "not found within {GENEROUS:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
