@@ -139,7 +139,8 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
     }
 }
 
-async fn timed<T>(
+/// A background command with the background bound; a failure or timeout names `what`.
+pub(super) async fn timed<T>(
     what: &str,
     future: impl std::future::Future<Output = redis::RedisResult<T>>,
 ) -> Result<T, Failure> {
@@ -329,15 +330,11 @@ impl Follower {
         for node in nodes {
             let mut cursor = 0u64;
             loop {
-                let mut scan = redis::cmd("SCAN");
-                scan.arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000);
-                let reply = timed("scanning entries", conn.on_node(node.as_ref(), &scan)).await?;
-                let (next, names): (u64, Vec<String>) = redis::from_redis_value(&reply)
-                    .map_err(|e| format!("scanning entries: {e}"))?;
+                let (next, names) = timed(
+                    "scanning entries",
+                    conn.scan_step(node.as_ref(), cursor, &pattern),
+                )
+                .await?;
                 let names: Vec<(String, CacheKey, u64)> = names
                     .into_iter()
                     .filter_map(|name| {

@@ -18,6 +18,7 @@ use redis::streams::StreamReadReply;
 use redis::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::follow::timed;
 use super::keys::{decode_stamp, encode_stamp, Layout};
 use super::link::{Conn, BACKGROUND_TIMEOUT};
 use super::{scripts, Cluster};
@@ -38,7 +39,7 @@ type Failure = String;
 
 /// A scope as the tombstone hash names it: a JSON array of its fields.
 fn scope_text(scope: &ForgetScope) -> String {
-    let (rank, every_rank) = rank_fields(scope.rank);
+    let (rank, every_rank) = scope.rank.to_fields();
     serde_json::json!([
         scope.namespace,
         scope.op,
@@ -50,23 +51,11 @@ fn scope_text(scope: &ForgetScope) -> String {
     .to_string()
 }
 
-fn rank_fields(rank: RankScope) -> (Option<u32>, bool) {
-    match rank {
-        RankScope::Every => (None, true),
-        RankScope::Shared => (None, false),
-        RankScope::Rank(n) => (Some(n), false),
-    }
-}
-
 fn parse_scope_text(text: &str) -> Option<ForgetScope> {
     type Fields = (String, String, String, String, Option<u32>, bool);
     let (namespace, op, device, problem, rank, every_rank): Fields =
         serde_json::from_str(text).ok()?;
-    let rank = match (every_rank, rank) {
-        (true, _) => RankScope::Every,
-        (false, None) => RankScope::Shared,
-        (false, Some(n)) => RankScope::Rank(n),
-    };
+    let rank = RankScope::from_fields(rank, every_rank);
     (!namespace.is_empty()).then_some(ForgetScope {
         namespace,
         op,
@@ -91,17 +80,6 @@ fn parse_tombstone_text(text: &str) -> Option<Tombstone> {
         scope: parse_scope_text(scope)?,
         stamp: decode_stamp(stamp)?,
     })
-}
-
-async fn timed<T>(
-    what: &str,
-    future: impl std::future::Future<Output = redis::RedisResult<T>>,
-) -> Result<T, Failure> {
-    match tokio::time::timeout(BACKGROUND_TIMEOUT, future).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => Err(format!("{what}: {error}")),
-        Err(_) => Err(format!("{what}: no answer within {BACKGROUND_TIMEOUT:?}")),
-    }
 }
 
 /// Publishes tombstones (stored and announced), then deletes from Redis the entries they
@@ -171,15 +149,11 @@ async fn sweep(cluster: &Cluster, conn: &Conn, tombstones: &[Tombstone]) -> Resu
         for node in nodes {
             let mut cursor = 0u64;
             loop {
-                let mut scan = redis::cmd("SCAN");
-                scan.arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000);
-                let reply = timed("scanning entries", conn.on_node(node.as_ref(), &scan)).await?;
-                let (next, names): (u64, Vec<String>) = redis::from_redis_value(&reply)
-                    .map_err(|e| format!("scanning entries: {e}"))?;
+                let (next, names) = timed(
+                    "scanning entries",
+                    conn.scan_step(node.as_ref(), cursor, &pattern),
+                )
+                .await?;
                 for name in names {
                     let Some((key, shard)) = layout.key_of_entry(&name) else {
                         continue;

@@ -72,6 +72,24 @@ impl Conn {
         }
     }
 
+    /// One SCAN step on `node` (see `scan_nodes`): the next cursor (0 when done) and the
+    /// names matching `pattern`, up to a thousand at a time.
+    pub async fn scan_step(
+        &mut self,
+        node: Option<&(String, u16)>,
+        cursor: u64,
+        pattern: &str,
+    ) -> RedisResult<(u64, Vec<String>)> {
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000);
+        let reply = self.on_node(node, &scan).await?;
+        redis::from_redis_value(&reply)
+    }
+
     /// The primaries to SCAN: `[None]` for one server, every master's address for a cluster.
     pub async fn scan_nodes(&mut self) -> RedisResult<Vec<Option<(String, u16)>>> {
         let Conn::Cluster(_) = self else {

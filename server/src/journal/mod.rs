@@ -184,11 +184,7 @@ const LEARNED_TAG: u8 = 2 << 3 | 2;
 /// A tombstone as the journal writes it.
 fn tombstone_record(tombstone: &Tombstone, origin: Origin) -> JournalTombstone {
     let scope = &tombstone.scope;
-    let (rank, every_rank) = match scope.rank {
-        RankScope::Every => (None, true),
-        RankScope::Shared => (None, false),
-        RankScope::Rank(n) => (Some(n), false),
-    };
+    let (rank, every_rank) = scope.rank.to_fields();
     JournalTombstone {
         namespace: scope.namespace.clone(),
         op: scope.op.clone(),
@@ -202,11 +198,7 @@ fn tombstone_record(tombstone: &Tombstone, origin: Origin) -> JournalTombstone {
 }
 
 fn tombstone_from_record(record: JournalTombstone) -> (Tombstone, Origin) {
-    let rank = match (record.every_rank, record.rank) {
-        (true, _) => RankScope::Every,
-        (false, None) => RankScope::Shared,
-        (false, Some(n)) => RankScope::Rank(n),
-    };
+    let rank = RankScope::from_fields(record.rank, record.every_rank);
     let tombstone = Tombstone {
         scope: ForgetScope {
             namespace: record.namespace,

@@ -44,6 +44,24 @@ impl RankScope {
         }
     }
 
+    /// As files and messages carry it: the rank a scope names, and whether it covers every
+    /// rank (neither: the shared entry only).
+    pub fn to_fields(self) -> (Option<u32>, bool) {
+        match self {
+            RankScope::Every => (None, true),
+            RankScope::Shared => (None, false),
+            RankScope::Rank(n) => (Some(n), false),
+        }
+    }
+
+    pub fn from_fields(rank: Option<u32>, every_rank: bool) -> RankScope {
+        match (every_rank, rank) {
+            (true, _) => RankScope::Every,
+            (false, None) => RankScope::Shared,
+            (false, Some(n)) => RankScope::Rank(n),
+        }
+    }
+
     fn includes(self, other: RankScope) -> bool {
         match (self, other) {
             (RankScope::Every, _) => true,

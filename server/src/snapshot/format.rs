@@ -257,11 +257,7 @@ pub struct TombstoneJson {
 impl From<&Tombstone> for TombstoneJson {
     fn from(tombstone: &Tombstone) -> Self {
         let scope = &tombstone.scope;
-        let (rank, every_rank) = match scope.rank {
-            RankScope::Every => (None, true),
-            RankScope::Shared => (None, false),
-            RankScope::Rank(n) => (Some(n), false),
-        };
+        let (rank, every_rank) = scope.rank.to_fields();
         TombstoneJson {
             namespace: scope.namespace.clone(),
             op: scope.op.clone(),
@@ -277,11 +273,7 @@ impl From<&Tombstone> for TombstoneJson {
 impl TombstoneJson {
     /// The tombstone, unless its namespace is empty (a Forget needs one).
     fn into_tombstone(self) -> Option<Tombstone> {
-        let rank = match (self.every_rank, self.rank) {
-            (true, _) => RankScope::Every,
-            (false, None) => RankScope::Shared,
-            (false, Some(n)) => RankScope::Rank(n),
-        };
+        let rank = RankScope::from_fields(self.rank, self.every_rank);
         (!self.namespace.is_empty()).then_some(Tombstone {
             scope: ForgetScope {
                 namespace: self.namespace,

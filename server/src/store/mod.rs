@@ -880,6 +880,11 @@ impl Writer {
         for (reply, outcome) in replies {
             let _ = reply.send(Ok(outcome));
         }
+        self.publish_journal_sizes();
+    }
+
+    /// The journal's size and its live part, for Stats.
+    fn publish_journal_sizes(&self) {
         let counters = &self.shared.counters;
         counters
             .journal_bytes
@@ -1006,12 +1011,7 @@ impl Writer {
         counters
             .tombstones_held
             .store(tombstones.len() as u64, Ordering::Relaxed);
-        counters
-            .journal_bytes
-            .store(self.journal.len(), Ordering::Relaxed);
-        counters
-            .journal_live_bytes
-            .store(self.live_bytes, Ordering::Relaxed);
+        self.publish_journal_sizes();
         self.shared.tombstones.store(Arc::new(tombstones));
         self.shared.own_tombstones.store(Arc::new(own_tombstones));
         self.shared.own.store(Arc::new(own_next));

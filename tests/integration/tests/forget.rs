@@ -513,22 +513,28 @@ async fn assert_healthy(nodes: &[&Daemon]) {
     }
 }
 
+/// A Redis server and a shared directory with hourly snapshots: only Redis can carry the
+/// Forget within a second. The shared directory holds the bogus results (written by Snapshot
+/// RPCs), and must not bring them back.
+fn redis_tier(dir: &Path) -> (Redis, Tier) {
+    let redis = Redis::start(dir, free_port(), &[]);
+    let shared = dir.join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    let tier = Tier {
+        shared,
+        redis_url: Some(redis.url()),
+        snapshot_interval_s: 3600,
+    };
+    (redis, tier)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scope_forget_with_redis_reaches_every_node_within_a_second_and_stays() {
     if Redis::server().is_none() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let redis = Redis::start(dir.path(), free_port(), &[]);
-    let shared = dir.path().join("shared");
-    std::fs::create_dir_all(&shared).unwrap();
-    // Hourly snapshots: only Redis can carry the Forget within a second. The shared directory
-    // holds the bogus results (written by Snapshot RPCs), and must not bring them back.
-    let tier = Tier {
-        shared,
-        redis_url: Some(redis.url()),
-        snapshot_interval_s: 3600,
-    };
+    let (_redis, tier) = redis_tier(dir.path());
     scope_forget_reaches_every_node_and_stays(&tier, dir.path()).await;
 }
 
@@ -1015,14 +1021,7 @@ async fn a_node_sigkilled_during_a_forget_with_redis_resurrects_nothing() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let redis = Redis::start(dir.path(), free_port(), &[]);
-    let shared = dir.path().join("shared");
-    std::fs::create_dir_all(&shared).unwrap();
-    let tier = Tier {
-        shared,
-        redis_url: Some(redis.url()),
-        snapshot_interval_s: 3600,
-    };
+    let (_redis, tier) = redis_tier(dir.path());
     a_node_down_during_the_forget_brings_nothing_back(&tier, dir.path(), sigkill).await;
 }
 
