@@ -208,13 +208,56 @@ pub fn stamp_unix_ms(stamp: u64) -> i64 {
     i64::try_from(stamp >> 16).unwrap_or(i64::MAX)
 }
 
+/// A key as one byte string: each field length-prefixed (u32 LE), then the rank (0, or 1 and
+/// u32 LE). Unambiguous for any field contents.
+fn pack(key: &KeyView<'_>) -> Box<[u8]> {
+    let fields = [key.namespace, key.op, key.device, key.problem];
+    let len = fields.iter().map(|f| f.len() + 4).sum::<usize>() + 5;
+    let mut bytes = Vec::with_capacity(len);
+    for field in fields {
+        bytes.extend_from_slice(&(field.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(field.as_bytes());
+    }
+    match key.rank {
+        None => bytes.push(0),
+        Some(rank) => {
+            bytes.push(1);
+            bytes.extend_from_slice(&rank.to_le_bytes());
+        }
+    }
+    bytes.into_boxed_slice()
+}
+
+fn unpack(mut bytes: &[u8]) -> Option<CacheKey> {
+    let mut field = || -> Option<String> {
+        let (len, rest) = bytes.split_first_chunk::<4>()?;
+        let (text, rest) = rest.split_at_checked(u32::from_le_bytes(*len) as usize)?;
+        bytes = rest;
+        String::from_utf8(text.to_vec()).ok()
+    };
+    let (namespace, op, device, problem) = (field()?, field()?, field()?, field()?);
+    let rank = match bytes {
+        [0] => None,
+        [1, rank @ ..] => Some(u32::from_le_bytes(rank.try_into().ok()?)),
+        _ => return None,
+    };
+    Some(CacheKey {
+        namespace,
+        op,
+        device,
+        problem,
+        rank,
+    })
+}
+
 /// The tombstones a replica holds, reduced: none is covered by another (a wider scope with a
 /// stamp at least as high), so their number is bounded by the distinct scopes forgotten, and
 /// exact-key ones cost no more than the entries they removed.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Tombstones {
-    /// Scopes that name one key, by key: looked up in O(1) on every Record.
-    exact: HashMap<CacheKey, u64>,
+    /// Scopes that name one key, by key in packed form (`pack`: one allocation, no bigger
+    /// than the key's bytes in the entry it removed): looked up in O(1) on every Record.
+    exact: HashMap<Box<[u8]>, u64>,
     /// Wider scopes (few: each is an administrator's act).
     wide: Vec<Tombstone>,
 }
@@ -241,7 +284,7 @@ impl Tombstones {
         if self.exact.is_empty() {
             return wide;
         }
-        let exact = self.exact.get(&key.to_key()).copied().unwrap_or(0);
+        let exact = self.exact.get(&pack(key)).copied().unwrap_or(0);
         wide.max(exact)
     }
 
@@ -268,13 +311,14 @@ impl Tombstones {
         }
         let Tombstone { scope, stamp } = tombstone;
         if let Some(key) = scope.exact_key() {
-            self.exact.insert(key, stamp);
+            self.exact.insert(pack(&key.view()), stamp);
             return true;
         }
         self.wide
             .retain(|t| !(t.stamp <= stamp && scope.includes(&t.scope)));
-        self.exact
-            .retain(|key, t| !(*t <= stamp && scope.covers(&key.view())));
+        self.exact.retain(|packed, t| {
+            !(*t <= stamp && unpack(packed).is_some_and(|key| scope.covers(&key.view())))
+        });
         self.wide.push(Tombstone { scope, stamp });
         // A canonical order: replicas holding the same tombstones write the same bytes.
         self.wide
@@ -291,9 +335,10 @@ impl Tombstones {
         expire_before_unix_ms: i64,
     ) -> usize {
         let before = self.len();
-        self.exact.retain(|key, stamp| {
+        self.exact.retain(|packed, stamp| {
             stamp_unix_ms(*stamp) >= expire_before_unix_ms
-                && epoch_held(key).is_none_or(|epoch| epoch < *stamp)
+                && unpack(packed)
+                    .is_some_and(|key| epoch_held(&key).is_none_or(|epoch| epoch < *stamp))
         });
         self.wide
             .retain(|t| stamp_unix_ms(t.stamp) >= expire_before_unix_ms);
@@ -302,13 +347,17 @@ impl Tombstones {
 
     /// Every tombstone, exact-key ones in key order, then the wide ones.
     pub fn iter(&self) -> impl Iterator<Item = Tombstone> + '_ {
-        let mut exact: Vec<_> = self.exact.iter().collect();
+        let mut exact: Vec<(CacheKey, u64)> = self
+            .exact
+            .iter()
+            .filter_map(|(packed, stamp)| Some((unpack(packed)?, *stamp)))
+            .collect();
         exact.sort();
         exact
             .into_iter()
             .map(|(key, stamp)| Tombstone {
-                scope: ForgetScope::exact(key),
-                stamp: *stamp,
+                scope: ForgetScope::exact(&key),
+                stamp,
             })
             .chain(self.wide.iter().cloned())
     }
@@ -341,6 +390,18 @@ mod tests {
             problem: problem.into(),
             rank,
         }
+    }
+
+    #[test]
+    fn packed_keys_read_back_whatever_their_fields_hold() {
+        for key in [
+            key("gemm", "p", None),
+            key("", "", Some(0)),
+            key("a\0b", "\u{e9}", Some(u32::MAX)),
+        ] {
+            assert_eq!(unpack(&pack(&key.view())), Some(key));
+        }
+        assert_eq!(unpack(&[1, 0, 0]), None);
     }
 
     #[test]
