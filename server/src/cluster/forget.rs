@@ -23,7 +23,7 @@ use super::keys::{decode_stamp, encode_stamp, Layout};
 use super::link::{Conn, BACKGROUND_TIMEOUT};
 use super::{scripts, Cluster};
 use crate::model::entry::{CacheKey, Origin};
-use crate::model::forget::{ForgetScope, RankScope, Tombstone};
+use crate::model::forget::{stamp_unix_ms, ForgetScope, RankScope, Tombstone};
 use crate::store::Source;
 
 /// How long one blocking read of the forget stream waits (single server).
@@ -235,7 +235,9 @@ async fn delete_entries(
 }
 
 /// Reads every tombstone Redis holds and applies the new ones: at bootstrap, before any
-/// entry is read, and on every (re)connection of the forget follower.
+/// entry is read, and on every (re)connection of the forget follower. Those past the
+/// retention (`--forget-retention-days`) are deleted from Redis instead, so the hash, and
+/// what a connecting node reads, stays bounded as every node's own set is.
 pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, Failure> {
     let held: Vec<(String, String)> = timed(
         "reading the tombstones",
@@ -244,15 +246,43 @@ pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, 
             .query_async(conn),
     )
     .await?;
-    let tombstones: Vec<Tombstone> = held
-        .into_iter()
-        .filter_map(|(scope, stamp)| {
-            Some(Tombstone {
-                scope: parse_scope_text(&scope)?,
-                stamp: decode_stamp(&stamp)?,
-            })
+    let expire_before =
+        crate::model::entry::unix_now_ms().saturating_sub(cluster.store.forget_retention_ms());
+    let mut tombstones = Vec::new();
+    let mut expired = Vec::new();
+    for (scope_text, stamp_text) in held {
+        let (Some(scope), Some(stamp)) = (parse_scope_text(&scope_text), decode_stamp(&stamp_text))
+        else {
+            continue;
+        };
+        if stamp_unix_ms(stamp) < expire_before {
+            expired.push((scope_text, stamp_text));
+        } else {
+            tombstones.push(Tombstone { scope, stamp });
+        }
+    }
+    if !expired.is_empty() {
+        let deletes = expired.iter().map(|(scope, stamp)| {
+            let mut conn = conn.clone();
+            let mut invocation = scripts::FORGET_EXPIRE.prepare_invoke();
+            invocation
+                .key(cluster.layout.forgets())
+                .arg(scope)
+                .arg(stamp);
+            async move { invocation.invoke_async::<i64>(&mut conn).await }
+        });
+        let deleted = timed("deleting expired tombstones", async {
+            join_all(deletes)
+                .await
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()
         })
-        .collect();
+        .await?;
+        tracing::info!(
+            expired = deleted.iter().filter(|&&n| n == 1).count(),
+            "cluster tier: deleted tombstones past --forget-retention-days from redis"
+        );
+    }
     Ok(cluster.apply_tombstones(tombstones).await)
 }
 

@@ -103,6 +103,19 @@ return 1
     ))
 });
 
+/// KEYS: the tombstone hash. ARGV: a scope's text, the stamp read. Deletes the tombstone
+/// past its retention, unless a newer one of the scope replaced it since it was read.
+pub static FORGET_EXPIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+",
+    )
+});
+
 /// KEYS: entry, the shard's meta. ARGV: the tombstone's stamp, inverted, as 16 hex digits
 /// (the form of the epoch part of `t`).
 ///
@@ -201,6 +214,7 @@ pub async fn load_all<C: redis::aio::ConnectionLike>(conn: &mut C) -> redis::Red
         &*RELEASE,
         &*FORGET,
         &*FORGET_ENTRY,
+        &*FORGET_EXPIRE,
     ] {
         script.load_async(conn).await?;
     }

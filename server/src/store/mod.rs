@@ -395,6 +395,11 @@ impl Store {
     }
 
     /// Sets how long tombstones are kept (`--forget-retention-days`).
+    /// How long tombstones are kept, in milliseconds (`--forget-retention-days`).
+    pub fn forget_retention_ms(&self) -> i64 {
+        self.shared.forget_retention_ms.load(Ordering::Relaxed)
+    }
+
     pub fn set_forget_retention(&self, retention: Duration) {
         let ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
         self.shared.forget_retention_ms.store(ms, Ordering::Relaxed);

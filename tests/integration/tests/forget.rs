@@ -1219,3 +1219,40 @@ async fn eventually_some<T>(mut find: impl FnMut() -> Option<T>) -> T {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Tombstones past `--forget-retention-days` leave Redis too: the hash a connecting node
+/// reads stays bounded. (Retention 0: every tombstone is past it a millisecond later.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tombstone_past_the_retention_is_deleted_from_redis() {
+    if Redis::server().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let redis = Redis::start(dir.path(), free_port(), &[]);
+    let flags = ["--forget-retention-days", "0"];
+    let a = tunecache_integration::redis::cluster_node(dir.path(), "a", &redis.url(), &flags).await;
+    wait_connected(&a).await;
+    a.client()
+        .await
+        .forget(scope("test", "gemm"))
+        .await
+        .unwrap();
+    let hash = "tunecache:forgets:{f}";
+    eventually(GENEROUS, "the tombstone is in redis", || async {
+        redis.cli(&["HLEN", hash]) == "1"
+    })
+    .await;
+    let b = tunecache_integration::redis::cluster_node(dir.path(), "b", &redis.url(), &flags).await;
+    wait_connected(&b).await;
+    eventually(
+        GENEROUS,
+        "the expired tombstone is deleted from redis",
+        || async { redis.cli(&["HLEN", hash]) == "0" },
+    )
+    .await;
+    assert!(
+        b.log().contains("past --forget-retention-days"),
+        "{}",
+        b.log()
+    );
+}
