@@ -23,7 +23,7 @@ use super::keys::{decode_stamp, encode_stamp, Layout};
 use super::link::{Conn, BACKGROUND_TIMEOUT};
 use super::{scripts, Cluster};
 use crate::model::entry::{CacheKey, Origin};
-use crate::model::forget::{stamp_unix_ms, ForgetScope, RankScope, Tombstone};
+use crate::model::forget::{plausible, stamp_unix_ms, ForgetScope, RankScope, Tombstone};
 use crate::store::Source;
 
 /// How long one blocking read of the forget stream waits (single server).
@@ -78,8 +78,13 @@ fn parse_tombstone_text(text: &str) -> Option<Tombstone> {
     let (stamp, scope) = text.split_once(' ')?;
     Some(Tombstone {
         scope: parse_scope_text(scope)?,
-        stamp: decode_stamp(stamp)?,
+        stamp: plausible_stamp(stamp)?,
     })
+}
+
+/// A stamp read from Redis, unless a daemon's clock could not have made it.
+fn plausible_stamp(text: &str) -> Option<u64> {
+    decode_stamp(text).filter(|&stamp| plausible(stamp, crate::model::entry::unix_now_ms()))
 }
 
 /// Publishes tombstones (stored and announced), then deletes from Redis the entries they
@@ -251,7 +256,8 @@ pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, 
     let mut tombstones = Vec::new();
     let mut expired = Vec::new();
     for (scope_text, stamp_text) in held {
-        let (Some(scope), Some(stamp)) = (parse_scope_text(&scope_text), decode_stamp(&stamp_text))
+        let (Some(scope), Some(stamp)) =
+            (parse_scope_text(&scope_text), plausible_stamp(&stamp_text))
         else {
             continue;
         };
@@ -445,7 +451,7 @@ mod tests {
                     problem: "m=1".into(),
                     rank,
                 },
-                stamp: u64::MAX - 5,
+                stamp: (1_700_000_000_000 << 16) + 5,
             };
             let text = tombstone_text(&tombstone);
             assert_eq!(parse_tombstone_text(&text), Some(tombstone.clone()));
@@ -455,5 +461,12 @@ mod tests {
             );
         }
         assert_eq!(parse_tombstone_text("zz [\"ns\"]"), None);
+        // A stamp no daemon's clock made (a hand-written field) is refused.
+        let forged = format!(
+            "{} {}",
+            encode_stamp(u64::MAX),
+            r#"["ns","","","",null,true]"#
+        );
+        assert_eq!(parse_tombstone_text(&forged), None);
     }
 }

@@ -265,7 +265,7 @@ pub fn decode_result(t: &str, c: String, b: String, a: &str) -> Option<TunedResu
         tuned_at_unix_ms: decode_at(a)?,
         forget_epoch,
     };
-    crate::model::validate::result("cluster entry", Some(result)).ok()
+    crate::model::validate::learned_result("cluster entry", result).ok()
 }
 
 #[cfg(test)]

@@ -203,6 +203,18 @@ impl ForgetClock {
     }
 }
 
+/// How far ahead of this node's clock a stamp or epoch from another node may be: clocks of
+/// one cluster differ by seconds. A value further ahead was not made by a daemon's clock (a
+/// damaged or forged file, a hand-written Redis field) and is refused: an epoch of
+/// `u64::MAX` would make its result unforgettable, a stamp of it would forget everything for
+/// good and stop every clock that learned it.
+pub const MAX_AHEAD_MS: i64 = 24 * 3600 * 1000;
+
+/// Whether a stamp or epoch learned from elsewhere could have come from a daemon's clock.
+pub fn plausible(stamp: u64, now_unix_ms: i64) -> bool {
+    stamp_unix_ms(stamp) <= now_unix_ms.saturating_add(MAX_AHEAD_MS)
+}
+
 /// The unix milliseconds a stamp was issued at (its physical part).
 pub fn stamp_unix_ms(stamp: u64) -> i64 {
     i64::try_from(stamp >> 16).unwrap_or(i64::MAX)

@@ -207,6 +207,21 @@ pub fn result(path: &str, result: Option<v1::Result>) -> Result<TunedResult, Inv
     Ok(result)
 }
 
+/// `result` for a result learned from another node (a shared-directory file, Redis): its
+/// `forget_epoch` must be one a daemon's clock could have made (`forget::plausible`).
+pub fn learned_result(path: &str, result: v1::Result) -> Result<TunedResult, InvalidField> {
+    if !crate::model::forget::plausible(result.forget_epoch, crate::model::entry::unix_now_ms()) {
+        return Err(InvalidField::new(
+            format!("{path}.forget_epoch"),
+            format!(
+                "{} is ahead of this node's clock by more than a day",
+                result.forget_epoch
+            ),
+        ));
+    }
+    self::result(path, Some(result))
+}
+
 /// Validates a Forget: a scope (the namespace required, other strings optional), or, with
 /// `only_if`, one exact key (all four strings required) and the result it must still hold.
 pub fn forget(request: v1::ForgetRequest) -> Result<ForgetAsk, InvalidField> {

@@ -274,7 +274,9 @@ impl TombstoneJson {
     /// The tombstone, unless its namespace is empty (a Forget needs one).
     fn into_tombstone(self) -> Option<Tombstone> {
         let rank = RankScope::from_fields(self.rank, self.every_rank);
-        (!self.namespace.is_empty()).then_some(Tombstone {
+        let plausible =
+            crate::model::forget::plausible(self.stamp, crate::model::entry::unix_now_ms());
+        (!self.namespace.is_empty() && plausible).then_some(Tombstone {
             scope: ForgetScope {
                 namespace: self.namespace,
                 op: self.op,
@@ -639,7 +641,7 @@ fn validated(entry: EntryIn) -> Option<StoredEntry> {
         forget_epoch: entry.forget_epoch,
     };
     let key = validate::key("snapshot entry key", Some(key)).ok()?;
-    let result = validate::result("snapshot entry result", Some(result)).ok()?;
+    let result = validate::learned_result("snapshot entry result", result).ok()?;
     Some(StoredEntry::new(&key, &result))
 }
 
@@ -835,5 +837,36 @@ mod tests {
         let parsed = parse_snapshot(document.as_bytes()).unwrap();
         assert_eq!(parsed.entries.len(), 2);
         assert_eq!(parsed.invalid_entries, 2);
+    }
+
+    #[test]
+    fn forgets_read_back_and_values_no_clock_made_are_refused() {
+        let now_stamp = (crate::model::entry::unix_now_ms() as u64) << 16;
+        let entry = |problem: &str, epoch: u64| {
+            format!(
+                r#"{{"namespace":"n","op":"o","device":"d","problem":"{problem}","config":"{{}}","time_us":1.5,"forget_epoch":{epoch}}}"#
+            )
+        };
+        let forget = |stamp: u64| {
+            format!(r#"{{"namespace":"n","op":"o","every_rank":true,"stamp":{stamp}}}"#)
+        };
+        let document = format!(
+            r#"{{"format":"tunecache-snapshot","version":2,"node":"a","first_seq":1,"last_seq":1,"entries":[{},{}],"forgets":[{},{}]}}"#,
+            entry("p1", now_stamp),
+            entry("p2", u64::MAX),
+            forget(now_stamp),
+            forget(u64::MAX)
+        );
+        let parsed = parse_snapshot(document.as_bytes()).unwrap();
+        assert_eq!(
+            parsed.entries.len(),
+            1,
+            "an epoch from the far future is refused"
+        );
+        assert_eq!(parsed.entries[0].result().forget_epoch, now_stamp);
+        assert_eq!(parsed.invalid_entries, 1);
+        let stamps: Vec<u64> = parsed.tombstones.iter().map(|t| t.stamp).collect();
+        assert_eq!(stamps, vec![now_stamp], "so is a stamp from the far future");
+        assert_eq!(parsed.tombstones[0].scope.rank, RankScope::Every);
     }
 }
