@@ -324,59 +324,47 @@ impl Follower {
             [only] => self.cluster.layout.entry_pattern(Some(only.shard)),
             _ => self.cluster.layout.entry_pattern(None),
         };
-        let nodes = timed("listing cluster nodes", conn.scan_nodes()).await?;
+        let mut pages = timed("listing cluster nodes", conn.scan_pages(pattern)).await?;
         let mut outcome = Resynced::default();
         let mut in_redis: HashMap<CacheKey, TunedResult> = HashMap::new();
-        for node in nodes {
-            let mut cursor = 0u64;
-            loop {
-                let (next, names) = timed(
-                    "scanning entries",
-                    conn.scan_step(node.as_ref(), cursor, &pattern),
-                )
-                .await?;
-                let names: Vec<(String, CacheKey, u64)> = names
-                    .into_iter()
-                    .filter_map(|name| {
-                        let (key, shard) = self.cluster.layout.key_of_entry(&name)?;
-                        let through = known_through[shard]?;
-                        Some((name, key, through))
-                    })
-                    .collect();
-                for chunk in names.chunks(READ_COUNT) {
-                    let entries = read_entries(conn, chunk).await?;
-                    let current = self.cluster.store.current();
-                    let tombstones = self.cluster.store.tombstones();
-                    let mut apply = Vec::new();
-                    let mut forgotten = Vec::new();
-                    for (key, result, seq, through) in entries {
-                        let floor = tombstones.floor(&key.view());
-                        if result.forget_epoch < floor {
-                            // Published before the Forget reached its node: neither learned
-                            // nor kept in Redis.
-                            forgotten.push((key, floor));
-                            continue;
-                        }
-                        if merge(current.get(&key).map(|e| e.to_pair().1).as_ref(), &result)
-                            == MergeOutcome::Replace
-                        {
-                            if through > 0 && seq <= through {
-                                outcome.repaired += 1;
-                            }
-                            apply.push((key.clone(), result.clone()));
-                        }
-                        if republish {
-                            in_redis.insert(key, result);
-                        }
+        while let Some(names) = timed("scanning entries", pages.next_page(conn)).await? {
+            let names: Vec<(String, CacheKey, u64)> = names
+                .into_iter()
+                .filter_map(|name| {
+                    let (key, shard) = self.cluster.layout.key_of_entry(&name)?;
+                    let through = known_through[shard]?;
+                    Some((name, key, through))
+                })
+                .collect();
+            for chunk in names.chunks(READ_COUNT) {
+                let entries = read_entries(conn, chunk).await?;
+                let current = self.cluster.store.current();
+                let tombstones = self.cluster.store.tombstones();
+                let mut apply = Vec::new();
+                let mut forgotten = Vec::new();
+                for (key, result, seq, through) in entries {
+                    let floor = tombstones.floor(&key.view());
+                    if result.forget_epoch < floor {
+                        // Published before the Forget reached its node: neither learned
+                        // nor kept in Redis.
+                        forgotten.push((key, floor));
+                        continue;
                     }
-                    outcome.learned += u64::from(self.cluster.apply_learned(apply).await);
-                    if !forgotten.is_empty() {
-                        super::forget::delete_forgotten(&self.cluster, conn, forgotten).await?;
+                    if merge(current.get(&key).map(|e| e.to_pair().1).as_ref(), &result)
+                        == MergeOutcome::Replace
+                    {
+                        if through > 0 && seq <= through {
+                            outcome.repaired += 1;
+                        }
+                        apply.push((key.clone(), result.clone()));
+                    }
+                    if republish {
+                        in_redis.insert(key, result);
                     }
                 }
-                cursor = next;
-                if cursor == 0 {
-                    break;
+                outcome.learned += u64::from(self.cluster.apply_learned(apply).await);
+                if !forgotten.is_empty() {
+                    super::forget::delete_forgotten(&self.cluster, conn, forgotten).await?;
                 }
             }
         }

@@ -32,6 +32,8 @@ const BLOCK: Duration = Duration::from_millis(1000);
 const CLUSTER_POLL: Duration = Duration::from_millis(100);
 /// Messages per stream read.
 const READ_COUNT: usize = 512;
+/// How long the forget follower waits before starting over after a failure.
+const RETRY: Duration = Duration::from_millis(500);
 /// How often the follower checks that the server kept its data (the epoch marker).
 const EPOCH_CHECK: Duration = Duration::from_secs(2);
 
@@ -150,31 +152,19 @@ async fn sweep(cluster: &Cluster, conn: &Conn, tombstones: &[Tombstone]) -> Resu
     if !wide.is_empty() {
         let mut conn = conn.clone();
         let pattern = layout.entry_pattern(None);
-        let nodes = timed("listing cluster nodes", conn.scan_nodes()).await?;
-        for node in nodes {
-            let mut cursor = 0u64;
-            loop {
-                let (next, names) = timed(
-                    "scanning entries",
-                    conn.scan_step(node.as_ref(), cursor, &pattern),
-                )
-                .await?;
-                for name in names {
-                    let Some((key, shard)) = layout.key_of_entry(&name) else {
-                        continue;
-                    };
-                    let stamp = wide
-                        .iter()
-                        .filter(|t| t.scope.covers(&key.view()))
-                        .map(|t| t.stamp)
-                        .max();
-                    if let Some(stamp) = stamp {
-                        doomed.push((name, shard, stamp));
-                    }
-                }
-                cursor = next;
-                if cursor == 0 {
-                    break;
+        let mut pages = timed("listing cluster nodes", conn.scan_pages(pattern)).await?;
+        while let Some(names) = timed("scanning entries", pages.next_page(&mut conn)).await? {
+            for name in names {
+                let Some((key, shard)) = layout.key_of_entry(&name) else {
+                    continue;
+                };
+                let stamp = wide
+                    .iter()
+                    .filter(|t| t.scope.covers(&key.view()))
+                    .map(|t| t.stamp)
+                    .max();
+                if let Some(stamp) = stamp {
+                    doomed.push((name, shard, stamp));
                 }
             }
         }
@@ -308,10 +298,14 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
             outcome = follow(&cluster, conn) => outcome,
             () = stop.cancelled() => return,
         };
+        // The connection's health is for its main users (the follower, the publisher) to
+        // report: this follower only starts over, on a new connection or after a pause, so a
+        // Redis restart is never reported twice and a flush never reconnects the tier.
         if let Err(why) = outcome {
-            cluster.link.failed(generation, &why);
+            tracing::debug!(%why, "cluster tier: the forget follower starts over");
             tokio::select! {
                 () = cluster.link.wait_newer(generation) => {}
+                () = tokio::time::sleep(RETRY) => {}
                 () = stop.cancelled() => return,
             }
         }
@@ -321,7 +315,7 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
 /// Runs on one connection until it fails, or the server lost its data (then the caller
 /// starts over: a new place, the whole hash again).
 async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
-    let epoch = read_epoch(cluster, &mut conn).await?;
+    let mut epoch = read_epoch(cluster, &mut conn).await?;
     let last: Value = timed(
         "reading the forget stream's position",
         redis::cmd("XREVRANGE")
@@ -392,9 +386,13 @@ async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
         }
         cluster.apply_tombstones(learned).await;
         if epoch_checked.elapsed() >= EPOCH_CHECK {
-            if read_epoch(cluster, &mut conn).await? != epoch {
+            // A marker set since the start (the follower sets it on a fresh server) is not a
+            // loss; a changed or vanished one is.
+            let now = read_epoch(cluster, &mut conn).await?;
+            if epoch.is_some() && now != epoch {
                 return Err("redis lost its data: reading the forgets again".to_owned());
             }
+            epoch = epoch.or(now);
             epoch_checked = Instant::now();
         }
     }

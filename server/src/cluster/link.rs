@@ -54,6 +54,32 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// A SCAN over every primary, a page (up to a thousand names) at a time, so a caller holds
+/// one page, never every name.
+pub struct ScanPages {
+    /// Primaries still to scan; the last is being scanned.
+    nodes: Vec<Option<(String, u16)>>,
+    cursor: u64,
+    pattern: String,
+}
+
+impl ScanPages {
+    /// The next page of names; `None` when every primary is done.
+    pub async fn next_page(&mut self, conn: &mut Conn) -> RedisResult<Option<Vec<String>>> {
+        let Some(node) = self.nodes.last() else {
+            return Ok(None);
+        };
+        let (next, names) = conn
+            .scan_step(node.as_ref(), self.cursor, &self.pattern)
+            .await?;
+        self.cursor = next;
+        if next == 0 {
+            self.nodes.pop();
+        }
+        Ok(Some(names))
+    }
+}
+
 impl Conn {
     /// Runs `cmd` on the node at `host:port` (cluster), or on the one server.
     pub async fn on_node(&mut self, node: Option<&(String, u16)>, cmd: &Cmd) -> RedisResult<Value> {
@@ -72,9 +98,18 @@ impl Conn {
         }
     }
 
+    /// Starts a SCAN of every name matching `pattern` on every primary (`ScanPages`).
+    pub async fn scan_pages(&mut self, pattern: String) -> RedisResult<ScanPages> {
+        Ok(ScanPages {
+            nodes: self.scan_nodes().await?,
+            cursor: 0,
+            pattern,
+        })
+    }
+
     /// One SCAN step on `node` (see `scan_nodes`): the next cursor (0 when done) and the
     /// names matching `pattern`, up to a thousand at a time.
-    pub async fn scan_step(
+    async fn scan_step(
         &mut self,
         node: Option<&(String, u16)>,
         cursor: u64,

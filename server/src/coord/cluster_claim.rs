@@ -49,24 +49,19 @@ impl Coordinator {
         std::mem::forget(abandoned);
 
         let (answer, cluster_lease, retry_in) = match claim {
-            // Forgotten here and not yet deleted from Redis (the forgetting node sweeps it
-            // moments after the Forget): not a hit; this node coordinates the tuning.
-            Claim::Found(result)
-                if self
-                    .store
-                    .tombstones()
-                    .drops(&call.key.view(), &result.view()) =>
-            {
-                (ClaimAnswer::Unavailable, None, Duration::ZERO)
-            }
             Claim::Found(result) => {
                 cluster
-                    .apply_learned(vec![(call.key.clone(), result.clone())])
+                    .apply_learned(vec![(call.key.clone(), result)])
                     .await;
-                self.end_claim(&call.key);
-                return Ok(Some(Resolution::Hit(
-                    self.store.get(&call.key).unwrap_or(result),
-                )));
+                match self.store.get(&call.key) {
+                    Some(stored) => {
+                        self.end_claim(&call.key);
+                        return Ok(Some(Resolution::Hit(stored)));
+                    }
+                    // The store did not take it (a result forgotten here and not yet deleted
+                    // from Redis, or a failed write): not a hit; this node coordinates.
+                    None => (ClaimAnswer::Unavailable, None, Duration::ZERO),
+                }
             }
             Claim::Acquired(lease) => (ClaimAnswer::Acquired, Some(lease), Duration::ZERO),
             Claim::HeldBy { holder, retry_in } => (ClaimAnswer::HeldBy(holder), None, retry_in),

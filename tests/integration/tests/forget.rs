@@ -92,27 +92,53 @@ fn is(result: Option<&proto::Result>, config: &str, time_us: f64) -> bool {
     result.is_some_and(|r| r.config == config && r.time_us == time_us)
 }
 
-/// Polls (every 5 ms) until every one of `keys` is a miss on `daemon`; returns the time since
-/// `since`. Panics after `limit` naming what is still there.
+/// Polls (every 5 ms) until `done` holds; returns the time since `since`. Panics after
+/// `limit` with what `state` says is still there.
+async fn measure_until<T, Fut>(
+    since: Instant,
+    limit: Duration,
+    mut state: impl FnMut() -> Fut,
+    done: impl Fn(&T) -> bool,
+    describe: impl Fn(&T) -> String,
+) -> Duration
+where
+    Fut: std::future::Future<Output = T>,
+{
+    loop {
+        let now = state().await;
+        if done(&now) {
+            return since.elapsed();
+        }
+        assert!(
+            since.elapsed() < limit,
+            "after {limit:?}: {}",
+            describe(&now)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Polls until every one of `keys` is a miss on `daemon`; the time since `since`.
 async fn wait_forgotten(
     daemon: &Daemon,
     keys: &[proto::Key],
     since: Instant,
     limit: Duration,
 ) -> Duration {
-    loop {
-        let left = hits_among(daemon, keys).await;
-        if left.is_empty() {
-            return since.elapsed();
-        }
-        assert!(
-            since.elapsed() < limit,
-            "{}: still hits {limit:?} after the Forget: {left:?}; log:\n{}",
-            daemon.socket.display(),
-            daemon.log()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    measure_until(
+        since,
+        limit,
+        || hits_among(daemon, keys),
+        |left| left.is_empty(),
+        |left| {
+            format!(
+                "{}: still hits after the Forget: {left:?}; log:\n{}",
+                daemon.socket.display(),
+                daemon.log()
+            )
+        },
+    )
+    .await
 }
 
 /// Polls until `key`'s winner on `daemon` is `config` at `time_us`; the time since `since`.
@@ -125,19 +151,20 @@ async fn wait_winner(
     limit: Duration,
 ) -> Duration {
     let client = daemon.client().await;
-    loop {
-        let got = winner(&client, key).await;
-        if is(got.as_ref(), config, time_us) {
-            return since.elapsed();
-        }
-        assert!(
-            since.elapsed() < limit,
-            "{}: {key:?} is {got:?}, not {config} at {time_us} µs, after {limit:?}; log:\n{}",
-            daemon.socket.display(),
-            daemon.log()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    measure_until(
+        since,
+        limit,
+        || winner(&client, key),
+        |got| is(got.as_ref(), config, time_us),
+        |got| {
+            format!(
+                "{}: {key:?} is {got:?}, not {config} at {time_us} µs; log:\n{}",
+                daemon.socket.display(),
+                daemon.log()
+            )
+        },
+    )
+    .await
 }
 
 /// Prints a measured figure and checks it against the bound.
