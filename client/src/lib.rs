@@ -202,7 +202,13 @@ impl Client {
 
     /// Looks keys up; returns the hits only, in request order.
     pub async fn lookup(&self, keys: Vec<v1::Key>) -> Result<Vec<v1::Entry>> {
-        let request = self.request(v1::LookupRequest { keys }, self.timeout);
+        let request = self.request(
+            v1::LookupRequest {
+                keys,
+                view: String::new(),
+            },
+            self.timeout,
+        );
         Ok(self.inner.clone().lookup(request).await?.into_inner().hits)
     }
 
@@ -227,6 +233,7 @@ impl Client {
             namespace: namespace.to_owned(),
             device: device.to_owned(),
             rank: None,
+            view: String::new(),
         })
         .await
     }
@@ -243,6 +250,7 @@ impl Client {
             namespace: namespace.to_owned(),
             device: device.to_owned(),
             rank: Some(rank),
+            view: String::new(),
         })
         .await
     }
@@ -356,6 +364,7 @@ impl Client {
             wait_ms: millis_u32(options.wait),
             can_tune: options.can_tune,
             lease_ms: millis_u32(options.lease),
+            view: String::new(),
         };
         let request = self.request(message, options.wait + self.timeout);
         let response = self.inner.clone().resolve(request).await?.into_inner();

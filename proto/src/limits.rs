@@ -102,7 +102,10 @@ mod tests {
                 forget_epoch: 0,
             }),
         };
-        let lookup = v1::LookupRequest { keys: vec![key; 3] };
+        let lookup = v1::LookupRequest {
+            keys: vec![key; 3],
+            view: String::new(),
+        };
         let record = v1::RecordRequest {
             entries: vec![entry; 3],
             lease_id: String::new(),

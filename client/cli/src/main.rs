@@ -594,6 +594,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 namespace,
                 device,
                 rank,
+                view: String::new(),
             };
             let entries = client.scan_with(filter).await?;
             if cli.json {

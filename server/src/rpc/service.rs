@@ -198,6 +198,7 @@ impl TuneCacheService {
             namespace,
             device,
             rank,
+            view: _,
         } = request.into_inner();
         // In chunks, each from the version current at the time: a client that stops reading
         // holds a chunk, not a version of the cache (see `scan`).
@@ -326,6 +327,20 @@ impl TuneCache for TuneCacheService {
         Ok(Response::new(v1::DevicesResponse {
             devices: self.tuner.devices(),
         }))
+    }
+
+    async fn list_views(
+        &self,
+        _request: Request<v1::ListViewsRequest>,
+    ) -> Result<Response<v1::ListViewsResponse>, Status> {
+        Err(Status::unimplemented("views are being built"))
+    }
+
+    async fn end_view(
+        &self,
+        _request: Request<v1::EndViewRequest>,
+    ) -> Result<Response<v1::EndViewResponse>, Status> {
+        Err(Status::unimplemented("views are being built"))
     }
 
     async fn forget(

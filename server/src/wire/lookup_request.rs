@@ -131,7 +131,11 @@ mod tests {
     }
 
     fn request_of(keys: Vec<v1::Key>) -> Vec<u8> {
-        v1::LookupRequest { keys }.encode_to_vec()
+        v1::LookupRequest {
+            keys,
+            view: String::new(),
+        }
+        .encode_to_vec()
     }
 
     fn good_keys(n: usize) -> Vec<v1::Key> {

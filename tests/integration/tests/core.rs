@@ -81,6 +81,7 @@ async fn record_then_lookup_and_scan_thousands() {
             namespace: "alpha".into(),
             device: String::new(),
             rank: None,
+            view: String::new(),
         })
         .await
         .unwrap()
