@@ -143,6 +143,26 @@ pub struct Config {
     )]
     pub forget_retention_days: u32,
 
+    /// A job's view ends after this many seconds without a request on this node; its next
+    /// read pins afresh (docs/views.md).
+    #[arg(
+        long,
+        env = "TUNECACHE_VIEW_IDLE_SECS",
+        default_value_t = 24 * 3600,
+        value_name = "SECS"
+    )]
+    pub view_idle_secs: u64,
+
+    /// Most pins this node holds, all views together; over it, the view idle longest is
+    /// dropped first (docs/views.md).
+    #[arg(
+        long,
+        env = "TUNECACHE_MAX_VIEW_PINS",
+        default_value_t = 1_000_000,
+        value_name = "PINS"
+    )]
+    pub max_view_pins: u64,
+
     /// Exit cleanly (as on SIGTERM) once no client has called for this many seconds.
     #[arg(long, env = "TUNECACHE_EXIT_WHEN_IDLE", value_name = "SECS")]
     pub exit_when_idle: Option<u64>,
@@ -538,6 +558,14 @@ impl Config {
 
     pub fn snapshot_interval(&self) -> Duration {
         Duration::from_secs(self.snapshot_interval.max(1))
+    }
+
+    /// `--view-idle-secs` and `--max-view-pins`.
+    pub(crate) fn view_settings(&self) -> crate::views::ViewSettings {
+        crate::views::ViewSettings {
+            idle: Duration::from_secs(self.view_idle_secs.max(1)),
+            max_pins: usize::try_from(self.max_view_pins).unwrap_or(usize::MAX),
+        }
     }
 
     pub fn preface_timeout(&self) -> Duration {

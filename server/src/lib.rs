@@ -5,7 +5,7 @@
 //! versions that readers use without waiting, and tells every subscriber where each change
 //! came from (the change feed). Which result wins is decided in one place (`model::merge`).
 //! Missing results are tuned once per node (`coord`, `tuner`) and once per cluster with
-//! Redis (`cluster`). Nodes share results through segments on a shared filesystem
+//! Redis (`cluster`). Within a job's view every rank gets the same answer (`views`). Nodes share results through segments on a shared filesystem
 //! (`snapshot`), whose I/O never runs on the async runtime. `ops` has what deployment needs.
 //!
 //! Public are only the modules `main`, the tests, the fuzz targets and the benchmarks use.
@@ -21,6 +21,8 @@ pub mod store;
 pub(crate) mod cluster;
 pub(crate) mod coord;
 pub mod tuner;
+// Job views: one answer per job for every key, on every node.
+pub(crate) mod views;
 // Sharing through the shared filesystem.
 pub mod snapshot;
 // The gRPC service and its Stats.

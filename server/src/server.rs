@@ -167,11 +167,14 @@ pub async fn run(
         usize::try_from(config.max_connections_per_uid).unwrap_or(usize::MAX),
         config.preface_timeout(),
     ));
+    let views = crate::views::Views::new(config.view_settings(), store.clone(), cluster.clone());
+    tasks.push(tokio::spawn(views.clone().run_sweep(stop.clone())));
     let mut service = TuneCacheService::new(
         store.clone(),
         coordinator,
         tuner.clone(),
         config.node_name(),
+        views,
     )
     .with_connection_limits(connection_limits.clone())
     .with_request_limits(request_limits.clone())

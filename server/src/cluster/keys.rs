@@ -15,7 +15,9 @@
 //! - meta `<prefix>m:{sNN}`: `s` (last sequence number), `n` (entries), `x` (digest: the
 //!   XOR of every entry's `entry_digest`), which the audit compares with what a node holds;
 //! - tombstones `<prefix>forgets:{f}` (scope text → stamp) and their stream
-//!   `<prefix>flog:{f}`: the Forgets of every node (`cluster::forget`).
+//!   `<prefix>flog:{f}`: the Forgets of every node (`cluster::forget`);
+//! - view pins `<prefix>view:{vNN}<view name>`: key text → pin, the first pin of each key in
+//!   a job's view (`cluster::views`), expiring after the view's idle time.
 
 use crate::model::entry::{CacheKey, TunedResult};
 
@@ -151,6 +153,16 @@ impl Layout {
     /// The stream announcing each new tombstone.
     pub fn forget_log(&self) -> String {
         format!("{}flog:{{f}}", self.prefix)
+    }
+
+    /// The pins of one job view: key text → pin (`views`). Tagged by a hash of the name, so
+    /// a name with braces cannot pick its slot, and one script touches one slot.
+    pub fn view(&self, name: &str) -> String {
+        format!(
+            "{}view:{{v{:02}}}{name}",
+            self.prefix,
+            Self::shard_of_text(name)
+        )
     }
 
     /// A random marker written once per server lifetime: when it changes, the server was

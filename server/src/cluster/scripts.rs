@@ -202,6 +202,32 @@ return 0
     )
 });
 
+/// KEYS: a view's pin hash. ARGV: the hash's lifetime in ms, then for each pin three values:
+/// the key text, the proposed pin (a result's encoded fields), and the pin it may replace (''
+/// for none).
+///
+/// The first pin of a key in a view wins, for every node: each proposal is stored only if
+/// the key has no pin yet, or its pin is exactly the one named to replace (a pin the
+/// proposing node knows a Forget removed). Returns, in order, each key's pin after the call,
+/// and keeps the hash alive for its lifetime (a view's idle time).
+pub static PIN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local out = {}
+for i = 2, #ARGV, 3 do
+  local cur = redis.call('HGET', KEYS[1], ARGV[i])
+  if (not cur) or (ARGV[i + 2] ~= '' and cur == ARGV[i + 2]) then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+    cur = ARGV[i + 1]
+  end
+  out[#out + 1] = cur
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return out
+",
+    )
+});
+
 /// Loads every script, so the first call on a new connection is one round trip (EVALSHA),
 /// not three (EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA).
 pub async fn load_all<C: redis::aio::ConnectionLike>(conn: &mut C) -> redis::RedisResult<()> {
@@ -215,6 +241,7 @@ pub async fn load_all<C: redis::aio::ConnectionLike>(conn: &mut C) -> redis::Red
         &*FORGET,
         &*FORGET_ENTRY,
         &*FORGET_EXPIRE,
+        &*PIN,
     ] {
         script.load_async(conn).await?;
     }

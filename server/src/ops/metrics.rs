@@ -230,6 +230,18 @@ const METRICS: &[Metric] = &[
     row("tombstones_held", "Forgets kept so that no replica brings their entries back.", Gauge(|s| s.tombstones_held)),
     row("cluster_forgets_published", "This node's Forgets Redis stored and announced.", Counter(|s| s.cluster_forgets_published)),
     row("cluster_forgets_learned", "Tombstones read from Redis.", Counter(|s| s.cluster_forgets_learned)),
+    row("views_active", "Job views holding pins on this node.", Gauge(|s| s.views_active)),
+    row("view_pins", "Pins held now, all views.", Gauge(|s| s.view_pins)),
+    row("max_view_pins", "Most pins this node holds (--max-view-pins).", Gauge(|s| s.max_view_pins)),
+    row("view_pins_made", "First answers pinned in a view (here, or taken from the cluster).", Counter(|s| s.view_pins_made)),
+    row("view_pin_conflicts", "View reads answered with a pin while a better result was stored.", Counter(|s| s.view_pin_conflicts)),
+    row("view_pin_fallbacks", "Pins made node-locally because Redis did not answer in time.", Counter(|s| s.view_pin_fallbacks)),
+    row("view_pins_from_cluster", "Pins another node made first, taken from Redis.", Counter(|s| s.view_pins_from_cluster)),
+    row("view_pins_evicted", "Pins dropped with whole views to hold --max-view-pins.", Counter(|s| s.view_pins_evicted)),
+    row("view_pins_over_cap", "Answers left unpinned: their view alone held --max-view-pins.", Counter(|s| s.view_pins_over_cap)),
+    row("view_pins_forgotten", "Pins dropped by Forgets.", Counter(|s| s.view_pins_forgotten)),
+    row("views_ended_idle", "Views ended after --view-idle-secs without a request.", Counter(|s| s.views_ended_idle)),
+    row("views_ended", "Views ended by an operator.", Counter(|s| s.views_ended)),
 ];
 
 /// -1 until the first snapshot, so "never" is not mistaken for "just now".
@@ -411,6 +423,18 @@ mod tests {
             tombstones_held: 1069,
             cluster_forgets_published: 1070,
             cluster_forgets_learned: 1071,
+            views_active: 1072,
+            view_pins: 1073,
+            max_view_pins: 1074,
+            view_pins_made: 1075,
+            view_pin_conflicts: 1076,
+            view_pin_fallbacks: 1077,
+            view_pins_from_cluster: 1078,
+            view_pins_evicted: 1079,
+            view_pins_over_cap: 1080,
+            view_pins_forgotten: 1081,
+            views_ended_idle: 1082,
+            views_ended: 1083,
             ..Default::default()
         }
     }

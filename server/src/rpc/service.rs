@@ -10,17 +10,20 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use tunecache_proto::v1::{self, tune_cache_server::TuneCache};
 
-use crate::coord::{Coordinator, ResolveCall, DEFAULT_LEASE, MAX_LEASE, MAX_WAIT};
+use crate::coord::{Coordinator, Resolution, ResolveCall, DEFAULT_LEASE, MAX_LEASE, MAX_WAIT};
 use crate::error::Error;
 use crate::model::entry::{CacheKey, KeyView};
 use crate::model::validate::{self, CheckedKey};
 use crate::rpc::stats::FillStats;
 use crate::snapshot::SnapshotHandle;
+use crate::store::scan::InView;
 use crate::store::Store;
 use crate::tuner::TunerHandle;
+use crate::views::{self, pins::Answer, Views};
 use crate::wire::encoded::EncodedEntries;
 use crate::wire::lookup_request::{self, LookupKeys};
 use crate::wire::record_request::CheckedRecord;
+use crate::wire::stored::StoredEntry;
 use prost::bytes::Bytes;
 use prost::Message;
 use tokio_stream::StreamExt;
@@ -68,6 +71,14 @@ pub struct TuneCacheService {
     /// Who may run a scope Forget (`--admin-uid`, `--admin-gid`).
     admins: crate::ops::access::AccessPolicy,
     forgets_refused: AtomicU64,
+    /// The node's job views: what a read with a view answers.
+    views: Arc<Views>,
+}
+
+/// A Lookup read from its request: answered already, or a view's answers still to pin.
+pub enum LookupAnswer {
+    Ready(EncodedEntries),
+    InView { view: String, answers: Vec<Answer> },
 }
 
 impl TuneCacheService {
@@ -76,8 +87,10 @@ impl TuneCacheService {
         coordinator: Arc<Coordinator>,
         tuner: TunerHandle,
         node_name: String,
+        views: Arc<Views>,
     ) -> Self {
         TuneCacheService {
+            views,
             store,
             coordinator,
             tuner,
@@ -144,20 +157,69 @@ impl TuneCacheService {
     /// Lookup from the request's bytes (the Lookup route), answered as encoded `Entry`
     /// records: each hit is the caller's own key with the stored result, written straight
     /// from the map. The keys are read in place where the request allows (`lookup_request`).
-    pub fn lookup_bytes(&self, request: &Bytes) -> Result<EncodedEntries, Status> {
-        Ok(match lookup_request::checked_keys(request)? {
-            LookupKeys::InPlace(keys) => self.lookup_views(keys.iter().map(CheckedKey::view)),
-            LookupKeys::Decoded(keys) => self.lookup_views(keys.iter().map(CacheKey::view)),
+    /// In a view, the keys' answers are planned here and pinned by `finish_lookup`.
+    pub fn lookup_bytes(&self, request: &Bytes) -> Result<LookupAnswer, Status> {
+        let checked = lookup_request::checked_keys(request)?;
+        let view = views::checked_name("view", &checked.view)?;
+        Ok(match (checked.keys, view) {
+            (LookupKeys::InPlace(keys), None) => {
+                LookupAnswer::Ready(self.lookup_views(keys.iter().map(CheckedKey::view)))
+            }
+            (LookupKeys::Decoded(keys), None) => {
+                LookupAnswer::Ready(self.lookup_views(keys.iter().map(CacheKey::view)))
+            }
+            (LookupKeys::InPlace(keys), Some(view)) => {
+                self.plan_in_view(view, keys.iter().map(CheckedKey::view))
+            }
+            (LookupKeys::Decoded(keys), Some(view)) => {
+                self.plan_in_view(view, keys.iter().map(CacheKey::view))
+            }
         })
     }
 
     /// Lookup of a decoded request (the bare generated server), answered as `lookup_bytes`.
-    pub fn lookup_encoded(
+    pub async fn lookup_encoded(
         &self,
         request: Request<v1::LookupRequest>,
     ) -> Result<EncodedEntries, Status> {
-        let keys = validate::keys(request.into_inner().keys)?;
-        Ok(self.lookup_views(keys.iter().map(CacheKey::view)))
+        let request = request.into_inner();
+        let view = views::checked_name("view", &request.view)?;
+        let keys = validate::keys(request.keys)?;
+        let answer = match view {
+            None => LookupAnswer::Ready(self.lookup_views(keys.iter().map(CacheKey::view))),
+            Some(view) => self.plan_in_view(view, keys.iter().map(CacheKey::view)),
+        };
+        Ok(self.finish_lookup(answer).await)
+    }
+
+    /// A Lookup in `view`: each key's pin, or the cache's winner as the candidate to pin.
+    fn plan_in_view<'k>(
+        &self,
+        view: String,
+        keys: impl ExactSizeIterator<Item = KeyView<'k>> + Clone,
+    ) -> LookupAnswer {
+        let map = self.store.current();
+        let current = map.get_each(keys.clone());
+        let answers = self.views.plan(&view, keys.zip(current));
+        LookupAnswer::InView { view, answers }
+    }
+
+    /// The Lookup's hits: a view's candidates pinned first (through the cluster tier when
+    /// on, within its timeout), with the Lookup counters.
+    pub async fn finish_lookup(&self, answer: LookupAnswer) -> EncodedEntries {
+        match answer {
+            LookupAnswer::Ready(hits) => hits,
+            LookupAnswer::InView { view, answers } => {
+                let asked = answers.len();
+                let settled = self.views.settle(&view, answers).await;
+                let found: Vec<&StoredEntry> = settled.iter().flatten().collect();
+                let hits = EncodedEntries::from_entries(&found);
+                count(&self.counters.lookups, asked);
+                count(&self.counters.hits, hits.len());
+                count(&self.counters.misses, asked - hits.len());
+                hits
+            }
+        }
     }
 
     /// The hits of validated keys, in request order, with the Lookup counters.
@@ -186,6 +248,13 @@ impl TuneCacheService {
             .await?;
         count(&self.counters.entries_stored, outcome.stored as usize);
         count(&self.counters.entries_unchanged, outcome.unchanged as usize);
+        if !record.lease_id.is_empty() {
+            // A lease granted in a view: what its Record produced is that view's pin. In the
+            // background: the Record's reply never waits for Redis.
+            let views = Arc::clone(&self.views);
+            let lease_id = record.lease_id;
+            tokio::spawn(async move { views.lease_recorded(&lease_id).await });
+        }
         Ok(v1::RecordResponse {
             stored: outcome.stored,
             unchanged: outcome.unchanged,
@@ -193,13 +262,20 @@ impl TuneCacheService {
     }
 
     /// Scan, answered as chunks of encoded `Entry` records.
-    pub fn scan_encoded(&self, request: Request<v1::ScanRequest>) -> EncodedScanStream {
+    pub fn scan_encoded(
+        &self,
+        request: Request<v1::ScanRequest>,
+    ) -> Result<EncodedScanStream, Status> {
         let v1::ScanRequest {
             namespace,
             device,
             rank,
-            view: _,
+            view,
         } = request.into_inner();
+        let view = views::checked_name("view", &view)?.map(|name| InView {
+            views: Arc::clone(&self.views),
+            name,
+        });
         // In chunks, each from the version current at the time: a client that stops reading
         // holds a chunk, not a version of the cache (see `scan`).
         let filter = crate::store::scan::ScanFilter {
@@ -207,7 +283,11 @@ impl TuneCacheService {
             device,
             rank,
         };
-        Box::pin(crate::store::scan::spawn(self.store.clone(), filter))
+        Ok(Box::pin(crate::store::scan::spawn(
+            self.store.clone(),
+            filter,
+            view,
+        )))
     }
 }
 
@@ -229,7 +309,7 @@ impl TuneCache for TuneCacheService {
         request: Request<v1::LookupRequest>,
     ) -> Result<Response<v1::LookupResponse>, Status> {
         // Served by `wire::WireRoutes`; the bare generated server decodes the same bytes back.
-        let encoded = self.lookup_encoded(request)?;
+        let encoded = self.lookup_encoded(request).await?;
         v1::LookupResponse::decode(encoded.into_bytes())
             .map(Response::new)
             .map_err(|error| Error::from(error).into())
@@ -255,7 +335,7 @@ impl TuneCache for TuneCacheService {
         request: Request<v1::ScanRequest>,
     ) -> Result<Response<Self::ScanStream>, Status> {
         // Served by `wire::WireRoutes`; the bare generated server decodes the same bytes back.
-        let chunks = self.scan_encoded(request).map(|chunk| {
+        let chunks = self.scan_encoded(request)?.map(|chunk| {
             v1::ScanResponse::decode(chunk?.into_bytes()).map_err(|error| Error::from(error).into())
         });
         Ok(Response::new(Box::pin(chunks)))
@@ -284,6 +364,7 @@ impl TuneCache for TuneCacheService {
             &self.snapshots,
             &self.cluster,
         ];
+        self.views.fill_stats(&mut stats);
         for owner in owners {
             owner.fill_stats(&mut stats);
         }
@@ -298,6 +379,14 @@ impl TuneCache for TuneCacheService {
         let caller_pid = caller_pid(&request);
         let request = request.into_inner();
         let key = validate::key("key", request.key)?;
+        let view = views::checked_name("view", &request.view)?;
+        if let Some(view) = &view {
+            if let Some(pinned) = self.views.read_one(view, &key).await {
+                return Ok(Response::new(
+                    Resolution::Hit(pinned.result().to_result()).into(),
+                ));
+            }
+        }
         let lease = match request.lease_ms {
             0 => DEFAULT_LEASE,
             ms => Duration::from_millis(u64::from(ms)).min(MAX_LEASE),
@@ -309,7 +398,35 @@ impl TuneCache for TuneCacheService {
             lease,
             caller_pid,
         };
-        Ok(Response::new(self.coordinator.resolve(call).await?.into()))
+        let key = call.key.clone();
+        let resolution = self.coordinator.resolve(call).await?;
+        let Some(view) = view else {
+            return Ok(Response::new(resolution.into()));
+        };
+        // In a view, the result that fills the miss is pinned (the first pin wins, so every
+        // waiter of the view, on every node, gets the same one); a lease's result is pinned
+        // by its holder's Record.
+        let resolution = match resolution {
+            Resolution::Hit(result) => {
+                let produced = StoredEntry::new(&key, &result);
+                match self.views.pin_produced(&view, produced).await {
+                    Some(pinned) => Resolution::Hit(pinned.result().to_result()),
+                    None => Resolution::Hit(result),
+                }
+            }
+            Resolution::TuneHere {
+                lease_id,
+                expires_in,
+            } => {
+                self.views.lease_granted(&lease_id, &view, &key);
+                Resolution::TuneHere {
+                    lease_id,
+                    expires_in,
+                }
+            }
+            miss @ Resolution::Miss(_) => miss,
+        };
+        Ok(Response::new(resolution.into()))
     }
 
     async fn snapshot(
@@ -333,14 +450,43 @@ impl TuneCache for TuneCacheService {
         &self,
         _request: Request<v1::ListViewsRequest>,
     ) -> Result<Response<v1::ListViewsResponse>, Status> {
-        Err(Status::unimplemented("views are being built"))
+        let views = self
+            .views
+            .list()
+            .into_iter()
+            .map(|view| v1::ViewInfo {
+                name: view.name,
+                pins: view.pins as u64,
+                idle_ms: view.idle.as_millis() as u64,
+            })
+            .collect();
+        Ok(Response::new(v1::ListViewsResponse { views }))
     }
 
     async fn end_view(
         &self,
-        _request: Request<v1::EndViewRequest>,
+        request: Request<v1::EndViewRequest>,
     ) -> Result<Response<v1::EndViewResponse>, Status> {
-        Err(Status::unimplemented("views are being built"))
+        let credentials = crate::ops::access::peer_credentials(&request);
+        let uid = credentials.map(|c| c.uid());
+        let admin = self.admins.allows_caller(&request).await;
+        let name = request.into_inner().name;
+        let Some(name) = views::checked_name("name", &name)? else {
+            return Err(Status::invalid_argument("name: required (the view to end)"));
+        };
+        if !admin {
+            return Err(Error::NotAdmin {
+                uid: uid.map_or_else(|| "unknown".to_owned(), |uid| uid.to_string()),
+                admins: self.admins.uid_list(),
+            }
+            .into());
+        }
+        let ended = self.views.end(&name).await;
+        tracing::info!(view = %name, ?uid, pins = ?ended, "view ended by an operator");
+        Ok(Response::new(v1::EndViewResponse {
+            ended: ended.is_some(),
+            pins_dropped: ended.unwrap_or(0) as u64,
+        }))
     }
 
     async fn forget(

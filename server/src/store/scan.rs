@@ -12,12 +12,15 @@
 //! read), and keys added or removed while it runs may or may not appear.
 
 use std::ops::Bound;
+use std::sync::Arc;
 
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use crate::model::entry::KeyView;
 use crate::store::Store;
+use crate::views::pins::Answer;
+use crate::views::Views;
 use crate::wire::encoded::EncodedEntries;
 use crate::wire::stored::{EntryMap, StoredEntry};
 
@@ -55,22 +58,17 @@ impl ScanFilter {
 /// namespace when `None`), up to the chunk limits, and the last key looked at when there may
 /// be more (`None` once the Scan is complete).
 /// The entry is kept only as a cursor: one entry's bytes, not a version.
-fn next_chunk(
-    map: &EntryMap,
+fn choose<'m>(
+    map: &'m EntryMap,
     filter: &ScanFilter,
     after: Option<&StoredEntry>,
-) -> (EncodedEntries, Option<StoredEntry>) {
-    let start = match after {
-        Some(entry) => Bound::Excluded(entry.key()),
-        None => Bound::Included(KeyView::namespace_start(&filter.namespace)),
-    };
-    // The chunk's entries are chosen first and copied once, into a body of their exact size.
+) -> (Vec<&'m StoredEntry>, Option<StoredEntry>) {
     let mut chosen = Vec::new();
     let mut chosen_bytes = 0;
     let mut examined = 0;
-    for entry in map.range_from(start) {
+    for entry in map.range_from(start_of(filter, after)) {
         if !filter.in_namespace(entry) {
-            return (EncodedEntries::from_entries(&chosen), None);
+            return (chosen, None);
         }
         examined += 1;
         if filter.matches(entry) {
@@ -81,21 +79,83 @@ fn next_chunk(
             || chosen_bytes >= CHUNK_BYTES
             || examined >= EXAMINED_PER_STEP
         {
-            return (EncodedEntries::from_entries(&chosen), Some(entry.clone()));
+            return (chosen, Some(entry.clone()));
         }
     }
-    (EncodedEntries::from_entries(&chosen), None)
+    (chosen, None)
+}
+
+/// Where the chunk after `after` starts.
+fn start_of<'a>(filter: &'a ScanFilter, after: Option<&'a StoredEntry>) -> Bound<KeyView<'a>> {
+    match after {
+        Some(entry) => Bound::Excluded(entry.key()),
+        None => Bound::Included(KeyView::namespace_start(&filter.namespace)),
+    }
+}
+
+/// The chunk after `after` in wire form (its entries copied once, into a body of their exact
+/// size), and the cursor for the next.
+#[cfg(test)]
+fn next_chunk(
+    map: &EntryMap,
+    filter: &ScanFilter,
+    after: Option<&StoredEntry>,
+) -> (EncodedEntries, Option<StoredEntry>) {
+    let (chosen, last) = choose(map, filter, after);
+    (EncodedEntries::from_entries(&chosen), last)
+}
+
+/// A Scan in a job view: each chunk answers the view's pins (also of keys the cache lacks),
+/// and pins the rest (`views`).
+pub struct InView {
+    pub views: Arc<Views>,
+    pub name: String,
+}
+
+/// A chunk read from one version: ready to send, or a view's answers still to pin.
+enum Chunk<'v> {
+    Ready(EncodedEntries),
+    ToSettle(&'v InView, Vec<Answer>),
 }
 
 /// Starts a Scan of `store` and returns its stream of chunks, each already in wire form (see
 /// `wire`). The Scan stops when the stream is dropped (the client went away or cancelled).
-pub fn spawn(store: Store, filter: ScanFilter) -> ReceiverStream<Result<EncodedEntries, Status>> {
+pub fn spawn(
+    store: Store,
+    filter: ScanFilter,
+    view: Option<InView>,
+) -> ReceiverStream<Result<EncodedEntries, Status>> {
     let (chunks, receiver) = tokio::sync::mpsc::channel(QUEUED_CHUNKS);
     tokio::spawn(async move {
         let mut after: Option<StoredEntry> = None;
         loop {
-            // The version is a temporary: dropped before the send below can wait.
-            let (entries, last) = next_chunk(&store.current(), &filter, after.as_ref());
+            let (entries, last) = {
+                // The version is dropped before anything below can wait.
+                let map = store.current();
+                let (chosen, last) = choose(&map, &filter, after.as_ref());
+                match &view {
+                    None => (Chunk::Ready(EncodedEntries::from_entries(&chosen)), last),
+                    Some(view) => {
+                        let pins = view.views.pins_of(&view.name);
+                        let keep = |entry: &StoredEntry| {
+                            filter.in_namespace(entry) && filter.matches(entry)
+                        };
+                        let start = start_of(&filter, after.as_ref());
+                        let answers =
+                            view.views
+                                .scan_answers(&pins, &chosen, start, last.as_ref(), keep);
+                        (Chunk::ToSettle(view, answers), last)
+                    }
+                }
+            };
+            let entries = match entries {
+                Chunk::Ready(entries) => entries,
+                Chunk::ToSettle(view, answers) => {
+                    let settled = view.views.settle(&view.name, answers).await;
+                    let chosen: Vec<&StoredEntry> = settled.iter().flatten().collect();
+                    EncodedEntries::from_entries(&chosen)
+                }
+            };
             if !entries.is_empty() && chunks.send(Ok(entries)).await.is_err() {
                 return; // the caller went away
             }

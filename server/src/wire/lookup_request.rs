@@ -21,6 +21,8 @@ use crate::wire::stored::{parse_key, take_delimited};
 
 /// Field number of the repeated `Key` in `LookupRequest`.
 const KEYS_FIELD: u32 = 1;
+/// Field number of the `view` string.
+const VIEW_FIELD: u32 = 2;
 
 /// A Lookup request as the client sent it: an encoded `tunecache.v1.LookupRequest`.
 #[derive(Debug, Clone)]
@@ -30,6 +32,13 @@ impl From<Bytes> for LookupRequestBytes {
     fn from(bytes: Bytes) -> Self {
         LookupRequestBytes(bytes)
     }
+}
+
+/// A Lookup's keys, validated, and its view (empty: none).
+#[derive(Debug)]
+pub struct CheckedLookup<'a> {
+    pub keys: LookupKeys<'a>,
+    pub view: String,
 }
 
 /// A Lookup's keys, validated.
@@ -45,14 +54,20 @@ pub enum LookupKeys<'a> {
 /// at the first key over, whichever way it is read (`validate::too_many`). Other errors are
 /// those the route gave when prost decoded every request: a malformed request is tonic's
 /// decode error (`decode_status`), an invalid key INVALID_ARGUMENT naming it.
-pub fn checked_keys(request: &Bytes) -> Result<LookupKeys<'_>, Status> {
+pub fn checked_keys(request: &Bytes) -> Result<CheckedLookup<'_>, Status> {
     match read_keys(request)? {
-        Some(keys) => Ok(LookupKeys::InPlace(validate::key_views(keys.into_iter())?)),
+        Some((keys, view)) => Ok(CheckedLookup {
+            keys: LookupKeys::InPlace(validate::key_views(keys.into_iter())?),
+            view: view.to_owned(),
+        }),
         None => {
             // Counted before prost builds a single key, so it builds at most `MAX_BATCH`.
             validate::check_count(request, KEYS_FIELD, "keys")?;
             let request = v1::LookupRequest::decode(request.clone()).map_err(decode_status)?;
-            Ok(LookupKeys::Decoded(validate::keys(request.keys)?))
+            Ok(CheckedLookup {
+                keys: LookupKeys::Decoded(validate::keys(request.keys)?),
+                view: request.view,
+            })
         }
     }
 }
@@ -64,18 +79,31 @@ pub(crate) fn decode_status(error: prost::DecodeError) -> Status {
     Status::internal(error.to_string())
 }
 
-/// The keys of a `LookupRequest` holding only field-1 keys of only declared fields, as prost
-/// would decode them; `None` for any other request (which prost may still accept). Stops at
-/// key `MAX_BATCH + 1` with `validate::too_many`.
-fn read_keys(request: &[u8]) -> Result<Option<Vec<KeyView<'_>>>, validate::InvalidField> {
+/// The keys and view of a `LookupRequest` holding only field-1 keys of only declared fields
+/// and field-2 views, as prost would decode them (the last view wins); `None` for any other
+/// request (which prost may still accept). Stops at key `MAX_BATCH + 1` with
+/// `validate::too_many`.
+#[allow(clippy::type_complexity)]
+fn read_keys(request: &[u8]) -> Result<Option<(Vec<KeyView<'_>>, &str)>, validate::InvalidField> {
     let mut buf = request;
     let mut keys = Vec::new();
+    let mut view = "";
     while !buf.is_empty() {
+        let Ok(tag) = decode_key(&mut buf) else {
+            return Ok(None);
+        };
+        if tag == (VIEW_FIELD, WireType::LengthDelimited) {
+            let Some(text) = take_delimited(&mut buf).and_then(|b| std::str::from_utf8(b).ok())
+            else {
+                return Ok(None);
+            };
+            view = text;
+            continue;
+        }
         if keys.len() == validate::MAX_BATCH {
             return Err(validate::too_many("keys"));
         }
-        let key = decode_key(&mut buf)
-            .ok()
+        let key = Some(tag)
             .filter(|&key| key == (KEYS_FIELD, WireType::LengthDelimited))
             .and_then(|_| parse_key(take_delimited(&mut buf)?));
         let Some(key) = key else {
@@ -83,7 +111,7 @@ fn read_keys(request: &[u8]) -> Result<Option<Vec<KeyView<'_>>>, validate::Inval
         };
         keys.push(key);
     }
-    Ok(Some(keys))
+    Ok(Some((keys, view)))
 }
 
 #[cfg(test)]
@@ -103,7 +131,7 @@ mod tests {
     /// `checked_keys`, as owned keys (or the status), to compare with `prost_path`.
     fn in_place_path(request: &[u8]) -> Result<Vec<CacheKey>, Status> {
         let bytes = Bytes::copy_from_slice(request);
-        Ok(match checked_keys(&bytes)? {
+        Ok(match checked_keys(&bytes)?.keys {
             LookupKeys::InPlace(keys) => keys.iter().map(|k| k.view().to_key()).collect(),
             LookupKeys::Decoded(keys) => keys,
         })
@@ -163,7 +191,10 @@ mod tests {
         ));
         let request = request_of(keys);
         let bytes = Bytes::from(request.clone());
-        assert!(matches!(checked_keys(&bytes), Ok(LookupKeys::InPlace(_))));
+        assert!(matches!(
+            checked_keys(&bytes).map(|c| c.keys),
+            Ok(LookupKeys::InPlace(_))
+        ));
         assert_same_answer(&request);
         assert_same_answer(&[]);
     }
@@ -177,7 +208,7 @@ mod tests {
             None,
         );
         let bytes = Bytes::from(request_of(vec![key.clone()]));
-        let Ok(LookupKeys::InPlace(checked)) = checked_keys(&bytes) else {
+        let Ok(LookupKeys::InPlace(checked)) = checked_keys(&bytes).map(|c| c.keys) else {
             panic!("not read in place")
         };
         let expected = validate::key("k", Some(key)).unwrap();

@@ -203,11 +203,12 @@ impl tonic::server::UnaryService<LookupRequestBytes> for LookupMethod {
     fn call(&mut self, request: Request<LookupRequestBytes>) -> Self::Future {
         let service = Arc::clone(&self.0);
         Box::pin(async move {
-            off_runtime_if_large(request.into_inner().0, move |bytes| {
-                service.lookup_bytes(bytes)
+            let reader = Arc::clone(&service);
+            let answer = off_runtime_if_large(request.into_inner().0, move |bytes| {
+                reader.lookup_bytes(bytes)
             })
-            .await
-            .map(Response::new)
+            .await?;
+            Ok(Response::new(service.finish_lookup(answer).await))
         })
     }
 }
@@ -238,7 +239,7 @@ impl tonic::server::ServerStreamingService<v1::ScanRequest> for ScanMethod {
 
     fn call(&mut self, request: Request<v1::ScanRequest>) -> Self::Future {
         let service = Arc::clone(&self.0);
-        Box::pin(async move { Ok(Response::new(service.scan_encoded(request))) })
+        Box::pin(async move { Ok(Response::new(service.scan_encoded(request)?)) })
     }
 }
 

@@ -1,0 +1,186 @@
+//! Cluster-wide view pins: the first node to pin a key for a view wins, atomically (the
+//! `PIN` script), and every node answers that view with it. A pin is the result's four
+//! encoded fields (`keys::encode_result`) as a JSON array, in one hash per view that lives
+//! for the view's idle time after its last pin or refresh.
+//!
+//! Bounded like the cluster lease: each call waits at most the cluster timeout, and Redis
+//! slow or away is an error the caller answers with a node-local pin (`views`).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::keys::{decode_result, encode_result, Layout};
+use super::scripts;
+use super::Cluster;
+use crate::wire::stored::StoredEntry;
+
+/// Pins per script call: one call is one round trip and one short stretch of Redis's time.
+const PINS_PER_CALL: usize = 1000;
+
+/// A proposal of one pin: the key's text, the encoded pin, and the pin it may replace.
+struct Proposal {
+    key_text: String,
+    value: String,
+    replace: String,
+}
+
+fn encode_pin(entry: &StoredEntry) -> String {
+    serde_json::Value::from(encode_result(&entry.result().to_result()).to_vec()).to_string()
+}
+
+/// A pin read back from Redis, checked like a learned result; `None` if corrupt.
+fn decode_pin(entry: &StoredEntry, text: &str) -> Option<StoredEntry> {
+    let [t, c, b, a]: [String; 4] = serde_json::from_str(text).ok()?;
+    let result = decode_result(&t, c, b, &a)?;
+    Some(StoredEntry::from_views(&entry.key(), &result.view()))
+}
+
+impl Cluster {
+    /// Proposes `candidates` as `view`'s pins and returns, in order, the pin each key has in
+    /// the cluster now: the candidate, or the one another node made first. A pin Redis holds
+    /// that `forgotten` says a Forget removed is replaced by the candidate (compare-and-set).
+    /// `ttl` keeps the view's hash alive. `Err` when Redis is away, slow or answers nonsense.
+    pub async fn pin_in_view(
+        self: &Arc<Self>,
+        view: &str,
+        candidates: &[StoredEntry],
+        ttl: Duration,
+        forgotten: impl Fn(&StoredEntry) -> bool,
+    ) -> Result<Vec<StoredEntry>, String> {
+        let hash = self.layout.view(view);
+        let mut pins = Vec::with_capacity(candidates.len());
+        for chunk in candidates.chunks(PINS_PER_CALL) {
+            let proposals: Vec<Proposal> = chunk
+                .iter()
+                .map(|entry| Proposal {
+                    key_text: Layout::key_text(&entry.key().to_key()),
+                    value: encode_pin(entry),
+                    replace: String::new(),
+                })
+                .collect();
+            let replies = self.propose(&hash, &proposals, ttl).await?;
+            let mut stale = Vec::new();
+            for (i, (entry, (proposal, reply))) in chunk
+                .iter()
+                .zip(proposals.into_iter().zip(replies))
+                .enumerate()
+            {
+                if reply == proposal.value {
+                    pins.push(entry.clone());
+                    continue;
+                }
+                match decode_pin(entry, &reply) {
+                    Some(pin) if !forgotten(&pin) => pins.push(pin),
+                    // Removed by a Forget this node knows, or corrupt: replace it.
+                    _ => {
+                        pins.push(entry.clone());
+                        stale.push((
+                            i,
+                            Proposal {
+                                replace: reply,
+                                ..proposal
+                            },
+                        ));
+                    }
+                }
+            }
+            if !stale.is_empty() {
+                let base = pins.len() - chunk.len();
+                let (at, proposals): (Vec<usize>, Vec<Proposal>) = stale.into_iter().unzip();
+                let replies = self.propose(&hash, &proposals, ttl).await?;
+                for (i, reply) in at.into_iter().zip(replies) {
+                    if let Some(pin) = decode_pin(&chunk[i], &reply).filter(|p| !forgotten(p)) {
+                        pins[base + i] = pin;
+                    }
+                }
+            }
+        }
+        Ok(pins)
+    }
+
+    /// One PIN call, within the cluster timeout.
+    async fn propose(
+        &self,
+        hash: &str,
+        proposals: &[Proposal],
+        ttl: Duration,
+    ) -> Result<Vec<String>, String> {
+        let Some((mut conn, generation)) = self.link.conn() else {
+            return Err(format!("redis is {}", self.link.state().describe()));
+        };
+        let mut invocation = scripts::PIN.prepare_invoke();
+        invocation.key(hash).arg(ttl.as_millis().max(1) as u64);
+        for proposal in proposals {
+            invocation
+                .arg(&proposal.key_text)
+                .arg(&proposal.value)
+                .arg(&proposal.replace);
+        }
+        let call = invocation.invoke_async::<Vec<String>>(&mut conn);
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(replies)) if replies.len() == proposals.len() => {
+                self.slow_claims.store(0, Ordering::Relaxed);
+                Ok(replies)
+            }
+            Ok(Ok(_)) => Err("unexpected reply to the pin script".to_owned()),
+            Ok(Err(error)) => {
+                self.link.failed(generation, &error.to_string());
+                Err(error.to_string())
+            }
+            Err(_) => {
+                // One slow answer may be load; a few in a row is a hung server.
+                if self.slow_claims.fetch_add(1, Ordering::Relaxed) + 1 >= 3 {
+                    self.link
+                        .failed(generation, "no answer within the cluster timeout");
+                }
+                Err(format!(
+                    "redis did not answer within {} ms",
+                    self.timeout.as_millis()
+                ))
+            }
+        }
+    }
+
+    /// Keeps the pins of `views` alive in Redis for `ttl` (views read on this node from its
+    /// own pins, which need no call, would otherwise expire there while still in use).
+    pub async fn refresh_views(&self, views: &[String], ttl: Duration) {
+        let Some((mut conn, generation)) = self.link.conn() else {
+            return;
+        };
+        let mut pipe = redis::pipe();
+        for view in views {
+            pipe.cmd("PEXPIRE")
+                .arg(self.layout.view(view))
+                .arg(ttl.as_millis().max(1) as u64)
+                .ignore();
+        }
+        let call = pipe.query_async::<()>(&mut conn);
+        match tokio::time::timeout(super::link::BACKGROUND_TIMEOUT, call).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => self.link.failed(generation, &error.to_string()),
+            Err(_) => self.link.failed(generation, "view refresh timed out"),
+        }
+    }
+
+    /// Deletes `view`'s pins in Redis (an operator ended it). `Err` when Redis is away.
+    pub async fn end_view(&self, view: &str) -> Result<(), String> {
+        let Some((mut conn, generation)) = self.link.conn() else {
+            return Err(format!("redis is {}", self.link.state().describe()));
+        };
+        let mut delete = redis::cmd("DEL");
+        delete.arg(self.layout.view(view));
+        let call = delete.query_async::<i64>(&mut conn);
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) => {
+                self.link.failed(generation, &error.to_string());
+                Err(error.to_string())
+            }
+            Err(_) => Err(format!(
+                "redis did not answer within {} ms",
+                self.timeout.as_millis()
+            )),
+        }
+    }
+}
