@@ -492,4 +492,57 @@ mod tests {
         assert_eq!(pins.counters().ended_idle, 1);
         assert_eq!(pins.total_pins(), 1);
     }
+
+    #[test]
+    fn a_scan_chunk_answers_pins_in_its_range_also_of_keys_the_cache_lacks() {
+        let (a, b, c, d) = (
+            entry("a", 1.0),
+            entry("b", 1.0),
+            entry("c", 1.0),
+            entry("d", 1.0),
+        );
+        let pinned_b = entry("b", 9.0);
+        // Pinned: b (worse than the cache's), a0 (a key the cache lacks, between a and b),
+        // and e (after the chunk's end).
+        let pins: EntryMap = [pinned_b.clone(), entry("a0", 4.0), entry("e", 2.0)]
+            .into_iter()
+            .collect();
+        let chosen = [&a, &b, &c];
+        let (answers, conflicts) = merge_chunk(
+            &pins,
+            &chosen,
+            Bound::Included(KeyView::namespace_start("ns")),
+            Some(&d),
+            |_| true,
+        );
+        let shown: Vec<(String, bool)> = answers
+            .iter()
+            .map(|answer| match answer {
+                Answer::Pinned(e) => (format!("{}@{}", problem(e), e.result().time_us), true),
+                Answer::Candidate(e) => (format!("{}@{}", problem(e), e.result().time_us), false),
+                Answer::Miss => ("miss".to_owned(), false),
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                ("a@1".to_owned(), false),
+                ("a0@4".to_owned(), true),
+                ("b@9".to_owned(), true),
+                ("c@1".to_owned(), false),
+            ]
+        );
+        assert_eq!(conflicts, 1, "b's pin is worse than the cache's b");
+        // The last chunk (no end) takes every pin left; the filter applies to pins too.
+        let (answers, _) = merge_chunk(&pins, &[&d], Bound::Excluded(c.key()), None, |_| true);
+        assert_eq!(answers.len(), 2);
+        let (answers, _) = merge_chunk(&pins, &[&d], Bound::Excluded(c.key()), None, |e| {
+            problem(e) != "e"
+        });
+        assert_eq!(answers.len(), 1);
+    }
+
+    fn problem(entry: &StoredEntry) -> String {
+        entry.key().problem.to_owned()
+    }
 }

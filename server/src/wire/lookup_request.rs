@@ -121,20 +121,24 @@ mod tests {
     use proptest::prelude::*;
     use prost::encoding::{encode_key, encode_varint};
 
-    /// What the route answered when prost decoded every Lookup: the keys, or the status.
-    fn prost_path(request: &[u8]) -> Result<Vec<CacheKey>, Status> {
+    /// What the route answered when prost decoded every Lookup: the keys and the view, or
+    /// the status.
+    fn prost_path(request: &[u8]) -> Result<(Vec<CacheKey>, String), Status> {
         validate::check_count(request, KEYS_FIELD, "keys")?;
         let request = v1::LookupRequest::decode(request).map_err(decode_status)?;
-        Ok(validate::keys(request.keys)?)
+        Ok((validate::keys(request.keys)?, request.view))
     }
 
-    /// `checked_keys`, as owned keys (or the status), to compare with `prost_path`.
-    fn in_place_path(request: &[u8]) -> Result<Vec<CacheKey>, Status> {
+    /// `checked_keys`, as owned keys and the view (or the status), to compare with
+    /// `prost_path`.
+    fn in_place_path(request: &[u8]) -> Result<(Vec<CacheKey>, String), Status> {
         let bytes = Bytes::copy_from_slice(request);
-        Ok(match checked_keys(&bytes)?.keys {
+        let checked = checked_keys(&bytes)?;
+        let keys = match checked.keys {
             LookupKeys::InPlace(keys) => keys.iter().map(|k| k.view().to_key()).collect(),
             LookupKeys::Decoded(keys) => keys,
-        })
+        };
+        Ok((keys, checked.view))
     }
 
     fn assert_same_answer(request: &[u8]) {
@@ -197,6 +201,40 @@ mod tests {
         ));
         assert_same_answer(&request);
         assert_same_answer(&[]);
+    }
+
+    #[test]
+    fn the_view_is_read_in_place_as_prost_reads_it_the_last_one_winning() {
+        let request = v1::LookupRequest {
+            keys: good_keys(3),
+            view: "job-1".to_owned(),
+        }
+        .encode_to_vec();
+        let bytes = Bytes::from(request.clone());
+        let checked = checked_keys(&bytes).unwrap();
+        assert!(matches!(checked.keys, LookupKeys::InPlace(_)));
+        assert_eq!(checked.view, "job-1");
+        assert_same_answer(&request);
+        // Two view fields, keys between them: prost keeps the last; so does the reader.
+        let mut twice = request.clone();
+        encode_key(VIEW_FIELD, WireType::LengthDelimited, &mut twice);
+        encode_varint(5, &mut twice);
+        twice.extend_from_slice(b"job-2");
+        twice.extend_from_slice(&request);
+        let bytes = Bytes::from(twice.clone());
+        let checked = checked_keys(&bytes).unwrap();
+        assert!(matches!(checked.keys, LookupKeys::InPlace(_)));
+        assert_eq!(
+            checked.view,
+            v1::LookupRequest::decode(twice.as_slice()).unwrap().view
+        );
+        assert_eq!(checked.view, "job-1");
+        // A view that is not UTF-8: prost's error, not a view of bytes.
+        let mut bad = Vec::new();
+        encode_key(VIEW_FIELD, WireType::LengthDelimited, &mut bad);
+        encode_varint(1, &mut bad);
+        bad.push(0xff);
+        assert!(checked_keys(&Bytes::from(bad)).is_err());
     }
 
     #[test]
@@ -291,7 +329,7 @@ mod tests {
         encode_varint(5, &mut request);
         assert!(read_keys(&request).unwrap().is_none());
         assert_same_answer(&request);
-        assert_eq!(in_place_path(&request).unwrap().len(), 3);
+        assert_eq!(in_place_path(&request).unwrap().0.len(), 3);
 
         // An unknown field inside a key (a later field of Key, say).
         let mut key = wire_key("ns", "op", "p", Some(2)).encode_to_vec();
@@ -304,7 +342,7 @@ mod tests {
         request.extend_from_slice(&key);
         assert!(read_keys(&request).unwrap().is_none());
         assert_same_answer(&request);
-        assert_eq!(in_place_path(&request).unwrap()[0].problem, "p");
+        assert_eq!(in_place_path(&request).unwrap().0[0].problem, "p");
     }
 
     #[test]

@@ -90,6 +90,14 @@ async fn every_command_in_the_grpcurl_doc_works() {
         ],
     );
     expect(
+        "TuneCache/ListViews",
+        &[
+            "\"timeUs\": 12.5",
+            "\"name\": \"job-42\"",
+            "\"pins\": \"1\"",
+        ],
+    );
+    expect(
         "TuneCache/Stats",
         &["\"entries\": \"1\"", "\"records\": \"1\"", "SERVING"],
     );
@@ -103,4 +111,7 @@ async fn every_command_in_the_grpcurl_doc_works() {
     assert_eq!(stats.entries, 0);
     assert_eq!(stats.forget_entries_dropped, 1);
     assert_eq!(stats.forgets_refused, 0);
+    // The view's pin went with the Forget too.
+    assert_eq!(stats.view_pins, 0);
+    assert_eq!(stats.view_pins_forgotten, 1);
 }
