@@ -545,4 +545,119 @@ mod tests {
     fn problem(entry: &StoredEntry) -> String {
         entry.key().problem.to_owned()
     }
+
+    mod laws {
+        use super::*;
+        use proptest::prelude::*;
+        use std::collections::HashMap as Map;
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            /// A read of key `k` in view `v` while the cache holds time `t` (None: a miss).
+            Read {
+                v: u8,
+                k: u8,
+                t: Option<u8>,
+            },
+            /// A Forget of key `k`, stamped above every epoch so far.
+            Forget {
+                k: u8,
+            },
+            End {
+                v: u8,
+            },
+            /// Time passes, in seconds.
+            Wait {
+                secs: u8,
+            },
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                6 => (0..4u8, 0..6u8, proptest::option::weighted(0.8, 0..5u8))
+                    .prop_map(|(v, k, t)| Op::Read { v, k, t }),
+                1 => (0..6u8).prop_map(|k| Op::Forget { k }),
+                1 => (0..4u8).prop_map(|v| Op::End { v }),
+                1 => (0..40u8).prop_map(|secs| Op::Wait { secs }),
+            ]
+        }
+
+        proptest! {
+            /// Whatever happens, a view answers a key the same way from its first answer on,
+            /// until a Forget of the key, the view's end (operator, idle, or the cap); and the
+            /// node never holds more pins than the cap.
+            #[test]
+            fn a_view_answers_a_key_the_same_until_something_ends_the_pin(
+                ops in proptest::collection::vec(op(), 1..200),
+                cap in 1..12usize,
+            ) {
+                let idle = Duration::from_secs(60);
+                let start = Instant::now();
+                let mut now = start;
+                let mut pins = ViewPins::new(cap, idle);
+                // What each (view, key) answered first, while no event ended it.
+                let mut first: Map<(u8, u8), String> = Map::new();
+                let mut epoch = 0u64;
+                for op in ops {
+                    match op {
+                        Op::Read { v, k, t } => {
+                            let view = format!("v{v}");
+                            let problem = format!("k{k}");
+                            let current = t.map(|t| entry_at(&problem, f64::from(t), epoch));
+                            let before = pins.counters();
+                            let answer = match pins.answer(&view, &key(&problem).view(), current.as_ref(), now) {
+                                Answer::Pinned(pinned) => Some(pinned),
+                                Answer::Candidate(c) => {
+                                    let (mut answers, evicted) = pins.pin(&view, vec![c], now);
+                                    for gone in &evicted.views {
+                                        let gone: u8 = gone[1..].parse().unwrap();
+                                        first.retain(|(fv, _), _| *fv != gone);
+                                    }
+                                    if evicted.over_cap > 0 {
+                                        // Unpinned: this answer promises nothing.
+                                        answers.pop();
+                                        None
+                                    } else {
+                                        answers.pop()
+                                    }
+                                }
+                                Answer::Miss => None,
+                            };
+                            if pins.counters().ended_idle > before.ended_idle {
+                                first.retain(|(fv, _), _| *fv != v);
+                            }
+                            if let Some(answer) = answer {
+                                let shown = format!("{}@{}", answer.result().config, answer.result().forget_epoch);
+                                let held = first.entry((v, k)).or_insert_with(|| shown.clone());
+                                prop_assert_eq!(&*held, &shown, "view {} key {}", v, k);
+                            }
+                        }
+                        Op::Forget { k } => {
+                            epoch += 1;
+                            let problem = format!("k{k}");
+                            pins.forget(&Tombstone {
+                                scope: ForgetScope::exact(&key(&problem)),
+                                stamp: epoch,
+                            });
+                            first.retain(|(_, fk), _| *fk != k);
+                        }
+                        Op::End { v } => {
+                            pins.end(&format!("v{v}"));
+                            first.retain(|(fv, _), _| *fv != v);
+                        }
+                        Op::Wait { secs } => {
+                            now += Duration::from_secs(u64::from(secs));
+                            for ended in pins.expire_idle(now) {
+                                let gone: u8 = ended[1..].parse().unwrap();
+                                first.retain(|(fv, _), _| *fv != gone);
+                            }
+                        }
+                    }
+                    prop_assert!(pins.total_pins() <= cap);
+                    let listed: usize = pins.list(now).iter().map(|v| v.pins).sum();
+                    prop_assert_eq!(listed, pins.total_pins());
+                }
+            }
+        }
+    }
 }
