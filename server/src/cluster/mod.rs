@@ -15,7 +15,7 @@ mod lease;
 mod link;
 mod publish;
 mod scripts;
-mod views;
+pub(crate) mod views;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -18,6 +18,12 @@ use crate::wire::stored::StoredEntry;
 /// Pins per script call: one call is one round trip and one short stretch of Redis's time.
 const PINS_PER_CALL: usize = 1000;
 
+/// Redis failed part way: the pins of the first `settled.len()` candidates, and why.
+pub struct PinFailure {
+    pub settled: Vec<StoredEntry>,
+    pub why: String,
+}
+
 /// A proposal of one pin: the key's text, the encoded pin, and the pin it may replace.
 struct Proposal {
     key_text: String,
@@ -40,14 +46,15 @@ impl Cluster {
     /// Proposes `candidates` as `view`'s pins and returns, in order, the pin each key has in
     /// the cluster now: the candidate, or the one another node made first. A pin Redis holds
     /// that `forgotten` says a Forget removed is replaced by the candidate (compare-and-set).
-    /// `ttl` keeps the view's hash alive. `Err` when Redis is away, slow or answers nonsense.
+    /// `ttl` keeps the view's hash alive. `Err` when Redis is away, slow or answers nonsense,
+    /// with the pins of the keys Redis did answer for before (the first ones, in order).
     pub async fn pin_in_view(
         self: &Arc<Self>,
         view: &str,
         candidates: &[StoredEntry],
         ttl: Duration,
         forgotten: impl Fn(&StoredEntry) -> bool,
-    ) -> Result<Vec<StoredEntry>, String> {
+    ) -> Result<Vec<StoredEntry>, PinFailure> {
         let hash = self.layout.view(view);
         let mut pins = Vec::with_capacity(candidates.len());
         for chunk in candidates.chunks(PINS_PER_CALL) {
@@ -59,7 +66,10 @@ impl Cluster {
                     replace: String::new(),
                 })
                 .collect();
-            let replies = self.propose(&hash, &proposals, ttl).await?;
+            let replies = match self.propose(&hash, &proposals, ttl).await {
+                Ok(replies) => replies,
+                Err(why) => return Err(PinFailure { settled: pins, why }),
+            };
             let mut stale = Vec::new();
             for (i, (entry, (proposal, reply))) in chunk
                 .iter()
@@ -88,7 +98,13 @@ impl Cluster {
             if !stale.is_empty() {
                 let base = pins.len() - chunk.len();
                 let (at, proposals): (Vec<usize>, Vec<Proposal>) = stale.into_iter().unzip();
-                let replies = self.propose(&hash, &proposals, ttl).await?;
+                let replies = match self.propose(&hash, &proposals, ttl).await {
+                    Ok(replies) => replies,
+                    Err(why) => {
+                        pins.truncate(base);
+                        return Err(PinFailure { settled: pins, why });
+                    }
+                };
                 for (i, reply) in at.into_iter().zip(replies) {
                     if let Some(pin) = decode_pin(&chunk[i], &reply).filter(|p| !forgotten(p)) {
                         pins[base + i] = pin;

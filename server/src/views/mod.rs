@@ -196,19 +196,24 @@ impl Views {
                             .fetch_add(taken as u64, Ordering::Relaxed);
                         winners
                     }
-                    Err(why) => {
+                    Err(failure) => {
+                        // The keys Redis answered for keep its pins; the rest pin here.
+                        let local = candidates.len() - failure.settled.len();
                         self.counters
                             .fallbacks
-                            .fetch_add(candidates.len() as u64, Ordering::Relaxed);
+                            .fetch_add(local as u64, Ordering::Relaxed);
                         if self.logged.first(format!("fallback {view}")) {
                             tracing::warn!(
                                 view,
-                                %why,
+                                why = %failure.why,
                                 "view pins made on this node only: Redis did not answer \
                                  (logged once per view; Stats counts view_pin_fallbacks)"
                             );
                         }
-                        candidates
+                        let done = failure.settled.len();
+                        let mut winners = failure.settled;
+                        winners.extend(candidates.into_iter().skip(done));
+                        winners
                     }
                 }
             }
