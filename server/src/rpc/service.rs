@@ -291,6 +291,18 @@ impl TuneCacheService {
     }
 }
 
+impl TuneCacheService {
+    /// PERMISSION_DENIED for an administrator's act (a scope Forget, EndView), naming who
+    /// may.
+    fn not_admin(&self, uid: Option<u32>) -> Status {
+        Error::NotAdmin {
+            uid: uid.map_or_else(|| "unknown".to_owned(), |uid| uid.to_string()),
+            admins: self.admins.uid_list(),
+        }
+        .into()
+    }
+}
+
 /// The calling process, from the Unix socket's peer credentials.
 fn caller_pid<T>(request: &Request<T>) -> Option<i32> {
     crate::ops::access::peer_credentials(request).and_then(|cred| cred.pid())
@@ -475,11 +487,7 @@ impl TuneCache for TuneCacheService {
             return Err(Status::invalid_argument("name: required (the view to end)"));
         };
         if !admin {
-            return Err(Error::NotAdmin {
-                uid: uid.map_or_else(|| "unknown".to_owned(), |uid| uid.to_string()),
-                admins: self.admins.uid_list(),
-            }
-            .into());
+            return Err(self.not_admin(uid));
         }
         let ended = self.views.end(&name).await;
         tracing::info!(view = %name, ?uid, pins = ?ended, "view ended by an operator");
@@ -502,11 +510,7 @@ impl TuneCache for TuneCacheService {
         let is_scope = ask.only_if.is_none();
         if is_scope && !admin {
             self.forgets_refused.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::NotAdmin {
-                uid: uid.map_or_else(|| "unknown".to_owned(), |uid| uid.to_string()),
-                admins: self.admins.uid_list(),
-            }
-            .into());
+            return Err(self.not_admin(uid));
         }
         let forgotten = self.store.forget(ask).await?;
         if is_scope {

@@ -129,23 +129,24 @@ async fn wait_winner(daemon: &Daemon, key: &proto::Key, config: &str) {
     .await;
 }
 
-/// Two nodes on one real Redis, connected and bootstrapped.
-async fn two_nodes(dir: &Path, redis: &Redis, extra: &[&str]) -> (Daemon, Daemon) {
+/// Two nodes on one real Redis, connected and bootstrapped; `None` (the test is skipped)
+/// without redis-server outside CI.
+async fn two_nodes(dir: &Path, extra: &[&str]) -> Option<(Redis, Daemon, Daemon)> {
+    Redis::server()?;
+    let redis = Redis::start(dir, free_port(), &[]);
     let a = cluster_node(dir, "a", &redis.url(), extra).await;
     let b = cluster_node(dir, "b", &redis.url(), extra).await;
     wait_connected(&a).await;
     wait_connected(&b).await;
-    (a, b)
+    Some((redis, a, b))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_view_keeps_its_first_answer_on_both_nodes_while_others_get_the_better_one() {
-    if Redis::server().is_none() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
-    let redis = Redis::start(dir.path(), free_port(), &[]);
-    let (a, b) = two_nodes(dir.path(), &redis, &[]).await;
+    let Some((_redis, a, b)) = two_nodes(dir.path(), &[]).await else {
+        return;
+    };
     let key = k("m=4096,n=4096");
     let other = k("m=1,n=1");
     record(&a, &key, R1, 20.0).await;
@@ -217,12 +218,10 @@ async fn a_view_keeps_its_first_answer_on_both_nodes_while_others_get_the_better
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resolve_miss_in_a_view_is_tuned_once_and_every_waiter_on_both_nodes_gets_the_pin() {
-    if Redis::server().is_none() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
-    let redis = Redis::start(dir.path(), free_port(), &[]);
-    let (a, b) = two_nodes(dir.path(), &redis, &[]).await;
+    let Some((_redis, a, b)) = two_nodes(dir.path(), &[]).await else {
+        return;
+    };
     let key = k("m=8192,n=1024");
     use proto::resolve_response::Outcome;
 
@@ -285,12 +284,10 @@ async fn a_resolve_miss_in_a_view_is_tuned_once_and_every_waiter_on_both_nodes_g
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scope_forget_drops_the_pin_and_the_next_read_in_the_view_is_resolved_again() {
-    if Redis::server().is_none() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
-    let redis = Redis::start(dir.path(), free_port(), &[]);
-    let (a, b) = two_nodes(dir.path(), &redis, &[]).await;
+    let Some((_redis, a, b)) = two_nodes(dir.path(), &[]).await else {
+        return;
+    };
     let key = k("m=2048,n=2048");
     record(&a, &key, R1, 20.0).await;
     wait_winner(&b, &key, R1).await;
@@ -335,14 +332,13 @@ async fn a_scope_forget_drops_the_pin_and_the_next_read_in_the_view_is_resolved_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_sigstopped_while_a_view_reads_costs_at_most_the_cluster_timeout_and_a_fallback() {
-    if Redis::server().is_none() {
-        return;
-    }
     const TIMEOUT_MS: u64 = 300;
     let dir = tempfile::tempdir().unwrap();
-    let redis = Redis::start(dir.path(), free_port(), &[]);
     let timeout = TIMEOUT_MS.to_string();
-    let (a, _b) = two_nodes(dir.path(), &redis, &["--cluster-timeout-ms", &timeout]).await;
+    let Some((redis, a, _b)) = two_nodes(dir.path(), &["--cluster-timeout-ms", &timeout]).await
+    else {
+        return;
+    };
     let keys: Vec<proto::Key> = (0..20).map(|i| k(&format!("p{i}"))).collect();
     for key in &keys {
         record(&a, key, R1, 20.0).await;
