@@ -3,6 +3,9 @@
 //! `Client::connect` opens the daemon's Unix socket; every call carries a deadline so a
 //! rank never hangs on the cache. The generated gRPC client is available through
 //! [`Client::raw`] for anything this wrapper does not cover.
+//!
+//! A client reads in the view its environment names (see [`view`]): the job's ranks then all see
+//! the same result for a key, the first one any of them read.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,6 +17,7 @@ use tunecache_proto::limits::MAX_MESSAGE_BYTES;
 use tunecache_proto::v1::{self, tune_cache_client::TuneCacheClient};
 
 pub mod autostart;
+pub mod view;
 
 pub use tunecache_proto::socket_path::{default_socket_path, UntrustedSocket};
 pub use tunecache_proto::v1 as proto;
@@ -92,6 +96,8 @@ pub fn socket_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
 pub struct Client {
     inner: TuneCacheClient<Channel>,
     timeout: Duration,
+    /// Sent in every Lookup, Scan and Resolve; empty for none.
+    view: String,
 }
 
 /// Opens a gRPC channel over the Unix socket at `path`. The `:authority` is `localhost`.
@@ -141,7 +147,8 @@ pub async fn connect_channel(path: &Path) -> Result<Channel> {
 }
 
 impl Client {
-    /// Connects to the daemon at `path`.
+    /// Connects to the daemon at `path`, reading in the view the environment names
+    /// ([`view::view_from_env`]).
     pub async fn connect(path: impl AsRef<Path>) -> Result<Client> {
         let channel = connect_channel(path.as_ref()).await?;
         Ok(Client {
@@ -149,6 +156,7 @@ impl Client {
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
             timeout: DEFAULT_TIMEOUT,
+            view: view::view_from_env(None),
         })
     }
 
@@ -189,6 +197,19 @@ impl Client {
         self
     }
 
+    /// Resolves the view again with `explicit` as the last resort: it is used only when neither
+    /// `TUNECACHE_VIEW`, Slurm nor torchrun names one (see [`view`]), so that all ranks of a
+    /// launched job agree. An empty `explicit` adds nothing.
+    pub fn with_view(mut self, explicit: &str) -> Client {
+        self.view = view::view_from_env(Some(explicit));
+        self
+    }
+
+    /// The view this client reads in; empty for none.
+    pub fn view(&self) -> &str {
+        &self.view
+    }
+
     /// The generated client, for calls this wrapper does not cover.
     pub fn raw(&self) -> TuneCacheClient<Channel> {
         self.inner.clone()
@@ -200,12 +221,12 @@ impl Client {
         request
     }
 
-    /// Looks keys up; returns the hits only, in request order.
+    /// Looks keys up in this client's view; returns the hits only, in request order.
     pub async fn lookup(&self, keys: Vec<v1::Key>) -> Result<Vec<v1::Entry>> {
         let request = self.request(
             v1::LookupRequest {
                 keys,
-                view: String::new(),
+                view: self.view.clone(),
             },
             self.timeout,
         );
@@ -227,19 +248,21 @@ impl Client {
         Ok(self.inner.clone().record(request).await?.into_inner())
     }
 
-    /// Every entry matching the filter (empty = everything), read chunk by chunk.
+    /// Every entry matching the filter (empty = everything), read chunk by chunk, in this
+    /// client's view.
     pub async fn scan(&self, namespace: &str, device: &str) -> Result<Vec<v1::Entry>> {
         self.scan_with(v1::ScanRequest {
             namespace: namespace.to_owned(),
             device: device.to_owned(),
             rank: None,
+            // scan_with fills in this client's view.
             view: String::new(),
         })
         .await
     }
 
     /// What rank `rank` loads at start: the shared entries and its own, of one namespace
-    /// (and device, unless empty).
+    /// (and device, unless empty), in this client's view.
     pub async fn scan_for_rank(
         &self,
         namespace: &str,
@@ -250,13 +273,18 @@ impl Client {
             namespace: namespace.to_owned(),
             device: device.to_owned(),
             rank: Some(rank),
+            // scan_with fills in this client's view.
             view: String::new(),
         })
         .await
     }
 
-    /// Scan with any filter the contract offers.
-    pub async fn scan_with(&self, filter: v1::ScanRequest) -> Result<Vec<v1::Entry>> {
+    /// Scan with any filter the contract offers, in the filter's view, or this client's when the
+    /// filter names none.
+    pub async fn scan_with(&self, mut filter: v1::ScanRequest) -> Result<Vec<v1::Entry>> {
+        if filter.view.is_empty() {
+            filter.view.clone_from(&self.view);
+        }
         let request = self.request(filter, DEFAULT_SCAN_TIMEOUT);
         let mut stream = self.inner.clone().scan(request).await?.into_inner();
         let mut entries = Vec::new();
@@ -295,6 +323,30 @@ impl Client {
             .await?
             .into_inner()
             .forgotten)
+    }
+
+    /// The views this node holds pins for, most recently read first.
+    pub async fn list_views(&self) -> Result<Vec<v1::ViewInfo>> {
+        let request = self.request(v1::ListViewsRequest {}, self.timeout);
+        Ok(self
+            .inner
+            .clone()
+            .list_views(request)
+            .await?
+            .into_inner()
+            .views)
+    }
+
+    /// Ends the view `name` on this node (and, with the cluster tier, in Redis): its pins are
+    /// dropped and the next read in it pins afresh. An administrator's act.
+    pub async fn end_view(&self, name: &str) -> Result<v1::EndViewResponse> {
+        let request = self.request(
+            v1::EndViewRequest {
+                name: name.to_owned(),
+            },
+            self.timeout,
+        );
+        Ok(self.inner.clone().end_view(request).await?.into_inner())
     }
 }
 
@@ -356,7 +408,8 @@ fn millis_u32(duration: Duration) -> u32 {
 }
 
 impl Client {
-    /// Asks the daemon for `key`: a hit, a lease to tune it here, or a miss after waiting.
+    /// Asks the daemon for `key` in this client's view: a hit, a lease to tune it here, or a
+    /// miss after waiting.
     pub async fn resolve(&self, key: v1::Key, options: ResolveOptions) -> Result<Resolution> {
         use v1::resolve_response::Outcome;
         let message = v1::ResolveRequest {
@@ -364,7 +417,7 @@ impl Client {
             wait_ms: millis_u32(options.wait),
             can_tune: options.can_tune,
             lease_ms: millis_u32(options.lease),
-            view: String::new(),
+            view: self.view.clone(),
         };
         let request = self.request(message, options.wait + self.timeout);
         let response = self.inner.clone().resolve(request).await?.into_inner();
