@@ -24,6 +24,13 @@ struct Cli {
     #[arg(long, global = true)]
     json: bool,
 
+    /// Read (get, scan, resolve, export) in view NAME, where the first answer for a key is
+    /// pinned for the whole job; used only when no launcher names the view: $TUNECACHE_VIEW,
+    /// then Slurm's SLURM_JOB_ID/SLURM_STEP_ID, then torchrun's TORCHELASTIC_RUN_ID come first.
+    /// TUNECACHE_VIEW= (set, empty) reads without a view.
+    #[arg(long, global = true, value_name = "NAME")]
+    view: Option<String>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -135,6 +142,11 @@ enum Command {
         #[arg(long, requires = "only_if_config")]
         only_if_time_us: Option<f64>,
     },
+    /// The node's views: the jobs whose ranks all read the first answer pinned for each key.
+    View {
+        #[command(subcommand)]
+        command: ViewCommand,
+    },
     /// Record the entries of a tuning-cache file (TensorRT-LLM's TLLM_AUTOTUNER_CACHE_PATH).
     /// Invalid entries are skipped with reasons and the rest stored; exits non-zero only when
     /// the file is not a cache or nothing in it could be stored.
@@ -164,6 +176,19 @@ enum Command {
         #[arg(long)]
         world_size: Option<u32>,
         file: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum ViewCommand {
+    /// List the views holding pins on this node, most recently read first: name, pins, idle
+    /// time.
+    List,
+    /// End a view (an administrator's act): its pins are dropped on this node and, with the
+    /// cluster tier, in Redis, so the next read in it pins afresh.
+    End {
+        #[arg(value_parser = clap::builder::NonEmptyStringValueParser::new())]
+        name: String,
     },
 }
 
@@ -496,6 +521,47 @@ fn print_resolution(key: &proto::Key, resolution: &Resolution, as_json: bool) {
     println!("{value}");
 }
 
+/// A view's idle time for people: milliseconds under a second, then the two largest units.
+fn idle_text(idle_ms: u64) -> String {
+    let secs = idle_ms / 1000;
+    match secs {
+        0 => format!("{idle_ms} ms"),
+        1..=59 => format!("{secs} s"),
+        60..=3599 => format!("{} min {} s", secs / 60, secs % 60),
+        _ => format!("{} h {} min", secs / 3600, secs % 3600 / 60),
+    }
+}
+
+fn print_views(views: &[proto::ViewInfo], as_json: bool) {
+    if as_json {
+        let list: Vec<Value> = views
+            .iter()
+            .map(|view| json!({"name": view.name, "pins": view.pins, "idle_ms": view.idle_ms}))
+            .collect();
+        println!("{}", Value::Array(list));
+        return;
+    }
+    if views.is_empty() {
+        eprintln!("no views on this node");
+        return;
+    }
+    let width = views
+        .iter()
+        .map(|view| view.name.len())
+        .chain(["VIEW".len()])
+        .max()
+        .unwrap_or_default();
+    println!("{:<width$}  {:>10}  IDLE", "VIEW", "PINS");
+    for view in views {
+        println!(
+            "{:<width$}  {:>10}  {}",
+            view.name,
+            view.pins,
+            idle_text(view.idle_ms)
+        );
+    }
+}
+
 fn print_stats(stats: &proto::StatsResponse, as_json: bool) -> anyhow::Result<()> {
     if as_json {
         // Straight from the struct: the fields in proto order.
@@ -537,6 +603,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let socket = tunecache_client::socket_path(cli.socket.clone())?;
     // TUNECACHE_AUTOSTART=1 starts a daemon when none answers.
     let client = Client::connect_auto(&socket).await?;
+    let client = match &cli.view {
+        Some(explicit) => client.with_view(explicit),
+        None => client,
+    };
     match cli.command {
         Command::Get(key_args) => {
             let hits = client.lookup(vec![key_args.to_key()]).await?;
@@ -677,6 +747,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("forgotten {forgotten}");
             }
         }
+        Command::View {
+            command: ViewCommand::List,
+        } => print_views(&client.list_views().await.context("list views")?, cli.json),
+        Command::View {
+            command: ViewCommand::End { name },
+        } => {
+            let ended = client.end_view(&name).await.context("end view")?;
+            if cli.json {
+                println!(
+                    "{}",
+                    json!({"name": name, "ended": ended.ended, "pins_dropped": ended.pins_dropped})
+                );
+            } else if ended.ended {
+                println!("ended view {name}: {} pins dropped", ended.pins_dropped);
+            } else {
+                println!("no view {name} on this node: nothing ended here");
+            }
+        }
         Command::Import {
             format: CacheFormat::Trtllm,
             device,
@@ -700,4 +788,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::idle_text;
+
+    #[test]
+    fn idle_time_reads_in_the_largest_units() {
+        assert_eq!(idle_text(0), "0 ms");
+        assert_eq!(idle_text(999), "999 ms");
+        assert_eq!(idle_text(1_000), "1 s");
+        assert_eq!(idle_text(59_999), "59 s");
+        assert_eq!(idle_text(61_000), "1 min 1 s");
+        assert_eq!(idle_text(3_600_000), "1 h 0 min");
+        assert_eq!(idle_text(86_400_000 + 5 * 60_000), "24 h 5 min");
+    }
 }
