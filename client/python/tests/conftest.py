@@ -1,8 +1,10 @@
 # Owns the pytest fixtures of the Python client tests: the import path of the in-tree package,
-# the real `tunecached` daemon (started per test, stopped with SIGTERM) and a fake in-process
-# TuneCache server for testing get_or_tune's flows without the daemon.
+# the real `tunecached` daemon (started per test, stopped with SIGTERM), a fake in-process
+# TuneCache server for testing get_or_tune's flows without the daemon, and reads without a view
+# unless a test names one.
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -74,6 +76,14 @@ def fresh_warning_state(monkeypatch):
     monkeypatch.setattr(tunecache.autotuning, "_broken_warned_pid", None)
 
 
+@pytest.fixture(autouse=True)
+def no_view_from_the_runner(monkeypatch):
+    """Tests, and the processes they start, read without a view unless they name one: a suite run
+    inside a Slurm job or under torchrun would otherwise read every key in that job's view, where
+    the first answer stays pinned."""
+    monkeypatch.setenv(tunecache.VIEW_ENV, "")
+
+
 @dataclass
 class Daemon:
     socket_path: str
@@ -116,19 +126,21 @@ def _wait_until_answering(daemon: Daemon) -> None:
     )
 
 
-@pytest.fixture
-def daemon(socket_dir):
-    """The real tunecached on a fresh socket and state dir; skipped when the binary is absent."""
+@contextlib.contextmanager
+def running_daemon(directory: Path, extra_args=()):
+    """The real tunecached with its socket, state and log in ``directory`` plus ``extra_args``,
+    stopped with SIGTERM at the end; skips the test when the binary is absent."""
     binary = daemon_binary()
     if not binary.is_file():
         pytest.skip(
             f"tunecached binary not found at {binary}: build it (cargo build -p tunecached) "
             f"or set {DAEMON_BIN_ENV}"
         )
-    socket_path = socket_dir / "s.sock"
-    state_dir = socket_dir / "state"
-    log_path = socket_dir / "daemon.log"
-    command = [str(binary), "--socket", str(socket_path), "--state-dir", str(state_dir)]
+    directory.mkdir(parents=True, exist_ok=True)
+    socket_path = directory / "s.sock"
+    state_dir = directory / "state"
+    log_path = directory / "daemon.log"
+    command = [str(binary), "--socket", str(socket_path), "--state-dir", str(state_dir), *extra_args]
     command += shlex.split(os.environ.get(DAEMON_ARGS_ENV, ""))
     environment = dict(os.environ)
     environment.setdefault("RUST_LOG", "info")
@@ -154,6 +166,13 @@ def daemon(socket_dir):
                 )
 
 
+@pytest.fixture
+def daemon(socket_dir):
+    """The real tunecached on a fresh socket and state dir; skipped when the binary is absent."""
+    with running_daemon(socket_dir) as running:
+        yield running
+
+
 def unique_key(**overrides) -> pb.Key:
     """A key no earlier test used, in a namespace the daemon has no tuner for."""
     fields = dict(namespace="pytest", op="gemm", device="cpu|pytest", problem=f'{{"id":"{uuid.uuid4()}"}}')
@@ -167,12 +186,15 @@ def unique_key(**overrides) -> pb.Key:
 @dataclass
 class FakeTuneCache(pb_grpc.TuneCacheServicer):
     """Just enough of the Resolve/Record contract: the first caller that can tune gets a lease,
-    later callers get the result or a miss; a Record with the lease and no entries gives it up."""
+    later callers get the result or a miss; a Record with the lease and no entries gives it up.
+    Lookup answers from the results; Scan answers nothing. Every request is kept."""
 
     results: dict = field(default_factory=dict)
     leases: dict = field(default_factory=dict)  # lease_id -> key bytes
     record_requests: list = field(default_factory=list)
     resolve_requests: list = field(default_factory=list)
+    lookup_requests: list = field(default_factory=list)
+    scan_requests: list = field(default_factory=list)
     # Set: every Record with entries fails with this code (a give-up still succeeds).
     fail_records_with: object = None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -192,6 +214,22 @@ class FakeTuneCache(pb_grpc.TuneCacheServicer):
                 self.leases[lease_id] = key
                 return pb.ResolveResponse(tune_here=pb.Lease(lease_id=lease_id, expires_in_ms=10_000))
             return pb.ResolveResponse(miss=pb.Miss(reason="fake: nobody will tune this"))
+
+    def Lookup(self, request, context):
+        with self.lock:
+            self.lookup_requests.append(request)
+            hits = [
+                pb.Entry(key=key, result=self.results[self._key_bytes(key)])
+                for key in request.keys
+                if self._key_bytes(key) in self.results
+            ]
+            return pb.LookupResponse(hits=hits)
+
+    def Scan(self, request, context):
+        # Records the request only: the drop-in tests that use it look at what was asked.
+        with self.lock:
+            self.scan_requests.append(request)
+        return iter(())
 
     def Record(self, request, context):
         with self.lock:

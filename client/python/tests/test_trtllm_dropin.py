@@ -213,3 +213,21 @@ def test_four_ranks_get_what_their_file_loader_returns_enums_independent_op_and_
 def metadata_of(result):
     """The canonical metadata of a rank's result as {name: canonical value}."""
     return {name[1]: value for name, value in result["metadata"][1]}
+
+
+def test_ranks_load_in_the_view_their_launcher_names_with_no_code_change(fake_daemon, standin, tmp_path, monkeypatch):
+    """Issue 27: the drop-in's Scan carries the view the rank's environment names (here Slurm's
+    job and step), with nothing in the rank's code or the install() call about views."""
+    socket_path, servicer = fake_daemon
+    monkeypatch.delenv("TUNECACHE_VIEW")
+    path = str(tmp_path / "cache.json")
+    for rank in (0, 1):
+        _, log = run_rank(
+            standin, socket_path, {"mode": "load", "path": path, "install": True}, rank=rank,
+            SLURM_JOB_ID="777", SLURM_STEP_ID="2",
+        )
+        assert "uses its file instead" not in log, log
+    assert [(request.view, request.rank) for request in servicer.scan_requests] == [
+        ("slurm-777.2", 0),
+        ("slurm-777.2", 1),
+    ]

@@ -1,6 +1,6 @@
-# Owns the client tests that need no tunecached: socket resolution, behaviour when the daemon is
-# absent or hung (fallback, bounded time, one warning, no exception), and get_or_tune's flows
-# against a fake in-process TuneCache server.
+# Owns the client tests that need no tunecached: socket and view resolution, behaviour when the
+# daemon is absent or hung (fallback, bounded time, one warning, no exception), and get_or_tune's
+# flows against a fake in-process TuneCache server (with the view every read carries).
 from __future__ import annotations
 
 import json
@@ -59,6 +59,78 @@ def test_client_uses_the_default_socket_unless_given_one(monkeypatch):
 
 def test_channel_sets_a_valid_authority():
     assert ("grpc.default_authority", "localhost") in tunecache.CHANNEL_OPTIONS
+
+
+# --- view resolution ------------------------------------------------------------------------------
+
+EVERY_VIEW_SOURCE = {
+    "TUNECACHE_VIEW": "my-view",
+    "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_ID": "3",
+    "TORCHELASTIC_RUN_ID": "run-7",
+}
+
+
+def test_tunecache_view_wins_over_every_other_source():
+    assert tunecache.resolve_view(EVERY_VIEW_SOURCE, explicit="explicit") == "my-view"
+
+
+def test_empty_tunecache_view_turns_views_off_even_with_later_sources_set():
+    environ = dict(EVERY_VIEW_SOURCE, TUNECACHE_VIEW="")
+    assert tunecache.resolve_view(environ, explicit="explicit") == ""
+
+
+def test_slurm_job_and_step_come_second():
+    environ = {name: value for name, value in EVERY_VIEW_SOURCE.items() if name != "TUNECACHE_VIEW"}
+    assert tunecache.resolve_view(environ, explicit="explicit") == "slurm-4242.3"
+
+
+def test_a_slurm_job_without_a_step_is_the_job_alone():
+    assert tunecache.resolve_view({"SLURM_JOB_ID": "4242", "TORCHELASTIC_RUN_ID": "run-7"}) == "slurm-4242"
+    assert tunecache.resolve_view({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": ""}) == "slurm-4242"
+
+
+def test_a_slurm_step_without_a_job_names_nothing():
+    assert tunecache.resolve_view({"SLURM_STEP_ID": "3", "TORCHELASTIC_RUN_ID": "run-7"}) == "torchelastic-run-7"
+
+
+def test_torchrun_comes_third():
+    environ = {"TORCHELASTIC_RUN_ID": "run-7"}
+    assert tunecache.resolve_view(environ, explicit="explicit") == "torchelastic-run-7"
+
+
+def test_torchrun_default_run_id_names_no_job():
+    # torchrun without --rdzv-id sets TORCHELASTIC_RUN_ID=none in every run.
+    assert tunecache.resolve_view({"TORCHELASTIC_RUN_ID": "none"}, explicit="explicit") == "explicit"
+    assert tunecache.resolve_view({"TORCHELASTIC_RUN_ID": "none"}) == ""
+
+
+def test_empty_launcher_variables_count_as_unset():
+    environ = {"SLURM_JOB_ID": "", "TORCHELASTIC_RUN_ID": ""}
+    assert tunecache.resolve_view(environ, explicit="explicit") == "explicit"
+
+
+def test_the_explicit_name_is_the_last_resort():
+    assert tunecache.resolve_view({}, explicit="explicit") == "explicit"
+    assert tunecache.resolve_view({}) == ""
+
+
+def test_the_client_resolves_its_view_from_the_process_environment(monkeypatch, socket_dir):
+    path = str(socket_dir / "absent.sock")
+    monkeypatch.delenv("TUNECACHE_VIEW")
+    for name in ("SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    with tunecache.Client(path) as client:
+        assert client.view == ""
+    with tunecache.Client(path, view="explicit") as client:
+        assert client.view == "explicit"
+    monkeypatch.setenv("SLURM_JOB_ID", "99")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    with tunecache.Client(path, view="explicit") as client:
+        assert client.view == "slurm-99.0"
+    monkeypatch.setenv("TUNECACHE_VIEW", "")
+    with tunecache.Client(path, view="explicit") as client:
+        assert client.view == ""
 
 
 # --- daemon absent or hung ------------------------------------------------------------------------
@@ -249,3 +321,43 @@ def test_client_calls_reach_the_server(fake_daemon):
         assert response.WhichOneof("outcome") == "hit"
         assert response.hit.config == '{"x": 1}'
         assert isinstance(response, pb.ResolveResponse)
+
+
+# --- the view every read carries ------------------------------------------------------------------
+
+
+def test_lookup_scan_resolve_and_get_or_tune_carry_the_view(fake_daemon, monkeypatch):
+    socket_path, servicer = fake_daemon
+    monkeypatch.setenv("TUNECACHE_VIEW", "job-1")
+    with tunecache.Client(socket_path) as client:
+        key = unique_key()
+        client.lookup([key])
+        list(client.scan(namespace="pytest"))
+        list(client.scan(namespace="pytest", rank=2))
+        client.resolve(key, wait_ms=0, can_tune=False)
+        assert client.get_or_tune(key, CountingTuner(), FALLBACK, wait_ms=0) == {"runner_id": 2, "tactic": [128, 64]}
+    assert [request.view for request in servicer.lookup_requests] == ["job-1"]
+    assert [request.view for request in servicer.scan_requests] == ["job-1", "job-1"]
+    assert [request.view for request in servicer.resolve_requests] == ["job-1", "job-1"]
+    # Record has no view: the result is merged for everyone as always.
+    monkeypatch.setenv("TUNECACHE_VIEW", "")
+    with tunecache.Client(socket_path) as client:
+        client.lookup([key])
+    assert servicer.lookup_requests[-1].view == ""
+
+
+def test_the_module_helper_and_autotune_read_in_the_environment_view(fake_daemon, monkeypatch):
+    socket_path, servicer = fake_daemon
+    monkeypatch.setenv("TUNECACHE_SOCKET", socket_path)
+    monkeypatch.delenv("TUNECACHE_VIEW")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-42")
+    for name in ("SLURM_JOB_ID", "SLURM_STEP_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(tunecache.client, "_default_client", None)
+    assert tunecache.get_or_tune(unique_key(), CountingTuner(), FALLBACK, wait_ms=0) != FALLBACK
+    tuner = tunecache.autotune(
+        "pytest", "views", key_fn=lambda n: {"n": n}, configs=[{"block": 1}, {"block": 2}],
+        bench=lambda config, n: float(config["block"]), device="cpu|pytest", warmup=0, repeats=1,
+    )
+    assert tuner.best(3) == {"block": 1}
+    assert [request.view for request in servicer.resolve_requests] == ["torchelastic-run-42"] * 2

@@ -1,6 +1,7 @@
 # Owns the public names of the `tunecache` Python package; the implementation is in client.py
-# (the daemon client and get_or_tune), autotuning.py (the generic tuning helper), integrations/
-# (framework drop-ins) and the generated stubs (from proto/tunecache/v1/tunecache.proto) in v1/.
+# (the daemon client and get_or_tune), view.py (the view from the environment), autotuning.py
+# (the generic tuning helper), integrations/ (framework drop-ins) and the generated stubs (from
+# proto/tunecache/v1/tunecache.proto) in v1/.
 """Python client for tunecached, the per-node GPU autotuning cache daemon."""
 
 from tunecache.client import (
@@ -23,6 +24,7 @@ from tunecache.client import (
     refused_entry_index,
 )
 from tunecache.autotuning import Autotuner, autotune
+from tunecache.view import VIEW_ENV, resolve_view
 
 __all__ = [
     "Autotuner",
@@ -31,6 +33,7 @@ __all__ = [
     "DEFAULT_WAIT_MS",
     "SOCKET_ENV",
     "TRUST_UID_ENV",
+    "VIEW_ENV",
     "Client",
     "Entry",
     "Key",
@@ -44,4 +47,5 @@ __all__ = [
     "describe_key",
     "get_or_tune",
     "refused_entry_index",
+    "resolve_view",
 ]

@@ -1,5 +1,6 @@
 # Owns the Python side of talking to tunecached: where the socket is, the gRPC channel and the
-# calls with their deadlines, and the rank helper get_or_tune, which turns every cache problem
+# calls with their deadlines (Lookup, Scan and Resolve in the client's view, see view.py), and the
+# rank helper get_or_tune, which turns every cache problem
 # into "use the fallback" so that nothing here can stop or crash a model.
 """Client for tunecached, the per-node GPU autotuning cache daemon."""
 
@@ -33,6 +34,8 @@ except RuntimeError as err:
         f"tunecache: the generated gRPC stubs do not match the installed grpcio/protobuf ({err}); "
         "regenerate them in this environment with `python client/python/gen_stubs.py`"
     ) from err
+
+from tunecache.view import resolve_view
 
 logger = logging.getLogger("tunecache")
 
@@ -234,12 +237,24 @@ def describe_key(key: pb.Key) -> str:
 
 class Client:
     """One channel to tunecached. Thread-safe; create it after fork (gRPC channels do not survive
-    a fork). Every call has a deadline: `timeout` seconds unless the call says otherwise."""
+    a fork). Every call has a deadline: `timeout` seconds unless the call says otherwise. Lookup,
+    Scan and Resolve (and so get_or_tune) read in the client's ``view``."""
 
-    def __init__(self, socket: Union[str, os.PathLike, None] = None, timeout: float = DEFAULT_TIMEOUT_S):
+    def __init__(
+        self,
+        socket: Union[str, os.PathLike, None] = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        view: Optional[str] = None,
+    ):
         """``socket``: the daemon's socket; by default $TUNECACHE_SOCKET, else the default path,
         whose directory is checked first (see check_default_socket). On every path the daemon
-        must run as the caller, root or a uid in $TUNECACHE_TRUST_UID (see check_daemon_uid)."""
+        must run as the caller, root or a uid in $TUNECACHE_TRUST_UID (see check_daemon_uid).
+
+        ``view``: the job's view, used only when the environment names none ($TUNECACHE_VIEW,
+        then Slurm's job and step, then torchrun's run id; see tunecache.view). Within a view the
+        first answer for a key is pinned: every rank of the job reads the same result. The
+        resolved name is ``self.view`` (empty: no view)."""
+        self.view = resolve_view(explicit=view)
         if socket is not None:
             self.socket_path = os.fspath(socket)
         else:
@@ -266,8 +281,8 @@ class Client:
         return self.timeout if timeout is None else timeout
 
     def lookup(self, keys: Iterable[KeyLike], timeout: Optional[float] = None) -> list:
-        """The cached entries among `keys` (hits only, in request order)."""
-        request = pb.LookupRequest(keys=[_as_key(key) for key in keys])
+        """The cached entries among `keys` (hits only, in request order), in the client's view."""
+        request = pb.LookupRequest(keys=[_as_key(key) for key in keys], view=self.view)
         return list(self._stub.Lookup(request, timeout=self._deadline(timeout)).hits)
 
     def record(
@@ -287,8 +302,9 @@ class Client:
     ) -> Iterator[list]:
         """Yields the matching entries chunk by chunk (a list of Entry per chunk); empty filters
         match everything. With ``rank``, only the entries shared by all ranks and that rank's
-        own (what a rank loads at start). The deadline covers the whole stream."""
-        request = pb.ScanRequest(namespace=namespace, device=device, rank=rank)
+        own (what a rank loads at start). In the client's view. The deadline covers the whole
+        stream."""
+        request = pb.ScanRequest(namespace=namespace, device=device, rank=rank, view=self.view)
         for chunk in self._stub.Scan(request, timeout=self._deadline(timeout)):
             yield list(chunk.entries)
 
@@ -330,6 +346,17 @@ class Client:
         )
         return self._stub.Forget(request, timeout=self._deadline(timeout)).forgotten
 
+    def list_views(self, timeout: Optional[float] = None) -> list:
+        """The views this node holds pins for (ViewInfo: name, pins, idle_ms), most recently read
+        first."""
+        return list(self._stub.ListViews(pb.ListViewsRequest(), timeout=self._deadline(timeout)).views)
+
+    def end_view(self, name: str, timeout: Optional[float] = None) -> pb.EndViewResponse:
+        """Ends view ``name`` on this node (and, with the cluster tier, in Redis): its pins are
+        dropped and the next read in it pins afresh. An administrator's act, like a scope
+        Forget. Answers ``ended`` (the view existed on this node) and ``pins_dropped``."""
+        return self._stub.EndView(pb.EndViewRequest(name=name), timeout=self._deadline(timeout))
+
     def resolve(
         self,
         key: KeyLike,
@@ -338,12 +365,16 @@ class Client:
         lease_ms: int = 0,
         timeout: Optional[float] = None,
     ) -> pb.ResolveResponse:
-        """Asks for key's result: `hit` (use it), `tune_here` (tune, then record with
-        tune_here.lease_id) or `miss` (use a fallback). The daemon may hold the call up to
-        wait_ms, so the deadline is wait_ms plus the usual timeout."""
+        """Asks for key's result in the client's view: `hit` (use it), `tune_here` (tune, then
+        record with tune_here.lease_id) or `miss` (use a fallback). The daemon may hold the call
+        up to wait_ms, so the deadline is wait_ms plus the usual timeout."""
         wait_ms = max(0, min(int(wait_ms), MAX_WAIT_MS))
         request = pb.ResolveRequest(
-            key=_as_key(key), wait_ms=wait_ms, can_tune=can_tune, lease_ms=max(0, int(lease_ms))
+            key=_as_key(key),
+            wait_ms=wait_ms,
+            can_tune=can_tune,
+            lease_ms=max(0, int(lease_ms)),
+            view=self.view,
         )
         return self._stub.Resolve(request, timeout=wait_ms / 1000.0 + self._deadline(timeout))
 
