@@ -1,7 +1,7 @@
 # Owns the pytest fixtures of the Python client tests: the import path of the in-tree package,
-# the real `tunecached` daemon (started per test, stopped with SIGTERM), a fake in-process
-# TuneCache server for testing get_or_tune's flows without the daemon, and reads without a view
-# unless a test names one.
+# the real `tunecached` daemon (started per test, stopped with SIGTERM; several, on one real
+# `redis-server`, for the cluster tier) and a fake in-process TuneCache server for testing
+# get_or_tune's flows without the daemon.
 from __future__ import annotations
 
 import contextlib
@@ -10,6 +10,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket as socketlib
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,9 @@ DAEMON_BIN_ENV = "TUNECACHE_DAEMON_BIN"
 DAEMON_ARGS_ENV = "TUNECACHE_DAEMON_ARGS"
 DAEMON_START_TIMEOUT_S = 30.0
 DAEMON_STOP_TIMEOUT_S = 15.0
+REDIS_SERVER_ENV = "REDIS_SERVER"
+REDIS_START_TIMEOUT_S = 10.0
+CLUSTER_CONNECT_TIMEOUT_S = 20.0
 
 
 def daemon_binary() -> Path:
@@ -171,6 +175,85 @@ def daemon(socket_dir):
     """The real tunecached on a fresh socket and state dir; skipped when the binary is absent."""
     with running_daemon(socket_dir) as running:
         yield running
+
+
+def _redis_answers(socket_path: Path) -> bool:
+    """Whether a Redis answers PING on its unix socket (inline command, so no client library)."""
+    try:
+        with socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            probe.connect(str(socket_path))
+            probe.sendall(b"PING\r\n")
+            return probe.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def redis_url(socket_dir):
+    """A real redis-server for the cluster tier, on a unix socket (no port to collide on) and
+    without persistence; its ``redis+unix://`` URL. Skipped without redis-server, except in CI,
+    which installs it."""
+    configured = os.environ.get(REDIS_SERVER_ENV, "")
+    server = configured or shutil.which("redis-server")
+    if not server:
+        if os.environ.get("CI"):
+            pytest.fail(f"redis-server is required under CI: install it or set ${REDIS_SERVER_ENV}")
+        pytest.skip(f"redis-server not found on PATH (or set ${REDIS_SERVER_ENV})")
+    directory = socket_dir / "redis"
+    directory.mkdir()
+    socket_path = directory / "redis.sock"
+    command = [server, "--port", "0", "--unixsocket", str(socket_path), "--save", "", "--appendonly", "no",
+               "--dir", str(directory)]
+    with open(directory / "redis.log", "wb") as log_file:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
+        while not _redis_answers(socket_path):
+            if process.poll() is not None or time.monotonic() > deadline:
+                log = (directory / "redis.log").read_text(errors="replace")[-4000:]
+                pytest.fail(f"redis-server did not answer PING on {socket_path}; log:\n{log}")
+            time.sleep(0.02)
+        yield f"redis+unix://{socket_path}"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def wait_cluster_connected(daemon: Daemon) -> None:
+    """Waits until ``daemon`` is connected to Redis and bootstrapped, as tests/integration's
+    wait_connected does."""
+    deadline = time.monotonic() + CLUSTER_CONNECT_TIMEOUT_S
+    with daemon.client() as client:
+        while True:
+            stats = client.stats()
+            if stats.cluster_state.startswith("connected") and stats.cluster_bootstrapped:
+                return
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"{daemon.socket_path} did not connect to Redis within {CLUSTER_CONNECT_TIMEOUT_S}s "
+                    f"(cluster_state {stats.cluster_state!r}); log:\n{daemon.log_tail()}"
+                )
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def two_cluster_nodes(socket_dir, redis_url):
+    """Two daemons, nodes ``a`` and ``b``, sharing results through one real Redis (the cluster
+    tier), tuner off; each connected before the test starts."""
+    with contextlib.ExitStack() as stack:
+        nodes = [
+            stack.enter_context(
+                running_daemon(
+                    socket_dir / name,
+                    ["--node-name", name, "--tuner", "off", "--cluster-url", redis_url],
+                )
+            )
+            for name in ("a", "b")
+        ]
+        for node in nodes:
+            wait_cluster_connected(node)
+        yield nodes
 
 
 def unique_key(**overrides) -> pb.Key:

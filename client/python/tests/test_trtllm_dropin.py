@@ -1,18 +1,21 @@
 # Owns the tests of the TensorRT-LLM drop-in (tunecache.integrations.trtllm) against the real
-# daemon and a stand-in of TensorRT-LLM's autotuner cache (trtllm_standin.py): every test runs
-# rank processes (trtllm_rank.py) and compares their caches type for type, float bit for bit.
+# daemon (two, on one Redis, for the views of issue 27) and a stand-in of TensorRT-LLM's
+# autotuner cache (trtllm_standin.py): every test runs rank processes (trtllm_rank.py) and
+# compares their caches type for type, float bit for bit.
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from conftest import PYTHON_PACKAGE_ROOT
+from trtllm_rank import FASTER_SHARED_VALUE, SHARED_OP, TACTICS, canonical
 from trtllm_standin import write_standin
 
 RANK_SCRIPT = Path(__file__).resolve().parent / "trtllm_rank.py"
@@ -231,3 +234,64 @@ def test_ranks_load_in_the_view_their_launcher_names_with_no_code_change(fake_da
         ("slurm-777.2", 0),
         ("slurm-777.2", 1),
     ]
+
+
+
+VIEW_TEST_COUNT = 3  # shared entries n = 0..2, each beaten by a faster_shared save
+PROPAGATION_TIMEOUT_S = 10.0
+
+
+def shared_tactics(cache):
+    """The shared op's tactics in a rank's canonical cache, as {key: canonical tactic}."""
+    return {json.dumps(key): value[1][1] for key, value in cache if key[1][0] == ["str", SHARED_OP]}
+
+
+def wait_for_shared_tactics(node, tactics):
+    """Waits until ``node`` answers, without a view, the shared trtllm entries with exactly
+    ``tactics`` (their texts as the drop-in stores them, the repr): what crossed Redis."""
+    deadline = time.monotonic() + PROPAGATION_TIMEOUT_S
+    with node.client() as client:
+        while True:
+            entries = [entry for chunk in client.scan(namespace="trtllm") for entry in chunk]
+            shared = [entry for entry in entries if not entry.key.HasField("rank")]
+            held = sorted(json.loads(entry.result.config)["tactic"] for entry in shared)
+            if held == sorted(tactics):
+                return
+            assert time.monotonic() < deadline, f"{node.socket_path} holds shared tactics {held}, not {tactics}"
+            time.sleep(0.02)
+
+
+def test_four_ranks_on_two_nodes_load_one_views_tactics_while_a_better_entry_arrives(
+    two_cluster_nodes, standin, tmp_path
+):
+    """Issue 27: four TensorRT-LLM rank processes of one job (view job-1, from TUNECACHE_VIEW),
+    two per node, load while another job saves better shared entries through the other node in
+    between; all four load the same tactics, the ones the first rank read. A rank without the
+    view loads the better ones, on both nodes."""
+    node_a, node_b = two_cluster_nodes
+    path = str(tmp_path / "cache.json")
+    save = {"mode": "save", "path": path, "install": True, "count": VIEW_TEST_COUNT}
+    load = {"mode": "load", "path": path, "install": True}
+    # An earlier job's rank saved the cache this job starts from; both nodes hold it.
+    run_rank_cache(standin, node_a.socket_path, save, rank=0)
+    first = [TACTICS[n] for n in range(VIEW_TEST_COUNT)]
+    wait_for_shared_tactics(node_b, [repr(tactic) for tactic in first])
+
+    loads = {}
+    loads[0], _ = run_rank_cache(standin, node_a.socket_path, load, rank=0, TUNECACHE_VIEW="job-1")
+    # Another job (no view) saves a faster tactic for every shared entry through node b; it
+    # reaches node a through Redis before this job's next rank there loads.
+    run_rank_cache(standin, node_b.socket_path, {**save, "faster_shared": True}, rank=5)
+    faster = FASTER_SHARED_VALUE[1]
+    wait_for_shared_tactics(node_a, [repr(faster)] * VIEW_TEST_COUNT)
+    for rank, node in ((2, node_b), (1, node_a), (3, node_b)):
+        loads[rank], _ = run_rank_cache(standin, node.socket_path, load, rank=rank, TUNECACHE_VIEW="job-1")
+
+    pinned = shared_tactics(loads[0])
+    assert sorted(pinned.values(), key=json.dumps) == sorted((canonical(t) for t in first), key=json.dumps)
+    for rank in (1, 2, 3):
+        assert shared_tactics(loads[rank]) == pinned, f"rank {rank}"
+    # Without the view, a rank on either node loads the faster tactics.
+    for node in (node_a, node_b):
+        unpinned, _ = run_rank_cache(standin, node.socket_path, load, rank=1)
+        assert list(shared_tactics(unpinned).values()) == [canonical(faster)] * VIEW_TEST_COUNT, node.socket_path

@@ -1,7 +1,8 @@
 # Owns the client tests against the real tunecached (fixture `daemon` in conftest.py, skipped when
 # the binary is absent): Record/Lookup round trip and the merge rule, Scan completeness, and
 # several rank processes resolving one fresh key with exactly one tuner, a lease handed back at
-# once when tuning fails or the daemon refuses the tuned result, and Forget in both its forms.
+# once when tuning fails or the daemon refuses the tuned result, Forget in both its forms, and
+# views (issue 27): the first answer pinned per view until the view ends.
 from __future__ import annotations
 
 import json
@@ -297,3 +298,73 @@ def test_forget_only_if_then_a_scope(daemon):
         # What is recorded after the Forget counts again.
         assert client.record([entry(shared, '{"tile": 32}', 9.0)]).stored == 1
         assert client.lookup([shared])[0].result.time_us == 9.0
+
+
+# --- views (issue 27) ------------------------------------------------------------------------------
+
+
+def client_in_view(daemon, monkeypatch, view: str) -> tunecache.Client:
+    """A client of ``daemon`` whose environment names ``view`` (empty: none), as a rank's would."""
+    monkeypatch.setenv("TUNECACHE_VIEW", view)
+    client = daemon.client()
+    assert client.view == view
+    return client
+
+
+def configs_read(client: tunecache.Client, key: pb.Key) -> list:
+    """key's config as Lookup, Scan and Resolve each answer it in the client's view."""
+    (hit,) = client.lookup([key])
+    scanned = [entry for chunk in client.scan(namespace=key.namespace) for entry in chunk if entry.key == key]
+    resolved = client.resolve(key, wait_ms=0, can_tune=False)
+    assert resolved.WhichOneof("outcome") == "hit", resolved
+    return [json.loads(result.config) for result in (hit.result, scanned[0].result, resolved.hit)]
+
+
+def test_a_view_pins_the_first_answer_until_it_ends(daemon, monkeypatch):
+    key = unique_key()
+    writer = client_in_view(daemon, monkeypatch, "")
+    job_1 = client_in_view(daemon, monkeypatch, "job-1")
+    job_2 = client_in_view(daemon, monkeypatch, "job-2")
+    with writer, job_1, job_2:
+        assert writer.record([entry(key, '{"r": 1}', 30.0)]).stored == 1
+        assert configs_read(job_1, key) == [{"r": 1}] * 3
+
+        # A better result is stored and served to everyone but job-1.
+        assert writer.record([entry(key, '{"r": 2}', 20.0)]).stored == 1
+        assert configs_read(job_1, key) == [{"r": 1}] * 3
+        assert configs_read(job_2, key) == [{"r": 2}] * 3
+        assert configs_read(writer, key) == [{"r": 2}] * 3
+
+        views = {view.name: view for view in writer.list_views()}
+        assert set(views) == {"job-1", "job-2"}
+        assert views["job-1"].pins == 1 and views["job-2"].pins == 1
+        assert views["job-1"].idle_ms < 60_000
+
+        ended = writer.end_view("job-1")
+        assert (ended.ended, ended.pins_dropped) == (True, 1)
+        assert [view.name for view in writer.list_views()] == ["job-2"]
+        assert not writer.end_view("job-1").ended
+        # The next read in job-1 pins afresh: the winner now, kept past a still better one.
+        assert configs_read(job_1, key) == [{"r": 2}] * 3
+        assert writer.record([entry(key, '{"r": 3}', 10.0)]).stored == 1
+        assert configs_read(job_1, key) == [{"r": 2}] * 3
+        assert configs_read(writer, key) == [{"r": 3}] * 3
+        stats = writer.stats()
+        assert stats.views_ended == 1 and stats.view_pins == 2
+
+
+def must_not_tune():
+    raise AssertionError("a hit must not tune")
+
+
+def test_get_or_tune_in_a_view_keeps_the_result_its_tuning_rank_recorded(daemon, monkeypatch):
+    """A miss in a view: the rank that tunes records its result, which the view pins; a better
+    result recorded afterwards changes nothing for that view."""
+    key = unique_key()
+    tuned = client_in_view(daemon, monkeypatch, "job-1")
+    writer = client_in_view(daemon, monkeypatch, "")
+    with tuned, writer:
+        assert tuned.get_or_tune(key, lambda: ({"tile": 64}, 50.0), "FALLBACK", wait_ms=1_000) == {"tile": 64}
+        assert writer.record([entry(key, '{"tile": 128}', 5.0)]).stored == 1
+        assert tuned.get_or_tune(key, must_not_tune, "FALLBACK", wait_ms=1_000) == {"tile": 64}
+        assert writer.get_or_tune(key, must_not_tune, "FALLBACK", wait_ms=1_000) == {"tile": 128}
