@@ -28,7 +28,7 @@ const BEGIN: &str = "<!-- report:begin ";
 const END: &str = "<!-- report:end -->";
 
 /// The kinds of table, with the source each reads.
-pub const KINDS: [(&str, &str); 10] = [
+pub const KINDS: [(&str, &str); 11] = [
     (
         "single-node",
         "suite results.json: the local-disk rows of the matrix",
@@ -51,6 +51,7 @@ pub const KINDS: [(&str, &str); 10] = [
         "memory",
         "micro JSON (`micro --only memory`) or a suite results.json",
     ),
+    ("views", "micro JSON (`micro --only views`)"),
 ];
 
 /// Milliseconds the way every table writes them.
@@ -649,6 +650,130 @@ fn memory(source: &Value) -> Result<String> {
     Ok(out)
 }
 
+/// Microseconds, as ms from 1 ms up.
+fn micros(value: f64) -> String {
+    if value >= 1_000.0 {
+        ms(value / 1e3)
+    } else {
+        format!("{value:.1} µs")
+    }
+}
+
+/// The bound of issue 27: a Scan of 100k entries in a view costs at most 1.5x without one.
+const VIEW_SCAN_ENTRIES: u64 = 100_000;
+const VIEW_SCAN_BOUND: f64 = 1.5;
+
+fn views(micro: &Value) -> Result<String> {
+    let views = micro.get("views").context("no views in the micro JSON")?;
+    let reads = array(views, "reads");
+    if reads.is_empty() {
+        bail!("no views.reads in the micro JSON");
+    }
+    let load = |key: &str| {
+        array(views, key)
+            .first()
+            .and_then(Value::as_f64)
+            .map_or_else(|| "–".to_owned(), |load| format!("{load:.1}"))
+    };
+    let redis = views
+        .get("redis_version")
+        .and_then(Value::as_str)
+        .and_then(|version| {
+            let mut words = version.split_whitespace();
+            words.find_map(|word| word.strip_prefix("v="))
+        })
+        .map_or_else(
+            || "no redis-server".to_owned(),
+            |v| format!("redis-server {v}"),
+        );
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} entries in each daemon; the cases of a read interleaved call by call, \
+         each call timed by the Rust client. Redis tier: two daemons on {redis}, \
+         the cluster flags at their defaults but `--cluster-url` and `--cluster-prefix`. \
+         `nproc` = {}, {} build; load average {} at the start, {} at the end.\n",
+        grouped(uint(views, "entries_in_cache")),
+        views
+            .pointer("/machine/nproc")
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
+        views
+            .pointer("/machine/build_profile")
+            .and_then(Value::as_str)
+            .unwrap_or("?"),
+        load("load_average_start"),
+        load("load_average_end"),
+    );
+    let _ = writeln!(
+        out,
+        "| tier | read | case | calls | p50 | p99 | p50 / no view | daemon CPU per call | pins made (of which fallbacks) | target | verdict |"
+    );
+    let _ = writeln!(out, "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|");
+    for read in reads {
+        let entries = uint(read, "entries");
+        let redis = text(read, "tier") == "redis";
+        let tier = if redis { "Redis tier" } else { "one node" };
+        let what = match (text(read, "read"), entries) {
+            ("lookup", 1) => "Lookup, 1 key".to_owned(),
+            ("lookup", keys) => format!("Lookup, {} keys", grouped(keys)),
+            (_, entries) => format!("Scan, {} entries", grouped(entries)),
+        };
+        for case in array(read, "cases") {
+            let id = text(case, "case");
+            let label = match id {
+                "no-view" => "no view",
+                "later" => "in a view, later reads",
+                "first" => "first read of a view (pins)",
+                "first-elsewhere" => "first read here of a view the other node pinned",
+                other => other,
+            };
+            let latency = case.get("latency").unwrap_or(&Value::Null);
+            let over = num(case, "p50_over_no_view");
+            let (target, judged) = if id != "no-view"
+                && text(read, "read") == "scan"
+                && entries >= VIEW_SCAN_ENTRIES
+            {
+                (
+                    format!("<= {VIEW_SCAN_BOUND}x"),
+                    verdict(over <= VIEW_SCAN_BOUND),
+                )
+            } else {
+                (String::new(), "")
+            };
+            let cpu = match case.get("redis_cpu_us").and_then(Value::as_f64) {
+                Some(redis) => format!(
+                    "{} + Redis {}",
+                    micros(num(case, "daemon_cpu_us")),
+                    micros(redis)
+                ),
+                None => micros(num(case, "daemon_cpu_us")),
+            };
+            let pins = if redis {
+                format!(
+                    "{} ({})",
+                    grouped(uint(case, "pins_made")),
+                    grouped(uint(case, "pin_fallbacks"))
+                )
+            } else {
+                grouped(uint(case, "pins_made"))
+            };
+            let _ = writeln!(
+                out,
+                "| {tier} | {what} | {label} | {} | {} | {} | {} | {cpu} | {pins} | {target} | {judged} |",
+                grouped(uint(read, "calls")),
+                micros(num(latency, "p50_us")),
+                micros(num(latency, "p99_us")),
+                times(over),
+            );
+        }
+    }
+    for skipped in array(views, "skipped").iter().filter_map(Value::as_str) {
+        let _ = writeln!(out, "\nSkipped: {skipped}");
+    }
+    Ok(out)
+}
+
 /// Renders one table of `kind` from a parsed source.
 pub fn render(kind: &str, source: &Value) -> Result<String> {
     match kind {
@@ -662,6 +787,7 @@ pub fn render(kind: &str, source: &Value) -> Result<String> {
         "transport" => transport(source),
         "python-ranks" => python_ranks(source),
         "memory" => memory(source),
+        "views" => views(source),
         other => bail!(
             "unknown table kind {other:?}; known: {}",
             KINDS.map(|(kind, _)| kind).join(", ")

@@ -124,7 +124,9 @@ enum Commands {
     /// Run only some daemon micro-benchmarks; print their results and target ratios as JSON.
     Micro {
         /// Comma-separated: lookup (with the echo floor), pyscan, memory, pickup, transport
-        /// (daemon and client transport settings compared, interleaved).
+        /// (daemon and client transport settings compared, interleaved), views (Lookup and
+        /// Scan without a view, in a view, as a view's first read; one node and the Redis
+        /// tier, which needs redis-server).
         #[arg(long, value_delimiter = ',', default_value = "lookup,pyscan,memory")]
         only: Vec<String>,
         /// Small sizes, few iterations: checks the harness, judges nothing.
@@ -173,7 +175,7 @@ enum Commands {
         #[arg(long)]
         check: bool,
         /// Print the table of this kind (single-node, shared-filesystem, peer-pickup,
-        /// cluster, multinode, segments, data-path, transport, python-ranks, memory) from
+        /// cluster, multinode, segments, data-path, transport, python-ranks, memory, views) from
         /// --source, instead of updating a file.
         #[arg(long, requires = "source")]
         table: Option<String>,

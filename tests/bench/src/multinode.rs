@@ -77,14 +77,16 @@ pub struct MultiNodeResults {
     pub skipped: Vec<String>,
 }
 
-/// A `redis-server` for the Redis set-up, killed on drop.
-struct RedisServer {
+/// A `redis-server` for the Redis set-up (and the views benchmark's), killed on drop.
+pub struct RedisServer {
     child: Child,
     port: u16,
 }
 
 impl RedisServer {
-    fn start(binary: &Path, dir: &Path) -> Result<RedisServer> {
+    /// Starts `binary` on a free loopback port, without persistence, its files in `dir`, and
+    /// waits until it listens.
+    pub fn start(binary: &Path, dir: &Path) -> Result<RedisServer> {
         let port = {
             let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
             listener.local_addr()?.port()
@@ -111,6 +113,34 @@ impl RedisServer {
         }
         Ok(server)
     }
+
+    /// What `--cluster-url` names it by.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// Waits until every one of `clients` is connected to Redis and has finished its initial
+/// load from it.
+pub async fn wait_connected(clients: &[Client], limit: Duration) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    for client in clients {
+        loop {
+            let stats = client.stats().await?;
+            if stats.cluster_state.starts_with("connected") && stats.cluster_bootstrapped {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("a node did not connect to redis: {}", stats.cluster_state);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    Ok(())
 }
 
 impl Drop for RedisServer {
@@ -208,19 +238,7 @@ pub async fn run_setup(
         node_clients.push(daemon.wait_ready().await?);
     }
     if sharing == Sharing::Redis {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        for client in &node_clients {
-            loop {
-                let stats = client.stats().await?;
-                if stats.cluster_state.starts_with("connected") && stats.cluster_bootstrapped {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    bail!("a node did not connect to redis: {}", stats.cluster_state);
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
+        wait_connected(&node_clients, Duration::from_secs(30)).await?;
     }
     // One connection per rank, all made before the release.
     let mut ranks = Vec::new();
@@ -314,9 +332,7 @@ pub fn run_multinode(options: &MultiNodeOptions) -> Result<MultiNodeResults> {
                 None
             }
         };
-        let redis_url = redis
-            .as_ref()
-            .map(|r| format!("redis://127.0.0.1:{}", r.port));
+        let redis_url = redis.as_ref().map(RedisServer::url);
         let mut run = 0;
         let mut next_dir = || {
             run += 1;

@@ -95,6 +95,20 @@ pub fn existing_entries(ranks: u32, existing: usize, shared_fraction: f64) -> Ve
     entries
 }
 
+/// `entries` moved into `namespace`: the same data set beside the workload's, so a Scan of
+/// either namespace sees only its own.
+pub fn in_namespace(entries: Vec<v1::Entry>, namespace: &str) -> Vec<v1::Entry> {
+    entries
+        .into_iter()
+        .map(|mut entry| {
+            if let Some(key) = entry.key.as_mut() {
+                key.namespace = namespace.to_owned();
+            }
+            entry
+        })
+        .collect()
+}
+
 /// The new entries rank `rank` records: shared ones without a rank, its own with `rank` set.
 pub fn tuned_daemon_entries(
     rank: u32,

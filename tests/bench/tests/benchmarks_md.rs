@@ -24,6 +24,7 @@ fn benchmarks_md_tables_match_their_sources() {
         "data-path",
         "python-ranks",
         "memory",
+        "views",
     ] {
         assert!(
             stderr.contains(&format!("{kind} <- ")),

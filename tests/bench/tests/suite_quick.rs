@@ -238,22 +238,72 @@ fn check_report_tables(out: &Path, python: bool) {
         kinds.push("python-ranks");
     }
     for kind in kinds {
-        let output = Command::new(env!("CARGO_BIN_EXE_tunecache-bench"))
-            .args(["report", "--table", kind, "--source"])
-            .arg(&source)
-            .output()
-            .expect("run tunecache-bench report");
-        assert!(
-            output.status.success(),
-            "report --table {kind}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let table = String::from_utf8(output.stdout).expect("UTF-8 table");
+        let table = render_table(kind, &source);
         let rows = table.lines().filter(|line| line.starts_with("| ")).count();
         assert!(rows >= 2, "{kind}: no rows in\n{table}");
-        assert!(
-            !table.contains("NaN"),
-            "{kind}: a figure is missing in\n{table}"
-        );
     }
+}
+
+/// `report --table KIND --source SOURCE`, which must succeed with no figure missing.
+fn render_table(kind: &str, source: &Path) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_tunecache-bench"))
+        .args(["report", "--table", kind, "--source"])
+        .arg(source)
+        .output()
+        .expect("run tunecache-bench report");
+    assert!(
+        output.status.success(),
+        "report --table {kind}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let table = String::from_utf8(output.stdout).expect("UTF-8 table");
+    assert!(
+        !table.contains("NaN"),
+        "{kind}: a figure is missing in\n{table}"
+    );
+    table
+}
+
+/// `micro --only views --quick` answers every read of every case (each first read pinned
+/// what it answered) and renders as the views table, a row per tier, read and case.
+#[test]
+fn quick_views_micro_renders() {
+    build_other_binaries();
+    let out = tempfile::tempdir().expect("tempdir");
+    let output = Command::new(env!("CARGO_BIN_EXE_tunecache-bench"))
+        .args(["micro", "--only", "views", "--quick"])
+        .output()
+        .expect("run tunecache-bench micro --only views --quick");
+    assert!(
+        output.status.success(),
+        "micro --only views failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results: Value = serde_json::from_slice(&output.stdout).expect("micro JSON");
+    let reads = array(&results["views"], "reads");
+    let redis = array(&results["views"], "skipped").is_empty();
+    assert_eq!(reads.len(), if redis { 8 } else { 4 }, "{results}");
+    let mut rows = 0;
+    for read in reads {
+        let (entries, calls) = (number(read, "entries"), number(read, "calls"));
+        for case in array(read, "cases") {
+            rows += 1;
+            number(&case["latency"], "p50_us");
+            number(case, "daemon_cpu_us");
+            let pins = number(case, "pins_made");
+            match case["case"].as_str() {
+                Some("no-view" | "later") => assert_eq!(pins, 0.0, "{read}"),
+                _ => assert_eq!(pins, entries * calls, "every first read pins: {read}"),
+            }
+        }
+    }
+    let source = out.path().join("views.json");
+    std::fs::write(&source, &output.stdout).expect("write views.json");
+    let table = render_table("views", &source);
+    let table_rows = table.lines().filter(|line| line.starts_with("| ")).count();
+    assert_eq!(
+        table_rows,
+        rows + 1,
+        "a row per case and the header:\n{table}"
+    );
 }

@@ -38,7 +38,7 @@ pub struct Latency {
     pub max_us: f64,
 }
 
-fn latency_of(mut micros: Vec<f64>) -> Latency {
+pub(super) fn latency_of(mut micros: Vec<f64>) -> Latency {
     micros.sort_by(f64::total_cmp);
     let at = |q: f64| {
         if micros.is_empty() {
@@ -144,7 +144,7 @@ pub struct MicroResults {
 
 const MIB: f64 = 1024.0;
 
-fn daemon_config(
+pub(super) fn daemon_config(
     options: &MicroOptions,
     name: &str,
     shared_dir: Option<&Path>,
@@ -160,7 +160,7 @@ fn daemon_config(
     }
 }
 
-fn key_of(entry: &v1::Entry) -> v1::Key {
+pub(super) fn key_of(entry: &v1::Entry) -> v1::Key {
     entry.key.clone().unwrap_or_default()
 }
 
@@ -566,8 +566,9 @@ async fn measure_pickup(
 }
 
 /// Runs only the named micro-benchmarks (`lookup`, `pyscan`, `memory` = snapshot scale at
-/// 100k and 1M entries, `pickup`, `transport` = the interleaved transport comparison) and returns their results as JSON, with the ratios the
-/// data-path targets are judged by.
+/// 100k and 1M entries, `pickup`, `transport` = the interleaved transport comparison, `views`
+/// = reads with and without a job view) and returns their results as JSON, with the ratios
+/// the data-path targets are judged by.
 pub fn run_selected(options: &MicroOptions, only: &[String]) -> Result<serde_json::Value> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -627,6 +628,10 @@ pub fn run_selected(options: &MicroOptions, only: &[String]) -> Result<serde_jso
             let transport = super::transport::run(options).await?;
             eprintln!("{}", super::transport::table(&transport));
             out.insert("transport".into(), serde_json::to_value(transport)?);
+        }
+        if wants("views") {
+            let views = super::views::run(options).await?;
+            out.insert("views".into(), serde_json::to_value(views)?);
         }
         if wants("pickup") {
             let local = options.scratch.join("pickup-local");

@@ -10,6 +10,7 @@ mod micro;
 mod report;
 mod slowfs;
 mod transport;
+mod views;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -21,10 +21,12 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tunecache_bench::daemon::{DaemonConfig, DaemonProcess};
-use tunecache_bench::tunecache_system::{existing_entries, record_all, DEVICE, NAMESPACE};
+use tunecache_bench::tunecache_system::{
+    existing_entries, in_namespace, record_all, DEVICE, NAMESPACE,
+};
 use tunecache_client::{proto as v1, Client};
 
-use super::micro::MicroOptions;
+use super::micro::{key_of, MicroOptions};
 use super::{median, progress};
 
 /// One setting under test: daemon flags and the Python client's extra channel options.
@@ -238,7 +240,7 @@ impl PythonDriver {
 
 /// CPU time the process `pid` has used so far, all threads, in nanoseconds (the first field
 /// of each thread's `schedstat`: ns resolution, unlike `stat`'s clock ticks).
-fn cpu_ns(pid: u32) -> Result<u64> {
+pub(super) fn cpu_ns(pid: u32) -> Result<u64> {
     let mut total = 0;
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
         let Ok(text) = std::fs::read_to_string(task?.path().join("schedstat")) else {
@@ -510,21 +512,11 @@ pub async fn run(options: &MicroOptions) -> Result<TransportResults> {
             throughput_seconds: 0.5,
         }
     };
-    let lookup_entries: Vec<v1::Entry> = existing_entries(8, sizes.lookup_entries, 0.5)
-        .into_iter()
-        .map(|mut entry| {
-            if let Some(key) = entry.key.as_mut() {
-                key.namespace = LOOKUP_NAMESPACE.to_owned();
-            }
-            entry
-        })
-        .collect();
-    let keys: Arc<Vec<v1::Key>> = Arc::new(
-        lookup_entries
-            .iter()
-            .map(|entry| entry.key.clone().unwrap_or_default())
-            .collect(),
+    let lookup_entries = in_namespace(
+        existing_entries(8, sizes.lookup_entries, 0.5),
+        LOOKUP_NAMESPACE,
     );
+    let keys: Arc<Vec<v1::Key>> = Arc::new(lookup_entries.iter().map(key_of).collect());
     let mut targets = Vec::with_capacity(VARIANTS.len());
     for (index, variant) in VARIANTS.iter().enumerate() {
         progress(&format!("transport: starting {} ...", variant.name));
