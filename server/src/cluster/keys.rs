@@ -49,7 +49,10 @@ impl Layout {
 
     /// The key text used inside names and stream messages: a JSON array of the key's fields.
     pub fn key_text(key: &CacheKey) -> String {
-        serde_json::json!([key.namespace, key.op, key.device, key.problem, key.rank]).to_string()
+        // A tuple serializes as the same compact array `json!` would build, without building
+        // it (a view's first read makes one text per pin). It cannot fail.
+        serde_json::to_string(&(&key.namespace, &key.op, &key.device, &key.problem, key.rank))
+            .unwrap_or_default()
     }
 
     pub fn parse_key_text(text: &str) -> Option<CacheKey> {
@@ -292,6 +295,24 @@ mod tests {
             tuned_by: by.into(),
             tuned_at_unix_ms: at,
             forget_epoch: 0,
+        }
+    }
+
+    #[test]
+    fn key_text_is_the_json_array_older_daemons_wrote() {
+        for rank in [None, Some(0), Some(u32::MAX)] {
+            let key = CacheKey {
+                namespace: "n\"s".into(),
+                op: "op\\/\u{e9}".into(),
+                device: "NVIDIA H200|sm_90".into(),
+                problem: "m=1,\n\u{1f600}\0".into(),
+                rank,
+            };
+            let older =
+                serde_json::json!([key.namespace, key.op, key.device, key.problem, key.rank])
+                    .to_string();
+            assert_eq!(Layout::key_text(&key), older);
+            assert_eq!(Layout::parse_key_text(&older), Some(key));
         }
     }
 

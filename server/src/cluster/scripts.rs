@@ -208,19 +208,28 @@ return 0
 ///
 /// The first pin of a key in a view wins, for every node: each proposal is stored only if
 /// the key has no pin yet, or its pin is exactly the one named to replace (a pin the
-/// proposing node knows a Forget removed). Returns, in order, each key's pin after the call,
-/// and keeps the hash alive for its lifetime (a view's idle time).
+/// proposing node knows a Forget removed). Returns, in order, for each key 0 if its pin is
+/// now the one proposed, else the pin it has (a view's first read sends every pin once and
+/// gets back only the ones other nodes made first), and keeps the hash alive for its
+/// lifetime (a view's idle time).
 pub static PIN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local out = {}
 for i = 2, #ARGV, 3 do
-  local cur = redis.call('HGET', KEYS[1], ARGV[i])
-  if (not cur) or (ARGV[i + 2] ~= '' and cur == ARGV[i + 2]) then
-    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
-    cur = ARGV[i + 1]
+  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
+    out[#out + 1] = 0
+  else
+    local cur = redis.call('HGET', KEYS[1], ARGV[i])
+    if cur == ARGV[i + 1] then
+      out[#out + 1] = 0
+    elseif ARGV[i + 2] ~= '' and cur == ARGV[i + 2] then
+      redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+      out[#out + 1] = 0
+    else
+      out[#out + 1] = cur
+    end
   end
-  out[#out + 1] = cur
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return out

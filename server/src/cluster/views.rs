@@ -10,13 +10,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::keys::{decode_result, encode_result, Layout};
+use super::keys::{decode_result, encode_at, encode_epoch_time, Layout};
 use super::scripts;
 use super::Cluster;
 use crate::wire::stored::StoredEntry;
 
-/// Pins per script call: one call is one round trip and one short stretch of Redis's time.
-const PINS_PER_CALL: usize = 1000;
+/// Pins per script call: one call is one round trip and one short stretch of Redis's time,
+/// and one Scan chunk (`scan::CHUNK_ENTRIES`) is one call.
+const PINS_PER_CALL: usize = crate::store::scan::CHUNK_ENTRIES;
+/// Time a call may take beyond the cluster timeout, per pin: Redis runs the script for a few
+/// µs per pin (4.2 µs measured), so a call of 1,024 pins must not be held to the timeout of
+/// one key's claim (docs/bench/views.md).
+const TIME_PER_PIN: Duration = Duration::from_micros(20);
 
 /// Redis failed part way: the pins of the first `settled.len()` candidates, and why.
 pub struct PinFailure {
@@ -31,8 +36,28 @@ struct Proposal {
     replace: String,
 }
 
+/// The result's four Redis fields (`keys::encode_result`) as a JSON array, written from the
+/// stored record without decoding it into owned strings first.
 fn encode_pin(entry: &StoredEntry) -> String {
-    serde_json::Value::from(encode_result(&entry.result().to_result()).to_vec()).to_string()
+    let result = entry.result();
+    let fields = (
+        encode_epoch_time(result.forget_epoch, result.time_us),
+        result.config,
+        result.tuned_by,
+        encode_at(result.tuned_at_unix_ms),
+    );
+    // A JSON array of four strings: serializing it cannot fail.
+    serde_json::to_string(&fields).unwrap_or_default()
+}
+
+/// One key's answer to PIN: `None` when its pin is the one proposed, else the pin it has.
+fn parse_reply(value: redis::Value) -> Result<Option<String>, String> {
+    match value {
+        redis::Value::Int(0) => Ok(None),
+        other => redis::from_redis_value::<String>(&other)
+            .map(Some)
+            .map_err(|e| format!("unexpected reply to the pin script: {e}")),
+    }
 }
 
 /// A pin read back from Redis, checked like a learned result; `None` if corrupt.
@@ -76,10 +101,10 @@ impl Cluster {
                 .zip(proposals.into_iter().zip(replies))
                 .enumerate()
             {
-                if reply == proposal.value {
+                let Some(reply) = reply else {
                     pins.push(entry.clone());
                     continue;
-                }
+                };
                 match decode_pin(entry, &reply) {
                     Some(pin) if !forgotten(&pin) => pins.push(pin),
                     // Removed by a Forget this node knows, or corrupt: replace it.
@@ -106,6 +131,9 @@ impl Cluster {
                     }
                 };
                 for (i, reply) in at.into_iter().zip(replies) {
+                    let Some(reply) = reply else {
+                        continue; // replaced by the candidate, already in place
+                    };
                     if let Some(pin) = decode_pin(&chunk[i], &reply).filter(|p| !forgotten(p)) {
                         pins[base + i] = pin;
                     }
@@ -115,13 +143,14 @@ impl Cluster {
         Ok(pins)
     }
 
-    /// One PIN call, within the cluster timeout.
+    /// One PIN call, within the cluster timeout (plus Redis's time for the pins): for each
+    /// proposal `None` if it is the pin now, else the pin Redis holds.
     async fn propose(
         &self,
         hash: &str,
         proposals: &[Proposal],
         ttl: Duration,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<Option<String>>, String> {
         let Some((mut conn, generation)) = self.link.conn() else {
             return Err(format!("redis is {}", self.link.state().describe()));
         };
@@ -133,11 +162,12 @@ impl Cluster {
                 .arg(&proposal.value)
                 .arg(&proposal.replace);
         }
-        let call = invocation.invoke_async::<Vec<String>>(&mut conn);
-        match tokio::time::timeout(self.timeout, call).await {
+        let call = invocation.invoke_async::<Vec<redis::Value>>(&mut conn);
+        let budget = self.timeout + TIME_PER_PIN * proposals.len() as u32;
+        match tokio::time::timeout(budget, call).await {
             Ok(Ok(replies)) if replies.len() == proposals.len() => {
                 self.slow_claims.store(0, Ordering::Relaxed);
-                Ok(replies)
+                replies.into_iter().map(parse_reply).collect()
             }
             Ok(Ok(_)) => Err("unexpected reply to the pin script".to_owned()),
             Ok(Err(error)) => {
@@ -152,7 +182,7 @@ impl Cluster {
                 }
                 Err(format!(
                     "redis did not answer within {} ms",
-                    self.timeout.as_millis()
+                    budget.as_millis()
                 ))
             }
         }

@@ -19,7 +19,7 @@ use crate::snapshot::SnapshotHandle;
 use crate::store::scan::InView;
 use crate::store::Store;
 use crate::tuner::TunerHandle;
-use crate::views::{self, pins::Answer, Views};
+use crate::views::{self, Plan, Views};
 use crate::wire::encoded::EncodedEntries;
 use crate::wire::lookup_request::{self, LookupKeys};
 use crate::wire::record_request::CheckedRecord;
@@ -78,7 +78,7 @@ pub struct TuneCacheService {
 /// A Lookup read from its request: answered already, or a view's answers still to pin.
 pub enum LookupAnswer {
     Ready(EncodedEntries),
-    InView { view: String, answers: Vec<Answer> },
+    InView { view: String, plan: Plan },
 }
 
 impl TuneCacheService {
@@ -200,8 +200,8 @@ impl TuneCacheService {
     ) -> LookupAnswer {
         let map = self.store.current();
         let current = map.get_each(keys.clone());
-        let answers = self.views.plan(&view, keys.zip(current));
-        LookupAnswer::InView { view, answers }
+        let plan = self.views.plan(&view, keys.zip(current));
+        LookupAnswer::InView { view, plan }
     }
 
     /// The Lookup's hits: a view's candidates pinned first (through the cluster tier when
@@ -209,9 +209,9 @@ impl TuneCacheService {
     pub async fn finish_lookup(&self, answer: LookupAnswer) -> EncodedEntries {
         match answer {
             LookupAnswer::Ready(hits) => hits,
-            LookupAnswer::InView { view, answers } => {
-                let asked = answers.len();
-                let settled = self.views.settle(&view, answers).await;
+            LookupAnswer::InView { view, plan } => {
+                let asked = plan.len();
+                let settled = self.views.settle(&view, plan).await;
                 let found: Vec<&StoredEntry> = settled.iter().flatten().collect();
                 let hits = EncodedEntries::from_entries(&found);
                 count(&self.counters.lookups, asked);

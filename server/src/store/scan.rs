@@ -19,8 +19,7 @@ use tonic::Status;
 
 use crate::model::entry::KeyView;
 use crate::store::Store;
-use crate::views::pins::Answer;
-use crate::views::Views;
+use crate::views::{Plan, Views};
 use crate::wire::encoded::EncodedEntries;
 use crate::wire::stored::{EntryMap, StoredEntry};
 
@@ -115,7 +114,7 @@ pub struct InView {
 /// A chunk read from one version: ready to send, or a view's answers still to pin.
 enum Chunk<'v> {
     Ready(EncodedEntries),
-    ToSettle(&'v InView, Vec<Answer>),
+    ToSettle(&'v InView, Plan),
 }
 
 /// Starts a Scan of `store` and returns its stream of chunks, each already in wire form (see
@@ -137,21 +136,25 @@ pub fn spawn(
                     None => (Chunk::Ready(EncodedEntries::from_entries(&chosen)), last),
                     Some(view) => {
                         let pins = view.views.pins_of(&view.name);
-                        let keep = |entry: &StoredEntry| {
-                            filter.in_namespace(entry) && filter.matches(entry)
-                        };
+                        let in_scan = |entry: &StoredEntry| filter.in_namespace(entry);
+                        let keep = |entry: &StoredEntry| filter.matches(entry);
                         let start = start_of(&filter, after.as_ref());
-                        let answers =
-                            view.views
-                                .scan_answers(&pins, &chosen, start, last.as_ref(), keep);
-                        (Chunk::ToSettle(view, answers), last)
+                        let plan = view.views.scan_plan(
+                            pins,
+                            &chosen,
+                            start,
+                            last.as_ref(),
+                            in_scan,
+                            keep,
+                        );
+                        (Chunk::ToSettle(view, plan), last)
                     }
                 }
             };
             let entries = match entries {
                 Chunk::Ready(entries) => entries,
-                Chunk::ToSettle(view, answers) => {
-                    let settled = view.views.settle(&view.name, answers).await;
+                Chunk::ToSettle(view, plan) => {
+                    let settled = view.views.settle(&view.name, plan).await;
                     let chosen: Vec<&StoredEntry> = settled.iter().flatten().collect();
                     EncodedEntries::from_entries(&chosen)
                 }

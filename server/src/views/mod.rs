@@ -69,6 +69,29 @@ pub fn checked_name(field: &str, view: &str) -> Result<Option<String>, tonic::St
     Ok(Some(view.to_owned()))
 }
 
+/// What a read in a view answers before its candidates are pinned (`settle`), and the view's
+/// pins it was planned from.
+pub struct Plan {
+    answers: Vec<Answer>,
+    planned: EntryMap,
+}
+
+impl Plan {
+    pub fn len(&self) -> usize {
+        self.answers.len()
+    }
+}
+
+/// Whether a tombstone held removes `pin`. Its result is read only when a tombstone covers
+/// its key (reading it parses the record): with no Forget, a first read pays nothing here.
+fn removed(tombstones: &crate::model::forget::Tombstones, pin: &StoredEntry) -> bool {
+    if tombstones.is_empty() {
+        return false;
+    }
+    let floor = tombstones.floor(&pin.key());
+    floor > 0 && pin.result().forget_epoch < floor
+}
+
 struct LeaseInView {
     view: String,
     key: CacheKey,
@@ -123,16 +146,22 @@ impl Views {
         &self,
         view: &str,
         keys: impl Iterator<Item = (KeyView<'k>, Option<&'m StoredEntry>)>,
-    ) -> Vec<Answer> {
+    ) -> Plan {
         let now = Instant::now();
         let mut pins = self.lock();
-        keys.map(|(key, current)| pins.answer(view, &key, current, now))
-            .collect()
+        let answers = keys
+            .map(|(key, current)| pins.answer(view, &key, current, now))
+            .collect();
+        Plan {
+            answers,
+            planned: pins.pins_of(view, now),
+        }
     }
 
-    /// Pins the candidates among `answers` and returns what the view answers for each (`None`
-    /// for a miss), in order.
-    pub async fn settle(&self, view: &str, answers: Vec<Answer>) -> Vec<Option<StoredEntry>> {
+    /// Pins the candidates among the answers and returns what the view answers for each
+    /// (`None` for a miss), in order.
+    pub async fn settle(&self, view: &str, plan: Plan) -> Vec<Option<StoredEntry>> {
+        let Plan { answers, planned } = plan;
         let mut settled: Vec<Option<StoredEntry>> = Vec::with_capacity(answers.len());
         let mut candidates = Vec::new();
         let mut at = Vec::new();
@@ -147,7 +176,10 @@ impl Views {
                 Answer::Miss => settled.push(None),
             }
         }
-        for (i, pin) in at.into_iter().zip(self.pin(view, candidates).await) {
+        for (i, pin) in at
+            .into_iter()
+            .zip(self.pin(view, candidates, Some(&planned)).await)
+        {
             settled[i] = pin;
         }
         settled
@@ -159,19 +191,25 @@ impl Views {
         let map = self.store.current();
         let current = map.get(key).cloned();
         drop(map);
-        let answers = self.plan(view, std::iter::once((key.view(), current.as_ref())));
-        self.settle(view, answers).await.pop().flatten()
+        let plan = self.plan(view, std::iter::once((key.view(), current.as_ref())));
+        self.settle(view, plan).await.pop().flatten()
     }
 
     /// Pins `entry`, a result a Resolve produced for the view (a waiter's result), and
     /// returns what the view answers: the first pin of the key wins.
     pub async fn pin_produced(&self, view: &str, entry: StoredEntry) -> Option<StoredEntry> {
-        self.pin(view, vec![entry]).await.pop().flatten()
+        self.pin(view, vec![entry], None).await.pop().flatten()
     }
 
     /// Pins `candidates` in `view`: first in the cluster (the pin another node made first
-    /// wins), then here. `None` where a Forget removed the pin meanwhile.
-    async fn pin(&self, view: &str, candidates: Vec<StoredEntry>) -> Vec<Option<StoredEntry>> {
+    /// wins), then here. `None` where a Forget removed the pin meanwhile. `planned`: the
+    /// view's pins the candidates were found missing from.
+    async fn pin(
+        &self,
+        view: &str,
+        candidates: Vec<StoredEntry>,
+        planned: Option<&EntryMap>,
+    ) -> Vec<Option<StoredEntry>> {
         if candidates.is_empty() {
             return Vec::new();
         }
@@ -179,7 +217,7 @@ impl Views {
             None => candidates,
             Some(cluster) => {
                 let tombstones = self.store.tombstones();
-                let forgotten = |pin: &StoredEntry| tombstones.drops(&pin.key(), &pin.result());
+                let forgotten = |pin: &StoredEntry| removed(&tombstones, pin);
                 let idle = self.lock().idle();
                 match cluster
                     .pin_in_view(view, &candidates, idle, forgotten)
@@ -225,10 +263,10 @@ impl Views {
         let (live, at): (Vec<StoredEntry>, Vec<usize>) = winners
             .into_iter()
             .enumerate()
-            .filter(|(_, pin)| !tombstones.drops(&pin.key(), &pin.result()))
+            .filter(|(_, pin)| !removed(&tombstones, pin))
             .map(|(i, pin)| (pin, i))
             .unzip();
-        let (answers, evicted) = self.lock().pin(view, live, Instant::now());
+        let (answers, evicted) = self.lock().pin(view, live, planned, Instant::now());
         self.log_evicted(view, &evicted);
         let mut out = vec![None; asked];
         for (i, answer) in at.into_iter().zip(answers) {
@@ -262,20 +300,25 @@ impl Views {
     }
 
     /// A Scan chunk in a view: `chosen` (the cache's matching entries, in key order, from
-    /// `start` to `end`) merged with the view's pins in that range that `keep` accepts.
-    pub fn scan_answers(
+    /// `start` to `end`, or to where `in_scan` stops) merged with the view's `pins` in that
+    /// range that `keep` accepts.
+    pub fn scan_plan(
         &self,
-        pins: &EntryMap,
+        pins: EntryMap,
         chosen: &[&StoredEntry],
         start: Bound<KeyView<'_>>,
         end: Option<&StoredEntry>,
+        in_scan: impl Fn(&StoredEntry) -> bool,
         keep: impl Fn(&StoredEntry) -> bool,
-    ) -> Vec<Answer> {
-        let (answers, conflicts) = pins::merge_chunk(pins, chosen, start, end, keep);
+    ) -> Plan {
+        let (answers, conflicts) = pins::merge_chunk(&pins, chosen, start, end, in_scan, keep);
         if conflicts > 0 {
             self.lock().add_conflicts(conflicts);
         }
-        answers
+        Plan {
+            answers,
+            planned: pins,
+        }
     }
 
     /// A Resolve in `view` was answered with a lease: its holder's Record pins the result.
@@ -313,7 +356,7 @@ impl Views {
         };
         let current = self.store.current().get(&lease.key).cloned();
         if let Some(current) = current {
-            self.pin(&lease.view, vec![current]).await;
+            self.pin(&lease.view, vec![current], None).await;
         }
     }
 

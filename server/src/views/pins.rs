@@ -176,21 +176,28 @@ impl ViewPins {
 
     /// Pins each of `entries` in `view` unless the view pinned its key already; returns, in
     /// order, what the view answers for each key from now on, and what the cap dropped.
+    /// `planned`: the view's pins the entries were found missing from (`pins_of`); while the
+    /// view still holds exactly those, no key needs looking up again (a Scan's first read).
     pub fn pin(
         &mut self,
         view: &str,
         entries: Vec<StoredEntry>,
+        planned: Option<&EntryMap>,
         now: Instant,
     ) -> (Vec<StoredEntry>, Evicted) {
+        let unchanged = planned.is_some_and(|planned| self.touch(view, now).pins.ptr_eq(planned));
         self.touch(view, now);
         let mut evicted = Evicted::default();
         let mut answers = Vec::with_capacity(entries.len());
         for entry in entries {
-            if let Some(pinned) = self
-                .views
-                .get(view)
-                .and_then(|v| v.pins.get_view(&entry.key()))
-            {
+            let pinned = if unchanged {
+                None
+            } else {
+                self.views
+                    .get(view)
+                    .and_then(|v| v.pins.get_view(&entry.key()))
+            };
+            if let Some(pinned) = pinned {
                 answers.push(pinned.clone());
                 continue;
             }
@@ -204,9 +211,11 @@ impl ViewPins {
                 continue;
             }
             if let Some(v) = self.views.get_mut(view) {
-                v.pins.insert(entry.clone());
-                self.total += 1;
-                self.counters.pinned += 1;
+                // A key twice in one batch (a Lookup may ask so) has one candidate.
+                if v.pins.insert(entry.clone()) {
+                    self.total += 1;
+                    self.counters.pinned += 1;
+                }
             }
             answers.push(entry);
         }
@@ -307,21 +316,25 @@ pub fn is_conflict(pinned: &StoredEntry, current: &StoredEntry) -> bool {
 }
 
 /// A Scan chunk in a view, in key order: `chosen` (the cache's matching entries from `start`
-/// to `end`, `None` meaning to the end of the Scan) merged with `pins` in that range that
-/// `keep` accepts (the Scan's filter). A pinned key answers its pin; another chosen entry is a
-/// candidate to pin. Also returns how many pins answered while a better result was stored.
+/// to `end`, `None` meaning to the end of the Scan, where `in_scan` stops holding) merged with
+/// the `pins` in that range that `keep` accepts (the Scan's filter). A pinned key answers its
+/// pin; another chosen entry is a candidate to pin. Also returns how many pins answered while
+/// a better result was stored.
 pub fn merge_chunk(
     pins: &EntryMap,
     chosen: &[&StoredEntry],
     start: Bound<KeyView<'_>>,
     end: Option<&StoredEntry>,
+    in_scan: impl Fn(&StoredEntry) -> bool,
     keep: impl Fn(&StoredEntry) -> bool,
 ) -> (Vec<Answer>, u64) {
     let mut answers = Vec::with_capacity(chosen.len());
     let mut conflicts = 0;
+    // Stops at the end of the chunk, or of the Scan's namespace: a view's pins of other
+    // namespaces are never walked.
     let mut pinned = pins
         .range_from(start)
-        .take_while(|pin| end.is_none_or(|end| *pin <= end))
+        .take_while(|pin| end.map_or_else(|| in_scan(pin), |end| *pin <= end))
         .filter(|pin| keep(pin))
         .peekable();
     for &entry in chosen {
@@ -378,7 +391,7 @@ mod tests {
     fn read(pins: &mut ViewPins, view: &str, current: &StoredEntry, now: Instant) -> StoredEntry {
         match pins.answer(view, &current.key(), Some(current), now) {
             Answer::Pinned(pinned) => pinned,
-            Answer::Candidate(candidate) => pins.pin(view, vec![candidate], now).0.remove(0),
+            Answer::Candidate(candidate) => pins.pin(view, vec![candidate], None, now).0.remove(0),
             Answer::Miss => panic!("a miss with a current result"),
         }
     }
@@ -400,9 +413,9 @@ mod tests {
             Answer::Miss
         ));
         let (first, second) = (entry("m", 3.0), entry("m", 1.0));
-        assert!(pins.pin("job-1", vec![first.clone()], now).0[0].same_entry(&first));
+        assert!(pins.pin("job-1", vec![first.clone()], None, now).0[0].same_entry(&first));
         assert!(
-            pins.pin("job-1", vec![second], now).0[0].same_entry(&first),
+            pins.pin("job-1", vec![second], None, now).0[0].same_entry(&first),
             "the first pin wins"
         );
         assert_eq!(pins.total_pins(), 3);
@@ -447,7 +460,7 @@ mod tests {
         read(&mut pins, "old", &entry("b", 1.0), start);
         let later = start + Duration::from_secs(30);
         read(&mut pins, "new", &entry("a", 1.0), later);
-        let (_, evicted) = pins.pin("new", vec![entry("b", 1.0)], later);
+        let (_, evicted) = pins.pin("new", vec![entry("b", 1.0)], None, later);
         assert_eq!(evicted.views, vec!["old".to_owned()]);
         assert_eq!(pins.total_pins(), 2);
         assert_eq!(pins.counters().evicted, 2);
@@ -474,7 +487,7 @@ mod tests {
         let mut pins = ViewPins::new(2, Duration::from_secs(60));
         read(&mut pins, "job", &entry("a", 1.0), now);
         read(&mut pins, "job", &entry("b", 1.0), now);
-        let (answers, evicted) = pins.pin("job", vec![entry("c", 1.0)], now);
+        let (answers, evicted) = pins.pin("job", vec![entry("c", 1.0)], None, now);
         assert!(answers[0].same_entry(&entry("c", 1.0)));
         assert_eq!(evicted.over_cap, 1);
         assert_eq!(pins.total_pins(), 2);
@@ -514,6 +527,7 @@ mod tests {
             Bound::Included(KeyView::namespace_start("ns")),
             Some(&d),
             |_| true,
+            |_| true,
         );
         let shown: Vec<(String, bool)> = answers
             .iter()
@@ -534,11 +548,15 @@ mod tests {
         );
         assert_eq!(conflicts, 1, "b's pin is worse than the cache's b");
         // The last chunk (no end) takes every pin left; the filter applies to pins too.
-        let (answers, _) = merge_chunk(&pins, &[&d], Bound::Excluded(c.key()), None, |_| true);
+        let every = |_: &StoredEntry| true;
+        let after_c = || Bound::Excluded(c.key());
+        let (answers, _) = merge_chunk(&pins, &[&d], after_c(), None, every, every);
         assert_eq!(answers.len(), 2);
-        let (answers, _) = merge_chunk(&pins, &[&d], Bound::Excluded(c.key()), None, |e| {
-            problem(e) != "e"
-        });
+        let not_e = |e: &StoredEntry| problem(e) != "e";
+        let (answers, _) = merge_chunk(&pins, &[&d], after_c(), None, every, not_e);
+        assert_eq!(answers.len(), 1);
+        // The walk stops where the Scan ends (its namespace), not at the map's end.
+        let (answers, _) = merge_chunk(&pins, &[&d], after_c(), None, not_e, every);
         assert_eq!(answers.len(), 1);
     }
 
@@ -608,7 +626,7 @@ mod tests {
                             let answer = match pins.answer(&view, &key(&problem).view(), current.as_ref(), now) {
                                 Answer::Pinned(pinned) => Some(pinned),
                                 Answer::Candidate(c) => {
-                                    let (mut answers, evicted) = pins.pin(&view, vec![c], now);
+                                    let (mut answers, evicted) = pins.pin(&view, vec![c], None, now);
                                     for gone in &evicted.views {
                                         let gone: u8 = gone[1..].parse().unwrap();
                                         first.retain(|(fv, _), _| *fv != gone);

@@ -92,9 +92,14 @@ impl EntryMap {
             .is_some_and(|(held, ())| held.same_entry(entry))
     }
 
-    /// Inserts `entry`, replacing the entry of the same key.
-    pub fn insert(&mut self, entry: StoredEntry) {
-        self.index.insert(entry, ());
+    /// Inserts `entry`, replacing the entry of the same key; whether the key is new.
+    pub fn insert(&mut self, entry: StoredEntry) -> bool {
+        self.index.insert(entry, ()).is_none()
+    }
+
+    /// Whether `other` is this very version (a copy not changed since).
+    pub fn ptr_eq(&self, other: &EntryMap) -> bool {
+        self.index.ptr_eq(&other.index)
     }
 
     /// Removes the entries `tombstone` drops (`forget::drops`) and returns them.
