@@ -65,6 +65,31 @@ fn trusted_daemon_uids() -> Vec<u32> {
     uids
 }
 
+/// Refuses a daemon that runs as an untrusted uid, before any request is made: connects to
+/// `path` once, reads the answering process's uid (SO_PEERCRED) and closes again. Returns that
+/// uid, or `None` when nothing answers there (the calls then fail as usual). Blocking, for
+/// callers that check when a client is made rather than on its first call (the Python binding);
+/// [`connect_channel`] makes the same check on every connection it opens.
+pub fn check_daemon_uid(path: &Path) -> Result<Option<u32>> {
+    let Ok(stream) = std::os::unix::net::UnixStream::connect(path) else {
+        return Ok(None);
+    };
+    let uid = match nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+    {
+        Ok(credentials) => credentials.uid(),
+        Err(_) => return Ok(None),
+    };
+    if trusted_daemon_uids().contains(&uid) {
+        Ok(Some(uid))
+    } else {
+        Err(ClientError::UntrustedDaemon {
+            path: path.to_path_buf(),
+            uid,
+            me: nix::unistd::geteuid().as_raw(),
+        })
+    }
+}
+
 impl From<tonic::Status> for ClientError {
     fn from(status: tonic::Status) -> Self {
         ClientError::Rpc(status)
@@ -294,6 +319,17 @@ impl Client {
         Ok(entries)
     }
 
+    /// [`Client::scan_with`], keeping the daemon's chunks apart (up to 1,024 entries each).
+    pub async fn scan_chunks(&self, filter: v1::ScanRequest) -> Result<Vec<Vec<v1::Entry>>> {
+        let request = self.request(filter, DEFAULT_SCAN_TIMEOUT);
+        let mut stream = self.inner.clone().scan(request).await?.into_inner();
+        let mut chunks = Vec::new();
+        while let Some(chunk) = stream.message().await? {
+            chunks.push(chunk.entries);
+        }
+        Ok(chunks)
+    }
+
     /// The node's tuning devices; `fingerprint` is the `Key.device` the node tuner answers.
     pub async fn devices(&self) -> Result<Vec<v1::Device>> {
         let request = self.request(v1::DevicesRequest {}, self.timeout);
@@ -309,6 +345,18 @@ impl Client {
     pub async fn stats(&self) -> Result<v1::StatsResponse> {
         let request = self.request(v1::StatsRequest {}, self.timeout);
         Ok(self.inner.clone().stats(request).await?.into_inner())
+    }
+
+    /// Publishes this node's new contributions to the shared directory now.
+    pub async fn snapshot(&self) -> Result<v1::SnapshotResponse> {
+        let request = self.request(v1::SnapshotRequest {}, self.timeout);
+        Ok(self.inner.clone().snapshot(request).await?.into_inner())
+    }
+
+    /// Ends the lease `Resolve` handed out without a result (a Record with the lease and no
+    /// entries), so the next waiter that can tune gets it at once.
+    pub async fn give_up_lease(&self, lease_id: String) -> Result<v1::RecordResponse> {
+        self.record_with_lease(Vec::new(), lease_id).await
     }
 
     /// Forgets results on every node (see `ForgetRequest`): a scope (an administrator's act),
@@ -443,37 +491,116 @@ impl Client {
         Fut: std::future::Future<Output = std::result::Result<v1::Result, E>>,
         E: std::fmt::Display,
     {
+        self.get_or_tune_traced(key, options, tune).await.0
+    }
+
+    /// [`Client::get_or_tune`], also answering each daemon call that failed on the way, for a
+    /// caller that reports them (the Python binding logs them, once per process).
+    ///
+    /// A Record the daemon refuses as invalid (`INVALID_ARGUMENT`: a config over 64 KiB, or
+    /// not JSON) is a fallback: no other rank will ever get that result, and a rank that used
+    /// it would disagree with its peers. Any other failed Record keeps the tuned result.
+    /// Either way the lease is given up at once (the daemon keeps a failed Record's lease
+    /// held, so its waiters would sit out their whole wait), except after a deadline: that
+    /// Record may still land and complete the lease, and a second call would block as long.
+    pub async fn get_or_tune_traced<F, Fut, E>(
+        &self,
+        key: v1::Key,
+        options: ResolveOptions,
+        tune: F,
+    ) -> (RankOutcome, Vec<FlowFailure>)
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<v1::Result, E>>,
+        E: std::fmt::Display,
+    {
+        let mut failures = Vec::new();
         let lease = match self.resolve(key.clone(), options).await {
-            Ok(Resolution::Hit(result)) => return RankOutcome::Cached(result),
-            Ok(Resolution::Miss(reason)) => return RankOutcome::Fallback(reason),
+            Ok(Resolution::Hit(result)) => return (RankOutcome::Cached(result), failures),
+            Ok(Resolution::Miss(reason)) => return (RankOutcome::Fallback(reason), failures),
             Ok(Resolution::TuneHere(lease)) => lease,
-            Err(error) => return RankOutcome::Fallback(format!("tunecache unavailable: {error}")),
-        };
-        match tune().await {
-            Ok(result) => {
-                let entry = v1::Entry {
-                    key: Some(key),
-                    result: Some(result.clone()),
-                };
-                // The result is ours even if recording fails; the next run tunes again. A
-                // refused Record leaves the lease held (the daemon keeps it for a Record that
-                // may still come), so give it up at once: the waiting ranks tune instead of
-                // waiting out the lease.
-                if self
-                    .record_with_lease(vec![entry], lease.lease_id.clone())
-                    .await
-                    .is_err()
-                {
-                    let _ = self.record_with_lease(Vec::new(), lease.lease_id).await;
-                }
-                RankOutcome::Tuned(result)
-            }
             Err(error) => {
-                let _ = self.record_with_lease(Vec::new(), lease.lease_id).await;
-                RankOutcome::Fallback(format!("tuning failed: {error}"))
+                let reason = format!("tunecache unavailable: {error}");
+                failures.push(FlowFailure {
+                    call: FlowCall::Resolve,
+                    error,
+                });
+                return (RankOutcome::Fallback(reason), failures);
             }
+        };
+        let result = match tune().await {
+            Ok(result) => result,
+            Err(error) => {
+                self.give_up_traced(lease.lease_id, &mut failures).await;
+                return (
+                    RankOutcome::Fallback(format!("tuning failed: {error}")),
+                    failures,
+                );
+            }
+        };
+        let entry = v1::Entry {
+            key: Some(key),
+            result: Some(result.clone()),
+        };
+        let error = match self
+            .record_with_lease(vec![entry], lease.lease_id.clone())
+            .await
+        {
+            Ok(_) => return (RankOutcome::Tuned(result), failures),
+            Err(error) => error,
+        };
+        let code = match &error {
+            ClientError::Rpc(status) => Some(status.code()),
+            _ => None,
+        };
+        if code != Some(tonic::Code::DeadlineExceeded) {
+            self.give_up_traced(lease.lease_id, &mut failures).await;
+        }
+        let outcome = match &error {
+            ClientError::Rpc(status) if status.code() == tonic::Code::InvalidArgument => {
+                RankOutcome::Fallback(format!(
+                    "the daemon refused the tuned result: {}",
+                    status.message()
+                ))
+            }
+            _ => RankOutcome::Tuned(result),
+        };
+        failures.insert(
+            0,
+            FlowFailure {
+                call: FlowCall::Record,
+                error,
+            },
+        );
+        (outcome, failures)
+    }
+
+    async fn give_up_traced(&self, lease_id: String, failures: &mut Vec<FlowFailure>) {
+        if let Err(error) = self.give_up_lease(lease_id).await {
+            failures.push(FlowFailure {
+                call: FlowCall::GiveUpLease,
+                error,
+            });
         }
     }
+}
+
+/// Which daemon call of the rank flow failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowCall {
+    Resolve,
+    /// The Record of the tuned result, with the lease.
+    Record,
+    /// The Record with the lease and no entries that gives the lease up.
+    GiveUpLease,
+}
+
+/// A daemon call of the rank flow that failed; the flow went on (see
+/// [`Client::get_or_tune_traced`]).
+#[derive(Debug)]
+pub struct FlowFailure {
+    pub call: FlowCall,
+    pub error: ClientError,
 }
 
 /// The index of the entry a Record's INVALID_ARGUMENT refused, read from the status's

@@ -1,0 +1,420 @@
+//! `tunecache._native.Client`: one daemon connection of `tunecache-client`, made on the first
+//! call (creating a client only resolves and checks the socket), shared by every thread of the
+//! process, and made anew in a forked child (the parent's is left untouched, see
+//! [`crate::runtime`]). Each method runs one Rust client call on the process runtime with the
+//! GIL released and converts its answer into the package's Python objects.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use tokio::sync::OnceCell;
+use tunecache_client::{proto as v1, Client as RustClient, ClientError};
+
+use crate::errors::client_error;
+use crate::messages::{Entry, Key, Message, RecordResponse, ResolveResponse, TunedResult};
+use crate::runtime::run;
+use crate::tuning;
+
+/// The connection of one process: made once, by whichever call comes first.
+struct Connection {
+    pid: u32,
+    cell: Arc<OnceCell<RustClient>>,
+}
+
+#[pyclass(module = "tunecache._native", name = "Client", frozen)]
+pub struct NativeClient {
+    path: PathBuf,
+    timeout: Duration,
+    connection: Mutex<Connection>,
+}
+
+/// What a call needs on the runtime: the socket, the deadline, and the process's connection.
+#[derive(Clone)]
+pub struct CallContext {
+    path: PathBuf,
+    timeout: Duration,
+    cell: Arc<OnceCell<RustClient>>,
+}
+
+impl CallContext {
+    /// The connected client (connecting, or auto-starting a daemon with TUNECACHE_AUTOSTART=1,
+    /// on first use), with `timeout` as its unary deadline. A failed connect is tried again by
+    /// the next call.
+    pub async fn client(&self, timeout: Option<Duration>) -> Result<RustClient, ClientError> {
+        let client = self
+            .cell
+            .get_or_try_init(|| RustClient::connect_auto(&self.path))
+            .await?;
+        Ok(client.clone().with_timeout(timeout.unwrap_or(self.timeout)))
+    }
+}
+
+fn seconds(timeout: Option<f64>) -> PyResult<Option<Duration>> {
+    match timeout {
+        None => Ok(None),
+        Some(seconds) => Duration::try_from_secs_f64(seconds)
+            .map(Some)
+            .map_err(|_| PyValueError::new_err(format!("timeout must be >= 0, got {seconds}"))),
+    }
+}
+
+/// A deadline for what the Rust client gives no deadline of its own (a whole Scan).
+async fn within<T>(
+    limit: Option<Duration>,
+    call: impl std::future::Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
+    match limit {
+        None => call.await,
+        Some(limit) => match tokio::time::timeout(limit, call).await {
+            Ok(answer) => answer,
+            Err(_) => Err(ClientError::Rpc(tonic::Status::deadline_exceeded(
+                "Deadline Exceeded",
+            ))),
+        },
+    }
+}
+
+fn entries_to_py(py: Python<'_>, entries: Vec<v1::Entry>) -> PyResult<Bound<'_, PyList>> {
+    let converted = entries
+        .into_iter()
+        .map(|entry| Entry::from_proto(py, entry))
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, converted)
+}
+
+impl NativeClient {
+    pub fn context(&self, _py: Python<'_>) -> PyResult<CallContext> {
+        // Taken with the GIL held and never across a release of it: a fork cannot find it held.
+        let mut connection = self
+            .connection
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("tunecache: the client's state is poisoned"))?;
+        let pid = std::process::id();
+        if connection.pid != pid {
+            // A forked child: the parent's connection belongs to a runtime that does not exist
+            // here. Leave it untouched and connect afresh.
+            let inherited = std::mem::replace(
+                &mut *connection,
+                Connection {
+                    pid,
+                    cell: Arc::new(OnceCell::new()),
+                },
+            );
+            std::mem::forget(inherited);
+        }
+        Ok(CallContext {
+            path: self.path.clone(),
+            timeout: self.timeout,
+            cell: Arc::clone(&connection.cell),
+        })
+    }
+
+    fn call<T, F, Fut>(&self, py: Python<'_>, call: F) -> PyResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(CallContext) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>> + Send + 'static,
+    {
+        let context = self.context(py)?;
+        run(py, call(context))?.map_err(|error| client_error(py, error))
+    }
+}
+
+#[pymethods]
+impl NativeClient {
+    /// `socket`: a path (trusted as given); None: `$TUNECACHE_SOCKET`, else the default path,
+    /// which is refused when another user could have planted it (UntrustedSocketError). A
+    /// daemon answering there as an untrusted uid is refused at once (UntrustedDaemonError);
+    /// nothing answering is not an error until a call is made.
+    #[new]
+    #[pyo3(signature = (socket=None, timeout=tunecache_client::DEFAULT_TIMEOUT.as_secs_f64()))]
+    fn new(py: Python<'_>, socket: Option<PathBuf>, timeout: f64) -> PyResult<Self> {
+        let timeout = seconds(Some(timeout))?.unwrap_or(tunecache_client::DEFAULT_TIMEOUT);
+        let path = tunecache_client::socket_path(socket).map_err(|error| client_error(py, error))?;
+        let probed = path.clone();
+        py.detach(|| tunecache_client::check_daemon_uid(&probed))
+            .map_err(|error| client_error(py, error))?;
+        Ok(NativeClient {
+            path,
+            timeout,
+            connection: Mutex::new(Connection {
+                pid: std::process::id(),
+                cell: Arc::new(OnceCell::new()),
+            }),
+        })
+    }
+
+    #[getter]
+    fn socket_path(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    #[getter]
+    fn timeout(&self) -> f64 {
+        self.timeout.as_secs_f64()
+    }
+
+    /// Drops this process's connection; the next call connects again.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let mut connection = self
+            .connection
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("tunecache: the client's state is poisoned"))?;
+        let pid = std::process::id();
+        let previous = std::mem::replace(
+            &mut *connection,
+            Connection {
+                pid,
+                cell: Arc::new(OnceCell::new()),
+            },
+        );
+        if previous.pid == pid {
+            // Dropped on this thread: the channel's worker task ends on the runtime.
+            drop(previous);
+        } else {
+            std::mem::forget(previous);
+        }
+        let _ = py;
+        Ok(())
+    }
+
+    /// The cached entries among `keys` (hits only, in request order).
+    #[pyo3(signature = (keys, timeout=None))]
+    fn lookup<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let keys = keys
+            .try_iter()?
+            .map(|key| Key::extract_any(&key?))
+            .collect::<PyResult<Vec<_>>>()?;
+        let timeout = seconds(timeout)?;
+        let hits = self.call(py, move |context| async move {
+            context.client(timeout).await?.lookup(keys).await
+        })?;
+        entries_to_py(py, hits)
+    }
+
+    /// Stores entries; with a lease_id completes that lease (no entries: gives it up).
+    #[pyo3(signature = (entries, lease_id=String::new(), timeout=None))]
+    fn record(
+        &self,
+        py: Python<'_>,
+        entries: &Bound<'_, PyAny>,
+        lease_id: String,
+        timeout: Option<f64>,
+    ) -> PyResult<RecordResponse> {
+        let entries = entries
+            .try_iter()?
+            .map(|entry| Entry::extract_any(&entry?))
+            .collect::<PyResult<Vec<_>>>()?;
+        let timeout = seconds(timeout)?;
+        let response = self.call(py, move |context| async move {
+            context
+                .client(timeout)
+                .await?
+                .record_with_lease(entries, lease_id)
+                .await
+        })?;
+        Ok(RecordResponse {
+            stored: response.stored,
+            unchanged: response.unchanged,
+        })
+    }
+
+    /// Every matching entry, one list per chunk the daemon streamed; `timeout` covers the
+    /// whole stream.
+    #[pyo3(signature = (namespace=String::new(), device=String::new(), rank=None, view=String::new(), timeout=None))]
+    fn scan<'py>(
+        &self,
+        py: Python<'py>,
+        namespace: String,
+        device: String,
+        rank: Option<u32>,
+        view: String,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let limit = seconds(timeout)?;
+        let filter = v1::ScanRequest {
+            namespace,
+            device,
+            rank,
+            view,
+        };
+        let chunks = self.call(py, move |context| async move {
+            let client = context.client(None).await?;
+            within(limit, client.scan_chunks(filter)).await
+        })?;
+        let converted = chunks
+            .into_iter()
+            .map(|chunk| entries_to_py(py, chunk))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, converted)
+    }
+
+    /// The daemon's counters, as a Message with StatsResponse's field names.
+    #[pyo3(signature = (timeout=None))]
+    fn stats(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Message> {
+        let timeout = seconds(timeout)?;
+        let stats = self.call(py, move |context| async move {
+            context.client(timeout).await?.stats().await
+        })?;
+        let fields = pythonize::pythonize(py, &stats)
+            .map_err(|error| PyRuntimeError::new_err(format!("tunecache: stats: {error}")))?;
+        Ok(Message::new("StatsResponse", fields.cast_into::<PyDict>()?))
+    }
+
+    /// The node tuner's devices.
+    #[pyo3(signature = (timeout=None))]
+    fn devices<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Vec<Message>> {
+        let timeout = seconds(timeout)?;
+        let devices = self.call(py, move |context| async move {
+            context.client(timeout).await?.devices().await
+        })?;
+        devices
+            .into_iter()
+            .map(|device| {
+                let fields = PyDict::new(py);
+                fields.set_item("backend", device.backend)?;
+                fields.set_item("name", device.name)?;
+                fields.set_item("compute_capability", device.compute_capability)?;
+                fields.set_item("memory_bytes", device.memory_bytes)?;
+                fields.set_item("driver_version", device.driver_version)?;
+                fields.set_item("cuda_version", device.cuda_version)?;
+                fields.set_item("fingerprint", device.fingerprint)?;
+                Ok(Message::new("Device", fields))
+            })
+            .collect()
+    }
+
+    /// Publishes this node's new contributions to the shared directory now.
+    #[pyo3(signature = (timeout=None))]
+    fn snapshot(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Message> {
+        let timeout = seconds(timeout)?;
+        let snapshot = self.call(py, move |context| async move {
+            context.client(timeout).await?.snapshot().await
+        })?;
+        let fields = PyDict::new(py);
+        fields.set_item("path", snapshot.path)?;
+        fields.set_item("entries", snapshot.entries)?;
+        fields.set_item("bytes", snapshot.bytes)?;
+        fields.set_item("duration_ms", snapshot.duration_ms)?;
+        fields.set_item("skipped_unchanged", snapshot.skipped_unchanged)?;
+        Ok(Message::new("SnapshotResponse", fields))
+    }
+
+    /// Forgets results on every node; answers how many entries this node dropped.
+    /// `only_if`: (config, time_us) of the winner the key must still have.
+    #[pyo3(signature = (namespace, op=String::new(), device=String::new(), problem=String::new(), rank=None, only_if=None, timeout=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn forget(
+        &self,
+        py: Python<'_>,
+        namespace: String,
+        op: String,
+        device: String,
+        problem: String,
+        rank: Option<u32>,
+        only_if: Option<&Bound<'_, PyAny>>,
+        timeout: Option<f64>,
+    ) -> PyResult<u32> {
+        let only_if = match only_if {
+            Some(result) => {
+                let result = TunedResult::extract_any(result)?;
+                // Only what the daemon compares: a Result read back (with its tuned_by and
+                // forget_epoch) can be passed as it is.
+                Some(v1::Result {
+                    config: result.config,
+                    time_us: result.time_us,
+                    ..Default::default()
+                })
+            }
+            None => None,
+        };
+        let request = v1::ForgetRequest {
+            namespace,
+            op,
+            device,
+            problem,
+            rank,
+            only_if,
+        };
+        let timeout = seconds(timeout)?;
+        self.call(py, move |context| async move {
+            context.client(timeout).await?.forget(request).await
+        })
+    }
+
+    /// Resolve's raw answer (hit, tune_here or miss); the deadline is wait_ms plus the timeout.
+    #[pyo3(signature = (key, wait_ms, can_tune=true, lease_ms=0, view=String::new(), timeout=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn resolve(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        wait_ms: u64,
+        can_tune: bool,
+        lease_ms: u64,
+        view: String,
+        timeout: Option<f64>,
+    ) -> PyResult<ResolveResponse> {
+        let request = v1::ResolveRequest {
+            key: Some(Key::extract_any(key)?),
+            wait_ms: u32::try_from(wait_ms).unwrap_or(u32::MAX),
+            can_tune,
+            lease_ms: u32::try_from(lease_ms).unwrap_or(u32::MAX),
+            view,
+        };
+        let timeout = seconds(timeout)?;
+        let wait = Duration::from_millis(wait_ms);
+        let response = self.call(py, move |context| async move {
+            let client = context.client(timeout).await?;
+            let deadline = wait + timeout.unwrap_or(context.timeout);
+            let mut request = tonic::Request::new(request);
+            request.set_timeout(deadline);
+            Ok(client.raw().resolve(request).await?.into_inner())
+        })?;
+        ResolveResponse::from_proto(py, response)
+    }
+
+    /// The rank flow of `tunecache-client` (`get_or_tune_traced`): Resolve; when told to tune,
+    /// `tune()` runs here, on the calling thread, and returns `(config_text, time_us, tuned_by,
+    /// tuned_at_unix_ms)`; its result is Recorded with the lease, or the lease is given up when
+    /// it raises (the exception is raised again once the lease is given up). Answers a
+    /// `RankOutcome`.
+    #[pyo3(signature = (key, tune, wait_ms, can_tune=true, lease_ms=0))]
+    fn resolve_tune_record(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        tune: Py<PyAny>,
+        wait_ms: u64,
+        can_tune: bool,
+        lease_ms: u64,
+    ) -> PyResult<tuning::RankOutcome> {
+        let key = Key::extract_any(key)?;
+        let options = tunecache_client::ResolveOptions {
+            wait: Duration::from_millis(wait_ms),
+            can_tune,
+            lease: Duration::from_millis(lease_ms),
+        };
+        let context = self.context(py)?;
+        tuning::resolve_tune_record(py, context, key, options, tune)
+    }
+
+    /// Gives a lease up (a Record with the lease and no entries).
+    #[pyo3(signature = (lease_id, timeout=None))]
+    fn give_up_lease(&self, py: Python<'_>, lease_id: String, timeout: Option<f64>) -> PyResult<()> {
+        let timeout = seconds(timeout)?;
+        self.call(py, move |context| async move {
+            context.client(timeout).await?.give_up_lease(lease_id).await
+        })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,63 @@
+//! `tunecache._native`, the native module of the `tunecache` Python package: a PyO3 binding
+//! (stable ABI, CPython >= 3.10) of `tunecache-client`, so that socket discovery and trust,
+//! auto-start, the rank flow (Resolve, tune, Record, giving the lease up) and structured error
+//! details exist once, in Rust. The Python modules of the package (client.py, autotuning.py,
+//! integrations/) are thin layers over it that keep the package's public API.
+//!
+//! - [`runtime`]: the one background thread per process, waiting with the GIL released,
+//!   Ctrl-C, fork;
+//! - [`client`]: the `Client` class and its calls;
+//! - [`tuning`]: the rank flow with a Python `tune` callable;
+//! - [`messages`]: Key, Result, Entry and the other answers as Python objects;
+//! - [`errors`]: Rust client errors as the package's Python exceptions.
+
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+
+mod client;
+mod errors;
+mod messages;
+mod runtime;
+mod tuning;
+
+/// The socket the daemon and every client use by default: `$TUNECACHE_SOCKET`, else
+/// `$XDG_RUNTIME_DIR/tunecache/tunecache.sock`, else `/tmp/tunecache-<uid>/tunecache.sock`.
+#[pyfunction]
+fn default_socket_path() -> PathBuf {
+    tunecache_client::default_socket_path()
+}
+
+/// Refuses (UntrustedSocketError) a default socket another user could have planted.
+#[pyfunction]
+fn check_default_socket(py: Python<'_>, path: PathBuf) -> PyResult<()> {
+    tunecache_proto::socket_path::check_default_socket(&path)
+        .map_err(|refused| errors::client_error(py, refused.into()))
+}
+
+/// The uid of the daemon answering on `path`, or None when nothing answers; refuses
+/// (UntrustedDaemonError) one that runs as a uid the caller does not trust.
+#[pyfunction]
+fn check_daemon_uid(py: Python<'_>, path: PathBuf) -> PyResult<Option<u32>> {
+    py.detach(|| tunecache_client::check_daemon_uid(&path))
+        .map_err(|error| errors::client_error(py, error))
+}
+
+#[pymodule]
+fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<client::NativeClient>()?;
+    module.add_class::<messages::Key>()?;
+    module.add_class::<messages::TunedResult>()?;
+    module.add_class::<messages::Entry>()?;
+    module.add_class::<messages::Lease>()?;
+    module.add_class::<messages::Miss>()?;
+    module.add_class::<messages::ResolveResponse>()?;
+    module.add_class::<messages::RecordResponse>()?;
+    module.add_class::<messages::Message>()?;
+    module.add_class::<tuning::RankOutcome>()?;
+    module.add_function(wrap_pyfunction!(default_socket_path, module)?)?;
+    module.add_function(wrap_pyfunction!(check_default_socket, module)?)?;
+    module.add_function(wrap_pyfunction!(check_daemon_uid, module)?)?;
+    module.add_function(wrap_pyfunction!(errors::refused_entry_index_of, module)?)?;
+    Ok(())
+}

@@ -1,0 +1,664 @@
+//! The Python objects of the contract's messages, with the attribute names of the generated
+//! protobuf classes the package returned before (`entry.key.problem`, `result.time_us`,
+//! `key.HasField("rank")`, `response.WhichOneof("outcome")`), and their conversion from and to
+//! `tunecache.v1`.
+//!
+//! Key, Result and Entry are what a Scan returns by the thousand, so they are plain Rust structs
+//! (strings are moved out of the decoded message, not copied, and become Python strings only
+//! when read). An Entry holds its Key and Result as Python objects, so `entry.key.device = d`
+//! changes the entry, as with protobuf. Rarely used messages (Stats, Devices, Snapshot) are a
+//! generic [`Message`] over a dict.
+//!
+//! Arguments are taken duck-typed: these classes, a mapping of their fields, or anything with
+//! those attributes (a generated `tunecache.v1` message from the `[grpc]` extra included).
+
+use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyMapping, PyString};
+use tunecache_client::proto as v1;
+
+fn quoted(text: &str) -> String {
+    format!("{text:?}")
+}
+
+/// `(namespace, op, device, problem, rank)`; an unset rank is the entry shared by all ranks.
+#[pyclass(module = "tunecache._native", name = "Key")]
+#[derive(Clone, Default, PartialEq)]
+pub struct Key {
+    #[pyo3(get, set)]
+    pub namespace: String,
+    #[pyo3(get, set)]
+    pub op: String,
+    #[pyo3(get, set)]
+    pub device: String,
+    #[pyo3(get, set)]
+    pub problem: String,
+    pub rank: Option<u32>,
+}
+
+#[pymethods]
+impl Key {
+    #[new]
+    #[pyo3(signature = (*, namespace=String::new(), op=String::new(), device=String::new(), problem=String::new(), rank=None))]
+    fn new(namespace: String, op: String, device: String, problem: String, rank: Option<u32>) -> Self {
+        Key {
+            namespace,
+            op,
+            device,
+            problem,
+            rank,
+        }
+    }
+
+    /// As protobuf: an unset rank reads 0; `HasField("rank")` tells them apart.
+    #[getter]
+    fn rank(&self) -> u32 {
+        self.rank.unwrap_or(0)
+    }
+
+    /// An int sets the rank; None unsets it (the shared entry).
+    #[setter]
+    fn set_rank(&mut self, rank: Option<u32>) {
+        self.rank = rank;
+    }
+
+    #[allow(non_snake_case)]
+    fn HasField(&self, name: &str) -> PyResult<bool> {
+        match name {
+            "rank" => Ok(self.rank.is_some()),
+            _ => Err(PyValueError::new_err(format!(
+                "Key has no optional field {name:?}"
+            ))),
+        }
+    }
+
+    #[allow(non_snake_case)]
+    fn ClearField(&mut self, name: &str) -> PyResult<()> {
+        match name {
+            "namespace" => self.namespace.clear(),
+            "op" => self.op.clear(),
+            "device" => self.device.clear(),
+            "problem" => self.problem.clear(),
+            "rank" => self.rank = None,
+            _ => return Err(PyValueError::new_err(format!("Key has no field {name:?}"))),
+        }
+        Ok(())
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other.extract::<PyRef<Key>>().is_ok_and(|other| *self == *other)
+    }
+
+    fn __repr__(&self) -> String {
+        let rank = self.rank.map(|r| format!(", rank={r}")).unwrap_or_default();
+        format!(
+            "Key(namespace={}, op={}, device={}, problem={}{rank})",
+            quoted(&self.namespace),
+            quoted(&self.op),
+            quoted(&self.device),
+            quoted(&self.problem)
+        )
+    }
+
+    /// Pickling (multiprocessing): `__new__` takes the fields as keywords.
+    fn __getnewargs_ex__(slf: &Bound<'_, Self>) -> PyResult<((), Py<PyDict>)> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let fields = PyDict::new(py);
+        fields.set_item("namespace", &this.namespace)?;
+        fields.set_item("op", &this.op)?;
+        fields.set_item("device", &this.device)?;
+        fields.set_item("problem", &this.problem)?;
+        fields.set_item("rank", this.rank)?;
+        Ok(((), fields.unbind()))
+    }
+}
+
+impl Key {
+    pub fn from_proto(key: v1::Key) -> Self {
+        Key {
+            namespace: key.namespace,
+            op: key.op,
+            device: key.device,
+            problem: key.problem,
+            rank: key.rank,
+        }
+    }
+
+    pub fn to_proto(&self) -> v1::Key {
+        v1::Key {
+            namespace: self.namespace.clone(),
+            op: self.op.clone(),
+            device: self.device.clone(),
+            problem: self.problem.clone(),
+            rank: self.rank,
+        }
+    }
+
+    /// A Key from this class, a mapping of its fields, or an object with its attributes.
+    pub fn extract_any(value: &Bound<'_, PyAny>) -> PyResult<v1::Key> {
+        if let Ok(key) = value.cast::<Key>() {
+            return Ok(key.borrow().to_proto());
+        }
+        let fields = Fields::of(value, &["namespace", "op", "device", "problem", "rank"])?;
+        Ok(v1::Key {
+            namespace: fields.string("namespace")?,
+            op: fields.string("op")?,
+            device: fields.string("device")?,
+            problem: fields.string("problem")?,
+            rank: fields.optional("rank")?,
+        })
+    }
+}
+
+/// A tuned result: its config (JSON text), measured time and provenance.
+#[pyclass(module = "tunecache._native", name = "Result")]
+#[derive(Clone, Default, PartialEq)]
+pub struct TunedResult {
+    #[pyo3(get, set)]
+    pub config: String,
+    #[pyo3(get, set)]
+    pub time_us: f64,
+    #[pyo3(get, set)]
+    pub tuned_by: String,
+    #[pyo3(get, set)]
+    pub tuned_at_unix_ms: i64,
+    #[pyo3(get, set)]
+    pub forget_epoch: u64,
+}
+
+#[pymethods]
+impl TunedResult {
+    #[new]
+    #[pyo3(signature = (*, config=String::new(), time_us=0.0, tuned_by=String::new(), tuned_at_unix_ms=0, forget_epoch=0))]
+    fn new(
+        config: String,
+        time_us: f64,
+        tuned_by: String,
+        tuned_at_unix_ms: i64,
+        forget_epoch: u64,
+    ) -> Self {
+        TunedResult {
+            config,
+            time_us,
+            tuned_by,
+            tuned_at_unix_ms,
+            forget_epoch,
+        }
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .extract::<PyRef<TunedResult>>()
+            .is_ok_and(|other| *self == *other)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Result(config={}, time_us={}, tuned_by={}, tuned_at_unix_ms={}, forget_epoch={})",
+            quoted(&self.config),
+            self.time_us,
+            quoted(&self.tuned_by),
+            self.tuned_at_unix_ms,
+            self.forget_epoch
+        )
+    }
+
+    /// Pickling (multiprocessing): `__new__` takes the fields as keywords.
+    fn __getnewargs_ex__(slf: &Bound<'_, Self>) -> PyResult<((), Py<PyDict>)> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let fields = PyDict::new(py);
+        fields.set_item("config", &this.config)?;
+        fields.set_item("time_us", this.time_us)?;
+        fields.set_item("tuned_by", &this.tuned_by)?;
+        fields.set_item("tuned_at_unix_ms", this.tuned_at_unix_ms)?;
+        fields.set_item("forget_epoch", this.forget_epoch)?;
+        Ok(((), fields.unbind()))
+    }
+}
+
+impl TunedResult {
+    pub fn from_proto(result: v1::Result) -> Self {
+        TunedResult {
+            config: result.config,
+            time_us: result.time_us,
+            tuned_by: result.tuned_by,
+            tuned_at_unix_ms: result.tuned_at_unix_ms,
+            forget_epoch: result.forget_epoch,
+        }
+    }
+
+    pub fn to_proto(&self) -> v1::Result {
+        v1::Result {
+            config: self.config.clone(),
+            time_us: self.time_us,
+            tuned_by: self.tuned_by.clone(),
+            tuned_at_unix_ms: self.tuned_at_unix_ms,
+            forget_epoch: self.forget_epoch,
+        }
+    }
+
+    /// A Result from this class, a mapping of its fields, or an object with its attributes.
+    pub fn extract_any(value: &Bound<'_, PyAny>) -> PyResult<v1::Result> {
+        if let Ok(result) = value.cast::<TunedResult>() {
+            return Ok(result.borrow().to_proto());
+        }
+        let fields = Fields::of(
+            value,
+            &[
+                "config",
+                "time_us",
+                "tuned_by",
+                "tuned_at_unix_ms",
+                "forget_epoch",
+            ],
+        )?;
+        Ok(v1::Result {
+            config: fields.string("config")?,
+            time_us: fields.optional("time_us")?.unwrap_or(0.0),
+            tuned_by: fields.string("tuned_by")?,
+            tuned_at_unix_ms: fields.optional("tuned_at_unix_ms")?.unwrap_or(0),
+            forget_epoch: fields.optional("forget_epoch")?.unwrap_or(0),
+        })
+    }
+}
+
+/// One cached entry: its key and its result.
+#[pyclass(module = "tunecache._native", name = "Entry")]
+pub struct Entry {
+    #[pyo3(get, set)]
+    pub key: Py<Key>,
+    #[pyo3(get, set)]
+    pub result: Py<TunedResult>,
+}
+
+#[pymethods]
+impl Entry {
+    #[new]
+    #[pyo3(signature = (*, key=None, result=None))]
+    fn new(
+        py: Python<'_>,
+        key: Option<&Bound<'_, PyAny>>,
+        result: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let key = match key {
+            Some(key) => match key.cast::<Key>() {
+                Ok(key) => key.clone().unbind(),
+                Err(_) => Py::new(py, Key::from_proto(Key::extract_any(key)?))?,
+            },
+            None => Py::new(py, Key::default())?,
+        };
+        let result = match result {
+            Some(result) => match result.cast::<TunedResult>() {
+                Ok(result) => result.clone().unbind(),
+                Err(_) => Py::new(py, TunedResult::from_proto(TunedResult::extract_any(result)?))?,
+            },
+            None => Py::new(py, TunedResult::default())?,
+        };
+        Ok(Entry { key, result })
+    }
+
+    #[allow(non_snake_case)]
+    fn HasField(&self, name: &str) -> PyResult<bool> {
+        match name {
+            "key" | "result" => Ok(true),
+            _ => Err(PyValueError::new_err(format!(
+                "Entry has no optional field {name:?}"
+            ))),
+        }
+    }
+
+    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> bool {
+        let Ok(other) = other.extract::<PyRef<Entry>>() else {
+            return false;
+        };
+        *self.key.borrow(py) == *other.key.borrow(py)
+            && *self.result.borrow(py) == *other.result.borrow(py)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "Entry(key={}, result={})",
+            self.key.borrow(py).__repr__(),
+            self.result.borrow(py).__repr__()
+        )
+    }
+
+    /// Pickling (multiprocessing): `__new__` takes the fields as keywords.
+    fn __getnewargs_ex__(slf: &Bound<'_, Self>) -> PyResult<((), Py<PyDict>)> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let fields = PyDict::new(py);
+        fields.set_item("key", this.key.clone_ref(py))?;
+        fields.set_item("result", this.result.clone_ref(py))?;
+        Ok(((), fields.unbind()))
+    }
+}
+
+impl Entry {
+    /// The Python object of a decoded entry; its strings are moved, not copied.
+    pub fn from_proto(py: Python<'_>, entry: v1::Entry) -> PyResult<Py<Entry>> {
+        let key = Py::new(py, Key::from_proto(entry.key.unwrap_or_default()))?;
+        let result = Py::new(py, TunedResult::from_proto(entry.result.unwrap_or_default()))?;
+        Py::new(py, Entry { key, result })
+    }
+
+    /// An Entry from this class, a mapping `{"key": ..., "result": ...}`, or an object with
+    /// those attributes.
+    pub fn extract_any(value: &Bound<'_, PyAny>) -> PyResult<v1::Entry> {
+        let py = value.py();
+        if let Ok(entry) = value.cast::<Entry>() {
+            let entry = entry.borrow();
+            return Ok(v1::Entry {
+                key: Some(entry.key.borrow(py).to_proto()),
+                result: Some(entry.result.borrow(py).to_proto()),
+            });
+        }
+        let fields = Fields::of(value, &["key", "result"])?;
+        Ok(v1::Entry {
+            key: Some(match fields.get("key")? {
+                Some(key) => Key::extract_any(&key)?,
+                None => v1::Key::default(),
+            }),
+            result: Some(match fields.get("result")? {
+                Some(result) => TunedResult::extract_any(&result)?,
+                None => v1::Result::default(),
+            }),
+        })
+    }
+}
+
+/// The fields of a duck-typed argument: a mapping's items, or attributes (with protobuf's
+/// `HasField` for optional ones). Unknown mapping keys are refused, as protobuf refuses them.
+struct Fields<'py> {
+    value: Bound<'py, PyAny>,
+    mapping: Option<Bound<'py, PyMapping>>,
+}
+
+impl<'py> Fields<'py> {
+    fn of(value: &Bound<'py, PyAny>, known: &[&str]) -> PyResult<Self> {
+        let mapping = value.cast::<PyMapping>().ok().cloned();
+        if let Some(mapping) = &mapping {
+            for name in mapping.keys()?.iter() {
+                let name: String = name.extract()?;
+                if !known.contains(&name.as_str()) {
+                    return Err(PyValueError::new_err(format!(
+                        "unknown field {name:?} (fields: {})",
+                        known.join(", ")
+                    )));
+                }
+            }
+        }
+        Ok(Fields {
+            value: value.clone(),
+            mapping,
+        })
+    }
+
+    /// The field's value; None when absent (or, for an optional protobuf field, unset).
+    fn get(&self, name: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = self.value.py();
+        if let Some(mapping) = &self.mapping {
+            let name = PyString::new(py, name);
+            if !mapping.contains(&name)? {
+                return Ok(None);
+            }
+            let item = mapping.get_item(&name)?;
+            return Ok((!item.is_none()).then_some(item));
+        }
+        if let Ok(has_field) = self.value.getattr("HasField") {
+            // A generated message: `rank` unset must stay unset, not become rank 0.
+            if let Ok(false) = has_field.call1((name,)).and_then(|set| set.extract::<bool>()) {
+                return Ok(None);
+            }
+        }
+        match self.value.getattr(name) {
+            Ok(item) => Ok((!item.is_none()).then_some(item)),
+            Err(error) if error.is_instance_of::<PyAttributeError>(py) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    fn string(&self, name: &str) -> PyResult<String> {
+        match self.get(name)? {
+            Some(value) => value.extract().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "{name} must be a str, not {}",
+                    value
+                        .get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default()
+                ))
+            }),
+            None => Ok(String::new()),
+        }
+    }
+
+    fn optional<T: for<'a> FromPyObject<'a, 'py>>(&self, name: &str) -> PyResult<Option<T>> {
+        match self.get(name)? {
+            Some(value) => value
+                .extract()
+                .map(Some)
+                .map_err(|_| PyTypeError::new_err(format!("{name} has the wrong type"))),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Resolve's lease: tune, then Record with `lease_id`.
+#[pyclass(module = "tunecache._native", name = "Lease", frozen, get_all)]
+#[derive(Clone, Default)]
+pub struct Lease {
+    pub lease_id: String,
+    pub expires_in_ms: u32,
+}
+
+#[pymethods]
+impl Lease {
+    fn __repr__(&self) -> String {
+        format!(
+            "Lease(lease_id={}, expires_in_ms={})",
+            quoted(&self.lease_id),
+            self.expires_in_ms
+        )
+    }
+}
+
+/// Resolve's miss: nobody will have a result in time; the reason says why.
+#[pyclass(module = "tunecache._native", name = "Miss", frozen, get_all)]
+#[derive(Clone, Default)]
+pub struct Miss {
+    pub reason: String,
+}
+
+#[pymethods]
+impl Miss {
+    fn __repr__(&self) -> String {
+        format!("Miss(reason={})", quoted(&self.reason))
+    }
+}
+
+/// Resolve's answer: one of `hit`, `tune_here`, `miss` (`WhichOneof("outcome")` says which; the
+/// others read as empty messages, as with protobuf).
+#[pyclass(module = "tunecache._native", name = "ResolveResponse", frozen)]
+pub struct ResolveResponse {
+    hit: Option<Py<TunedResult>>,
+    tune_here: Option<Py<Lease>>,
+    miss: Option<Py<Miss>>,
+}
+
+#[pymethods]
+impl ResolveResponse {
+    #[getter]
+    fn hit(&self, py: Python<'_>) -> PyResult<Py<TunedResult>> {
+        match &self.hit {
+            Some(hit) => Ok(hit.clone_ref(py)),
+            None => Py::new(py, TunedResult::default()),
+        }
+    }
+
+    #[getter]
+    fn tune_here(&self, py: Python<'_>) -> PyResult<Py<Lease>> {
+        match &self.tune_here {
+            Some(lease) => Ok(lease.clone_ref(py)),
+            None => Py::new(py, Lease::default()),
+        }
+    }
+
+    #[getter]
+    fn miss(&self, py: Python<'_>) -> PyResult<Py<Miss>> {
+        match &self.miss {
+            Some(miss) => Ok(miss.clone_ref(py)),
+            None => Py::new(py, Miss::default()),
+        }
+    }
+
+    #[allow(non_snake_case)]
+    fn WhichOneof(&self, name: &str) -> PyResult<Option<&'static str>> {
+        if name != "outcome" {
+            return Err(PyValueError::new_err(format!(
+                "ResolveResponse has no oneof {name:?}"
+            )));
+        }
+        Ok(self.outcome())
+    }
+
+    #[allow(non_snake_case)]
+    fn HasField(&self, name: &str) -> PyResult<bool> {
+        match name {
+            "hit" | "tune_here" | "miss" | "outcome" => Ok(self.outcome() == Some(name)
+                || (name == "outcome" && self.outcome().is_some())),
+            _ => Err(PyValueError::new_err(format!(
+                "ResolveResponse has no field {name:?}"
+            ))),
+        }
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        match (&self.hit, &self.tune_here, &self.miss) {
+            (Some(hit), _, _) => format!("ResolveResponse(hit={})", hit.borrow(py).__repr__()),
+            (_, Some(lease), _) => format!("ResolveResponse(tune_here={})", lease.get().__repr__()),
+            (_, _, Some(miss)) => format!("ResolveResponse(miss={})", miss.get().__repr__()),
+            _ => "ResolveResponse()".to_owned(),
+        }
+    }
+}
+
+impl ResolveResponse {
+    fn outcome(&self) -> Option<&'static str> {
+        if self.hit.is_some() {
+            Some("hit")
+        } else if self.tune_here.is_some() {
+            Some("tune_here")
+        } else if self.miss.is_some() {
+            Some("miss")
+        } else {
+            None
+        }
+    }
+
+    pub fn from_proto(py: Python<'_>, response: v1::ResolveResponse) -> PyResult<Self> {
+        use v1::resolve_response::Outcome;
+        let mut answer = ResolveResponse {
+            hit: None,
+            tune_here: None,
+            miss: None,
+        };
+        match response.outcome {
+            Some(Outcome::Hit(result)) => {
+                answer.hit = Some(Py::new(py, TunedResult::from_proto(result))?)
+            }
+            Some(Outcome::TuneHere(lease)) => {
+                answer.tune_here = Some(Py::new(
+                    py,
+                    Lease {
+                        lease_id: lease.lease_id,
+                        expires_in_ms: lease.expires_in_ms,
+                    },
+                )?)
+            }
+            Some(Outcome::Miss(miss)) => {
+                answer.miss = Some(Py::new(
+                    py,
+                    Miss {
+                        reason: miss.reason,
+                    },
+                )?)
+            }
+            None => {}
+        }
+        Ok(answer)
+    }
+}
+
+/// Record's answer.
+#[pyclass(module = "tunecache._native", name = "RecordResponse", frozen, get_all)]
+pub struct RecordResponse {
+    /// Entries that were new or improved an existing entry.
+    pub stored: u32,
+    /// Entries that did not beat what the cache held.
+    pub unchanged: u32,
+}
+
+#[pymethods]
+impl RecordResponse {
+    fn __repr__(&self) -> String {
+        format!(
+            "RecordResponse(stored={}, unchanged={})",
+            self.stored, self.unchanged
+        )
+    }
+}
+
+/// Any other message (Stats, a Device, Snapshot's answer, a view): its fields as attributes.
+#[pyclass(module = "tunecache._native", name = "Message", frozen)]
+pub struct Message {
+    name: &'static str,
+    fields: Py<PyDict>,
+}
+
+#[pymethods]
+impl Message {
+    fn __getattr__(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
+        match self.fields.bind(py).get_item(name)? {
+            Some(value) => Ok(value.unbind()),
+            None => Err(PyAttributeError::new_err(format!(
+                "{} has no field {name:?}",
+                self.name
+            ))),
+        }
+    }
+
+    #[allow(non_snake_case)]
+    fn HasField(&self, py: Python<'_>, name: &str) -> PyResult<bool> {
+        Ok(self
+            .fields
+            .bind(py)
+            .get_item(name)?
+            .is_some_and(|value| !value.is_none()))
+    }
+
+    /// The fields as a new dict.
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.fields.bind(py).copy()
+    }
+
+    fn __dir__(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        self.fields.bind(py).keys().extract()
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!("{}({})", self.name, self.fields.bind(py).repr()?))
+    }
+}
+
+impl Message {
+    pub fn new(name: &'static str, fields: Bound<'_, PyDict>) -> Self {
+        Message {
+            name,
+            fields: fields.unbind(),
+        }
+    }
+}
