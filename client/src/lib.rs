@@ -319,8 +319,12 @@ impl Client {
         Ok(entries)
     }
 
-    /// [`Client::scan_with`], keeping the daemon's chunks apart (up to 1,024 entries each).
-    pub async fn scan_chunks(&self, filter: v1::ScanRequest) -> Result<Vec<Vec<v1::Entry>>> {
+    /// [`Client::scan_with`] (in the filter's view, else this client's), keeping the daemon's
+    /// chunks apart (up to 1,024 entries each).
+    pub async fn scan_chunks(&self, mut filter: v1::ScanRequest) -> Result<Vec<Vec<v1::Entry>>> {
+        if filter.view.is_empty() {
+            filter.view.clone_from(&self.view);
+        }
         let request = self.request(filter, DEFAULT_SCAN_TIMEOUT);
         let mut stream = self.inner.clone().scan(request).await?.into_inner();
         let mut chunks = Vec::new();

@@ -29,6 +29,10 @@ struct Connection {
 pub struct NativeClient {
     path: PathBuf,
     timeout: Duration,
+    /// The explicit view (`Client(view=...)`), the last resort of the Rust client's resolution.
+    explicit_view: String,
+    /// The view resolved when the client was made, as `client.view` shows it.
+    view: String,
     connection: Mutex<Connection>,
 }
 
@@ -37,6 +41,7 @@ pub struct NativeClient {
 pub struct CallContext {
     path: PathBuf,
     timeout: Duration,
+    explicit_view: String,
     cell: Arc<OnceCell<RustClient>>,
 }
 
@@ -47,7 +52,10 @@ impl CallContext {
     pub async fn client(&self, timeout: Option<Duration>) -> Result<RustClient, ClientError> {
         let client = self
             .cell
-            .get_or_try_init(|| RustClient::connect_auto(&self.path))
+            .get_or_try_init(|| async {
+                let client = RustClient::connect_auto(&self.path).await?;
+                Ok::<_, ClientError>(client.with_view(&self.explicit_view))
+            })
             .await?;
         Ok(client.clone().with_timeout(timeout.unwrap_or(self.timeout)))
     }
@@ -109,6 +117,7 @@ impl NativeClient {
         Ok(CallContext {
             path: self.path.clone(),
             timeout: self.timeout,
+            explicit_view: self.explicit_view.clone(),
             cell: Arc::clone(&connection.cell),
         })
     }
@@ -129,18 +138,27 @@ impl NativeClient {
     /// `socket`: a path (trusted as given); None: `$TUNECACHE_SOCKET`, else the default path,
     /// which is refused when another user could have planted it (UntrustedSocketError). A
     /// daemon answering there as an untrusted uid is refused at once (UntrustedDaemonError);
-    /// nothing answering is not an error until a call is made.
+    /// nothing answering is not an error until a call is made. `view`: the view's last resort
+    /// (see `tunecache_client::view`); Lookup, Scan and Resolve read in the resolved view.
     #[new]
-    #[pyo3(signature = (socket=None, timeout=tunecache_client::DEFAULT_TIMEOUT.as_secs_f64()))]
-    fn new(py: Python<'_>, socket: Option<PathBuf>, timeout: f64) -> PyResult<Self> {
+    #[pyo3(signature = (socket=None, timeout=tunecache_client::DEFAULT_TIMEOUT.as_secs_f64(), view=None))]
+    fn new(
+        py: Python<'_>,
+        socket: Option<PathBuf>,
+        timeout: f64,
+        view: Option<String>,
+    ) -> PyResult<Self> {
         let timeout = seconds(Some(timeout))?.unwrap_or(tunecache_client::DEFAULT_TIMEOUT);
         let path = tunecache_client::socket_path(socket).map_err(|error| client_error(py, error))?;
         let probed = path.clone();
         py.detach(|| tunecache_client::check_daemon_uid(&probed))
             .map_err(|error| client_error(py, error))?;
+        let explicit_view = view.unwrap_or_default();
         Ok(NativeClient {
             path,
             timeout,
+            view: tunecache_client::view::view_from_env(Some(&explicit_view)),
+            explicit_view,
             connection: Mutex::new(Connection {
                 pid: std::process::id(),
                 cell: Arc::new(OnceCell::new()),
@@ -151,6 +169,12 @@ impl NativeClient {
     #[getter]
     fn socket_path(&self) -> String {
         self.path.display().to_string()
+    }
+
+    /// The view Lookup, Scan and Resolve read in (empty: none).
+    #[getter]
+    fn view(&self) -> String {
+        self.view.clone()
     }
 
     #[getter]
@@ -230,14 +254,13 @@ impl NativeClient {
 
     /// Every matching entry, one list per chunk the daemon streamed; `timeout` covers the
     /// whole stream.
-    #[pyo3(signature = (namespace=String::new(), device=String::new(), rank=None, view=String::new(), timeout=None))]
+    #[pyo3(signature = (namespace=String::new(), device=String::new(), rank=None, timeout=None))]
     fn scan<'py>(
         &self,
         py: Python<'py>,
         namespace: String,
         device: String,
         rank: Option<u32>,
-        view: String,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyList>> {
         let limit = seconds(timeout)?;
@@ -245,7 +268,8 @@ impl NativeClient {
             namespace,
             device,
             rank,
-            view,
+            // The client's view (scan_chunks fills it in).
+            view: String::new(),
         };
         let chunks = self.call(py, move |context| async move {
             let client = context.client(None).await?;
@@ -351,9 +375,9 @@ impl NativeClient {
         })
     }
 
-    /// Resolve's raw answer (hit, tune_here or miss); the deadline is wait_ms plus the timeout.
-    #[pyo3(signature = (key, wait_ms, can_tune=true, lease_ms=0, view=String::new(), timeout=None))]
-    #[allow(clippy::too_many_arguments)]
+    /// Resolve's answer (hit, tune_here or miss) in the client's view; the deadline is wait_ms
+    /// plus the timeout.
+    #[pyo3(signature = (key, wait_ms, can_tune=true, lease_ms=0, timeout=None))]
     fn resolve(
         &self,
         py: Python<'_>,
@@ -361,26 +385,64 @@ impl NativeClient {
         wait_ms: u64,
         can_tune: bool,
         lease_ms: u64,
-        view: String,
         timeout: Option<f64>,
     ) -> PyResult<ResolveResponse> {
-        let request = v1::ResolveRequest {
-            key: Some(Key::extract_any(key)?),
-            wait_ms: u32::try_from(wait_ms).unwrap_or(u32::MAX),
+        use tunecache_client::Resolution;
+        let key = Key::extract_any(key)?;
+        let options = tunecache_client::ResolveOptions {
+            wait: Duration::from_millis(wait_ms),
             can_tune,
-            lease_ms: u32::try_from(lease_ms).unwrap_or(u32::MAX),
-            view,
+            lease: Duration::from_millis(lease_ms),
         };
         let timeout = seconds(timeout)?;
-        let wait = Duration::from_millis(wait_ms);
-        let response = self.call(py, move |context| async move {
-            let client = context.client(timeout).await?;
-            let deadline = wait + timeout.unwrap_or(context.timeout);
-            let mut request = tonic::Request::new(request);
-            request.set_timeout(deadline);
-            Ok(client.raw().resolve(request).await?.into_inner())
+        let resolution = self.call(py, move |context| async move {
+            context.client(timeout).await?.resolve(key, options).await
         })?;
-        ResolveResponse::from_proto(py, response)
+        use v1::resolve_response::Outcome;
+        let outcome = match resolution {
+            Resolution::Hit(result) => Outcome::Hit(result),
+            Resolution::TuneHere(lease) => Outcome::TuneHere(lease),
+            Resolution::Miss(reason) => Outcome::Miss(v1::Miss { reason }),
+        };
+        ResolveResponse::from_proto(
+            py,
+            v1::ResolveResponse {
+                outcome: Some(outcome),
+            },
+        )
+    }
+
+    /// The views this node holds pins for (name, pins, idle_ms), most recently read first.
+    #[pyo3(signature = (timeout=None))]
+    fn list_views(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Vec<Message>> {
+        let timeout = seconds(timeout)?;
+        let views = self.call(py, move |context| async move {
+            context.client(timeout).await?.list_views().await
+        })?;
+        views
+            .into_iter()
+            .map(|view| {
+                let fields = PyDict::new(py);
+                fields.set_item("name", view.name)?;
+                fields.set_item("pins", view.pins)?;
+                fields.set_item("idle_ms", view.idle_ms)?;
+                Ok(Message::new("ViewInfo", fields))
+            })
+            .collect()
+    }
+
+    /// Ends view `name` on this node (and in Redis with the cluster tier); answers `ended` and
+    /// `pins_dropped`.
+    #[pyo3(signature = (name, timeout=None))]
+    fn end_view(&self, py: Python<'_>, name: String, timeout: Option<f64>) -> PyResult<Message> {
+        let timeout = seconds(timeout)?;
+        let ended = self.call(py, move |context| async move {
+            context.client(timeout).await?.end_view(&name).await
+        })?;
+        let fields = PyDict::new(py);
+        fields.set_item("ended", ended.ended)?;
+        fields.set_item("pins_dropped", ended.pins_dropped)?;
+        Ok(Message::new("EndViewResponse", fields))
     }
 
     /// The rank flow of `tunecache-client` (`get_or_tune_traced`): Resolve; when told to tune,

@@ -43,6 +43,22 @@ fn check_daemon_uid(py: Python<'_>, path: PathBuf) -> PyResult<Option<u32>> {
         .map_err(|error| errors::client_error(py, error))
 }
 
+/// The view for a process whose environment is `environ` (a mapping), with `explicit` as the
+/// last resort: the Rust client's rule (`tunecache_client::view`).
+#[pyfunction]
+#[pyo3(signature = (environ, explicit=None))]
+fn resolve_view(environ: &Bound<'_, pyo3::types::PyMapping>, explicit: Option<String>) -> String {
+    tunecache_client::view::resolve_view(
+        |name| {
+            environ
+                .get_item(name)
+                .ok()
+                .and_then(|value| value.extract::<String>().ok())
+        },
+        explicit.as_deref(),
+    )
+}
+
 #[pymodule]
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<client::NativeClient>()?;
@@ -58,6 +74,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(default_socket_path, module)?)?;
     module.add_function(wrap_pyfunction!(check_default_socket, module)?)?;
     module.add_function(wrap_pyfunction!(check_daemon_uid, module)?)?;
+    module.add_function(wrap_pyfunction!(resolve_view, module)?)?;
     module.add_function(wrap_pyfunction!(errors::refused_entry_index_of, module)?)?;
     Ok(())
 }

@@ -1,7 +1,8 @@
-# Owns the public names of the `tunecache` Python package; the implementation is in client.py
-# (the daemon client and get_or_tune), view.py (the view from the environment), autotuning.py
-# (the generic tuning helper), integrations/ (framework drop-ins) and the generated stubs (from
-# proto/tunecache/v1/tunecache.proto) in v1/.
+# Owns the public names of the `tunecache` Python package; the implementation is the native
+# binding of the Rust client (tunecache._native, from client/python/src) under client.py (the
+# daemon client and get_or_tune), autotuning.py (the generic tuning helper), integrations/
+# (framework drop-ins) and errors.py. Importing it starts nothing and imports no grpcio; the
+# generated gRPC stubs (tunecache.v1) are the `[grpc]` extra's, for code that wants raw gRPC.
 """Python client for tunecached, the per-node GPU autotuning cache daemon."""
 
 from tunecache.client import (
@@ -23,7 +24,7 @@ from tunecache.client import (
     get_or_tune,
     refused_entry_index,
 )
-from tunecache.autotuning import Autotuner, autotune
+from tunecache.errors import RpcError, StatusCode
 from tunecache.view import VIEW_ENV, resolve_view
 
 __all__ = [
@@ -38,6 +39,8 @@ __all__ = [
     "Entry",
     "Key",
     "Result",
+    "RpcError",
+    "StatusCode",
     "UntrustedDaemonError",
     "UntrustedSocketError",
     "autotune",
@@ -49,3 +52,13 @@ __all__ = [
     "refused_entry_index",
     "resolve_view",
 ]
+
+
+def __getattr__(name):
+    # The autotuning helper (statistics, functools, ...) loads on first use: a rank that only
+    # uses Client or a drop-in never pays for its imports.
+    if name in ("Autotuner", "autotune"):
+        from tunecache import autotuning
+
+        return getattr(autotuning, name)
+    raise AttributeError(f"module 'tunecache' has no attribute {name!r}")

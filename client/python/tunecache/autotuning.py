@@ -61,10 +61,9 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-import grpc
-
 from tunecache import client as client_module
-from tunecache.client import Client, pb
+from tunecache.client import Client, Entry, Key, Result
+from tunecache.errors import RpcError
 
 logger = logging.getLogger("tunecache.autotuning")
 
@@ -79,7 +78,7 @@ DEVICE_ENV = "TUNECACHE_DEVICE"
 
 # A problem's config, and the Result of the daemon's it came from: None when this process tuned
 # it, or once a call with it has completed (see the module doc: only such configs are forgotten).
-Choice = Tuple[Any, Optional[pb.Result]]
+Choice = Tuple[Any, Optional[Result]]
 
 
 def default_device() -> str:
@@ -224,7 +223,7 @@ class Autotuner:
             self._memo[problem] = choice
             return choice
 
-    def _forget(self, key: pb.Key, result: pb.Result) -> None:
+    def _forget(self, key: Key, result: Result) -> None:
         """Forgets ``key`` on every node, only if ``result`` is still its winner. A failure (a
         daemon without Forget, or none) is the once-per-process daemon warning: the caller tunes
         again regardless."""
@@ -235,7 +234,7 @@ class Autotuner:
             return
         try:
             forgotten = daemon.forget(key.namespace, key.op, key.device, key.problem, only_if=result)
-        except grpc.RpcError as err:
+        except RpcError as err:
             client_module._warn_once_daemon_problem(daemon.socket_path, "Forget", err)
             return
         # 0: the winner is no longer that result (someone forgot it first, or recorded a better one).
@@ -243,18 +242,22 @@ class Autotuner:
 
     # --- the node-wide part ------------------------------------------------------------------------
 
-    def _key(self, problem: str) -> pb.Key:
+    def _key(self, problem: str) -> Key:
         device = self.device if self.device is not None else default_device()
-        return pb.Key(namespace=self.namespace, op=self.op, device=device, problem=problem)
+        return Key(namespace=self.namespace, op=self.op, device=device, problem=problem)
 
     def _daemon(self) -> Client:
         return self._client if self._client is not None else client_module._process_client()
 
     def _resolve(
-        self, problem: str, args: Sequence[Any], kwargs: Dict[str, Any], broken: Optional[pb.Result] = None
+        self, problem: str, args: Sequence[Any], kwargs: Dict[str, Any], broken: Optional[Result] = None
     ) -> Choice:
         """The problem's config from the daemon, or tuned here. ``broken``: a result just
-        forgotten; should the daemon still answer it (the Forget did not take), tune here."""
+        forgotten; should the daemon still answer it (the Forget did not take), tune here.
+
+        Each round is the Rust client's rank flow (Resolve; the lease holder tunes, Records
+        with the lease, or gives the lease up if tuning raises). A miss (the wait ran out, or
+        the holder gave its lease up) asks again."""
         key = self._key(problem)
         try:
             daemon = self._daemon()
@@ -262,36 +265,39 @@ class Autotuner:
             client_module._warn_once_daemon_problem(client_module.default_socket_path(), "connect", err)
             return self._tune(key, args, kwargs)[0], None
         for _ in range(MAX_RESOLVE_ROUNDS):
-            try:
-                response = daemon.resolve(key, wait_ms=self.wait_ms, can_tune=True, lease_ms=self.lease_ms)
-            except grpc.RpcError as err:
-                client_module._warn_once_daemon_problem(daemon.socket_path, "Resolve", err)
-                return self._tune(key, args, kwargs)[0], None
-            outcome = response.WhichOneof("outcome")
-            if outcome == "hit":
-                found = self._config_from_result(response.hit)
-                if found is not None and not _same_result(response.hit, broken):
-                    return found[0], response.hit
+            tuned: Dict[str, Any] = {}
+
+            def tune() -> tuple:
+                config, result = self._tune(key, args, kwargs)
+                tuned["config"] = config
+                return result.config, result.time_us, result.tuned_by, result.tuned_at_unix_ms
+
+            # Raises again what tuning raised (after giving the lease up).
+            outcome = daemon._rank_flow(
+                key, tune, self.wait_ms, True, self.lease_ms, "this process uses its own best config"
+            )
+            if "config" in tuned:
+                # Tuned here: recorded, refused (logged) or not stored; this process uses it.
+                return tuned["config"], None
+            if outcome.kind == "cached":
+                hit = outcome.result
+                found = self._config_from_result(hit)
+                if found is not None and not _same_result(hit, broken):
+                    return found[0], hit
                 # A result this helper cannot read, or the broken one still: tune and let the
                 # faster one win.
                 config, result = self._tune(key, args, kwargs)
-                self._record(daemon, key, result, lease_id="")
+                self._record(daemon, key, result)
                 return config, None
-            if outcome == "tune_here":
-                lease_id = response.tune_here.lease_id
-                try:
-                    config, result = self._tune(key, args, kwargs)
-                except BaseException:
-                    self._give_up(daemon, lease_id)
-                    raise
-                self._record(daemon, key, result, lease_id)
-                return config, None
+            if any(call == "Resolve" for call, _error in outcome.failures):
+                # The daemon is away or failing (warned once): tune for this process only.
+                return self._tune(key, args, kwargs)[0], None
             # miss: the wait ran out (the tuner is slow) or the lease was given up; ask again.
-            logger.debug("tunecache: %s: %s; resolving again", client_module.describe_key(key), response.miss.reason)
+            logger.debug("tunecache: %s: %s; resolving again", client_module.describe_key(key), outcome.reason)
         logger.warning("tunecache: no result for %s after %d waits; tuning here", client_module.describe_key(key), MAX_RESOLVE_ROUNDS)
         return self._tune(key, args, kwargs)[0], None
 
-    def _tune(self, key: pb.Key, args: Sequence[Any], kwargs: Dict[str, Any]):
+    def _tune(self, key: Key, args: Sequence[Any], kwargs: Dict[str, Any]):
         """Times every config; returns (best config, the Result to record)."""
         medians: List[Optional[float]] = []
         best_index, best_samples = -1, None
@@ -329,7 +335,7 @@ class Autotuner:
                 "medians_us": medians,
             },
         }
-        result = pb.Result(
+        result = Result(
             config=json.dumps(stored),
             time_us=median,
             tuned_by=f"{platform.node()} pid {os.getpid()} (tunecache.autotune)",
@@ -337,7 +343,7 @@ class Autotuner:
         )
         return self.configs[best_index], result
 
-    def _config_from_result(self, result: pb.Result):
+    def _config_from_result(self, result: Result):
         """(config,) from a stored result, the caller's own config object when it is one of
         ``configs``; None when the result is not this helper's."""
         try:
@@ -354,19 +360,16 @@ class Autotuner:
                 return (self.configs[position],)
         return (config,)
 
-    def _record(self, daemon: Client, key: pb.Key, result: pb.Result, lease_id: str) -> None:
-        # A result that is not recorded gives its lease up at once (see Client._record_tuned);
-        # this process uses its own best config either way.
-        daemon._record_tuned(pb.Entry(key=key, result=result), lease_id, "this process uses its own best config")
-
-    def _give_up(self, daemon: Client, lease_id: str) -> None:
+    def _record(self, daemon: Client, key: Key, result: Result) -> None:
+        """Records a result tuned without a lease (the faster one wins); a failure is the
+        once-per-process daemon warning, and this process uses its own best config either way."""
         try:
-            daemon.record([], lease_id=lease_id)
-        except grpc.RpcError as err:
-            client_module._warn_once_daemon_problem(daemon.socket_path, "Record (giving the lease up)", err)
+            daemon.record([Entry(key=key, result=result)])
+        except RpcError as err:
+            daemon._report_failures([("Record", err)], key, "this process uses its own best config")
 
 
-def _same_result(result: pb.Result, other: Optional[pb.Result]) -> bool:
+def _same_result(result: Result, other: Optional[Result]) -> bool:
     """What Forget's only_if compares: the config text and time_us."""
     return other is not None and result.config == other.config and result.time_us == other.time_us
 
@@ -379,7 +382,7 @@ _broken_warned_pid: Optional[int] = None
 _broken_warn_lock = threading.Lock()
 
 
-def _warn_once_broken_config(key: pb.Key, config: Any, error: Exception) -> None:
+def _warn_once_broken_config(key: Key, config: Any, error: Exception) -> None:
     global _broken_warned_pid
     with _broken_warn_lock:
         first = _broken_warned_pid != os.getpid()

@@ -1,7 +1,9 @@
-# Owns the Python side of talking to tunecached: where the socket is, the gRPC channel and the
-# calls with their deadlines (Lookup, Scan and Resolve in the client's view, see view.py), and the
-# rank helper get_or_tune, which turns every cache problem
-# into "use the fallback" so that nothing here can stop or crash a model.
+# Owns the Python face of the daemon client: the public Client class and get_or_tune over the
+# native binding of tunecache-client (tunecache._native, built from client/python/src), and the
+# once-per-process warnings that turn every cache problem into "use the fallback" so that
+# nothing here can stop or crash a model. Socket discovery and trust, auto-start, the connection,
+# the rank flow (Resolve, tune, Record, giving the lease up) and error details are the Rust
+# client's; this module only presents them (logging, JSON decoding of configs).
 """Client for tunecached, the per-node GPU autotuning cache daemon."""
 
 from __future__ import annotations
@@ -11,37 +13,18 @@ import logging
 import math
 import os
 import platform
-import socket as socketlib
-import stat
-import struct
 import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
-import grpc
-
-try:
-    from tunecache.v1 import tunecache_pb2 as pb
-    from tunecache.v1 import tunecache_pb2_grpc as pb_grpc
-except ImportError as err:
-    raise ImportError(
-        "tunecache: the generated gRPC stubs are missing; run "
-        "`python client/python/gen_stubs.py` (needs grpcio-tools)"
-    ) from err
-except RuntimeError as err:
-    # The stubs check at import that grpcio/protobuf are at least as new as their generator.
-    raise ImportError(
-        f"tunecache: the generated gRPC stubs do not match the installed grpcio/protobuf ({err}); "
-        "regenerate them in this environment with `python client/python/gen_stubs.py`"
-    ) from err
-
-from tunecache.view import resolve_view
+from tunecache import _native
+from tunecache.errors import RpcError, StatusCode, UntrustedDaemonError, UntrustedSocketError
 
 logger = logging.getLogger("tunecache")
 
 SOCKET_ENV = "TUNECACHE_SOCKET"
 # Extra daemon uids a client trusts besides its own and root's (comma-separated), for a daemon
-# run by another account, e.g. the system unit's `tunecache` user. The Rust client reads it too.
+# run by another account, e.g. the system unit's `tunecache` user. Read by the Rust client.
 TRUST_UID_ENV = "TUNECACHE_TRUST_UID"
 SOCKET_DIR_NAME = "tunecache"
 SOCKET_FILE_NAME = "tunecache.sock"
@@ -56,34 +39,34 @@ DEFAULT_WAIT_MS = 60_000
 # The daemon caps Resolve waits at 10 minutes; asking for more only stretches our deadline.
 MAX_WAIT_MS = 600_000
 
-# How Client._record_tuned ended.
-_RECORDED, _REFUSED, _FAILED = "recorded", "refused", "failed"
-
-# Over a Unix socket grpcio (>= 1.57) sends the %-encoded socket path as the HTTP/2 `:authority`,
-# which is not a valid authority; tonic's HTTP/2 layer (h2) rejects such requests outright.
-# Client sets this itself; callers never need it.
+# For code that talks raw gRPC to the daemon with grpcio (the `[grpc]` extra's stubs): over a
+# Unix socket grpcio (>= 1.57) sends the %-encoded socket path as the HTTP/2 `:authority`, which
+# is not a valid authority, and tonic's HTTP/2 layer (h2) rejects such requests outright. The
+# package itself does not use grpcio.
 CHANNEL_OPTIONS = (("grpc.default_authority", "localhost"),)
 
-Key = pb.Key
-Result = pb.Result
-Entry = pb.Entry
-KeyLike = Union[pb.Key, Mapping[str, Any]]
-EntryLike = Union[pb.Entry, Mapping[str, Any]]
+Key = _native.Key
+Result = _native.Result
+Entry = _native.Entry
+KeyLike = Union[Key, Mapping[str, Any]]
+EntryLike = Union[Entry, Mapping[str, Any]]
 # A Result, or a mapping with its fields (Forget's only_if reads config and time_us).
-ResultLike = Union[pb.Result, Mapping[str, Any]]
+ResultLike = Union[Result, Mapping[str, Any]]
 # What a tune function returns: the winning config (JSON text, or a JSON-serializable value)
 # and its measured time in microseconds.
 TuneOutput = Tuple[Union[str, Any], float]
 
-
-class UntrustedSocketError(ConnectionError):
-    """The default socket path is in a place another local user could have planted it."""
+__all__ = ["UntrustedDaemonError", "UntrustedSocketError", "RpcError", "StatusCode"]
 
 
 def default_socket_path(environ: Optional[Mapping[str, str]] = None, uid: Optional[int] = None) -> str:
     """The socket the daemon and every client use by default: $TUNECACHE_SOCKET, else
     $XDG_RUNTIME_DIR/tunecache/tunecache.sock, else /tmp/tunecache-<uid>/tunecache.sock.
-    An empty variable counts as unset."""
+    An empty variable counts as unset. For this process's environment the answer is the Rust
+    client's; ``environ``/``uid`` ask what it would be for another environment (the same rule,
+    which tests/test_without_daemon.py checks against the Rust one)."""
+    if environ is None and uid is None:
+        return os.fspath(_native.default_socket_path())
     environ = os.environ if environ is None else environ
     explicit = environ.get(SOCKET_ENV, "")
     if explicit:
@@ -95,150 +78,89 @@ def default_socket_path(environ: Optional[Mapping[str, str]] = None, uid: Option
     return os.path.join("/tmp", f"tunecache-{uid}", SOCKET_FILE_NAME)
 
 
-def check_default_socket(path: str, uid: Optional[int] = None) -> None:
+def check_default_socket(path: Union[str, os.PathLike], uid: Optional[int] = None) -> None:
     """Refuses (UntrustedSocketError) a default socket another user could have planted, as
     ssh-agent does for its directory: the directory and the socket must be owned by the caller
     or root and not be symlinks, and the directory must not be writable by group or others.
-    A directory or socket that does not exist yet passes (there is nothing to talk to)."""
-    uid = os.getuid() if uid is None else uid
-    directory = os.path.dirname(os.path.abspath(path))
-    for place, kind in ((directory, "directory"), (path, "socket")):
-        try:
-            info = os.lstat(place)
-        except FileNotFoundError:
-            return
-        except OSError as err:
-            raise UntrustedSocketError(f"tunecache: cannot check the default socket {kind} {place}: {err}") from err
-        if stat.S_ISLNK(info.st_mode):
-            raise UntrustedSocketError(
-                f"tunecache: refusing the default socket: {kind} {place} is a symlink; remove it, or "
-                f"set {SOCKET_ENV} to a socket you trust"
-            )
-        if info.st_uid not in (uid, 0):
-            raise UntrustedSocketError(
-                f"tunecache: refusing the default socket: {kind} {place} is owned by uid {info.st_uid}, "
-                f"not by uid {uid} or root; another user may have created it. Remove it, or set "
-                f"{SOCKET_ENV} to a socket you trust"
-            )
-        if kind == "directory":
-            if not stat.S_ISDIR(info.st_mode):
-                raise UntrustedSocketError(f"tunecache: refusing the default socket: {place} is not a directory")
-            if info.st_mode & 0o022:
-                raise UntrustedSocketError(
-                    f"tunecache: refusing the default socket: directory {place} is writable by group or "
-                    f"others (mode {stat.S_IMODE(info.st_mode):04o}); it must be 0700 or 0755. Fix the mode, "
-                    f"or set {SOCKET_ENV} to a socket you trust"
-                )
+    A directory or socket that does not exist yet passes (there is nothing to talk to).
+    ``uid``: the caller's (the only one the Rust check knows); another is refused."""
+    if uid is not None and uid != os.getuid():
+        raise ValueError(f"check_default_socket checks for the caller's uid {os.getuid()}, not {uid}")
+    _native.check_default_socket(os.fspath(path))
 
 
-class UntrustedDaemonError(UntrustedSocketError):
-    """The daemon answering on the socket runs as a uid the caller does not trust."""
-
-
-def trusted_daemon_uids(environ: Optional[Mapping[str, str]] = None) -> set:
-    """The uids whose daemon this process talks to: its own, root, and $TUNECACHE_TRUST_UID."""
-    environ = os.environ if environ is None else environ
-    uids = {os.geteuid(), 0}
-    for item in environ.get(TRUST_UID_ENV, "").split(","):
-        if item.strip().isdigit():
-            uids.add(int(item.strip()))
-    return uids
-
-
-def check_daemon_uid(path: str, timeout: float = DEFAULT_TIMEOUT_S) -> Optional[int]:
+def check_daemon_uid(path: Union[str, os.PathLike], timeout: float = DEFAULT_TIMEOUT_S) -> Optional[int]:
     """Refuses (UntrustedDaemonError) a socket whose daemon runs as a uid other than the
-    caller's, root's or one in $TUNECACHE_TRUST_UID, on any path, named or default: a squatted
-    path must not get a rank's entries. The uid is the daemon's own, read from a connection to
-    the socket (SO_PEERCRED), like the Rust client does. Returns that uid, or None when nothing
-    answers (the calls then fail as usual and get_or_tune uses its fallback).
-
-    grpcio dials the path again for its own connection, so a user who may write the socket's
-    directory could swap the socket between the two; in a directory only the caller or root
-    can write (the default one is checked for that) nobody can."""
-    probe = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM | socketlib.SOCK_CLOEXEC)
-    try:
-        probe.settimeout(timeout)
-        try:
-            probe.connect(path)
-        except OSError:
-            return None
-        credentials = probe.getsockopt(socketlib.SOL_SOCKET, socketlib.SO_PEERCRED, struct.calcsize("3i"))
-    finally:
-        probe.close()
-    _pid, uid, _gid = struct.unpack("3i", credentials)
-    if uid not in trusted_daemon_uids():
-        raise UntrustedDaemonError(
-            f"tunecache: refusing the daemon at {path}: it runs as uid {uid}, not as this user "
-            f"({os.geteuid()}) or root; another user may have put it there. To trust that uid "
-            f"(e.g. the system unit's `tunecache` user), set {TRUST_UID_ENV}={uid}"
-        )
-    return uid
+    caller's, root's or one in $TUNECACHE_TRUST_UID, on any path, named or default. The uid is
+    the daemon's own, read from a connection to the socket (SO_PEERCRED). Returns that uid, or
+    None when nothing answers. (``timeout`` is accepted for compatibility; connecting to a
+    local socket does not wait.)"""
+    del timeout
+    return _native.check_daemon_uid(os.fspath(path))
 
 
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
 
 
-def refused_entry_index(error: grpc.RpcError) -> Optional[int]:
+def refused_entry_index(error: BaseException) -> Optional[int]:
     """The index of the entry a Record's INVALID_ARGUMENT refused, read from the standard
     google.rpc.BadRequest detail the daemon sends with it (field path `entries[<index>]...`);
-    None when the error names no entry. A caller drops that entry and sends the rest again."""
-    from google.rpc import error_details_pb2, status_pb2
-
-    if not callable(getattr(error, "code", None)) or error.code() != grpc.StatusCode.INVALID_ARGUMENT:
+    None when the error names no entry. A caller drops that entry and sends the rest again.
+    Takes this package's RpcError, or a grpcio one (from the `[grpc]` extra's stubs): both are
+    read by the Rust client's one reader of the detail."""
+    if isinstance(error, RpcError):
+        return error.refused_entry_index
+    code = getattr(error, "code", None)
+    trailers = getattr(error, "trailing_metadata", None)
+    if not callable(code) or not callable(trailers):
         return None
-    trailers = error.trailing_metadata() if callable(getattr(error, "trailing_metadata", None)) else None
-    for key, value in trailers or ():
-        if key != _STATUS_DETAILS_KEY:
-            continue
-        for detail in status_pb2.Status.FromString(value).details:
-            if not detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-                continue
-            bad_request = error_details_pb2.BadRequest()
-            detail.Unpack(bad_request)
-            for violation in bad_request.field_violations:
-                field = violation.field
-                if field.startswith("entries[") and "]" in field:
-                    index = field[len("entries[") : field.index("]")]
-                    if index.isdigit():
-                        return int(index)
+    status = code()
+    number = status.value[0] if isinstance(getattr(status, "value", None), tuple) else None
+    if number is None:
+        return None
+    for name, value in trailers() or ():
+        if name == _STATUS_DETAILS_KEY:
+            details = error.details() if callable(getattr(error, "details", None)) else ""
+            return _native.refused_entry_index_of(number, details or "", bytes(value))
     return None
 
 
-def _as_key(key: KeyLike) -> pb.Key:
-    if isinstance(key, pb.Key):
+def _as_key(key: KeyLike) -> Key:
+    if isinstance(key, Key):
         return key
-    return pb.Key(**dict(key))
+    if isinstance(key, Mapping):
+        return Key(**dict(key))
+    # A generated tunecache.v1.Key (the `[grpc]` extra) or anything with its attributes.
+    return Key(
+        namespace=key.namespace,
+        op=key.op,
+        device=key.device,
+        problem=key.problem,
+        rank=key.rank if key.HasField("rank") else None,
+    )
 
 
-def _as_entry(entry: EntryLike) -> pb.Entry:
-    if isinstance(entry, pb.Entry):
-        return entry
-    fields = dict(entry)
-    if isinstance(fields.get("key"), Mapping):
-        fields["key"] = pb.Key(**fields["key"])
-    if isinstance(fields.get("result"), Mapping):
-        fields["result"] = pb.Result(**fields["result"])
-    return pb.Entry(**fields)
-
-
-def _only_if(result: ResultLike) -> pb.Result:
-    """Forget's only_if: just the config and time_us the daemon compares, so a Result read back
-    from the daemon (with its tuned_by and forget_epoch) can be passed as it is."""
-    if isinstance(result, pb.Result):
-        return pb.Result(config=result.config, time_us=result.time_us)
-    fields = dict(result)
-    return pb.Result(config=fields["config"], time_us=fields["time_us"])
-
-
-def describe_key(key: pb.Key) -> str:
+def describe_key(key: Key) -> str:
     rank = f" rank {key.rank}" if key.HasField("rank") else ""
     return f"{key.namespace}/{key.op} on {key.device!r}{rank}: {key.problem}"
 
 
+def describe_problem(problem: Any) -> str:
+    """An RpcError as `CODE: details`, anything else as its text."""
+    if isinstance(problem, RpcError):
+        return f"{problem.code()}: {problem.details()}"
+    return str(problem)
+
+
+class _TuningFailed(Exception):
+    """tune_fn raised or returned something unusable (already logged): the lease is given up."""
+
+
 class Client:
-    """One channel to tunecached. Thread-safe; create it after fork (gRPC channels do not survive
-    a fork). Every call has a deadline: `timeout` seconds unless the call says otherwise. Lookup,
-    Scan and Resolve (and so get_or_tune) read in the client's ``view``."""
+    """One connection to tunecached, made on the first call. Thread-safe and fork-safe: a
+    forked child (a DataLoader worker, a multiprocessing fork) gets its own connection on its
+    first call. Every call releases the GIL while it waits, and Ctrl-C interrupts it. Every call
+    has a deadline: `timeout` seconds unless the call says otherwise."""
 
     def __init__(
         self,
@@ -247,29 +169,21 @@ class Client:
         view: Optional[str] = None,
     ):
         """``socket``: the daemon's socket; by default $TUNECACHE_SOCKET, else the default path,
-        whose directory is checked first (see check_default_socket). On every path the daemon
-        must run as the caller, root or a uid in $TUNECACHE_TRUST_UID (see check_daemon_uid).
+        whose directory is checked first (UntrustedSocketError). On every path the daemon, if
+        one answers, must run as the caller, root or a uid in $TUNECACHE_TRUST_UID
+        (UntrustedDaemonError).
 
         ``view``: the job's view, used only when the environment names none ($TUNECACHE_VIEW,
         then Slurm's job and step, then torchrun's run id; see tunecache.view). Within a view the
         first answer for a key is pinned: every rank of the job reads the same result. The
         resolved name is ``self.view`` (empty: no view)."""
-        self.view = resolve_view(explicit=view)
-        if socket is not None:
-            self.socket_path = os.fspath(socket)
-        else:
-            self.socket_path = default_socket_path()
-            if not os.environ.get(SOCKET_ENV, ""):
-                check_default_socket(self.socket_path)
-        check_daemon_uid(self.socket_path, timeout)
+        self._native = _native.Client(None if socket is None else os.fspath(socket), float(timeout), view)
+        self.socket_path = self._native.socket_path
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(
-            "unix:" + os.path.abspath(self.socket_path), options=CHANNEL_OPTIONS
-        )
-        self._stub = pb_grpc.TuneCacheStub(self._channel)
+        self.view = self._native.view
 
     def close(self) -> None:
-        self._channel.close()
+        self._native.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -277,21 +191,15 @@ class Client:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
-    def _deadline(self, timeout: Optional[float]) -> float:
-        return self.timeout if timeout is None else timeout
-
     def lookup(self, keys: Iterable[KeyLike], timeout: Optional[float] = None) -> list:
         """The cached entries among `keys` (hits only, in request order), in the client's view."""
-        request = pb.LookupRequest(keys=[_as_key(key) for key in keys], view=self.view)
-        return list(self._stub.Lookup(request, timeout=self._deadline(timeout)).hits)
+        return self._native.lookup(keys, timeout)
 
-    def record(
-        self, entries: Iterable[EntryLike], lease_id: str = "", timeout: Optional[float] = None
-    ) -> pb.RecordResponse:
+    def record(self, entries: Iterable[EntryLike], lease_id: str = "", timeout: Optional[float] = None):
         """Stores entries (a lower time_us wins over what the cache holds). With the lease_id from
-        Resolve it completes that lease; with a lease_id and no entries it gives the lease up."""
-        request = pb.RecordRequest(entries=[_as_entry(entry) for entry in entries], lease_id=lease_id)
-        return self._stub.Record(request, timeout=self._deadline(timeout))
+        Resolve it completes that lease; with a lease_id and no entries it gives the lease up.
+        Answers a RecordResponse (`stored`, `unchanged`)."""
+        return self._native.record(entries, lease_id, timeout)
 
     def scan(
         self,
@@ -304,18 +212,17 @@ class Client:
         match everything. With ``rank``, only the entries shared by all ranks and that rank's
         own (what a rank loads at start). In the client's view. The deadline covers the whole
         stream."""
-        request = pb.ScanRequest(namespace=namespace, device=device, rank=rank, view=self.view)
-        for chunk in self._stub.Scan(request, timeout=self._deadline(timeout)):
-            yield list(chunk.entries)
+        yield from self._native.scan(namespace, device, rank, timeout)
 
-    def stats(self, timeout: Optional[float] = None) -> pb.StatsResponse:
-        return self._stub.Stats(pb.StatsRequest(), timeout=self._deadline(timeout))
+    def stats(self, timeout: Optional[float] = None):
+        """The daemon's counters (the fields of tunecache.v1.StatsResponse as attributes)."""
+        return self._native.stats(timeout)
 
     def devices(self, timeout: Optional[float] = None) -> list:
-        return list(self._stub.Devices(pb.DevicesRequest(), timeout=self._deadline(timeout)).devices)
+        return self._native.devices(timeout)
 
-    def snapshot(self, timeout: Optional[float] = None) -> pb.SnapshotResponse:
-        return self._stub.Snapshot(pb.SnapshotRequest(), timeout=self._deadline(timeout))
+    def snapshot(self, timeout: Optional[float] = None):
+        return self._native.snapshot(timeout)
 
     def forget(
         self,
@@ -335,27 +242,19 @@ class Client:
         ``config`` text and ``time_us``), the one key named (op, device and problem all given;
         ``rank=None``: the shared entry), and only while its winner has exactly that config and
         time_us: how a caller who may Record reports a config it found broken without dropping
-        a better result recorded since. Raises grpc.RpcError, like the other calls."""
-        request = pb.ForgetRequest(
-            namespace=namespace,
-            op=op,
-            device=device,
-            problem=problem,
-            rank=rank,
-            only_if=None if only_if is None else _only_if(only_if),
-        )
-        return self._stub.Forget(request, timeout=self._deadline(timeout)).forgotten
+        a better result recorded since. Raises RpcError, like the other calls."""
+        return self._native.forget(namespace, op, device, problem, rank, only_if, timeout)
 
     def list_views(self, timeout: Optional[float] = None) -> list:
         """The views this node holds pins for (ViewInfo: name, pins, idle_ms), most recently read
         first."""
-        return list(self._stub.ListViews(pb.ListViewsRequest(), timeout=self._deadline(timeout)).views)
+        return self._native.list_views(timeout)
 
-    def end_view(self, name: str, timeout: Optional[float] = None) -> pb.EndViewResponse:
+    def end_view(self, name: str, timeout: Optional[float] = None):
         """Ends view ``name`` on this node (and, with the cluster tier, in Redis): its pins are
         dropped and the next read in it pins afresh. An administrator's act, like a scope
         Forget. Answers ``ended`` (the view existed on this node) and ``pins_dropped``."""
-        return self._stub.EndView(pb.EndViewRequest(name=name), timeout=self._deadline(timeout))
+        return self._native.end_view(name, timeout)
 
     def resolve(
         self,
@@ -364,19 +263,12 @@ class Client:
         can_tune: bool = True,
         lease_ms: int = 0,
         timeout: Optional[float] = None,
-    ) -> pb.ResolveResponse:
-        """Asks for key's result in the client's view: `hit` (use it), `tune_here` (tune, then
-        record with tune_here.lease_id) or `miss` (use a fallback). The daemon may hold the call
-        up to wait_ms, so the deadline is wait_ms plus the usual timeout."""
-        wait_ms = max(0, min(int(wait_ms), MAX_WAIT_MS))
-        request = pb.ResolveRequest(
-            key=_as_key(key),
-            wait_ms=wait_ms,
-            can_tune=can_tune,
-            lease_ms=max(0, int(lease_ms)),
-            view=self.view,
-        )
-        return self._stub.Resolve(request, timeout=wait_ms / 1000.0 + self._deadline(timeout))
+    ):
+        """Asks for key's result in the client's view: `hit` (use it), `tune_here` (tune, then record with
+        tune_here.lease_id) or `miss` (use a fallback); ``WhichOneof("outcome")`` says which.
+        The daemon may hold the call up to wait_ms, so the deadline is wait_ms plus the usual
+        timeout."""
+        return self._native.resolve(_as_key(key), _wait_ms(wait_ms), can_tune, max(0, int(lease_ms)), timeout)
 
     def get_or_tune(
         self,
@@ -393,109 +285,81 @@ class Client:
         tune_fn raises or returns something unusable, or the daemon refuses the result (a config
         over 64 KiB or not strict JSON; one warning with the daemon's reason), gives the lease up
         at once and returns fallback; on a miss returns fallback. When the daemon is absent or
-        fails, returns fallback and logs one warning per process. Never raises (except KeyboardInterrupt/SystemExit from tune_fn) and
-        never blocks longer than wait_ms plus the client timeout, plus tune_fn's own time."""
+        fails, returns fallback and logs one warning per process. Never raises (except
+        KeyboardInterrupt/SystemExit from tune_fn, after giving the lease up) and never blocks
+        longer than wait_ms plus the client timeout, plus tune_fn's own time."""
         try:
             key_message = _as_key(key)
         except Exception as err:
             logger.warning("tunecache: unusable key %r (%s); using the fallback", key, err)
             return fallback
+        tuned: dict = {}
+
+        def tune() -> tuple:
+            try:
+                config, time_us = tune_fn()
+                config_text = config if isinstance(config, str) else json.dumps(config)
+                decoded = json.loads(config_text)
+                time_us = float(time_us)
+                if not math.isfinite(time_us) or time_us < 0:
+                    raise ValueError(f"time_us must be finite and >= 0, got {time_us}")
+            except Exception:
+                logger.warning(
+                    "tunecache: tuning %s failed; giving the lease up and using the fallback",
+                    describe_key(key_message),
+                    exc_info=True,
+                )
+                raise _TuningFailed() from None
+            tuned["config"] = decoded
+            return config_text, time_us, _tuned_by(key_message), int(time.time() * 1000)
+
         try:
-            response = self.resolve(key_message, wait_ms=wait_ms, can_tune=can_tune, lease_ms=lease_ms)
-        except Exception as err:
-            _warn_once_daemon_problem(self.socket_path, "Resolve", err)
-            return fallback
-        try:
-            outcome = response.WhichOneof("outcome")
-            if outcome == "hit":
-                return _decoded_config(response.hit.config, key_message, fallback)
-            if outcome == "tune_here":
-                return self._tune_and_record(key_message, response.tune_here.lease_id, tune_fn, fallback)
-            if outcome == "miss":
-                logger.debug("tunecache: miss for %s: %s", describe_key(key_message), response.miss.reason)
-                return fallback
-            _warn_once_daemon_problem(self.socket_path, "Resolve", f"answer without an outcome ({outcome!r})")
-            return fallback
+            outcome = self._rank_flow(key_message, tune, wait_ms, can_tune, lease_ms, "using the fallback")
         except Exception as err:  # a bug here must not reach the model either
             logger.warning("tunecache: get_or_tune failed for %s: %s", describe_key(key_message), err, exc_info=True)
             return fallback
+        if outcome.kind == "cached":
+            return _decoded_config(outcome.result.config, key_message, fallback)
+        if outcome.kind == "tuned":
+            # Recorded, or the daemon is failing: the model should use the tuned config either way.
+            return tuned["config"]
+        if not outcome.failures and outcome.raised is None:
+            logger.debug("tunecache: miss for %s: %s", describe_key(key_message), outcome.reason)
+        return fallback
 
-    def _tune_and_record(
-        self, key: pb.Key, lease_id: str, tune_fn: Callable[[], TuneOutput], fallback: Any
-    ) -> Any:
-        try:
-            config, time_us = tune_fn()
-            config_text = config if isinstance(config, str) else json.dumps(config)
-            decoded = json.loads(config_text)
-            time_us = float(time_us)
-            if not math.isfinite(time_us) or time_us < 0:
-                raise ValueError(f"time_us must be finite and >= 0, got {time_us}")
-        except Exception:
-            logger.warning(
-                "tunecache: tuning %s failed; giving the lease up and using the fallback",
-                describe_key(key),
-                exc_info=True,
-            )
-            self._give_up(lease_id)
-            return fallback
-        except BaseException:
-            # Interrupted: hand the lease back so waiting ranks need not wait for it to expire.
-            self._give_up(lease_id)
-            raise
-        entry = pb.Entry(
-            key=key,
-            result=pb.Result(
-                config=config_text,
-                time_us=time_us,
-                tuned_by=_tuned_by(key),
-                tuned_at_unix_ms=int(time.time() * 1000),
-            ),
-        )
-        if self._record_tuned(entry, lease_id, "using the fallback") == _REFUSED:
-            # No rank will ever get this result from the cache; fall back as they will.
-            return fallback
-        # Recorded, or the daemon is failing: the model should use the tuned config either way.
-        return decoded
+    def _rank_flow(self, key: Key, tune: Callable[[], tuple], wait_ms: int, can_tune: bool, lease_ms: int,
+                   consequence: str):
+        """The Rust client's rank flow; logs its failed calls (see _report_failures) and raises
+        again what tune raised, except _TuningFailed (already logged: the caller falls back)."""
+        outcome = self._native.resolve_tune_record(key, tune, _wait_ms(wait_ms), can_tune, max(0, int(lease_ms)))
+        self._report_failures(outcome.failures, key, consequence)
+        if outcome.raised is not None and not isinstance(outcome.raised, _TuningFailed):
+            raise outcome.raised
+        return outcome
 
-    def _record_tuned(self, entry: pb.Entry, lease_id: str, consequence: str) -> str:
-        """Records a tuned result, completing ``lease_id`` when one is given. Returns _RECORDED;
-        when the result was not recorded, gives the lease up at once (the daemon leaves a failed
-        Record's lease held, so its waiters would sit out their whole wait) and returns _REFUSED
-        when the daemon rejected the result itself (INVALID_ARGUMENT: a config over 64 KiB or not
-        strict JSON, such as Python's NaN), logged at WARNING with the daemon's reason and
-        ``consequence``, or _FAILED when the daemon is unreachable or failing (the once-per-process
-        warning). After a deadline the lease is not given up: the Record may still be applied (and
-        then completes the lease itself), and a second call would block for another timeout."""
-        try:
-            self.record([entry], lease_id=lease_id)
-            return _RECORDED
-        except Exception as err:
-            failure = err
-        code = failure.code() if isinstance(failure, grpc.Call) else None
-        if lease_id and code != grpc.StatusCode.DEADLINE_EXCEEDED:
-            self._give_up(lease_id)
-        if code == grpc.StatusCode.INVALID_ARGUMENT:
-            # The daemon works; the result is bad. Not the once-per-process daemon warning, which
-            # stays unspent for a real outage.
-            logger.warning(
-                "tunecache: the daemon refused the tuned result for %s: %s; %s%s",
-                describe_key(entry.key),
-                failure.details(),
-                "gave the lease up so a waiter can tune it; " if lease_id else "",
-                consequence,
-            )
-            return _REFUSED
-        _warn_once_daemon_problem(self.socket_path, "Record", failure)
-        return _FAILED
-
-    def _give_up(self, lease_id: str) -> None:
-        try:
-            self.record([], lease_id=lease_id)
-        except Exception as err:
-            _warn_once_daemon_problem(self.socket_path, "Record (giving the lease up)", err)
+    def _report_failures(self, failures: list, key: Key, consequence: str) -> None:
+        """A refused result (INVALID_ARGUMENT: a config over 64 KiB or not strict JSON, such as
+        Python's NaN) is logged at WARNING with the daemon's reason and ``consequence``: the
+        daemon works, the result is bad, so the once-per-process "daemon failing" warning stays
+        unspent for a real outage. Any other failure is that warning."""
+        for call, error in failures:
+            if call == "Record" and isinstance(error, RpcError) and error.code() == StatusCode.INVALID_ARGUMENT:
+                logger.warning(
+                    "tunecache: the daemon refused the tuned result for %s: %s; gave the lease up so a "
+                    "waiter can tune it; %s",
+                    describe_key(key),
+                    error.details(),
+                    consequence,
+                )
+            else:
+                _warn_once_daemon_problem(self.socket_path, call, error)
 
 
-def _decoded_config(config_text: str, key: pb.Key, fallback: Any) -> Any:
+def _wait_ms(wait_ms: int) -> int:
+    return max(0, min(int(wait_ms), MAX_WAIT_MS))
+
+
+def _decoded_config(config_text: str, key: Key, fallback: Any) -> Any:
     try:
         return json.loads(config_text)
     except ValueError:
@@ -503,7 +367,7 @@ def _decoded_config(config_text: str, key: pb.Key, fallback: Any) -> Any:
         return fallback
 
 
-def _tuned_by(key: pb.Key) -> str:
+def _tuned_by(key: Key) -> str:
     rank = f" rank {key.rank}" if key.HasField("rank") else ""
     return f"{platform.node()} pid {os.getpid()}{rank} (python get_or_tune)"
 
@@ -517,7 +381,7 @@ _warn_lock = threading.Lock()
 
 def _warn_once_daemon_problem(socket_path: str, call: str, problem: Any) -> None:
     global _warned_pid
-    detail = problem.details() if isinstance(problem, grpc.RpcError) else problem
+    detail = problem.details() if isinstance(problem, RpcError) else problem
     with _warn_lock:
         first = _warned_pid != os.getpid()
         _warned_pid = os.getpid()
@@ -535,24 +399,22 @@ def _warn_once_daemon_problem(socket_path: str, call: str, problem: Any) -> None
 
 # --- one client per process, for the framework drop-ins --------------------------------------------
 class ProcessClient:
-    """A Client made on first use and again after a fork (gRPC channels do not survive one),
-    plus a once-per-process warning flag: what a drop-in patched into a framework needs, so
-    that a model never fails because of its cache and the log never floods."""
+    """A Client made on first use, plus a once-per-process warning flag: what a drop-in patched
+    into a framework needs, so that a model never fails because of its cache and the log never
+    floods. (The Client itself is fork-safe; the warning flag is per process.)"""
 
     def __init__(self, socket: Union[str, os.PathLike, None] = None, timeout: float = DEFAULT_TIMEOUT_S):
         self.socket = socket
         self.timeout = timeout
         self._lock = threading.Lock()
         self._client: Optional[Client] = None
-        self._client_pid: Optional[int] = None
         self._warned_pid: Optional[int] = None
 
     def client(self) -> Client:
         """This process's client (raises what Client() raises: UntrustedSocketError...)."""
         with self._lock:
-            if self._client is None or self._client_pid != os.getpid():
+            if self._client is None:
                 self._client = Client(self.socket, timeout=self.timeout)
-                self._client_pid = os.getpid()
             return self._client
 
     @property
@@ -570,26 +432,16 @@ class ProcessClient:
         return first
 
 
-def describe_problem(problem: Any) -> str:
-    """An RpcError as `CODE: details`, anything else as its text."""
-    if isinstance(problem, grpc.RpcError):
-        return f"{problem.code()}: {problem.details()}"
-    return str(problem)
-
-
 # --- process-wide default client -------------------------------------------------------------------
 _default_client: Optional[Client] = None
-_default_client_pid: Optional[int] = None
 _default_client_lock = threading.Lock()
 
 
 def _process_client() -> Client:
-    global _default_client, _default_client_pid
+    global _default_client
     with _default_client_lock:
-        if _default_client is None or _default_client_pid != os.getpid():
-            # After a fork the parent's channel is unusable in the child; make a new one.
+        if _default_client is None:
             _default_client = Client()
-            _default_client_pid = os.getpid()
         return _default_client
 
 

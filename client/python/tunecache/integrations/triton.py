@@ -35,11 +35,11 @@ import sys
 import time
 from typing import Any, Dict, Optional
 
-import grpc
 from triton.runtime.cache import CacheManager as _TritonCacheManager
 from triton.runtime.cache import FileCacheManager
 
-from tunecache.client import ProcessClient, UntrustedSocketError, describe_problem, pb
+from tunecache.client import Entry, Key, ProcessClient, Result, UntrustedSocketError, describe_problem
+from tunecache.errors import RpcError, StatusCode
 
 logger = logging.getLogger("tunecache.triton")
 
@@ -149,7 +149,7 @@ class CacheManager(_TritonCacheManager):
         return self._shares_autotune and filename.endswith(AUTOTUNE_SUFFIX) and len(filename) > len(AUTOTUNE_SUFFIX)
 
     def _key(self, filename: str) -> Any:
-        return pb.Key(
+        return Key(
             namespace=NAMESPACE,
             op=filename[: -len(AUTOTUNE_SUFFIX)],
             device=_device(),
@@ -163,7 +163,7 @@ class CacheManager(_TritonCacheManager):
             response = client.resolve(
                 key, wait_ms=_env_ms(WAIT_ENV, DEFAULT_WAIT_MS), can_tune=True, lease_ms=_env_ms(LEASE_ENV, 0)
             )
-        except (UntrustedSocketError, OSError, ValueError, grpc.RpcError) as err:
+        except (UntrustedSocketError, OSError, ValueError, RpcError) as err:
             _daemon.warn_once("tunecached unreachable", err)
             return None
         outcome = response.WhichOneof("outcome")
@@ -189,9 +189,9 @@ class CacheManager(_TritonCacheManager):
         key, lease_id = held
         try:
             text = data.decode("utf-8") if isinstance(data, bytes) else str(data)
-            entry = pb.Entry(
+            entry = Entry(
                 key=key,
-                result=pb.Result(
+                result=Result(
                     config=json.dumps({"format": CONFIG_FORMAT, "autotune_json": text}),
                     time_us=_best_time_us(text),
                     tuned_by=f"{platform.node()} pid {os.getpid()} (triton cache manager)",
@@ -204,8 +204,8 @@ class CacheManager(_TritonCacheManager):
             return
         try:
             _daemon.client().record([entry], lease_id=lease_id)
-        except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
+        except RpcError as err:
+            if err.code() == StatusCode.INVALID_ARGUMENT:
                 logger.warning("tunecache: the daemon refused %s (%s); it stays local", filename, err.details())
             else:
                 _daemon.warn_once("tunecached could not store an autotune result", err)
@@ -216,7 +216,7 @@ class CacheManager(_TritonCacheManager):
 
     def _give_up(self, lease_id: str) -> None:
         try:
-            _daemon.client().record([], lease_id=lease_id)
+            _daemon.client()._native.give_up_lease(lease_id)
         except Exception as err:
             logger.debug("tunecache: could not give the lease up (%s); it expires", err)
 

@@ -48,16 +48,17 @@ import threading
 import time
 from typing import Any, Dict, Optional, Tuple
 
-import grpc
-
 from tunecache.client import (
     Client,
+    Entry,
+    Key,
     ProcessClient,
+    Result,
     UntrustedSocketError,
     describe_problem,
-    pb,
     refused_entry_index,
 )
+from tunecache.errors import RpcError, StatusCode
 
 logger = logging.getLogger("tunecache.trtllm")
 
@@ -168,8 +169,8 @@ class _Bridge(ProcessClient):
             try:
                 client.record(batch)
                 return
-            except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.INVALID_ARGUMENT:
+            except RpcError as err:
+                if err.code() != StatusCode.INVALID_ARGUMENT:
                     raise
                 index = refused_entry_index(err)
                 if index is None or not 0 <= index < len(batch):
@@ -275,14 +276,14 @@ def _entry_of(
     except ValueError:  # a runner_id holding inf or nan: only its text can carry it
         config["runner_id"] = None
         config_text = json.dumps(config, allow_nan=False)
-    return pb.Entry(
-        key=pb.Key(
+    return Entry(
+        key=Key(
             namespace=NAMESPACE,
             op=op if isinstance(op, str) else repr(op),
             problem=problem,
             rank=None if shared else int(rank),
         ),
-        result=pb.Result(config=config_text, time_us=time_us),
+        result=Result(config=config_text, time_us=time_us),
     )
 
 
@@ -365,7 +366,7 @@ def install(socket: Optional[str] = None, timeout: float = 5.0) -> None:
             try:
                 bridge.save(self, rank)
                 return None
-            except (_DaemonUnreachable, grpc.RpcError) as err:
+            except (_DaemonUnreachable, RpcError) as err:
                 # Any daemon failure: the file is the safe place for this save.
                 bridge.warn_once("save_cache", err)
             return original_save(self, file_path, rank)
@@ -375,7 +376,7 @@ def install(socket: Optional[str] = None, timeout: float = 5.0) -> None:
             try:
                 bridge.load(self, rank)
                 return None
-            except (_DaemonUnreachable, grpc.RpcError) as err:
+            except (_DaemonUnreachable, RpcError) as err:
                 bridge.warn_once("load_cache", err)
             return original_load(self, file_path, rank)
 
@@ -448,6 +449,6 @@ def _load_without_file(module: Any, bridge: _Bridge, arguments: Dict[str, Any]) 
         # nothing either.
         loaded = bridge.load(tuner.profiling_cache, rank, keep_when_empty=True)
         logger.info("tunecache: loaded %d autotuner cache entries for rank %s from the daemon", loaded, rank)
-    except (_DaemonUnreachable, grpc.RpcError) as err:
+    except (_DaemonUnreachable, RpcError) as err:
         # No file either: TensorRT-LLM tunes as it would without a cache.
         bridge.warn_once("autotune", err)

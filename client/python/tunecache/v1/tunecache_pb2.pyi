@@ -1,0 +1,477 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Key(_message.Message):
+    __slots__ = ("namespace", "op", "device", "problem", "rank")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    op: str
+    device: str
+    problem: str
+    rank: int
+    def __init__(self, namespace: _Optional[str] = ..., op: _Optional[str] = ..., device: _Optional[str] = ..., problem: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class Result(_message.Message):
+    __slots__ = ("config", "time_us", "tuned_by", "tuned_at_unix_ms", "forget_epoch")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    TIME_US_FIELD_NUMBER: _ClassVar[int]
+    TUNED_BY_FIELD_NUMBER: _ClassVar[int]
+    TUNED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    FORGET_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    config: str
+    time_us: float
+    tuned_by: str
+    tuned_at_unix_ms: int
+    forget_epoch: int
+    def __init__(self, config: _Optional[str] = ..., time_us: _Optional[float] = ..., tuned_by: _Optional[str] = ..., tuned_at_unix_ms: _Optional[int] = ..., forget_epoch: _Optional[int] = ...) -> None: ...
+
+class Entry(_message.Message):
+    __slots__ = ("key", "result")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    key: Key
+    result: Result
+    def __init__(self, key: _Optional[_Union[Key, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ...) -> None: ...
+
+class LookupRequest(_message.Message):
+    __slots__ = ("keys", "view")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[Key]
+    view: str
+    def __init__(self, keys: _Optional[_Iterable[_Union[Key, _Mapping]]] = ..., view: _Optional[str] = ...) -> None: ...
+
+class LookupResponse(_message.Message):
+    __slots__ = ("hits",)
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    hits: _containers.RepeatedCompositeFieldContainer[Entry]
+    def __init__(self, hits: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ...) -> None: ...
+
+class RecordRequest(_message.Message):
+    __slots__ = ("entries", "lease_id")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[Entry]
+    lease_id: str
+    def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., lease_id: _Optional[str] = ...) -> None: ...
+
+class RecordResponse(_message.Message):
+    __slots__ = ("stored", "unchanged")
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    stored: int
+    unchanged: int
+    def __init__(self, stored: _Optional[int] = ..., unchanged: _Optional[int] = ...) -> None: ...
+
+class ScanRequest(_message.Message):
+    __slots__ = ("namespace", "device", "rank", "view")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    device: str
+    rank: int
+    view: str
+    def __init__(self, namespace: _Optional[str] = ..., device: _Optional[str] = ..., rank: _Optional[int] = ..., view: _Optional[str] = ...) -> None: ...
+
+class ScanResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[Entry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("node_name", "version", "uptime_ms", "entries", "lookups", "hits", "misses", "records", "entries_stored", "entries_unchanged", "journal_bytes", "journal_live_bytes", "journal_compactions", "fsync_policy", "journal_compaction_failures", "journal_write_failures", "journal_unwritable_episodes", "journal_unwritable", "journal_unwritable_since_unix_ms", "resolves", "leases_granted", "leases_expired", "leases_released_dead", "leases_given_up", "waits_satisfied", "waits_timed_out", "waiters", "leases_active", "shared_dir", "last_snapshot_unix_ms", "snapshots_written", "snapshots_skipped_unchanged", "snapshot_errors", "peer_files_loaded", "peer_files_skipped", "stuck_operation", "stuck_since_unix_ms", "last_snapshot_error", "snapshot_passes", "snapshot_pass_bytes_read", "snapshot_pass_bytes_written", "snapshot_bytes_read", "snapshot_bytes_written", "peer_segments_loaded", "segment_compactions", "own_entries_published", "snapshot_format_version", "snapshot_untrusted_files", "snapshot_name_conflicts", "snapshot_invalid_entries", "previous_shutdown_publish", "daemon_pid", "daemon_uid", "forgets_received", "forget_entries_dropped", "tombstones_held", "forgets_refused", "cluster_forgets_published", "cluster_forgets_learned", "views_active", "view_pins", "max_view_pins", "view_idle_secs", "view_pins_made", "view_pin_conflicts", "view_pin_fallbacks", "view_pins_from_cluster", "view_pins_evicted", "views_ended_idle", "view_pins_forgotten", "views_ended", "view_pins_over_cap", "tuner_backend", "tuner_state", "tuner_queue_depth", "tuner_jobs_done", "tuner_jobs_failed", "tuner_restarts", "nofile_soft_limit", "nofile_hard_limit", "connections_open", "max_connections_per_uid", "connections_refused_per_uid", "preface_timeouts", "accept_errors", "max_leases_per_pid", "leases_refused_per_pid", "write_queue_bytes", "write_queue_limit_bytes", "writes_shed", "tuner_queue_refusals", "max_message_bytes", "max_request_bytes_per_uid", "request_bytes_in_flight", "requests_refused_too_large", "requests_refused_per_uid", "cluster_state", "cluster_url", "cluster_bootstrapped", "cluster_published", "cluster_publish_queue", "cluster_publish_dropped", "cluster_received", "cluster_bootstrap_entries", "cluster_leases_acquired", "cluster_leases_held_elsewhere", "cluster_lease_fallbacks", "cluster_takeovers", "cluster_republished", "cluster_reconnects", "cluster_errors", "cluster_publish_already", "cluster_audits", "cluster_audit_repaired", "cluster_stream_gaps", "cluster_resync_entries", "cluster_publish_queue_limit", "cluster_name_conflicts", "cluster_audit_differing")
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_MS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_STORED_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_LIVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_COMPACTIONS_FIELD_NUMBER: _ClassVar[int]
+    FSYNC_POLICY_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_COMPACTION_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_WRITE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_UNWRITABLE_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_UNWRITABLE_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_UNWRITABLE_SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    RESOLVES_FIELD_NUMBER: _ClassVar[int]
+    LEASES_GRANTED_FIELD_NUMBER: _ClassVar[int]
+    LEASES_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    LEASES_RELEASED_DEAD_FIELD_NUMBER: _ClassVar[int]
+    LEASES_GIVEN_UP_FIELD_NUMBER: _ClassVar[int]
+    WAITS_SATISFIED_FIELD_NUMBER: _ClassVar[int]
+    WAITS_TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    WAITERS_FIELD_NUMBER: _ClassVar[int]
+    LEASES_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    SHARED_DIR_FIELD_NUMBER: _ClassVar[int]
+    LAST_SNAPSHOT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_SKIPPED_UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    PEER_FILES_LOADED_FIELD_NUMBER: _ClassVar[int]
+    PEER_FILES_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    STUCK_OPERATION_FIELD_NUMBER: _ClassVar[int]
+    STUCK_SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SNAPSHOT_ERROR_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_PASSES_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_PASS_BYTES_READ_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_PASS_BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_BYTES_READ_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    PEER_SEGMENTS_LOADED_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_COMPACTIONS_FIELD_NUMBER: _ClassVar[int]
+    OWN_ENTRIES_PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_UNTRUSTED_FILES_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_NAME_CONFLICTS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_INVALID_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_SHUTDOWN_PUBLISH_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_PID_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_UID_FIELD_NUMBER: _ClassVar[int]
+    FORGETS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    FORGET_ENTRIES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    TOMBSTONES_HELD_FIELD_NUMBER: _ClassVar[int]
+    FORGETS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FORGETS_PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FORGETS_LEARNED_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    VIEW_PINS_FIELD_NUMBER: _ClassVar[int]
+    MAX_VIEW_PINS_FIELD_NUMBER: _ClassVar[int]
+    VIEW_IDLE_SECS_FIELD_NUMBER: _ClassVar[int]
+    VIEW_PINS_MADE_FIELD_NUMBER: _ClassVar[int]
+    VIEW_PIN_CONFLICTS_FIELD_NUMBER: _ClassVar[int]
+    VIEW_PIN_FALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    VIEW_PINS_FROM_CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    VIEW_PINS_EVICTED_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_ENDED_IDLE_FIELD_NUMBER: _ClassVar[int]
+    VIEW_PINS_FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_ENDED_FIELD_NUMBER: _ClassVar[int]
+    VIEW_PINS_OVER_CAP_FIELD_NUMBER: _ClassVar[int]
+    TUNER_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    TUNER_STATE_FIELD_NUMBER: _ClassVar[int]
+    TUNER_QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    TUNER_JOBS_DONE_FIELD_NUMBER: _ClassVar[int]
+    TUNER_JOBS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    TUNER_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    NOFILE_SOFT_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    NOFILE_HARD_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIONS_OPEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONNECTIONS_PER_UID_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIONS_REFUSED_PER_UID_FIELD_NUMBER: _ClassVar[int]
+    PREFACE_TIMEOUTS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LEASES_PER_PID_FIELD_NUMBER: _ClassVar[int]
+    LEASES_REFUSED_PER_PID_FIELD_NUMBER: _ClassVar[int]
+    WRITE_QUEUE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WRITE_QUEUE_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WRITES_SHED_FIELD_NUMBER: _ClassVar[int]
+    TUNER_QUEUE_REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_REQUEST_BYTES_PER_UID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_BYTES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_REFUSED_TOO_LARGE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_REFUSED_PER_UID_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_STATE_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_URL_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_BOOTSTRAPPED_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_PUBLISH_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_PUBLISH_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_BOOTSTRAP_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_LEASES_ACQUIRED_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_LEASES_HELD_ELSEWHERE_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_LEASE_FALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_TAKEOVERS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_REPUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_RECONNECTS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_PUBLISH_ALREADY_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_AUDITS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_AUDIT_REPAIRED_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_STREAM_GAPS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_RESYNC_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_PUBLISH_QUEUE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_NAME_CONFLICTS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_AUDIT_DIFFERING_FIELD_NUMBER: _ClassVar[int]
+    node_name: str
+    version: str
+    uptime_ms: int
+    entries: int
+    lookups: int
+    hits: int
+    misses: int
+    records: int
+    entries_stored: int
+    entries_unchanged: int
+    journal_bytes: int
+    journal_live_bytes: int
+    journal_compactions: int
+    fsync_policy: str
+    journal_compaction_failures: int
+    journal_write_failures: int
+    journal_unwritable_episodes: int
+    journal_unwritable: str
+    journal_unwritable_since_unix_ms: int
+    resolves: int
+    leases_granted: int
+    leases_expired: int
+    leases_released_dead: int
+    leases_given_up: int
+    waits_satisfied: int
+    waits_timed_out: int
+    waiters: int
+    leases_active: int
+    shared_dir: str
+    last_snapshot_unix_ms: int
+    snapshots_written: int
+    snapshots_skipped_unchanged: int
+    snapshot_errors: int
+    peer_files_loaded: int
+    peer_files_skipped: int
+    stuck_operation: str
+    stuck_since_unix_ms: int
+    last_snapshot_error: str
+    snapshot_passes: int
+    snapshot_pass_bytes_read: int
+    snapshot_pass_bytes_written: int
+    snapshot_bytes_read: int
+    snapshot_bytes_written: int
+    peer_segments_loaded: int
+    segment_compactions: int
+    own_entries_published: int
+    snapshot_format_version: int
+    snapshot_untrusted_files: int
+    snapshot_name_conflicts: int
+    snapshot_invalid_entries: int
+    previous_shutdown_publish: str
+    daemon_pid: int
+    daemon_uid: int
+    forgets_received: int
+    forget_entries_dropped: int
+    tombstones_held: int
+    forgets_refused: int
+    cluster_forgets_published: int
+    cluster_forgets_learned: int
+    views_active: int
+    view_pins: int
+    max_view_pins: int
+    view_idle_secs: int
+    view_pins_made: int
+    view_pin_conflicts: int
+    view_pin_fallbacks: int
+    view_pins_from_cluster: int
+    view_pins_evicted: int
+    views_ended_idle: int
+    view_pins_forgotten: int
+    views_ended: int
+    view_pins_over_cap: int
+    tuner_backend: str
+    tuner_state: str
+    tuner_queue_depth: int
+    tuner_jobs_done: int
+    tuner_jobs_failed: int
+    tuner_restarts: int
+    nofile_soft_limit: int
+    nofile_hard_limit: int
+    connections_open: int
+    max_connections_per_uid: int
+    connections_refused_per_uid: int
+    preface_timeouts: int
+    accept_errors: int
+    max_leases_per_pid: int
+    leases_refused_per_pid: int
+    write_queue_bytes: int
+    write_queue_limit_bytes: int
+    writes_shed: int
+    tuner_queue_refusals: int
+    max_message_bytes: int
+    max_request_bytes_per_uid: int
+    request_bytes_in_flight: int
+    requests_refused_too_large: int
+    requests_refused_per_uid: int
+    cluster_state: str
+    cluster_url: str
+    cluster_bootstrapped: bool
+    cluster_published: int
+    cluster_publish_queue: int
+    cluster_publish_dropped: int
+    cluster_received: int
+    cluster_bootstrap_entries: int
+    cluster_leases_acquired: int
+    cluster_leases_held_elsewhere: int
+    cluster_lease_fallbacks: int
+    cluster_takeovers: int
+    cluster_republished: int
+    cluster_reconnects: int
+    cluster_errors: int
+    cluster_publish_already: int
+    cluster_audits: int
+    cluster_audit_repaired: int
+    cluster_stream_gaps: int
+    cluster_resync_entries: int
+    cluster_publish_queue_limit: int
+    cluster_name_conflicts: int
+    cluster_audit_differing: int
+    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., uptime_ms: _Optional[int] = ..., entries: _Optional[int] = ..., lookups: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., records: _Optional[int] = ..., entries_stored: _Optional[int] = ..., entries_unchanged: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., journal_live_bytes: _Optional[int] = ..., journal_compactions: _Optional[int] = ..., fsync_policy: _Optional[str] = ..., journal_compaction_failures: _Optional[int] = ..., journal_write_failures: _Optional[int] = ..., journal_unwritable_episodes: _Optional[int] = ..., journal_unwritable: _Optional[str] = ..., journal_unwritable_since_unix_ms: _Optional[int] = ..., resolves: _Optional[int] = ..., leases_granted: _Optional[int] = ..., leases_expired: _Optional[int] = ..., leases_released_dead: _Optional[int] = ..., leases_given_up: _Optional[int] = ..., waits_satisfied: _Optional[int] = ..., waits_timed_out: _Optional[int] = ..., waiters: _Optional[int] = ..., leases_active: _Optional[int] = ..., shared_dir: _Optional[str] = ..., last_snapshot_unix_ms: _Optional[int] = ..., snapshots_written: _Optional[int] = ..., snapshots_skipped_unchanged: _Optional[int] = ..., snapshot_errors: _Optional[int] = ..., peer_files_loaded: _Optional[int] = ..., peer_files_skipped: _Optional[int] = ..., stuck_operation: _Optional[str] = ..., stuck_since_unix_ms: _Optional[int] = ..., last_snapshot_error: _Optional[str] = ..., snapshot_passes: _Optional[int] = ..., snapshot_pass_bytes_read: _Optional[int] = ..., snapshot_pass_bytes_written: _Optional[int] = ..., snapshot_bytes_read: _Optional[int] = ..., snapshot_bytes_written: _Optional[int] = ..., peer_segments_loaded: _Optional[int] = ..., segment_compactions: _Optional[int] = ..., own_entries_published: _Optional[int] = ..., snapshot_format_version: _Optional[int] = ..., snapshot_untrusted_files: _Optional[int] = ..., snapshot_name_conflicts: _Optional[int] = ..., snapshot_invalid_entries: _Optional[int] = ..., previous_shutdown_publish: _Optional[str] = ..., daemon_pid: _Optional[int] = ..., daemon_uid: _Optional[int] = ..., forgets_received: _Optional[int] = ..., forget_entries_dropped: _Optional[int] = ..., tombstones_held: _Optional[int] = ..., forgets_refused: _Optional[int] = ..., cluster_forgets_published: _Optional[int] = ..., cluster_forgets_learned: _Optional[int] = ..., views_active: _Optional[int] = ..., view_pins: _Optional[int] = ..., max_view_pins: _Optional[int] = ..., view_idle_secs: _Optional[int] = ..., view_pins_made: _Optional[int] = ..., view_pin_conflicts: _Optional[int] = ..., view_pin_fallbacks: _Optional[int] = ..., view_pins_from_cluster: _Optional[int] = ..., view_pins_evicted: _Optional[int] = ..., views_ended_idle: _Optional[int] = ..., view_pins_forgotten: _Optional[int] = ..., views_ended: _Optional[int] = ..., view_pins_over_cap: _Optional[int] = ..., tuner_backend: _Optional[str] = ..., tuner_state: _Optional[str] = ..., tuner_queue_depth: _Optional[int] = ..., tuner_jobs_done: _Optional[int] = ..., tuner_jobs_failed: _Optional[int] = ..., tuner_restarts: _Optional[int] = ..., nofile_soft_limit: _Optional[int] = ..., nofile_hard_limit: _Optional[int] = ..., connections_open: _Optional[int] = ..., max_connections_per_uid: _Optional[int] = ..., connections_refused_per_uid: _Optional[int] = ..., preface_timeouts: _Optional[int] = ..., accept_errors: _Optional[int] = ..., max_leases_per_pid: _Optional[int] = ..., leases_refused_per_pid: _Optional[int] = ..., write_queue_bytes: _Optional[int] = ..., write_queue_limit_bytes: _Optional[int] = ..., writes_shed: _Optional[int] = ..., tuner_queue_refusals: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_request_bytes_per_uid: _Optional[int] = ..., request_bytes_in_flight: _Optional[int] = ..., requests_refused_too_large: _Optional[int] = ..., requests_refused_per_uid: _Optional[int] = ..., cluster_state: _Optional[str] = ..., cluster_url: _Optional[str] = ..., cluster_bootstrapped: _Optional[bool] = ..., cluster_published: _Optional[int] = ..., cluster_publish_queue: _Optional[int] = ..., cluster_publish_dropped: _Optional[int] = ..., cluster_received: _Optional[int] = ..., cluster_bootstrap_entries: _Optional[int] = ..., cluster_leases_acquired: _Optional[int] = ..., cluster_leases_held_elsewhere: _Optional[int] = ..., cluster_lease_fallbacks: _Optional[int] = ..., cluster_takeovers: _Optional[int] = ..., cluster_republished: _Optional[int] = ..., cluster_reconnects: _Optional[int] = ..., cluster_errors: _Optional[int] = ..., cluster_publish_already: _Optional[int] = ..., cluster_audits: _Optional[int] = ..., cluster_audit_repaired: _Optional[int] = ..., cluster_stream_gaps: _Optional[int] = ..., cluster_resync_entries: _Optional[int] = ..., cluster_publish_queue_limit: _Optional[int] = ..., cluster_name_conflicts: _Optional[int] = ..., cluster_audit_differing: _Optional[int] = ...) -> None: ...
+
+class ResolveRequest(_message.Message):
+    __slots__ = ("key", "wait_ms", "can_tune", "lease_ms", "view")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    CAN_TUNE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    key: Key
+    wait_ms: int
+    can_tune: bool
+    lease_ms: int
+    view: str
+    def __init__(self, key: _Optional[_Union[Key, _Mapping]] = ..., wait_ms: _Optional[int] = ..., can_tune: _Optional[bool] = ..., lease_ms: _Optional[int] = ..., view: _Optional[str] = ...) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ("lease_id", "expires_in_ms")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_MS_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    expires_in_ms: int
+    def __init__(self, lease_id: _Optional[str] = ..., expires_in_ms: _Optional[int] = ...) -> None: ...
+
+class Miss(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class ResolveResponse(_message.Message):
+    __slots__ = ("hit", "tune_here", "miss")
+    HIT_FIELD_NUMBER: _ClassVar[int]
+    TUNE_HERE_FIELD_NUMBER: _ClassVar[int]
+    MISS_FIELD_NUMBER: _ClassVar[int]
+    hit: Result
+    tune_here: Lease
+    miss: Miss
+    def __init__(self, hit: _Optional[_Union[Result, _Mapping]] = ..., tune_here: _Optional[_Union[Lease, _Mapping]] = ..., miss: _Optional[_Union[Miss, _Mapping]] = ...) -> None: ...
+
+class SnapshotRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SnapshotResponse(_message.Message):
+    __slots__ = ("path", "entries", "bytes", "duration_ms", "skipped_unchanged")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    entries: int
+    bytes: int
+    duration_ms: int
+    skipped_unchanged: bool
+    def __init__(self, path: _Optional[str] = ..., entries: _Optional[int] = ..., bytes: _Optional[int] = ..., duration_ms: _Optional[int] = ..., skipped_unchanged: _Optional[bool] = ...) -> None: ...
+
+class ForgetRequest(_message.Message):
+    __slots__ = ("namespace", "op", "device", "problem", "rank", "only_if")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ONLY_IF_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    op: str
+    device: str
+    problem: str
+    rank: int
+    only_if: Result
+    def __init__(self, namespace: _Optional[str] = ..., op: _Optional[str] = ..., device: _Optional[str] = ..., problem: _Optional[str] = ..., rank: _Optional[int] = ..., only_if: _Optional[_Union[Result, _Mapping]] = ...) -> None: ...
+
+class ForgetResponse(_message.Message):
+    __slots__ = ("forgotten",)
+    FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    forgotten: int
+    def __init__(self, forgotten: _Optional[int] = ...) -> None: ...
+
+class ListViewsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ViewInfo(_message.Message):
+    __slots__ = ("name", "pins", "idle_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PINS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    pins: int
+    idle_ms: int
+    def __init__(self, name: _Optional[str] = ..., pins: _Optional[int] = ..., idle_ms: _Optional[int] = ...) -> None: ...
+
+class ListViewsResponse(_message.Message):
+    __slots__ = ("views",)
+    VIEWS_FIELD_NUMBER: _ClassVar[int]
+    views: _containers.RepeatedCompositeFieldContainer[ViewInfo]
+    def __init__(self, views: _Optional[_Iterable[_Union[ViewInfo, _Mapping]]] = ...) -> None: ...
+
+class EndViewRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class EndViewResponse(_message.Message):
+    __slots__ = ("ended", "pins_dropped")
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    PINS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    ended: bool
+    pins_dropped: int
+    def __init__(self, ended: _Optional[bool] = ..., pins_dropped: _Optional[int] = ...) -> None: ...
+
+class DevicesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Device(_message.Message):
+    __slots__ = ("backend", "name", "compute_capability", "memory_bytes", "driver_version", "cuda_version", "fingerprint")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CUDA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    name: str
+    compute_capability: str
+    memory_bytes: int
+    driver_version: str
+    cuda_version: str
+    fingerprint: str
+    def __init__(self, backend: _Optional[str] = ..., name: _Optional[str] = ..., compute_capability: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., driver_version: _Optional[str] = ..., cuda_version: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
+class DevicesResponse(_message.Message):
+    __slots__ = ("devices",)
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    devices: _containers.RepeatedCompositeFieldContainer[Device]
+    def __init__(self, devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ...) -> None: ...
