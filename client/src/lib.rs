@@ -74,11 +74,11 @@ pub fn check_daemon_uid(path: &Path) -> Result<Option<u32>> {
     let Ok(stream) = std::os::unix::net::UnixStream::connect(path) else {
         return Ok(None);
     };
-    let uid = match nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
-    {
-        Ok(credentials) => credentials.uid(),
-        Err(_) => return Ok(None),
-    };
+    let uid =
+        match nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials) {
+            Ok(credentials) => credentials.uid(),
+            Err(_) => return Ok(None),
+        };
     if trusted_daemon_uids().contains(&uid) {
         Ok(Some(uid))
     } else {
@@ -227,6 +227,14 @@ impl Client {
     /// launched job agree. An empty `explicit` adds nothing.
     pub fn with_view(mut self, explicit: &str) -> Client {
         self.view = view::view_from_env(Some(explicit));
+        self
+    }
+
+    /// Reads in exactly `view` (empty: none), a name resolved earlier with [`view::view_from_env`]:
+    /// for a client connected later than it was configured (the Python binding connects on the
+    /// first call), so that the environment at that later moment does not change its view.
+    pub fn in_view(mut self, view: String) -> Client {
+        self.view = view;
         self
     }
 
@@ -553,11 +561,7 @@ impl Client {
             Ok(_) => return (RankOutcome::Tuned(result), failures),
             Err(error) => error,
         };
-        let code = match &error {
-            ClientError::Rpc(status) => Some(status.code()),
-            _ => None,
-        };
-        if code != Some(tonic::Code::DeadlineExceeded) {
+        if !matches!(&error, ClientError::Rpc(status) if past_deadline(status)) {
             self.give_up_traced(lease.lease_id, &mut failures).await;
         }
         let outcome = match &error {
@@ -605,6 +609,14 @@ pub enum FlowCall {
 pub struct FlowFailure {
     pub call: FlowCall,
     pub error: ClientError,
+}
+
+/// Whether a call ran past its deadline: the daemon's DEADLINE_EXCEEDED, or this client's own
+/// timeout, which tonic reports as CANCELLED "Timeout expired" (`tonic::TimeoutExpired`).
+pub fn past_deadline(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::DeadlineExceeded
+        || (status.code() == tonic::Code::Cancelled
+            && status.message() == tonic::TimeoutExpired(()).to_string())
 }
 
 /// The index of the entry a Record's INVALID_ARGUMENT refused, read from the status's

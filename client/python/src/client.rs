@@ -29,9 +29,8 @@ struct Connection {
 pub struct NativeClient {
     path: PathBuf,
     timeout: Duration,
-    /// The explicit view (`Client(view=...)`), the last resort of the Rust client's resolution.
-    explicit_view: String,
-    /// The view resolved when the client was made, as `client.view` shows it.
+    /// The view resolved when the client was made (the explicit `Client(view=...)` as the last
+    /// resort), as `client.view` shows it and every Lookup, Scan and Resolve sends it.
     view: String,
     connection: Mutex<Connection>,
 }
@@ -41,7 +40,7 @@ pub struct NativeClient {
 pub struct CallContext {
     path: PathBuf,
     timeout: Duration,
-    explicit_view: String,
+    view: String,
     cell: Arc<OnceCell<RustClient>>,
 }
 
@@ -54,7 +53,7 @@ impl CallContext {
             .cell
             .get_or_try_init(|| async {
                 let client = RustClient::connect_auto(&self.path).await?;
-                Ok::<_, ClientError>(client.with_view(&self.explicit_view))
+                Ok::<_, ClientError>(client.in_view(self.view.clone()))
             })
             .await?;
         Ok(client.clone().with_timeout(timeout.unwrap_or(self.timeout)))
@@ -117,7 +116,7 @@ impl NativeClient {
         Ok(CallContext {
             path: self.path.clone(),
             timeout: self.timeout,
-            explicit_view: self.explicit_view.clone(),
+            view: self.view.clone(),
             cell: Arc::clone(&connection.cell),
         })
     }
@@ -149,16 +148,18 @@ impl NativeClient {
         view: Option<String>,
     ) -> PyResult<Self> {
         let timeout = seconds(Some(timeout))?.unwrap_or(tunecache_client::DEFAULT_TIMEOUT);
-        let path = tunecache_client::socket_path(socket).map_err(|error| client_error(py, error))?;
+        let path =
+            tunecache_client::socket_path(socket).map_err(|error| client_error(py, error))?;
         let probed = path.clone();
         py.detach(|| tunecache_client::check_daemon_uid(&probed))
             .map_err(|error| client_error(py, error))?;
-        let explicit_view = view.unwrap_or_default();
+        // Resolved now, on the calling thread with the GIL (Python's os.environ writes hold it
+        // too): the environment when the client is made decides, as before.
+        let view = tunecache_client::view::view_from_env(view.as_deref());
         Ok(NativeClient {
             path,
             timeout,
-            view: tunecache_client::view::view_from_env(Some(&explicit_view)),
-            explicit_view,
+            view,
             connection: Mutex::new(Connection {
                 pid: std::process::id(),
                 cell: Arc::new(OnceCell::new()),
@@ -472,7 +473,12 @@ impl NativeClient {
 
     /// Gives a lease up (a Record with the lease and no entries).
     #[pyo3(signature = (lease_id, timeout=None))]
-    fn give_up_lease(&self, py: Python<'_>, lease_id: String, timeout: Option<f64>) -> PyResult<()> {
+    fn give_up_lease(
+        &self,
+        py: Python<'_>,
+        lease_id: String,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
         let timeout = seconds(timeout)?;
         self.call(py, move |context| async move {
             context.client(timeout).await?.give_up_lease(lease_id).await

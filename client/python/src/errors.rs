@@ -25,16 +25,22 @@ where
     }
 }
 
-/// A gRPC status as `tunecache.RpcError`.
+/// A gRPC status as `tunecache.RpcError`. A call past its deadline is DEADLINE_EXCEEDED, as
+/// grpcio reports it, also when it was this client's own timer that ran out (which tonic calls
+/// CANCELLED "Timeout expired").
 pub fn status_error(py: Python<'_>, status: &tonic::Status) -> PyErr {
+    let (code, message) = if tunecache_client::past_deadline(status) {
+        (
+            tonic::Code::DeadlineExceeded,
+            "Deadline Exceeded".to_owned(),
+        )
+    } else {
+        (status.code(), status.message().to_owned())
+    };
     raised(
         py,
         "_rpc_error",
-        (
-            status.code() as i32,
-            status.message().to_owned(),
-            refused_entry_index(status),
-        ),
+        (code as i32, message, refused_entry_index(status)),
     )
 }
 
@@ -46,14 +52,22 @@ pub fn client_error(py: Python<'_>, error: ClientError) -> PyErr {
         ClientError::UntrustedSocket(refused)
         | ClientError::Autostart(tunecache_client::autostart::AutostartError::UntrustedSocket(
             refused,
-        )) => raised(py, "UntrustedSocketError", (untrusted_socket_message(&refused),)),
+        )) => raised(
+            py,
+            "UntrustedSocketError",
+            (untrusted_socket_message(&refused),),
+        ),
         ClientError::UntrustedDaemon { .. } => {
             raised(py, "UntrustedDaemonError", (format!("tunecache: {error}"),))
         }
         other => raised(
             py,
             "_rpc_error",
-            (tonic::Code::Unavailable as i32, other.to_string(), None::<usize>),
+            (
+                tonic::Code::Unavailable as i32,
+                other.to_string(),
+                None::<usize>,
+            ),
         ),
     }
 }
@@ -87,7 +101,9 @@ fn untrusted_socket_message(refused: &UntrustedSocket) -> String {
              others (mode {mode:04o}); it must be 0700 or 0755. Fix the mode, or {ADVICE}",
             path.display()
         ),
-        UntrustedSocket::Io { .. } => format!("tunecache: cannot check the default socket: {refused}"),
+        UntrustedSocket::Io { .. } => {
+            format!("tunecache: cannot check the default socket: {refused}")
+        }
     }
 }
 
@@ -95,11 +111,12 @@ fn untrusted_socket_message(refused: &UntrustedSocket) -> String {
 /// and `grpc-status-details-bin` trailer), read by the Rust client's one reader.
 #[pyfunction]
 #[pyo3(signature = (code, message, status_details))]
-pub fn refused_entry_index_of(code: i32, message: String, status_details: Vec<u8>) -> Option<usize> {
-    let status = tonic::Status::with_details(
-        tonic::Code::from_i32(code),
-        message,
-        status_details.into(),
-    );
+pub fn refused_entry_index_of(
+    code: i32,
+    message: String,
+    status_details: Vec<u8>,
+) -> Option<usize> {
+    let status =
+        tonic::Status::with_details(tonic::Code::from_i32(code), message, status_details.into());
     refused_entry_index(&status)
 }

@@ -40,7 +40,13 @@ pub struct Key {
 impl Key {
     #[new]
     #[pyo3(signature = (*, namespace=String::new(), op=String::new(), device=String::new(), problem=String::new(), rank=None))]
-    fn new(namespace: String, op: String, device: String, problem: String, rank: Option<u32>) -> Self {
+    fn new(
+        namespace: String,
+        op: String,
+        device: String,
+        problem: String,
+        rank: Option<u32>,
+    ) -> Self {
         Key {
             namespace,
             op,
@@ -86,7 +92,9 @@ impl Key {
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
-        other.extract::<PyRef<Key>>().is_ok_and(|other| *self == *other)
+        other
+            .extract::<PyRef<Key>>()
+            .is_ok_and(|other| *self == *other)
     }
 
     fn __repr__(&self) -> String {
@@ -292,7 +300,10 @@ impl Entry {
         let result = match result {
             Some(result) => match result.cast::<TunedResult>() {
                 Ok(result) => result.clone().unbind(),
-                Err(_) => Py::new(py, TunedResult::from_proto(TunedResult::extract_any(result)?))?,
+                Err(_) => Py::new(
+                    py,
+                    TunedResult::from_proto(TunedResult::extract_any(result)?),
+                )?,
             },
             None => Py::new(py, TunedResult::default())?,
         };
@@ -340,7 +351,10 @@ impl Entry {
     /// The Python object of a decoded entry; its strings are moved, not copied.
     pub fn from_proto(py: Python<'_>, entry: v1::Entry) -> PyResult<Py<Entry>> {
         let key = Py::new(py, Key::from_proto(entry.key.unwrap_or_default()))?;
-        let result = Py::new(py, TunedResult::from_proto(entry.result.unwrap_or_default()))?;
+        let result = Py::new(
+            py,
+            TunedResult::from_proto(entry.result.unwrap_or_default()),
+        )?;
         Py::new(py, Entry { key, result })
     }
 
@@ -409,7 +423,10 @@ impl<'py> Fields<'py> {
         }
         if let Ok(has_field) = self.value.getattr("HasField") {
             // A generated message: `rank` unset must stay unset, not become rank 0.
-            if let Ok(false) = has_field.call1((name,)).and_then(|set| set.extract::<bool>()) {
+            if let Ok(false) = has_field
+                .call1((name,))
+                .and_then(|set| set.extract::<bool>())
+            {
                 return Ok(None);
             }
         }
@@ -528,8 +545,9 @@ impl ResolveResponse {
     #[allow(non_snake_case)]
     fn HasField(&self, name: &str) -> PyResult<bool> {
         match name {
-            "hit" | "tune_here" | "miss" | "outcome" => Ok(self.outcome() == Some(name)
-                || (name == "outcome" && self.outcome().is_some())),
+            "hit" | "tune_here" | "miss" | "outcome" => {
+                Ok(self.outcome() == Some(name) || (name == "outcome" && self.outcome().is_some()))
+            }
             _ => Err(PyValueError::new_err(format!(
                 "ResolveResponse has no field {name:?}"
             ))),

@@ -85,7 +85,9 @@ pub fn resolve_tune_record(
                     .await
                     .unwrap_or_else(|_| Err("the calling thread stopped waiting".to_owned()))
             };
-            Ok(client.get_or_tune_traced(key, options, ask_the_caller).await)
+            Ok(client
+                .get_or_tune_traced(key, options, ask_the_caller)
+                .await)
         },
         move |py, request: TuneRequest| {
             let answer = tune
