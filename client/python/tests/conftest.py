@@ -1,7 +1,8 @@
 # Owns the pytest fixtures of the Python client tests: the import path of the in-tree package,
 # the real `tunecached` daemon (started per test, stopped with SIGTERM; several, on one real
-# `redis-server`, for the cluster tier) and a fake in-process TuneCache server for testing
-# get_or_tune's flows without the daemon.
+# `redis-server`, for the cluster tier). The tests import the installed package (the wheel
+# run_tests.sh builds and installs, or `maturin develop`), never the source tree, which has no
+# native module.
 from __future__ import annotations
 
 import contextlib
@@ -17,22 +18,15 @@ import tempfile
 import threading
 import time
 import uuid
-from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 PYTHON_PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # client/python
 REPO_ROOT = Path(__file__).resolve().parents[3]
-# The tests run against the source tree (with stubs from gen_stubs.py), installed or not.
-sys.path.insert(0, str(PYTHON_PACKAGE_ROOT))
-
-import grpc  # noqa: E402
-
 import tunecache  # noqa: E402
-from tunecache.v1 import tunecache_pb2 as pb  # noqa: E402
-from tunecache.v1 import tunecache_pb2_grpc as pb_grpc  # noqa: E402
+import tunecache.autotuning  # noqa: E402  (loaded lazily by the package; patched below)
 
 DAEMON_BIN_ENV = "TUNECACHE_DAEMON_BIN"
 # Extra daemon arguments, for flags these tests do not know about (shell-quoted).
@@ -119,7 +113,7 @@ def _wait_until_answering(daemon: Daemon) -> None:
                 try:
                     client.stats()
                     return
-                except grpc.RpcError as err:
+                except tunecache.RpcError as err:
                     last_error = err
             time.sleep(0.05)
     daemon.process.kill()
@@ -131,9 +125,10 @@ def _wait_until_answering(daemon: Daemon) -> None:
 
 
 @contextlib.contextmanager
-def running_daemon(directory: Path, extra_args=()):
-    """The real tunecached with its socket, state and log in ``directory`` plus ``extra_args``,
-    stopped with SIGTERM at the end; skips the test when the binary is absent."""
+def running_daemon(directory: Path, extra_args=(), socket_path: Path = None, unset_env=()):
+    """The real tunecached with its socket (or ``socket_path``), state and log in ``directory``
+    plus ``extra_args`` and without the variables ``unset_env``, stopped with SIGTERM at the end;
+    skips the test when the binary is absent."""
     binary = daemon_binary()
     if not binary.is_file():
         pytest.skip(
@@ -141,12 +136,12 @@ def running_daemon(directory: Path, extra_args=()):
             f"or set {DAEMON_BIN_ENV}"
         )
     directory.mkdir(parents=True, exist_ok=True)
-    socket_path = directory / "s.sock"
+    socket_path = directory / "s.sock" if socket_path is None else socket_path
     state_dir = directory / "state"
     log_path = directory / "daemon.log"
     command = [str(binary), "--socket", str(socket_path), "--state-dir", str(state_dir), *extra_args]
     command += shlex.split(os.environ.get(DAEMON_ARGS_ENV, ""))
-    environment = dict(os.environ)
+    environment = {name: value for name, value in os.environ.items() if name not in unset_env}
     environment.setdefault("RUST_LOG", "info")
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
@@ -256,90 +251,57 @@ def two_cluster_nodes(socket_dir, redis_url):
         yield nodes
 
 
-def unique_key(**overrides) -> pb.Key:
+def unique_key(**overrides) -> tunecache.Key:
     """A key no earlier test used, in a namespace the daemon has no tuner for."""
     fields = dict(namespace="pytest", op="gemm", device="cpu|pytest", problem=f'{{"id":"{uuid.uuid4()}"}}')
     fields.update(overrides)
-    return pb.Key(**fields)
+    return tunecache.Key(**fields)
 
 
-# --- fake daemon ---------------------------------------------------------------------------------
+# --- an older daemon ------------------------------------------------------------------------------
 
 
-@dataclass
-class FakeTuneCache(pb_grpc.TuneCacheServicer):
-    """Just enough of the Resolve/Record contract: the first caller that can tune gets a lease,
-    later callers get the result or a miss; a Record with the lease and no entries gives it up.
-    Lookup answers from the results; Scan answers nothing. Every request is kept."""
+@contextlib.contextmanager
+def without_forget(daemon: Daemon, directory: Path):
+    """``daemon`` as a tunecached older than Forget answers: every call is forwarded to it
+    unchanged, as raw bytes, by a grpcio proxy on ``directory/older.sock``, except Forget, which
+    is UNIMPLEMENTED (what a daemon before issue 26 says). Yields the proxy's socket path.
+    grpcio here is the tests' own, independent of the package."""
+    import grpc
+    from concurrent import futures
 
-    results: dict = field(default_factory=dict)
-    leases: dict = field(default_factory=dict)  # lease_id -> key bytes
-    record_requests: list = field(default_factory=list)
-    resolve_requests: list = field(default_factory=list)
-    lookup_requests: list = field(default_factory=list)
-    scan_requests: list = field(default_factory=list)
-    # Set: every Record with entries fails with this code (a give-up still succeeds).
-    fail_records_with: object = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    upstream = grpc.insecure_channel(f"unix:{daemon.socket_path}", options=[("grpc.default_authority", "localhost")])
 
-    @staticmethod
-    def _key_bytes(key: pb.Key) -> bytes:
-        return key.SerializeToString(deterministic=True)
+    def forwarded(call):
+        def handle(request, context):
+            try:
+                return call(request, timeout=context.time_remaining())
+            except grpc.RpcError as err:
+                context.abort(err.code(), err.details())
 
-    def Resolve(self, request, context):
-        with self.lock:
-            self.resolve_requests.append(request)
-            key = self._key_bytes(request.key)
-            if key in self.results:
-                return pb.ResolveResponse(hit=self.results[key])
-            if request.can_tune and key not in self.leases.values():
-                lease_id = str(uuid.uuid4())
-                self.leases[lease_id] = key
-                return pb.ResolveResponse(tune_here=pb.Lease(lease_id=lease_id, expires_in_ms=10_000))
-            return pb.ResolveResponse(miss=pb.Miss(reason="fake: nobody will tune this"))
+        return handle
 
-    def Lookup(self, request, context):
-        with self.lock:
-            self.lookup_requests.append(request)
-            hits = [
-                pb.Entry(key=key, result=self.results[self._key_bytes(key)])
-                for key in request.keys
-                if self._key_bytes(key) in self.results
-            ]
-            return pb.LookupResponse(hits=hits)
+    class Proxy(grpc.GenericRpcHandler):
+        def service(self, details):
+            method = details.method
+            if method == "/tunecache.v1.TuneCache/Forget":
+                def unimplemented(request, context):
+                    context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
 
-    def Scan(self, request, context):
-        # Records the request only: the drop-in tests that use it look at what was asked.
-        with self.lock:
-            self.scan_requests.append(request)
-        return iter(())
+                return grpc.unary_unary_rpc_method_handler(unimplemented)
+            if method == "/tunecache.v1.TuneCache/Scan":
+                stream = upstream.unary_stream(method)
+                return grpc.unary_stream_rpc_method_handler(
+                    lambda request, context: iter(stream(request, timeout=context.time_remaining()))
+                )
+            return grpc.unary_unary_rpc_method_handler(forwarded(upstream.unary_unary(method)))
 
-    def Record(self, request, context):
-        with self.lock:
-            self.record_requests.append(request)
-            if request.entries and self.fail_records_with is not None:
-                context.abort(self.fail_records_with, "fake: Record failed")
-            if request.lease_id:
-                self.leases.pop(request.lease_id, None)
-            stored = 0
-            for entry in request.entries:
-                key = self._key_bytes(entry.key)
-                held = self.results.get(key)
-                if held is None or entry.result.time_us < held.time_us:
-                    self.results[key] = entry.result
-                    stored += 1
-            return pb.RecordResponse(stored=stored, unchanged=len(request.entries) - stored)
-
-
-@pytest.fixture
-def fake_daemon(socket_dir):
-    servicer = FakeTuneCache()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    pb_grpc.add_TuneCacheServicer_to_server(servicer, server)
-    socket_path = str(socket_dir / "fake.sock")
-    server.add_insecure_port(f"unix:{socket_path}")
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), handlers=[Proxy()])
+    proxy_path = directory / "older.sock"
+    server.add_insecure_port(f"unix:{proxy_path}")
     server.start()
     try:
-        yield socket_path, servicer
+        yield str(proxy_path)
     finally:
         server.stop(grace=None)
+        upstream.close()

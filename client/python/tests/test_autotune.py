@@ -20,8 +20,7 @@ import pytest
 
 import tunecache
 from tunecache.autotuning import measure
-from tunecache.v1 import tunecache_pb2 as pb
-from conftest import PYTHON_PACKAGE_ROOT, start_python_worker
+from conftest import start_python_worker, without_forget
 
 WORKER = Path(__file__).resolve().parent / "autotune_worker.py"
 WORKER_TIMEOUT_S = 240
@@ -30,7 +29,8 @@ CONFIGS = 4
 
 def start_worker(socket, spec):
     environment = dict(os.environ)
-    environment["PYTHONPATH"] = str(PYTHON_PACKAGE_ROOT)
+    # The installed package (never the source tree, which has no native module).
+    environment.pop("PYTHONPATH", None)
     environment["TUNECACHE_SOCKET"] = str(socket)
     return start_python_worker(WORKER, spec, environment)
 
@@ -325,25 +325,28 @@ def test_a_config_tuned_or_run_here_is_never_forgotten(daemon):
         assert client.stats().forget_entries_dropped == 0
 
 
-def test_with_a_daemon_without_forget_the_helper_tunes_for_itself(fake_daemon, caplog):
-    # The fake daemon has no Forget (UNIMPLEMENTED, as an older tunecached answers) and keeps
-    # answering the broken result: the helper tunes for itself, Records (the faster one wins)
-    # and retries with its own config.
+def test_with_a_daemon_without_forget_the_helper_tunes_for_itself(daemon, socket_dir, caplog):
+    # The daemon as an older tunecached answers it: Forget is UNIMPLEMENTED, so the broken result
+    # stays and Resolve keeps answering it. The helper tunes for itself, Records without a lease
+    # (the faster one wins: here the broken one stays, at 1 us) and retries with its own config.
     caplog.set_level(logging.DEBUG, logger="tunecache")
-    socket_path, servicer = fake_daemon
     problem = f"broken-{uuid.uuid4()}"
-    broken = json.dumps({"config": {"block": 256}, "index": 3, "stats": {}})
-    servicer.results[servicer._key_bytes(pb.Key(**broken_key(problem)))] = pb.Result(config=broken, time_us=1.0)
     calls = []
-    with tunecache.Client(socket_path) as client:
+    with daemon.client() as direct:
+        record_as_the_helper(direct, problem, 256, 1.0)
+        before = direct.stats()
+    with without_forget(daemon, socket_dir) as older, tunecache.Client(older) as client:
         kernel = block_tuner(client, calls)
         assert kernel(problem) == BEST_BLOCK
         assert kernel(problem) == BEST_BLOCK
     assert calls == [(problem, 256), (problem, BEST_BLOCK), (problem, BEST_BLOCK)]
-    assert len(servicer.resolve_requests) == 2  # the first call and the retune; then the memo
-    ((recorded,),) = [request.entries for request in servicer.record_requests]
-    assert json.loads(recorded.result.config)["config"] == {"block": BEST_BLOCK}
-    assert servicer.record_requests[0].lease_id == ""
+    with daemon.client() as direct:
+        after = direct.stats()
+        assert stored_block(direct, problem) == (256, 1.0)
+    assert after.resolves - before.resolves == 2  # the first call and the retune; then the memo
+    assert after.leases_granted == before.leases_granted  # both Resolves were hits
+    assert (after.records - before.records, after.entries_unchanged - before.entries_unchanged) == (1, 1)
+    assert after.forgets_received == before.forgets_received
     warnings = [r.getMessage() for r in caplog.records if r.name.startswith("tunecache") and r.levelno >= logging.WARNING]
     assert len(warnings) == 2, warnings
     assert "the kernel failed with block 256" in warnings[0]

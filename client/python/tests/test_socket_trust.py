@@ -6,16 +6,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import contextlib
 import subprocess
 import time
-from concurrent import futures
 
-import grpc
 import pytest
 
 import tunecache
-from conftest import FakeTuneCache, short_temp_dir, unique_key
-from tunecache.v1 import tunecache_pb2_grpc as pb_grpc
+from conftest import running_daemon, short_temp_dir, unique_key
 
 OTHER_UID = 65534  # nobody
 
@@ -30,13 +28,20 @@ def runtime_dir(monkeypatch):
     shutil.rmtree(directory, ignore_errors=True)
 
 
+class _Served(contextlib.ExitStack):
+    def stop(self, grace=None):
+        self.close()
+
+
 def serve(socket_path):
-    servicer = FakeTuneCache()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_TuneCacheServicer_to_server(servicer, server)
-    server.add_insecure_port(f"unix:{socket_path}")
-    server.start()
-    return server
+    """The real tunecached on ``socket_path``, its state and log beside the directory under test.
+    Its environment has no XDG_RUNTIME_DIR, so the path is not its own default but a named one,
+    which it trusts: the directories these tests plant are for the client to refuse."""
+    served = _Served()
+    state = short_temp_dir("tc-trust-state-")
+    served.callback(shutil.rmtree, state, True)
+    served.enter_context(running_daemon(state, socket_path=socket_path, unset_env=("XDG_RUNTIME_DIR",)))
+    return served
 
 
 def socket_dir(runtime, mode=0o700):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON_PACKAGE_ROOT, start_python_worker
+from conftest import start_python_worker
 
 try:
     import triton  # noqa: F401
@@ -35,7 +35,7 @@ def worker_env(tmp_path, name, socket, manager=True):
     cache_dir.mkdir(parents=True)
     environment = dict(os.environ)
     environment.update(
-        PYTHONPATH=os.pathsep.join([str(TESTS), str(PYTHON_PACKAGE_ROOT)]),
+        PYTHONPATH=str(TESTS),
         TRITON_CACHE_DIR=str(cache_dir),
         TRITON_HOME=str(tmp_path / name),
         TRITON_CACHE_AUTOTUNING="1",

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON_PACKAGE_ROOT
+import tunecache
+
 from trtllm_rank import FASTER_SHARED_VALUE, SHARED_OP, TACTICS, canonical
 from trtllm_standin import write_standin
 
@@ -29,7 +30,7 @@ def standin(tmp_path):
 
 def run_rank(standin, socket, spec, rank=0, **env_overrides):
     environment = dict(os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join([str(standin), str(PYTHON_PACKAGE_ROOT)])
+    environment["PYTHONPATH"] = str(standin)
     environment["STANDIN_RANK"] = str(rank)
     environment["TUNECACHE_SOCKET"] = str(socket)
     environment.update({name: str(value) for name, value in env_overrides.items()})
@@ -218,23 +219,24 @@ def metadata_of(result):
     return {name[1]: value for name, value in result["metadata"][1]}
 
 
-def test_ranks_load_in_the_view_their_launcher_names_with_no_code_change(fake_daemon, standin, tmp_path, monkeypatch):
-    """Issue 27: the drop-in's Scan carries the view the rank's environment names (here Slurm's
-    job and step), with nothing in the rank's code or the install() call about views."""
-    socket_path, servicer = fake_daemon
+def test_ranks_load_in_the_view_their_launcher_names_with_no_code_change(daemon, standin, tmp_path, monkeypatch):
+    """Issue 27: the drop-in's Scan reads in the view the rank's environment names (here Slurm's
+    job and step), with nothing in the rank's code or the install() call about views: the
+    daemon pins what the ranks loaded in that view."""
     monkeypatch.delenv("TUNECACHE_VIEW")
     path = str(tmp_path / "cache.json")
+    saved, _ = run_rank_cache(standin, daemon.socket_path, {"mode": "save", "path": path, "install": True}, rank=0)
+    assert saved
     for rank in (0, 1):
-        _, log = run_rank(
-            standin, socket_path, {"mode": "load", "path": path, "install": True}, rank=rank,
+        loaded, log = run_rank(
+            standin, daemon.socket_path, {"mode": "load", "path": path, "install": True}, rank=rank,
             SLURM_JOB_ID="777", SLURM_STEP_ID="2",
         )
         assert "uses its file instead" not in log, log
-    assert [(request.view, request.rank) for request in servicer.scan_requests] == [
-        ("slurm-777.2", 0),
-        ("slurm-777.2", 1),
-    ]
-
+        assert loaded["cache"], log
+    with tunecache.Client(daemon.socket_path) as client:
+        views = {view.name: view.pins for view in client.list_views()}
+    assert views.get("slurm-777.2", 0) >= len(saved), views
 
 
 VIEW_TEST_COUNT = 3  # shared entries n = 0..2, each beaten by a faster_shared save

@@ -1,6 +1,6 @@
 # Owns the client tests that need no tunecached: socket and view resolution, behaviour when the
-# daemon is absent or hung (fallback, bounded time, one warning, no exception), and get_or_tune's
-# flows against a fake in-process TuneCache server (with the view every read carries).
+# daemon is absent or hung (fallback, bounded time, one warning, no exception). get_or_tune's
+# flows against the real daemon are test_rank_flow.py's.
 from __future__ import annotations
 
 import json
@@ -8,12 +8,10 @@ import logging
 import socket
 import time
 
-import grpc
 import pytest
 
 import tunecache
 from conftest import unique_key
-from tunecache.v1 import tunecache_pb2 as pb
 
 FALLBACK = {"runner_id": 0, "tactic": -1}
 DAEMON_WARNING = "unavailable or failing"
@@ -201,163 +199,3 @@ def test_hung_daemon_is_bounded_by_wait_ms_plus_timeout(socket_dir, caplog):
 def test_unusable_key_gives_the_fallback(socket_dir):
     client = tunecache.Client(str(socket_dir / "absent.sock"), timeout=1.0)
     assert client.get_or_tune({"no_such_field": 1}, must_not_run, FALLBACK) == FALLBACK
-
-
-# --- get_or_tune against a fake daemon ------------------------------------------------------------
-
-
-class CountingTuner:
-    def __init__(self, output=({"runner_id": 2, "tactic": [128, 64]}, 42.5), error=None):
-        self.calls = 0
-        self.output = output
-        self.error = error
-
-    def __call__(self):
-        self.calls += 1
-        if self.error is not None:
-            raise self.error
-        return self.output
-
-
-def test_told_to_tune_runs_tune_fn_once_and_records_with_the_lease(fake_daemon):
-    socket_path, servicer = fake_daemon
-    client = tunecache.Client(socket_path)
-    key = unique_key(rank=3)
-    tuner = CountingTuner()
-    assert client.get_or_tune(key, tuner, FALLBACK) == {"runner_id": 2, "tactic": [128, 64]}
-    assert tuner.calls == 1
-    (record,) = servicer.record_requests
-    assert record.lease_id
-    (entry,) = record.entries
-    assert entry.key == key
-    assert json.loads(entry.result.config) == {"runner_id": 2, "tactic": [128, 64]}
-    assert entry.result.time_us == 42.5
-    assert entry.result.tuned_by and entry.result.tuned_at_unix_ms > 0
-    # The second call is a hit: the same value, no tuning.
-    assert client.get_or_tune(key, tuner, FALLBACK) == {"runner_id": 2, "tactic": [128, 64]}
-    assert tuner.calls == 1
-    assert servicer.resolve_requests[0].can_tune
-
-
-def test_config_text_is_recorded_verbatim(fake_daemon):
-    socket_path, servicer = fake_daemon
-    client = tunecache.Client(socket_path)
-    result = client.get_or_tune(unique_key(), lambda: ('{"b": 1, "a": [1.5]}', 7), FALLBACK)
-    assert result == {"b": 1, "a": [1.5]}
-    assert servicer.record_requests[0].entries[0].result.config == '{"b": 1, "a": [1.5]}'
-
-
-@pytest.mark.parametrize(
-    "tuner",
-    [
-        CountingTuner(error=RuntimeError("kernel launch failed")),
-        CountingTuner(output=({"tactic": 1}, float("nan"))),
-        CountingTuner(output=({"tactic": 1}, -1.0)),
-        CountingTuner(output=("not json {", 1.0)),
-        CountingTuner(output=({"tactic": object()}, 1.0)),
-        CountingTuner(output="not a pair"),
-    ],
-    ids=["raises", "nan-time", "negative-time", "bad-json", "unserializable", "not-a-pair"],
-)
-def test_failed_tuning_gives_the_lease_up_and_the_fallback(fake_daemon, tuner):
-    socket_path, servicer = fake_daemon
-    client = tunecache.Client(socket_path)
-    key = unique_key()
-    assert client.get_or_tune(key, tuner, FALLBACK) == FALLBACK
-    assert tuner.calls == 1
-    (give_up,) = servicer.record_requests
-    assert give_up.lease_id and not give_up.entries
-    # The lease is free again: the next caller is told to tune at once.
-    good = CountingTuner()
-    assert client.get_or_tune(key, good, FALLBACK) == {"runner_id": 2, "tactic": [128, 64]}
-    assert good.calls == 1
-
-
-@pytest.mark.parametrize("code", [grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL])
-def test_a_failed_record_gives_the_lease_up_and_keeps_the_tuned_config(fake_daemon, caplog, code):
-    socket_path, servicer = fake_daemon
-    servicer.fail_records_with = code
-    caplog.set_level(logging.WARNING, logger="tunecache")
-    client = tunecache.Client(socket_path)
-    key = unique_key()
-    # The result is fine, only storing it failed: the rank keeps what it tuned.
-    assert client.get_or_tune(key, CountingTuner(), FALLBACK) == {"runner_id": 2, "tactic": [128, 64]}
-    record, give_up = servicer.record_requests
-    assert record.lease_id and record.entries
-    assert give_up.lease_id == record.lease_id and not give_up.entries
-    assert len(daemon_warnings(caplog)) == 1
-    # The lease is free again: nobody holds it.
-    assert not servicer.leases
-
-
-def test_interrupted_tuning_gives_the_lease_up_and_propagates(fake_daemon):
-    socket_path, servicer = fake_daemon
-    client = tunecache.Client(socket_path)
-    with pytest.raises(KeyboardInterrupt):
-        client.get_or_tune(unique_key(), CountingTuner(error=KeyboardInterrupt()), FALLBACK)
-    (give_up,) = servicer.record_requests
-    assert give_up.lease_id and not give_up.entries
-
-
-def test_miss_gives_the_fallback_without_tuning(fake_daemon, caplog):
-    socket_path, servicer = fake_daemon
-    caplog.set_level(logging.WARNING, logger="tunecache")
-    client = tunecache.Client(socket_path)
-    tuner = CountingTuner()
-    assert client.get_or_tune(unique_key(), tuner, FALLBACK, can_tune=False, wait_ms=10) == FALLBACK
-    assert tuner.calls == 0
-    assert not servicer.resolve_requests[0].can_tune
-    assert servicer.resolve_requests[0].wait_ms == 10
-    assert not daemon_warnings(caplog)
-
-
-def test_client_calls_reach_the_server(fake_daemon):
-    socket_path, servicer = fake_daemon
-    with tunecache.Client(socket_path) as client:
-        key = unique_key()
-        entry = {"key": key, "result": {"config": '{"x": 1}', "time_us": 3.0}}
-        assert client.record([entry]).stored == 1
-        response = client.resolve(key, wait_ms=0, can_tune=False)
-        assert response.WhichOneof("outcome") == "hit"
-        assert response.hit.config == '{"x": 1}'
-        assert isinstance(response, pb.ResolveResponse)
-
-
-# --- the view every read carries ------------------------------------------------------------------
-
-
-def test_lookup_scan_resolve_and_get_or_tune_carry_the_view(fake_daemon, monkeypatch):
-    socket_path, servicer = fake_daemon
-    monkeypatch.setenv("TUNECACHE_VIEW", "job-1")
-    with tunecache.Client(socket_path) as client:
-        key = unique_key()
-        client.lookup([key])
-        list(client.scan(namespace="pytest"))
-        list(client.scan(namespace="pytest", rank=2))
-        client.resolve(key, wait_ms=0, can_tune=False)
-        assert client.get_or_tune(key, CountingTuner(), FALLBACK, wait_ms=0) == {"runner_id": 2, "tactic": [128, 64]}
-    assert [request.view for request in servicer.lookup_requests] == ["job-1"]
-    assert [request.view for request in servicer.scan_requests] == ["job-1", "job-1"]
-    assert [request.view for request in servicer.resolve_requests] == ["job-1", "job-1"]
-    # Record has no view: the result is merged for everyone as always.
-    monkeypatch.setenv("TUNECACHE_VIEW", "")
-    with tunecache.Client(socket_path) as client:
-        client.lookup([key])
-    assert servicer.lookup_requests[-1].view == ""
-
-
-def test_the_module_helper_and_autotune_read_in_the_environment_view(fake_daemon, monkeypatch):
-    socket_path, servicer = fake_daemon
-    monkeypatch.setenv("TUNECACHE_SOCKET", socket_path)
-    monkeypatch.delenv("TUNECACHE_VIEW")
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-42")
-    for name in ("SLURM_JOB_ID", "SLURM_STEP_ID"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(tunecache.client, "_default_client", None)
-    assert tunecache.get_or_tune(unique_key(), CountingTuner(), FALLBACK, wait_ms=0) != FALLBACK
-    tuner = tunecache.autotune(
-        "pytest", "views", key_fn=lambda n: {"n": n}, configs=[{"block": 1}, {"block": 2}],
-        bench=lambda config, n: float(config["block"]), device="cpu|pytest", warmup=0, repeats=1,
-    )
-    assert tuner.best(3) == {"block": 1}
-    assert [request.view for request in servicer.resolve_requests] == ["torchelastic-run-42"] * 2
