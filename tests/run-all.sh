@@ -8,4 +8,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # Integration tests start the binaries, so build them first.
 cargo build --workspace --bins
 cargo test --workspace
+# The Python package's one wheel: the one .ci/run built ($TUNECACHE_PY_WHEEL), else built here;
+# run_tests.sh installs it into its venv.
+if [[ -z "${TUNECACHE_PY_WHEEL:-}" ]]; then
+    TUNECACHE_PY_WHEEL="$(client/python/build_wheel.sh)"
+    export TUNECACHE_PY_WHEEL
+fi
 TUNECACHE_DAEMON_BIN="$PWD/target/debug/tunecached" client/python/run_tests.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # Owns generating the Python gRPC stubs of the public contract (proto/tunecache/v1/tunecache.proto)
-# into tunecache/v1/ with grpcio-tools. The output is gitignored: run_tests.sh and the package
-# build (setup.py) call this, so the stubs always match the grpcio/protobuf they run with.
+# into tunecache/v1/ with grpcio-tools: the `[grpc]` extra's stubs, for code that wants raw gRPC
+# (the package itself never imports them). The output is committed; after a change to the proto,
+# run this and commit it (tests/test_stubs.py fails on stale stubs, and checks the extra's pins).
 """Generate tunecache/v1/tunecache_pb2*.py from the repository's proto/ directory."""
 
 from __future__ import annotations

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Owns running the Python client's tests the way CI does: a virtual environment (reused between
-# runs), the dependencies, stubs freshly generated from proto/, then pytest. Arguments are passed
-# to pytest. The daemon tests run when target/debug/tunecached (or $TUNECACHE_DAEMON_BIN) exists
-# and are skipped, with the reason printed, when it does not.
+# runs), the package installed from ONE wheel (built here with maturin, or the one CI built, given
+# in $TUNECACHE_PY_WHEEL), the test dependencies (grpcio for the tests' independent wire-contract
+# client, triton), then pytest. The tests import the installed package, never the source tree.
+# Arguments are passed to pytest. The daemon tests run when target/debug/tunecached (or
+# $TUNECACHE_DAEMON_BIN) exists and are skipped, with the reason printed, when it does not.
 #
 # Environment:
 #   PYTHON              interpreter that creates the venv (default: python3; needs >= 3.10)
 #   TUNECACHE_PY_VENV   venv directory (default: client/python/.venv); "current" installs into
 #                       the running interpreter instead (e.g. inside a CI-provided venv)
+#   TUNECACHE_PY_WHEEL  the wheel to install (default: build one into client/python/dist with
+#                       build_wheel.sh)
 #   TUNECACHE_TRITON    the triton requirement the Triton cache-manager tests run against
 #                       (default: the version they were written for); "none" installs none and
 #                       those tests skip (outside CI)
@@ -25,17 +29,23 @@ else
     python="$venv/bin/python"
 fi
 
-# grpcio-tools pulls in the grpcio and protobuf it generates code for, so the three match.
-"$python" -m pip install --quiet --disable-pip-version-check grpcio protobuf grpcio-tools pytest \
-    googleapis-common-protos
+pip=("$python" -m pip install --quiet --disable-pip-version-check)
+wheel="${TUNECACHE_PY_WHEEL:-}"
+if [[ -z "$wheel" ]]; then
+    wheel="$("$here/build_wheel.sh" "$python")"
+fi
+# The same wheel every time: --force-reinstall replaces an editable or older install.
+"${pip[@]}" --force-reinstall --no-deps "$wheel"
+# Test dependencies: grpcio-tools pulls in the grpcio and protobuf it generates code for (the
+# tests' own gRPC client and the stub check), as the `[grpc]` extra pins them.
+"${pip[@]}" grpcio protobuf grpcio-tools pytest googleapis-common-protos
 # The real triton package for tests/test_triton_cache_manager.py (about 1 GB installed, once:
 # pip finds it satisfied in a reused venv). It has no dependencies of its own to pull in.
 triton_requirement="${TUNECACHE_TRITON:-triton==3.9.0}"
 if [[ "$triton_requirement" != "none" ]]; then
-    "$python" -m pip install --quiet --disable-pip-version-check "$triton_requirement"
+    "${pip[@]}" "$triton_requirement"
 fi
-"$python" "$here/gen_stubs.py"
 
-cd "$here"
-# -rs prints why daemon tests were skipped.
-exec env PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" -m pytest -rs "$@"
+cd "$here/tests"
+# -rs prints why daemon tests were skipped; -p no:cacheprovider keeps the tree clean.
+exec env -u PYTHONPATH "$python" -m pytest -rs -p no:cacheprovider -c "$here/pyproject.toml" --rootdir "$here" "$@"
