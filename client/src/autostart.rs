@@ -11,11 +11,14 @@
 //!
 //! The daemon is started detached (its own session, so a terminal's hang-up or Ctrl-C does not
 //! reach it), with `--exit-when-idle` so it goes away when the job is done. It logs to
-//! `<socket dir>/tunecached.log`.
+//! `<socket dir>/tunecached.log`. It is spawned through tokio, which reaps it on the caller's
+//! runtime when it exits: no thread is started for that (a Python rank has exactly one).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
 
 /// `1` (or `true`/`yes`) turns auto-start on.
 pub const AUTOSTART_ENV: &str = "TUNECACHE_AUTOSTART";
@@ -101,7 +104,6 @@ pub fn log_path(socket: &Path) -> PathBuf {
 /// Spawns a detached daemon on `socket`.
 fn spawn_daemon(binary: &Path, socket: &Path) -> Result<Child, AutostartError> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    use std::os::unix::process::CommandExt;
 
     let dir = socket.parent().unwrap_or(Path::new("."));
     if socket == tunecache_proto::socket_path::fallback_socket_path() {
@@ -157,14 +159,11 @@ fn spawn_daemon(binary: &Path, socket: &Path) -> Result<Child, AutostartError> {
     })
 }
 
-/// Reaps a started daemon in the background, so neither a loser of the start race nor the
-/// winner (when it exits on idle) stays a zombie of this process.
-fn reap_in_background(mut child: Child) {
-    let _ = std::thread::Builder::new()
-        .name("tunecached-reaper".to_owned())
-        .spawn(move || {
-            let _ = child.wait();
-        });
+/// Leaves a started daemon to tokio, which reaps it when it exits (a dropped child that was not
+/// killed is reaped in the background by the runtime's signal driver), so neither a loser of the
+/// start race nor the winner (when it exits on idle) stays a zombie of this process.
+fn reap_in_background(child: Child) {
+    drop(child);
 }
 
 /// Tries `connect` until it succeeds, starting a daemon whenever none of ours is running.

@@ -228,3 +228,29 @@ def test_threads_share_one_client(daemon):
             thread.join(timeout=60)
         assert not failures, failures
         assert client.stats().lookups >= 8 * 20
+
+
+def test_auto_start_brings_up_a_daemon_without_another_thread(socket_dir):
+    from conftest import daemon_binary
+
+    if not daemon_binary().is_file():
+        pytest.skip(f"tunecached binary not found at {daemon_binary()}")
+    socket_path = socket_dir / "auto" / "tunecache.sock"
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    environment.update(TUNECACHE_AUTOSTART="1", TUNECACHE_DAEMON_BIN=str(daemon_binary()))
+    started = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(
+            """
+            import os, sys, tunecache
+            client = tunecache.Client(sys.argv[1])
+            stats = client.stats()
+            print(stats.daemon_pid, len(os.listdir(f"/proc/{os.getpid()}/task")))
+            """), str(socket_path)],
+        capture_output=True, text=True, timeout=60, env=environment,
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    daemon_pid, threads = (int(word) for word in started.stdout.split())
+    try:
+        assert threads == 2, threads  # the main thread and the package's one
+    finally:
+        os.kill(daemon_pid, signal.SIGTERM)
