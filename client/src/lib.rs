@@ -17,6 +17,7 @@ use tunecache_proto::limits::MAX_MESSAGE_BYTES;
 use tunecache_proto::v1::{self, tune_cache_client::TuneCacheClient};
 
 pub mod autostart;
+pub mod encoded_scan;
 pub mod view;
 
 pub use tunecache_proto::socket_path::{default_socket_path, UntrustedSocket};
@@ -120,6 +121,8 @@ pub fn socket_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
 #[derive(Clone)]
 pub struct Client {
     inner: TuneCacheClient<Channel>,
+    /// The same channel, for calls with a codec of their own ([`encoded_scan`]).
+    channel: Channel,
     timeout: Duration,
     /// Sent in every Lookup, Scan and Resolve; empty for none.
     view: String,
@@ -177,9 +180,10 @@ impl Client {
     pub async fn connect(path: impl AsRef<Path>) -> Result<Client> {
         let channel = connect_channel(path.as_ref()).await?;
         Ok(Client {
-            inner: TuneCacheClient::new(channel)
+            inner: TuneCacheClient::new(channel.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            channel,
             timeout: DEFAULT_TIMEOUT,
             view: view::view_from_env(None),
         })
@@ -325,21 +329,6 @@ impl Client {
             entries.extend(chunk.entries);
         }
         Ok(entries)
-    }
-
-    /// [`Client::scan_with`] (in the filter's view, else this client's), keeping the daemon's
-    /// chunks apart (up to 1,024 entries each).
-    pub async fn scan_chunks(&self, mut filter: v1::ScanRequest) -> Result<Vec<Vec<v1::Entry>>> {
-        if filter.view.is_empty() {
-            filter.view.clone_from(&self.view);
-        }
-        let request = self.request(filter, DEFAULT_SCAN_TIMEOUT);
-        let mut stream = self.inner.clone().scan(request).await?.into_inner();
-        let mut chunks = Vec::new();
-        while let Some(chunk) = stream.message().await? {
-            chunks.push(chunk.entries);
-        }
-        Ok(chunks)
     }
 
     /// The node's tuning devices; `fingerprint` is the `Key.device` the node tuner answers.

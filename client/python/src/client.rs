@@ -16,7 +16,7 @@ use tunecache_client::{proto as v1, Client as RustClient, ClientError};
 
 use crate::errors::client_error;
 use crate::messages::{Entry, Key, Message, RecordResponse, ResolveResponse, TunedResult};
-use crate::runtime::run;
+use crate::runtime::{run, run_serving, Event};
 use crate::tuning;
 
 /// The connection of one process: made once, by whichever call comes first.
@@ -85,7 +85,24 @@ async fn within<T>(
     }
 }
 
-fn entries_to_py(py: Python<'_>, entries: Vec<v1::Entry>) -> PyResult<Bound<'_, PyList>> {
+/// A Scan chunk on its way to the calling thread: as it arrived, or decoded by the runtime
+/// thread (see `scan`).
+enum ScanChunk {
+    Encoded(tonic::codegen::Bytes),
+    Decoded(Vec<v1::Entry>),
+}
+
+fn decode_chunk(chunk: tonic::codegen::Bytes) -> Result<Vec<v1::Entry>, ClientError> {
+    <v1::ScanResponse as prost::Message>::decode(chunk)
+        .map(|response| response.entries)
+        .map_err(|error| {
+            ClientError::Rpc(tonic::Status::internal(format!(
+                "a Scan chunk does not decode: {error}"
+            )))
+        })
+}
+
+pub fn entries_to_py(py: Python<'_>, entries: Vec<v1::Entry>) -> PyResult<Bound<'_, PyList>> {
     let converted = entries
         .into_iter()
         .map(|entry| Entry::from_proto(py, entry))
@@ -269,17 +286,54 @@ impl NativeClient {
             namespace,
             device,
             rank,
-            // The client's view (scan_chunks fills it in).
+            // The client's view (scan_stream fills it in).
             view: String::new(),
         };
-        let chunks = self.call(py, move |context| async move {
-            let client = context.client(None).await?;
-            within(limit, client.scan_chunks(filter)).await
-        })?;
-        let converted = chunks
-            .into_iter()
-            .map(|chunk| entries_to_py(py, chunk))
-            .collect::<PyResult<Vec<_>>>()?;
+        // Each chunk arrives encoded and is decoded (without the GIL) and made into Python
+        // objects on this thread, while the runtime thread receives the next: the decoding, the
+        // larger part of a Scan's client work, overlaps the transfer instead of following it on
+        // the thread that reads the socket. A chunk that arrives while this thread still has
+        // one waiting is decoded by the runtime thread itself, so that when the daemon sends
+        // faster than one thread decodes, both threads decode.
+        let context = self.context(py)?;
+        let waiting = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let taken = Arc::clone(&waiting);
+        let mut converted: Vec<Py<PyList>> = Vec::new();
+        let streamed = run_serving(
+            py,
+            move |chunks| async move {
+                use std::sync::atomic::Ordering;
+                let stream_all = async {
+                    let client = context.client(None).await?;
+                    let mut stream = client.scan_encoded(filter).await?;
+                    while let Some(chunk) = stream.message().await? {
+                        let chunk = if waiting.load(Ordering::Acquire) > 0 {
+                            ScanChunk::Decoded(decode_chunk(chunk)?)
+                        } else {
+                            ScanChunk::Encoded(chunk)
+                        };
+                        waiting.fetch_add(1, Ordering::AcqRel);
+                        if chunks.send(Event::Request(chunk)).is_err() {
+                            break;
+                        }
+                    }
+                    Ok(())
+                };
+                within(limit, stream_all).await
+            },
+            |py, chunk: ScanChunk| {
+                let entries = match chunk {
+                    ScanChunk::Decoded(entries) => entries,
+                    ScanChunk::Encoded(bytes) => py
+                        .detach(move || decode_chunk(bytes))
+                        .map_err(|error| client_error(py, error))?,
+                };
+                converted.push(entries_to_py(py, entries)?.unbind());
+                taken.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                Ok(())
+            },
+        )?;
+        streamed.map_err(|error| client_error(py, error))?;
         PyList::new(py, converted)
     }
 

@@ -59,6 +59,26 @@ fn resolve_view(environ: &Bound<'_, pyo3::types::PyMapping>, explicit: Option<St
     )
 }
 
+/// What a Scan does with its bytes once they arrived, alone: decodes `tunecache.v1.ScanResponse`
+/// messages and builds the Entry objects a Scan returns, one list per message. Not part of the
+/// package's API: the benchmarks time it as the Scan's floor (tests/bench, "Python ranks").
+#[pyfunction]
+fn _decode_scan_chunks<'py>(
+    py: Python<'py>,
+    chunks: Vec<Bound<'py, pyo3::types::PyBytes>>,
+) -> PyResult<Bound<'py, pyo3::types::PyList>> {
+    use prost::Message as _;
+    let decoded = chunks
+        .iter()
+        .map(|chunk| {
+            let response = tunecache_client::proto::ScanResponse::decode(chunk.as_bytes())
+                .map_err(|error| pyo3::exceptions::PyValueError::new_err(error.to_string()))?;
+            client::entries_to_py(py, response.entries)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    pyo3::types::PyList::new(py, decoded)
+}
+
 #[pymodule]
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<client::NativeClient>()?;
@@ -76,5 +96,6 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(check_daemon_uid, module)?)?;
     module.add_function(wrap_pyfunction!(resolve_view, module)?)?;
     module.add_function(wrap_pyfunction!(errors::refused_entry_index_of, module)?)?;
+    module.add_function(wrap_pyfunction!(_decode_scan_chunks, module)?)?;
     Ok(())
 }
