@@ -1,18 +1,19 @@
 # Owns the Python parse floor of the cold-start matrix: the least CPU a Python rank spends on what
-# it loads, measured in one uncontended process. For a tunecache rank: protobuf's parse of the very
-# Scan response bytes that rank receives (taken raw off the wire through grpcio), and that parse
-# plus building the rank's in-memory cache from the entries (what tunecache_rank.py does after the
-# bytes arrive). For a file-lock rank: json.loads of the whole cache file's bytes.
+# it loads, measured in one uncontended process. For a tunecache rank: its client's parse of the
+# very Scan response bytes that rank receives (taken raw off the wire through grpcio; see
+# flavor.py: the binding's Rust decode and objects, or protobuf's parse for the grpcio package),
+# and that parse plus building the rank's in-memory cache from the entries (what
+# tunecache_rank.py does after the bytes arrive). For a file-lock rank: json.loads of the whole
+# cache file's bytes.
 #
-# Run by the harness as: python -c <rank_view.py, then this file> --socket S --namespace NS --device DEV --rank N
-#   --cache FILE --runs K; prints one JSON object (medians in ms).
+# Run by the harness as: python -c <rank_view.py, flavor.py, then this file> --socket S
+#   --namespace NS --device DEV --rank N --cache FILE --runs K; prints one JSON object (medians
+#   in ms).
 import argparse
 import json
 import statistics
 import time
 
-from tunecache import Client
-from tunecache.client import pb
 
 
 def timed(runs: int, work) -> float:
@@ -34,18 +35,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=21)
     args = parser.parse_args()
 
-    client = Client(args.socket, timeout=60)
-    raw_scan = client._channel.unary_stream(
-        "/tunecache.v1.TuneCache/Scan",
-        request_serializer=pb.ScanRequest.SerializeToString,
-        response_deserializer=None,
-    )
-    request = pb.ScanRequest(namespace=args.namespace, device=args.device, rank=args.rank)
-    chunks = list(raw_scan(request, timeout=60))
-    client.close()
+    chunks, channel = raw_scan_chunks(args.socket, args.namespace, args.device, args.rank)
+    channel.close()
 
     def parse():
-        return [entry for chunk in chunks for entry in pb.ScanResponse.FromString(chunk).entries]
+        return decode_scan(chunks)
 
     def view():
         shared, own = build_view(parse(), args.rank)
@@ -56,6 +50,7 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "client": client_flavor(),
                 "scan_entries": len(parse()),
                 "scan_bytes": sum(len(chunk) for chunk in chunks),
                 "view_entries": view(),

@@ -1,5 +1,5 @@
-# Owns one Python rank of the cold-start matrix using tunecached through the `tunecache` package
-# (client/python, grpcio): what a TensorRT-LLM rank does at start-up with the daemon instead of the
+# Owns one Python rank of the cold-start matrix using tunecached through a `tunecache` package
+# (client/python, the binding of the Rust client; or the grpcio package before it, issue 28): what a TensorRT-LLM rank does at start-up with the daemon instead of the
 # JSON file. Before the barrier it imports the package and builds the entries it "tuned" (given by
 # the harness in --entries, the same entries the Rust tunecache-rank records); after the release it
 # connects, Scans the namespace filtered to the shared and its own entries, builds its in-memory
@@ -7,15 +7,14 @@
 # its new entries, and prints one RankReport JSON line (the shape tests/bench/src/scenario.rs reads).
 #
 # Run by the harness as: python -c <rank_view.py, then this file> --socket S --rank N --entries FILE --namespace NS
-#   --device DEV; rank protocol: print "ready", wait for EOF on stdin, work, print the report.
+#   --device DEV --system NAME; rank protocol: print "ready", wait for EOF on stdin, work, print the report.
 import argparse
 import json
 import os
 import sys
 import time
 
-from tunecache import Client
-from tunecache.client import pb
+from tunecache import Client, Entry, Key, Result
 
 # Far above any healthy answer, so a slow daemon shows in the timings instead of failing the rank.
 CALL_DEADLINE_S = 120.0
@@ -28,11 +27,12 @@ def main() -> None:
     parser.add_argument("--entries", required=True, help="JSON list of the entries this rank records")
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--device", required=True)
+    parser.add_argument("--system", default="tunecache-py")
     args = parser.parse_args()
 
     with open(args.entries, encoding="utf-8") as file:
         tuned = [
-            pb.Entry(key=pb.Key(**entry["key"]), result=pb.Result(**entry["result"]))
+            Entry(key=Key(**entry["key"]), result=Result(**entry["result"]))
             for entry in json.load(file)
         ]
 
@@ -56,7 +56,7 @@ def main() -> None:
         json.dumps(
             {
                 "rank": args.rank,
-                "system": "tunecache-py",
+                "system": args.system,
                 "load_ms": load_took * 1e3,
                 "save_ms": save_took * 1e3,
                 "cache_ms": (load_took + save_took) * 1e3,
@@ -72,7 +72,7 @@ def main() -> None:
     )
     # Start-up is done: a real rank goes on to run the model, so the interpreter's teardown (for
     # grpcio: its threads and channel, ~150 ms) is no part of the cold start the harness times
-    # until the process exits. Skip it, as the Rust ranks have none.
+    # until the process exits. Skip it, as the Rust ranks have none (the binding's is cheap).
     os._exit(0)
 
 

@@ -121,6 +121,35 @@ enum Commands {
         #[arg(long, default_value_t = 300.0)]
         limit_s: f64,
     },
+    /// Issue 28's Python-client figures: per process, a 5,000-entry Scan against its floor, and
+    /// cold start at each R on local disk, for the package of today (the binding of the Rust
+    /// client, in client/python/.venv) and the grpcio package before it, with the file-lock
+    /// peers; writes python-client.json.
+    PythonClient {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        /// The grpcio package before issue 28, with its .venv (make it with
+        /// tests/bench/python/grpcio_before.sh DIR).
+        #[arg(long)]
+        grpcio_dir: PathBuf,
+        /// The Python client directory (with its .venv holding the wheel) [default:
+        /// client/python].
+        #[arg(long)]
+        python_dir: Option<PathBuf>,
+        #[arg(long, value_delimiter = ',', default_value = "32,128")]
+        ranks: Vec<u32>,
+        /// Fresh processes per client and mode (per-process figures).
+        #[arg(long, default_value_t = 15)]
+        processes: usize,
+        #[arg(long, default_value_t = 31)]
+        scan_runs: usize,
+        /// Cold-start runs per system and R (the median run is reported).
+        #[arg(long, default_value_t = 3)]
+        cold_runs: usize,
+        /// Small sizes: checks the harness, judges nothing.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Run only some daemon micro-benchmarks; print their results and target ratios as JSON.
     Micro {
         /// Comma-separated: lookup (with the echo floor), pyscan, memory, pickup, transport
@@ -288,6 +317,32 @@ fn main() -> Result<()> {
             };
             let command_line = std::env::args().collect::<Vec<_>>().join(" ");
             suite::cluster::run_cluster(&options, &command_line)?;
+            println!("{}", serde_json::json!({ "out": out }));
+        }
+        Commands::PythonClient {
+            out,
+            grpcio_dir,
+            python_dir,
+            ranks,
+            processes,
+            scan_runs,
+            cold_runs,
+            quick,
+        } => {
+            let options = suite::python_client::PythonClientOptions {
+                out_dir: out.clone(),
+                python_dir: python_dir.unwrap_or_else(|| {
+                    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../client/python")
+                }),
+                grpcio_dir,
+                ranks,
+                processes,
+                scan_runs,
+                cold_runs,
+                quick,
+                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+            };
+            suite::python_client::run(&options)?;
             println!("{}", serde_json::json!({ "out": out }));
         }
         Commands::Micro {

@@ -1,6 +1,7 @@
-//! Owns the Python ranks of the cold-start matrix: the interpreter they run on (the venv of
-//! `client/python`, with the `tunecache` package importable), the two Python systems under test
-//! (tunecache through the package over grpcio, and the file-lock cache as TensorRT-LLM's
+//! Owns the Python ranks of the cold-start matrix: the interpreters they run on (the venv of
+//! `client/python` with the package's wheel installed; for issue 28's "before", the grpcio
+//! package of earlier releases from a source tree of its own), the Python systems under test
+//! (tunecache through a `tunecache` package, and the file-lock cache as TensorRT-LLM's
 //! autotuner kept it before PR 22173: a lock, `json.load`, merge, `json.dump`, fsync, rename),
 //! and the Python parse floor. The rank programs themselves are the scripts in `tests/bench/python`,
 //! compiled in and run with `python -c`; the harness hands each rank the entries it "tuned" in a
@@ -23,14 +24,26 @@ pub const TUNECACHE_RANK_PY: &str = concat!(
 );
 /// The Python file-lock rank, "before" variant.
 pub const FILELOCK_RANK_PY: &str = include_str!("../python/filelock_rank.py");
-/// The Python parse floor, after the same view the rank builds.
+/// The Python parse floor, after the same view the rank builds and the client's own parse.
 pub const PARSE_FLOOR_PY: &str = concat!(
     include_str!("../python/rank_view.py"),
+    include_str!("../python/flavor.py"),
     include_str!("../python/parse_floor.py")
 );
+/// How each client fetches a Scan's raw bytes and builds its objects (for floors).
+pub const FLAVOR_PY: &str = include_str!("../python/flavor.py");
+/// One fresh process's cost of `import tunecache` and its first call.
+pub const PROCESS_COST_PY: &str = include_str!("../python/process_cost.py");
+/// A Scan through the client against its floor.
+pub const SCAN_COST_PY: &str = concat!(
+    include_str!("../python/flavor.py"),
+    include_str!("../python/scan_cost.py")
+);
 
-/// Name of the Python tunecache system in reports.
+/// Name of the Python tunecache system in reports (the package of today, over the Rust client).
 pub const TUNECACHE_PY: &str = "tunecache-py";
+/// Name of the same system through the grpcio package it replaced (issue 28's "before").
+pub const TUNECACHE_PY_GRPCIO: &str = "tunecache-py-grpcio";
 /// Name of the Python file-lock "before" peer in reports.
 pub const FILELOCK_PY_BEFORE: &str = "filelock-py-before";
 
@@ -38,32 +51,58 @@ pub const FILELOCK_PY_BEFORE: &str = "filelock-py-before";
 #[derive(Debug, Clone)]
 pub struct PythonEnv {
     pub python: PathBuf,
-    /// Put on `PYTHONPATH` (the client's source tree, whose stubs `gen_stubs.py` generated).
-    pub package_dir: PathBuf,
+    /// Put on `PYTHONPATH`: a source tree holding the package (the grpcio package's, whose stubs
+    /// `gen_stubs.py` generated). None: the package installed in the venv (the wheel), with
+    /// `PYTHONPATH` removed so no source tree shadows it.
+    pub package_dir: Option<PathBuf>,
+    /// The system name of tunecache ranks on this interpreter.
+    pub system: &'static str,
 }
 
 impl PythonEnv {
-    /// The venv of `python_dir` (`client/python`, made by its `run_tests.sh`), checked by
-    /// importing the package once.
+    /// The venv of `python_dir` (`client/python`, made by its `run_tests.sh`, which installs the
+    /// package's wheel), checked by importing the package and its native module once.
     pub fn find(python_dir: &Path) -> Result<Self, String> {
-        let python = python_dir.join(".venv/bin/python");
-        if !python.exists() {
+        Self::checked(
+            Self {
+                python: python_dir.join(".venv/bin/python"),
+                package_dir: None,
+                system: TUNECACHE_PY,
+            },
+            "import grpc, tunecache, tunecache._native",
+            "client/python/run_tests.sh",
+        )
+    }
+
+    /// The grpcio package of earlier releases, as a source tree `dir` with its stubs generated
+    /// and a venv `dir/.venv` holding grpcio and protobuf (tests/bench/python/grpcio_before.sh
+    /// makes both).
+    pub fn find_grpcio(dir: &Path) -> Result<Self, String> {
+        Self::checked(
+            Self {
+                python: dir.join(".venv/bin/python"),
+                package_dir: Some(dir.to_path_buf()),
+                system: TUNECACHE_PY_GRPCIO,
+            },
+            "import grpc, tunecache, tunecache.client; assert not hasattr(tunecache, '_native')",
+            "tests/bench/python/grpcio_before.sh",
+        )
+    }
+
+    fn checked(env: Self, probe: &str, maker: &str) -> Result<Self, String> {
+        if !env.python.exists() {
             return Err(format!(
-                "{} not found (create it with client/python/run_tests.sh)",
-                python.display()
+                "{} not found (create it with {maker})",
+                env.python.display()
             ));
         }
-        let env = Self {
-            python,
-            package_dir: python_dir.to_path_buf(),
-        };
         let output = env
-            .command("import grpc, tunecache")
+            .command(probe)
             .output()
             .map_err(|err| format!("running {}: {err}", env.python.display()))?;
         if !output.status.success() {
             return Err(format!(
-                "{} cannot import tunecache: {}",
+                "{} cannot import its tunecache package: {}",
                 env.python.display(),
                 String::from_utf8_lossy(&output.stderr).trim()
             ));
@@ -77,9 +116,14 @@ impl PythonEnv {
         command
             .arg("-c")
             .arg(script)
-            .env("PYTHONPATH", &self.package_dir)
             // The rank's own timings are what counts; no .pyc writes into the source tree.
-            .env("PYTHONDONTWRITEBYTECODE", "1");
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            // Ranks read without a view, as every other system of the matrix.
+            .env("TUNECACHE_VIEW", "");
+        match &self.package_dir {
+            Some(dir) => command.env("PYTHONPATH", dir),
+            None => command.env_remove("PYTHONPATH"),
+        };
         command
     }
 }
@@ -148,12 +192,14 @@ impl PythonTunecacheSystem {
 
 impl SystemUnderTest for PythonTunecacheSystem {
     fn name(&self) -> String {
-        TUNECACHE_PY.to_owned()
+        self.env.system.to_owned()
     }
 
     fn prepare(&mut self, spec: &ScenarioSpec) -> Result<(), ScenarioError> {
         self.runs += 1;
-        self.tuned_dir = self.tuned_root.join(format!("tunecache-py-{}", self.runs));
+        self.tuned_dir = self
+            .tuned_root
+            .join(format!("{}-{}", self.env.system, self.runs));
         create_dir(&self.tuned_dir)?;
         for rank in 0..spec.ranks {
             let entries: Vec<serde_json::Value> =
@@ -178,7 +224,9 @@ impl SystemUnderTest for PythonTunecacheSystem {
             .arg("--namespace")
             .arg(NAMESPACE)
             .arg("--device")
-            .arg(DEVICE);
+            .arg(DEVICE)
+            .arg("--system")
+            .arg(self.env.system);
         command
     }
 
@@ -261,6 +309,9 @@ impl SystemUnderTest for PythonFileLockPeer {
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct PythonParse {
     pub ranks: u32,
+    /// Whose parse: "binding" (the package over the Rust client) or "grpcio" (the one before).
+    #[serde(default)]
+    pub client: String,
     /// Entries and bytes of rank 0's Scan (shared + its own) for this R.
     pub scan_entries: usize,
     pub scan_bytes: usize,

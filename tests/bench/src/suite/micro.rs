@@ -290,11 +290,13 @@ pub(super) async fn measure_throughput(
 }
 
 /// Python, shared by `pyscan` and `transport`: `timed_scans` times Scans through the client;
-/// `scan_floor` takes the Scan's bytes raw off the wire and returns (wire bytes, Python's parse
-/// of them, one bare echo round trip (health Check) on the same channel), medians in ms.
-pub(super) const PYTHON_FLOOR: &str = r#"
+/// `scan_floor` takes the Scan's bytes raw off the wire and returns (wire bytes, the client's
+/// parse of them (see flavor.py), one bare echo round trip (health Check)), medians in ms. Works
+/// with either Python client (the binding of today or the grpcio package before it).
+pub(super) const PYTHON_FLOOR: &str = concat!(
+    include_str!("../../python/flavor.py"),
+    r#"
 import statistics, time
-from tunecache.client import pb
 def timed_scans(client, namespace, device, runs):
     """Scans through the client `runs` times after one warm-up; returns (entries, ms each)."""
     def scan():
@@ -308,17 +310,14 @@ def timed_scans(client, namespace, device, runs):
         assert len(entries) == count
     return count, times
 def scan_floor(client, namespace, device, runs, count):
-    raw_scan = client._channel.unary_stream(
-        "/tunecache.v1.TuneCache/Scan",
-        request_serializer=pb.ScanRequest.SerializeToString, response_deserializer=None)
-    chunks = list(raw_scan(pb.ScanRequest(namespace=namespace, device=device)))
+    chunks, channel = raw_scan_chunks(client.socket_path, namespace, device)
     parse = []
     for _ in range(runs):
         started = time.perf_counter()
-        parsed = [e for chunk in chunks for e in pb.ScanResponse.FromString(chunk).entries]
+        parsed = decode_scan(chunks)
         parse.append((time.perf_counter() - started) * 1e3)
         assert len(parsed) == count
-    echo_call = client._channel.unary_unary("/grpc.health.v1.Health/Check")
+    echo_call = channel.unary_unary("/grpc.health.v1.Health/Check")
     for _ in range(100):
         echo_call(b"")
     echo = []
@@ -327,7 +326,8 @@ def scan_floor(client, namespace, device, runs, count):
         echo_call(b"")
         echo.append((time.perf_counter() - started) * 1e3)
     return sum(len(c) for c in chunks), statistics.median(parse), statistics.median(echo)
-"#;
+"#
+);
 
 const PYTHON_SCAN: &str = r#"
 import json, sys, time
@@ -371,7 +371,9 @@ async fn measure_python_scan(options: &MicroOptions) -> Result<PythonScan> {
         .arg(NAMESPACE)
         .arg(DEVICE)
         .arg(runs.to_string())
-        .env("PYTHONPATH", &options.python_dir)
+        // The package installed in the venv (the wheel); no source tree may shadow it.
+        .env_remove("PYTHONPATH")
+        .env("TUNECACHE_VIEW", "")
         .output()
         .with_context(|| format!("running {}", python.display()))?;
     daemon.stop();

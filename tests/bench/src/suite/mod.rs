@@ -7,6 +7,7 @@
 
 pub mod cluster;
 mod micro;
+pub mod python_client;
 mod report;
 mod slowfs;
 mod transport;

@@ -141,7 +141,9 @@ namespace, device, setups = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 clients = []
 for socket, extra in setups:
     client = Client(socket, timeout=60)
-    if extra:
+    # grpcio's channel options apply to the grpcio package only; the binding has its own
+    # transport (tonic), which the daemon-side variants still vary.
+    if extra and client_flavor() == "grpcio":
         client._channel.close()
         client._channel = grpc.insecure_channel(
             "unix:" + socket, options=list(CHANNEL_OPTIONS) + [tuple(o) for o in extra])
@@ -198,7 +200,7 @@ impl PythonDriver {
             .arg(NAMESPACE)
             .arg(DEVICE)
             .arg(serde_json::to_string(&setups)?)
-            .env("PYTHONPATH", &options.python_dir)
+            .env_remove("PYTHONPATH")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
