@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Owns building the package's one wheel (maturin, release, the stable ABI: it installs on every
+# Owns building the package's one wheel (maturin, the workspace's `wheel` profile, the stable ABI: it installs on every
 # CPython >= 3.10) into client/python/dist and printing its path. Usage: build_wheel.sh [PYTHON];
 # PYTHON (default python3) runs maturin, installed into it when missing. Cargo builds into
 # $CARGO_TARGET_DIR, else the workspace's target/. For a manylinux wheel to install on nodes
@@ -12,5 +12,5 @@ if ! "$python" -m maturin --version >/dev/null 2>&1; then
     "$python" -m pip install --quiet --disable-pip-version-check 'maturin>=1.9.4,<2' >&2
 fi
 rm -rf "$here/dist"
-"$python" -m maturin build --release --manifest-path "$here/Cargo.toml" --out "$here/dist" >&2
+"$python" -m maturin build --manifest-path "$here/Cargo.toml" --out "$here/dist" >&2
 ls "$here"/dist/tunecache-*.whl

@@ -34,8 +34,9 @@ wheel="${TUNECACHE_PY_WHEEL:-}"
 if [[ -z "$wheel" ]]; then
     wheel="$("$here/build_wheel.sh" "$python")"
 fi
-# The same wheel every time: --force-reinstall replaces an editable or older install.
-"${pip[@]}" --force-reinstall --no-deps "$wheel"
+# The same wheel every time: --force-reinstall replaces an editable or older install. Byte-compiled
+# at install, as a site's pip install does (PYTHONDONTWRITEBYTECODE would skip that).
+env -u PYTHONDONTWRITEBYTECODE "${pip[@]}" --force-reinstall --no-deps "$wheel"
 # Test dependencies: grpcio-tools pulls in the grpcio and protobuf it generates code for (the
 # tests' own gRPC client and the stub check), as the `[grpc]` extra pins them.
 "${pip[@]}" grpcio protobuf grpcio-tools pytest googleapis-common-protos

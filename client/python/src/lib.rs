@@ -81,16 +81,13 @@ fn _decode_scan_chunks<'py>(
 
 #[pymodule]
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Only the classes Python code names; the answers' classes (Lease, Miss, ResolveResponse,
+    // RecordResponse, Message, RankOutcome) are made on first use, so importing the package
+    // does not pay for them.
     module.add_class::<client::NativeClient>()?;
     module.add_class::<messages::Key>()?;
     module.add_class::<messages::TunedResult>()?;
     module.add_class::<messages::Entry>()?;
-    module.add_class::<messages::Lease>()?;
-    module.add_class::<messages::Miss>()?;
-    module.add_class::<messages::ResolveResponse>()?;
-    module.add_class::<messages::RecordResponse>()?;
-    module.add_class::<messages::Message>()?;
-    module.add_class::<tuning::RankOutcome>()?;
     module.add_function(wrap_pyfunction!(default_socket_path, module)?)?;
     module.add_function(wrap_pyfunction!(check_default_socket, module)?)?;
     module.add_function(wrap_pyfunction!(check_daemon_uid, module)?)?;

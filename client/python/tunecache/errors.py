@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import enum
 import sys
 from typing import Any, Optional
 
@@ -18,39 +17,42 @@ class UntrustedDaemonError(UntrustedSocketError):
     """The daemon answering on the socket runs as a uid the caller does not trust."""
 
 
-class StatusCode(enum.Enum):
-    """gRPC status codes, valued as grpcio's ``grpc.StatusCode`` (``(number, name)``). A member
-    equals grpcio's member of the same name, so code written against grpcio compares as before."""
+class StatusCode:
+    """gRPC status codes: ``StatusCode.INVALID_ARGUMENT`` and the others, each with ``name`` and
+    ``value`` as grpcio's ``grpc.StatusCode`` has them (``(number, text)``). A code equals
+    grpcio's member of the same name, so code written against grpcio compares as before. (Plain
+    attributes, not an Enum: making an Enum class costs every rank process's import more than
+    the rest of the package's Python.)"""
 
-    OK = (0, "ok")
-    CANCELLED = (1, "cancelled")
-    UNKNOWN = (2, "unknown")
-    INVALID_ARGUMENT = (3, "invalid argument")
-    DEADLINE_EXCEEDED = (4, "deadline exceeded")
-    NOT_FOUND = (5, "not found")
-    ALREADY_EXISTS = (6, "already exists")
-    PERMISSION_DENIED = (7, "permission denied")
-    RESOURCE_EXHAUSTED = (8, "resource exhausted")
-    FAILED_PRECONDITION = (9, "failed precondition")
-    ABORTED = (10, "aborted")
-    OUT_OF_RANGE = (11, "out of range")
-    UNIMPLEMENTED = (12, "unimplemented")
-    INTERNAL = (13, "internal")
-    UNAVAILABLE = (14, "unavailable")
-    DATA_LOSS = (15, "data loss")
-    UNAUTHENTICATED = (16, "unauthenticated")
+    __slots__ = ("name", "value")
+
+    def __init__(self, name: str, value: tuple):
+        self.name = name
+        self.value = value
 
     def __eq__(self, other: Any) -> bool:
         if isinstance(other, StatusCode):
             return self is other
-        # grpc.StatusCode, without importing grpcio: an Enum of the same name and value.
-        return isinstance(other, enum.Enum) and other.name == self.name and other.value == self.value
+        # grpc.StatusCode, without importing grpcio: an Enum member of the same name and value.
+        return getattr(other, "name", None) == self.name and getattr(other, "value", None) == self.value
 
     def __hash__(self) -> int:
         return hash(self.name)
 
+    def __repr__(self) -> str:
+        return f"StatusCode.{self.name}"
 
-_BY_NUMBER = {member.value[0]: member for member in StatusCode}
+
+_CODE_NAMES = (
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
+    "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+)
+_BY_NUMBER = {}
+for _number, _name in enumerate(_CODE_NAMES):
+    _BY_NUMBER[_number] = StatusCode(_name, (_number, _name.lower().replace("_", " ")))
+    setattr(StatusCode, _name, _BY_NUMBER[_number])
+del _number, _name
 
 
 class RpcError(Exception):
@@ -63,7 +65,7 @@ class RpcError(Exception):
     subclass made then), so ``except grpc.RpcError`` around package calls keeps working; code
     that names grpc.RpcError has imported grpcio, so this costs the package no import of it."""
 
-    def __init__(self, code: StatusCode, details: str, refused_entry_index: Optional[int] = None):
+    def __init__(self, code: "StatusCode", details: str, refused_entry_index: Optional[int] = None):
         super().__init__(f"{code.name}: {details}")
         self._code = code
         self._details = details

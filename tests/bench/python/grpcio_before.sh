@@ -17,4 +17,6 @@ package="$dir/client/python"
 "$package/.venv/bin/python" -m pip install --quiet --disable-pip-version-check grpcio protobuf \
     grpcio-tools googleapis-common-protos >&2
 "$package/.venv/bin/python" "$package/gen_stubs.py" >&2
+# Byte-compiled once, as pip does for an installed package: no rank pays for compiling it.
+"$package/.venv/bin/python" -m compileall -q "$package/tunecache" >&2
 echo "$package"

@@ -1,9 +1,10 @@
 # Owns one measurement of what the `tunecache` package costs a fresh rank process: CPU time
 # (every thread's, time.process_time) of `import tunecache`, then of making a Client and its
 # first call (a one-key Lookup), the process's threads after it, and the resident memory that
-# import and call added (VmRSS). With "preloaded", the standard modules a framework rank has
-# imported long before (torch imports all of these) are imported first, so only the package's
-# own cost is counted. Works for both clients (flavor.py is not needed: no floor here).
+# import and call added (VmRSS). With "preloaded", what a framework rank has loaded long before
+# is loaded first (torch imports all of these modules, and loads libstdc++ and with it
+# libgcc_s, the unwinder a Rust extension links), so only the package's own cost is counted.
+# Works for both clients (flavor.py is not needed: no floor here).
 #
 # Run by the harness as: python -c <this file> SOCKET bare|preloaded; prints one JSON object.
 import os
@@ -25,8 +26,11 @@ def tasks():
 
 socket, mode = sys.argv[1], sys.argv[2]
 if mode == "preloaded":
-    import json, logging, typing, threading, re, enum, platform, math, statistics, functools  # noqa: E401,F401
-    import ast, inspect, importlib, struct, socket as socketlib, stat, collections, dataclasses  # noqa: E401,F401
+    import __future__, json, logging, typing, threading, re, enum, platform, math, statistics  # noqa: E401,F401
+    import functools, ast, inspect, importlib, struct, socket as socketlib, stat, collections  # noqa: E401,F401
+    import dataclasses, ctypes  # noqa: E401,F401
+
+    ctypes.CDLL("libgcc_s.so.1")
 rss_before = rss_kib()
 started = time.process_time()
 import tunecache  # noqa: E402

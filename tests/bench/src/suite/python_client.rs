@@ -60,7 +60,8 @@ pub struct ProcessCost {
     pub import_cpu_ms: f64,
     pub first_call_cpu_ms: f64,
     pub cpu_ms: f64,
-    /// The process's threads after the first call (the main thread included).
+    /// The process's threads after the first call, the main thread included (the package's
+    /// own are this minus one).
     pub threads: usize,
     pub rss_added_mib: f64,
 }
