@@ -636,3 +636,23 @@ pub fn key(namespace: &str, op: &str, device: &str, problem: &str, rank: Option<
         rank,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn past_deadline_is_the_daemons_deadline_or_this_clients_own_timer() {
+        assert!(past_deadline(&tonic::Status::deadline_exceeded("late")));
+        // What tonic reports when the client's own request timeout fires.
+        assert!(past_deadline(&tonic::Status::cancelled(
+            tonic::TimeoutExpired(()).to_string()
+        )));
+        assert!(!past_deadline(&tonic::Status::cancelled(
+            "the caller went away"
+        )));
+        assert!(!past_deadline(&tonic::Status::unavailable(
+            "Timeout expired"
+        )));
+    }
+}

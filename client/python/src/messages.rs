@@ -312,13 +312,13 @@ where
 {
     /// The field's object, made from the decoded message on first use.
     fn object(&mut self, py: Python<'_>) -> PyResult<Py<T>> {
-        if let Slot::Decoded(message) = self {
-            let object = Py::new(py, T::from_proto(std::mem::take(message)))?;
-            *self = Slot::Object(object);
-        }
         match self {
             Slot::Object(object) => Ok(object.clone_ref(py)),
-            Slot::Decoded(_) => unreachable!("made just above"),
+            Slot::Decoded(message) => {
+                let object = Py::new(py, T::from_proto(std::mem::take(message)))?;
+                *self = Slot::Object(object.clone_ref(py));
+                Ok(object)
+            }
         }
     }
 
