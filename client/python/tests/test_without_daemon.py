@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import time
 
@@ -41,6 +42,26 @@ def test_tmp_per_uid_is_last():
 def test_empty_variables_count_as_unset():
     environ = {"TUNECACHE_SOCKET": "", "XDG_RUNTIME_DIR": ""}
     assert tunecache.default_socket_path(environ, uid=5) == "/tmp/tunecache-5/tunecache.sock"
+
+
+@pytest.mark.parametrize(
+    "variables",
+    [
+        {"TUNECACHE_SOCKET": "/run/custom.sock", "XDG_RUNTIME_DIR": "/run/user/7"},
+        {"XDG_RUNTIME_DIR": "/run/user/7"},
+        {"TUNECACHE_SOCKET": "", "XDG_RUNTIME_DIR": ""},
+        {},
+    ],
+    ids=["socket-variable", "runtime-dir", "empty", "neither"],
+)
+def test_the_rule_for_a_given_environment_is_the_rust_clients(monkeypatch, variables):
+    # default_socket_path() of this process is the Rust client's answer; with a mapping given it
+    # applies the same rule in Python. They must agree.
+    for name in ("TUNECACHE_SOCKET", "XDG_RUNTIME_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert tunecache.default_socket_path() == tunecache.default_socket_path(dict(variables), uid=os.getuid())
 
 
 def test_client_uses_the_default_socket_unless_given_one(monkeypatch):
