@@ -302,7 +302,18 @@ impl Tombstones {
 
     /// Whether a result of `key` is removed by a tombstone held here.
     pub fn drops(&self, key: &KeyView<'_>, result: &ResultView<'_>) -> bool {
-        result.forget_epoch < self.floor(key)
+        self.drops_epoch(key, || result.forget_epoch)
+    }
+
+    /// `drops`, asking for the result's epoch only when a tombstone covers `key` (reading a
+    /// stored result parses its record: a view's first read pins every key, mostly with no
+    /// tombstone in sight).
+    pub fn drops_epoch(&self, key: &KeyView<'_>, epoch: impl FnOnce() -> u64) -> bool {
+        if self.is_empty() {
+            return false;
+        }
+        let floor = self.floor(key);
+        floor > 0 && epoch() < floor
     }
 
     /// Whether the tombstones held already remove everything `tombstone` would.

@@ -82,14 +82,9 @@ impl Plan {
     }
 }
 
-/// Whether a tombstone held removes `pin`. Its result is read only when a tombstone covers
-/// its key (reading it parses the record): with no Forget, a first read pays nothing here.
+/// Whether a tombstone held removes `pin` (its result parsed only under a covering one).
 fn removed(tombstones: &crate::model::forget::Tombstones, pin: &StoredEntry) -> bool {
-    if tombstones.is_empty() {
-        return false;
-    }
-    let floor = tombstones.floor(&pin.key());
-    floor > 0 && pin.result().forget_epoch < floor
+    tombstones.drops_epoch(&pin.key(), || pin.result().forget_epoch)
 }
 
 struct LeaseInView {

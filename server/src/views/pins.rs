@@ -185,8 +185,8 @@ impl ViewPins {
         planned: Option<&EntryMap>,
         now: Instant,
     ) -> (Vec<StoredEntry>, Evicted) {
-        let unchanged = planned.is_some_and(|planned| self.touch(view, now).pins.ptr_eq(planned));
-        self.touch(view, now);
+        let current = &self.touch(view, now).pins;
+        let unchanged = planned.is_some_and(|planned| current.ptr_eq(planned));
         let mut evicted = Evicted::default();
         let mut answers = Vec::with_capacity(entries.len());
         for entry in entries {
