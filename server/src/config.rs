@@ -497,7 +497,13 @@ impl Config {
             .and_then(|name| name.into_string().ok())
             .unwrap_or_else(|| "localhost".to_owned())
             .chars()
-            .map(|c| if node_name_char(c) { c } else { '-' })
+            .map(|c| {
+                if crate::model::names::node_name_char(c) {
+                    c
+                } else {
+                    '-'
+                }
+            })
             .take(48)
             .collect();
         let host = host.trim_start_matches(['.', '-']);
@@ -614,28 +620,8 @@ fn first_directory(variable: &str) -> Option<PathBuf> {
 /// The state-directory file holding this daemon's node id.
 const NODE_ID_FILE: &str = "node-id";
 
-fn node_name_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
-}
-
 fn check_node_id(id: &str) -> bool {
     id.len() == 8 && id.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-/// The node name rule: it names files in the shared directory and keys in Redis, so 1 to 64
-/// of A-Z a-z 0-9 . _ -, not starting with '.' (hidden files) or '-'.
-pub fn check_node_name(name: &str) -> Result<(), String> {
-    let rule = "1 to 64 of A-Z a-z 0-9 . _ -, not starting with '.' or '-'";
-    if name.is_empty() || name.len() > 64 {
-        return Err(format!(
-            "{name:?} is {} bytes; a node name is {rule}",
-            name.len()
-        ));
-    }
-    if name.starts_with(['.', '-']) || !name.chars().all(node_name_char) {
-        return Err(format!("{name:?} breaks the rule: a node name is {rule}"));
-    }
-    Ok(())
 }
 
 /// `StateDirectory=`'s directory, when the daemon runs as a systemd service that sets one.
@@ -733,7 +719,7 @@ mod tests {
     fn request_limits_default_from_the_message_size() {
         let stats = |args: &[&str]| {
             let mut stats = tunecache_proto::v1::StatsResponse::default();
-            crate::rpc::stats::FillStats::fill_stats(
+            crate::report::FillStats::fill_stats(
                 &config(args).request_limits().unwrap(),
                 &mut stats,
             );
@@ -810,26 +796,6 @@ mod tests {
     }
 
     #[test]
-    fn node_names_follow_the_rule() {
-        for good in ["node-a", "gpu01.cluster_2", "A", &"n".repeat(64)] {
-            assert!(check_node_name(good).is_ok(), "{good}");
-        }
-        for bad in [
-            "",
-            ".hidden",
-            "-x",
-            "a/b",
-            "a\nb",
-            "a b",
-            "é",
-            &"n".repeat(65),
-        ] {
-            let why = check_node_name(bad).unwrap_err();
-            assert!(why.contains("1 to 64"), "{why}");
-        }
-    }
-
-    #[test]
     fn the_default_name_is_the_host_and_the_state_directory_id() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().to_str().unwrap();
@@ -841,7 +807,10 @@ mod tests {
             named.starts_with(&before) && named.len() == before.len() + 9,
             "{named}"
         );
-        assert!(check_node_name(&named).is_ok(), "{named}");
+        assert!(
+            crate::model::names::check_node_name(&named).is_ok(),
+            "{named}"
+        );
         config.ensure_node_id().unwrap();
         assert_eq!(config.node_name(), named, "the id is kept");
         let other = tempfile::tempdir().unwrap();

@@ -4,35 +4,58 @@
 //! change (`store`), makes it durable in a node-local journal (`journal`), publishes immutable
 //! versions that readers use without waiting, and tells every subscriber where each change
 //! came from (the change feed). Which result wins is decided in one place (`model::merge`).
-//! Missing results are tuned once per node (`coord`, `tuner`) and once per cluster with
-//! Redis (`cluster`). Within a job's view every rank gets the same answer (`views`). Nodes share results through segments on a shared filesystem
-//! (`snapshot`), whose I/O never runs on the async runtime. `ops` has what deployment needs.
+//! Every read goes through the job views (`views`): within a job's view every rank gets the
+//! same answer. Missing results are tuned once per node (`coord`, `tuner`) and once per
+//! cluster with Redis (`cluster`). Nodes share results through segments on a shared
+//! filesystem (`snapshot`), whose I/O never runs on the async runtime. `ops` has what
+//! deployment needs; `report` what every part reports with.
+//!
+//! # Layers
+//!
+//! The parts, top to bottom. A part uses only the parts below it (and its own); nothing
+//! imports a part above it, which `tests/layers.rs` checks on every build of the tests:
+//!
+//! 1. `server`: assembles the daemon;
+//! 2. `config`: the flags, and each part's typed settings made from them;
+//! 3. `rpc`: the gRPC service and its routes;
+//! 4. `views`: every read (Lookup, Scan, Resolve), with or without a job view;
+//! 5. `coord`: who tunes a missing key on this node;
+//! 6. `cluster`, `snapshot`, `tuner`: the Redis tier, the shared directory, the tuner worker;
+//! 7. `store`: the cache, its writer and its change feed;
+//! 8. `journal`: the durable log under the store;
+//! 9. `wire`, `ops`: protobuf bytes; sockets, connections, callers and their limits;
+//! 10. `error`: the one error type and its gRPC codes;
+//! 11. `model`: keys and results, the merge and Forget rules, request checks, names;
+//! 12. `report`, `sync`: Stats, logging and health helpers; locks.
 //!
 //! Public are only the modules `main`, the tests, the fuzz targets and the benchmarks use.
 
-// The model: what an entry is, which result wins, what a request may hold.
-pub mod model;
-// Every hand-written protobuf byte: entries kept in wire form, responses sent as stored.
-pub(crate) mod wire;
-// The cache and its change feed, the journal under it.
-pub mod journal;
-pub mod store;
-// Who tunes what: coordination on the node, the tuner worker, the cluster tier.
-pub(crate) mod cluster;
-pub(crate) mod coord;
-pub mod tuner;
-// Job views: one answer per job for every key, on every node.
-pub(crate) mod views;
-// Sharing through the shared filesystem.
-pub mod snapshot;
-// The gRPC service and its Stats.
-pub(crate) mod rpc;
-// Deployment and operations: the socket, connections, limits, systemd, metrics, health.
-pub(crate) mod ops;
+pub mod server;
 
 pub mod config;
+
+pub(crate) mod rpc;
+
+pub(crate) mod views;
+
+pub(crate) mod coord;
+
+pub(crate) mod cluster;
+pub mod snapshot;
+pub mod tuner;
+
+pub mod store;
+
+pub mod journal;
+
+pub(crate) mod ops;
+pub(crate) mod wire;
+
 pub mod error;
-pub mod server;
+
+pub mod model;
+
+pub(crate) mod report;
 mod sync;
 
 pub use config::Config;

@@ -125,7 +125,7 @@ pub async fn run(
         .await
         .map_err(|e| Error::io("locking", &state_dir, std::io::Error::other(e)))??
     };
-    crate::config::check_node_name(&node_name).map_err(Error::InvalidNodeName)?;
+    crate::model::names::check_node_name(&node_name).map_err(Error::InvalidNodeName)?;
     config.node_name = Some(node_name);
     let fsync = config.fsync;
     let open_dir = state_dir.clone();
@@ -167,8 +167,13 @@ pub async fn run(
         usize::try_from(config.max_connections_per_uid).unwrap_or(usize::MAX),
         config.preface_timeout(),
     ));
-    let views = crate::views::Views::new(config.view_settings(), store.clone(), cluster.clone());
-    tasks.push(tokio::spawn(views.clone().run_sweep(stop.clone())));
+    let views = crate::views::Views::new(
+        config.view_settings(),
+        store.clone(),
+        coordinator.clone(),
+        cluster.clone(),
+    );
+    tasks.push(tokio::spawn(views.clone().run(stop.clone())));
     let mut service = TuneCacheService::new(
         store.clone(),
         coordinator,
@@ -217,7 +222,10 @@ pub async fn run(
     let reflection_v1alpha = reflection().build_v1alpha()?;
 
     // --- Deployment: access check, idle timer, metrics, systemd. ---
-    let probe = crate::rpc::probe::StatsProbe::new(service.clone());
+    let probe = {
+        let service = Arc::clone(&service);
+        crate::report::StatsProbe::new(move || service.stats_now())
+    };
     let activity = crate::ops::idle::ActivityClock::default();
     let peer_check = crate::ops::access::PeerCheck::new(crate::ops::access::AccessPolicy::new(
         &config.allow_uid,
@@ -244,7 +252,7 @@ pub async fn run(
     // tonic's own decoding limit, the same, stays as a backstop.
     let tune_cache = peer_check.guard(crate::ops::idle::Touching::new(
         crate::ops::request_limits::Limited::new(
-            crate::wire::WireRoutes::new(
+            crate::rpc::routes::WireRoutes::new(
                 TuneCacheServer::from_arc(Arc::clone(&service))
                     .max_decoding_message_size(max_request_bytes)
                     .max_encoding_message_size(MAX_MESSAGE_BYTES),

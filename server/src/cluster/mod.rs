@@ -396,14 +396,14 @@ impl Cluster {
         reporter: tonic_health::server::HealthReporter,
         stop: CancellationToken,
     ) {
-        crate::ops::health::report(reporter, HEALTH_NAME, HEALTH_POLL, stop, || {
+        crate::report::health::report(reporter, HEALTH_NAME, HEALTH_POLL, stop, || {
             matches!(self.state(), LinkState::Connected { .. })
         })
         .await;
     }
 }
 
-impl crate::rpc::stats::FillStats for Cluster {
+impl crate::report::FillStats for Cluster {
     fn fill_stats(&self, stats: &mut v1::StatsResponse) {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let c = &self.counters;

@@ -35,12 +35,14 @@ pub trait Attachments: Default {
 }
 
 /// Who asks: whether it can tune, its process (for the per-process lease cap and the death
-/// watch) and the lease length it wants.
+/// watch), the lease length it wants and the job view it reads in (a lease it is granted
+/// carries the view).
 #[derive(Clone, Debug)]
 pub struct Caller {
     pub can_tune: bool,
     pub pid: Option<i32>,
     pub lease: Duration,
+    pub view: Option<String>,
 }
 
 /// A lease just granted: the caller's side starts its expiry/death watch and answers
@@ -123,17 +125,15 @@ pub enum Holder {
     Lease {
         id: String,
         pid: Option<i32>,
+        /// The job view of the Resolve that was granted the lease.
+        view: Option<String>,
     },
     /// The node's tuner worker; `what` describes the job for miss reasons.
-    Tuner {
-        what: String,
-    },
+    Tuner { what: String },
     /// A caller is asking the cluster who tunes it; others wait meanwhile.
     Claiming,
     /// Another node holds the cluster lease: its result arrives by push.
-    Remote {
-        node: String,
-    },
+    Remote { node: String },
 }
 
 struct Waiter {
@@ -141,6 +141,7 @@ struct Waiter {
     can_tune: bool,
     pid: Option<i32>,
     lease: Duration,
+    view: Option<String>,
 }
 
 struct Flight<A> {
@@ -220,6 +221,15 @@ impl<A: Attachments> Flights<A> {
         self.leases.get(lease_id)
     }
 
+    /// The key a live lease is for, and the job view it was granted in.
+    pub fn lease(&self, lease_id: &str) -> Option<(&CacheKey, Option<&str>)> {
+        let key = self.leases.get(lease_id)?;
+        match self.holder(key) {
+            Some(Holder::Lease { id, view, .. }) if id == lease_id => Some((key, view.as_deref())),
+            _ => None,
+        }
+    }
+
     /// What `key`'s flight owns outside, for the caller's side to attach a watch or a lease.
     pub fn attachments_mut(&mut self, key: &CacheKey) -> Option<&mut A> {
         self.flights
@@ -279,6 +289,7 @@ impl<A: Attachments> Flights<A> {
             can_tune: caller.can_tune,
             pid: caller.pid,
             lease: caller.lease,
+            view: caller.view.clone(),
         });
         Step::Wait(id)
     }
@@ -294,7 +305,7 @@ impl<A: Attachments> Flights<A> {
         if let Some(pid) = caller.pid.filter(|_| !self.has_lease_room(caller.pid)) {
             return Err((pid, self.max_leases_per_pid));
         }
-        Ok(self.grant(key, caller.pid, caller.lease, now))
+        Ok(self.grant(key, caller.pid, caller.lease, caller.view.clone(), now))
     }
 
     /// A waiter's call ended without an answer (timeout, or the caller went away).
@@ -401,7 +412,7 @@ impl<A: Attachments> Flights<A> {
             return Vec::new();
         };
         let waiter = flight.waiters.remove(index);
-        let grant = self.grant(key, waiter.pid, waiter.lease, now);
+        let grant = self.grant(key, waiter.pid, waiter.lease, waiter.view, now);
         vec![Effect::Grant(waiter.id, grant)]
     }
 
@@ -503,7 +514,7 @@ impl<A: Attachments> Flights<A> {
     /// Ends what `flight`'s holder had, leaving it held by nobody.
     fn end_holder(&mut self, flight: &mut Flight<A>) {
         match std::mem::replace(&mut flight.holder, Holder::Nobody) {
-            Holder::Lease { id, pid } => {
+            Holder::Lease { id, pid, .. } => {
                 self.leases.remove(&id);
                 if let Some(pid) = pid {
                     if let Some(held) = self.leases_per_pid.get_mut(&pid) {
@@ -525,6 +536,7 @@ impl<A: Attachments> Flights<A> {
         key: &CacheKey,
         pid: Option<i32>,
         length: Duration,
+        view: Option<String>,
         now: SystemTime,
     ) -> Grant {
         let serial = self.next_id();
@@ -535,6 +547,7 @@ impl<A: Attachments> Flights<A> {
             Holder::Lease {
                 id: lease_id.clone(),
                 pid,
+                view,
             },
             now,
         );
@@ -582,10 +595,12 @@ fn busy_reason<A>(flight: &Flight<A>, now: SystemTime) -> String {
         ago.as_secs_f64()
     );
     match &flight.holder {
-        Holder::Lease { id, pid: Some(pid) } => {
+        Holder::Lease {
+            id, pid: Some(pid), ..
+        } => {
             format!("pid {pid} holds lease {id} and is tuning it, {since}")
         }
-        Holder::Lease { id, pid: None } => format!("lease {id} is tuning it, {since}"),
+        Holder::Lease { id, pid: None, .. } => format!("lease {id} is tuning it, {since}"),
         Holder::Tuner { what } => format!("the node's tuner worker is tuning it ({what}), {since}"),
         Holder::Nobody => format!("no caller that can tune it has asked, waiting {since}"),
         Holder::Claiming => format!("asking the cluster who tunes it, {since}"),
@@ -658,6 +673,7 @@ mod tests {
             can_tune: true,
             pid: Some(pid),
             lease: Duration::from_secs(120),
+            view: None,
         }
     }
 
@@ -666,7 +682,44 @@ mod tests {
             can_tune: false,
             pid: Some(pid),
             lease: Duration::from_secs(120),
+            view: None,
         }
+    }
+
+    fn in_view(caller: Caller, view: &str) -> Caller {
+        Caller {
+            view: Some(view.to_owned()),
+            ..caller
+        }
+    }
+
+    #[test]
+    fn a_lease_carries_the_view_of_the_resolve_it_was_granted_to() {
+        let mut f = flights();
+        let k = key("p");
+        let Step::Lease(first) = f.resolve(&k, &in_view(tuner(1), "job-1"), true, at(0)) else {
+            panic!("the first tuner gets the lease")
+        };
+        assert_eq!(f.lease(&first.lease_id), Some((&k, Some("job-1"))));
+        let Step::Wait(next) = f.resolve(&k, &in_view(tuner(2), "job-2"), true, at(1)) else {
+            panic!("the second waits")
+        };
+        // The first holder gives up: the lease passes on with the waiter's own view.
+        let effects = f
+            .lease_ended(&k, &first.lease_id, LeaseEnd::GivenUp, at(2), &|_| true)
+            .expect("it held the flight");
+        let [Effect::Grant(to, handed)] = effects.as_slice() else {
+            panic!("{effects:?}")
+        };
+        assert_eq!(*to, next);
+        assert_eq!(f.lease(&first.lease_id), None, "an ended lease has no view");
+        assert_eq!(f.lease(&handed.lease_id), Some((&k, Some("job-2"))));
+        // A lease granted without a view has none.
+        let other = key("q");
+        let Step::Lease(plain) = f.resolve(&other, &tuner(3), true, at(3)) else {
+            panic!("a lease")
+        };
+        assert_eq!(f.lease(&plain.lease_id), Some((&other, None)));
     }
 
     fn result(time_us: f64) -> TunedResult {
@@ -759,7 +812,8 @@ mod tests {
             f.holder(&k),
             Some(&Holder::Lease {
                 id: handed.lease_id.clone(),
-                pid: Some(3)
+                pid: Some(3),
+                view: None,
             })
         );
         assert_eq!(f.lease_key(&grant.lease_id), None);

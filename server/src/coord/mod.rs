@@ -29,7 +29,7 @@ use tunecache_proto::v1;
 use crate::cluster::{Cluster, ClusterLease};
 use crate::error::{Error, Result};
 use crate::model::entry::{CacheKey, TunedResult};
-use crate::store::{ApplyOutcome, Change, ChangeListener, Store};
+use crate::store::{ApplyOutcome, Change, ChangeListener, RecordLease, Store};
 use crate::tuner::TunerHandle;
 use flights::{Attachments, Caller, Effect, Flights, Grant, LeaseEnd, Step, WaiterId};
 
@@ -91,6 +91,9 @@ pub struct ResolveCall {
     pub lease: Duration,
     /// The caller's pid from the socket's peer credentials, when known.
     pub caller_pid: Option<i32>,
+    /// The job view the caller reads in (`views`): a lease granted to it carries the view,
+    /// so that the change feed tells `views` where its holder's result is pinned.
+    pub view: Option<String>,
 }
 
 impl ResolveCall {
@@ -99,6 +102,7 @@ impl ResolveCall {
             can_tune: self.can_tune,
             pid: self.caller_pid,
             lease: self.lease,
+            view: self.view.clone(),
         }
     }
 }
@@ -153,7 +157,7 @@ pub struct Coordinator {
     me: Weak<Coordinator>,
     /// Watches are spawned from here, also when an event arrives on a non-runtime thread.
     runtime: tokio::runtime::Handle,
-    refusals_logged: crate::ops::limits::LogOnce,
+    refusals_logged: crate::report::LogOnce,
 }
 
 impl Coordinator {
@@ -414,16 +418,28 @@ impl Coordinator {
         entries: Vec<(CacheKey, TunedResult)>,
         lease_id: &str,
     ) -> Result<ApplyOutcome> {
-        let lease = (!lease_id.is_empty()).then_some(lease_id);
+        let lease = (!lease_id.is_empty()).then(|| self.record_lease(lease_id));
         let outcome = if entries.is_empty() {
             ApplyOutcome::default()
         } else {
             self.store.try_apply(entries, lease).await?
         };
-        if let Some(lease) = lease {
-            self.give_up_if_still_held(lease);
+        if !lease_id.is_empty() {
+            self.give_up_if_still_held(lease_id);
         }
         Ok(outcome)
+    }
+
+    /// The lease a Record names, as the change feed tells it: with its key and view while
+    /// this node holds it.
+    fn record_lease(&self, lease_id: &str) -> RecordLease {
+        let inner = self.lock();
+        let held = inner.flights.lease(lease_id);
+        RecordLease {
+            id: lease_id.to_owned(),
+            key: held.map(|(key, _)| key.clone()),
+            view: held.and_then(|(_, view)| view.map(str::to_owned)),
+        }
     }
 
     /// After a Record carrying `lease_id`: a lease still held means the Record did not give
@@ -472,7 +488,7 @@ impl Drop for WaiterGuard<'_> {
 }
 
 /// The coordinator's Stats fields: Resolve outcomes, leases and waiters.
-impl crate::rpc::stats::FillStats for Coordinator {
+impl crate::report::FillStats for Coordinator {
     fn fill_stats(&self, stats: &mut v1::StatsResponse) {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let counters = &self.counters;

@@ -24,6 +24,14 @@ use std::collections::HashMap;
 
 use crate::model::entry::{CacheKey, KeyView, ResultView};
 
+/// What a Forget asked of this node removes.
+#[derive(Clone, Debug)]
+pub struct ForgetAsk {
+    pub scope: ForgetScope,
+    /// With one exact key: forget it only if its winner still has this config and time.
+    pub only_if: Option<(String, f64)>,
+}
+
 /// Which ranks of a key a scope covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RankScope {

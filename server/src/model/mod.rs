@@ -1,8 +1,10 @@
 //! The model of the cache, independent of how it is stored or sent: keys and results
 //! (`entry`), the one rule that decides which result wins (`merge`) and what a Forget removes
-//! (`forget`), and the checks every request passes before anything is applied (`validate`).
+//! (`forget`), the checks every request passes before anything is applied (`validate`), and
+//! the rules for the names the daemon writes where others read them (`names`).
 
 pub mod entry;
 pub mod forget;
 pub mod merge;
+pub mod names;
 pub(crate) mod validate;

@@ -7,8 +7,7 @@ use tunecache_proto::tuner::problem;
 use tunecache_proto::v1;
 
 use crate::model::entry::{CacheKey, KeyView, TunedResult};
-use crate::model::forget::{ForgetScope, RankScope};
-use crate::store::ForgetAsk;
+use crate::model::forget::{ForgetAsk, ForgetScope, RankScope};
 
 pub use tunecache_proto::limits::{MAX_CONFIG_BYTES, MAX_KEY_FIELD_BYTES};
 /// Most entries (Record) or keys (Lookup) in one request.
@@ -25,7 +24,7 @@ pub struct InvalidField {
 }
 
 impl InvalidField {
-    fn new(path: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(path: impl Into<String>, reason: impl Into<String>) -> Self {
         InvalidField {
             path: path.into(),
             reason: reason.into(),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tonic::server::NamedService;
 
-use crate::rpc::probe::StatsProbe;
+use crate::report::StatsProbe;
 
 /// Longest pause between two idleness checks.
 const MAX_CHECK_INTERVAL: Duration = Duration::from_secs(5);

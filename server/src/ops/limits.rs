@@ -1,41 +1,16 @@
 //! What the daemon allows callers to hold, and what it reports when a limit is hit: the
-//! NOFILE raise at start-up, the per-limit counters Stats and metrics report, and the
-//! once-per-cause log of limits hit.
+//! NOFILE raise at start-up and the per-limit counters Stats and metrics report (each hit is
+//! logged once per cause, `report::LogOnce`).
 //!
 //! Each limit lives where its resource does (connections in `incoming`, leases in `coord`,
 //! the writer queue in `store`); this module owns what they share.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use tunecache_proto::v1;
 
-/// Most distinct causes remembered by a `LogOnce`; past that, new causes are counted in
-/// Stats but not logged, so a flood of distinct pids cannot grow the set without bound.
-const MAX_LOGGED_CAUSES: usize = 4096;
-
-/// Remembers which causes were logged, so each limit hit is logged once per cause (a uid, a
-/// pid, an errno) and counted every time.
-#[derive(Default)]
-pub struct LogOnce {
-    logged: Mutex<HashSet<String>>,
-}
-
-impl LogOnce {
-    /// True the first time `cause` is seen.
-    pub fn first(&self, cause: impl Into<String>) -> bool {
-        let Ok(mut logged) = self.logged.lock() else {
-            // A panic elsewhere while holding the lock: log rather than stay silent.
-            return true;
-        };
-        if logged.len() >= MAX_LOGGED_CAUSES {
-            return false;
-        }
-        logged.insert(cause.into())
-    }
-}
+use crate::report::LogOnce;
 
 /// The file-descriptor limit the daemon runs under, after `raise_nofile_limit`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -130,7 +105,7 @@ impl ConnectionLimits {
 }
 
 /// The connection fields of Stats.
-impl crate::rpc::stats::FillStats for ConnectionLimits {
+impl crate::report::FillStats for ConnectionLimits {
     fn fill_stats(&self, stats: &mut v1::StatsResponse) {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         stats.nofile_soft_limit = self.nofile.soft;

@@ -21,7 +21,7 @@ use tunecache_proto::v1::StatsResponse;
 
 use crate::error::{Error, Result};
 use crate::model::entry::unix_now_ms;
-use crate::rpc::probe::StatsProbe;
+use crate::report::StatsProbe;
 
 /// A scrape request larger than this, or slower than the timeout, is dropped.
 const MAX_REQUEST_BYTES: usize = 8 * 1024;

@@ -35,7 +35,7 @@ use tunecache_proto::limits::GRPC_FRAME_HEADER_BYTES;
 use tunecache_proto::v1;
 
 use crate::error::Error;
-use crate::ops::limits::LogOnce;
+use crate::report::LogOnce;
 
 /// What one request may hold, what is held now, and what was refused. One per daemon.
 pub struct RequestLimits {
@@ -162,7 +162,7 @@ impl RequestLimits {
 }
 
 /// The request fields of Stats.
-impl crate::rpc::stats::FillStats for RequestLimits {
+impl crate::report::FillStats for RequestLimits {
     fn fill_stats(&self, stats: &mut v1::StatsResponse) {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         stats.max_message_bytes = self.max_message_bytes as u64;
@@ -371,7 +371,7 @@ mod tests {
 
     fn stats(limits: &RequestLimits) -> v1::StatsResponse {
         let mut stats = v1::StatsResponse::default();
-        crate::rpc::stats::FillStats::fill_stats(limits, &mut stats);
+        crate::report::FillStats::fill_stats(limits, &mut stats);
         stats
     }
 

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::model::entry::unix_now_ms;
-use crate::rpc::probe::StatsProbe;
+use crate::report::StatsProbe;
 
 /// How often STATUS= is refreshed when no watchdog asks for more.
 const STATUS_INTERVAL: Duration = Duration::from_secs(10);

@@ -1,6 +1,5 @@
-//! The `tunecache.v1.TuneCache` gRPC service (`service`), who fills its Stats (`stats`), and
-//! the in-process reads of those Stats by the daemon's own reporters (`probe`).
+//! The `tunecache.v1.TuneCache` gRPC service (`service`) and the routes that serve Lookup,
+//! Record and Scan from their bytes (`routes`).
 
-pub(crate) mod probe;
+pub(crate) mod routes;
 pub(crate) mod service;
-pub(crate) mod stats;

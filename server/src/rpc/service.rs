@@ -1,5 +1,8 @@
-//! The `tunecache.v1.TuneCache` gRPC service: turns requests into store calls and store
-//! state into responses. Validation happens here, before anything reaches the writer.
+//! The `tunecache.v1.TuneCache` gRPC service: turns requests into calls of the parts below
+//! and their answers into responses. Reads (Lookup, Scan, Resolve) go through `views`, with
+//! or without a job view; Record through the coordinator, which completes leases; Forget to
+//! the store. Validation happens here, before anything reaches the writer. Each RPC has one
+//! door: the routes (`routes`) and the generated service's bodies call the same functions.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,20 +13,20 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use tunecache_proto::v1::{self, tune_cache_server::TuneCache};
 
-use crate::coord::{Coordinator, Resolution, ResolveCall, DEFAULT_LEASE, MAX_LEASE, MAX_WAIT};
+use crate::coord::{Coordinator, ResolveCall, DEFAULT_LEASE, MAX_LEASE, MAX_WAIT};
 use crate::error::Error;
-use crate::model::entry::{CacheKey, KeyView};
-use crate::model::validate::{self, CheckedKey};
-use crate::rpc::stats::FillStats;
+use crate::model::entry::CacheKey;
+use crate::model::names;
+use crate::model::validate::{self, CheckedKey, InvalidField};
+use crate::report::FillStats;
+use crate::rpc::routes::off_runtime_if_large;
 use crate::snapshot::SnapshotHandle;
-use crate::store::scan::InView;
 use crate::store::Store;
 use crate::tuner::TunerHandle;
-use crate::views::{self, Plan, Views};
+use crate::views::{LookupPlan, Views};
 use crate::wire::encoded::EncodedEntries;
 use crate::wire::lookup_request::{self, LookupKeys};
-use crate::wire::record_request::CheckedRecord;
-use crate::wire::stored::StoredEntry;
+use crate::wire::record_request::{self, CheckedRecord};
 use prost::bytes::Bytes;
 use prost::Message;
 use tokio_stream::StreamExt;
@@ -71,14 +74,8 @@ pub struct TuneCacheService {
     /// Who may run a scope Forget (`--admin-uid`, `--admin-gid`).
     admins: crate::ops::access::AccessPolicy,
     forgets_refused: AtomicU64,
-    /// The node's job views: what a read with a view answers.
+    /// Every read goes through the node's job views, with or without a view.
     views: Arc<Views>,
-}
-
-/// A Lookup read from its request: answered already, or a view's answers still to pin.
-pub enum LookupAnswer {
-    Ready(EncodedEntries),
-    InView { view: String, plan: Plan },
 }
 
 impl TuneCacheService {
@@ -153,94 +150,47 @@ impl TuneCacheService {
 /// Scan responses, each chunk already in wire form.
 pub type EncodedScanStream = Pin<Box<dyn Stream<Item = Result<EncodedEntries, Status>> + Send>>;
 
+/// A Lookup request's keys read from its bytes and planned in its view (none: the cache's
+/// winners): how many keys it asked for, and what `Views::finish_lookup` answers. The keys
+/// are read in place where the request allows (`lookup_request`).
+fn plan_lookup(views: &Views, request: &Bytes) -> Result<(usize, LookupPlan), Status> {
+    let checked = lookup_request::checked_keys(request)?;
+    let view = names::view_name("view", &checked.view)?;
+    Ok(match checked.keys {
+        LookupKeys::InPlace(keys) => (
+            keys.len(),
+            views.plan_lookup(view, keys.iter().map(CheckedKey::view)),
+        ),
+        LookupKeys::Decoded(keys) => (
+            keys.len(),
+            views.plan_lookup(view, keys.iter().map(CacheKey::view)),
+        ),
+    })
+}
+
 impl TuneCacheService {
-    /// Lookup from the request's bytes (the Lookup route), answered as encoded `Entry`
-    /// records: each hit is the caller's own key with the stored result, written straight
-    /// from the map. The keys are read in place where the request allows (`lookup_request`).
-    /// In a view, the keys' answers are planned here and pinned by `finish_lookup`.
-    pub fn lookup_bytes(&self, request: &Bytes) -> Result<LookupAnswer, Status> {
-        let checked = lookup_request::checked_keys(request)?;
-        let view = views::checked_name("view", &checked.view)?;
-        Ok(match (checked.keys, view) {
-            (LookupKeys::InPlace(keys), None) => {
-                LookupAnswer::Ready(self.lookup_views(keys.iter().map(CheckedKey::view)))
-            }
-            (LookupKeys::Decoded(keys), None) => {
-                LookupAnswer::Ready(self.lookup_views(keys.iter().map(CacheKey::view)))
-            }
-            (LookupKeys::InPlace(keys), Some(view)) => {
-                self.plan_in_view(view, keys.iter().map(CheckedKey::view))
-            }
-            (LookupKeys::Decoded(keys), Some(view)) => {
-                self.plan_in_view(view, keys.iter().map(CacheKey::view))
-            }
-        })
-    }
-
-    /// Lookup of a decoded request (the bare generated server), answered as `lookup_bytes`.
-    pub async fn lookup_encoded(
-        &self,
-        request: Request<v1::LookupRequest>,
-    ) -> Result<EncodedEntries, Status> {
-        let request = request.into_inner();
-        let view = views::checked_name("view", &request.view)?;
-        let keys = validate::keys(request.keys)?;
-        let answer = match view {
-            None => LookupAnswer::Ready(self.lookup_views(keys.iter().map(CacheKey::view))),
-            Some(view) => self.plan_in_view(view, keys.iter().map(CacheKey::view)),
-        };
-        Ok(self.finish_lookup(answer).await)
-    }
-
-    /// A Lookup in `view`: each key's pin, or the cache's winner as the candidate to pin.
-    fn plan_in_view<'k>(
-        &self,
-        view: String,
-        keys: impl ExactSizeIterator<Item = KeyView<'k>> + Clone,
-    ) -> LookupAnswer {
-        let map = self.store.current();
-        let current = map.get_each(keys.clone());
-        let plan = self.views.plan(&view, keys.zip(current));
-        LookupAnswer::InView { view, plan }
-    }
-
-    /// The Lookup's hits: a view's candidates pinned first (through the cluster tier when
-    /// on, within its timeout), with the Lookup counters.
-    pub async fn finish_lookup(&self, answer: LookupAnswer) -> EncodedEntries {
-        match answer {
-            LookupAnswer::Ready(hits) => hits,
-            LookupAnswer::InView { view, plan } => {
-                let asked = plan.len();
-                let settled = self.views.settle(&view, plan).await;
-                let found: Vec<&StoredEntry> = settled.iter().flatten().collect();
-                let hits = EncodedEntries::from_entries(&found);
-                count(&self.counters.lookups, asked);
-                count(&self.counters.hits, hits.len());
-                count(&self.counters.misses, asked - hits.len());
-                hits
-            }
-        }
-    }
-
-    /// The hits of validated keys, in request order, with the Lookup counters.
-    fn lookup_views<'k>(
-        &self,
-        keys: impl ExactSizeIterator<Item = KeyView<'k>> + Clone,
-    ) -> EncodedEntries {
-        let asked = keys.len();
-        let map = self.store.current();
-        let hits = EncodedEntries::from_entries(&map.get_many(keys));
+    /// Lookup, from the request's bytes, answered as encoded `Entry` records: each hit is the
+    /// caller's own key with the stored result (in a view, the view's pin), written straight
+    /// from the map, with the Lookup counters.
+    pub async fn lookup(&self, request: Bytes) -> Result<EncodedEntries, Status> {
+        let views = Arc::clone(&self.views);
+        let (asked, plan) =
+            off_runtime_if_large(request, move |bytes| plan_lookup(&views, bytes)).await?;
+        let hits = self.views.finish_lookup(plan).await;
         count(&self.counters.lookups, asked);
         count(&self.counters.hits, hits.len());
         count(&self.counters.misses, asked - hits.len());
-        hits
+        Ok(hits)
     }
 
-    /// Record of validated entries (the Record route decodes and checks them).
-    pub async fn record_checked(
-        &self,
-        record: CheckedRecord,
-    ) -> Result<v1::RecordResponse, Status> {
+    /// Record, from the request's bytes.
+    pub async fn record_bytes(&self, request: Bytes) -> Result<v1::RecordResponse, Status> {
+        let record = off_runtime_if_large(request, record_request::checked).await?;
+        self.record_checked(record).await
+    }
+
+    /// Record of validated entries, through the coordinator (it completes the lease named).
+    async fn record_checked(&self, record: CheckedRecord) -> Result<v1::RecordResponse, Status> {
         count(&self.counters.records, 1);
         let outcome = self
             .coordinator
@@ -248,46 +198,58 @@ impl TuneCacheService {
             .await?;
         count(&self.counters.entries_stored, outcome.stored as usize);
         count(&self.counters.entries_unchanged, outcome.unchanged as usize);
-        if !record.lease_id.is_empty() {
-            // A lease granted in a view: what its Record produced is that view's pin. In the
-            // background: the Record's reply never waits for Redis.
-            let views = Arc::clone(&self.views);
-            let lease_id = record.lease_id;
-            tokio::spawn(async move { views.lease_recorded(&lease_id).await });
-        }
         Ok(v1::RecordResponse {
             stored: outcome.stored,
             unchanged: outcome.unchanged,
         })
     }
 
-    /// Scan, answered as chunks of encoded `Entry` records.
-    pub fn scan_encoded(
-        &self,
-        request: Request<v1::ScanRequest>,
-    ) -> Result<EncodedScanStream, Status> {
+    /// Scan, answered as chunks of encoded `Entry` records, each read from the version
+    /// current at the time: a client that stops reading holds a chunk, not a version of the
+    /// cache (see `store::scan`).
+    pub fn scan_encoded(&self, request: v1::ScanRequest) -> Result<EncodedScanStream, Status> {
         let v1::ScanRequest {
             namespace,
             device,
             rank,
             view,
-        } = request.into_inner();
-        let view = views::checked_name("view", &view)?.map(|name| InView {
-            views: Arc::clone(&self.views),
-            name,
-        });
-        // In chunks, each from the version current at the time: a client that stops reading
-        // holds a chunk, not a version of the cache (see `scan`).
+        } = request;
+        let view = names::view_name("view", &view)?;
         let filter = crate::store::scan::ScanFilter {
             namespace,
             device,
             rank,
         };
-        Ok(Box::pin(crate::store::scan::spawn(
-            self.store.clone(),
-            filter,
-            view,
-        )))
+        Ok(Box::pin(self.views.scan(filter, view)))
+    }
+
+    /// The daemon's Stats now: each owner fills its own fields (no I/O, short locks only).
+    pub fn stats_now(&self) -> v1::StatsResponse {
+        let mut stats = v1::StatsResponse {
+            node_name: self.node_name.clone(),
+            previous_shutdown_publish: self.previous_shutdown.clone(),
+            daemon_pid: std::process::id(),
+            daemon_uid: nix::unistd::geteuid().as_raw(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            ..Default::default()
+        };
+        let owners: [&dyn FillStats; 9] = [
+            &self.counters,
+            &self.store,
+            &self.coordinator,
+            &self.views,
+            &self.tuner,
+            &self.connection_limits,
+            &self.request_limits,
+            &self.snapshots,
+            &self.cluster,
+        ];
+        for owner in owners {
+            owner.fill_stats(&mut stats);
+        }
+        stats.forgets_refused = self.forgets_refused.load(Ordering::Relaxed);
+        stats
     }
 }
 
@@ -320,8 +282,10 @@ impl TuneCache for TuneCacheService {
         &self,
         request: Request<v1::LookupRequest>,
     ) -> Result<Response<v1::LookupResponse>, Status> {
-        // Served by `wire::WireRoutes`; the bare generated server decodes the same bytes back.
-        let encoded = self.lookup_encoded(request).await?;
+        // Served by `routes::WireRoutes` from the request's bytes; the bare generated server
+        // takes the same door, from the same bytes.
+        let bytes = Bytes::from(request.into_inner().encode_to_vec());
+        let encoded = self.lookup(bytes).await?;
         v1::LookupResponse::decode(encoded.into_bytes())
             .map(Response::new)
             .map_err(|error| Error::from(error).into())
@@ -331,13 +295,9 @@ impl TuneCache for TuneCacheService {
         &self,
         request: Request<v1::RecordRequest>,
     ) -> Result<Response<v1::RecordResponse>, Status> {
-        // Served by `wire::WireRoutes` from the request's bytes; the same checks here.
-        let request = request.into_inner();
-        let record = CheckedRecord {
-            entries: validate::entries(request.entries)?,
-            lease_id: request.lease_id,
-        };
-        self.record_checked(record).await.map(Response::new)
+        // Served by `routes::WireRoutes`; the same door here.
+        let bytes = Bytes::from(request.into_inner().encode_to_vec());
+        self.record_bytes(bytes).await.map(Response::new)
     }
 
     type ScanStream = ScanStream;
@@ -346,8 +306,8 @@ impl TuneCache for TuneCacheService {
         &self,
         request: Request<v1::ScanRequest>,
     ) -> Result<Response<Self::ScanStream>, Status> {
-        // Served by `wire::WireRoutes`; the bare generated server decodes the same bytes back.
-        let chunks = self.scan_encoded(request)?.map(|chunk| {
+        // Served by `routes::WireRoutes`; the same door, its chunks decoded back.
+        let chunks = self.scan_encoded(request.into_inner())?.map(|chunk| {
             v1::ScanResponse::decode(chunk?.into_bytes()).map_err(|error| Error::from(error).into())
         });
         Ok(Response::new(Box::pin(chunks)))
@@ -357,31 +317,7 @@ impl TuneCache for TuneCacheService {
         &self,
         _request: Request<v1::StatsRequest>,
     ) -> Result<Response<v1::StatsResponse>, Status> {
-        let mut stats = v1::StatsResponse {
-            node_name: self.node_name.clone(),
-            previous_shutdown_publish: self.previous_shutdown.clone(),
-            daemon_pid: std::process::id(),
-            daemon_uid: nix::unistd::geteuid().as_raw(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            uptime_ms: self.started.elapsed().as_millis() as u64,
-            ..Default::default()
-        };
-        let owners: [&dyn FillStats; 8] = [
-            &self.counters,
-            &self.store,
-            &self.coordinator,
-            &self.tuner,
-            &self.connection_limits,
-            &self.request_limits,
-            &self.snapshots,
-            &self.cluster,
-        ];
-        self.views.fill_stats(&mut stats);
-        for owner in owners {
-            owner.fill_stats(&mut stats);
-        }
-        stats.forgets_refused = self.forgets_refused.load(Ordering::Relaxed);
-        Ok(Response::new(stats))
+        Ok(Response::new(self.stats_now()))
     }
 
     async fn resolve(
@@ -391,14 +327,7 @@ impl TuneCache for TuneCacheService {
         let caller_pid = caller_pid(&request);
         let request = request.into_inner();
         let key = validate::key("key", request.key)?;
-        let view = views::checked_name("view", &request.view)?;
-        if let Some(view) = &view {
-            if let Some(pinned) = self.views.read_one(view, &key).await {
-                return Ok(Response::new(
-                    Resolution::Hit(pinned.result().to_result()).into(),
-                ));
-            }
-        }
+        let view = names::view_name("view", &request.view)?;
         let lease = match request.lease_ms {
             0 => DEFAULT_LEASE,
             ms => Duration::from_millis(u64::from(ms)).min(MAX_LEASE),
@@ -409,36 +338,9 @@ impl TuneCache for TuneCacheService {
             can_tune: request.can_tune,
             lease,
             caller_pid,
+            view,
         };
-        let key = call.key.clone();
-        let resolution = self.coordinator.resolve(call).await?;
-        let Some(view) = view else {
-            return Ok(Response::new(resolution.into()));
-        };
-        // In a view, the result that fills the miss is pinned (the first pin wins, so every
-        // waiter of the view, on every node, gets the same one); a lease's result is pinned
-        // by its holder's Record.
-        let resolution = match resolution {
-            Resolution::Hit(result) => {
-                let produced = StoredEntry::new(&key, &result);
-                match self.views.pin_produced(&view, produced).await {
-                    Some(pinned) => Resolution::Hit(pinned.result().to_result()),
-                    None => Resolution::Hit(result),
-                }
-            }
-            Resolution::TuneHere {
-                lease_id,
-                expires_in,
-            } => {
-                self.views.lease_granted(&lease_id, &view, &key);
-                Resolution::TuneHere {
-                    lease_id,
-                    expires_in,
-                }
-            }
-            miss @ Resolution::Miss(_) => miss,
-        };
-        Ok(Response::new(resolution.into()))
+        Ok(Response::new(self.views.resolve(call).await?.into()))
     }
 
     async fn snapshot(
@@ -483,8 +385,8 @@ impl TuneCache for TuneCacheService {
         let uid = credentials.map(|c| c.uid());
         let admin = self.admins.allows_caller(&request).await;
         let name = request.into_inner().name;
-        let Some(name) = views::checked_name("name", &name)? else {
-            return Err(Status::invalid_argument("name: required (the view to end)"));
+        let Some(name) = names::view_name("name", &name)? else {
+            return Err(InvalidField::new("name", "required (the view to end)").into());
         };
         if !admin {
             return Err(self.not_admin(uid));

@@ -273,7 +273,7 @@ impl SnapshotHandle {
         store: Store,
         stop: CancellationToken,
     ) -> Result<Self> {
-        if let Err(why) = crate::config::check_node_name(&settings.node) {
+        if let Err(why) = crate::model::names::check_node_name(&settings.node) {
             return Err(Error::InvalidNodeName(why));
         }
         match &settings.key {
@@ -612,7 +612,7 @@ impl SnapshotHandle {
     async fn report_health(self, health: HealthReporter) {
         let mut reported_stuck = false;
         let stop = self.stop.clone();
-        crate::ops::health::report(health, HEALTH_SERVICE_NAME, HEALTH_POLL, stop, || {
+        crate::report::health::report(health, HEALTH_SERVICE_NAME, HEALTH_POLL, stop, || {
             let stuck = self.stuck();
             match (stuck, reported_stuck) {
                 (Some((operation, since_unix_ms)), false) => tracing::warn!(
@@ -632,7 +632,7 @@ impl SnapshotHandle {
 }
 
 /// Fills the snapshot fields (40–59) of a Stats response. Touches no filesystem.
-impl crate::rpc::stats::FillStats for SnapshotHandle {
+impl crate::report::FillStats for SnapshotHandle {
     fn fill_stats(&self, stats: &mut v1::StatsResponse) {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let counters = &self.shared.counters;

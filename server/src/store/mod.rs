@@ -31,7 +31,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use crate::error::{Error, Result};
 use crate::journal::{FsyncPolicy, Journal, ReplayReport, BATCH_SYNC_INTERVAL};
 use crate::model::entry::{CacheKey, KeyView, Origin, ResultView, TunedResult};
-use crate::model::forget::{ForgetClock, ForgetScope, Tombstone, Tombstones};
+use crate::model::forget::{ForgetAsk, ForgetClock, Tombstone, Tombstones};
 use crate::model::merge::{merge_views, MergeOutcome};
 pub use crate::wire::stored::{EntryMap, StoredEntry};
 
@@ -86,20 +86,12 @@ pub struct ForgetChange {
     pub dropped: u32,
 }
 
-/// What a Forget asked of this node removes.
-#[derive(Clone, Debug)]
-pub struct ForgetAsk {
-    pub scope: ForgetScope,
-    /// With one exact key: forget it only if its winner still has this config and time.
-    pub only_if: Option<(String, f64)>,
-}
-
 /// Where a change came from: the feed's subscribers filter on it, instead of keeping their
 /// own records of what they wrote.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Source {
     /// A rank's Record, with the lease it was tuned under, if any.
-    Record { lease: Option<Arc<str>> },
+    Record { lease: Option<Arc<RecordLease>> },
     /// The node's tuner worker.
     Tuner,
     /// A segment read from the shared directory.
@@ -108,6 +100,16 @@ pub enum Source {
     Cluster,
     /// A Forget asked of this node (the Forget RPC).
     Forget,
+}
+
+/// The lease a Record was tuned under, as the coordinator knew it when the Record arrived:
+/// its id and, while this node held it, the key it was granted for and the job view of the
+/// Resolve it was granted to (`views` pins the holder's result there).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordLease {
+    pub id: String,
+    pub key: Option<CacheKey>,
+    pub view: Option<String>,
 }
 
 /// One changed entry, as the feed tells it.
@@ -239,7 +241,7 @@ struct Shared {
     /// by writes waiting for the writer (and its disk).
     queue_room: Arc<Semaphore>,
     queue_units: u32,
-    shed_logged: crate::ops::limits::LogOnce,
+    shed_logged: crate::report::LogOnce,
     /// Every tombstone this node knows, and those it made itself (what it publishes).
     tombstones: ArcSwap<Tombstones>,
     own_tombstones: ArcSwap<Tombstones>,
@@ -521,7 +523,7 @@ impl Store {
     pub async fn try_apply(
         &self,
         entries: Vec<(CacheKey, TunedResult)>,
-        lease: Option<&str>,
+        lease: Option<RecordLease>,
     ) -> Result<ApplyOutcome> {
         let entries = decoded(entries);
         let units = self.queue_units_for(&entries);
@@ -529,7 +531,7 @@ impl Store {
             return Err(self.shed());
         };
         let source = Source::Record {
-            lease: lease.map(Arc::from),
+            lease: lease.map(Arc::new),
         };
         self.send(entries, Origin::Own, source, queued).await
     }
@@ -597,7 +599,7 @@ impl Store {
 }
 
 /// The store's Stats fields: the cache size, the journal writer and its queue.
-impl crate::rpc::stats::FillStats for Store {
+impl crate::report::FillStats for Store {
     fn fill_stats(&self, stats: &mut tunecache_proto::v1::StatsResponse) {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let counters = &self.shared.counters;
@@ -1181,6 +1183,7 @@ fn live_entries<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::forget::ForgetScope;
 
     /// Keeps what the feed told it.
     #[derive(Default)]
@@ -1278,6 +1281,14 @@ mod tests {
         assert_eq!(store.counters().tombstones_held.load(Ordering::Relaxed), 1);
     }
 
+    fn lease(id: &str) -> RecordLease {
+        RecordLease {
+            id: id.to_owned(),
+            key: Some(pair("a", 0.0).0),
+            view: Some("job-1".to_owned()),
+        }
+    }
+
     #[tokio::test]
     async fn the_change_feed_says_where_each_change_came_from_and_what_it_changed() {
         let dir = tempfile::tempdir().unwrap();
@@ -1287,7 +1298,7 @@ mod tests {
         store.add_change_listener(told.clone());
 
         store
-            .try_apply(vec![pair("a", 5.0)], Some("lease-1"))
+            .try_apply(vec![pair("a", 5.0)], Some(lease("lease-1")))
             .await
             .unwrap();
         store
@@ -1304,8 +1315,8 @@ mod tests {
         // Nothing better: nothing told.
         store.try_apply(vec![pair("a", 9.0)], None).await.unwrap();
 
-        let record = |lease: Option<&str>| Source::Record {
-            lease: lease.map(Arc::from),
+        let record = |id: Option<&str>| Source::Record {
+            lease: id.map(|id| Arc::new(lease(id))),
         };
         let told = crate::sync::lock(&told.0).clone();
         assert_eq!(

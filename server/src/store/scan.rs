@@ -10,16 +10,18 @@
 //! The price: a Scan is not a point-in-time snapshot. Each chunk is consistent; across chunks,
 //! a key present for the whole Scan is returned exactly once (with its value when its chunk was
 //! read), and keys added or removed while it runs may or may not appear.
+//!
+//! What is sent for a chunk is its reader's ([`ChunkReader`]): the plain Scan sends the chosen
+//! entries as they are ([`AsStored`]); a Scan in a job view (`views`) answers its pins.
 
+use std::future::Future;
 use std::ops::Bound;
-use std::sync::Arc;
 
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use crate::model::entry::KeyView;
 use crate::store::Store;
-use crate::views::{Plan, Views};
 use crate::wire::encoded::EncodedEntries;
 use crate::wire::stored::{EntryMap, StoredEntry};
 
@@ -43,12 +45,14 @@ pub struct ScanFilter {
 }
 
 impl ScanFilter {
-    fn matches(&self, entry: &StoredEntry) -> bool {
+    /// Whether the Scan returns `entry` (its device and rank), within its namespace.
+    pub fn matches(&self, entry: &StoredEntry) -> bool {
         (self.device.is_empty() || entry.device() == self.device)
             && (self.rank.is_none() || entry.rank().is_none() || entry.rank() == self.rank)
     }
 
-    fn in_namespace(&self, entry: &StoredEntry) -> bool {
+    /// Whether `entry` lies in the Scan's namespace, where the Scan stops.
+    pub fn in_namespace(&self, entry: &StoredEntry) -> bool {
         self.namespace.is_empty() || entry.namespace() == self.namespace
     }
 }
@@ -104,61 +108,68 @@ fn next_chunk(
     (EncodedEntries::from_entries(&chosen), last)
 }
 
-/// A Scan in a job view: each chunk answers the view's pins (also of keys the cache lacks),
-/// and pins the rest (`views`).
-pub struct InView {
-    pub views: Arc<Views>,
-    pub name: String,
+/// One chunk's worth of a Scan, read from one version of the cache.
+pub struct Step<'m> {
+    pub filter: &'m ScanFilter,
+    /// The matching entries of the chunk, in key order.
+    pub chosen: &'m [&'m StoredEntry],
+    /// Where the chunk starts (after the previous chunk's last key).
+    pub start: Bound<KeyView<'m>>,
+    /// The last key the chunk looked at, when the Scan goes on after it.
+    pub last: Option<&'m StoredEntry>,
 }
 
-/// A chunk read from one version: ready to send, or a view's answers still to pin.
-enum Chunk<'v> {
-    Ready(EncodedEntries),
-    ToSettle(&'v InView, Plan),
+/// What a Scan sends for each chunk: `plan` runs while the chunk's version is held and must
+/// not wait; `finish` may wait (a view's pins go through the cluster tier), with no version
+/// held.
+pub trait ChunkReader: Send + Sync + 'static {
+    type Planned: Send;
+
+    fn plan(&self, step: Step<'_>) -> Self::Planned;
+
+    fn finish(&self, planned: Self::Planned) -> impl Future<Output = EncodedEntries> + Send;
+}
+
+/// The plain Scan: the chosen entries, as stored.
+pub struct AsStored;
+
+impl ChunkReader for AsStored {
+    type Planned = EncodedEntries;
+
+    fn plan(&self, step: Step<'_>) -> EncodedEntries {
+        EncodedEntries::from_entries(step.chosen)
+    }
+
+    async fn finish(&self, planned: EncodedEntries) -> EncodedEntries {
+        planned
+    }
 }
 
 /// Starts a Scan of `store` and returns its stream of chunks, each already in wire form (see
-/// `wire`). The Scan stops when the stream is dropped (the client went away or cancelled).
+/// `wire`), as `reader` makes them. The Scan stops when the stream is dropped (the client
+/// went away or cancelled).
 pub fn spawn(
     store: Store,
     filter: ScanFilter,
-    view: Option<InView>,
+    reader: impl ChunkReader,
 ) -> ReceiverStream<Result<EncodedEntries, Status>> {
     let (chunks, receiver) = tokio::sync::mpsc::channel(QUEUED_CHUNKS);
     tokio::spawn(async move {
         let mut after: Option<StoredEntry> = None;
         loop {
-            let (entries, last) = {
+            let (planned, last) = {
                 // The version is dropped before anything below can wait.
                 let map = store.current();
                 let (chosen, last) = choose(&map, &filter, after.as_ref());
-                match &view {
-                    None => (Chunk::Ready(EncodedEntries::from_entries(&chosen)), last),
-                    Some(view) => {
-                        let pins = view.views.pins_of(&view.name);
-                        let in_scan = |entry: &StoredEntry| filter.in_namespace(entry);
-                        let keep = |entry: &StoredEntry| filter.matches(entry);
-                        let start = start_of(&filter, after.as_ref());
-                        let plan = view.views.scan_plan(
-                            pins,
-                            &chosen,
-                            start,
-                            last.as_ref(),
-                            in_scan,
-                            keep,
-                        );
-                        (Chunk::ToSettle(view, plan), last)
-                    }
-                }
+                let step = Step {
+                    filter: &filter,
+                    chosen: &chosen,
+                    start: start_of(&filter, after.as_ref()),
+                    last: last.as_ref(),
+                };
+                (reader.plan(step), last)
             };
-            let entries = match entries {
-                Chunk::Ready(entries) => entries,
-                Chunk::ToSettle(view, plan) => {
-                    let settled = view.views.settle(&view.name, plan).await;
-                    let chosen: Vec<&StoredEntry> = settled.iter().flatten().collect();
-                    EncodedEntries::from_entries(&chosen)
-                }
-            };
+            let entries = reader.finish(planned).await;
             if !entries.is_empty() && chunks.send(Ok(entries)).await.is_err() {
                 return; // the caller went away
             }

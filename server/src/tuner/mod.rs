@@ -13,7 +13,7 @@ pub use supervisor::{
 
 use tunecache_proto::v1::StatsResponse;
 
-use crate::rpc::stats::FillStats;
+use crate::report::FillStats;
 
 /// The tuner handle for this daemon, from its settings (`None`: `--tuner off`): running, or
 /// `off` with the reason (logged once).

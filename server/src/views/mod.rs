@@ -4,35 +4,41 @@
 //! without a view gets at once.
 //!
 //! The rules are a plain type, [`pins::ViewPins`], tested without a runtime. This module is
-//! its adapter, one owner for the node's pins: it asks the cluster tier which pin is first
-//! (the first node to pin a key for a view wins, within the cluster timeout, else a counted
-//! node-local pin), drops the pins a Forget removes (it listens to the store's change feed),
-//! remembers which view a lease was granted in (so the lease holder's Record pins what it
-//! produced), and runs the sweep that ends idle views and keeps active ones alive in Redis.
+//! its adapter, the one owner of the node's pins and the one door of every read: Lookup,
+//! Scan and Resolve reach the cache and the coordinator through [`Views`] (`read`), with or
+//! without a view. It asks the cluster tier which pin is first (the first node to pin a key
+//! for a view wins, within the cluster timeout, else a counted node-local pin), and follows
+//! the store's change feed: a Forget drops the pins it removes, and a Record made under a
+//! lease granted in a view pins, in that view, the entry the lease holder produced (the
+//! coordinator's lease says which view; `run` makes those pins). `run` also ends idle views
+//! and keeps active ones alive in Redis.
 
 pub mod pins;
+mod read;
 
-use std::collections::HashMap;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tunecache_proto::v1;
 
 use crate::cluster::Cluster;
+use crate::coord::Coordinator;
 use crate::model::entry::{CacheKey, KeyView};
-use crate::store::{Change, ChangeListener, ForgetChange, Store};
+use crate::report::{FillStats, LogOnce};
+use crate::store::{Change, ChangeListener, ForgetChange, Source, Store};
 use crate::wire::stored::{EntryMap, StoredEntry};
 use pins::{Answer, Evicted, ViewPins, ViewSummary};
 
-/// Longest view name accepted (a job id with a step; bounded like a key's fields).
-pub const MAX_VIEW_NAME_BYTES: usize = 256;
+pub use read::LookupPlan;
 
-/// Leases remembered with the view they were granted in, beyond which the oldest go (a
-/// lease lives at most `coord::MAX_LEASE`).
-const MAX_LEASES_IN_VIEWS: usize = 100_000;
+/// Lease holders' results waiting for `run` to pin them; past this many (a writer far ahead
+/// of Redis), the rest are not pinned from the feed, and the view's next read pins what the
+/// cache holds then.
+const MAX_QUEUED_LEASE_PINS: usize = 10_000;
 
 /// What `--view-idle-secs` and `--max-view-pins` say.
 #[derive(Clone, Copy, Debug)]
@@ -50,25 +56,6 @@ impl Default for ViewSettings {
     }
 }
 
-/// Checks a request's view name: `Ok(None)` for none (empty).
-pub fn checked_name(field: &str, view: &str) -> Result<Option<String>, tonic::Status> {
-    if view.is_empty() {
-        return Ok(None);
-    }
-    if view.len() > MAX_VIEW_NAME_BYTES {
-        return Err(tonic::Status::invalid_argument(format!(
-            "{field}: {} bytes, longer than the {MAX_VIEW_NAME_BYTES} a view name may have",
-            view.len()
-        )));
-    }
-    if view.chars().any(char::is_control) {
-        return Err(tonic::Status::invalid_argument(format!(
-            "{field}: a view name must not contain control characters"
-        )));
-    }
-    Ok(Some(view.to_owned()))
-}
-
 /// What a read in a view answers before its candidates are pinned (`settle`), and the view's
 /// pins it was planned from.
 pub struct Plan {
@@ -76,21 +63,9 @@ pub struct Plan {
     planned: EntryMap,
 }
 
-impl Plan {
-    pub fn len(&self) -> usize {
-        self.answers.len()
-    }
-}
-
 /// Whether a tombstone held removes `pin` (its result parsed only under a covering one).
 fn removed(tombstones: &crate::model::forget::Tombstones, pin: &StoredEntry) -> bool {
     tombstones.drops_epoch(&pin.key(), || pin.result().forget_epoch)
-}
-
-struct LeaseInView {
-    view: String,
-    key: CacheKey,
-    granted: Instant,
 }
 
 /// Counters kept outside the rules.
@@ -100,34 +75,52 @@ struct ViewCounters {
     from_cluster: AtomicU64,
 }
 
+/// A lease holder's result, to pin in the view its lease was granted in.
+struct LeasePin {
+    view: String,
+    entry: StoredEntry,
+}
+
 pub struct Views {
     pins: Mutex<ViewPins>,
     store: Store,
+    coordinator: Arc<Coordinator>,
     cluster: Option<Arc<Cluster>>,
-    leases: Mutex<HashMap<String, LeaseInView>>,
     counters: ViewCounters,
-    logged: crate::ops::limits::LogOnce,
+    logged: LogOnce,
+    lease_pins: mpsc::Sender<LeasePin>,
+    /// Taken by `run`.
+    lease_pins_to_make: Mutex<Option<mpsc::Receiver<LeasePin>>>,
 }
 
 impl Views {
-    /// The node's views, pinning through `cluster` when it is on. Subscribes to the store's
-    /// change feed (Forgets drop pins).
-    pub fn new(settings: ViewSettings, store: Store, cluster: Option<Arc<Cluster>>) -> Arc<Views> {
+    /// The node's views, reading through `coordinator` (Resolve) and `store`, pinning
+    /// through `cluster` when it is on. Subscribes to the store's change feed (Forgets drop
+    /// pins; a lease holder's Record pins its result). Pins from the feed are made by `run`.
+    pub fn new(
+        settings: ViewSettings,
+        store: Store,
+        coordinator: Arc<Coordinator>,
+        cluster: Option<Arc<Cluster>>,
+    ) -> Arc<Views> {
         tracing::info!(
             view_idle_secs = settings.idle.as_secs(),
             max_view_pins = settings.max_pins,
             cluster_wide = cluster.is_some(),
             "views: pins end after --view-idle-secs without a request; --max-view-pins caps them all"
         );
+        let (lease_pins, lease_pins_to_make) = mpsc::channel(MAX_QUEUED_LEASE_PINS);
         let views = Arc::new(Views {
             pins: Mutex::new(ViewPins::new(settings.max_pins, settings.idle)),
             store: store.clone(),
+            coordinator,
             cluster,
-            leases: Mutex::default(),
             counters: ViewCounters::default(),
-            logged: Default::default(),
+            logged: LogOnce::default(),
+            lease_pins,
+            lease_pins_to_make: Mutex::new(Some(lease_pins_to_make)),
         });
-        store.add_change_listener(Arc::new(ForgetFeed(Arc::downgrade(&views))));
+        store.add_change_listener(Arc::new(ChangeFeed(Arc::downgrade(&views))));
         views
     }
 
@@ -137,7 +130,7 @@ impl Views {
 
     /// The answers of a read of `keys` in `view`, `current` being the cache's winner of each:
     /// pins where the view has them, candidates to pin (`settle`) elsewhere.
-    pub fn plan<'k, 'm>(
+    fn plan<'k, 'm>(
         &self,
         view: &str,
         keys: impl Iterator<Item = (KeyView<'k>, Option<&'m StoredEntry>)>,
@@ -155,7 +148,7 @@ impl Views {
 
     /// Pins the candidates among the answers and returns what the view answers for each
     /// (`None` for a miss), in order.
-    pub async fn settle(&self, view: &str, plan: Plan) -> Vec<Option<StoredEntry>> {
+    async fn settle(&self, view: &str, plan: Plan) -> Vec<Option<StoredEntry>> {
         let Plan { answers, planned } = plan;
         let mut settled: Vec<Option<StoredEntry>> = Vec::with_capacity(answers.len());
         let mut candidates = Vec::new();
@@ -182,7 +175,7 @@ impl Views {
 
     /// A read of one key in `view` from the cache's current winner: the pin, or `None` (a
     /// miss: the caller resolves it).
-    pub async fn read_one(&self, view: &str, key: &CacheKey) -> Option<StoredEntry> {
+    async fn read_one(&self, view: &str, key: &CacheKey) -> Option<StoredEntry> {
         let map = self.store.current();
         let current = map.get(key).cloned();
         drop(map);
@@ -192,7 +185,7 @@ impl Views {
 
     /// Pins `entry`, a result a Resolve produced for the view (a waiter's result), and
     /// returns what the view answers: the first pin of the key wins.
-    pub async fn pin_produced(&self, view: &str, entry: StoredEntry) -> Option<StoredEntry> {
+    async fn pin_produced(&self, view: &str, entry: StoredEntry) -> Option<StoredEntry> {
         self.pin(view, vec![entry], None).await.pop().flatten()
     }
 
@@ -290,14 +283,14 @@ impl Views {
     }
 
     /// The pins of `view`, to merge with a Scan's chunk (an O(1) copy), as a request in it.
-    pub fn pins_of(&self, view: &str) -> EntryMap {
+    fn pins_of(&self, view: &str) -> EntryMap {
         self.lock().pins_of(view, Instant::now())
     }
 
     /// A Scan chunk in a view: `chosen` (the cache's matching entries, in key order, from
     /// `start` to `end`, or to where `in_scan` stops) merged with the view's `pins` in that
     /// range that `keep` accepts.
-    pub fn scan_plan(
+    fn scan_plan(
         &self,
         pins: EntryMap,
         chosen: &[&StoredEntry],
@@ -313,45 +306,6 @@ impl Views {
         Plan {
             answers,
             planned: pins,
-        }
-    }
-
-    /// A Resolve in `view` was answered with a lease: its holder's Record pins the result.
-    pub fn lease_granted(&self, lease_id: &str, view: &str, key: &CacheKey) {
-        let mut leases = crate::sync::lock(&self.leases);
-        if leases.len() >= MAX_LEASES_IN_VIEWS {
-            let now = Instant::now();
-            leases.retain(|_, lease| now.duration_since(lease.granted) < crate::coord::MAX_LEASE);
-            if leases.len() >= MAX_LEASES_IN_VIEWS {
-                if let Some(oldest) = leases
-                    .iter()
-                    .min_by_key(|(_, lease)| lease.granted)
-                    .map(|(id, _)| id.clone())
-                {
-                    leases.remove(&oldest);
-                }
-            }
-        }
-        leases.insert(
-            lease_id.to_owned(),
-            LeaseInView {
-                view: view.to_owned(),
-                key: key.clone(),
-                granted: Instant::now(),
-            },
-        );
-    }
-
-    /// A Record carried `lease_id`: if it was granted in a view, the key's winner now is what
-    /// the lease holder produced for that view, and is pinned there.
-    pub async fn lease_recorded(&self, lease_id: &str) {
-        let lease = crate::sync::lock(&self.leases).remove(lease_id);
-        let Some(lease) = lease else {
-            return;
-        };
-        let current = self.store.current().get(&lease.key).cloned();
-        if let Some(current) = current {
-            self.pin(&lease.view, vec![current], None).await;
         }
     }
 
@@ -371,8 +325,40 @@ impl Views {
         ended
     }
 
-    /// Ends idle views and keeps the active ones alive in Redis, until `stop`.
-    pub async fn run_sweep(self: Arc<Self>, stop: CancellationToken) {
+    /// Makes the pins the change feed asked for (lease holders' results), ends idle views
+    /// and keeps the active ones alive in Redis, until `stop`.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let lease_pins = crate::sync::lock(&self.lease_pins_to_make).take();
+        match lease_pins {
+            Some(lease_pins) => {
+                tokio::join!(
+                    self.clone().sweep(stop.clone()),
+                    self.pin_lease_results(lease_pins, stop)
+                );
+            }
+            None => self.sweep(stop).await,
+        }
+    }
+
+    /// Pins each lease holder's result in its lease's view, in the order they were stored.
+    async fn pin_lease_results(
+        &self,
+        mut lease_pins: mpsc::Receiver<LeasePin>,
+        stop: CancellationToken,
+    ) {
+        loop {
+            let pin = tokio::select! {
+                pin = lease_pins.recv() => pin,
+                () = stop.cancelled() => return,
+            };
+            let Some(LeasePin { view, entry }) = pin else {
+                return;
+            };
+            self.pin(&view, vec![entry], None).await;
+        }
+    }
+
+    async fn sweep(self: Arc<Self>, stop: CancellationToken) {
         let idle = self.lock().idle();
         let every = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
         let mut last = Instant::now();
@@ -397,11 +383,46 @@ impl Views {
     }
 }
 
-/// Forgets drop the pins they remove, in every view.
-struct ForgetFeed(std::sync::Weak<Views>);
+/// The store's change feed: Forgets drop the pins they remove, in every view; a Record
+/// under a lease granted in a view queues its key's new winner, the entry the holder
+/// produced, for that view.
+struct ChangeFeed(std::sync::Weak<Views>);
 
-impl ChangeListener for ForgetFeed {
-    fn entries_changed(&self, _changes: &[Change]) {}
+/// The pins a batch of changes asks for: each change to the cache's winner that a Record
+/// made under a lease granted in a view, for the lease's own key, is what the holder
+/// produced, and is pinned in that view as it was stored (not as the cache holds it when the
+/// pin is made).
+fn lease_pins(changes: &[Change]) -> impl Iterator<Item = LeasePin> + '_ {
+    changes.iter().filter_map(|change| {
+        let Source::Record { lease: Some(lease) } = &change.source else {
+            return None;
+        };
+        let (Some(view), Some(key)) = (&lease.view, &lease.key) else {
+            return None;
+        };
+        (change.in_cache && change.entry.key() == key.view()).then(|| LeasePin {
+            view: view.clone(),
+            entry: change.entry.clone(),
+        })
+    })
+}
+
+impl ChangeListener for ChangeFeed {
+    fn entries_changed(&self, changes: &[Change]) {
+        let Some(views) = self.0.upgrade() else {
+            return;
+        };
+        for pin in lease_pins(changes) {
+            let view = pin.view.clone();
+            if views.lease_pins.try_send(pin).is_err() && views.logged.first("lease pins") {
+                tracing::warn!(
+                    view = %view,
+                    "more than {MAX_QUEUED_LEASE_PINS} lease holders' results wait to be pinned; \
+                     the rest are pinned by their view's next read (logged once)"
+                );
+            }
+        }
+    }
 
     fn forgotten(&self, forgets: &[ForgetChange]) {
         let Some(views) = self.0.upgrade() else {
@@ -414,7 +435,7 @@ impl ChangeListener for ForgetFeed {
     }
 }
 
-impl crate::rpc::stats::FillStats for Views {
+impl FillStats for Views {
     fn fill_stats(&self, stats: &mut v1::StatsResponse) {
         let (counters, views, total, max_pins, idle) = {
             let pins = self.lock();
@@ -439,5 +460,80 @@ impl crate::rpc::stats::FillStats for Views {
         stats.view_pins_over_cap = counters.over_cap;
         stats.view_pin_fallbacks = self.counters.fallbacks.load(Ordering::Relaxed);
         stats.view_pins_from_cluster = self.counters.from_cluster.load(Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::entry::TunedResult;
+    use crate::store::RecordLease;
+
+    fn key(problem: &str) -> CacheKey {
+        CacheKey {
+            namespace: "ns".into(),
+            op: "gemm".into(),
+            device: "d".into(),
+            problem: problem.into(),
+            rank: None,
+        }
+    }
+
+    fn change(problem: &str, time_us: f64, source: Source, in_cache: bool) -> Change {
+        let result = TunedResult {
+            config: format!("{{\"t\":{time_us}}}"),
+            time_us,
+            tuned_by: "r".into(),
+            tuned_at_unix_ms: 0,
+            forget_epoch: 0,
+        };
+        Change {
+            entry: StoredEntry::new(&key(problem), &result),
+            source,
+            in_cache,
+            own: true,
+        }
+    }
+
+    fn under_lease(problem: &str, view: Option<&str>) -> Source {
+        Source::Record {
+            lease: Some(Arc::new(RecordLease {
+                id: "lease-1".into(),
+                key: Some(key(problem)),
+                view: view.map(str::to_owned),
+            })),
+        }
+    }
+
+    #[test]
+    fn a_lease_holders_record_pins_what_it_stored_in_the_leases_view_only() {
+        let changes = vec![
+            // The holder's own key, now the winner: pinned in job-1, as stored.
+            change("k", 5.0, under_lease("k", Some("job-1")), true),
+            // Another key of the holder's batch: not the lease's key.
+            change("other", 1.0, under_lease("k", Some("job-1")), true),
+            // A lease granted without a view, or one this node no longer held.
+            change("k", 4.0, under_lease("k", None), true),
+            change(
+                "k",
+                4.0,
+                Source::Record {
+                    lease: Some(Arc::new(RecordLease {
+                        id: "gone".into(),
+                        key: None,
+                        view: None,
+                    })),
+                },
+                true,
+            ),
+            // A Record that did not change the cache's winner (own only), and one without a lease.
+            change("k", 6.0, under_lease("k", Some("job-1")), false),
+            change("k", 3.0, Source::Record { lease: None }, true),
+            change("k", 2.0, Source::Cluster, true),
+        ];
+        let pins: Vec<(String, f64)> = lease_pins(&changes)
+            .map(|pin| (pin.view, pin.entry.result().time_us))
+            .collect();
+        assert_eq!(pins, vec![("job-1".to_owned(), 5.0)]);
     }
 }

@@ -478,3 +478,43 @@ async fn an_idle_view_ends_an_ended_view_pins_afresh_and_the_pin_cap_holds_under
         "the view idle longest went first: {views:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_holders_record_pins_what_it_produced_even_when_a_better_one_follows_at_once() {
+    use proto::resolve_response::Outcome;
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start_with(DaemonOptions::new(dir.path()).args(["--tuner", "off"])).await;
+    let key = k("lease-in-view");
+    let Outcome::TuneHere(lease) = resolve_in(&daemon, "job-1", &key, 0, true).await else {
+        panic!("the first Resolve of a miss in job-1 hands out the lease");
+    };
+    let made_before = stats(&daemon).await.view_pins_made;
+    // The holder's result, then at once a better one from a job without a view: job-1's pin
+    // is what its holder produced, whenever the pin is made.
+    let client = daemon.client().await;
+    client
+        .record_with_lease(vec![entry(key.clone(), R1, 20.0, "holder")], lease.lease_id)
+        .await
+        .expect("the holder's Record");
+    record(&daemon, &key, R2, 10.0).await;
+    eventually(GENEROUS, "the holder's result pinned in job-1", || async {
+        stats(&daemon).await.view_pins_made > made_before
+    })
+    .await;
+    assert_eq!(config_in(&daemon, "job-1", &key).await.as_deref(), Some(R1));
+    assert_eq!(config_in(&daemon, "", &key).await.as_deref(), Some(R2));
+    let views = client
+        .raw()
+        .list_views(proto::ListViewsRequest {})
+        .await
+        .expect("ListViews")
+        .into_inner()
+        .views;
+    assert_eq!(
+        views
+            .iter()
+            .map(|v| (v.name.as_str(), v.pins))
+            .collect::<Vec<_>>(),
+        vec![("job-1", 1)]
+    );
+}

@@ -1,0 +1,227 @@
+//! The routes that serve Lookup, Record and Scan from their bytes, in front of the generated
+//! `TuneCacheServer`, which answers every other method.
+//!
+//! [`WireRoutes`] answers these three itself: Lookup and Scan responses are written from the
+//! entries' stored wire form (`wire`), and Lookup and Record requests stay bytes
+//! ([`BytesCodec`]) until the service reads them within the entry limit
+//! (`wire::lookup_request`, `wire::record_request`). One larger than `OFF_RUNTIME_BYTES` is
+//! read and checked on the blocking pool, so that one caller's large request never holds a
+//! runtime worker (and the other callers' calls queued behind it) for its whole decode. The
+//! generated service's own bodies of the three methods call the same functions
+//! (`service`), so each RPC has one door.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use prost::bytes::{Buf, Bytes};
+use tonic::body::Body;
+use tonic::codec::{Codec, DecodeBuf, Decoder};
+use tonic::codegen::http;
+use tonic::server::NamedService;
+use tonic::{Request, Response, Status};
+use tunecache_proto::v1;
+
+use crate::rpc::service::{EncodedScanStream, TuneCacheService};
+use crate::wire::encoded::EncodedEntries;
+use crate::wire::lookup_request::LookupRequestBytes;
+use crate::wire::record_request::RecordRequestBytes;
+
+const LOOKUP_PATH: &str = "/tunecache.v1.TuneCache/Lookup";
+const RECORD_PATH: &str = "/tunecache.v1.TuneCache/Record";
+const SCAN_PATH: &str = "/tunecache.v1.TuneCache/Scan";
+
+/// Requests larger than this are read and checked on the blocking pool. A 10,000-key Lookup
+/// of typical keys is about 1 MiB and 15 ms of decoding and validation.
+pub const OFF_RUNTIME_BYTES: usize = 256 * 1024;
+
+/// A route's codec that keeps the request message as bytes (`D` wraps them; no copy: the frame
+/// is split off tonic's buffer) and encodes responses `E` as the generated route's prost codec
+/// does.
+pub struct BytesCodec<E, D>(PhantomData<fn() -> (E, D)>);
+
+impl<E, D> Default for BytesCodec<E, D> {
+    fn default() -> Self {
+        BytesCodec(PhantomData)
+    }
+}
+
+impl<E, D> Codec for BytesCodec<E, D>
+where
+    E: prost::Message + Send + 'static,
+    D: From<Bytes> + Send + 'static,
+{
+    type Encode = E;
+    type Decode = D;
+    type Encoder = tonic_prost::ProstEncoder<E>;
+    type Decoder = BytesDecoder<D>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::default()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        BytesDecoder(PhantomData)
+    }
+}
+
+/// Takes the whole message as bytes.
+pub struct BytesDecoder<D>(PhantomData<fn() -> D>);
+
+impl<D: From<Bytes> + Send + 'static> Decoder for BytesDecoder<D> {
+    type Item = D;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Self::Error> {
+        Ok(Some(D::from(buf.copy_to_bytes(buf.remaining()))))
+    }
+}
+
+/// Runs `read` on the request's bytes: inline when small, else on the blocking pool.
+pub(crate) async fn off_runtime_if_large<T: Send + 'static>(
+    request: Bytes,
+    read: impl FnOnce(&Bytes) -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    if request.len() <= OFF_RUNTIME_BYTES {
+        return read(&request);
+    }
+    tokio::task::spawn_blocking(move || read(&request))
+        .await
+        .map_err(|error| Status::internal(format!("reading the request failed: {error}")))?
+}
+
+/// The generated `TuneCacheServer` with Lookup and Scan answered from the wire form, and
+/// Lookup and Record read from the request's bytes.
+#[derive(Clone)]
+pub struct WireRoutes<S> {
+    generated: S,
+    service: Arc<TuneCacheService>,
+    max_encoding_message_size: usize,
+    max_decoding_message_size: usize,
+}
+
+impl<S> WireRoutes<S> {
+    /// Requests of up to `max_request_bytes` are decoded, responses of up to
+    /// `max_response_bytes` encoded.
+    pub fn new(
+        generated: S,
+        service: Arc<TuneCacheService>,
+        max_request_bytes: usize,
+        max_response_bytes: usize,
+    ) -> Self {
+        WireRoutes {
+            generated,
+            service,
+            max_encoding_message_size: max_response_bytes,
+            max_decoding_message_size: max_request_bytes,
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for WireRoutes<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
+
+impl<S, B> tower::Service<http::Request<B>> for WireRoutes<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<Body>, Error = Infallible>,
+    S::Future: Send + 'static,
+    B: tonic::codegen::Body + Send + 'static,
+    B::Error: Into<tonic::codegen::StdError> + Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.generated.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let (decode, encode) = (
+            self.max_decoding_message_size,
+            self.max_encoding_message_size,
+        );
+        match request.uri().path() {
+            LOOKUP_PATH => {
+                let method = LookupMethod(Arc::clone(&self.service));
+                Box::pin(async move {
+                    let codec = BytesCodec::<EncodedEntries, LookupRequestBytes>::default();
+                    let mut grpc = tonic::server::Grpc::new(codec)
+                        .apply_max_message_size_config(Some(decode), Some(encode));
+                    Ok(grpc.unary(method, request).await)
+                })
+            }
+            RECORD_PATH => {
+                let method = RecordMethod(Arc::clone(&self.service));
+                Box::pin(async move {
+                    let codec = BytesCodec::<v1::RecordResponse, RecordRequestBytes>::default();
+                    let mut grpc = tonic::server::Grpc::new(codec)
+                        .apply_max_message_size_config(Some(decode), Some(encode));
+                    Ok(grpc.unary(method, request).await)
+                })
+            }
+            SCAN_PATH => {
+                let method = ScanMethod(Arc::clone(&self.service));
+                Box::pin(async move {
+                    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
+                        EncodedEntries,
+                        v1::ScanRequest,
+                    >::default())
+                    .apply_max_message_size_config(Some(decode), Some(encode));
+                    Ok(grpc.server_streaming(method, request).await)
+                })
+            }
+            _ => Box::pin(self.generated.call(request)),
+        }
+    }
+}
+
+type MethodFuture<T> = Pin<Box<dyn Future<Output = Result<Response<T>, Status>> + Send>>;
+
+struct LookupMethod(Arc<TuneCacheService>);
+
+impl tonic::server::UnaryService<LookupRequestBytes> for LookupMethod {
+    type Response = EncodedEntries;
+    type Future = MethodFuture<EncodedEntries>;
+
+    fn call(&mut self, request: Request<LookupRequestBytes>) -> Self::Future {
+        let service = Arc::clone(&self.0);
+        Box::pin(async move { Ok(Response::new(service.lookup(request.into_inner().0).await?)) })
+    }
+}
+
+struct RecordMethod(Arc<TuneCacheService>);
+
+impl tonic::server::UnaryService<RecordRequestBytes> for RecordMethod {
+    type Response = v1::RecordResponse;
+    type Future = MethodFuture<v1::RecordResponse>;
+
+    fn call(&mut self, request: Request<RecordRequestBytes>) -> Self::Future {
+        let service = Arc::clone(&self.0);
+        Box::pin(async move {
+            service
+                .record_bytes(request.into_inner().0)
+                .await
+                .map(Response::new)
+        })
+    }
+}
+
+struct ScanMethod(Arc<TuneCacheService>);
+
+impl tonic::server::ServerStreamingService<v1::ScanRequest> for ScanMethod {
+    type Response = EncodedEntries;
+    type ResponseStream = EncodedScanStream;
+    type Future = MethodFuture<Self::ResponseStream>;
+
+    fn call(&mut self, request: Request<v1::ScanRequest>) -> Self::Future {
+        let service = Arc::clone(&self.0);
+        Box::pin(async move { Ok(Response::new(service.scan_encoded(request.into_inner())?)) })
+    }
+}
