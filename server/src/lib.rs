@@ -26,7 +26,8 @@
 //! 9. `wire`, `ops`: protobuf bytes; sockets, connections, callers and their limits;
 //! 10. `error`: the one error type and its gRPC codes;
 //! 11. `model`: keys and results, the merge and Forget rules, request checks, names;
-//! 12. `report`, `sync`: Stats, logging and health helpers; locks.
+//! 12. `report`, `tasks`, `sync`: Stats, logging and health helpers; every background task
+//!     and the one stop signal; locks.
 //!
 //! Public are only the modules `main`, the tests, the fuzz targets and the benchmarks use.
 
@@ -57,6 +58,7 @@ pub mod model;
 
 pub(crate) mod report;
 mod sync;
+pub(crate) mod tasks;
 
 pub use config::Config;
 pub use error::{Error, Result};

@@ -1,12 +1,14 @@
-//! Assembles a running daemon from a `Config` and a bound socket: opens the store, serves
-//! TuneCache with health and reflection, and shuts down in order when told to, awaiting
-//! every task it spawned. `bind` makes the socket from the `Config`; tests bind their own.
+//! Assembles a running daemon from a `Config` and a bound socket: opens the store, builds
+//! each part from its settings (each starts its background tasks on the daemon's one
+//! `Tasks`), serves TuneCache with health and reflection, and shuts down in order when told
+//! to: drains calls, publishes what is new, stops every task of every part and waits until
+//! each has ended, then flushes the journal. `bind` makes the socket from the `Config`;
+//! tests bind their own.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tunecache_proto::limits::MAX_MESSAGE_BYTES;
 use tunecache_proto::v1::tune_cache_server::TuneCacheServer;
@@ -20,12 +22,10 @@ use crate::ops::listener::SocketGuard;
 use crate::rpc::service::TuneCacheService;
 use crate::snapshot::SnapshotHandle;
 use crate::store::Store;
+use crate::tasks::Tasks;
 
 /// How long in-flight calls may take to finish after a shutdown signal.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(7);
-/// How long background tasks (metrics, systemd status, health reporters, snapshots) may take
-/// to end once the daemon's token is cancelled; one still running then is left behind.
-const TASK_JOIN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The socket the daemon serves on, and the guard that removes it (if the daemon made it)
 /// when dropped.
@@ -49,16 +49,6 @@ pub fn bind(config: &Config) -> Result<BoundSocket> {
     Ok(BoundSocket { listener, guard })
 }
 
-/// Awaits each task up to `TASK_JOIN_TIMEOUT` in all; those still running then are aborted.
-async fn join_tasks(tasks: Vec<tokio::task::JoinHandle<()>>) {
-    let deadline = tokio::time::Instant::now() + TASK_JOIN_TIMEOUT;
-    for mut task in tasks {
-        if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
-            tracing::warn!("a background task still running after {TASK_JOIN_TIMEOUT:?}; aborted");
-            task.abort();
-        }
-    }
-}
 /// A peer that does not answer an HTTP/2 ping within this is closed.
 const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -98,12 +88,26 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
 }
 
-/// Runs the daemon on `socket` until `shutdown` resolves, then drains calls, awaits its
-/// tasks, flushes the journal and removes the socket.
+/// Runs the daemon on `socket` until `shutdown` resolves, then drains calls, stops its
+/// tasks, flushes the journal and removes the socket. Returns only once every task any part
+/// started has ended, also when it fails to start.
 pub async fn run(
+    config: Config,
+    socket: BoundSocket,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let tasks = Tasks::new();
+    let served = serve(config, socket, shutdown, &tasks).await;
+    // Already done on a clean stop; after a failed start, the parts started so far.
+    tasks.stop_and_wait().await;
+    served
+}
+
+async fn serve(
     mut config: Config,
     socket: BoundSocket,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    tasks: &Tasks,
 ) -> Result<()> {
     let nofile = crate::ops::limits::raise_nofile_limit();
     let state_dir = config.state_dir();
@@ -142,19 +146,16 @@ pub async fn run(
         listener,
         guard: socket_guard,
     } = socket;
-    let mut tasks = Vec::new();
-
-    let stop = CancellationToken::new();
     let tuner = crate::tuner::start(config.tuner_settings()).await;
     // The cluster tier connects in the background: Redis being down delays nothing here.
     let cluster = config
         .cluster_settings()?
-        .map(|settings| crate::cluster::Cluster::start(settings, store.clone(), stop.clone()));
+        .map(|settings| crate::cluster::Cluster::start(settings, store.clone(), tasks));
     let coordinator = Coordinator::new(
         store.clone(),
         tuner.clone(),
         cluster.clone(),
-        stop.clone(),
+        tasks,
         usize::try_from(config.max_leases_per_pid).unwrap_or(usize::MAX),
     );
     // Stored results, from any writer, wake the coordinator's waiters.
@@ -172,8 +173,8 @@ pub async fn run(
         store.clone(),
         coordinator.clone(),
         cluster.clone(),
+        tasks,
     );
-    tasks.push(tokio::spawn(views.clone().run(stop.clone())));
     let mut service = TuneCacheService::new(
         store.clone(),
         coordinator,
@@ -195,10 +196,11 @@ pub async fn run(
         service = service.with_cluster(cluster.clone());
     }
     // Snapshots: the handle does no filesystem I/O here, so a hung shared directory cannot
-    // delay serving; at shutdown the task is joined with a bound, never the I/O thread.
+    // delay serving; at shutdown its task ends with every other, never waiting on the I/O
+    // thread.
     let snapshots = config
         .snapshot_settings()?
-        .map(|settings| SnapshotHandle::start(settings, store.clone(), stop.clone()))
+        .map(|settings| SnapshotHandle::start(settings, store.clone(), tasks))
         .transpose()?;
     if let Some(snapshots) = &snapshots {
         service = service.with_snapshots(snapshots.clone());
@@ -209,15 +211,15 @@ pub async fn run(
         .set_serving::<TuneCacheServer<TuneCacheService>>()
         .await;
     if let Some(cluster) = &cluster {
-        tasks.push(tokio::spawn(
+        tasks.spawn(
             cluster
                 .clone()
-                .report_health(health_reporter.clone(), stop.clone()),
-        ));
+                .report_health(health_reporter.clone(), tasks.stop_token()),
+        );
     }
-    let snapshot_task = snapshots
-        .as_ref()
-        .map(|snapshots| snapshots.spawn_background(health_reporter.clone()));
+    if let Some(snapshots) = &snapshots {
+        snapshots.start_background(health_reporter.clone(), tasks);
+    }
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
 
@@ -233,11 +235,11 @@ pub async fn run(
     )?);
     if let Some(metrics_addr) = &config.metrics_addr {
         let metrics_listener = crate::ops::metrics::bind(metrics_addr).await?;
-        tasks.push(tokio::spawn(crate::ops::metrics::serve(
+        tasks.spawn(crate::ops::metrics::serve(
             metrics_listener,
             probe.clone(),
-            stop.clone(),
-        )));
+            tasks.clone(),
+        ));
     }
     let idle_exit =
         crate::ops::idle::exit_when_idle(config.exit_when_idle(), activity.clone(), probe.clone());
@@ -266,7 +268,7 @@ pub async fn run(
     ));
     // --- end deployment block ---
 
-    let serve_stop = stop.clone();
+    let serve_stop = tasks.stop_token();
     let mut builder = Server::builder()
         .http2_keepalive_interval(config.http2_keepalive())
         .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
@@ -297,19 +299,19 @@ pub async fn run(
     let mut server = tokio::spawn(server);
     // The listener is bound and the server task accepting: tell systemd (no-op elsewhere).
     crate::ops::systemd::notify_ready(&probe).await;
-    tasks.push(tokio::spawn(crate::ops::systemd::report_status(
+    tasks.spawn(crate::ops::systemd::report_status(
         probe,
-        stop.clone(),
-    )));
+        tasks.stop_token(),
+    ));
     tokio::select! {
         result = &mut server => {
-            stop.cancel();
+            tasks.stop();
             result.map_err(|e| Error::io("serving", socket_guard.path(), std::io::Error::other(e)))??;
         }
         () = shutdown => {
             tracing::info!("shutting down: draining in-flight calls");
             crate::ops::systemd::notify_stopping();
-            stop.cancel();
+            tasks.stop();
             match tokio::time::timeout(DRAIN_TIMEOUT, &mut server).await {
                 Ok(result) => {
                     result.map_err(|e| Error::io("serving", socket_guard.path(), std::io::Error::other(e)))??;
@@ -332,10 +334,8 @@ pub async fn run(
     .await
     .ok();
     tuner.shutdown().await;
-    join_tasks(tasks).await;
-    if let Some(snapshot_task) = snapshot_task {
-        snapshot_task.join(TASK_JOIN_TIMEOUT).await;
-    }
+    // Every part's tasks (the last publish above may have started some: a lease release).
+    tasks.stop_and_wait().await;
     drop(snapshots);
     drop(store);
     // Flushing the journal may block on the disk; keep it off the runtime's workers.

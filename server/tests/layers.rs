@@ -25,7 +25,7 @@ const LAYERS: &[&[&str]] = &[
     &["wire", "ops"],
     &["error"],
     &["model"],
-    &["report", "sync"],
+    &["report", "tasks", "sync"],
 ];
 
 /// Imports allowed against the order, each with its reason: (from part, to part, reason).

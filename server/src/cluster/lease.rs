@@ -53,8 +53,8 @@ impl Drop for ClusterLease {
         let cluster = Arc::clone(&self.cluster);
         let lease = cluster.layout.lease(&self.key);
         let token = std::mem::take(&mut self.token);
-        let runtime = cluster.runtime.clone();
-        runtime.spawn(async move {
+        let tasks = cluster.tasks.clone();
+        tasks.spawn(async move {
             let Some((mut conn, generation)) = cluster.link.conn() else {
                 return; // it expires on its own
             };
@@ -122,8 +122,8 @@ impl Cluster {
                 self.counters
                     .leases_acquired
                     .fetch_add(1, Ordering::Relaxed);
-                let renewal = CancellationToken::new();
-                self.runtime.spawn(renew(
+                let renewal = self.tasks.stop_token().child_token();
+                self.tasks.spawn(renew(
                     Arc::clone(self),
                     self.layout.lease(key),
                     token.clone(),

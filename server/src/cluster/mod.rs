@@ -29,6 +29,7 @@ use tunecache_proto::v1;
 
 use crate::model::entry::{CacheKey, TunedResult};
 use crate::store::{Change, ChangeListener, Source, Store};
+use crate::tasks::Tasks;
 
 pub use lease::{Claim, ClusterLease};
 pub use link::LinkState;
@@ -197,7 +198,8 @@ pub struct Cluster {
     republish_all: AtomicBool,
     bootstrapped: AtomicBool,
     pub counters: ClusterCounters,
-    pub(crate) runtime: tokio::runtime::Handle,
+    /// Where its tasks run (renewals, releases), also when started off the runtime.
+    pub(crate) tasks: Tasks,
 }
 
 fn random_u64() -> u64 {
@@ -217,7 +219,7 @@ fn random_u64() -> u64 {
 impl Cluster {
     /// Starts the tier in the background (connector, publisher, follower) and registers it
     /// on the store's change feed. Never waits for Redis.
-    pub fn start(settings: ClusterSettings, store: Store, stop: CancellationToken) -> Arc<Cluster> {
+    pub fn start(settings: ClusterSettings, store: Store, tasks: &Tasks) -> Arc<Cluster> {
         let link = link::Link::new(
             settings.info.clone(),
             settings.shown_url.clone(),
@@ -243,7 +245,7 @@ impl Cluster {
             republish_all: AtomicBool::new(false),
             bootstrapped: AtomicBool::new(false),
             counters: ClusterCounters::default(),
-            runtime: tokio::runtime::Handle::current(),
+            tasks: tasks.clone(),
         });
         store.add_change_listener(Arc::new(ChangeFeed(Arc::downgrade(&cluster))));
         tracing::info!(
@@ -255,10 +257,10 @@ impl Cluster {
             audit_secs = settings.audit_interval.as_secs(),
             "cluster tier on"
         );
-        tokio::spawn(link.run(stop.clone()));
-        tokio::spawn(publish::run(Arc::clone(&cluster), stop.clone()));
-        tokio::spawn(forget::run(Arc::clone(&cluster), stop.clone()));
-        tokio::spawn(follow::run(Arc::clone(&cluster), stop));
+        tasks.spawn(link.run(tasks.stop_token()));
+        tasks.spawn(publish::run(Arc::clone(&cluster), tasks.stop_token()));
+        tasks.spawn(forget::run(Arc::clone(&cluster), tasks.stop_token()));
+        tasks.spawn(follow::run(Arc::clone(&cluster), tasks.stop_token()));
         cluster
     }
 

@@ -78,12 +78,12 @@ impl Coordinator {
             // Finished meanwhile (a result arrived): a lease just taken is released on drop.
             AfterClaim::Finished => Ok(self.store.get(&call.key).map(Resolution::Hit)),
             AfterClaim::WatchRemote => {
-                let stop = CancellationToken::new();
+                let stop = self.tasks.stop_token().child_token();
                 if let Some(resources) = inner.flights.attachments_mut(&call.key) {
                     resources.remote_watch = Some(stop.clone().drop_guard());
                 }
                 if let Some(me) = self.me.upgrade() {
-                    self.runtime.spawn(watch_remote(
+                    self.tasks.spawn(watch_remote(
                         me,
                         Arc::clone(cluster),
                         call.key.clone(),

@@ -23,13 +23,14 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::oneshot;
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::DropGuard;
 use tunecache_proto::v1;
 
 use crate::cluster::{Cluster, ClusterLease};
 use crate::error::{Error, Result};
 use crate::model::entry::{CacheKey, TunedResult};
 use crate::store::{ApplyOutcome, Change, ChangeListener, RecordLease, Store};
+use crate::tasks::Tasks;
 use crate::tuner::TunerHandle;
 use flights::{Attachments, Caller, Effect, Flights, Grant, LeaseEnd, Step, WaiterId};
 
@@ -153,10 +154,10 @@ pub struct Coordinator {
     /// The Redis cluster tier, when on: cross-node single-flight before local tuning.
     cluster: Option<Arc<Cluster>>,
     counters: CoordCounters,
-    shutdown: CancellationToken,
+    /// Watches are started here, also when an event arrives on a non-runtime thread; they
+    /// and every waiter end when it stops.
+    tasks: Tasks,
     me: Weak<Coordinator>,
-    /// Watches are spawned from here, also when an event arrives on a non-runtime thread.
-    runtime: tokio::runtime::Handle,
     refusals_logged: crate::report::LogOnce,
 }
 
@@ -169,7 +170,7 @@ impl Coordinator {
         store: Store,
         tuner: TunerHandle,
         cluster: Option<Arc<Cluster>>,
-        shutdown: CancellationToken,
+        tasks: &Tasks,
         max_leases_per_pid: usize,
     ) -> Arc<Coordinator> {
         let nonce = SystemTime::now()
@@ -185,9 +186,8 @@ impl Coordinator {
             tuner,
             cluster,
             counters: CoordCounters::default(),
-            shutdown,
+            tasks: tasks.clone(),
             me: me.clone(),
-            runtime: tokio::runtime::Handle::current(),
             refusals_logged: Default::default(),
         })
     }
@@ -214,12 +214,12 @@ impl Coordinator {
 
     /// Starts the expiry/death watch of a lease just granted and attaches it to the flight.
     fn watch(&self, inner: &mut Inner, grant: &Grant) {
-        let stop = CancellationToken::new();
+        let stop = self.tasks.stop_token().child_token();
         if let Some(resources) = inner.flights.attachments_mut(&grant.key) {
             resources.lease_watch = Some(stop.clone().drop_guard());
         }
         if let Some(me) = self.me.upgrade() {
-            self.runtime.spawn(lease_watch::watch_lease(
+            self.tasks.spawn(lease_watch::watch_lease(
                 me,
                 grant.key.clone(),
                 grant.lease_id.clone(),
@@ -378,7 +378,7 @@ impl Coordinator {
         let outcome = tokio::select! {
             outcome = receiver => outcome.ok(),
             () = tokio::time::sleep(call.wait) => None,
-            () = self.shutdown.cancelled() => {
+            () = self.tasks.stopping() => {
                 return Ok(Resolution::Miss("the daemon is shutting down".to_owned()));
             }
         };

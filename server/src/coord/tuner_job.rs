@@ -44,7 +44,7 @@ impl Coordinator {
         let what = format!("{} job on {}", key.op, key.device);
         inner.flights.tuner_started(key, what, SystemTime::now());
         if let Some(me) = self.me.upgrade() {
-            self.runtime.spawn(finish_tuner_job(me, key.clone(), reply));
+            self.tasks.spawn(finish_tuner_job(me, key.clone(), reply));
         }
         Ok(())
     }

@@ -16,12 +16,12 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
 use tunecache_proto::v1::StatsResponse;
 
 use crate::error::{Error, Result};
 use crate::model::entry::unix_now_ms;
 use crate::report::StatsProbe;
+use crate::tasks::Tasks;
 
 /// A scrape request larger than this, or slower than the timeout, is dropped.
 const MAX_REQUEST_BYTES: usize = 8 * 1024;
@@ -54,17 +54,17 @@ pub async fn bind(spec: &str) -> Result<TcpListener> {
     Ok(listener)
 }
 
-/// Serves scrapes until `stop` is cancelled.
-pub async fn serve(listener: TcpListener, probe: StatsProbe, stop: CancellationToken) {
+/// Serves scrapes until the daemon stops, each connection one of its `tasks`.
+pub async fn serve(listener: TcpListener, probe: StatsProbe, tasks: Tasks) {
     loop {
         let connection = tokio::select! {
-            () = stop.cancelled() => return,
+            () = tasks.stopping() => return,
             accepted = listener.accept() => accepted,
         };
         match connection {
             Ok((stream, _)) => {
                 let probe = probe.clone();
-                tokio::spawn(async move {
+                tasks.spawn(async move {
                     if let Err(error) = answer(stream, &probe).await {
                         tracing::debug!(%error, "metrics request failed");
                     }

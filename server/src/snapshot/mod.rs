@@ -18,9 +18,9 @@
 //!   on the health service `tunecache.v1.TuneCache/snapshots`, and no further job is queued
 //!   behind it until it returns. Lookup, Record, Resolve and Scan never wait on it.
 //! - `segments`: the version-2 names and the rule for what a reader takes next.
-//! - `SnapshotTask`: the periodic load-then-publish loop; a drop guard that stops it. It also
-//!   ends when the daemon's `CancellationToken` is cancelled. Shutdown never waits for the
-//!   I/O thread: if it is stuck in the kernel, the process exits around it.
+//! - `SnapshotHandle::start_background`: the periodic load-then-publish loop, a task of the
+//!   daemon's (`tasks`) that ends when the daemon stops. Shutdown never waits for the I/O
+//!   thread: if it is stuck in the kernel, the process exits around it.
 
 pub mod format;
 mod io;
@@ -42,6 +42,7 @@ use crate::error::{Error, Result};
 use crate::model::entry::unix_now_ms;
 use crate::store::{Source, Store};
 use crate::sync::lock;
+use crate::tasks::Tasks;
 
 use io::{IoJob, IoWorker, WriteReport};
 
@@ -237,26 +238,6 @@ pub struct SnapshotHandle {
 }
 
 /// The periodic snapshot task; stopped when dropped or when the daemon's token is cancelled.
-pub struct SnapshotTask {
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl SnapshotTask {
-    /// Waits up to `bound` for the task to end after the daemon's token was cancelled; a task
-    /// still running then (its I/O stuck in the kernel) is aborted when `self` drops.
-    pub async fn join(mut self, bound: Duration) {
-        if tokio::time::timeout(bound, &mut self.task).await.is_err() {
-            tracing::warn!("snapshot task still running after {bound:?}; leaving it behind");
-        }
-    }
-}
-
-impl Drop for SnapshotTask {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// What a publish (or a publish with nothing new) produced.
 struct Written {
     path: PathBuf,
@@ -268,11 +249,7 @@ struct Written {
 impl SnapshotHandle {
     /// Starts the I/O thread. Makes no filesystem call itself, so a hung shared directory
     /// cannot delay the daemon's start.
-    pub fn start(
-        settings: SnapshotSettings,
-        store: Store,
-        stop: CancellationToken,
-    ) -> Result<Self> {
+    pub fn start(settings: SnapshotSettings, store: Store, tasks: &Tasks) -> Result<Self> {
         if let Err(why) = crate::model::names::check_node_name(&settings.node) {
             return Err(Error::InvalidNodeName(why));
         }
@@ -318,17 +295,17 @@ impl SnapshotHandle {
             shared,
             slot: Arc::new(tokio::sync::Mutex::new(slot)),
             store,
-            stop,
+            stop: tasks.stop_token(),
         })
     }
 
-    /// Starts the periodic load-then-publish loop and keeps `HEALTH_SERVICE_NAME` up to date.
-    pub fn spawn_background(&self, health: HealthReporter) -> SnapshotTask {
+    /// Starts the periodic load-then-publish loop and keeps `HEALTH_SERVICE_NAME` up to date,
+    /// as tasks of the daemon's that end when it stops.
+    pub fn start_background(&self, health: HealthReporter, tasks: &Tasks) {
         let handle = self.clone();
-        let task = tokio::spawn(async move {
+        tasks.spawn(async move {
             tokio::join!(handle.clone().run_periodic(), handle.report_health(health));
         });
-        SnapshotTask { task }
     }
 
     /// The Snapshot RPC: reads what is new, then publishes this node's new contributions now

@@ -22,6 +22,7 @@ use tonic::Status;
 
 use crate::model::entry::KeyView;
 use crate::store::Store;
+use crate::tasks::Tasks;
 use crate::wire::encoded::EncodedEntries;
 use crate::wire::stored::{EntryMap, StoredEntry};
 
@@ -148,13 +149,15 @@ impl ChunkReader for AsStored {
 /// Starts a Scan of `store` and returns its stream of chunks, each already in wire form (see
 /// `wire`), as `reader` makes them. The Scan stops when the stream is dropped (the client
 /// went away or cancelled).
+/// The Scan runs as one of the daemon's `tasks`, so it ends when the daemon stops.
 pub fn spawn(
     store: Store,
     filter: ScanFilter,
     reader: impl ChunkReader,
+    tasks: &Tasks,
 ) -> ReceiverStream<Result<EncodedEntries, Status>> {
     let (chunks, receiver) = tokio::sync::mpsc::channel(QUEUED_CHUNKS);
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let mut after: Option<StoredEntry> = None;
         loop {
             let (planned, last) = {

@@ -42,6 +42,10 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
+use tokio_util::task::TaskTracker;
+
+/// How long `shutdown` waits for the worker's pipe readers once the worker is gone.
+const WORKER_TASKS_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 use tunecache_proto::tuner::frame::{read_frame_async, write_frame_async};
 use tunecache_proto::tuner::v1::{
     from_worker, job_done, to_worker, ExcludedCandidate, FromWorker, Ready, ToWorker, TuneJob,
@@ -153,6 +157,8 @@ struct Shared {
     jobs_done: AtomicU64,
     jobs_failed: AtomicU64,
     restarts: AtomicU64,
+    /// The supervisor's task and each worker's pipe readers: `shutdown` waits for them all.
+    tasks: TaskTracker,
 }
 
 impl Shared {
@@ -170,6 +176,7 @@ impl Shared {
             jobs_done: AtomicU64::new(0),
             jobs_failed: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
+            tasks: TaskTracker::new(),
         }
     }
 
@@ -240,14 +247,14 @@ impl Supervisor {
                 "job_timeout must be positive".into(),
             ));
         }
-        let (worker, ready) = spawn_worker(&config).await?;
-        tracing::info!(backend = %ready.backend, note = %ready.note, devices = ready.devices.len(), pid = ?worker.pid, "tuner worker ready");
         let shared = Arc::new(Shared::new(Phase::Running));
+        let (worker, ready) = spawn_worker(&config, &shared.tasks).await?;
+        tracing::info!(backend = %ready.backend, note = %ready.note, devices = ready.devices.len(), pid = ?worker.pid, "tuner worker ready");
         shared.adopt(&ready, worker.pid);
         let (jobs_tx, jobs_rx) = mpsc::channel(config.queue_capacity);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let capacity = config.queue_capacity;
-        let task = tokio::spawn(supervise(
+        let task = shared.tasks.spawn(supervise(
             config,
             shared.clone(),
             jobs_rx,
@@ -427,6 +434,17 @@ impl TunerHandle {
                 tracing::warn!(%error, "tuner supervisor task ended abnormally");
             }
         }
+        // The worker is killed with its handle; its pipe readers end at the pipes' close.
+        let tasks = &self.inner.shared.tasks;
+        tasks.close();
+        if tokio::time::timeout(WORKER_TASKS_GRACE, tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the tuner worker's pipe readers still running after {WORKER_TASKS_GRACE:?}"
+            );
+        }
     }
 }
 
@@ -536,7 +554,10 @@ fn describe_exit(status: ExitStatus) -> String {
     }
 }
 
-async fn spawn_worker(config: &SupervisorConfig) -> Result<(Worker, Ready), SupervisorError> {
+async fn spawn_worker(
+    config: &SupervisorConfig,
+    tasks: &TaskTracker,
+) -> Result<(Worker, Ready), SupervisorError> {
     let handshake = |reason: String| SupervisorError::Handshake {
         path: config.worker_path.clone(),
         reason,
@@ -566,7 +587,7 @@ async fn spawn_worker(config: &SupervisorConfig) -> Result<(Worker, Ready), Supe
 
     let stderr_tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL_LINES)));
     let tail = stderr_tail.clone();
-    let stderr_task = tokio::spawn(async move {
+    let stderr_task = tasks.spawn(async move {
         let mut lines = BufReader::new(stderr).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             tracing::info!(target: "tunecache_tuner_worker", pid = ?pid, "{line}");
@@ -580,7 +601,7 @@ async fn spawn_worker(config: &SupervisorConfig) -> Result<(Worker, Ready), Supe
 
     // Reading frames is not cancel-safe, so one task owns stdout and forwards whole frames.
     let (frames_tx, frames) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         loop {
             match read_frame_async::<_, FromWorker>(&mut stdout).await {
                 Ok(Some(frame)) => {
@@ -747,7 +768,7 @@ async fn supervise(
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(MAX_BACKOFF);
-                match spawn_worker(&config).await {
+                match spawn_worker(&config, &shared.tasks).await {
                     Ok((fresh, ready)) => {
                         shared.restarts.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(backend = %ready.backend, pid = ?fresh.pid, "tuner worker restarted");

@@ -10,8 +10,8 @@
 //! for a view wins, within the cluster timeout, else a counted node-local pin), and follows
 //! the store's change feed: a Forget drops the pins it removes, and a Record made under a
 //! lease granted in a view pins, in that view, the entry the lease holder produced (the
-//! coordinator's lease says which view; `run` makes those pins). `run` also ends idle views
-//! and keeps active ones alive in Redis.
+//! coordinator's lease says which view; a task of its own makes those pins). Its sweep ends
+//! idle views and keeps active ones alive in Redis.
 
 pub mod pins;
 mod read;
@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 use tunecache_proto::v1;
 
 use crate::cluster::Cluster;
@@ -30,6 +29,7 @@ use crate::coord::Coordinator;
 use crate::model::entry::{CacheKey, KeyView};
 use crate::report::{FillStats, LogOnce};
 use crate::store::{Change, ChangeListener, ForgetChange, Source, Store};
+use crate::tasks::Tasks;
 use crate::wire::stored::{EntryMap, StoredEntry};
 use pins::{Answer, Evicted, ViewPins, ViewSummary};
 
@@ -89,19 +89,21 @@ pub struct Views {
     counters: ViewCounters,
     logged: LogOnce,
     lease_pins: mpsc::Sender<LeasePin>,
-    /// Taken by `run`.
-    lease_pins_to_make: Mutex<Option<mpsc::Receiver<LeasePin>>>,
+    /// Where its tasks run: the pins from the feed, the sweep, each Scan.
+    tasks: Tasks,
 }
 
 impl Views {
     /// The node's views, reading through `coordinator` (Resolve) and `store`, pinning
     /// through `cluster` when it is on. Subscribes to the store's change feed (Forgets drop
-    /// pins; a lease holder's Record pins its result). Pins from the feed are made by `run`.
+    /// pins; a lease holder's Record pins its result), and starts its tasks on `tasks`: the
+    /// one that makes the feed's pins, and the sweep.
     pub fn new(
         settings: ViewSettings,
         store: Store,
         coordinator: Arc<Coordinator>,
         cluster: Option<Arc<Cluster>>,
+        tasks: &Tasks,
     ) -> Arc<Views> {
         tracing::info!(
             view_idle_secs = settings.idle.as_secs(),
@@ -118,9 +120,11 @@ impl Views {
             counters: ViewCounters::default(),
             logged: LogOnce::default(),
             lease_pins,
-            lease_pins_to_make: Mutex::new(Some(lease_pins_to_make)),
+            tasks: tasks.clone(),
         });
         store.add_change_listener(Arc::new(ChangeFeed(Arc::downgrade(&views))));
+        tasks.spawn(Arc::clone(&views).pin_lease_results(lease_pins_to_make));
+        tasks.spawn(Arc::clone(&views).sweep());
         views
     }
 
@@ -325,31 +329,12 @@ impl Views {
         ended
     }
 
-    /// Makes the pins the change feed asked for (lease holders' results), ends idle views
-    /// and keeps the active ones alive in Redis, until `stop`.
-    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
-        let lease_pins = crate::sync::lock(&self.lease_pins_to_make).take();
-        match lease_pins {
-            Some(lease_pins) => {
-                tokio::join!(
-                    self.clone().sweep(stop.clone()),
-                    self.pin_lease_results(lease_pins, stop)
-                );
-            }
-            None => self.sweep(stop).await,
-        }
-    }
-
     /// Pins each lease holder's result in its lease's view, in the order they were stored.
-    async fn pin_lease_results(
-        &self,
-        mut lease_pins: mpsc::Receiver<LeasePin>,
-        stop: CancellationToken,
-    ) {
+    async fn pin_lease_results(self: Arc<Self>, mut lease_pins: mpsc::Receiver<LeasePin>) {
         loop {
             let pin = tokio::select! {
                 pin = lease_pins.recv() => pin,
-                () = stop.cancelled() => return,
+                () = self.tasks.stopping() => return,
             };
             let Some(LeasePin { view, entry }) = pin else {
                 return;
@@ -358,14 +343,15 @@ impl Views {
         }
     }
 
-    async fn sweep(self: Arc<Self>, stop: CancellationToken) {
+    /// Ends idle views and keeps the active ones alive in Redis, until the daemon stops.
+    async fn sweep(self: Arc<Self>) {
         let idle = self.lock().idle();
         let every = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
         let mut last = Instant::now();
         loop {
             tokio::select! {
                 () = tokio::time::sleep(every) => {}
-                () = stop.cancelled() => return,
+                () = self.tasks.stopping() => return,
             }
             let now = Instant::now();
             let (ended, active) = {

@@ -66,7 +66,7 @@ impl Views {
     ) -> ReceiverStream<Result<EncodedEntries, Status>> {
         let store = self.store.clone();
         match view {
-            None => scan::spawn(store, filter, AsStored),
+            None => scan::spawn(store, filter, AsStored, &self.tasks),
             Some(name) => scan::spawn(
                 store,
                 filter,
@@ -74,6 +74,7 @@ impl Views {
                     views: Arc::clone(self),
                     name,
                 },
+                &self.tasks,
             ),
         }
     }
