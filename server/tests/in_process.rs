@@ -119,3 +119,82 @@ async fn record_lookup_scan_round_trip_then_clean_shutdown() {
     assert!(!socket_path.exists(), "the socket is removed at shutdown");
     assert!(state_dir.exists(), "the store was opened in the state dir");
 }
+
+/// The field a refusal's `google.rpc.BadRequest` detail names.
+fn refused_field(status: &tonic::Status) -> String {
+    use tonic_types::StatusExt;
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    let violations = status
+        .get_details_bad_request()
+        .unwrap_or_else(|| panic!("no BadRequest detail: {status:?}"))
+        .field_violations;
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    violations[0].field.clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn view_name_and_end_view_refusals_name_their_field_in_a_bad_request() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let socket_path = dir.path().join("tunecached.sock");
+    let config = Config::parse_from([
+        "tunecached".as_ref(),
+        "--socket".as_ref(),
+        socket_path.as_os_str(),
+        "--state-dir".as_ref(),
+        dir.path().join("state").as_os_str(),
+        "--tuner".as_ref(),
+        "off".as_ref(),
+    ]);
+    let socket = server::bind(&config).expect("bind the socket");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let daemon = tokio::spawn(server::run(config, socket, async {
+        let _ = stopped.await;
+    }));
+    let raw = Client::connect(&socket_path).await.expect("connect").raw();
+    let key = tunecache_client::key("test", "gemm", "dev0", "p", None);
+    let long = "v".repeat(257);
+
+    let lookup = raw
+        .clone()
+        .lookup(proto::LookupRequest {
+            keys: vec![key.clone()],
+            view: long.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused_field(&lookup), "view");
+    let mut scan_stream = raw.clone();
+    let scan = scan_stream
+        .scan(proto::ScanRequest {
+            namespace: "test".into(),
+            view: "job\u{7}".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused_field(&scan), "view");
+    let resolve = raw
+        .clone()
+        .resolve(proto::ResolveRequest {
+            key: Some(key),
+            view: long,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused_field(&resolve), "view");
+    let end = raw
+        .clone()
+        .end_view(proto::EndViewRequest {
+            name: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused_field(&end), "name");
+
+    stop.send(()).expect("the daemon is still running");
+    daemon
+        .await
+        .expect("no panic")
+        .expect("the daemon stopped without error");
+}
