@@ -11,12 +11,12 @@
 //! and does not collide with EXCLUSIVE_PROCESS mode there.
 //!
 //! This module opens the GPU and routes a job to its op. The parts:
-//! * [`library`]: loading the CUDA libraries, and why one is missing;
-//! * [`sticky`]: error mapping, and the exit of a worker whose context is poisoned;
-//! * [`device`] and [`nvml`]: which GPU, and its fingerprint;
-//! * [`timer`]: CUDA events, the spin kernel, cold-L2 rotation;
-//! * [`gemm`]: cuBLASLt gemm measurement;
-//! * [`nvrtc`]: NVRTC kernel candidates.
+//! * `library`: loading the CUDA libraries, and why one is missing;
+//! * `sticky`: error mapping, and the exit of a worker whose context is poisoned;
+//! * `device` and `nvml`: which GPU, and its fingerprint;
+//! * `timer`: CUDA events, the spin kernel, cold-L2 rotation;
+//! * `gemm`: cuBLASLt gemm measurement;
+//! * `nvrtc`: NVRTC kernel candidates.
 //!
 //! Each keeps its rules in pure functions with CPU unit tests; only their adapters call
 //! the driver.
