@@ -336,13 +336,14 @@ pub struct Config {
 
     /// File holding the key every node of the cluster shares (one line, at least 16 bytes):
     /// then every shared-directory file carries an HMAC-SHA256 under it, and files without
-    /// one that verifies are skipped. Without it, only files owned by --shared-dir-writer-uid
-    /// count.
+    /// one that verifies are skipped. Without it, only files owned by this daemon's uid or
+    /// --shared-dir-writer-uid count. Refused at start unless private, as ssh does: owned by
+    /// this daemon's uid or root, no access for group or others.
     #[arg(long, env = "TUNECACHE_SHARED_DIR_KEY_FILE", value_name = "PATH")]
     pub shared_dir_key_file: Option<PathBuf>,
 
-    /// Uids whose files in the shared directory count when no key is set, and who may own
-    /// its `v2/` [default: this daemon's uid].
+    /// Uids whose files in the shared directory count when no key is set, besides this
+    /// daemon's own (e.g. a site-wide daemon's account), and who may own its `v2/`.
     #[arg(
         long,
         env = "TUNECACHE_SHARED_DIR_WRITER_UID",
@@ -409,17 +410,19 @@ impl Config {
                         path.display()
                     ))
                 };
-                let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+                let text = read_private_file(path).map_err(bad)?;
                 let trimmed = text.strip_suffix(b"\n").unwrap_or(&text);
                 let trimmed = trimmed.strip_suffix(b"\r").unwrap_or(trimmed);
                 Some(crate::snapshot::format::SharedKey::new(trimmed).map_err(bad)?)
             }
         };
-        let writer_uids = if self.shared_dir_writer_uid.is_empty() {
-            vec![nix::unistd::geteuid().as_raw()]
-        } else {
-            self.shared_dir_writer_uid.clone()
-        };
+        // This daemon's own files always count: it reads its own segments back at start.
+        let mut writer_uids = vec![nix::unistd::geteuid().as_raw()];
+        for uid in &self.shared_dir_writer_uid {
+            if !writer_uids.contains(uid) {
+                writer_uids.push(*uid);
+            }
+        }
         Ok(Some(crate::snapshot::SnapshotSettings {
             state_dir: self.state_dir(),
             key,
@@ -648,6 +651,47 @@ fn runtime_directory() -> Option<PathBuf> {
     first_directory("RUNTIME_DIRECTORY")
 }
 
+/// Reads a secret (a key file) only if it is private, as ssh reads a private key: the opened
+/// file (`fstat`, so no rename can slip another file in between) must be owned by this
+/// process's uid or root and give group and others no access. A key that other users can read
+/// is no secret: any of them could MAC, and so forge, files every node accepts.
+pub(crate) fn read_private_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let mut file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let metadata = file.metadata().map_err(|e| e.to_string())?;
+    let me = nix::unistd::geteuid().as_raw();
+    if let Some(why) = private_file_refusal(metadata.uid(), metadata.mode(), me) {
+        return Err(why);
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    Ok(bytes)
+}
+
+/// Why a secret file owned by `owner` with `mode` may not be used by uid `me`; `None` when it
+/// is private (ssh's rule for a private key).
+fn private_file_refusal(owner: u32, mode: u32, me: u32) -> Option<String> {
+    let mode = mode & 0o7777;
+    let problem = if owner != me && owner != 0 {
+        format!("it belongs to uid {owner}, not to this daemon's uid {me} or root")
+    } else if mode & 0o077 != 0 {
+        "group or others may access it".to_owned()
+    } else {
+        return None;
+    };
+    let owners = if me == 0 {
+        "root".to_owned()
+    } else {
+        format!("uid {me} or root")
+    };
+    Some(format!(
+        "owner uid {owner}, mode {mode:04o}: refused, {problem}; a key must be private \
+         (owned by {owners}, chmod 600), since anyone who can read it can forge files every \
+         node accepts"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -852,6 +896,32 @@ mod tests {
             named,
             "another state directory, another name"
         );
+    }
+
+    #[test]
+    fn a_key_file_is_used_only_when_private_as_ssh_requires() {
+        // Owned by the daemon's uid or root, no bits for group or others.
+        for (owner, mode) in [(1001, 0o100600), (1001, 0o400), (0, 0o600), (0, 0o400)] {
+            assert_eq!(
+                private_file_refusal(owner, mode, 1001),
+                None,
+                "{owner} {mode:o}"
+            );
+        }
+        for (owner, mode, names) in [
+            (1001, 0o644, "mode 0644"),
+            (1001, 0o640, "mode 0640"),
+            (1001, 0o604, "mode 0604"),
+            (1001, 0o620, "mode 0620"),
+            (0, 0o100644, "owner uid 0, mode 0644"),
+            (1002, 0o600, "belongs to uid 1002"),
+        ] {
+            let why = private_file_refusal(owner, mode, 1001)
+                .unwrap_or_else(|| panic!("{owner} {mode:o} was accepted"));
+            assert!(why.contains(names), "{why}");
+        }
+        let why = private_file_refusal(1002, 0o600, 0).unwrap();
+        assert!(why.contains("owned by root, chmod 600"), "{why}");
     }
 
     fn config_in(dir: &std::path::Path) -> Config {

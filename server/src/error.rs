@@ -103,6 +103,11 @@ pub enum Error {
     #[error("snapshot file skipped: {0}")]
     Unauthenticated(String),
 
+    /// A file in a `v2/` that every user shares (root's, sticky, mode 1777) owned by a uid
+    /// this daemon does not trust: another user's cache, skipped quietly.
+    #[error("snapshot file skipped: owned by uid {0}, another user whose files this daemon does not trust")]
+    OtherUsersFile(u32),
+
     /// A segment name this node was about to write exists already (another writer of the
     /// node's name).
     #[error("segment {0:?} exists already: another writer uses this node's name")]

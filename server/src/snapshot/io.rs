@@ -10,22 +10,31 @@
 //!   in before the segments it replaces are removed.
 //!
 //! Trust: a file counts only if it proves who wrote it: with `--shared-dir-key-file`, a MAC
-//! that verifies; without, an owner uid among `--shared-dir-writer-uid`. A segment must also
+//! that verifies; without, an owner uid among this daemon's own and `--shared-dir-writer-uid`.
+//! A segment must also
 //! say inside what its name says (node, sequence range). A node believes only what it wrote
 //! about itself: the names of its own segments are recorded in its state directory
 //! (`shared-segments.json`) before each rename, and only recorded segments are read as its
 //! own, compacted or removed. A segment that merely carries its name (an earlier state
 //! directory, an impostor, a second daemon given the same name) is read like another node's,
 //! warned about once and counted, and never deleted, adopted or renumbered from.
-//! `v2/` itself must be a real directory owned by an allowed writer, not writable by group or
-//! others unless a key is set; otherwise nothing is read or written there.
+//! `v2/` itself must be a real directory owned by an allowed writer or root, not writable by
+//! group or others unless a key is set or it is root's and sticky (mode 1777: one `v2/` for
+//! every user, each file trusted by its owner's uid alone; the sticky bit stops anyone but a
+//! file's owner from removing or renaming it). There, files of uids this daemon does not trust
+//! are other users' caches and are skipped quietly, except under a name it trusts (its own, or
+//! one whose trusted segments it has read): that is name squatting, warned about and counted.
+//! Otherwise nothing is read or written there. A missing `v2/` is created 0755, but never in a
+//! top directory that group or others may write: whoever made it there would own every
+//! user's `v2/`.
 
 use crate::model::forget::{Tombstone, Tombstones};
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -163,6 +172,9 @@ pub(super) struct IoWorker {
     /// absent, so a forged name can never make a reader skip the real segments it claims
     /// to cover.
     rejected: HashSet<String>,
+    /// `v2/` was, at its last check, the one every user shares (root's, sticky): files of
+    /// uids this daemon does not trust are other users' there, not forgeries.
+    shared_by_users: Cell<bool>,
 }
 
 /// A read of one file: its version and its entries, or why it was skipped.
@@ -178,6 +190,7 @@ impl IoWorker {
             warned_gaps: HashSet::new(),
             not_ours: HashSet::new(),
             rejected: HashSet::new(),
+            shared_by_users: Cell::new(false),
         }
     }
 
@@ -365,6 +378,10 @@ impl IoWorker {
                 }
                 Some(parsed)
             }
+            Err(Error::OtherUsersFile(uid)) => {
+                tracing::debug!(path = ?path, uid, "another user's file in the shared v2/; not read");
+                None
+            }
             Err(reason) => {
                 counters.peer_files_skipped.fetch_add(1, Ordering::Relaxed);
                 if matches!(reason, Error::Unauthenticated(_)) {
@@ -424,6 +441,9 @@ impl IoWorker {
         let version = opened.version;
         let settings = &self.shared.settings;
         if settings.key.is_none() && !settings.writer_uids.contains(&opened.owner) {
+            if self.shared_by_users.get() {
+                return Ok(Some((version, Err(Error::OtherUsersFile(opened.owner)))));
+            }
             let error = Error::Unauthenticated(format!(
                 "owned by uid {}, not an allowed writer (--shared-dir-writer-uid {})",
                 opened.owner,
@@ -460,17 +480,35 @@ impl IoWorker {
         }))
     }
 
-    /// `v2/` must be a real directory (not a symlink), owned by an allowed writer, and not
-    /// writable by group or others unless a key authenticates every file. Created 0755 when
-    /// missing.
+    /// `v2/` must be a real directory (not a symlink), owned by an allowed writer or root, and
+    /// not writable by group or others unless a key authenticates every file or it is root's
+    /// and sticky (every user's `v2/`, each file trusted by its owner). Created 0755 when
+    /// missing, unless group or others may write the top directory.
     fn check_segment_dir(&self, operation: Operation) -> Result<bool> {
         let dir = self.segment_dir();
         let metadata = match fs::symlink_metadata(&dir) {
             Ok(metadata) => metadata,
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                if let Some(why) = self.v2_left_to_the_admin() {
+                    self.shared.refused(&why);
+                    return Err(Error::SharedDirUnsafe(why));
+                }
                 // No node has published a segment yet. A directory that cannot be created
-                // (read-only, full) is reported by the publish that needs it.
-                match fs::DirBuilder::new().mode(0o755).create(&dir) {
+                // (read-only, full) is reported by the publish that needs it. Root makes
+                // every user's v2/ in a top directory others may write, as the admin would.
+                let mode = if self.top_writable_by_others() {
+                    0o1777
+                } else {
+                    0o755
+                };
+                let created = fs::DirBuilder::new()
+                    .mode(mode)
+                    .create(&dir)
+                    .and_then(|()| {
+                        // The umask may have cleared bits of the mode asked for.
+                        fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
+                    });
+                match created {
                     Ok(()) => return self.check_segment_dir(operation),
                     Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
                         return self.check_segment_dir(operation)
@@ -485,35 +523,68 @@ impl IoWorker {
         };
         let settings = &self.shared.settings;
         let mode = metadata.mode() & 0o7777;
+        let owner = metadata.uid();
+        let shared_by_users = owner == 0 && mode & 0o1000 != 0;
         let unsafe_because = if metadata.file_type().is_symlink() {
             Some("is a symbolic link".to_owned())
         } else if !metadata.is_dir() {
             Some("is not a directory".to_owned())
-        } else if !settings.writer_uids.contains(&metadata.uid()) {
+        } else if owner != 0 && !settings.writer_uids.contains(&owner) {
             Some(format!(
-                "is owned by uid {}, not an allowed writer (--shared-dir-writer-uid {})",
-                metadata.uid(),
+                "is owned by uid {owner}, not an allowed writer (this daemon's uid and \
+                 --shared-dir-writer-uid: {}) or root",
                 uid_list(&settings.writer_uids)
             ))
-        } else if mode & 0o022 != 0 && settings.key.is_none() {
+        } else if mode & 0o022 != 0 && settings.key.is_none() && !shared_by_users {
             Some(format!(
-                "is writable by group or others (mode {mode:04o}) and no \
-                 --shared-dir-key-file authenticates its files"
+                "is writable by group or others (mode {mode:04o}), and neither the sticky bit \
+                 on a root-owned v2/ (mode 1777) nor --shared-dir-key-file protects its files"
             ))
         } else {
             None
         };
         match unsafe_because {
-            None => Ok(true),
+            None => {
+                self.shared_by_users
+                    .set(shared_by_users && mode & 0o022 != 0);
+                Ok(true)
+            }
             Some(why) => {
+                self.shared_by_users.set(false);
                 let message = format!(
-                    "refusing to use {dir:?} (owner uid {}, mode {mode:04o}): it {why}",
-                    metadata.uid()
+                    "refusing to use {dir:?} (owner uid {owner}, mode {mode:04o}): it {why}"
                 );
                 self.shared.refused(&message);
                 Err(Error::SharedDirUnsafe(message))
             }
         }
+    }
+
+    /// Whether group or others may write the top directory: then its `v2/` is every user's.
+    fn top_writable_by_others(&self) -> bool {
+        fs::metadata(self.dir()).is_ok_and(|top| top.mode() & 0o022 != 0)
+    }
+
+    /// Why this daemon must not create `v2/` itself: it does not run as root and the top
+    /// directory is one that group or others may write, so the `v2/` of every user there is
+    /// the administrator's to make (whoever creates it owns it, and so could remove every
+    /// other user's files, and the other users' daemons refuse it).
+    fn v2_left_to_the_admin(&self) -> Option<String> {
+        if nix::unistd::geteuid().is_root() {
+            return None;
+        }
+        let top = fs::metadata(self.dir()).ok()?;
+        let mode = top.mode() & 0o7777;
+        (mode & 0o022 != 0).then(|| {
+            format!(
+                "not creating {:?}: group or others may write {:?} (mode {mode:04o}), so a \
+                 v2/ made by this daemon would be this user's alone; as root, create it for \
+                 every user with `install -d -m 1777 -o root -g root {}`",
+                self.segment_dir(),
+                self.dir(),
+                self.segment_dir().display()
+            )
+        })
     }
 
     /// Lists `DIR/v2`, removes stale temp files, and groups the segments by node.
@@ -594,7 +665,7 @@ impl IoWorker {
         while let Next::Read(segment) = mine.next_to_read(read_through) {
             let path = self.segment_dir().join(segment.file_name());
             let (version, parsed) = match self.read_segment(segment) {
-                Ok(Some(read)) => read,
+                Ok(Some((version, parsed))) => (version, squatting(parsed, &segment.node)),
                 // Removed since the listing: look again next pass.
                 Ok(None) => return Ok(()),
                 // Without every own segment the writer cannot know what it published, and
@@ -720,7 +791,7 @@ impl IoWorker {
             }
             let path = self.segment_dir().join(&name);
             let (version, parsed) = match self.read_segment(segment) {
-                Ok(Some(read)) => read,
+                Ok(Some((version, parsed))) => (version, squatting(parsed, &segment.node)),
                 Ok(None) => continue,
                 Err(error) => {
                     let _ = self.failed(Operation::Load, "reading", &path, &error);
@@ -876,6 +947,11 @@ impl IoWorker {
             };
             let path = self.segment_dir().join(segment.file_name());
             let (version, parsed) = match self.read_segment(segment) {
+                // Under a name this reader has trusted segments of, an untrusted owner's
+                // file is no other user's cache but a squatter's.
+                Ok(Some((version, parsed))) if read_through > 0 => {
+                    (version, squatting(parsed, node))
+                }
                 Ok(Some(read)) => read,
                 // Removed by a compaction after the listing: the compacted segment is in
                 // place; the next listing finds it.
@@ -886,7 +962,10 @@ impl IoWorker {
                     break;
                 }
             };
-            if matches!(parsed, Err(Error::Unauthenticated(_))) {
+            if matches!(
+                parsed,
+                Err(Error::Unauthenticated(_) | Error::OtherUsersFile(_))
+            ) {
                 // Not a segment of this node's at all: as if it were not there.
                 let name = segment.file_name();
                 let _ = self.accept(&path, version, parsed);
@@ -1214,6 +1293,9 @@ impl IoWorker {
             // The segment directory is made by the first load; it may not have been
             // possible then (read-only, full) or it was removed since.
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                if self.v2_left_to_the_admin().is_some() {
+                    return Err(("creating", error));
+                }
                 fs::create_dir_all(dir).map_err(|e| ("creating", e))?;
                 create()
             }
@@ -1258,6 +1340,19 @@ impl IoWorker {
                 .map_err(|e| ("syncing the directory of", e))?;
         }
         Ok(bytes)
+    }
+}
+
+/// Another user's file under a name this daemon trusts (its own, or one whose trusted segments
+/// it has read) is name squatting: refused like a forgery, so it is warned about and counted
+/// (`snapshot_untrusted_files`), never read.
+fn squatting(parsed: Result<ParsedSnapshot>, node: &str) -> Result<ParsedSnapshot> {
+    match parsed {
+        Err(Error::OtherUsersFile(uid)) => Err(Error::Unauthenticated(format!(
+            "owned by uid {uid}, not an allowed writer, yet named as node {node:?}, whose \
+             segments this daemon trusts: name squatting, never read"
+        ))),
+        other => other,
     }
 }
 

@@ -78,7 +78,8 @@ pub struct SnapshotSettings {
     pub state_dir: PathBuf,
     /// With a key, every file must carry a MAC that verifies under it.
     pub key: Option<crate::snapshot::format::SharedKey>,
-    /// Without a key, only files owned by these uids count (and `v2/` must be owned by one).
+    /// Without a key, only files owned by these uids count (this daemon's own first, then
+    /// `--shared-dir-writer-uid`), and `v2/` must be owned by one of them or root.
     pub writer_uids: Vec<u32>,
 }
 
@@ -223,6 +224,9 @@ struct IoSlot {
     /// Writes wait for one complete load, so a wiped node learns what it published before
     /// and never publishes it again as new.
     initial_load_done: bool,
+    /// Why the last load failed (cleared by one that succeeds): what a publish refused for
+    /// want of a first load names as its cause.
+    last_load_error: Option<String>,
     consecutive_failures: u32,
     retry_after: Option<Instant>,
 }
@@ -284,7 +288,7 @@ impl SnapshotHandle {
             None => tracing::info!(
                 dir = ?settings.dir,
                 writer_uids = ?settings.writer_uids,
-                "shared directory: no --shared-dir-key-file; only files owned by --shared-dir-writer-uid count"
+                "shared directory: no --shared-dir-key-file; only files owned by these uids (this daemon's and --shared-dir-writer-uid) count"
             ),
         }
         let shared = Arc::new(Shared {
@@ -310,6 +314,7 @@ impl SnapshotHandle {
             jobs,
             last_published_changes: None,
             initial_load_done: false,
+            last_load_error: None,
             consecutive_failures: 0,
             retry_after: None,
         };
@@ -440,8 +445,14 @@ impl SnapshotHandle {
         let read_before = counters.bytes_read.load(Ordering::Relaxed);
         let written_before = counters.bytes_written.load(Ordering::Relaxed);
         let outcome = match self.load_and_apply(slot).await {
-            Ok(()) => self.publish_if_changed(slot).await,
-            Err(error) => Err(error),
+            Ok(()) => {
+                slot.last_load_error = None;
+                self.publish_if_changed(slot).await
+            }
+            Err(error) => {
+                slot.last_load_error = Some(error.to_string());
+                Err(error)
+            }
         };
         // A stuck job has not finished: its bytes belong to the pass that sees it return.
         if !matches!(outcome, Err(Error::SharedDirStuck { .. })) {
@@ -559,9 +570,14 @@ impl SnapshotHandle {
     /// last publish; then nothing touches the filesystem at all.
     async fn publish_if_changed(&self, slot: &mut IoSlot) -> Result<Written> {
         if !slot.initial_load_done {
-            return Err(Error::SharedDirUnavailable(
-                "the first load of the shared directory has not finished".into(),
-            ));
+            let why = match &slot.last_load_error {
+                Some(cause) => format!(
+                    "this node has not read what it published before, so it cannot tell what \
+                     is new: {cause}"
+                ),
+                None => "the first load of the shared directory has not finished".to_owned(),
+            };
+            return Err(Error::SharedDirUnavailable(why));
         }
         // Count before map: a change landing in between is published next time.
         let changes = self.shared.own_changes.load(Ordering::Acquire);

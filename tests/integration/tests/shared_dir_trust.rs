@@ -219,6 +219,8 @@ async fn a_world_writable_v2_is_refused_without_a_key_and_a_key_admits_only_its_
     // With a key, group- or world-writable is allowed, and only MACed files count.
     let key = dir.path().join("cluster.key");
     std::fs::write(&key, "a-cluster-secret-of-32-bytes-0123\n").unwrap();
+    // Private, as a key must be (a key others can read is refused at start).
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let key_arg = key.to_str().unwrap().to_owned();
     let flags = ["--shared-dir-key-file", key_arg.as_str()];
     let b = start_shared_node(&dir.path().join("b"), &shared, "B", 1, &flags).await;
@@ -241,6 +243,7 @@ async fn a_world_writable_v2_is_refused_without_a_key_and_a_key_admits_only_its_
     // node with another key refuses everything.
     let other_key = dir.path().join("other.key");
     std::fs::write(&other_key, "another-secret-of-enough-bytes!!\n").unwrap();
+    std::fs::set_permissions(&other_key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let other_arg = other_key.to_str().unwrap().to_owned();
     let d = start_shared_node(
         &dir.path().join("d"),
@@ -440,6 +443,7 @@ async fn arbitrary_files_in_v2_never_cost_the_honest_nodes_an_entry() {
     std::fs::set_permissions(&v2, std::fs::Permissions::from_mode(0o777)).unwrap();
     let key = dir.path().join("cluster.key");
     std::fs::write(&key, "the-honest-nodes-share-this-key\n").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let key_arg = key.to_str().unwrap().to_owned();
     let flags = ["--shared-dir-key-file", key_arg.as_str()];
     let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &flags).await;

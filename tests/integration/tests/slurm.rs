@@ -49,6 +49,11 @@ fn prolog_and_epilog_serve_overlapping_jobs_from_one_daemon_and_keep_their_entri
         std::os::unix::fs::PermissionsExt::from_mode(0o1777),
     )
     .unwrap();
+    // Every user's v2/, made by the administrator: root's, sticky (a user's daemon does not
+    // make it in a directory every user may write).
+    let v2 = shared.path().join("v2");
+    std::fs::create_dir(&v2).unwrap();
+    std::fs::set_permissions(&v2, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
     let Some(mut slurm) = Slurm::start(SlurmOptions {
         prolog_and_epilog: true,
         tunecache_settings: vec![format!("SHARED_DIR={}", shared.path().display())],

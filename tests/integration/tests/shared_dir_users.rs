@@ -1,0 +1,451 @@
+//! One shared directory for many users, with real uids (daemons started through `setpriv`):
+//! a root-owned sticky `v2/` (mode 1777) serves each user's daemons that user's own entries
+//! and a site-wide daemon's, and nobody else's; a segment another user names after a node is
+//! ignored and counted; nobody can remove another user's segment. A daemon never makes `v2/`
+//! its own inside a directory every user may write, a last publish at shutdown names what
+//! really stopped it, and a key file that is not private stops the start, as ssh refuses one.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use tunecache_integration::{bin, require_root, require_tool};
+
+/// The users of these tests: a site-wide daemon's account and two users.
+const SITE: u32 = 4300;
+const ALICE: u32 = 4301;
+const BOB: u32 = 4302;
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// A daemon running as `uid`, with its socket, state and log in a directory of its own.
+struct UserDaemon {
+    uid: u32,
+    node: String,
+    home: PathBuf,
+    child: Option<Child>,
+}
+
+impl UserDaemon {
+    fn command(uid: u32, home: &Path, shared: &Path, node: &str, extra: &[&str]) -> Command {
+        let mut command = Command::new("setpriv");
+        command
+            .args(["--reuid", &uid.to_string(), "--regid", &uid.to_string()])
+            .args(["--clear-groups", "--"])
+            .arg(bin("tunecached"))
+            .arg("--socket")
+            .arg(home.join("tunecache.sock"))
+            .arg("--state-dir")
+            .arg(home.join("state"))
+            .arg("--shared-dir")
+            .arg(shared)
+            .args(["--node-name", node, "--snapshot-interval", "1"])
+            .args(extra)
+            .env_remove("TUNECACHE_SOCKET")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// Starts it in `root/<node>` (made for `uid`, 0700) and waits until it answers.
+    fn start(root: &Path, uid: u32, node: &str, shared: &Path, extra: &[&str]) -> UserDaemon {
+        let home = root.join(node);
+        std::fs::create_dir(&home).unwrap();
+        std::os::unix::fs::chown(&home, Some(uid), Some(uid)).unwrap();
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let log = std::fs::File::create(home.join("daemon.log")).unwrap();
+        let child = Self::command(uid, &home, shared, node, extra)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("setpriv tunecached");
+        let mut daemon = UserDaemon {
+            uid,
+            node: node.to_owned(),
+            home,
+            child: Some(child),
+        };
+        let deadline = Instant::now() + LIMIT;
+        while !daemon.cli(&["stats"]).status.success() {
+            if let Some(status) = daemon.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("{node} exited with {status}:\n{}", daemon.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{node} did not serve:\n{}",
+                daemon.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        daemon
+    }
+
+    /// The CLI on this daemon, run by root, trusting the daemon's uid.
+    fn cli(&self, args: &[&str]) -> Output {
+        Command::new(bin("tunecache"))
+            .arg("--socket")
+            .arg(self.home.join("tunecache.sock"))
+            .args(args)
+            .env("TUNECACHE_TRUST_UID", self.uid.to_string())
+            .env_remove("TUNECACHE_VIEW")
+            .output()
+            .unwrap()
+    }
+
+    fn put(&self, problem: &str) {
+        let config = format!("{{\"by\":\"{}\"}}", self.node);
+        let output = self.cli(&[
+            "put",
+            "--namespace",
+            "users",
+            "--op",
+            "gemm",
+            "--device",
+            "d",
+            "--problem",
+            problem,
+            "--config",
+            &config,
+            "--time-us",
+            "1",
+        ]);
+        assert!(output.status.success(), "put on {}: {output:?}", self.node);
+    }
+
+    fn holds(&self, problem: &str) -> bool {
+        let args = [
+            "get",
+            "--namespace",
+            "users",
+            "--op",
+            "gemm",
+            "--device",
+            "d",
+            "--problem",
+            problem,
+        ];
+        self.cli(&args).status.success()
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        let output = self.cli(&["--json", "stats"]);
+        serde_json::from_slice(&output.stdout).unwrap_or_default()
+    }
+
+    fn counter(&self, name: &str) -> u64 {
+        self.stats()[name].as_u64().unwrap_or(0)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.home.join("daemon.log")).unwrap_or_default()
+    }
+
+    fn terminate(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "{} did not stop", self.node);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for UserDaemon {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + LIMIT;
+    while !check() {
+        assert!(Instant::now() < deadline, "not within {LIMIT:?}: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A temporary root every test uid may enter, with `shared/` (root's, `mode`) in it.
+fn setup(mode: u32) -> Option<(tempfile::TempDir, PathBuf)> {
+    if !require_root("running daemons as other uids") || require_tool("setpriv", None).is_none() {
+        return None;
+    }
+    let root = tempfile::Builder::new()
+        .prefix("tc-users-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let shared = root.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(mode)).unwrap();
+    Some((root, shared))
+}
+
+/// `v2/` as docs/launchers.md has the administrator make it: root's, mode 1777.
+fn make_sticky_v2(shared: &Path) -> PathBuf {
+    let v2 = shared.join("v2");
+    std::fs::create_dir(&v2).unwrap();
+    std::fs::set_permissions(&v2, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    v2
+}
+
+/// Runs `program args` as `uid` (no groups).
+fn as_user(uid: u32, program: &str, args: &[&str]) -> Output {
+    Command::new("setpriv")
+        .args(["--reuid", &uid.to_string(), "--regid", &uid.to_string()])
+        .args(["--clear-groups", "--", program])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `uid` puts a valid segment named as `node`'s (sequence `seq`) with one entry `problem`
+/// into `v2`, as that user: the file is really theirs.
+fn plant_segment(root: &Path, v2: &Path, uid: u32, node: &str, seq: u64, problem: &str) {
+    let document = serde_json::json!({
+        "format": "tunecache-snapshot", "version": 2, "node": node,
+        "first_seq": seq, "last_seq": seq, "written_at_unix_ms": 0, "entry_count": 1,
+        "entries": [{"namespace": "users", "op": "gemm", "device": "d", "problem": problem,
+                     "config": "{\"planted\":1}", "time_us": 0.5, "tuned_by": "planted",
+                     "tuned_at_unix_ms": 1}]
+    });
+    let source = root.join(format!("planted-{node}-{seq}.json"));
+    std::fs::write(&source, serde_json::to_vec(&document).unwrap()).unwrap();
+    let target = v2.join(format!("{node}.{seq:016x}-{seq:016x}.seg.json"));
+    let copied = as_user(
+        uid,
+        "cp",
+        &[source.to_str().unwrap(), target.to_str().unwrap()],
+    );
+    assert!(copied.status.success(), "cp as {uid}: {copied:?}");
+}
+
+fn segments_of(v2: &Path, node: &str) -> Vec<PathBuf> {
+    std::fs::read_dir(v2)
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{node}.")) && n.ends_with(".seg.json"))
+        })
+        .collect()
+}
+
+#[test]
+fn a_sticky_v2_serves_each_user_their_own_entries_and_the_site_daemons_and_counts_squatters() {
+    let Some((root, shared)) = setup(0o755) else {
+        return;
+    };
+    let root = root.path();
+    let v2 = make_sticky_v2(&shared);
+    let site_uid = SITE.to_string();
+    let trust_site = ["--shared-dir-writer-uid", site_uid.as_str()];
+    let site = UserDaemon::start(root, SITE, "site", &shared, &[]);
+    let alice = UserDaemon::start(root, ALICE, "alice-1", &shared, &trust_site);
+    let bob = UserDaemon::start(root, BOB, "bob-1", &shared, &trust_site);
+    site.put("from-site");
+    alice.put("from-alice");
+    bob.put("from-bob");
+    for daemon in [&site, &alice, &bob] {
+        eventually(&format!("{} publishes", daemon.node), || {
+            daemon.counter("own_entries_published") == 1
+        });
+    }
+    eventually("alice's daemon learns the site daemon's entry", || {
+        alice.holds("from-site")
+    });
+
+    // Bob names segments after Alice's node and after the site daemon's.
+    plant_segment(root, &v2, BOB, "alice-1", 0x10, "squat-alice");
+    plant_segment(root, &v2, BOB, "site", 0x10, "squat-site");
+    eventually("alice's daemon counts the segment under its name", || {
+        alice.counter("snapshot_name_conflicts") >= 1
+            && alice.counter("snapshot_untrusted_files") >= 1
+    });
+    // Nobody but a file's owner may remove or rename it in a sticky directory.
+    let alice_segment = segments_of(&v2, "alice-1")
+        .into_iter()
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == ALICE)
+        })
+        .expect("alice's own segment");
+    let removed = as_user(BOB, "rm", &["-f", alice_segment.to_str().unwrap()]);
+    assert!(!removed.status.success(), "bob removed alice's segment");
+    assert!(alice_segment.exists());
+
+    // Each user's next daemon (another node, a fresh state directory) gets that user's
+    // entries and the site daemon's, and nothing of the other user's or planted.
+    let alice_next = UserDaemon::start(root, ALICE, "alice-2", &shared, &trust_site);
+    let bob_next = UserDaemon::start(root, BOB, "bob-2", &shared, &trust_site);
+    eventually(
+        "alice's next daemon gets alice's and the site's entries",
+        || alice_next.holds("from-alice") && alice_next.holds("from-site"),
+    );
+    eventually(
+        "bob's next daemon gets bob's and the site's entries",
+        || bob_next.holds("from-bob") && bob_next.holds("from-site"),
+    );
+    for (daemon, foreign) in [
+        (&alice, ["from-bob", "squat-alice", "squat-site"]),
+        (&alice_next, ["from-bob", "squat-alice", "squat-site"]),
+        // Bob's planted files are his own: his daemons may read them.
+        (&bob_next, ["from-alice", "from-alice", "from-alice"]),
+        (&site, ["from-alice", "from-bob", "squat-site"]),
+    ] {
+        for problem in foreign {
+            assert!(!daemon.holds(problem), "{} serves {problem}", daemon.node);
+        }
+    }
+    // Another user's segments are skipped quietly; only the squatted names are warned about
+    // (the one after the site daemon's segments once the gap before it is given up on).
+    eventually("alice's daemon counts both squatted names", || {
+        alice.counter("snapshot_untrusted_files") >= 2
+    });
+    let log = alice.log();
+    let warned: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("skipped until the file changes"))
+        .collect();
+    assert!(
+        warned.iter().all(|line| line.contains("name squatting")) && warned.len() == 2,
+        "alice's daemon warned about other than the two squatted names:\n{log}"
+    );
+    assert!(
+        !log.contains("bob-1."),
+        "another user's segments were logged:\n{log}"
+    );
+}
+
+#[test]
+fn a_daemon_does_not_make_v2_its_own_in_a_directory_every_user_may_write() {
+    let Some((root, shared)) = setup(0o1777) else {
+        return;
+    };
+    let alice = UserDaemon::start(root.path(), ALICE, "alice-1", &shared, &[]);
+    eventually("alice's daemon says who must make v2/", || {
+        alice.stats()["last_snapshot_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("install -d -m 1777 -o root -g root"))
+    });
+    assert!(
+        !shared.join("v2").exists(),
+        "a user's daemon made v2/, which would lock every other user out"
+    );
+}
+
+#[test]
+fn the_last_publish_at_shutdown_names_why_the_shared_directory_was_refused() {
+    let Some((root, shared)) = setup(0o755) else {
+        return;
+    };
+    // Bob's daemon made v2/ its own 0755, as daemons did before v2/ was the admin's to make.
+    let v2 = shared.join("v2");
+    std::fs::create_dir(&v2).unwrap();
+    std::os::unix::fs::chown(&v2, Some(BOB), Some(BOB)).unwrap();
+    let mut alice = UserDaemon::start(root.path(), ALICE, "alice-1", &shared, &[]);
+    alice.put("unpublished");
+    eventually("alice's daemon refuses bob's v2/", || {
+        alice.stats()["last_snapshot_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("refusing to use"))
+    });
+    assert!(alice.terminate().success());
+    let log = alice.log();
+    let last = log
+        .lines()
+        .find(|line| line.contains("last publish at shutdown"))
+        .unwrap_or_else(|| panic!("no last publish line:\n{log}"));
+    assert!(
+        last.contains("refusing to use") && last.contains(&format!("owned by uid {BOB}")),
+        "the last publish does not name the refused v2/: {last}"
+    );
+    assert!(!last.contains("has not finished"), "{last}");
+}
+
+#[test]
+fn a_key_file_that_is_not_private_stops_the_start_naming_its_owner_and_mode() {
+    let Some((root, shared)) = setup(0o755) else {
+        return;
+    };
+    let root = root.path();
+    make_sticky_v2(&shared);
+    let key = root.join("shared.key");
+    std::fs::write(&key, "a-site-secret-of-32-bytes-012345\n").unwrap();
+    let key_arg = key.to_str().unwrap();
+    let start_as = |uid: u32, node: &str| -> Output {
+        let home = root.join(node);
+        std::fs::create_dir(&home).unwrap();
+        std::os::unix::fs::chown(&home, Some(uid), Some(uid)).unwrap();
+        let mut command = UserDaemon::command(
+            uid,
+            &home,
+            &shared,
+            node,
+            &["--shared-dir-key-file", key_arg],
+        );
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A refused key stops the start at once; a daemon that serves is stopped here.
+        let deadline = Instant::now() + LIMIT;
+        while child.try_wait().unwrap().is_none() && !home.join("tunecache.sock").exists() {
+            assert!(
+                Instant::now() < deadline,
+                "{node} neither exited nor served"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        child.wait_with_output().unwrap()
+    };
+    let refused = |output: &Output, names: &[&str]| {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "started with the key: {stderr}");
+        for name in names {
+            assert!(
+                stderr.contains(name),
+                "the refusal does not say {name:?}: {stderr}"
+            );
+        }
+    };
+
+    // Readable by every user: whoever reads it can forge segments every node accepts.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let output = start_as(0, "root-644");
+    refused(&output, &[key_arg, "owner uid 0, mode 0644", "chmod 600"]);
+    // Private, but another user's.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(&key, Some(ALICE), Some(ALICE)).unwrap();
+    let output = start_as(0, "root-alices");
+    refused(
+        &output,
+        &[key_arg, &format!("owner uid {ALICE}, mode 0600")],
+    );
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let output = start_as(ALICE, "alice-640");
+    refused(&output, &[key_arg, "mode 0640"]);
+    // Private and the daemon's own: it serves.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let output = start_as(ALICE, "alice-600");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !stderr.contains("a key must be private") && stderr.contains("tunecached stopped"),
+        "a private key of its own was refused: {stderr}"
+    );
+}
