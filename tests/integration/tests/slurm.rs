@@ -471,6 +471,7 @@ fn the_slurm_scripts_pass_shellcheck() {
         .args([
             "tunecache-prolog.sh",
             "tunecache-epilog.sh",
+            "tunecache-task-prolog.sh",
             "tunecache-slurm-lib.sh",
             "tunecache-srun.sh",
         ])
