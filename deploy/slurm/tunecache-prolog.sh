@@ -9,10 +9,12 @@
 #
 # Runs as root on every allocated node. The daemon runs as the job's user, so the ranks (same
 # uid) pass its peer check and it passes theirs, and the journal stays the user's.
-# Ranks find it through:  export TUNECACHE_SOCKET=$SOCKET_ROOT/$SLURM_JOB_USER/tunecache.sock
+# Ranks find it through TUNECACHE_SOCKET=$SOCKET_ROOT/$SLURM_JOB_USER/tunecache.sock, which
+# tunecache-task-prolog.sh (TaskProlog=) exports for every task.
 #
-# A problem here never fails the job or drains the node: the script logs why and exits 0, and
-# the ranks run with untuned defaults (the clients fall back when no daemon answers).
+# A problem here never fails the job or drains the node: the script logs why (LOG, syslog,
+# stderr) and exits 0, and the ranks run with untuned defaults (the clients fall back when no
+# daemon answers). The daemon logs to $STATE_ROOT/<user>/tunecached.log.
 set -uo pipefail
 here="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 TUNECACHE_SCRIPT=tunecache-prolog
@@ -44,6 +46,14 @@ tunecache_lock_user || { tunecache_log "the user's lock is busy for 30 s; the jo
 # This job's marker: the epilog stops the daemon when the user's last job on the node ends.
 : >"$jobs_dir/$job_user.$SLURM_JOB_ID"
 
+# The daemon's log is the user's file, so it is handled as the user, never as root (the user
+# may have made it a symbolic link). Bounded: copied to .1 and emptied once over the limit
+# (copy and truncate, so a daemon still writing to it goes on at its start).
+# shellcheck disable=SC2016  # expanded by the user's shell
+as_job_user /bin/sh -c 'log=$1 max=$2
+    size=$(stat -c %s -- "$log" 2>/dev/null) || exit 0
+    [ "$size" -le "$max" ] || { cp -f -- "$log" "$log.1" && : >"$log"; }' \
+    tunecache-log "$daemon_log" "$DAEMON_LOG_MAX_BYTES" 2>/dev/null
 if as_job_user "$CLI" --socket "$socket" stats >/dev/null 2>&1; then
     exit 0                                             # already serving
 fi
@@ -54,17 +64,40 @@ args=(--socket "$socket" --state-dir "$state_dir" --exit-when-idle "$IDLE_SECS" 
 # shellcheck disable=SC2206  # EXTRA_FLAGS is split on spaces, as its comment says
 [[ -n "$EXTRA_FLAGS" ]] && args+=($EXTRA_FLAGS)
 
+log_offset="$(as_job_user stat -c %s -- "$daemon_log" 2>/dev/null || echo 0)"
+
+# The daemon's last log lines, since it was started here: read as the user, stripped of
+# control characters and cut short, so that the user's file can neither fake nor flood LOG.
+daemon_log_tail() {
+    as_job_user tail -c +"$((log_offset + 1))" -- "$daemon_log" 2>/dev/null | tail -n 8 |
+        tr -d '\000-\010\013-\037' | cut -c 1-400 | sed 's/^/    | /'
+}
+
 # Detached (own session), outside the prolog's lifetime, without the lock's fd 9. The log is
 # opened by the user's shell, not by root: the state directory is the user's to plant links in.
 # shellcheck disable=SC2016  # expanded by the user's shell
 setsid setpriv --reuid "$job_uid" --regid "$job_gid" --init-groups -- \
-    /bin/sh -c 'log=$1; shift; exec "$@" >>"$log" 2>&1' tunecached "$state_dir/tunecached.log" \
+    /bin/sh -c 'log=$1; shift; exec "$@" >>"$log" 2>&1' tunecached "$daemon_log" \
     "$BIN" "${args[@]}" </dev/null >/dev/null 2>&1 9>&- &
+daemon_pid=$!
 
-# Bounded wait until it answers, so the first rank finds it.
-for _ in $(seq 1 100); do
-    as_job_user "$CLI" --socket "$socket" stats >/dev/null 2>&1 && exit 0
-    sleep 0.1
+# Until it answers, so the first rank finds it; at most 10 s. The spawned process is checked
+# on every turn (50 ms), so a daemon that exits at once (a bad flag, a refused setting) costs
+# the job about that, not the whole wait.
+deadline=$(( ${EPOCHREALTIME/./} + 10000000 ))
+while (( ${EPOCHREALTIME/./} < deadline )); do
+    if [[ -S "$socket" ]] && as_job_user "$CLI" --socket "$socket" stats >/dev/null 2>&1; then
+        exit 0
+    fi
+    if ! tunecache_alive "$daemon_pid"; then
+        wait "$daemon_pid"
+        status=$?
+        tunecache_log "tunecached exited with status $status before it answered on $socket; the job runs without it. Its last lines ($daemon_log):
+$(daemon_log_tail)"
+        exit 0
+    fi
+    sleep 0.05
 done
-tunecache_log "the daemon did not answer on $socket within 10 s (see $state_dir/tunecached.log); the job runs without it"
+tunecache_log "tunecached (pid $daemon_pid) did not answer on $socket within 10 s; the job runs without it (the daemon goes on starting). Its last lines ($daemon_log):
+$(daemon_log_tail)"
 exit 0

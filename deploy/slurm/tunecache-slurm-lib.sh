@@ -1,6 +1,7 @@
 # shellcheck shell=bash disable=SC2034  # the variables set here are the sourcing script's
-# Sourced by tunecache-prolog.sh and tunecache-epilog.sh: their settings file, the per-user
-# paths, the per-user lock that orders a prolog against an epilog, and the log.
+# Sourced by tunecache-prolog.sh, tunecache-epilog.sh and tunecache-task-prolog.sh: their
+# settings file, the per-user paths, the per-user lock that orders a prolog against an epilog,
+# the log, which process is the user's daemon, and which job markers are stale.
 #
 # Slurm gives a prolog or epilog only SLURM_* variables (no PATH), so nothing here is read from
 # the environment: the settings come from tunecache-slurm.conf beside the scripts, else
@@ -19,20 +20,32 @@ CLUSTER_URL=
 EXTRA_FLAGS=
 IDLE_SECS=900
 LOG=/var/log/tunecache-slurm.log
+# The daemon's own log ($STATE_ROOT/<user>/tunecached.log) is copied to tunecached.log.1 and
+# emptied by the prolog once it is larger than this: at most twice this, plus what one
+# daemon writes between two of the user's jobs.
+DAEMON_LOG_MAX_BYTES=1048576
 
-# tunecache_log MESSAGE: to the log file, syslog and stderr (slurmd keeps a failed script's).
+# tunecache_log MESSAGE: to the log file (its directory made if missing), to syslog when the
+# node has one, and to stderr (slurmd keeps a failed script's).
 tunecache_log() {
     local line
     line="$(date '+%F %T') ${TUNECACHE_SCRIPT:-tunecache} job ${SLURM_JOB_ID:-?} user ${SLURM_JOB_USER:-?}: $*"
-    printf '%s\n' "$line" >>"$LOG" 2>/dev/null || true
-    command -v logger >/dev/null 2>&1 && logger -t tunecache-slurm -- "$line" 2>/dev/null
+    if [[ -n "$LOG" ]]; then
+        [[ -d "${LOG%/*}" ]] || install -d -m 0755 -- "${LOG%/*}" 2>/dev/null
+        printf '%s\n' "$line" 2>/dev/null >>"$LOG"
+    fi
+    if [[ -S /dev/log ]] && command -v logger >/dev/null 2>&1; then
+        logger -t tunecache-slurm -- "$line" 2>/dev/null
+    fi
     printf '%s\n' "$line" >&2
 }
 
 # tunecache_load_settings DIR: reads the first settings file that exists; returns 1 (after
-# logging why) when it is not root's alone or holds a line it does not understand.
+# logging why) when it is not root's alone or holds a line it does not understand. The
+# refusal of a line goes to the file's LOG (a root-only file's LOG is the admin's word); that
+# of a file others may write goes to the built-in LOG, since its lines may be anyone's.
 tunecache_load_settings() {
-    local candidate conf="" line key value owner mode
+    local candidate conf="" line key value owner mode refused=""
     for candidate in "$1/tunecache-slurm.conf" /etc/tunecache/slurm.conf; do
         if [[ -e "$candidate" || -L "$candidate" ]]; then conf="$candidate"; break; fi
     done
@@ -55,18 +68,21 @@ tunecache_load_settings() {
         key="${line%%=*}"
         value="${line#*=}"
         if [[ "$line" != *=* ]]; then
-            tunecache_log "settings $conf: cannot read the line '$line' (KEY=VALUE expected)"
-            return 1
+            [[ -n "$refused" ]] || refused="cannot read the line '$line' (KEY=VALUE expected)"
+            continue
         fi
         value="${value#\"}"; value="${value%\"}"
         case "$key" in
-            BIN | CLI | SOCKET_ROOT | STATE_ROOT | SHARED_DIR | CLUSTER_URL | EXTRA_FLAGS | IDLE_SECS | LOG)
+            BIN | CLI | SOCKET_ROOT | STATE_ROOT | SHARED_DIR | CLUSTER_URL | EXTRA_FLAGS | IDLE_SECS | LOG | DAEMON_LOG_MAX_BYTES)
                 printf -v "$key" '%s' "$value" ;;
             *)
-                tunecache_log "settings $conf: unknown key '$key'"
-                return 1 ;;
+                [[ -n "$refused" ]] || refused="unknown key '$key'" ;;
         esac
     done <"$conf"
+    if [[ -n "$refused" ]]; then
+        tunecache_log "settings $conf: $refused; the job runs without tunecache"
+        return 1
+    fi
     [[ -n "$CLI" ]] || CLI="$(dirname -- "$BIN")/tunecache"
 }
 
@@ -79,6 +95,7 @@ tunecache_job_paths() {
     socket_dir="$SOCKET_ROOT/$job_user"
     socket="$socket_dir/tunecache.sock"
     state_dir="$STATE_ROOT/$job_user"
+    daemon_log="$state_dir/tunecached.log"
     jobs_dir="$SOCKET_ROOT/.jobs"
 }
 
@@ -92,4 +109,64 @@ tunecache_lock_user() {
 # as_job_user CMD...: runs CMD with the job user's uid, gid and groups.
 as_job_user() {
     setpriv --reuid "$job_uid" --regid "$job_gid" --init-groups -- "$@"
+}
+
+# tunecache_alive PID: the process exists and is not a zombie.
+tunecache_alive() {
+    local stat
+    stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+    stat="${stat##*) }"
+    [[ -n "$stat" && "${stat:0:1}" != Z ]]
+}
+
+# tunecache_daemon_pid: prints the pid of the daemon that holds the user's state directory
+# and serves the user's socket; returns 1 when there is none. The pid is the one the daemon
+# wrote into daemon.lock, and it counts only if that process runs as the job's uid and holds
+# the flock on that very file (/proc/locks): not the binary's path, which an upgrade replaces
+# under a running daemon (/proc/PID/exe then reads "... (deleted)").
+tunecache_daemon_pid() {
+    local lock="$state_dir/daemon.lock" pid served dev inode major minor
+    [[ -f "$lock" && ! -L "$lock" ]] || return 1
+    read -r _ pid _ served <"$lock" 2>/dev/null || return 1
+    [[ "$pid" =~ ^[0-9]+$ && "$served" == "$socket" ]] || return 1
+    tunecache_alive "$pid" || return 1
+    [[ "$(stat -c %u "/proc/$pid" 2>/dev/null)" == "$job_uid" ]] || return 1
+    read -r dev inode < <(stat -c '%d %i' -- "$lock") || return 1
+    # st_dev as the kernel prints it in /proc/locks: hex major:minor.
+    major=$(( (dev >> 8) & 0xfff ))
+    minor=$(( (dev & 0xff) | ((dev >> 12) & 0xfff00) ))
+    grep -Eq "^[0-9]+: FLOCK +ADVISORY +WRITE +$pid +$(printf '%02x:%02x' "$major" "$minor"):$inode " \
+        /proc/locks || return 1
+    printf '%s\n' "$pid"
+}
+
+# tunecache_running_jobs: the ids of the jobs with a step on this node (`scontrol listpids`,
+# which asks this node's slurmstepds, not the controller), one a line.
+tunecache_running_jobs() {
+    scontrol listpids 2>/dev/null | awk 'NR > 1 && $2 ~ /^[0-9]+$/ { print $2 }' | sort -u
+}
+
+# tunecache_reconcile_markers: removes (and logs) the user's markers whose job is gone from
+# this node. A job with a step here (scontrol listpids) is running; for the rest (a job between
+# steps, or one whose epilog never ran) the controller is asked once (squeue, the user's jobs
+# on this node that are not finished). When it does not answer, every marker is kept.
+tunecache_reconcile_markers() {
+    local marker job here listed suspects=()
+    shopt -s nullglob
+    here="$(tunecache_running_jobs)"
+    for marker in "$jobs_dir/$job_user".[0-9]*; do
+        job="${marker##*.}"
+        grep -qx -- "$job" <<<"$here" || suspects+=("$job")
+    done
+    (( ${#suspects[@]} )) || return 0
+    if ! listed="$(squeue -h -u "$job_user" -w "${SLURMD_NODENAME:-$(hostname -s)}" \
+        -t CONFIGURING,RUNNING,SUSPENDED,COMPLETING,STOPPED -o %A 2>/dev/null)"; then
+        tunecache_log "squeue did not answer; the markers of jobs ${suspects[*]} are kept"
+        return 0
+    fi
+    for job in "${suspects[@]}"; do
+        grep -qx -- "$job" <<<"$listed" && continue
+        rm -f -- "$jobs_dir/$job_user.$job"
+        tunecache_log "removed the stale marker of job $job (no step on this node, and squeue lists it nowhere here: its epilog never ran)"
+    done
 }

@@ -8,31 +8,41 @@
 #
 # Settings (environment, all optional):
 #   TUNECACHE_BIN, TUNECACHE_CLI   daemon and CLI (default: tunecached, tunecache on PATH)
-#   TUNECACHE_SOCKET_DIR           socket directory on every node (default /tmp/tunecache-<uid>-<job>)
+#   TUNECACHE_SOCKET_DIR           this job's directory on every node (default
+#                                  /tmp/tunecache-<uid>-<job>), removed when the job stops them
 #   TUNECACHE_STATE_DIR            journal parent; each node keeps <it>/<node> (default
-#                                  ~/.local/state/tunecache). A node whose directory another
-#                                  job's daemon holds uses one private to this job instead.
+#                                  ~/.local/state/tunecache), the daemon's log included
+#                                  (<it>/<node>/tunecached.log). A node whose directory another
+#                                  job's daemon holds, or where it cannot be made (no writable
+#                                  home), journals in this job's directory, for this job only.
 #   TUNECACHE_DAEMON_FLAGS         more daemon flags, split on spaces (e.g. --shared-dir DIR)
 #
 # What it guarantees: exactly one daemon per node (--ntasks equal to the node count); a socket
 # directory this job created, 0700 and its own, on every node (a directory someone else made
 # first fails the start, loudly); readiness proven by each daemon's Stats (this uid, and the pid
-# the step started); SIGTERM to the step at the end (drain, last publish, socket removed).
+# the step started); at the end SIGTERM to each daemon alone (drain, last publish, socket
+# removed; it stops its tuner itself), then the job's directory removed. Nothing is cancelled,
+# so the job's output holds no error line.
 # Needs Slurm >= 20.11 (--overlap, so the daemon step does not hold the ranks' CPUs).
 
 tunecache_bin="${TUNECACHE_BIN:-tunecached}"
 tunecache_cli="${TUNECACHE_CLI:-tunecache}"
 tunecache_socket_dir="${TUNECACHE_SOCKET_DIR:-/tmp/tunecache-$(id -u)-${SLURM_JOB_ID:?tunecache-srun.sh runs inside a Slurm job}}"
-tunecache_state_base="${TUNECACHE_STATE_DIR:-$HOME/.local/state/tunecache}"
+tunecache_state_base="${TUNECACHE_STATE_DIR:-${HOME:-/nonexistent}/.local/state/tunecache}"
 export TUNECACHE_SOCKET="$tunecache_socket_dir/tunecache.sock"
 
 # One task per node, as its own step: the explicit --ntasks overrides the job's SLURM_NTASKS,
-# which srun would otherwise inherit (and start one daemon per task).
+# which srun would otherwise inherit (and start one daemon per task). Not bound to the ranks'
+# CPUs, where the site binds at all (under task/none srun would only warn about the flag).
 tunecache_per_node=(--overlap --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES"
-                    --ntasks-per-node=1 --kill-on-bad-exit=0 --cpu-bind=none)
+                    --ntasks-per-node=1 --kill-on-bad-exit=0)
+if ! scontrol show config 2>/dev/null | grep -Eq '^TaskPlugin +=( +task/none)? *$'; then
+    tunecache_per_node+=(--cpu-bind=none)
+fi
 
 # The daemon step's task: make the socket directory (mkdir fails on one that exists: nobody
-# else's may be used), pick the state directory, note the pid and the step, become the daemon.
+# else's may be used), pick the state directory, note the pid and the step, run the daemon,
+# and remove the job's directory once it has stopped.
 # shellcheck disable=SC2016  # expanded by the task's shell
 tunecache_node_task='
 dir=$1 state_base=$2 bin=$3; shift 3
@@ -45,19 +55,33 @@ if ! mkdir -m 0700 -- "$dir" 2>/dev/null; then
     fi
 fi
 state=$state_base/$node
-mkdir -p -- "$state" || exit 4
-# The daemon keeps fd 8 and with it this lock as long as it runs: a second job on the node
-# finds the lock taken at once (no gap between a test and the daemon'"'"'s own lock).
-exec 8>>"$state/wrapper.lock"
-if ! flock -n 8; then
-    exec 8>&-
-    echo "tunecache-srun: on $node, $state belongs to another job'"'"'s daemon; this job journals in $dir/state and keeps it only for this job" >&2
-    state=$dir/state
+log=$state/tunecached.log
+if ! mkdir -p -- "$state" 2>/dev/null || ! : >>"$log" 2>/dev/null; then
+    echo "tunecache-srun: on $node, $state cannot be made (set TUNECACHE_STATE_DIR to a writable directory); this job journals in $dir/state and keeps it only for this job" >&2
+    state=$dir/state log=$dir/tunecached.log
+else
+    # The daemon keeps fd 8 and with it this lock as long as it runs: a second job on the node
+    # finds the lock taken at once (no gap between a test and the daemon'"'"'s own lock).
+    exec 8>>"$state/wrapper.lock"
+    if ! flock -n 8; then
+        exec 8>&-
+        echo "tunecache-srun: on $node, $state belongs to another job'"'"'s daemon; this job journals in $dir/state and keeps it only for this job" >&2
+        state=$dir/state
+    fi
+    # Bounded: copied to .1 and emptied once over 1 MiB (the daemon appends, so it goes on at
+    # the start of the emptied file).
+    if [[ $(stat -c %s -- "$log") -gt 1048576 ]]; then cp -f -- "$log" "$log.1" && : >"$log"; fi
 fi
-echo $$ >"$dir/daemon.pid"
 echo "$SLURM_STEP_ID" >"$dir/step"
-exec "$bin" --socket "$dir/tunecache.sock" --state-dir "$state" --exit-when-idle 3600 \
-    --log-format json "$@" >>"$dir/tunecached.log" 2>&1
+"$bin" --socket "$dir/tunecache.sock" --state-dir "$state" --exit-when-idle 3600 \
+    --log-format json "$@" >>"$log" 2>&1 </dev/null &
+daemon=$!
+echo "$daemon" >"$dir/daemon.pid"
+wait "$daemon"
+status=$?
+exec 8>&-
+rm -rf -- "$dir"
+exit "$status"
 '
 # shellcheck disable=SC2086  # TUNECACHE_DAEMON_FLAGS is split on spaces, as documented
 srun "${tunecache_per_node[@]}" --job-name=tunecached \
@@ -65,18 +89,30 @@ srun "${tunecache_per_node[@]}" --job-name=tunecached \
     "$tunecache_bin" ${TUNECACHE_DAEMON_FLAGS:-} &
 tunecache_step_pid=$!
 
+# SIGTERM to each node's daemon alone, by the pid its task noted, from a step of one task per
+# node: not `scancel --signal`, which signals every process of the step (the tuner worker
+# too) and has slurmstepd print a CANCELLED line into the job's output, and not a signal to
+# srun, which would end the step with SIGKILL.
+# shellcheck disable=SC2016  # expanded by the task's shell
+tunecache_term_task='
+pid=$(cat -- "$1/daemon.pid" 2>/dev/null) && kill -TERM "$pid" 2>/dev/null
+exit 0
+'
 tunecache_stop() {
     trap - EXIT
     local step
     step="$(cat -- "$tunecache_socket_dir/step" 2>/dev/null)"
     if [[ "$step" =~ ^[0-9]+$ ]] && kill -0 "$tunecache_step_pid" 2>/dev/null; then
-        # SIGTERM to the daemons themselves (a signal to srun would end the step with SIGKILL).
-        scancel --signal=TERM "$SLURM_JOB_ID.$step" 2>/dev/null
+        srun "${tunecache_per_node[@]}" --job-name=tunecache-stop \
+            bash -c "$tunecache_term_task" tunecache-stop "$tunecache_socket_dir"
         for _ in $(seq 1 200); do                 # 20 s: drain (7 s) and last publish (3 s)
             kill -0 "$tunecache_step_pid" 2>/dev/null || break
             sleep 0.1
         done
-        kill -0 "$tunecache_step_pid" 2>/dev/null && scancel "$SLURM_JOB_ID.$step" 2>/dev/null
+        if kill -0 "$tunecache_step_pid" 2>/dev/null; then
+            echo "tunecache-srun: a daemon did not stop within 20 s of SIGTERM; cancelling its step" >&2
+            scancel "$SLURM_JOB_ID.$step" 2>/dev/null
+        fi
     fi
     wait "$tunecache_step_pid" 2>/dev/null
     return 0
@@ -97,7 +133,7 @@ for _ in $(seq 1 300); do
     fi
     sleep 0.1
 done
-echo "tunecache-srun: on $node, the daemon started for this job did not answer on $dir/tunecache.sock within 30 s; see $dir/tunecached.log" >&2
+echo "tunecache-srun: on $node, the daemon started for this job did not answer on $dir/tunecache.sock within 30 s; see its tunecached.log (in TUNECACHE_STATE_DIR/$node, or $dir)" >&2
 exit 1
 '
 srun "${tunecache_per_node[@]}" bash -c "$tunecache_ready_task" tunecache-ready \

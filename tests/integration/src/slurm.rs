@@ -4,7 +4,8 @@
 //! (each test starts its own): they differ in ports, node name, state and job ids.
 //!
 //! Plugins: `select/cons_tres`, `proctrack/linuxproc`, `task/none`, no accounting, so no
-//! cgroups are needed. Jobs run as `nobody` (uid 65534), submitted through `setpriv`.
+//! cgroups are needed. Jobs run as `nobody` (uid 65534), or as a second real user the cluster
+//! creates for a test ([`Slurm::add_user`]), submitted through `setpriv`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -19,6 +20,25 @@ use crate::{bin, daemon_pids_on, require_root, require_tool};
 /// The unprivileged job user.
 pub const JOB_UID: u32 = 65534;
 
+/// A user jobs run as.
+#[derive(Clone, Debug)]
+pub struct JobUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl JobUser {
+    /// `nobody`, who exists on every system.
+    pub fn nobody() -> JobUser {
+        JobUser {
+            name: "nobody".to_owned(),
+            uid: JOB_UID,
+            gid: JOB_UID,
+        }
+    }
+}
+
 /// What a test wants from the cluster.
 #[derive(Default)]
 pub struct SlurmOptions {
@@ -26,6 +46,8 @@ pub struct SlurmOptions {
     pub tunecache_settings: Vec<String>,
     /// Wire the prolog and epilog (`Prolog=`, `Epilog=`, `PrologFlags=Alloc`).
     pub prolog_and_epilog: bool,
+    /// Also wire the task prolog (`TaskProlog=`), which exports `TUNECACHE_SOCKET`.
+    pub task_prolog: bool,
 }
 
 /// One running Slurm; everything is stopped and removed on drop.
@@ -42,8 +64,12 @@ pub struct Slurm {
     pub work: PathBuf,
     /// `version` of `sinfo -V`, e.g. "slurm-wlm 22.05.8".
     pub version: String,
+    /// The node's name (`SLURMD_NODENAME`).
+    pub node: String,
     daemons: Vec<(&'static str, Child)>,
     jobs: Vec<u32>,
+    /// Users this cluster created; removed on drop.
+    users: Vec<String>,
 }
 
 impl Slurm {
@@ -127,9 +153,12 @@ impl Slurm {
         for script in [
             "tunecache-prolog.sh",
             "tunecache-epilog.sh",
+            "tunecache-task-prolog.sh",
             "tunecache-slurm-lib.sh",
         ] {
-            std::fs::copy(deploy.join(script), scripts.join(script)).expect("copy script");
+            if deploy.join(script).exists() {
+                std::fs::copy(deploy.join(script), scripts.join(script)).expect("copy script");
+            }
         }
         let socket_root = root.join("run");
         let state_root = root.join("lib");
@@ -193,6 +222,12 @@ impl Slurm {
             ));
             lines.push("PrologFlags=Alloc".to_owned());
         }
+        if options.task_prolog {
+            lines.push(format!(
+                "TaskProlog={}",
+                scripts.join("tunecache-task-prolog.sh").display()
+            ));
+        }
         std::fs::write(&conf, lines.join("\n") + "\n").expect("write slurm.conf");
 
         let slurmctld = Command::new(&paths[1])
@@ -221,8 +256,10 @@ impl Slurm {
             script_log,
             work,
             version: String::new(),
+            node,
             daemons,
             jobs: Vec::new(),
+            users: Vec::new(),
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -254,23 +291,56 @@ impl Slurm {
         command
     }
 
+    /// Creates a real user for this cluster's jobs (`tcs<port>`, a system account without a
+    /// home), removed when the cluster is dropped.
+    pub fn add_user(&mut self) -> JobUser {
+        let name = format!("tcs{}", self.node.trim_start_matches("tc"));
+        let output = Command::new("useradd")
+            .args(["--system", "--user-group", "--no-create-home"])
+            .args(["--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin"])
+            .arg(&name)
+            .output()
+            .expect("run useradd");
+        assert!(output.status.success(), "useradd {name}: {}", text(&output));
+        self.users.push(name.clone());
+        let id = |flag: &str| -> u32 {
+            let output = Command::new("id").args([flag, &name]).output().expect("id");
+            String::from_utf8_lossy(&output.stdout)
+                .trim()
+                .parse()
+                .expect("a numeric id")
+        };
+        JobUser {
+            uid: id("-u"),
+            gid: id("-g"),
+            name,
+        }
+    }
+
     /// Writes `script` to the work directory and submits it with `sbatch` as the job user,
     /// from the work directory, with `args` (e.g. "-n4") and `env` added to the environment
     /// the job inherits. Returns the job id; its output goes to `out.<id>`.
     pub fn submit(&mut self, name: &str, script: &str, args: &[&str], env: &[(&str, &str)]) -> u32 {
+        self.submit_as(&JobUser::nobody(), name, script, args, env)
+    }
+
+    /// [`Slurm::submit`] as `user`.
+    pub fn submit_as(
+        &mut self,
+        user: &JobUser,
+        name: &str,
+        script: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> u32 {
         let path = self.work.join(format!("{name}.sh"));
         std::fs::write(&path, script).expect("write job script");
         chmod(&path, 0o755);
         let mut command = self.command("setpriv");
         command
-            .args([
-                "--reuid",
-                "65534",
-                "--regid",
-                "65534",
-                "--clear-groups",
-                "sbatch",
-            ])
+            .args(["--reuid", &user.uid.to_string()])
+            .args(["--regid", &user.gid.to_string()])
+            .args(["--clear-groups", "sbatch"])
             .args(["--parsable", "-o"])
             .arg(self.work.join("out.%j"))
             .args(args)
@@ -325,7 +395,41 @@ impl Slurm {
 
     /// The job user's socket under the prolog's `SOCKET_ROOT`.
     pub fn prolog_socket(&self) -> PathBuf {
-        self.socket_root.join("nobody/tunecache.sock")
+        self.prolog_socket_of(&JobUser::nobody())
+    }
+
+    /// `user`'s socket under the prolog's `SOCKET_ROOT`.
+    pub fn prolog_socket_of(&self, user: &JobUser) -> PathBuf {
+        self.socket_root.join(&user.name).join("tunecache.sock")
+    }
+
+    /// When slurmctld allocated `job` (its log's `sched: Allocate JobId=<job>` line), in
+    /// seconds since the epoch: what a job's start is measured from, since the scheduler
+    /// itself only allocates on its tick (about once a second here).
+    pub fn allocated_at(&self, job: u32) -> f64 {
+        let log = std::fs::read_to_string(self.dir.path().join("log/slurmctld.log"))
+            .expect("slurmctld's log");
+        let needle = format!("] sched: Allocate JobId={job} ");
+        let stamp = log
+            .lines()
+            .find(|line| line.contains(&needle))
+            .and_then(|line| line.strip_prefix('[')?.split(']').next())
+            .unwrap_or_else(|| panic!("no allocation of job {job} in slurmctld's log"))
+            .to_owned();
+        // slurmctld logs local time with milliseconds; date(1) reads it the same way.
+        let output = Command::new("date")
+            .args(["-d", &stamp, "+%s.%N"])
+            .output()
+            .expect("date");
+        String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("date could not read {stamp:?}"))
+    }
+
+    /// What the prolog and epilog logged so far (`LOG`).
+    pub fn script_log(&self) -> String {
+        std::fs::read_to_string(&self.script_log).unwrap_or_default()
     }
 
     /// The tails of the daemons' logs and of the prolog's, for a failure message.
@@ -385,6 +489,9 @@ impl Drop for Slurm {
         }
         for job in &self.jobs {
             let _ = std::fs::remove_dir_all(wrapper_dir(*job));
+        }
+        for user in &self.users {
+            let _ = Command::new("userdel").args(["--force", user]).output();
         }
     }
 }
