@@ -374,16 +374,20 @@ impl Client {
             .forgotten)
     }
 
-    /// The views this node holds pins for, most recently read first.
+    /// The views this node holds (every uid's for an administrator, else the caller's own),
+    /// in (uid, name) order, read page by page.
     pub async fn list_views(&self) -> Result<Vec<v1::ViewInfo>> {
-        let request = self.request(v1::ListViewsRequest {}, self.timeout);
-        Ok(self
-            .inner
-            .clone()
-            .list_views(request)
-            .await?
-            .into_inner()
-            .views)
+        let mut views = Vec::new();
+        let mut after = String::new();
+        loop {
+            let request = self.request(v1::ListViewsRequest { limit: 0, after }, self.timeout);
+            let page = self.inner.clone().list_views(request).await?.into_inner();
+            views.extend(page.views);
+            if page.next.is_empty() {
+                return Ok(views);
+            }
+            after = page.next;
+        }
     }
 
     /// Ends the view `name` on this node (and, with the cluster tier, in Redis): its pins are

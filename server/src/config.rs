@@ -153,15 +153,35 @@ pub struct Config {
     )]
     pub view_idle_secs: u64,
 
-    /// Most pins this node holds, all views together; over it, the view idle longest is
-    /// dropped first (docs/views.md).
+    /// Most pins this node holds, all views of all uids together; over it, new keys are
+    /// answered unpinned, and no uid's pins are dropped for another's (docs/views.md).
     #[arg(
         long,
         env = "TUNECACHE_MAX_VIEW_PINS",
-        default_value_t = 1_000_000,
+        default_value_t = crate::views::DEFAULT_CAPS.max_pins as u64,
         value_name = "PINS"
     )]
     pub max_view_pins: u64,
+
+    /// Most pins one uid's views hold together; over it, that uid's own view idle longest is
+    /// dropped first (docs/views.md).
+    #[arg(
+        long,
+        env = "TUNECACHE_MAX_VIEW_PINS_PER_UID",
+        default_value_t = crate::views::DEFAULT_CAPS.max_pins_per_uid as u64,
+        value_name = "PINS"
+    )]
+    pub max_view_pins_per_uid: u64,
+
+    /// Most views one uid holds, empty ones included; a new one drops that uid's view idle
+    /// longest (docs/views.md).
+    #[arg(
+        long,
+        env = "TUNECACHE_MAX_VIEWS_PER_UID",
+        default_value_t = crate::views::DEFAULT_CAPS.max_views_per_uid as u64,
+        value_name = "VIEWS"
+    )]
+    pub max_views_per_uid: u64,
 
     /// Exit cleanly (as on SIGTERM) once no client has called for this many seconds.
     #[arg(long, env = "TUNECACHE_EXIT_WHEN_IDLE", value_name = "SECS")]
@@ -571,9 +591,12 @@ impl Config {
 
     /// `--view-idle-secs` and `--max-view-pins`.
     pub(crate) fn view_settings(&self) -> crate::views::ViewSettings {
+        let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
         crate::views::ViewSettings {
             idle: Duration::from_secs(self.view_idle_secs.max(1)),
-            max_pins: usize::try_from(self.max_view_pins).unwrap_or(usize::MAX),
+            max_pins: count(self.max_view_pins),
+            max_pins_per_uid: count(self.max_view_pins_per_uid),
+            max_views_per_uid: count(self.max_views_per_uid),
         }
     }
 

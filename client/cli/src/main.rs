@@ -536,7 +536,9 @@ fn print_views(views: &[proto::ViewInfo], as_json: bool) {
     if as_json {
         let list: Vec<Value> = views
             .iter()
-            .map(|view| json!({"name": view.name, "pins": view.pins, "idle_ms": view.idle_ms}))
+            .map(|view| {
+                json!({"name": view.name, "uid": view.uid, "pins": view.pins, "idle_ms": view.idle_ms})
+            })
             .collect();
         println!("{}", Value::Array(list));
         return;
@@ -551,11 +553,12 @@ fn print_views(views: &[proto::ViewInfo], as_json: bool) {
         .chain(["VIEW".len()])
         .max()
         .unwrap_or_default();
-    println!("{:<width$}  {:>10}  IDLE", "VIEW", "PINS");
+    println!("{:<width$}  {:>10}  {:>10}  IDLE", "VIEW", "UID", "PINS");
     for view in views {
         println!(
-            "{:<width$}  {:>10}  {}",
+            "{:<width$}  {:>10}  {:>10}  {}",
             view.name,
+            view.uid,
             view.pins,
             idle_text(view.idle_ms)
         );

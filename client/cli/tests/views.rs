@@ -203,12 +203,14 @@ fn view_flag_is_the_last_resort_and_view_list_and_end_show_what_they_did() {
     let text = cli_ok(&daemon, &[], &["view", "list"]);
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().expect("a header").split_whitespace().collect();
-    assert_eq!(header, ["VIEW", "PINS", "IDLE"]);
+    assert_eq!(header, ["VIEW", "UID", "PINS", "IDLE"]);
     let job_1 = lines
         .find(|line| line.starts_with("job-1 "))
         .unwrap_or_else(|| panic!("no job-1 line in:\n{text}"));
     let fields: Vec<&str> = job_1.split_whitespace().collect();
-    assert_eq!(fields[..2], ["job-1", "1"], "{job_1}");
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() }.to_string();
+    assert_eq!(fields[..3], ["job-1", uid.as_str(), "1"], "{job_1}");
 
     assert_eq!(
         cli_ok(&daemon, &[], &["view", "end", "job-1"]).trim(),

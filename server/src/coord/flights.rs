@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime};
 
 use super::Resolution;
 use crate::model::entry::{CacheKey, TunedResult};
+use crate::model::names::ViewId;
 
 /// A waiting Resolve, as the caller's side knows it.
 pub type WaiterId = u64;
@@ -42,7 +43,7 @@ pub struct Caller {
     pub can_tune: bool,
     pub pid: Option<i32>,
     pub lease: Duration,
-    pub view: Option<String>,
+    pub view: Option<ViewId>,
 }
 
 /// A lease just granted: the caller's side starts its expiry/death watch and answers
@@ -126,7 +127,7 @@ pub enum Holder {
         id: String,
         pid: Option<i32>,
         /// The job view of the Resolve that was granted the lease.
-        view: Option<String>,
+        view: Option<ViewId>,
     },
     /// The node's tuner worker; `what` describes the job for miss reasons.
     Tuner { what: String },
@@ -141,7 +142,7 @@ struct Waiter {
     can_tune: bool,
     pid: Option<i32>,
     lease: Duration,
-    view: Option<String>,
+    view: Option<ViewId>,
 }
 
 struct Flight<A> {
@@ -222,10 +223,10 @@ impl<A: Attachments> Flights<A> {
     }
 
     /// The key a live lease is for, and the job view it was granted in.
-    pub fn lease(&self, lease_id: &str) -> Option<(&CacheKey, Option<&str>)> {
+    pub fn lease(&self, lease_id: &str) -> Option<(&CacheKey, Option<&ViewId>)> {
         let key = self.leases.get(lease_id)?;
         match self.holder(key) {
-            Some(Holder::Lease { id, view, .. }) if id == lease_id => Some((key, view.as_deref())),
+            Some(Holder::Lease { id, view, .. }) if id == lease_id => Some((key, view.as_ref())),
             _ => None,
         }
     }
@@ -536,7 +537,7 @@ impl<A: Attachments> Flights<A> {
         key: &CacheKey,
         pid: Option<i32>,
         length: Duration,
-        view: Option<String>,
+        view: Option<ViewId>,
         now: SystemTime,
     ) -> Grant {
         let serial = self.next_id();
@@ -686,9 +687,16 @@ mod tests {
         }
     }
 
+    fn job(name: &str) -> ViewId {
+        ViewId {
+            uid: 1000,
+            name: name.to_owned(),
+        }
+    }
+
     fn in_view(caller: Caller, view: &str) -> Caller {
         Caller {
-            view: Some(view.to_owned()),
+            view: Some(job(view)),
             ..caller
         }
     }
@@ -700,7 +708,7 @@ mod tests {
         let Step::Lease(first) = f.resolve(&k, &in_view(tuner(1), "job-1"), true, at(0)) else {
             panic!("the first tuner gets the lease")
         };
-        assert_eq!(f.lease(&first.lease_id), Some((&k, Some("job-1"))));
+        assert_eq!(f.lease(&first.lease_id), Some((&k, Some(&job("job-1")))));
         let Step::Wait(next) = f.resolve(&k, &in_view(tuner(2), "job-2"), true, at(1)) else {
             panic!("the second waits")
         };
@@ -713,7 +721,7 @@ mod tests {
         };
         assert_eq!(*to, next);
         assert_eq!(f.lease(&first.lease_id), None, "an ended lease has no view");
-        assert_eq!(f.lease(&handed.lease_id), Some((&k, Some("job-2"))));
+        assert_eq!(f.lease(&handed.lease_id), Some((&k, Some(&job("job-2")))));
         // A lease granted without a view has none.
         let other = key("q");
         let Step::Lease(plain) = f.resolve(&other, &tuner(3), true, at(3)) else {

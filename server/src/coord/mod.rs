@@ -29,6 +29,7 @@ use tunecache_proto::v1;
 use crate::cluster::{Cluster, ClusterLease};
 use crate::error::{Error, Result};
 use crate::model::entry::{CacheKey, TunedResult};
+use crate::model::names::ViewId;
 use crate::store::{ApplyOutcome, Change, ChangeListener, RecordLease, Store};
 use crate::tasks::Tasks;
 use crate::tuner::TunerHandle;
@@ -94,7 +95,7 @@ pub struct ResolveCall {
     pub caller_pid: Option<i32>,
     /// The job view the caller reads in (`views`): a lease granted to it carries the view,
     /// so that the change feed tells `views` where its holder's result is pinned.
-    pub view: Option<String>,
+    pub view: Option<ViewId>,
 }
 
 impl ResolveCall {
@@ -438,7 +439,7 @@ impl Coordinator {
         RecordLease {
             id: lease_id.to_owned(),
             key: held.map(|(key, _)| key.clone()),
-            view: held.and_then(|(_, view)| view.map(str::to_owned)),
+            view: held.and_then(|(_, view)| view.cloned()),
         }
     }
 

@@ -1,6 +1,10 @@
 //! The names the daemon writes where others read them: a node's name (it names files in the
 //! shared directory and keys in Redis) and a job view's name (it keys pins here and in
 //! Redis, and is listed to operators). Both are checked here, once, for every path in.
+//!
+//! A view belongs to the uid that reads in it ([`ViewId`]): the same name read by another
+//! uid is another view, so no user can read in, pin in, or squat the view of another
+//! user's job (docs/views.md).
 
 use crate::model::validate::InvalidField;
 
@@ -28,6 +32,32 @@ pub fn check_node_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A job view: its name, within the uid that reads in it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ViewId {
+    pub uid: u32,
+    pub name: String,
+}
+
+impl ViewId {
+    /// The view's name in places shared by every uid (Redis): `<uid>/<name>`. Unambiguous,
+    /// as the uid part holds no `/`.
+    pub fn shared_name(&self) -> String {
+        format!("{}/{}", self.uid, self.name)
+    }
+}
+
+impl std::fmt::Display for ViewId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (uid {})", self.name, self.uid)
+    }
+}
+
+/// The view name rule: 1 to 256 printable ASCII characters (`!` to `~`), so that no two
+/// names that look alike in a listing differ (no spaces, controls, format characters such
+/// as a zero-width space or a right-to-left override, separators, or look-alike letters).
+const VIEW_NAME_RULE: &str = "1 to 256 printable ASCII characters (! to ~, no spaces)";
+
 /// Checks a request's view name in `field`: `Ok(None)` for none (empty).
 pub fn view_name(field: &str, view: &str) -> Result<Option<String>, InvalidField> {
     if view.is_empty() {
@@ -42,10 +72,13 @@ pub fn view_name(field: &str, view: &str) -> Result<Option<String>, InvalidField
             ),
         ));
     }
-    if view.chars().any(char::is_control) {
+    if let Some(bad) = view.chars().find(|c| !c.is_ascii_graphic()) {
         return Err(InvalidField::new(
             field,
-            "a view name must not contain control characters",
+            format!(
+                "{:?} is not allowed in a view name; a view name is {VIEW_NAME_RULE}",
+                bad.escape_unicode().to_string()
+            ),
         ));
     }
     Ok(Some(view.to_owned()))
@@ -88,6 +121,40 @@ mod tests {
         assert!(view_name("view", &"v".repeat(256)).is_ok());
         let control = view_name("name", "job\n7").unwrap_err();
         assert_eq!(control.path, "name");
-        assert!(control.reason.contains("control"), "{control}");
+        assert!(control.reason.contains("printable ASCII"), "{control}");
+        // What looks like another job's name in a listing is refused (issue 39, finding 4):
+        // a zero-width space, a right-to-left override, a line separator, a space, a
+        // look-alike letter.
+        for spoof in [
+            "slurm-42.0\u{200b}",
+            "slurm-\u{202e}0.24",
+            "slurm-42.0\u{2028}",
+            "slurm 42.0",
+            "slurm-42.\u{39f}",
+        ] {
+            let refused = view_name("view", spoof).unwrap_err();
+            assert!(refused.reason.contains("\\u{"), "{spoof:?}: {refused}");
+        }
+        for fine in ["slurm-42.0", "torchelastic-5c1d:a/b", "job_7+x@y=z~"] {
+            assert_eq!(view_name("view", fine), Ok(Some(fine.to_owned())));
+        }
+    }
+
+    #[test]
+    fn a_views_shared_name_carries_its_uid() {
+        let id = ViewId {
+            uid: 1000,
+            name: "job/7".into(),
+        };
+        assert_eq!(id.shared_name(), "1000/job/7");
+        assert_ne!(
+            id.shared_name(),
+            ViewId {
+                uid: 100,
+                name: "0/job/7".into()
+            }
+            .shared_name(),
+            "the uid ends at the first /, and a uid has no /"
+        );
     }
 }

@@ -9,6 +9,10 @@
 //! runtime worker (and the other callers' calls queued behind it) for its whole decode. The
 //! generated service's own bodies of the three methods call the same functions
 //! (`service`), so each RPC has one door.
+//!
+//! Every method that names a job view (Lookup, Scan, Resolve, EndView) is decoded here, not
+//! by tonic's codec, so that a request that does not decode (a view name that is not UTF-8)
+//! is the caller's INVALID_ARGUMENT naming the field (`decode_status`), not INTERNAL.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,21 +22,25 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use prost::bytes::{Buf, Bytes};
+use prost::Message;
 use tonic::body::Body;
 use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::codegen::http;
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 use tunecache_proto::v1;
+use tunecache_proto::v1::tune_cache_server::TuneCache;
 
 use crate::rpc::service::{EncodedScanStream, TuneCacheService};
 use crate::wire::encoded::EncodedEntries;
-use crate::wire::lookup_request::LookupRequestBytes;
+use crate::wire::lookup_request::{decode_status, LookupRequestBytes};
 use crate::wire::record_request::RecordRequestBytes;
 
 const LOOKUP_PATH: &str = "/tunecache.v1.TuneCache/Lookup";
 const RECORD_PATH: &str = "/tunecache.v1.TuneCache/Record";
 const SCAN_PATH: &str = "/tunecache.v1.TuneCache/Scan";
+const RESOLVE_PATH: &str = "/tunecache.v1.TuneCache/Resolve";
+const END_VIEW_PATH: &str = "/tunecache.v1.TuneCache/EndView";
 
 /// Requests larger than this are read and checked on the blocking pool. A 10,000-key Lookup
 /// of typical keys is about 1 MiB and 15 ms of decoding and validation.
@@ -169,12 +177,32 @@ where
             SCAN_PATH => {
                 let method = ScanMethod(Arc::clone(&self.service));
                 Box::pin(async move {
-                    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
-                        EncodedEntries,
-                        v1::ScanRequest,
-                    >::default())
-                    .apply_max_message_size_config(Some(decode), Some(encode));
+                    let codec = BytesCodec::<EncodedEntries, MessageBytes>::default();
+                    let mut grpc = tonic::server::Grpc::new(codec)
+                        .apply_max_message_size_config(Some(decode), Some(encode));
                     Ok(grpc.server_streaming(method, request).await)
+                })
+            }
+            RESOLVE_PATH => {
+                let method = Decoded::new(Arc::clone(&self.service), |service, request| {
+                    Box::pin(async move { service.resolve(request).await })
+                });
+                Box::pin(async move {
+                    let codec = BytesCodec::<v1::ResolveResponse, MessageBytes>::default();
+                    let mut grpc = tonic::server::Grpc::new(codec)
+                        .apply_max_message_size_config(Some(decode), Some(encode));
+                    Ok(grpc.unary(method, request).await)
+                })
+            }
+            END_VIEW_PATH => {
+                let method = Decoded::new(Arc::clone(&self.service), |service, request| {
+                    Box::pin(async move { service.end_view(request).await })
+                });
+                Box::pin(async move {
+                    let codec = BytesCodec::<v1::EndViewResponse, MessageBytes>::default();
+                    let mut grpc = tonic::server::Grpc::new(codec)
+                        .apply_max_message_size_config(Some(decode), Some(encode));
+                    Ok(grpc.unary(method, request).await)
                 })
             }
             _ => Box::pin(self.generated.call(request)),
@@ -192,7 +220,12 @@ impl tonic::server::UnaryService<LookupRequestBytes> for LookupMethod {
 
     fn call(&mut self, request: Request<LookupRequestBytes>) -> Self::Future {
         let service = Arc::clone(&self.0);
-        Box::pin(async move { Ok(Response::new(service.lookup(request.into_inner().0).await?)) })
+        let uid = crate::rpc::service::caller_uid(&request);
+        Box::pin(async move {
+            Ok(Response::new(
+                service.lookup(uid, request.into_inner().0).await?,
+            ))
+        })
     }
 }
 
@@ -215,13 +248,67 @@ impl tonic::server::UnaryService<RecordRequestBytes> for RecordMethod {
 
 struct ScanMethod(Arc<TuneCacheService>);
 
-impl tonic::server::ServerStreamingService<v1::ScanRequest> for ScanMethod {
+impl tonic::server::ServerStreamingService<MessageBytes> for ScanMethod {
     type Response = EncodedEntries;
     type ResponseStream = EncodedScanStream;
     type Future = MethodFuture<Self::ResponseStream>;
 
-    fn call(&mut self, request: Request<v1::ScanRequest>) -> Self::Future {
+    fn call(&mut self, request: Request<MessageBytes>) -> Self::Future {
         let service = Arc::clone(&self.0);
-        Box::pin(async move { Ok(Response::new(service.scan_encoded(request.into_inner())?)) })
+        let uid = crate::rpc::service::caller_uid(&request);
+        Box::pin(async move {
+            let scan = v1::ScanRequest::decode(request.into_inner().0).map_err(decode_status)?;
+            Ok(Response::new(service.scan_encoded(uid, scan)?))
+        })
+    }
+}
+
+/// A request message kept as bytes, for a route that decodes it itself (`decode_status`:
+/// a message that does not decode is the caller's INVALID_ARGUMENT, naming the field).
+#[derive(Debug, Clone)]
+pub struct MessageBytes(pub Bytes);
+
+impl From<Bytes> for MessageBytes {
+    fn from(bytes: Bytes) -> Self {
+        MessageBytes(bytes)
+    }
+}
+
+type Handler<M, R> = fn(Arc<TuneCacheService>, Request<M>) -> MethodFuture<R>;
+
+/// A unary method of the generated service, given its request decoded here (with the
+/// call's metadata and extensions, the caller's credentials among them).
+struct Decoded<M, R> {
+    service: Arc<TuneCacheService>,
+    handler: Handler<M, R>,
+}
+
+impl<M, R> Decoded<M, R> {
+    fn new(service: Arc<TuneCacheService>, handler: Handler<M, R>) -> Self {
+        Decoded { service, handler }
+    }
+}
+
+impl<M, R> tonic::server::UnaryService<MessageBytes> for Decoded<M, R>
+where
+    M: prost::Message + Default + Send + 'static,
+    R: Send + 'static,
+{
+    type Response = R;
+    type Future = MethodFuture<R>;
+
+    fn call(&mut self, request: Request<MessageBytes>) -> Self::Future {
+        let (metadata, extensions, bytes) = request.into_parts();
+        let message = match M::decode(bytes.0) {
+            Ok(message) => message,
+            Err(error) => {
+                let refused = decode_status(error);
+                return Box::pin(async move { Err(refused) });
+            }
+        };
+        (self.handler)(
+            Arc::clone(&self.service),
+            Request::from_parts(metadata, extensions, message),
+        )
     }
 }

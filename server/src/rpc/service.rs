@@ -16,7 +16,7 @@ use tunecache_proto::v1::{self, tune_cache_server::TuneCache};
 use crate::coord::{Coordinator, ResolveCall, DEFAULT_LEASE, MAX_LEASE, MAX_WAIT};
 use crate::error::Error;
 use crate::model::entry::CacheKey;
-use crate::model::names;
+use crate::model::names::{self, ViewId};
 use crate::model::validate::{self, CheckedKey, InvalidField};
 use crate::report::FillStats;
 use crate::rpc::routes::off_runtime_if_large;
@@ -150,12 +150,35 @@ impl TuneCacheService {
 /// Scan responses, each chunk already in wire form.
 pub type EncodedScanStream = Pin<Box<dyn Stream<Item = Result<EncodedEntries, Status>> + Send>>;
 
-/// A Lookup request's keys read from its bytes and planned in its view (none: the cache's
-/// winners): how many keys it asked for, and what `Views::finish_lookup` answers. The keys
-/// are read in place where the request allows (`lookup_request`).
-fn plan_lookup(views: &Views, request: &Bytes) -> Result<(usize, LookupPlan), Status> {
+/// ListViews' page when the request asks for no size.
+const DEFAULT_LIST_PAGE: usize = 1_000;
+
+/// A ListViews cursor (`next`, `<uid>/<name>`) read back.
+fn parse_cursor(cursor: &str) -> Result<ViewId, Status> {
+    let parsed = cursor.split_once('/').and_then(|(uid, name)| {
+        Some(ViewId {
+            uid: uid.parse().ok()?,
+            name: name.to_owned(),
+        })
+    });
+    parsed.ok_or_else(|| {
+        InvalidField::new("after", "not a cursor a ListViews response gave (`next`)").into()
+    })
+}
+
+/// The view named in a request's `field`, as `uid`'s (a view belongs to the uid reading in
+/// it): `None` when the request names none.
+fn view_of(uid: u32, field: &str, name: &str) -> Result<Option<ViewId>, Status> {
+    Ok(names::view_name(field, name)?.map(|name| ViewId { uid, name }))
+}
+
+/// A Lookup request's keys read from its bytes and planned in `uid`'s view of the name it
+/// gives (none: the cache's winners): how many keys it asked for, and what
+/// `Views::finish_lookup` answers. The keys are read in place where the request allows
+/// (`lookup_request`).
+fn plan_lookup(views: &Views, uid: u32, request: &Bytes) -> Result<(usize, LookupPlan), Status> {
     let checked = lookup_request::checked_keys(request)?;
-    let view = names::view_name("view", &checked.view)?;
+    let view = view_of(uid, "view", &checked.view)?;
     Ok(match checked.keys {
         LookupKeys::InPlace(keys) => (
             keys.len(),
@@ -172,10 +195,10 @@ impl TuneCacheService {
     /// Lookup, from the request's bytes, answered as encoded `Entry` records: each hit is the
     /// caller's own key with the stored result (in a view, the view's pin), written straight
     /// from the map, with the Lookup counters.
-    pub async fn lookup(&self, request: Bytes) -> Result<EncodedEntries, Status> {
+    pub async fn lookup(&self, uid: u32, request: Bytes) -> Result<EncodedEntries, Status> {
         let views = Arc::clone(&self.views);
         let (asked, plan) =
-            off_runtime_if_large(request, move |bytes| plan_lookup(&views, bytes)).await?;
+            off_runtime_if_large(request, move |bytes| plan_lookup(&views, uid, bytes)).await?;
         let hits = self.views.finish_lookup(plan).await;
         count(&self.counters.lookups, asked);
         count(&self.counters.hits, hits.len());
@@ -207,14 +230,18 @@ impl TuneCacheService {
     /// Scan, answered as chunks of encoded `Entry` records, each read from the version
     /// current at the time: a client that stops reading holds a chunk, not a version of the
     /// cache (see `store::scan`).
-    pub fn scan_encoded(&self, request: v1::ScanRequest) -> Result<EncodedScanStream, Status> {
+    pub fn scan_encoded(
+        &self,
+        uid: u32,
+        request: v1::ScanRequest,
+    ) -> Result<EncodedScanStream, Status> {
         let v1::ScanRequest {
             namespace,
             device,
             rank,
             view,
         } = request;
-        let view = names::view_name("view", &view)?;
+        let view = view_of(uid, "view", &view)?;
         let filter = crate::store::scan::ScanFilter {
             namespace,
             device,
@@ -270,6 +297,12 @@ fn caller_pid<T>(request: &Request<T>) -> Option<i32> {
     crate::ops::access::peer_credentials(request).and_then(|cred| cred.pid())
 }
 
+/// The calling uid, from the Unix socket's peer credentials; without them (never on the
+/// daemon's socket, whose access check refuses such callers) a uid no user has.
+pub(crate) fn caller_uid<T>(request: &Request<T>) -> u32 {
+    crate::ops::access::peer_credentials(request).map_or(u32::MAX, |cred| cred.uid())
+}
+
 fn count(counter: &AtomicU64, n: usize) {
     counter.fetch_add(n as u64, Ordering::Relaxed);
 }
@@ -284,8 +317,9 @@ impl TuneCache for TuneCacheService {
     ) -> Result<Response<v1::LookupResponse>, Status> {
         // Served by `routes::WireRoutes` from the request's bytes; the bare generated server
         // takes the same door, from the same bytes.
+        let uid = caller_uid(&request);
         let bytes = Bytes::from(request.into_inner().encode_to_vec());
-        let encoded = self.lookup(bytes).await?;
+        let encoded = self.lookup(uid, bytes).await?;
         v1::LookupResponse::decode(encoded.into_bytes())
             .map(Response::new)
             .map_err(|error| Error::from(error).into())
@@ -307,7 +341,8 @@ impl TuneCache for TuneCacheService {
         request: Request<v1::ScanRequest>,
     ) -> Result<Response<Self::ScanStream>, Status> {
         // Served by `routes::WireRoutes`; the same door, its chunks decoded back.
-        let chunks = self.scan_encoded(request.into_inner())?.map(|chunk| {
+        let uid = caller_uid(&request);
+        let chunks = self.scan_encoded(uid, request.into_inner())?.map(|chunk| {
             v1::ScanResponse::decode(chunk?.into_bytes()).map_err(|error| Error::from(error).into())
         });
         Ok(Response::new(Box::pin(chunks)))
@@ -325,9 +360,10 @@ impl TuneCache for TuneCacheService {
         request: Request<v1::ResolveRequest>,
     ) -> Result<Response<v1::ResolveResponse>, Status> {
         let caller_pid = caller_pid(&request);
+        let uid = caller_uid(&request);
         let request = request.into_inner();
         let key = validate::key("key", request.key)?;
-        let view = names::view_name("view", &request.view)?;
+        let view = view_of(uid, "view", &request.view)?;
         let lease = match request.lease_ms {
             0 => DEFAULT_LEASE,
             ms => Duration::from_millis(u64::from(ms)).min(MAX_LEASE),
@@ -362,19 +398,35 @@ impl TuneCache for TuneCacheService {
 
     async fn list_views(
         &self,
-        _request: Request<v1::ListViewsRequest>,
+        request: Request<v1::ListViewsRequest>,
     ) -> Result<Response<v1::ListViewsResponse>, Status> {
-        let views = self
-            .views
-            .list()
+        let uid = caller_uid(&request);
+        // An administrator sees every uid's views; anyone else the caller's own.
+        let only = (!self.admins.allows_caller(&request).await).then_some(uid);
+        let v1::ListViewsRequest { limit, after } = request.into_inner();
+        let after = match after.as_str() {
+            "" => None,
+            cursor => Some(parse_cursor(cursor)?),
+        };
+        let limit = match limit {
+            0 => DEFAULT_LIST_PAGE,
+            n => n as usize,
+        };
+        let (page, more) = self.views.list(only, after.as_ref(), limit);
+        let next = match (more, page.last()) {
+            (true, Some(last)) => last.id.shared_name(),
+            _ => String::new(),
+        };
+        let views = page
             .into_iter()
             .map(|view| v1::ViewInfo {
-                name: view.name,
+                name: view.id.name,
                 pins: view.pins as u64,
                 idle_ms: view.idle.as_millis() as u64,
+                uid: view.id.uid,
             })
             .collect();
-        Ok(Response::new(v1::ListViewsResponse { views }))
+        Ok(Response::new(v1::ListViewsResponse { views, next }))
     }
 
     async fn end_view(
@@ -392,10 +444,10 @@ impl TuneCache for TuneCacheService {
             return Err(self.not_admin(uid));
         }
         let ended = self.views.end(&name).await;
-        tracing::info!(view = %name, ?uid, pins = ?ended, "view ended by an operator");
+        tracing::info!(view = %name, ?uid, ended = ?ended, "view ended by an operator (every uid's of that name)");
         Ok(Response::new(v1::EndViewResponse {
             ended: ended.is_some(),
-            pins_dropped: ended.unwrap_or(0) as u64,
+            pins_dropped: ended.map_or(0, |(_, pins)| pins) as u64,
         }))
     }
 

@@ -109,7 +109,7 @@ pub enum Source {
 pub struct RecordLease {
     pub id: String,
     pub key: Option<CacheKey>,
-    pub view: Option<String>,
+    pub view: Option<crate::model::names::ViewId>,
 }
 
 /// One changed entry, as the feed tells it.
@@ -1285,7 +1285,10 @@ mod tests {
         RecordLease {
             id: id.to_owned(),
             key: Some(pair("a", 0.0).0),
-            view: Some("job-1".to_owned()),
+            view: Some(crate::model::names::ViewId {
+                uid: 1000,
+                name: "job-1".to_owned(),
+            }),
         }
     }
 

@@ -31,7 +31,8 @@ use crate::report::{FillStats, LogOnce};
 use crate::store::{Change, ChangeListener, ForgetChange, Source, Store};
 use crate::tasks::Tasks;
 use crate::wire::stored::{EntryMap, StoredEntry};
-use pins::{Answer, Evicted, ViewPins, ViewSummary};
+use pins::{Answer, Dropped, ViewPins};
+pub use pins::{Caps, ViewId, ViewSummary};
 
 pub use read::LookupPlan;
 
@@ -40,21 +41,24 @@ pub use read::LookupPlan;
 /// cache holds then.
 const MAX_QUEUED_LEASE_PINS: usize = 10_000;
 
-/// What `--view-idle-secs` and `--max-view-pins` say.
-#[derive(Clone, Copy, Debug)]
-pub struct ViewSettings {
-    pub idle: Duration,
-    pub max_pins: usize,
-}
+/// Pins made under one hold of the pins' lock: a request of many keys takes it a chunk at a
+/// time, so the other views' requests wait for a chunk at most, never for a whole request.
+const PINS_PER_LOCK: usize = 256;
 
-impl Default for ViewSettings {
-    fn default() -> Self {
-        ViewSettings {
-            idle: Duration::from_secs(24 * 3600),
-            max_pins: 1_000_000,
-        }
-    }
-}
+/// Longest ListViews page.
+pub const MAX_LIST_PAGE: usize = 10_000;
+
+/// What `--view-idle-secs`, `--max-view-pins`, `--max-view-pins-per-uid` and
+/// `--max-views-per-uid` say.
+pub type ViewSettings = Caps;
+
+/// The defaults of the view flags.
+pub const DEFAULT_CAPS: Caps = Caps {
+    max_pins: 1_000_000,
+    max_pins_per_uid: 250_000,
+    max_views_per_uid: 1_000,
+    idle: Duration::from_secs(24 * 3600),
+};
 
 /// What a read in a view answers before its candidates are pinned (`settle`), and the view's
 /// pins it was planned from.
@@ -77,7 +81,7 @@ struct ViewCounters {
 
 /// A lease holder's result, to pin in the view its lease was granted in.
 struct LeasePin {
-    view: String,
+    view: ViewId,
     entry: StoredEntry,
 }
 
@@ -108,12 +112,16 @@ impl Views {
         tracing::info!(
             view_idle_secs = settings.idle.as_secs(),
             max_view_pins = settings.max_pins,
+            max_view_pins_per_uid = settings.max_pins_per_uid,
+            max_views_per_uid = settings.max_views_per_uid,
             cluster_wide = cluster.is_some(),
-            "views: pins end after --view-idle-secs without a request; --max-view-pins caps them all"
+            "views: each uid's own; pins end after --view-idle-secs without a request; a uid \
+             at --max-view-pins-per-uid or --max-views-per-uid drops its own idle-longest view; \
+             --max-view-pins caps the node"
         );
         let (lease_pins, lease_pins_to_make) = mpsc::channel(MAX_QUEUED_LEASE_PINS);
         let views = Arc::new(Views {
-            pins: Mutex::new(ViewPins::new(settings.max_pins, settings.idle)),
+            pins: Mutex::new(ViewPins::new(settings)),
             store: store.clone(),
             coordinator,
             cluster,
@@ -133,26 +141,31 @@ impl Views {
     }
 
     /// The answers of a read of `keys` in `view`, `current` being the cache's winner of each:
-    /// pins where the view has them, candidates to pin (`settle`) elsewhere.
+    /// pins where the view has them, candidates to pin (`settle`) elsewhere. The lock is
+    /// held only to take the view's pins (an O(1) copy); the keys are answered from the copy.
     fn plan<'k, 'm>(
         &self,
-        view: &str,
+        view: &ViewId,
         keys: impl Iterator<Item = (KeyView<'k>, Option<&'m StoredEntry>)>,
     ) -> Plan {
-        let now = Instant::now();
-        let mut pins = self.lock();
+        let planned = self.lock().pins_of(view, Instant::now());
+        let mut conflicts = 0;
         let answers = keys
-            .map(|(key, current)| pins.answer(view, &key, current, now))
+            .map(|(key, current)| {
+                let (answer, conflict) = pins::answer_from(&planned, &key, current);
+                conflicts += u64::from(conflict);
+                answer
+            })
             .collect();
-        Plan {
-            answers,
-            planned: pins.pins_of(view, now),
+        if conflicts > 0 {
+            self.lock().add_conflicts(conflicts);
         }
+        Plan { answers, planned }
     }
 
     /// Pins the candidates among the answers and returns what the view answers for each
     /// (`None` for a miss), in order.
-    async fn settle(&self, view: &str, plan: Plan) -> Vec<Option<StoredEntry>> {
+    async fn settle(&self, view: &ViewId, plan: Plan) -> Vec<Option<StoredEntry>> {
         let Plan { answers, planned } = plan;
         let mut settled: Vec<Option<StoredEntry>> = Vec::with_capacity(answers.len());
         let mut candidates = Vec::new();
@@ -179,7 +192,7 @@ impl Views {
 
     /// A read of one key in `view` from the cache's current winner: the pin, or `None` (a
     /// miss: the caller resolves it).
-    async fn read_one(&self, view: &str, key: &CacheKey) -> Option<StoredEntry> {
+    async fn read_one(&self, view: &ViewId, key: &CacheKey) -> Option<StoredEntry> {
         let map = self.store.current();
         let current = map.get(key).cloned();
         drop(map);
@@ -189,7 +202,7 @@ impl Views {
 
     /// Pins `entry`, a result a Resolve produced for the view (a waiter's result), and
     /// returns what the view answers: the first pin of the key wins.
-    async fn pin_produced(&self, view: &str, entry: StoredEntry) -> Option<StoredEntry> {
+    async fn pin_produced(&self, view: &ViewId, entry: StoredEntry) -> Option<StoredEntry> {
         self.pin(view, vec![entry], None).await.pop().flatten()
     }
 
@@ -198,7 +211,7 @@ impl Views {
     /// view's pins the candidates were found missing from.
     async fn pin(
         &self,
-        view: &str,
+        view: &ViewId,
         candidates: Vec<StoredEntry>,
         planned: Option<&EntryMap>,
     ) -> Vec<Option<StoredEntry>> {
@@ -212,7 +225,7 @@ impl Views {
                 let forgotten = |pin: &StoredEntry| removed(&tombstones, pin);
                 let idle = self.lock().idle();
                 match cluster
-                    .pin_in_view(view, &candidates, idle, forgotten)
+                    .pin_in_view(&view.shared_name(), &candidates, idle, forgotten)
                     .await
                 {
                     Ok(winners) => {
@@ -232,9 +245,12 @@ impl Views {
                         self.counters
                             .fallbacks
                             .fetch_add(local as u64, Ordering::Relaxed);
-                        if self.logged.first(format!("fallback {view}")) {
+                        if self
+                            .logged
+                            .first(format!("fallback {}", view.shared_name()))
+                        {
                             tracing::warn!(
-                                view,
+                                %view,
                                 why = %failure.why,
                                 "view pins made on this node only: Redis did not answer \
                                  (logged once per view; Stats counts view_pin_fallbacks)"
@@ -258,8 +274,35 @@ impl Views {
             .filter(|(_, pin)| !removed(&tombstones, pin))
             .map(|(i, pin)| (pin, i))
             .unzip();
-        let (answers, evicted) = self.lock().pin(view, live, planned, Instant::now());
-        self.log_evicted(view, &evicted);
+        let mut answers = Vec::with_capacity(live.len());
+        let mut over_cap = 0;
+        let mut live = live.into_iter().peekable();
+        // A chunk at a time: the lock is never held for all of a large read's keys. The
+        // first chunk may skip the lookups its plan made (`planned`); later ones check.
+        let mut planned = planned;
+        while live.peek().is_some() {
+            let chunk: Vec<StoredEntry> = live.by_ref().take(PINS_PER_LOCK).collect();
+            let (dropped, (pinned, over)) = {
+                let mut pins = self.lock();
+                let made = pins.pin(view, chunk, planned.take(), Instant::now());
+                (pins.take_dropped(), made)
+            };
+            answers.extend(pinned);
+            over_cap += over;
+            self.log_dropped(&dropped);
+        }
+        if over_cap > 0
+            && self
+                .logged
+                .first(format!("over cap {}", view.shared_name()))
+        {
+            tracing::warn!(
+                %view,
+                "this view's new keys are answered unpinned: it alone holds its uid's \
+                 --max-view-pins-per-uid, or the node holds --max-view-pins (logged once per \
+                 view; Stats counts view_pins_over_cap)"
+            );
+        }
         let mut out = vec![None; asked];
         for (i, answer) in at.into_iter().zip(answers) {
             out[i] = Some(answer);
@@ -267,28 +310,27 @@ impl Views {
         out
     }
 
-    fn log_evicted(&self, view: &str, evicted: &Evicted) {
-        for dropped in &evicted.views {
-            if self.logged.first(format!("evicted {dropped}")) {
+    fn log_dropped(&self, dropped: &[Dropped]) {
+        for Dropped::Evicted(view) in dropped {
+            if self.logged.first(format!("evicted {}", view.shared_name())) {
                 tracing::warn!(
-                    view = %dropped,
-                    "view dropped to hold --max-view-pins (the view idle longest goes first; \
-                     logged once per view; Stats counts view_pins_evicted)"
+                    %view,
+                    "view dropped to hold its uid's --max-view-pins-per-uid or \
+                     --max-views-per-uid (that uid's view idle longest goes first; logged \
+                     once per view; Stats counts views_evicted and view_pins_evicted)"
                 );
             }
-        }
-        if evicted.over_cap > 0 && self.logged.first(format!("over cap {view}")) {
-            tracing::warn!(
-                view,
-                "this view alone holds --max-view-pins: its new keys are answered unpinned \
-                 (logged once per view; Stats counts view_pins_over_cap)"
-            );
         }
     }
 
     /// The pins of `view`, to merge with a Scan's chunk (an O(1) copy), as a request in it.
-    fn pins_of(&self, view: &str) -> EntryMap {
-        self.lock().pins_of(view, Instant::now())
+    fn pins_of(&self, view: &ViewId) -> EntryMap {
+        let mut pins = self.lock();
+        let map = pins.pins_of(view, Instant::now());
+        let dropped = pins.take_dropped();
+        drop(pins);
+        self.log_dropped(&dropped);
+        map
     }
 
     /// A Scan chunk in a view: `chosen` (the cache's matching entries, in key order, from
@@ -313,20 +355,36 @@ impl Views {
         }
     }
 
-    /// The views this node holds, most recently requested first.
-    pub fn list(&self) -> Vec<ViewSummary> {
-        self.lock().list(Instant::now())
+    /// A page of the views this node holds, in (uid, name) order after `after`: every uid's
+    /// for an administrator (`uid` `None`), else the caller's own; and whether more follow.
+    pub fn list(
+        &self,
+        uid: Option<u32>,
+        after: Option<&ViewId>,
+        limit: usize,
+    ) -> (Vec<ViewSummary>, bool) {
+        self.lock()
+            .list(Instant::now(), uid, after, limit.clamp(1, MAX_LIST_PAGE))
     }
 
-    /// Ends `view` here and, with the cluster tier, in Redis: how many pins it held here.
-    pub async fn end(&self, view: &str) -> Option<usize> {
-        let ended = self.lock().end(view);
+    /// Ends every uid's view named `name` here and, with the cluster tier, in Redis: how
+    /// many views and pins it dropped here (`None`: no view of that name here).
+    pub async fn end(&self, name: &str) -> Option<(usize, usize)> {
+        let ended: Vec<(ViewId, usize)> = {
+            let mut pins = self.lock();
+            pins.named(name)
+                .into_iter()
+                .filter_map(|view| pins.end(&view).map(|held| (view, held)))
+                .collect()
+        };
         if let Some(cluster) = &self.cluster {
-            if let Err(why) = cluster.end_view(view).await {
-                tracing::warn!(view, %why, "view ended here, but not in Redis: its pins there expire after --view-idle-secs");
+            for (view, _) in &ended {
+                if let Err(why) = cluster.end_view(&view.shared_name()).await {
+                    tracing::warn!(%view, %why, "view ended here, but not in Redis: its pins there expire after --view-idle-secs");
+                }
             }
         }
-        ended
+        (!ended.is_empty()).then(|| (ended.len(), ended.iter().map(|(_, held)| held).sum()))
     }
 
     /// Pins each lease holder's result in its lease's view, in the order they were stored.
@@ -360,9 +418,15 @@ impl Views {
             };
             last = now;
             if !ended.is_empty() {
-                tracing::info!(views = ?ended, "views ended: idle for --view-idle-secs");
+                let shown: Vec<String> = ended.iter().take(20).map(ViewId::to_string).collect();
+                tracing::info!(
+                    views = ended.len(),
+                    first = ?shown,
+                    "views ended: idle for --view-idle-secs"
+                );
             }
             if let (Some(cluster), false) = (&self.cluster, active.is_empty()) {
+                let active: Vec<String> = active.iter().map(ViewId::shared_name).collect();
                 cluster.refresh_views(&active, idle).await;
             }
         }
@@ -423,20 +487,22 @@ impl ChangeListener for ChangeFeed {
 
 impl FillStats for Views {
     fn fill_stats(&self, stats: &mut v1::StatsResponse) {
-        let (counters, views, total, max_pins, idle) = {
+        let (counters, views, total, caps) = {
             let pins = self.lock();
             (
                 pins.counters(),
                 pins.view_count(),
                 pins.total_pins(),
-                pins.max_pins(),
-                pins.idle(),
+                pins.caps(),
             )
         };
         stats.views_active = views as u64;
         stats.view_pins = total as u64;
-        stats.max_view_pins = max_pins as u64;
-        stats.view_idle_secs = idle.as_secs();
+        stats.max_view_pins = caps.max_pins as u64;
+        stats.max_view_pins_per_uid = caps.max_pins_per_uid as u64;
+        stats.max_views_per_uid = caps.max_views_per_uid as u64;
+        stats.views_evicted = counters.views_evicted;
+        stats.view_idle_secs = caps.idle.as_secs();
         stats.view_pins_made = counters.pinned;
         stats.view_pin_conflicts = counters.conflicts;
         stats.view_pins_evicted = counters.evicted;
@@ -486,7 +552,10 @@ mod tests {
             lease: Some(Arc::new(RecordLease {
                 id: "lease-1".into(),
                 key: Some(key(problem)),
-                view: view.map(str::to_owned),
+                view: view.map(|name| ViewId {
+                    uid: 1000,
+                    name: name.to_owned(),
+                }),
             })),
         }
     }
@@ -518,8 +587,8 @@ mod tests {
             change("k", 2.0, Source::Cluster, true),
         ];
         let pins: Vec<(String, f64)> = lease_pins(&changes)
-            .map(|pin| (pin.view, pin.entry.result().time_us))
+            .map(|pin| (pin.view.shared_name(), pin.entry.result().time_us))
             .collect();
-        assert_eq!(pins, vec![("job-1".to_owned(), 5.0)]);
+        assert_eq!(pins, vec![("1000/job-1".to_owned(), 5.0)]);
     }
 }

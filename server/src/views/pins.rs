@@ -11,20 +11,26 @@
 //!   handing out a config an operator removed as broken.
 //! - A view ends after `idle` without a request (checked on its next request too, so the
 //!   rule does not depend on the sweep's timing), or when an operator ends it.
-//! - The total of pins is capped: whole views go, the one idle longest first, never the one
-//!   being read. A view that alone holds the cap answers new keys unpinned (counted, logged
-//!   once by the adapter) rather than grow.
+//! - A view belongs to its reader's uid ([`ViewId`]), and each uid's views are capped, in
+//!   pins (`max_pins_per_uid`) and in views, empty ones included (`max_views_per_uid`). A
+//!   uid at a cap makes room from its own views only, the one idle longest first, never the
+//!   one being read: no uid can evict another's pins. A view that alone holds its uid's cap,
+//!   or a read while the node holds its total cap (`max_pins`), answers new keys unpinned
+//!   (counted, logged once by the adapter) rather than grow.
+//! - Every step costs O(log n) in the views held: views are kept in idle order (per uid, and
+//!   node-wide for expiry), never walked to find one to drop.
 //!
 //! Pins are `StoredEntry`s in an `EntryMap` per view: a pin of the cache's own winner shares
 //! its bytes, and a Scan merges the view's map (an O(1) copy) with the cache's in key order.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use std::time::{Duration, Instant};
 
 use crate::model::entry::KeyView;
 use crate::model::forget::Tombstone;
 use crate::model::merge::rank_views;
+pub use crate::model::names::ViewId;
 use crate::wire::stored::{EntryMap, StoredEntry};
 
 /// Counters the Stats and metrics report.
@@ -34,16 +40,31 @@ pub struct PinCounters {
     pub pinned: u64,
     /// Reads answered with a pin while the cache held a better result.
     pub conflicts: u64,
-    /// Pins dropped with whole views to hold the cap.
+    /// Pins dropped with whole views to hold a uid's caps.
     pub evicted: u64,
+    /// Whole views dropped to hold a uid's caps.
+    pub views_evicted: u64,
     /// Views ended for being idle.
     pub ended_idle: u64,
     /// Views ended by an operator.
     pub ended: u64,
     /// Pins dropped by Forgets.
     pub forgotten: u64,
-    /// Answers left unpinned because their view alone held the cap.
+    /// Answers left unpinned: their view alone held its uid's cap, or the node its total.
     pub over_cap: u64,
+}
+
+/// The caps and the idle time.
+#[derive(Clone, Copy, Debug)]
+pub struct Caps {
+    /// Pins on the node, all uids.
+    pub max_pins: usize,
+    /// Pins of one uid's views.
+    pub max_pins_per_uid: usize,
+    /// Views of one uid, empty ones included.
+    pub max_views_per_uid: usize,
+    /// A view without a request this long ends.
+    pub idle: Duration,
 }
 
 struct View {
@@ -51,10 +72,18 @@ struct View {
     last_request: Instant,
 }
 
+/// One uid's views, in idle order (all of them, and those holding pins).
+#[derive(Default)]
+struct Owner {
+    pins: usize,
+    by_idle: BTreeSet<(Instant, String)>,
+    with_pins: BTreeSet<(Instant, String)>,
+}
+
 /// One view as `list` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ViewSummary {
-    pub name: String,
+    pub id: ViewId,
     pub pins: usize,
     pub idle: Duration,
 }
@@ -70,32 +99,61 @@ pub enum Answer {
     Miss,
 }
 
-/// What `pin` did that the adapter logs (once) and counts.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Evicted {
-    /// Views dropped whole to hold the cap.
-    pub views: Vec<String>,
-    pub pins: usize,
-    /// Answers of the pinning view left unpinned: it alone holds the cap.
-    pub over_cap: usize,
+/// Why views were dropped whole, for the adapter to log (once each) and count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Dropped {
+    /// To hold its uid's caps.
+    Evicted(ViewId),
 }
 
 pub struct ViewPins {
-    views: HashMap<String, View>,
+    views: BTreeMap<ViewId, View>,
+    owners: BTreeMap<u32, Owner>,
+    /// Every view, in idle order: expiry and the cluster's keep-alive walk only the ends.
+    by_idle: BTreeSet<(Instant, ViewId)>,
     total: usize,
-    max_pins: usize,
-    idle: Duration,
+    caps: Caps,
     counters: PinCounters,
+    /// Views dropped since the adapter last asked (`take_dropped`).
+    dropped: Vec<Dropped>,
+    /// Views looked at to find one to drop: what keeps eviction O(log n) visible to tests.
+    examined: u64,
+}
+
+/// A read of `key` in a view holding `pins`, while the cache's winner is `current`; and
+/// whether a pin answered while the cache held a better result (a conflict). Pure: run on
+/// a copy of the view's pins (`pins_of`), with no lock held.
+pub fn answer_from(
+    pins: &EntryMap,
+    key: &KeyView<'_>,
+    current: Option<&StoredEntry>,
+) -> (Answer, bool) {
+    match (pins.get_view(key), current) {
+        (Some(pinned), current) => (
+            Answer::Pinned(pinned.clone()),
+            current.is_some_and(|current| is_conflict(pinned, current)),
+        ),
+        (None, Some(current)) => (Answer::Candidate(current.clone()), false),
+        (None, None) => (Answer::Miss, false),
+    }
 }
 
 impl ViewPins {
-    pub fn new(max_pins: usize, idle: Duration) -> ViewPins {
+    pub fn new(caps: Caps) -> ViewPins {
         ViewPins {
-            views: HashMap::new(),
+            views: BTreeMap::new(),
+            owners: BTreeMap::new(),
+            by_idle: BTreeSet::new(),
             total: 0,
-            max_pins: max_pins.max(1),
-            idle,
+            caps: Caps {
+                max_pins: caps.max_pins.max(1),
+                max_pins_per_uid: caps.max_pins_per_uid.max(1),
+                max_views_per_uid: caps.max_views_per_uid.max(1),
+                idle: caps.idle,
+            },
             counters: PinCounters::default(),
+            dropped: Vec::new(),
+            examined: 0,
         }
     }
 
@@ -111,83 +169,173 @@ impl ViewPins {
         self.views.len()
     }
 
-    pub fn max_pins(&self) -> usize {
-        self.max_pins
+    pub fn caps(&self) -> Caps {
+        self.caps
     }
 
     pub fn idle(&self) -> Duration {
-        self.idle
+        self.caps.idle
     }
 
-    /// A request in `view` at `now`: the view's entry, created if new, emptied first if it
-    /// was idle too long (it ended; this request starts it afresh).
-    fn touch(&mut self, view: &str, now: Instant) -> &mut View {
-        let expired = self
-            .views
-            .get(view)
-            .is_some_and(|v| now.saturating_duration_since(v.last_request) >= self.idle);
-        if expired {
-            self.remove(view);
-            self.counters.ended_idle += 1;
+    /// Views looked at so far to find one to drop.
+    #[cfg(test)]
+    pub fn examined(&self) -> u64 {
+        self.examined
+    }
+
+    /// The views dropped since the last call, for the adapter to log.
+    pub fn take_dropped(&mut self) -> Vec<Dropped> {
+        std::mem::take(&mut self.dropped)
+    }
+
+    /// A request in `view` at `now`: the view's entry, created if new (its uid's idle-longest
+    /// view goes first if the uid holds its view cap), emptied first if it was idle too long
+    /// (it ended; this request starts it afresh).
+    fn touch(&mut self, view: &ViewId, now: Instant) -> &mut View {
+        let last = self.views.get(view).map(|v| v.last_request);
+        match last {
+            Some(last) if now.saturating_duration_since(last) >= self.caps.idle => {
+                self.remove(view);
+                self.counters.ended_idle += 1;
+                self.create(view, now);
+            }
+            Some(last) if now > last => self.reindex(view, last, now),
+            Some(_) => {}
+            None => self.create(view, now),
         }
-        let entry = self.views.entry(view.to_owned()).or_insert_with(|| View {
+        // Made or kept above; the fallback only keeps this total without a panic.
+        self.views.entry(view.clone()).or_insert_with(|| View {
             pins: EntryMap::new(),
             last_request: now,
-        });
-        entry.last_request = entry.last_request.max(now);
-        entry
+        })
     }
 
-    /// A read of `key` in `view`, while the cache's winner is `current`.
-    pub fn answer(
-        &mut self,
-        view: &str,
-        key: &KeyView<'_>,
-        current: Option<&StoredEntry>,
-        now: Instant,
-    ) -> Answer {
-        let pinned = self.touch(view, now).pins.get_view(key).cloned();
-        match (pinned, current) {
-            (Some(pinned), current) => {
-                self.count_conflict(&pinned, current);
-                Answer::Pinned(pinned)
+    fn create(&mut self, view: &ViewId, now: Instant) {
+        let held = self
+            .owners
+            .get(&view.uid)
+            .map_or(0, |owner| owner.by_idle.len());
+        if held >= self.caps.max_views_per_uid {
+            self.evict_from(view, false);
+        }
+        self.views.insert(
+            view.clone(),
+            View {
+                pins: EntryMap::new(),
+                last_request: now,
+            },
+        );
+        self.by_idle.insert((now, view.clone()));
+        self.owners
+            .entry(view.uid)
+            .or_default()
+            .by_idle
+            .insert((now, view.name.clone()));
+    }
+
+    /// Moves `view` in the idle orders from `last` to `now`.
+    fn reindex(&mut self, view: &ViewId, last: Instant, now: Instant) {
+        let Some(entry) = self.views.get_mut(view) else {
+            return;
+        };
+        entry.last_request = now;
+        let has_pins = !entry.pins.is_empty();
+        let id = (last, view.clone());
+        self.by_idle.remove(&id);
+        self.by_idle.insert((now, id.1));
+        if let Some(owner) = self.owners.get_mut(&view.uid) {
+            let named = (last, view.name.clone());
+            owner.by_idle.remove(&named);
+            owner.by_idle.insert((now, view.name.clone()));
+            if has_pins {
+                owner.with_pins.remove(&named);
+                owner.with_pins.insert((now, view.name.clone()));
             }
-            (None, Some(current)) => Answer::Candidate(current.clone()),
-            (None, None) => Answer::Miss,
         }
     }
 
-    /// Counts a read answered with `pinned` while the cache held a better `current`.
-    fn count_conflict(&mut self, pinned: &StoredEntry, current: Option<&StoredEntry>) {
-        if current.is_some_and(|current| is_conflict(pinned, current)) {
-            self.counters.conflicts += 1;
+    /// Drops the idle-longest view of `reading`'s uid other than `reading`: any view (for
+    /// the view cap), or one holding pins (`with_pins`, for the pin cap). `false` if there
+    /// is none.
+    fn evict_from(&mut self, reading: &ViewId, with_pins: bool) -> bool {
+        let Some(owner) = self.owners.get(&reading.uid) else {
+            return false;
+        };
+        let order = if with_pins {
+            &owner.with_pins
+        } else {
+            &owner.by_idle
+        };
+        // The view being read is skipped, so at most two are looked at.
+        let mut victim = None;
+        for (_, name) in order.iter().take(2) {
+            self.examined += 1;
+            if *name != reading.name {
+                victim = Some(name.clone());
+                break;
+            }
         }
+        let Some(name) = victim else {
+            return false;
+        };
+        let id = ViewId {
+            uid: reading.uid,
+            name,
+        };
+        let pins = self.remove(&id);
+        self.counters.evicted += pins as u64;
+        self.counters.views_evicted += 1;
+        self.dropped.push(Dropped::Evicted(id));
+        true
     }
 
-    /// Counts `n` reads answered with a pin while a better result was stored (a Scan's).
+    /// Removes `view` and its pins from every index: how many pins it held.
+    fn remove(&mut self, view: &ViewId) -> usize {
+        let Some(gone) = self.views.remove(view) else {
+            return 0;
+        };
+        let pins = gone.pins.len();
+        self.total -= pins;
+        self.by_idle.remove(&(gone.last_request, view.clone()));
+        if let Some(owner) = self.owners.get_mut(&view.uid) {
+            let named = (gone.last_request, view.name.clone());
+            owner.by_idle.remove(&named);
+            owner.with_pins.remove(&named);
+            owner.pins -= pins;
+            if owner.by_idle.is_empty() {
+                self.owners.remove(&view.uid);
+            }
+        }
+        pins
+    }
+
+    /// Counts `n` reads answered with a pin while a better result was stored.
     pub fn add_conflicts(&mut self, n: u64) {
         self.counters.conflicts += n;
     }
 
-    /// The pins of `view` (an O(1) copy, for a Scan to merge with the cache), as a request.
-    pub fn pins_of(&mut self, view: &str, now: Instant) -> EntryMap {
+    /// The pins of `view` (an O(1) copy, for a read to answer from with no lock held), as a
+    /// request in it.
+    pub fn pins_of(&mut self, view: &ViewId, now: Instant) -> EntryMap {
         self.touch(view, now).pins.clone()
     }
 
     /// Pins each of `entries` in `view` unless the view pinned its key already; returns, in
-    /// order, what the view answers for each key from now on, and what the cap dropped.
-    /// `planned`: the view's pins the entries were found missing from (`pins_of`); while the
-    /// view still holds exactly those, no key needs looking up again (a Scan's first read).
+    /// order, what the view answers for each key from now on, and how many were left
+    /// unpinned (a cap). `planned`: the view's pins the entries were found missing from
+    /// (`pins_of`); while the view still holds exactly those, no key needs looking up again
+    /// (a Scan's first read). The adapter calls it a chunk of a request at a time, so no
+    /// request holds the pins' lock for all its keys.
     pub fn pin(
         &mut self,
-        view: &str,
+        view: &ViewId,
         entries: Vec<StoredEntry>,
         planned: Option<&EntryMap>,
         now: Instant,
-    ) -> (Vec<StoredEntry>, Evicted) {
+    ) -> (Vec<StoredEntry>, usize) {
         let current = &self.touch(view, now).pins;
         let unchanged = planned.is_some_and(|planned| current.ptr_eq(planned));
-        let mut evicted = Evicted::default();
+        let mut over_cap = 0;
         let mut answers = Vec::with_capacity(entries.len());
         for entry in entries {
             let pinned = if unchanged {
@@ -201,56 +349,50 @@ impl ViewPins {
                 answers.push(pinned.clone());
                 continue;
             }
-            if self.total >= self.max_pins {
-                self.make_room(view, &mut evicted);
+            if self.owner_pins(view.uid) >= self.caps.max_pins_per_uid {
+                self.evict_from(view, true);
             }
-            if self.total >= self.max_pins {
-                evicted.over_cap += 1;
+            if self.owner_pins(view.uid) >= self.caps.max_pins_per_uid
+                || self.total >= self.caps.max_pins
+            {
+                over_cap += 1;
                 self.counters.over_cap += 1;
                 answers.push(entry);
                 continue;
             }
-            if let Some(v) = self.views.get_mut(view) {
-                // A key twice in one batch (a Lookup may ask so) has one candidate.
-                if v.pins.insert(entry.clone()) {
-                    self.total += 1;
-                    self.counters.pinned += 1;
-                }
-            }
+            self.add_pin(view, entry.clone());
             answers.push(entry);
         }
-        (answers, evicted)
+        (answers, over_cap)
     }
 
-    /// Drops the view idle longest other than `reading`, if there is one.
-    fn make_room(&mut self, reading: &str, evicted: &mut Evicted) {
-        let oldest = self
-            .views
-            .iter()
-            .filter(|(name, view)| name.as_str() != reading && !view.pins.is_empty())
-            .min_by(|(a_name, a), (b_name, b)| {
-                a.last_request
-                    .cmp(&b.last_request)
-                    .then_with(|| a_name.cmp(b_name))
-            })
-            .map(|(name, _)| name.clone());
-        if let Some(oldest) = oldest {
-            let pins = self.remove(&oldest);
-            self.counters.evicted += pins as u64;
-            evicted.pins += pins;
-            evicted.views.push(oldest);
+    fn owner_pins(&self, uid: u32) -> usize {
+        self.owners.get(&uid).map_or(0, |owner| owner.pins)
+    }
+
+    fn add_pin(&mut self, view: &ViewId, entry: StoredEntry) {
+        let Some(v) = self.views.get_mut(view) else {
+            return;
+        };
+        let was_empty = v.pins.is_empty();
+        // A key twice in one batch (a Lookup may ask so) has one candidate.
+        if !v.pins.insert(entry) {
+            return;
         }
-    }
-
-    fn remove(&mut self, view: &str) -> usize {
-        let pins = self.views.remove(view).map_or(0, |v| v.pins.len());
-        self.total -= pins;
-        pins
+        let last = v.last_request;
+        self.total += 1;
+        self.counters.pinned += 1;
+        if let Some(owner) = self.owners.get_mut(&view.uid) {
+            owner.pins += 1;
+            if was_empty {
+                owner.with_pins.insert((last, view.name.clone()));
+            }
+        }
     }
 
     /// Ends `view` (an operator's `tunecache view end`): how many pins it held, `None` if
     /// there was no such view.
-    pub fn end(&mut self, view: &str) -> Option<usize> {
+    pub fn end(&mut self, view: &ViewId) -> Option<usize> {
         if !self.views.contains_key(view) {
             return None;
         }
@@ -258,55 +400,98 @@ impl ViewPins {
         Some(self.remove(view))
     }
 
-    /// Ends the views without a request for `idle` or longer; returns their names.
-    pub fn expire_idle(&mut self, now: Instant) -> Vec<String> {
-        let idle = self.idle;
-        let ended: Vec<String> = self
-            .views
-            .iter()
-            .filter(|(_, view)| now.saturating_duration_since(view.last_request) >= idle)
-            .map(|(name, _)| name.clone())
-            .collect();
-        for name in &ended {
-            self.remove(name);
+    /// The views of every uid named `name` (an operator ends a job's view by its name).
+    pub fn named(&self, name: &str) -> Vec<ViewId> {
+        self.owners
+            .keys()
+            .map(|&uid| ViewId {
+                uid,
+                name: name.to_owned(),
+            })
+            .filter(|id| self.views.contains_key(id))
+            .collect()
+    }
+
+    /// Ends the views without a request for `idle` or longer; returns them.
+    pub fn expire_idle(&mut self, now: Instant) -> Vec<ViewId> {
+        let mut ended = Vec::new();
+        while let Some((last, view)) = self.by_idle.first().cloned() {
+            if now.saturating_duration_since(last) < self.caps.idle {
+                break;
+            }
+            self.remove(&view);
+            ended.push(view);
         }
         self.counters.ended_idle += ended.len() as u64;
         ended
     }
 
     /// The views with a request since `since`: the cluster tier keeps their Redis pins alive.
-    pub fn requested_since(&self, since: Instant) -> Vec<String> {
-        self.views
-            .iter()
-            .filter(|(_, view)| view.last_request >= since)
-            .map(|(name, _)| name.clone())
+    pub fn requested_since(&self, since: Instant) -> Vec<ViewId> {
+        let from = (
+            since,
+            ViewId {
+                uid: 0,
+                name: String::new(),
+            },
+        );
+        self.by_idle
+            .range(from..)
+            .map(|(_, view)| view.clone())
             .collect()
     }
 
     /// Drops, in every view, the pins `tombstone` removes; returns how many.
     pub fn forget(&mut self, tombstone: &Tombstone) -> usize {
         let mut dropped = 0;
-        for view in self.views.values_mut() {
-            dropped += view.pins.remove_dropped_by(tombstone).len();
+        for (id, view) in self.views.iter_mut() {
+            let removed = view.pins.remove_dropped_by(tombstone).len();
+            if removed == 0 {
+                continue;
+            }
+            dropped += removed;
+            if let Some(owner) = self.owners.get_mut(&id.uid) {
+                owner.pins -= removed;
+                if view.pins.is_empty() {
+                    owner
+                        .with_pins
+                        .remove(&(view.last_request, id.name.clone()));
+                }
+            }
         }
         self.total -= dropped;
         self.counters.forgotten += dropped as u64;
         dropped
     }
 
-    /// The views, most recently requested first.
-    pub fn list(&self, now: Instant) -> Vec<ViewSummary> {
-        let mut views: Vec<ViewSummary> = self
+    /// Up to `limit` views after `after` in (uid, name) order, only those of `uid` when it is
+    /// given (a caller who is no administrator sees its own), and whether more follow.
+    pub fn list(
+        &self,
+        now: Instant,
+        uid: Option<u32>,
+        after: Option<&ViewId>,
+        limit: usize,
+    ) -> (Vec<ViewSummary>, bool) {
+        let start = match after {
+            Some(after) => Bound::Excluded(after.clone()),
+            None => Bound::Included(ViewId {
+                uid: uid.unwrap_or(0),
+                name: String::new(),
+            }),
+        };
+        let mut listed = self
             .views
-            .iter()
-            .map(|(name, view)| ViewSummary {
-                name: name.clone(),
+            .range((start, Bound::Unbounded))
+            .take_while(|(id, _)| uid.is_none_or(|uid| id.uid == uid))
+            .map(|(id, view)| ViewSummary {
+                id: id.clone(),
                 pins: view.pins.len(),
                 idle: now.saturating_duration_since(view.last_request),
-            })
-            .collect();
-        views.sort_by(|a, b| a.idle.cmp(&b.idle).then_with(|| a.name.cmp(&b.name)));
-        views
+            });
+        let page: Vec<ViewSummary> = listed.by_ref().take(limit).collect();
+        let more = listed.next().is_some();
+        (page, more)
     }
 }
 
@@ -388,18 +573,76 @@ mod tests {
         )
     }
 
-    fn read(pins: &mut ViewPins, view: &str, current: &StoredEntry, now: Instant) -> StoredEntry {
-        match pins.answer(view, &current.key(), Some(current), now) {
-            Answer::Pinned(pinned) => pinned,
-            Answer::Candidate(candidate) => pins.pin(view, vec![candidate], None, now).0.remove(0),
-            Answer::Miss => panic!("a miss with a current result"),
+    /// Caps of `max_pins` pins in all, for one uid as for the node.
+    fn caps(max_pins: usize) -> Caps {
+        Caps {
+            max_pins,
+            max_pins_per_uid: max_pins,
+            max_views_per_uid: 1000,
+            idle: Duration::from_secs(60),
         }
+    }
+
+    fn v(name: &str) -> ViewId {
+        ViewId {
+            uid: 1000,
+            name: name.into(),
+        }
+    }
+
+    fn of(uid: u32, name: &str) -> ViewId {
+        ViewId {
+            uid,
+            name: name.into(),
+        }
+    }
+
+    /// A read of `key` in `view` as the adapter does it: the view's pins, then the answer
+    /// from them with no lock, counting a conflict.
+    fn answer(
+        pins: &mut ViewPins,
+        view: &str,
+        key: &KeyView<'_>,
+        current: Option<&StoredEntry>,
+        now: Instant,
+    ) -> Answer {
+        let map = pins.pins_of(&v(view), now);
+        let (answer, conflict) = answer_from(&map, key, current);
+        if conflict {
+            pins.add_conflicts(1);
+        }
+        answer
+    }
+
+    fn read_as(
+        pins: &mut ViewPins,
+        view: &ViewId,
+        current: &StoredEntry,
+        now: Instant,
+    ) -> StoredEntry {
+        let map = pins.pins_of(view, now);
+        match answer_from(&map, &current.key(), Some(current)) {
+            (Answer::Pinned(pinned), conflict) => {
+                if conflict {
+                    pins.add_conflicts(1);
+                }
+                pinned
+            }
+            (Answer::Candidate(candidate), _) => {
+                pins.pin(view, vec![candidate], None, now).0.remove(0)
+            }
+            (Answer::Miss, _) => panic!("a miss with a current result"),
+        }
+    }
+
+    fn read(pins: &mut ViewPins, view: &str, current: &StoredEntry, now: Instant) -> StoredEntry {
+        read_as(pins, &v(view), current, now)
     }
 
     #[test]
     fn the_first_answer_is_pinned_and_a_better_result_later_changes_nothing_in_the_view() {
         let now = Instant::now();
-        let mut pins = ViewPins::new(100, Duration::from_secs(60));
+        let mut pins = ViewPins::new(caps(100));
         let (r1, r2) = (entry("k", 5.0), entry("k", 2.0));
         assert!(read(&mut pins, "job-1", &r1, now).same_entry(&r1));
         assert!(read(&mut pins, "job-1", &r2, now).same_entry(&r1));
@@ -409,13 +652,13 @@ mod tests {
         // A miss pins nothing; the result that fills it is pinned by `pin`, first one wins.
         let m = key("m");
         assert!(matches!(
-            pins.answer("job-1", &m.view(), None, now),
+            answer(&mut pins, "job-1", &m.view(), None, now),
             Answer::Miss
         ));
         let (first, second) = (entry("m", 3.0), entry("m", 1.0));
-        assert!(pins.pin("job-1", vec![first.clone()], None, now).0[0].same_entry(&first));
+        assert!(pins.pin(&v("job-1"), vec![first.clone()], None, now).0[0].same_entry(&first));
         assert!(
-            pins.pin("job-1", vec![second], None, now).0[0].same_entry(&first),
+            pins.pin(&v("job-1"), vec![second], None, now).0[0].same_entry(&first),
             "the first pin wins"
         );
         assert_eq!(pins.total_pins(), 3);
@@ -425,7 +668,7 @@ mod tests {
     #[test]
     fn a_forget_drops_the_pins_it_removes_and_keeps_those_recorded_after_it() {
         let now = Instant::now();
-        let mut pins = ViewPins::new(100, Duration::from_secs(60));
+        let mut pins = ViewPins::new(caps(100));
         read(&mut pins, "job-1", &entry("k", 5.0), now);
         let later = entry_at("k", 9.0, 10);
         read(&mut pins, "job-2", &later, now);
@@ -441,10 +684,10 @@ mod tests {
         };
         assert_eq!(pins.forget(&tombstone), 1);
         assert!(matches!(
-            pins.answer("job-1", &key("k").view(), None, now),
+            answer(&mut pins, "job-1", &key("k").view(), None, now),
             Answer::Miss
         ));
-        match pins.answer("job-2", &key("k").view(), None, now) {
+        match answer(&mut pins, "job-2", &key("k").view(), None, now) {
             Answer::Pinned(pinned) => assert!(pinned.same_entry(&later)),
             other => panic!("{other:?}"),
         }
@@ -453,52 +696,150 @@ mod tests {
     }
 
     #[test]
-    fn idle_views_end_and_the_cap_drops_the_view_idle_longest() {
+    fn idle_views_end_and_a_uid_at_its_cap_drops_its_own_view_idle_longest() {
         let start = Instant::now();
-        let mut pins = ViewPins::new(3, Duration::from_secs(60));
+        let mut pins = ViewPins::new(Caps {
+            max_pins_per_uid: 3,
+            ..caps(100)
+        });
         read(&mut pins, "old", &entry("a", 1.0), start);
         read(&mut pins, "old", &entry("b", 1.0), start);
+        // Another uid's view, idle longer than both: never dropped for uid 1000's pins.
+        let other = of(7, "theirs");
+        read_as(
+            &mut pins,
+            &other,
+            &entry("a", 1.0),
+            start - Duration::from_secs(1),
+        );
         let later = start + Duration::from_secs(30);
         read(&mut pins, "new", &entry("a", 1.0), later);
-        let (_, evicted) = pins.pin("new", vec![entry("b", 1.0)], None, later);
-        assert_eq!(evicted.views, vec!["old".to_owned()]);
-        assert_eq!(pins.total_pins(), 2);
+        let (_, over_cap) = pins.pin(&v("new"), vec![entry("b", 1.0)], None, later);
+        assert_eq!(over_cap, 0);
+        assert_eq!(pins.take_dropped(), vec![Dropped::Evicted(v("old"))]);
+        assert_eq!(pins.total_pins(), 3, "new's 2 and the other uid's 1");
         assert_eq!(pins.counters().evicted, 2);
+        assert_eq!(pins.counters().views_evicted, 1);
+        let summary = |id: ViewId, pins: usize, idle: Duration| ViewSummary { id, pins, idle };
         assert_eq!(
-            pins.list(later),
-            vec![ViewSummary {
-                name: "new".into(),
-                pins: 2,
-                idle: Duration::ZERO
-            }]
+            pins.list(later, None, None, 10),
+            (
+                vec![
+                    summary(other.clone(), 1, Duration::from_secs(31)),
+                    summary(v("new"), 2, Duration::ZERO)
+                ],
+                false
+            )
         );
-        assert!(pins.expire_idle(later + Duration::from_secs(59)).is_empty());
+        assert_eq!(
+            pins.list(later, Some(1000), None, 10).0,
+            vec![summary(v("new"), 2, Duration::ZERO)],
+            "a uid lists its own"
+        );
+        assert_eq!(
+            pins.list(later, None, None, 1),
+            (
+                vec![summary(other.clone(), 1, Duration::from_secs(31))],
+                true
+            ),
+            "pages"
+        );
+        assert_eq!(
+            pins.list(later, None, Some(&other), 1),
+            (vec![summary(v("new"), 2, Duration::ZERO)], false)
+        );
+        assert!(pins.expire_idle(later + Duration::from_secs(28)).is_empty());
+        assert_eq!(
+            pins.expire_idle(later + Duration::from_secs(29)),
+            vec![other],
+            "idle 60 s: the other uid's first"
+        );
         assert_eq!(
             pins.expire_idle(later + Duration::from_secs(60)),
-            vec!["new".to_owned()]
+            vec![v("new")]
         );
         assert_eq!(pins.total_pins(), 0);
-        assert_eq!(pins.end("new"), None);
+        assert_eq!(pins.end(&v("new")), None);
     }
 
     #[test]
-    fn a_view_alone_at_the_cap_answers_new_keys_unpinned_and_keeps_its_pins() {
+    fn empty_views_count_toward_a_uids_view_cap_and_the_oldest_goes() {
+        let start = Instant::now();
+        let mut pins = ViewPins::new(Caps {
+            max_views_per_uid: 2,
+            ..caps(100)
+        });
+        let m = key("missing");
+        for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+            let at = start + Duration::from_secs(i as u64);
+            // A miss creates the view and pins nothing.
+            assert!(matches!(
+                answer(&mut pins, name, &m.view(), None, at),
+                Answer::Miss
+            ));
+        }
+        assert_eq!(pins.view_count(), 2);
+        assert_eq!(pins.take_dropped(), vec![Dropped::Evicted(v("a"))]);
+        // Another uid has a cap of its own.
+        pins.pins_of(&of(7, "a"), start);
+        assert_eq!(pins.view_count(), 3);
+        assert_eq!(pins.counters().views_evicted, 1);
+    }
+
+    #[test]
+    fn a_full_node_answers_unpinned_rather_than_drop_another_uids_pins() {
         let now = Instant::now();
-        let mut pins = ViewPins::new(2, Duration::from_secs(60));
-        read(&mut pins, "job", &entry("a", 1.0), now);
-        read(&mut pins, "job", &entry("b", 1.0), now);
-        let (answers, evicted) = pins.pin("job", vec![entry("c", 1.0)], None, now);
-        assert!(answers[0].same_entry(&entry("c", 1.0)));
-        assert_eq!(evicted.over_cap, 1);
-        assert_eq!(pins.total_pins(), 2);
-        // Its old pins still answer.
-        assert!(read(&mut pins, "job", &entry("a", 0.5), now).same_entry(&entry("a", 1.0)));
+        let mut pins = ViewPins::new(Caps {
+            max_pins_per_uid: 10,
+            ..caps(3)
+        });
+        for problem in ["a", "b", "c"] {
+            read_as(&mut pins, &of(7, "attacker"), &entry(problem, 1.0), now);
+        }
+        let (answers, over_cap) = pins.pin(&v("victim"), vec![entry("a", 2.0)], None, now);
+        assert!(answers[0].same_entry(&entry("a", 2.0)));
+        assert_eq!(over_cap, 1, "the node is full: unpinned, counted");
+        assert!(pins.take_dropped().is_empty(), "nobody's view dropped");
+        assert_eq!(pins.total_pins(), 3);
+    }
+
+    #[test]
+    fn dropping_a_view_for_the_cap_looks_at_two_views_at_most_however_many_there_are() {
+        // Finding 1 of issue 39: at the cap, every new pin walked every view. Here a uid
+        // holds 100,000 views of one pin each at its cap; each new pin of another view of
+        // its own drops the idle-longest, looking at no more than two views to find it.
+        let start = Instant::now();
+        const VIEWS: usize = 100_000;
+        let mut pins = ViewPins::new(Caps {
+            max_pins: 10 * VIEWS,
+            max_pins_per_uid: VIEWS,
+            max_views_per_uid: VIEWS + 1,
+            idle: Duration::from_secs(3600),
+        });
+        for i in 0..VIEWS {
+            let at = start + Duration::from_micros(i as u64);
+            let view = v(&format!("one-pin-{i}"));
+            pins.pin(&view, vec![entry("k", 1.0)], None, at);
+        }
+        assert_eq!(pins.total_pins(), VIEWS);
+        let reading = v("victim");
+        let later = start + Duration::from_secs(1);
+        let batch: Vec<StoredEntry> = (0..1000).map(|i| entry(&format!("p{i}"), 1.0)).collect();
+        let before = pins.examined();
+        let (_, over_cap) = pins.pin(&reading, batch, None, later);
+        assert_eq!(over_cap, 0);
+        assert_eq!(pins.counters().views_evicted, 1000);
+        assert!(
+            pins.examined() - before <= 2 * 1000,
+            "{} views looked at for 1,000 pins",
+            pins.examined() - before
+        );
     }
 
     #[test]
     fn a_request_after_the_idle_time_starts_the_view_afresh_without_the_sweep() {
         let start = Instant::now();
-        let mut pins = ViewPins::new(10, Duration::from_secs(60));
+        let mut pins = ViewPins::new(caps(10));
         read(&mut pins, "job", &entry("a", 5.0), start);
         let after = start + Duration::from_secs(61);
         assert!(read(&mut pins, "job", &entry("a", 1.0), after).same_entry(&entry("a", 1.0)));
@@ -571,8 +912,10 @@ mod tests {
 
         #[derive(Clone, Debug)]
         enum Op {
-            /// A read of key `k` in view `v` while the cache holds time `t` (None: a miss).
+            /// A read of key `k` in view `v` of uid `u` while the cache holds time `t`
+            /// (None: a miss).
             Read {
+                u: u8,
                 v: u8,
                 k: u8,
                 t: Option<u8>,
@@ -582,6 +925,7 @@ mod tests {
                 k: u8,
             },
             End {
+                u: u8,
                 v: u8,
             },
             /// Time passes, in seconds.
@@ -592,48 +936,51 @@ mod tests {
 
         fn op() -> impl Strategy<Value = Op> {
             prop_oneof![
-                6 => (0..4u8, 0..6u8, proptest::option::weighted(0.8, 0..5u8))
-                    .prop_map(|(v, k, t)| Op::Read { v, k, t }),
+                6 => (0..3u8, 0..4u8, 0..6u8, proptest::option::weighted(0.8, 0..5u8))
+                    .prop_map(|(u, v, k, t)| Op::Read { u, v, k, t }),
                 1 => (0..6u8).prop_map(|k| Op::Forget { k }),
-                1 => (0..4u8).prop_map(|v| Op::End { v }),
+                1 => (0..3u8, 0..4u8).prop_map(|(u, v)| Op::End { u, v }),
                 1 => (0..40u8).prop_map(|secs| Op::Wait { secs }),
             ]
         }
 
+        fn id(u: u8, v: u8) -> ViewId {
+            of(u32::from(u), &format!("v{v}"))
+        }
+
         proptest! {
             /// Whatever happens, a view answers a key the same way from its first answer on,
-            /// until a Forget of the key, the view's end (operator, idle, or the cap); and the
-            /// node never holds more pins than the cap.
+            /// until a Forget of the key, the view's end (operator, idle, or its own uid's
+            /// caps); no uid's request ever drops another uid's view; and no cap is passed.
             #[test]
             fn a_view_answers_a_key_the_same_until_something_ends_the_pin(
                 ops in proptest::collection::vec(op(), 1..200),
-                cap in 1..12usize,
+                max_pins in 1..16usize,
+                max_pins_per_uid in 1..8usize,
+                max_views_per_uid in 1..4usize,
             ) {
                 let idle = Duration::from_secs(60);
                 let start = Instant::now();
                 let mut now = start;
-                let mut pins = ViewPins::new(cap, idle);
-                // What each (view, key) answered first, while no event ended it.
-                let mut first: Map<(u8, u8), String> = Map::new();
+                let caps = Caps { max_pins, max_pins_per_uid, max_views_per_uid, idle };
+                let mut pins = ViewPins::new(caps);
+                // What each (uid, view, key) answered first, while no event ended it.
+                let mut first: Map<(u8, u8, u8), String> = Map::new();
                 let mut epoch = 0u64;
                 for op in ops {
                     match op {
-                        Op::Read { v, k, t } => {
-                            let view = format!("v{v}");
+                        Op::Read { u, v, k, t } => {
+                            let view = id(u, v);
                             let problem = format!("k{k}");
                             let current = t.map(|t| entry_at(&problem, f64::from(t), epoch));
                             let before = pins.counters();
-                            let answer = match pins.answer(&view, &key(&problem).view(), current.as_ref(), now) {
+                            let map = pins.pins_of(&view, now);
+                            let answer = match answer_from(&map, &key(&problem).view(), current.as_ref()).0 {
                                 Answer::Pinned(pinned) => Some(pinned),
                                 Answer::Candidate(c) => {
-                                    let (mut answers, evicted) = pins.pin(&view, vec![c], None, now);
-                                    for gone in &evicted.views {
-                                        let gone: u8 = gone[1..].parse().unwrap();
-                                        first.retain(|(fv, _), _| *fv != gone);
-                                    }
-                                    if evicted.over_cap > 0 {
+                                    let (mut answers, over_cap) = pins.pin(&view, vec![c], None, now);
+                                    if over_cap > 0 {
                                         // Unpinned: this answer promises nothing.
-                                        answers.pop();
                                         None
                                     } else {
                                         answers.pop()
@@ -641,13 +988,19 @@ mod tests {
                                 }
                                 Answer::Miss => None,
                             };
+                            for Dropped::Evicted(gone) in pins.take_dropped() {
+                                prop_assert_eq!(gone.uid, view.uid, "dropped for another uid's read");
+                                prop_assert!(gone != view, "the view being read was dropped");
+                                let (gu, gv) = (gone.uid as u8, gone.name[1..].parse::<u8>().unwrap());
+                                first.retain(|(fu, fv, _), _| (*fu, *fv) != (gu, gv));
+                            }
                             if pins.counters().ended_idle > before.ended_idle {
-                                first.retain(|(fv, _), _| *fv != v);
+                                first.retain(|(fu, fv, _), _| (*fu, *fv) != (u, v));
                             }
                             if let Some(answer) = answer {
                                 let shown = format!("{}@{}", answer.result().config, answer.result().forget_epoch);
-                                let held = first.entry((v, k)).or_insert_with(|| shown.clone());
-                                prop_assert_eq!(&*held, &shown, "view {} key {}", v, k);
+                                let held = first.entry((u, v, k)).or_insert_with(|| shown.clone());
+                                prop_assert_eq!(&*held, &shown, "uid {} view {} key {}", u, v, k);
                             }
                         }
                         Op::Forget { k } => {
@@ -657,23 +1010,28 @@ mod tests {
                                 scope: ForgetScope::exact(&key(&problem)),
                                 stamp: epoch,
                             });
-                            first.retain(|(_, fk), _| *fk != k);
+                            first.retain(|(_, _, fk), _| *fk != k);
                         }
-                        Op::End { v } => {
-                            pins.end(&format!("v{v}"));
-                            first.retain(|(fv, _), _| *fv != v);
+                        Op::End { u, v } => {
+                            pins.end(&id(u, v));
+                            first.retain(|(fu, fv, _), _| (*fu, *fv) != (u, v));
                         }
                         Op::Wait { secs } => {
                             now += Duration::from_secs(u64::from(secs));
                             for ended in pins.expire_idle(now) {
-                                let gone: u8 = ended[1..].parse().unwrap();
-                                first.retain(|(fv, _), _| *fv != gone);
+                                let (gu, gv) = (ended.uid as u8, ended.name[1..].parse::<u8>().unwrap());
+                                first.retain(|(fu, fv, _), _| (*fu, *fv) != (gu, gv));
                             }
                         }
                     }
-                    prop_assert!(pins.total_pins() <= cap);
-                    let listed: usize = pins.list(now).iter().map(|v| v.pins).sum();
-                    prop_assert_eq!(listed, pins.total_pins());
+                    prop_assert!(pins.total_pins() <= max_pins);
+                    let (listed, _) = pins.list(now, None, None, usize::MAX);
+                    prop_assert_eq!(listed.iter().map(|v| v.pins).sum::<usize>(), pins.total_pins());
+                    for uid in 0..3u32 {
+                        let mine: Vec<&ViewSummary> = listed.iter().filter(|v| v.id.uid == uid).collect();
+                        prop_assert!(mine.len() <= max_views_per_uid);
+                        prop_assert!(mine.iter().map(|v| v.pins).sum::<usize>() <= max_pins_per_uid);
+                    }
                 }
             }
         }

@@ -14,13 +14,13 @@ use crate::store::scan::{self, AsStored, ChunkReader, ScanFilter, Step};
 use crate::wire::encoded::EncodedEntries;
 use crate::wire::stored::StoredEntry;
 
-use super::{Plan, Views};
+use super::{Plan, ViewId, Views};
 
 /// A Lookup read under one version of the cache: answered already, or a view's answers
 /// still to pin (`Views::finish_lookup`).
 pub enum LookupPlan {
     Ready(EncodedEntries),
-    InView { view: String, plan: Plan },
+    InView { view: ViewId, plan: Plan },
 }
 
 impl Views {
@@ -29,7 +29,7 @@ impl Views {
     /// what `finish_lookup` pins and answers. Runs on the blocking pool for a large request.
     pub fn plan_lookup<'k>(
         &self,
-        view: Option<String>,
+        view: Option<ViewId>,
         keys: impl ExactSizeIterator<Item = KeyView<'k>> + Clone,
     ) -> LookupPlan {
         let map = self.store.current();
@@ -62,7 +62,7 @@ impl Views {
     pub fn scan(
         self: &Arc<Self>,
         filter: ScanFilter,
-        view: Option<String>,
+        view: Option<ViewId>,
     ) -> ReceiverStream<Result<EncodedEntries, Status>> {
         let store = self.store.clone();
         match view {
@@ -107,7 +107,7 @@ impl Views {
 /// A Scan's chunks in a job view: each chunk merged with the view's pins, in key order.
 struct ScanInView {
     views: Arc<Views>,
-    name: String,
+    name: ViewId,
 }
 
 impl ChunkReader for ScanInView {

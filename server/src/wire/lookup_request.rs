@@ -72,11 +72,37 @@ pub fn checked_keys(request: &Bytes) -> Result<CheckedLookup<'_>, Status> {
     }
 }
 
-/// The status tonic's prost codec answers for a message it cannot decode
-/// (`tonic_prost::codec::from_decode_error`): a malformed Lookup or Record is refused as it
-/// was when the route decoded with that codec.
+/// The refusal of a request message that does not decode (invalid UTF-8 in a string, a
+/// truncated field): INVALID_ARGUMENT, the caller's fault, with a BadRequest naming the field
+/// prost stopped at (`entries.key.problem`), not tonic's INTERNAL.
 pub(crate) fn decode_status(error: prost::DecodeError) -> Status {
-    Status::internal(error.to_string())
+    validate::InvalidField::new(undecodable_field(&error), error.to_string()).into()
+}
+
+/// The field path in prost's message (`failed to decode Protobuf message: Key.problem:
+/// Entry.key: RecordRequest.entries: invalid string value: ...`, innermost first): each
+/// `Message.field` segment's field, outermost first, joined by dots; `request` when prost
+/// names none.
+fn undecodable_field(error: &prost::DecodeError) -> String {
+    let text = error.to_string();
+    let mut fields: Vec<&str> = text
+        .split(": ")
+        .filter_map(|segment| {
+            let (message, field) = segment.split_once('.')?;
+            let is_name =
+                |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            (is_name(message)
+                && is_name(field)
+                && message.starts_with(|c: char| c.is_ascii_uppercase()))
+            .then_some(field)
+        })
+        .collect();
+    fields.reverse();
+    if fields.is_empty() {
+        "request".to_owned()
+    } else {
+        fields.join(".")
+    }
 }
 
 /// The keys and view of a `LookupRequest` holding only field-1 keys of only declared fields
@@ -118,6 +144,44 @@ fn read_keys(request: &[u8]) -> Result<Option<(Vec<KeyView<'_>>, &str)>, validat
 mod tests {
     use super::*;
     use crate::model::validate::MAX_KEY_FIELD_BYTES;
+
+    #[test]
+    fn an_undecodable_request_is_invalid_argument_naming_the_field() {
+        use tonic_types::StatusExt;
+        // A LookupRequest whose view (field 2) is not UTF-8.
+        let lookup = [0x12, 0x02, 0xff, 0xfe];
+        let status = v1::LookupRequest::decode(&lookup[..])
+            .map_err(decode_status)
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        let violations = status.get_details_bad_request().unwrap().field_violations;
+        assert_eq!(violations[0].field, "view");
+        // A key's problem (entries[0].key.problem) in a RecordRequest.
+        let record = v1::RecordRequest {
+            entries: vec![v1::Entry {
+                key: Some(v1::Key {
+                    problem: "p".into(),
+                    ..Default::default()
+                }),
+                result: None,
+            }],
+            lease_id: String::new(),
+        };
+        let mut bytes = record.encode_to_vec();
+        let at = bytes.iter().rposition(|&b| b == b'p').unwrap();
+        bytes[at] = 0xff;
+        let status = v1::RecordRequest::decode(&bytes[..])
+            .map_err(decode_status)
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        let violations = status.get_details_bad_request().unwrap().field_violations;
+        assert_eq!(violations[0].field, "entries.key.problem");
+        // A message cut short names no field.
+        let status = v1::LookupRequest::decode(&[0x0a, 0x05][..])
+            .map_err(decode_status)
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    }
     use proptest::prelude::*;
     use prost::encoding::{encode_key, encode_varint};
 
@@ -346,7 +410,7 @@ mod tests {
     }
 
     #[test]
-    fn malformed_requests_get_prost_s_error() {
+    fn malformed_requests_are_refused_as_prost_refuses_them() {
         let request = request_of(good_keys(4));
         for len in 0..request.len() {
             assert_same_answer(&request[..len]);
@@ -361,7 +425,7 @@ mod tests {
         ];
         for request in [&bad_utf8[..], &wrong_type, &bad_varint, &[0x00], &[0xff; 7]] {
             let error = in_place_path(request).unwrap_err();
-            assert_eq!(error.code(), tonic::Code::Internal, "{request:?}");
+            assert_eq!(error.code(), tonic::Code::InvalidArgument, "{request:?}");
             assert_same_answer(request);
         }
     }

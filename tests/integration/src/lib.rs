@@ -13,6 +13,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tunecache_client::{proto, Client};
 
+pub mod raw_grpc;
 pub mod redis;
 pub mod slurm;
 
