@@ -10,7 +10,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tunecache_client::proto;
 
-use crate::{require_tool, Daemon, DaemonOptions};
+use crate::{require_tool, DaemonOptions, TestDaemon};
 
 /// A `redis-server` owned by the test, killed on drop.
 pub struct Redis {
@@ -320,20 +320,17 @@ impl RedisCluster {
     }
 }
 
-/// A daemon of node `name` on the cluster tier at `url`, tuner off.
-pub async fn cluster_node(dir: &Path, name: &str, url: &str, extra: &[&str]) -> Daemon {
+/// Options for a daemon of node `name` (in `dir/name`) on the cluster tier at `url`, tuner off.
+pub fn cluster_node(dir: &Path, name: &str, url: &str, extra: &[&str]) -> DaemonOptions {
     let node_dir = dir.join(name);
     std::fs::create_dir_all(&node_dir).unwrap();
-    Daemon::start_with(
-        DaemonOptions::new(&node_dir)
-            .args(["--node-name", name, "--tuner", "off", "--cluster-url", url])
-            .args(extra.iter().copied()),
-    )
-    .await
+    DaemonOptions::new(&node_dir)
+        .args(["--node-name", name, "--tuner", "off", "--cluster-url", url])
+        .args(extra.iter().copied())
 }
 
 /// Waits until `daemon` is connected to Redis and bootstrapped.
-pub async fn wait_connected(daemon: &Daemon) {
+pub async fn wait_connected(daemon: &TestDaemon) {
     let client = daemon.client().await;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -343,9 +340,9 @@ pub async fn wait_connected(daemon: &Daemon) {
         }
         assert!(
             Instant::now() < deadline,
-            "not connected: {}; log:\n{}",
+            "not connected: {}; {}",
             stats.cluster_state,
-            daemon.log()
+            daemon.diagnostics()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -354,7 +351,7 @@ pub async fn wait_connected(daemon: &Daemon) {
 /// Waits (at most `limit`) until Lookup of `key` on `daemon` returns `expected` (any result
 /// when `None`); returns how long it took.
 pub async fn wait_for_hit(
-    daemon: &Daemon,
+    daemon: &TestDaemon,
     key: &proto::Key,
     expected: Option<&proto::Result>,
     limit: Duration,
@@ -369,16 +366,16 @@ pub async fn wait_for_hit(
         }
         assert!(
             started.elapsed() < limit,
-            "{key:?} on {}: got {got:?}, want {expected:?} within {limit:?}; log:\n{}",
+            "{key:?} on {}: got {got:?}, want {expected:?} within {limit:?}; {}",
             daemon.socket.display(),
-            daemon.log()
+            daemon.diagnostics()
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
 /// How many of `entries` are hits with exactly their result on `daemon` now.
-pub async fn hits_of(daemon: &Daemon, entries: &[proto::Entry]) -> usize {
+pub async fn hits_of(daemon: &TestDaemon, entries: &[proto::Entry]) -> usize {
     let client = daemon.client().await;
     let keys: Vec<proto::Key> = entries.iter().filter_map(|e| e.key.clone()).collect();
     let mut hits = 0;
@@ -400,7 +397,7 @@ pub async fn hits_of(daemon: &Daemon, entries: &[proto::Entry]) -> usize {
 /// Waits (at most `limit`) until every one of `entries` is a hit with its result on
 /// `daemon`; returns how long it took, or how many arrived when the limit ran out.
 pub async fn wait_for_all(
-    daemon: &Daemon,
+    daemon: &TestDaemon,
     entries: &[proto::Entry],
     limit: Duration,
 ) -> Result<Duration, usize> {

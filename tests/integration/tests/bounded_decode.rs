@@ -33,7 +33,7 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 use tunecache_client::{connect_channel, Client};
-use tunecache_integration::{entry, test_key, Daemon, DaemonOptions};
+use tunecache_integration::{entry, test_key, DaemonOptions, TestDaemon};
 
 const MIB: usize = 1 << 20;
 /// The daemon's peak RSS through any one flood must stay under this (the bound).
@@ -174,8 +174,10 @@ struct Flood {
 /// runs, and measures.
 async fn flood(args: &[&str], method: &'static str, bytes: usize, copies: usize) -> Flood {
     let dir = tempfile::tempdir().unwrap();
-    let daemon =
-        Daemon::start_with(DaemonOptions::new(dir.path()).args(args.iter().copied())).await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args(args.iter().copied())
+        .process()
+        .await;
     daemon
         .client()
         .await
@@ -321,7 +323,7 @@ async fn a_full_batch_of_the_largest_size_is_stored_in_a_small_multiple_of_its_s
     assert!(len <= DEFAULT_MAX_MESSAGE_BYTES && len > DEFAULT_MAX_MESSAGE_BYTES * 9 / 10);
 
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::process(dir.path()).await;
     let client = daemon.client().await;
     client
         .record(vec![entry(probe_key(), "{}", 1.0, "probe")])
@@ -378,9 +380,10 @@ async fn a_message_over_the_size_limit_is_refused_naming_the_flag() {
 
     // A lower limit, set by flag, applies to every method.
     let dir = tempfile::tempdir().unwrap();
-    let daemon =
-        Daemon::start_with(DaemonOptions::new(dir.path()).args(["--max-message-bytes", "65536"]))
-            .await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args(["--max-message-bytes", "65536"])
+        .process()
+        .await;
     for method in [RECORD, LOOKUP, "/tunecache.v1.TuneCache/Resolve"] {
         let channel = connect_channel(&daemon.socket).await.unwrap();
         let status = raw_unary(channel, method, empty_elements(65536 + 2))
@@ -407,7 +410,7 @@ async fn a_message_over_the_size_limit_is_refused_naming_the_flag() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_the_entry_limit_is_served_and_one_more_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::process(dir.path()).await;
     let client = daemon.client().await.with_timeout(Duration::from_secs(60));
     let entries: Vec<_> = (0..=MAX_BATCH)
         .map(|i| entry(test_key("gemm", &format!("limit-{i}")), "{}", 1.0, "limit"))
@@ -438,7 +441,7 @@ async fn exactly_the_entry_limit_is_served_and_one_more_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_limit_is_logged_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::process(dir.path()).await;
     let log = daemon.log();
     for field in [
         "max_message_bytes=67108864",
@@ -481,13 +484,15 @@ async fn in_flight(client: &Client) -> u64 {
 async fn a_uid_s_request_bytes_in_flight_are_bounded_and_its_small_calls_still_served() {
     const MESSAGE: usize = MIB;
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start_with(DaemonOptions::new(dir.path()).args([
-        "--max-message-bytes",
-        &MESSAGE.to_string(),
-        "--max-request-bytes-per-uid",
-        &(2 * MESSAGE).to_string(),
-    ]))
-    .await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args([
+            "--max-message-bytes",
+            &MESSAGE.to_string(),
+            "--max-request-bytes-per-uid",
+            &(2 * MESSAGE).to_string(),
+        ])
+        .process()
+        .await;
     let client = daemon.client().await;
     client
         .record(vec![entry(probe_key(), "{}", 1.0, "probe")])

@@ -13,11 +13,11 @@ use tunecache_client::proto;
 use tunecache_integration::redis::{
     cluster_node, free_port, wait_connected, wait_for_all, wait_for_hit, Redis, RedisCluster,
 };
-use tunecache_integration::{best_result, entry, http_get, metrics_addr, test_key, Daemon};
+use tunecache_integration::{best_result, entry, http_get, metrics_addr, test_key, TestDaemon};
 
 /// Records one entry every 50 ms on `writer` for `span`, with a Lookup between Records, as
 /// a rank that tunes and reads would; returns what it recorded.
-async fn record_steadily(writer: &Daemon, tag: &str, span: Duration) -> Vec<proto::Entry> {
+async fn record_steadily(writer: &TestDaemon, tag: &str, span: Duration) -> Vec<proto::Entry> {
     let client = writer.client().await;
     let mut recorded = Vec::new();
     let started = Instant::now();
@@ -43,7 +43,7 @@ async fn record_steadily(writer: &Daemon, tag: &str, span: Duration) -> Vec<prot
 async fn assert_reached(
     what: &str,
     recorded: &[proto::Entry],
-    readers: &[&Daemon],
+    readers: &[&TestDaemon],
     limit: Duration,
 ) {
     let mut failures = Vec::new();
@@ -90,9 +90,9 @@ async fn records_while_stopped<'r>(
     server: impl Fn(usize) -> &'r Redis,
 ) {
     let flags = ["--cluster-timeout-ms", "1000"];
-    let a = cluster_node(dir, "a", url, &flags).await;
-    let b = cluster_node(dir, "b", url, &flags).await;
-    let c = cluster_node(dir, "c", url, &flags).await;
+    let a = cluster_node(dir, "a", url, &flags).process().await;
+    let b = cluster_node(dir, "b", url, &flags).process().await;
+    let c = cluster_node(dir, "c", url, &flags).process().await;
     for daemon in [&a, &b, &c] {
         wait_connected(daemon).await;
     }
@@ -114,7 +114,7 @@ async fn records_while_stopped<'r>(
 }
 
 /// Stats of `daemon`, and the cluster counters this file reports.
-async fn cluster_counters(daemon: &Daemon) -> proto::StatsResponse {
+async fn cluster_counters(daemon: &TestDaemon) -> proto::StatsResponse {
     let stats = daemon.client().await.stats().await.unwrap();
     eprintln!(
         "  {}: published {} already {} received {} bootstrap {} audits {} differing {} audit_repaired {} gaps {} resync {} republished {} dropped {}",
@@ -175,9 +175,9 @@ async fn a_redis_killed_and_restarted_with_its_data_loses_and_duplicates_nothing
     let mut redis = Redis::start_persistent(dir.path(), free_port());
     let url = redis.url();
     let flags = ["--cluster-timeout-ms", "1000"];
-    let a = cluster_node(dir.path(), "a", &url, &flags).await;
-    let b = cluster_node(dir.path(), "b", &url, &flags).await;
-    let c = cluster_node(dir.path(), "c", &url, &flags).await;
+    let a = cluster_node(dir.path(), "a", &url, &flags).process().await;
+    let b = cluster_node(dir.path(), "b", &url, &flags).process().await;
+    let c = cluster_node(dir.path(), "c", &url, &flags).process().await;
     for daemon in [&a, &b, &c] {
         wait_connected(daemon).await;
     }
@@ -220,7 +220,7 @@ async fn a_redis_killed_and_restarted_with_its_data_loses_and_duplicates_nothing
 /// Nothing was missed, and every audit that ran (one after each reconnect) found each shard's
 /// count and digest in Redis equal to the node's own: the script's SHA-1 sums and the
 /// daemon's agree.
-async fn assert_healthy(nodes: &[&Daemon]) {
+async fn assert_healthy(nodes: &[&TestDaemon]) {
     for daemon in nodes {
         let stats = cluster_counters(daemon).await;
         assert_eq!(stats.cluster_audit_repaired, 0, "the stream missed entries");
@@ -263,8 +263,8 @@ async fn random_pauses_kills_and_restarts_end_with_the_same_winners_everywhere()
     let url = redis.url();
     let flags = ["--cluster-timeout-ms", "500"];
     let nodes = [
-        cluster_node(dir.path(), "a", &url, &flags).await,
-        cluster_node(dir.path(), "b", &url, &flags).await,
+        cluster_node(dir.path(), "a", &url, &flags).process().await,
+        cluster_node(dir.path(), "b", &url, &flags).process().await,
     ];
     for daemon in &nodes {
         wait_connected(daemon).await;
@@ -472,8 +472,12 @@ async fn rediss_with_a_site_ca_carries_results_and_refuses_an_unknown_server() {
     );
     let url = format!("rediss://127.0.0.1:{tls_port}");
     let with_ca = ["--cluster-tls-ca-file", ca.as_str()];
-    let a = cluster_node(dir.path(), "a", &url, &with_ca).await;
-    let b = cluster_node(dir.path(), "b", &url, &with_ca).await;
+    let a = cluster_node(dir.path(), "a", &url, &with_ca)
+        .process()
+        .await;
+    let b = cluster_node(dir.path(), "b", &url, &with_ca)
+        .process()
+        .await;
     wait_connected(&a).await;
     wait_connected(&b).await;
     let k = test_key("tls", "k");
@@ -489,7 +493,7 @@ async fn rediss_with_a_site_ca_carries_results_and_refuses_an_unknown_server() {
     );
 
     // Without the CA the server's certificate is not trusted: no connection, and why.
-    let untrusting = cluster_node(dir.path(), "c", &url, &[]).await;
+    let untrusting = cluster_node(dir.path(), "c", &url, &[]).process().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let stats = untrusting.client().await.stats().await.unwrap();
     assert!(
@@ -552,8 +556,8 @@ async fn an_acl_user_with_a_password_file_works_and_the_password_shows_nowhere()
         "--metrics-addr",
         "127.0.0.1:0",
     ];
-    let a = cluster_node(dir.path(), "a", &url, &flags).await;
-    let b = cluster_node(dir.path(), "b", &url, &flags).await;
+    let a = cluster_node(dir.path(), "a", &url, &flags).process().await;
+    let b = cluster_node(dir.path(), "b", &url, &flags).process().await;
     wait_connected(&a).await;
     wait_connected(&b).await;
     let k = test_key("acl", "k");
@@ -571,6 +575,7 @@ async fn an_acl_user_with_a_password_file_works_and_the_password_shows_nowhere()
         &url,
         &["--cluster-password-file", &wrong_arg],
     )
+    .process()
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let refused_stats = refused.client().await.stats().await.unwrap();
@@ -613,8 +618,11 @@ async fn a_publish_queue_that_overflows_republishes_everything_once_redis_is_bac
         &redis.url(),
         &["--cluster-publish-queue", "20"],
     )
+    .process()
     .await;
-    let b = cluster_node(dir.path(), "b", &redis.url(), &[]).await;
+    let b = cluster_node(dir.path(), "b", &redis.url(), &[])
+        .process()
+        .await;
     wait_connected(&a).await;
     wait_connected(&b).await;
     assert!(
@@ -673,8 +681,12 @@ async fn a_node_behind_a_trimmed_stream_reads_the_shards_again() {
     // Small stream nodes, so MAXLEN ~ trims streams this short.
     let redis = Redis::start(dir.path(), free_port(), &["--stream-node-max-entries", "4"]);
     let flags = ["--cluster-stream-max-len", "8"];
-    let a = cluster_node(dir.path(), "a", &redis.url(), &flags).await;
-    let c = cluster_node(dir.path(), "c", &redis.url(), &flags).await;
+    let a = cluster_node(dir.path(), "a", &redis.url(), &flags)
+        .process()
+        .await;
+    let c = cluster_node(dir.path(), "c", &redis.url(), &flags)
+        .process()
+        .await;
     wait_connected(&a).await;
     wait_connected(&c).await;
     // Node c stops reading (its process is stopped) while node a publishes 40 results a shard.
@@ -728,8 +740,12 @@ async fn the_audit_after_a_reconnect_finds_what_the_stream_never_delivered() {
     }
     let dir = tempfile::tempdir().unwrap();
     let redis = Redis::start(dir.path(), free_port(), &[]);
-    let a = cluster_node(dir.path(), "a", &redis.url(), &[]).await;
-    let b = cluster_node(dir.path(), "b", &redis.url(), &[]).await;
+    let a = cluster_node(dir.path(), "a", &redis.url(), &[])
+        .process()
+        .await;
+    let b = cluster_node(dir.path(), "b", &redis.url(), &[])
+        .process()
+        .await;
     wait_connected(&a).await;
     wait_connected(&b).await;
     // Node b stops; its blocked stream read runs out (1 s) so Redis sends it nothing new.
@@ -770,8 +786,12 @@ async fn a_redis_restarted_from_an_older_snapshot_is_refilled_by_the_audit() {
     }
     let dir = tempfile::tempdir().unwrap();
     let mut redis = Redis::start(dir.path(), free_port(), &[]);
-    let a = cluster_node(dir.path(), "a", &redis.url(), &[]).await;
-    let b = cluster_node(dir.path(), "b", &redis.url(), &[]).await;
+    let a = cluster_node(dir.path(), "a", &redis.url(), &[])
+        .process()
+        .await;
+    let b = cluster_node(dir.path(), "b", &redis.url(), &[])
+        .process()
+        .await;
     wait_connected(&a).await;
     wait_connected(&b).await;
     let batch = |from: i32| -> Vec<proto::Entry> {
@@ -825,7 +845,9 @@ async fn a_redis_restarted_from_an_older_snapshot_is_refilled_by_the_audit() {
         "neither the audit nor the streams saw the loss"
     );
     // A node that joins now gets everything from Redis.
-    let c = cluster_node(dir.path(), "c", &redis.url(), &[]).await;
+    let c = cluster_node(dir.path(), "c", &redis.url(), &[])
+        .process()
+        .await;
     wait_connected(&c).await;
     let all: Vec<proto::Entry> = saved.iter().chain(&lost).cloned().collect();
     assert_reached(
@@ -844,8 +866,12 @@ async fn two_daemons_given_one_name_are_reported_by_the_cluster_tier() {
     }
     let dir = tempfile::tempdir().unwrap();
     let redis = Redis::start(dir.path(), free_port(), &[]);
-    let one = cluster_node(&dir.path().join("one"), "twin", &redis.url(), &[]).await;
-    let two = cluster_node(&dir.path().join("two"), "twin", &redis.url(), &[]).await;
+    let one = cluster_node(&dir.path().join("one"), "twin", &redis.url(), &[])
+        .process()
+        .await;
+    let two = cluster_node(&dir.path().join("two"), "twin", &redis.url(), &[])
+        .process()
+        .await;
     wait_connected(&one).await;
     wait_connected(&two).await;
     for (daemon, tag) in [(&one, "one"), (&two, "two")] {

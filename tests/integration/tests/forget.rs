@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tunecache_client::{key, proto, Client, Resolution, ResolveOptions};
 use tunecache_integration::redis::{free_port, wait_connected, Redis};
 use tunecache_integration::{
-    bin, entry, eventually, require_root, require_tool, Daemon, DaemonOptions,
+    bin, entry, eventually, require_root, require_tool, DaemonOptions, TestDaemon,
 };
 
 const DEVICE: &str = "test-device";
@@ -69,7 +69,7 @@ async fn winner(client: &Client, key: &proto::Key) -> Option<proto::Result> {
 }
 
 /// The ones of `keys` that are hits on `daemon` now, with their configs.
-async fn hits_among(daemon: &Daemon, keys: &[proto::Key]) -> Vec<(String, String)> {
+async fn hits_among(daemon: &TestDaemon, keys: &[proto::Key]) -> Vec<(String, String)> {
     let hits = daemon
         .client()
         .await
@@ -120,7 +120,7 @@ where
 
 /// Polls until every one of `keys` is a miss on `daemon`; the time since `since`.
 async fn wait_forgotten(
-    daemon: &Daemon,
+    daemon: &TestDaemon,
     keys: &[proto::Key],
     since: Instant,
     limit: Duration,
@@ -143,7 +143,7 @@ async fn wait_forgotten(
 
 /// Polls until `key`'s winner on `daemon` is `config` at `time_us`; the time since `since`.
 async fn wait_winner(
-    daemon: &Daemon,
+    daemon: &TestDaemon,
     key: &proto::Key,
     config: &str,
     time_us: f64,
@@ -176,12 +176,12 @@ fn assert_within(what: &str, took: Duration, bound: Duration) {
     );
 }
 
-async fn stats(daemon: &Daemon) -> proto::StatsResponse {
+async fn stats(daemon: &TestDaemon) -> proto::StatsResponse {
     daemon.client().await.stats().await.expect("Stats")
 }
 
 /// The Snapshot RPC: one full pass (read what is new, publish what is new) now.
-async fn snapshot_pass(daemon: &Daemon) {
+async fn snapshot_pass(daemon: &TestDaemon) {
     let mut request = tonic::Request::new(proto::SnapshotRequest {});
     request.set_timeout(Duration::from_secs(30));
     daemon
@@ -194,7 +194,7 @@ async fn snapshot_pass(daemon: &Daemon) {
 }
 
 /// Waits until `daemon` has run `more` periodic passes beyond what it has run now.
-async fn wait_passes(daemon: &Daemon, more: u64) {
+async fn wait_passes(daemon: &TestDaemon, more: u64) {
     let before = stats(daemon).await.snapshot_passes;
     eventually(
         GENEROUS,
@@ -253,7 +253,7 @@ impl Tier {
 
     /// A node named `name` in `dir/name`, tuner off, on this tier; connected to Redis and
     /// bootstrapped when there is one.
-    async fn node(&self, dir: &Path, name: &str) -> Daemon {
+    async fn node(&self, dir: &Path, name: &str) -> TestDaemon {
         let node_dir = dir.join(name);
         std::fs::create_dir_all(&node_dir).unwrap();
         let interval = self.snapshot_interval_s.to_string();
@@ -270,19 +270,19 @@ impl Tier {
         if let Some(url) = &self.redis_url {
             options = options.args(["--cluster-url", url.as_str()]);
         }
-        let daemon = Daemon::start_with(options).await;
+        let daemon = options.process().await;
         self.wait_ready(&daemon).await;
         daemon
     }
 
-    async fn wait_ready(&self, daemon: &Daemon) {
+    async fn wait_ready(&self, daemon: &TestDaemon) {
         if self.redis_url.is_some() {
             wait_connected(daemon).await;
         }
     }
 
     /// SIGKILL, then the same node again (journal, state dir and flags kept).
-    async fn kill_and_restart(&self, daemon: &mut Daemon) {
+    async fn kill_and_restart(&self, daemon: &mut TestDaemon) {
         daemon.kill();
         daemon.restart().await;
         self.wait_ready(daemon).await;
@@ -291,7 +291,7 @@ impl Tier {
     /// Lets every node hear from every other: two rounds of Snapshot passes (the first
     /// publishes, the second reads what all published), and with Redis a marker recorded on
     /// each node that every other node must see.
-    async fn exchange(&self, nodes: &[&Daemon], tag: &str) {
+    async fn exchange(&self, nodes: &[&TestDaemon], tag: &str) {
         for _ in 0..2 {
             for node in nodes {
                 snapshot_pass(node).await;
@@ -344,7 +344,7 @@ fn scenario() -> Scenario {
 impl Scenario {
     /// The good result, then the bogus ones that beat it, on `daemon`; waits until every one
     /// of `nodes` serves the bogus winners and the kept entries.
-    async fn record_bogus(&self, daemon: &Daemon, by: &str, nodes: &[&Daemon]) {
+    async fn record_bogus(&self, daemon: &TestDaemon, by: &str, nodes: &[&TestDaemon]) {
         let client = daemon.client().await;
         client
             .record(vec![entry(self.main.clone(), GOOD, 41.5, by)])
@@ -366,7 +366,7 @@ impl Scenario {
         }
     }
 
-    async fn assert_kept(&self, daemon: &Daemon) {
+    async fn assert_kept(&self, daemon: &TestDaemon) {
         let client = daemon.client().await;
         for kept in &self.kept {
             let key = kept.key.as_ref().unwrap();
@@ -381,7 +381,7 @@ impl Scenario {
 
     /// Waits (generously) until the kept entries are on `daemon`: it has loaded what the
     /// other nodes hold.
-    async fn wait_kept(&self, daemon: &Daemon) {
+    async fn wait_kept(&self, daemon: &TestDaemon) {
         for kept in &self.kept {
             let key = kept.key.as_ref().unwrap();
             wait_winner(daemon, key, GOOD, 3.0, Instant::now(), GENEROUS).await;
@@ -524,7 +524,7 @@ async fn scope_forget_reaches_every_node_and_stays(tier: &Tier, dir: &Path) {
 
 /// No node saw a shared-directory error, dropped an invalid entry it loaded, or found an
 /// entry the Redis stream never announced.
-async fn assert_healthy(nodes: &[&Daemon]) {
+async fn assert_healthy(nodes: &[&TestDaemon]) {
     for node in nodes {
         let stats = stats(node).await;
         assert_eq!(
@@ -579,13 +579,12 @@ async fn a_scope_forget_over_the_shared_directory_reaches_every_node_within_two_
 }
 
 /// One daemon, tuner off.
-async fn lone_daemon(dir: &Path, extra: &[&str]) -> Daemon {
-    Daemon::start_with(
-        DaemonOptions::new(dir)
-            .args(["--tuner", "off"])
-            .args(extra.iter().copied()),
-    )
-    .await
+async fn lone_daemon(dir: &Path, extra: &[&str]) -> TestDaemon {
+    DaemonOptions::new(dir)
+        .args(["--tuner", "off"])
+        .args(extra.iter().copied())
+        .process()
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -943,7 +942,7 @@ async fn a_scope_forget_from_an_allowed_non_admin_is_refused_and_drops_nothing()
 async fn a_node_down_during_the_forget_brings_nothing_back(
     tier: &Tier,
     dir: &Path,
-    stop: fn(&mut Daemon),
+    stop: fn(&mut TestDaemon),
 ) {
     let a = tier.node(dir, "a").await;
     let mut b = tier.node(dir, "b").await;
@@ -1029,11 +1028,11 @@ async fn a_node_down_during_the_forget_brings_nothing_back(
     assert_healthy(&[&a, &b, &c]).await;
 }
 
-fn sigkill(daemon: &mut Daemon) {
+fn sigkill(daemon: &mut TestDaemon) {
     daemon.kill();
 }
 
-fn sigterm(daemon: &mut Daemon) {
+fn sigterm(daemon: &mut TestDaemon) {
     let (status, _) = daemon.terminate(Duration::from_secs(30));
     assert!(
         status.success(),
@@ -1167,6 +1166,7 @@ async fn a_forgotten_result_published_late_to_redis_is_deleted_by_the_audit() {
         &redis.url(),
         &["--cluster-audit-secs", "1"],
     )
+    .process()
     .await;
     wait_connected(&a).await;
     let late = k("test", "gemm", "late", None);
@@ -1257,7 +1257,9 @@ async fn a_tombstone_past_the_retention_is_deleted_from_redis() {
     let dir = tempfile::tempdir().unwrap();
     let redis = Redis::start(dir.path(), free_port(), &[]);
     let flags = ["--forget-retention-days", "0"];
-    let a = tunecache_integration::redis::cluster_node(dir.path(), "a", &redis.url(), &flags).await;
+    let a = tunecache_integration::redis::cluster_node(dir.path(), "a", &redis.url(), &flags)
+        .process()
+        .await;
     wait_connected(&a).await;
     a.client()
         .await
@@ -1269,7 +1271,9 @@ async fn a_tombstone_past_the_retention_is_deleted_from_redis() {
         redis.cli(&["HLEN", hash]) == "1"
     })
     .await;
-    let b = tunecache_integration::redis::cluster_node(dir.path(), "b", &redis.url(), &flags).await;
+    let b = tunecache_integration::redis::cluster_node(dir.path(), "b", &redis.url(), &flags)
+        .process()
+        .await;
     wait_connected(&b).await;
     eventually(
         GENEROUS,

@@ -4,7 +4,9 @@
 
 use serde_json::Value;
 use tunecache_client::key;
-use tunecache_integration::{cli, entry, http_get, metrics_addr, test_key, Daemon, DaemonOptions};
+use tunecache_integration::{
+    cli, entry, http_get, metrics_addr, test_key, DaemonOptions, TestDaemon,
+};
 
 /// `GET path` over plain HTTP/1.1; returns status line and body.
 /// The value of an unlabelled sample, e.g. `tunecache_hits_total 3`.
@@ -21,9 +23,10 @@ fn sample(text: &str, name: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_endpoint_reports_the_daemons_counters() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon =
-        Daemon::start_with(DaemonOptions::new(dir.path()).args(["--metrics-addr", "127.0.0.1:0"]))
-            .await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .process()
+        .await;
     let addr = metrics_addr(&daemon);
 
     let client = daemon.client().await;
@@ -67,13 +70,15 @@ async fn metrics_endpoint_reports_the_daemons_counters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_off_by_default_and_a_bare_port_is_loopback() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::process(dir.path()).await;
     assert!(!daemon.log().contains("metrics at"), "{}", daemon.log());
     drop(daemon);
 
     let dir = tempfile::tempdir().unwrap();
-    let daemon =
-        Daemon::start_with(DaemonOptions::new(dir.path()).args(["--metrics-addr", "0"])).await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args(["--metrics-addr", "0"])
+        .process()
+        .await;
     assert!(
         daemon.log().contains("metrics at http://127.0.0.1:"),
         "{}",
@@ -84,7 +89,7 @@ async fn metrics_are_off_by_default_and_a_bare_port_is_loopback() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_prints_a_table_and_raw_json() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::process(dir.path()).await;
     daemon
         .client()
         .await
@@ -150,7 +155,7 @@ const TRTLLM_FILE: &str = r#"{
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trtllm_cache_file_round_trips_through_the_daemon() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::process(dir.path()).await;
     let input = dir.path().join("in.json");
     std::fs::write(&input, TRTLLM_FILE).unwrap();
 

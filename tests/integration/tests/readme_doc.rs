@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use tunecache_integration::{bin, sh_blocks, Daemon};
+use tunecache_integration::{bin, sh_blocks, TestDaemon};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_cli_quick_start_works() {
@@ -24,7 +24,7 @@ async fn the_readme_cli_quick_start_works() {
     );
 
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::process(dir.path()).await;
     let release = dir.path().join("checkout/target/release");
     std::fs::create_dir_all(&release).unwrap();
     std::os::unix::fs::symlink(bin("tunecache"), release.join("tunecache")).unwrap();

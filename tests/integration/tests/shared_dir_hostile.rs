@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tunecache_client::Client;
-use tunecache_integration::{require_tool, test_key, Daemon};
+use tunecache_integration::{require_tool, test_key, TestDaemon};
 
 /// A valid snapshot file of `node` holding one entry with problem `problem`.
 fn write_peer_file(shared: &Path, node: &str, problem: &str) {
@@ -32,7 +32,7 @@ async fn holds(client: &Client, problem: &str) -> bool {
         .is_ok_and(|hits| !hits.is_empty())
 }
 
-async fn wait_until_loaded(daemon: &Daemon, client: &Client, problem: &str) {
+async fn wait_until_loaded(daemon: &TestDaemon, client: &Client, problem: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !holds(client, problem).await {
         assert!(
@@ -154,6 +154,8 @@ async fn file_over_the_size_cap_is_skipped_with_one_warning() {
     assert!(log.contains("over the 4096-byte cap"), "log:\n{log}");
 }
 
-async fn start_node(dir: &Path, shared: &Path, node: &str, extra: &[&str]) -> Daemon {
-    tunecache_integration::start_shared_node(dir, shared, node, 1, extra).await
+async fn start_node(dir: &Path, shared: &Path, node: &str, extra: &[&str]) -> TestDaemon {
+    tunecache_integration::shared_node(dir, shared, node, 1, extra)
+        .process()
+        .await
 }

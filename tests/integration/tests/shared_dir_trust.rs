@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tunecache_client::Client;
 use tunecache_integration::{
-    bin, eventually, numbered, require_root, start_shared_node, test_key, Daemon,
+    bin, eventually, numbered, require_root, shared_node, test_key, TestDaemon,
 };
 
 /// A version-2 segment of `node` covering `first..=last` with one entry `problem`, written
@@ -43,7 +43,7 @@ async fn holds(client: &Client, problem: &str) -> bool {
         .is_ok_and(|hits| !hits.is_empty())
 }
 
-async fn record(daemon: &Daemon, entries: Vec<tunecache_client::proto::Entry>) {
+async fn record(daemon: &TestDaemon, entries: Vec<tunecache_client::proto::Entry>) {
     daemon.client().await.record(entries).await.unwrap();
 }
 
@@ -66,8 +66,12 @@ async fn forged_segment_ranges_neither_cut_a_node_off_nor_make_it_delete_its_dat
         let dir = tempfile::tempdir().unwrap();
         let shared = dir.path().join("shared");
         std::fs::create_dir_all(&shared).unwrap();
-        let mut a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
-        let b = start_shared_node(&dir.path().join("b"), &shared, "B", 1, &[]).await;
+        let mut a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
+            .process()
+            .await;
+        let b = shared_node(&dir.path().join("b"), &shared, "B", 1, &[])
+            .process()
+            .await;
         record(&a, numbered("before", 0..3, "A")).await;
         let client_b = b.client().await;
         eventually(
@@ -99,7 +103,9 @@ async fn forged_segment_ranges_neither_cut_a_node_off_nor_make_it_delete_its_dat
             "variant {variant}: B served the forged entry"
         );
         // A fresh node gets everything of A's, and nothing forged.
-        let c = start_shared_node(&dir.path().join("c"), &shared, "C", 1, &[]).await;
+        let c = shared_node(&dir.path().join("c"), &shared, "C", 1, &[])
+            .process()
+            .await;
         let client_c = c.client().await;
         eventually(Duration::from_secs(10), "C learns all of A", || async {
             holds(&client_c, "before-0").await && holds(&client_c, "after3-0").await
@@ -143,8 +149,12 @@ async fn a_file_from_a_uid_that_is_not_an_allowed_writer_is_never_served() {
     let shared = dir.path().join("shared");
     std::fs::create_dir_all(shared.join("v2")).unwrap();
     std::fs::set_permissions(shared.join("v2"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
-    let b = start_shared_node(&dir.path().join("b"), &shared, "B", 1, &[]).await;
+    let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
+        .process()
+        .await;
+    let b = shared_node(&dir.path().join("b"), &shared, "B", 1, &[])
+        .process()
+        .await;
     let forged = forge_segment(&shared, "Z", 1, 1, "from-nobody");
     give_to_nobody(&forged);
     record(&b, numbered("honest", 0..1, "B")).await;
@@ -164,13 +174,14 @@ async fn a_file_from_a_uid_that_is_not_an_allowed_writer_is_never_served() {
     assert!(stats.snapshot_untrusted_files >= 1, "{stats:?}");
     assert!(a.log().contains("not an allowed writer"), "{}", a.log());
     // Listing that uid as a writer lets its file count.
-    let c = start_shared_node(
+    let c = shared_node(
         &dir.path().join("c"),
         &shared,
         "C",
         1,
         &["--shared-dir-writer-uid", "0,65534"],
     )
+    .process()
     .await;
     let client_c = c.client().await;
     eventually(
@@ -195,7 +206,9 @@ async fn a_world_writable_v2_is_refused_without_a_key_and_a_key_admits_only_its_
     give_to_nobody(&forged);
 
     // No key: the daemon refuses a v2/ anyone can write, naming path, owner and mode.
-    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+    let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
+        .process()
+        .await;
     let client_a = a.client().await;
     eventually(
         Duration::from_secs(10),
@@ -221,8 +234,12 @@ async fn a_world_writable_v2_is_refused_without_a_key_and_a_key_admits_only_its_
     std::fs::write(&key, "a-cluster-secret-of-32-bytes-0123\n").unwrap();
     let key_arg = key.to_str().unwrap().to_owned();
     let flags = ["--shared-dir-key-file", key_arg.as_str()];
-    let b = start_shared_node(&dir.path().join("b"), &shared, "B", 1, &flags).await;
-    let c = start_shared_node(&dir.path().join("c"), &shared, "C", 1, &flags).await;
+    let b = shared_node(&dir.path().join("b"), &shared, "B", 1, &flags)
+        .process()
+        .await;
+    let c = shared_node(&dir.path().join("c"), &shared, "C", 1, &flags)
+        .process()
+        .await;
     record(&b, numbered("keyed", 0..2, "B")).await;
     let client_c = c.client().await;
     eventually(
@@ -242,13 +259,14 @@ async fn a_world_writable_v2_is_refused_without_a_key_and_a_key_admits_only_its_
     let other_key = dir.path().join("other.key");
     std::fs::write(&other_key, "another-secret-of-enough-bytes!!\n").unwrap();
     let other_arg = other_key.to_str().unwrap().to_owned();
-    let d = start_shared_node(
+    let d = shared_node(
         &dir.path().join("d"),
         &shared,
         "D",
         1,
         &["--shared-dir-key-file", other_arg.as_str()],
     )
+    .process()
     .await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(
@@ -265,7 +283,9 @@ async fn a_symlinked_v2_is_refused_and_nothing_is_written_through_it() {
     let target = dir.path().join("elsewhere");
     std::fs::create_dir_all(&target).unwrap();
     std::os::unix::fs::symlink(&target, shared.join("v2")).unwrap();
-    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+    let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
+        .process()
+        .await;
     record(&a, numbered("own", 0..2, "A")).await;
     let client_a = a.client().await;
     eventually(
@@ -292,8 +312,12 @@ async fn two_daemons_given_one_name_are_reported_within_an_interval() {
     let dir = tempfile::tempdir().unwrap();
     let shared = dir.path().join("shared");
     std::fs::create_dir_all(&shared).unwrap();
-    let first = start_shared_node(&dir.path().join("one"), &shared, "same", 1, &[]).await;
-    let second = start_shared_node(&dir.path().join("two"), &shared, "same", 1, &[]).await;
+    let first = shared_node(&dir.path().join("one"), &shared, "same", 1, &[])
+        .process()
+        .await;
+    let second = shared_node(&dir.path().join("two"), &shared, "same", 1, &[])
+        .process()
+        .await;
     record(&first, numbered("one", 0..1, "same")).await;
     record(&second, numbered("two", 0..1, "same")).await;
     for (daemon, other) in [(&first, "two-0"), (&second, "one-0")] {
@@ -323,7 +347,9 @@ async fn two_daemons_given_one_name_are_reported_within_an_interval() {
         );
     }
     // A third node gets both.
-    let third = start_shared_node(&dir.path().join("three"), &shared, "third", 1, &[]).await;
+    let third = shared_node(&dir.path().join("three"), &shared, "third", 1, &[])
+        .process()
+        .await;
     let client = third.client().await;
     eventually(
         Duration::from_secs(10),
@@ -357,7 +383,9 @@ async fn an_entry_with_an_impossible_time_is_dropped_alone() {
         document,
     )
     .unwrap();
-    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+    let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
+        .process()
+        .await;
     let client = a.client().await;
     eventually(Duration::from_secs(10), "the good entries load", || async {
         holds(&client, "good-1").await && holds(&client, "good-2").await
@@ -392,7 +420,9 @@ async fn a_removed_v2_is_refilled_by_the_running_nodes() {
     let dir = tempfile::tempdir().unwrap();
     let shared = dir.path().join("shared");
     std::fs::create_dir_all(&shared).unwrap();
-    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+    let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
+        .process()
+        .await;
     record(&a, numbered("early", 0..3, "A")).await;
     let a_client = a.client().await;
     eventually(Duration::from_secs(10), "A publishes", || async {
@@ -405,7 +435,9 @@ async fn a_removed_v2_is_refilled_by_the_running_nodes() {
     std::fs::remove_dir_all(shared.join("v2")).unwrap();
     record(&a, numbered("late", 0..1, "A")).await;
     // A node that joins after the removal still gets all four of A's results.
-    let c = start_shared_node(&dir.path().join("c"), &shared, "C", 1, &[]).await;
+    let c = shared_node(&dir.path().join("c"), &shared, "C", 1, &[])
+        .process()
+        .await;
     let client_c = c.client().await;
     eventually(
         Duration::from_secs(15),
@@ -442,8 +474,12 @@ async fn arbitrary_files_in_v2_never_cost_the_honest_nodes_an_entry() {
     std::fs::write(&key, "the-honest-nodes-share-this-key\n").unwrap();
     let key_arg = key.to_str().unwrap().to_owned();
     let flags = ["--shared-dir-key-file", key_arg.as_str()];
-    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &flags).await;
-    let b = start_shared_node(&dir.path().join("b"), &shared, "B", 1, &flags).await;
+    let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &flags)
+        .process()
+        .await;
+    let b = shared_node(&dir.path().join("b"), &shared, "B", 1, &flags)
+        .process()
+        .await;
 
     // Names: honest nodes' names with any range, other names, junk; contents: valid
     // segments that lie about node or range, truncated JSON, random bytes.
@@ -512,7 +548,9 @@ async fn a_file_name_with_a_newline_cannot_fake_a_log_line() {
     let fake = "ERROR tunecache_server: the cache is corrupt, delete it";
     let name = format!("x\n{fake}.0000000000000001-0000000000000001.seg.json");
     std::fs::write(v2.join(&name), b"not json").unwrap();
-    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+    let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
+        .process()
+        .await;
     let client = a.client().await;
     eventually(
         Duration::from_secs(10),
@@ -544,7 +582,9 @@ async fn a_node_without_a_record_of_its_old_segments_still_compacts_its_new_ones
     let shared = dir.path().join("shared");
     std::fs::create_dir_all(&shared).unwrap();
     let compact = ["--snapshot-compact-segments", "2"];
-    let mut a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &compact).await;
+    let mut a = shared_node(&dir.path().join("a"), &shared, "A", 1, &compact)
+        .process()
+        .await;
     for i in 0..2 {
         record(&a, numbered(&format!("old{i}"), 0..1, "A")).await;
         tokio::time::sleep(Duration::from_millis(1200)).await;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
 use tunecache_client::{connect_channel, proto};
-use tunecache_integration::{entry, test_key, Daemon};
+use tunecache_integration::{entry, test_key, TestDaemon};
 use tunecache_proto::v1::tune_cache_client::TuneCacheClient;
 
 const ENTRIES: usize = 40_000;
@@ -82,7 +82,7 @@ async fn stalled_scan(channel: &Channel) -> tonic::Streaming<proto::ScanResponse
 }
 
 /// Waits (at most 20 s) for the RSS to settle at or under `limit`; returns the last reading.
-async fn rss_settled_under(daemon: &Daemon, limit: u64) -> u64 {
+async fn rss_settled_under(daemon: &TestDaemon, limit: u64) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let rss = daemon.rss_bytes();
@@ -96,7 +96,7 @@ async fn rss_settled_under(daemon: &Daemon, limit: u64) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_scans_do_not_pin_cache_versions() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::process(dir.path()).await;
     let client = daemon.client().await.with_timeout(Duration::from_secs(60));
     let rss_empty = daemon.rss_bytes();
     write(&client, 0..ENTRIES, 0).await;

@@ -15,7 +15,7 @@ use nix::sys::signal::Signal;
 use tonic::Code;
 use tunecache_client::{proto, Client};
 use tunecache_integration::{
-    entry, eventually, numbered, test_key, Daemon, DaemonOptions, TestMount,
+    entry, eventually, numbered, test_key, DaemonOptions, TestDaemon, TestMount,
 };
 
 const SNAPSHOT_HEALTH_SERVICE: &str = "tunecache.v1.TuneCache/snapshots";
@@ -31,9 +31,12 @@ fn shared_args(shared: &Path, node: &str, interval_s: u64) -> Vec<String> {
     ]
 }
 
-async fn start_node(dir: &Path, shared: &Path, node: &str, interval_s: u64) -> Daemon {
+async fn start_node(dir: &Path, shared: &Path, node: &str, interval_s: u64) -> TestDaemon {
     std::fs::create_dir_all(dir).unwrap();
-    Daemon::start_with(DaemonOptions::new(dir).args(shared_args(shared, node, interval_s))).await
+    DaemonOptions::new(dir)
+        .args(shared_args(shared, node, interval_s))
+        .process()
+        .await
 }
 
 async fn snapshot(client: &Client) -> Result<proto::SnapshotResponse, tonic::Status> {
@@ -141,7 +144,7 @@ async fn snapshot_is_complete_json_and_nothing_new_touches_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_without_shared_dir_is_a_failed_precondition() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::process(dir.path()).await;
     let status = snapshot(&daemon.client().await).await.unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition);
     assert!(status.message().contains("--shared-dir"));
@@ -346,7 +349,7 @@ fn require_tools(test: &str, tools: &[&str]) {
     );
 }
 
-async fn health_of(daemon: &Daemon, service: &str) -> i32 {
+async fn health_of(daemon: &TestDaemon, service: &str) -> i32 {
     use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
     let channel = tunecache_client::connect_channel(&daemon.socket)
         .await

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use tunecache_client::{proto, Client};
-use tunecache_integration::{entry, eventually, numbered, test_key, Daemon};
+use tunecache_integration::{entry, eventually, numbered, test_key, TestDaemon};
 
 async fn snapshot(client: &Client) -> proto::SnapshotResponse {
     let mut request = tonic::Request::new(proto::SnapshotRequest {});
@@ -364,6 +364,8 @@ async fn a_version_1_file_is_merged_and_never_written() {
     assert!(stats.peer_files_loaded >= 1, "{stats:?}");
 }
 
-async fn start_node(dir: &Path, shared: &Path, node: &str, extra: &[&str]) -> Daemon {
-    tunecache_integration::start_shared_node(dir, shared, node, 1, extra).await
+async fn start_node(dir: &Path, shared: &Path, node: &str, extra: &[&str]) -> TestDaemon {
+    tunecache_integration::shared_node(dir, shared, node, 1, extra)
+        .process()
+        .await
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use tunecache_client::{key, proto};
 use tunecache_integration::redis::{cluster_node, free_port, wait_connected, Redis};
-use tunecache_integration::{entry, eventually, Daemon, DaemonOptions};
+use tunecache_integration::{entry, eventually, DaemonOptions, TestDaemon};
 
 const DEVICE: &str = "test-device";
 const R1: &str = r#"{"tile":[128,128]}"#;
@@ -26,7 +26,7 @@ fn k(problem: &str) -> proto::Key {
 }
 
 /// Lookup of `keys` in `view` on `daemon`: each hit's (problem, config).
-async fn lookup_in(daemon: &Daemon, view: &str, keys: &[proto::Key]) -> Vec<(String, String)> {
+async fn lookup_in(daemon: &TestDaemon, view: &str, keys: &[proto::Key]) -> Vec<(String, String)> {
     let request = proto::LookupRequest {
         keys: keys.to_vec(),
         view: view.to_owned(),
@@ -51,7 +51,7 @@ fn labelled(entry: proto::Entry) -> (String, String) {
 }
 
 /// The config `view` answers for `key` on `daemon` (`None`: a miss).
-async fn config_in(daemon: &Daemon, view: &str, key: &proto::Key) -> Option<String> {
+async fn config_in(daemon: &TestDaemon, view: &str, key: &proto::Key) -> Option<String> {
     lookup_in(daemon, view, std::slice::from_ref(key))
         .await
         .pop()
@@ -59,7 +59,7 @@ async fn config_in(daemon: &Daemon, view: &str, key: &proto::Key) -> Option<Stri
 }
 
 /// Scan of namespace `test` in `view`: (problem, config), in key order.
-async fn scan_in(daemon: &Daemon, view: &str) -> Vec<(String, String)> {
+async fn scan_in(daemon: &TestDaemon, view: &str) -> Vec<(String, String)> {
     let request = proto::ScanRequest {
         namespace: "test".to_owned(),
         view: view.to_owned(),
@@ -81,7 +81,7 @@ async fn scan_in(daemon: &Daemon, view: &str) -> Vec<(String, String)> {
 }
 
 async fn resolve_in(
-    daemon: &Daemon,
+    daemon: &TestDaemon,
     view: &str,
     key: &proto::Key,
     wait_ms: u32,
@@ -106,11 +106,11 @@ async fn resolve_in(
         .expect("an outcome")
 }
 
-async fn stats(daemon: &Daemon) -> proto::StatsResponse {
+async fn stats(daemon: &TestDaemon) -> proto::StatsResponse {
     daemon.client().await.stats().await.expect("Stats")
 }
 
-async fn record(daemon: &Daemon, key: &proto::Key, config: &str, time_us: f64) {
+async fn record(daemon: &TestDaemon, key: &proto::Key, config: &str, time_us: f64) {
     daemon
         .client()
         .await
@@ -120,7 +120,7 @@ async fn record(daemon: &Daemon, key: &proto::Key, config: &str, time_us: f64) {
 }
 
 /// Waits until `daemon` answers `config` for `key` without a view.
-async fn wait_winner(daemon: &Daemon, key: &proto::Key, config: &str) {
+async fn wait_winner(daemon: &TestDaemon, key: &proto::Key, config: &str) {
     eventually(
         GENEROUS,
         &format!("{} holds {config} for {key:?}", daemon.socket.display()),
@@ -131,11 +131,11 @@ async fn wait_winner(daemon: &Daemon, key: &proto::Key, config: &str) {
 
 /// Two nodes on one real Redis, connected and bootstrapped; `None` (the test is skipped)
 /// without redis-server outside CI.
-async fn two_nodes(dir: &Path, extra: &[&str]) -> Option<(Redis, Daemon, Daemon)> {
+async fn two_nodes(dir: &Path, extra: &[&str]) -> Option<(Redis, TestDaemon, TestDaemon)> {
     Redis::server()?;
     let redis = Redis::start(dir, free_port(), &[]);
-    let a = cluster_node(dir, "a", &redis.url(), extra).await;
-    let b = cluster_node(dir, "b", &redis.url(), extra).await;
+    let a = cluster_node(dir, "a", &redis.url(), extra).process().await;
+    let b = cluster_node(dir, "b", &redis.url(), extra).process().await;
     wait_connected(&a).await;
     wait_connected(&b).await;
     Some((redis, a, b))
@@ -385,15 +385,17 @@ async fn an_idle_view_ends_an_ended_view_pins_afresh_and_the_pin_cap_holds_under
     const CAP: u64 = 10_000;
     let dir = tempfile::tempdir().unwrap();
     let cap = CAP.to_string();
-    let daemon = Daemon::start_with(DaemonOptions::new(dir.path()).args([
-        "--tuner",
-        "off",
-        "--view-idle-secs",
-        "1",
-        "--max-view-pins",
-        &cap,
-    ]))
-    .await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args([
+            "--tuner",
+            "off",
+            "--view-idle-secs",
+            "1",
+            "--max-view-pins",
+            &cap,
+        ])
+        .process()
+        .await;
     let client = daemon.client().await;
     let key = k("idle");
     record(&daemon, &key, R1, 20.0).await;
