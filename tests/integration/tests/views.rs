@@ -4,8 +4,10 @@
 //! both nodes gets the same pinned result; a Forget drops pins; Redis SIGSTOPped costs a view
 //! read at most the cluster timeout and a counted fallback; idle views end; the pin cap holds.
 //!
-//! The requests are made with the raw gRPC client, so the `view` field on the wire is what is
-//! tested (the client crate fills it from the environment; its own tests cover that).
+//! The daemons run in-process: no test here needs a process boundary (Redis is the process
+//! that is stopped). The requests are made with the raw gRPC client, so the `view` field on
+//! the wire is what is tested (the client crate fills it from the environment; its own tests
+//! cover that).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -134,8 +136,12 @@ async fn wait_winner(daemon: &TestDaemon, key: &proto::Key, config: &str) {
 async fn two_nodes(dir: &Path, extra: &[&str]) -> Option<(Redis, TestDaemon, TestDaemon)> {
     Redis::server()?;
     let redis = Redis::start(dir, free_port(), &[]);
-    let a = cluster_node(dir, "a", &redis.url(), extra).process().await;
-    let b = cluster_node(dir, "b", &redis.url(), extra).process().await;
+    let a = cluster_node(dir, "a", &redis.url(), extra)
+        .in_process()
+        .await;
+    let b = cluster_node(dir, "b", &redis.url(), extra)
+        .in_process()
+        .await;
     wait_connected(&a).await;
     wait_connected(&b).await;
     Some((redis, a, b))
@@ -250,7 +256,15 @@ async fn a_resolve_miss_in_a_view_is_tuned_once_and_every_waiter_on_both_nodes_g
                 .outcome
         }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The Record comes only once every waiter waits, on each node: a waiter that arrived after
+    // it would find a plain hit and prove nothing about waking the waiters with the pin.
+    for node in [&a, &b] {
+        node.wait_for_stats("two waiters in job-1", |s| {
+            assert!(s.waiters <= 2, "{} waiters", s.waiters);
+            s.waiters == 2
+        })
+        .await;
+    }
     a.client()
         .await
         .record_with_lease(vec![entry(key.clone(), R1, 20.0, "rank-0")], lease.lease_id)
@@ -394,7 +408,7 @@ async fn an_idle_view_ends_an_ended_view_pins_afresh_and_the_pin_cap_holds_under
             "--max-view-pins",
             &cap,
         ])
-        .process()
+        .in_process()
         .await;
     let client = daemon.client().await;
     let key = k("idle");
