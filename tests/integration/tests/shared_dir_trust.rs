@@ -2,7 +2,8 @@
 //! cut a node off or make it delete its data, a file from a uid that is not an allowed writer
 //! (or without the shared key's MAC) is never served, a symlinked or world-writable `v2/` is
 //! refused, two daemons given one name are reported, a bad entry is dropped alone, and a
-//! node name that breaks the rule stops the start.
+//! node name that breaks the rule stops the start. A daemon whose log is read runs as a
+//! process; the others run in-process.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -47,6 +48,18 @@ async fn record(daemon: &TestDaemon, entries: Vec<tunecache_client::proto::Entry
     daemon.client().await.record(entries).await.unwrap();
 }
 
+/// Records `entries` on `daemon` and waits until a periodic pass has published them: one
+/// segment of their own.
+async fn record_and_publish(daemon: &TestDaemon, entries: Vec<tunecache_client::proto::Entry>) {
+    let written = daemon.stats().await.snapshots_written;
+    record(daemon, entries).await;
+    daemon
+        .wait_for_stats("a periodic pass publishes the new entries", |s| {
+            s.snapshots_written > written
+        })
+        .await;
+}
+
 fn own_segments(shared: &Path, node: &str) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(shared.join("v2"))
         .unwrap()
@@ -67,10 +80,10 @@ async fn forged_segment_ranges_neither_cut_a_node_off_nor_make_it_delete_its_dat
         let shared = dir.path().join("shared");
         std::fs::create_dir_all(&shared).unwrap();
         let mut a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
-            .process()
+            .in_process()
             .await;
         let b = shared_node(&dir.path().join("b"), &shared, "B", 1, &[])
-            .process()
+            .in_process()
             .await;
         record(&a, numbered("before", 0..3, "A")).await;
         let client_b = b.client().await;
@@ -104,7 +117,7 @@ async fn forged_segment_ranges_neither_cut_a_node_off_nor_make_it_delete_its_dat
         );
         // A fresh node gets everything of A's, and nothing forged.
         let c = shared_node(&dir.path().join("c"), &shared, "C", 1, &[])
-            .process()
+            .in_process()
             .await;
         let client_c = c.client().await;
         eventually(Duration::from_secs(10), "C learns all of A", || async {
@@ -112,7 +125,7 @@ async fn forged_segment_ranges_neither_cut_a_node_off_nor_make_it_delete_its_dat
         })
         .await;
         // After a restart A neither adopts the forged entry nor wraps its numbering.
-        a.terminate(Duration::from_secs(10));
+        a.stop().await;
         a.restart().await;
         record(&a, numbered("restarted", 0..1, "A")).await;
         eventually(
@@ -153,7 +166,7 @@ async fn a_file_from_a_uid_that_is_not_an_allowed_writer_is_never_served() {
         .process()
         .await;
     let b = shared_node(&dir.path().join("b"), &shared, "B", 1, &[])
-        .process()
+        .in_process()
         .await;
     let forged = forge_segment(&shared, "Z", 1, 1, "from-nobody");
     give_to_nobody(&forged);
@@ -165,7 +178,11 @@ async fn a_file_from_a_uid_that_is_not_an_allowed_writer_is_never_served() {
         || async { holds(&client_a, "honest-0").await },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A has met the stranger's file and refused it, not merely not reached it yet.
+    a.wait_for_stats("A refuses the file of uid 65534", |s| {
+        s.snapshot_untrusted_files >= 1
+    })
+    .await;
     assert!(
         !holds(&client_a, "from-nobody").await,
         "A served a file uid 65534 wrote"
@@ -181,7 +198,7 @@ async fn a_file_from_a_uid_that_is_not_an_allowed_writer_is_never_served() {
         1,
         &["--shared-dir-writer-uid", "0,65534"],
     )
-    .process()
+    .in_process()
     .await;
     let client_c = c.client().await;
     eventually(
@@ -207,7 +224,7 @@ async fn a_world_writable_v2_is_refused_without_a_key_and_a_key_admits_only_its_
 
     // No key: the daemon refuses a v2/ anyone can write, naming path, owner and mode.
     let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
-        .process()
+        .in_process()
         .await;
     let client_a = a.client().await;
     eventually(
@@ -235,10 +252,10 @@ async fn a_world_writable_v2_is_refused_without_a_key_and_a_key_admits_only_its_
     let key_arg = key.to_str().unwrap().to_owned();
     let flags = ["--shared-dir-key-file", key_arg.as_str()];
     let b = shared_node(&dir.path().join("b"), &shared, "B", 1, &flags)
-        .process()
+        .in_process()
         .await;
     let c = shared_node(&dir.path().join("c"), &shared, "C", 1, &flags)
-        .process()
+        .in_process()
         .await;
     record(&b, numbered("keyed", 0..2, "B")).await;
     let client_c = c.client().await;
@@ -266,9 +283,10 @@ async fn a_world_writable_v2_is_refused_without_a_key_and_a_key_admits_only_its_
         1,
         &["--shared-dir-key-file", other_arg.as_str()],
     )
-    .process()
+    .in_process()
     .await;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Two whole passes: D has listed and judged every file, B's segments included.
+    d.wait_for_snapshot_passes(2).await;
     assert!(
         !holds(&d.client().await, "keyed-0").await,
         "D accepted another key's MAC"
@@ -284,7 +302,7 @@ async fn a_symlinked_v2_is_refused_and_nothing_is_written_through_it() {
     std::fs::create_dir_all(&target).unwrap();
     std::os::unix::fs::symlink(&target, shared.join("v2")).unwrap();
     let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
-        .process()
+        .in_process()
         .await;
     record(&a, numbered("own", 0..2, "A")).await;
     let client_a = a.client().await;
@@ -299,7 +317,8 @@ async fn a_symlinked_v2_is_refused_and_nothing_is_written_through_it() {
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // More passes, each with A's own entries to publish: none goes through the link.
+    a.wait_for_snapshot_passes(2).await;
     let written: Vec<_> = std::fs::read_dir(&target).unwrap().collect();
     assert!(
         written.is_empty(),
@@ -348,7 +367,7 @@ async fn two_daemons_given_one_name_are_reported_within_an_interval() {
     }
     // A third node gets both.
     let third = shared_node(&dir.path().join("three"), &shared, "third", 1, &[])
-        .process()
+        .in_process()
         .await;
     let client = third.client().await;
     eventually(
@@ -384,7 +403,7 @@ async fn an_entry_with_an_impossible_time_is_dropped_alone() {
     )
     .unwrap();
     let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
-        .process()
+        .in_process()
         .await;
     let client = a.client().await;
     eventually(Duration::from_secs(10), "the good entries load", || async {
@@ -436,7 +455,7 @@ async fn a_removed_v2_is_refilled_by_the_running_nodes() {
     record(&a, numbered("late", 0..1, "A")).await;
     // A node that joins after the removal still gets all four of A's results.
     let c = shared_node(&dir.path().join("c"), &shared, "C", 1, &[])
-        .process()
+        .in_process()
         .await;
     let client_c = c.client().await;
     eventually(
@@ -475,10 +494,10 @@ async fn arbitrary_files_in_v2_never_cost_the_honest_nodes_an_entry() {
     let key_arg = key.to_str().unwrap().to_owned();
     let flags = ["--shared-dir-key-file", key_arg.as_str()];
     let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &flags)
-        .process()
+        .in_process()
         .await;
     let b = shared_node(&dir.path().join("b"), &shared, "B", 1, &flags)
-        .process()
+        .in_process()
         .await;
 
     // Names: honest nodes' names with any range, other names, junk; contents: valid
@@ -583,19 +602,17 @@ async fn a_node_without_a_record_of_its_old_segments_still_compacts_its_new_ones
     std::fs::create_dir_all(&shared).unwrap();
     let compact = ["--snapshot-compact-segments", "2"];
     let mut a = shared_node(&dir.path().join("a"), &shared, "A", 1, &compact)
-        .process()
+        .in_process()
         .await;
     for i in 0..2 {
-        record(&a, numbered(&format!("old{i}"), 0..1, "A")).await;
-        tokio::time::sleep(Duration::from_millis(1200)).await;
+        record_and_publish(&a, numbered(&format!("old{i}"), 0..1, "A")).await;
     }
     let old = own_segments(&shared, "A");
-    a.terminate(Duration::from_secs(10));
+    a.stop().await;
     std::fs::remove_file(a.state_dir.join("shared-segments.json")).unwrap();
     a.restart().await;
     for i in 0..5 {
-        record(&a, numbered(&format!("new{i}"), 0..1, "A")).await;
-        tokio::time::sleep(Duration::from_millis(1200)).await;
+        record_and_publish(&a, numbered(&format!("new{i}"), 0..1, "A")).await;
     }
     let now = own_segments(&shared, "A");
     let new: Vec<_> = now.iter().filter(|n| !old.contains(n)).collect();
