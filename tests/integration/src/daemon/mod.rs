@@ -211,7 +211,8 @@ impl TestDaemon {
     }
 
     pub async fn stats(&self) -> proto::StatsResponse {
-        self.client().await.stats().await.expect("Stats")
+        let stats = self.client().await.stats().await;
+        stats.unwrap_or_else(|e| panic!("Stats: {e} (daemon gone?); {}", self.diagnostics()))
     }
 
     /// Polls Stats (every 20 ms) until `done` holds, and returns those Stats; fails naming
@@ -224,7 +225,10 @@ impl TestDaemon {
         let client = self.client().await;
         let deadline = Instant::now() + FACT_LIMIT;
         loop {
-            let stats = client.stats().await.expect("Stats");
+            let stats = client
+                .stats()
+                .await
+                .unwrap_or_else(|e| panic!("Stats: {e} (daemon gone?); {}", self.diagnostics()));
             if done(&stats) {
                 return stats;
             }
