@@ -7,6 +7,9 @@
 //! Every "within" figure is measured from the Forget's (or the Record's) reply to the first
 //! observation of the outcome, printed, and checked against the bound the issue names. Other
 //! waits ("eventually") get generous deadlines, for a loaded 2-core CI machine.
+//!
+//! Tests that SIGKILL or SIGTERM a node, act as another uid or read a log start daemon
+//! processes; the others run the daemons in-process.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -15,7 +18,7 @@ use std::time::{Duration, Instant};
 use tunecache_client::{key, proto, Client, Resolution, ResolveOptions};
 use tunecache_integration::redis::{free_port, wait_connected, Redis};
 use tunecache_integration::{
-    bin, entry, eventually, require_root, require_tool, DaemonOptions, TestDaemon,
+    bin, entry, eventually, require_root, require_tool, DaemonOptions, Kind, TestDaemon,
 };
 
 const DEVICE: &str = "test-device";
@@ -132,9 +135,9 @@ async fn wait_forgotten(
         |left| left.is_empty(),
         |left| {
             format!(
-                "{}: still hits after the Forget: {left:?}; log:\n{}",
+                "{}: still hits after the Forget: {left:?}; {}",
                 daemon.socket.display(),
-                daemon.log()
+                daemon.diagnostics()
             )
         },
     )
@@ -158,9 +161,9 @@ async fn wait_winner(
         |got| is(got.as_ref(), config, time_us),
         |got| {
             format!(
-                "{}: {key:?} is {got:?}, not {config} at {time_us} µs; log:\n{}",
+                "{}: {key:?} is {got:?}, not {config} at {time_us} µs; {}",
                 daemon.socket.display(),
-                daemon.log()
+                daemon.diagnostics()
             )
         },
     )
@@ -578,19 +581,19 @@ async fn a_scope_forget_over_the_shared_directory_reaches_every_node_within_two_
     scope_forget_reaches_every_node_and_stays(&tier, dir.path()).await;
 }
 
-/// One daemon, tuner off.
-async fn lone_daemon(dir: &Path, extra: &[&str]) -> TestDaemon {
+/// One daemon of `kind`, tuner off.
+async fn lone_daemon(kind: Kind, dir: &Path, extra: &[&str]) -> TestDaemon {
     DaemonOptions::new(dir)
         .args(["--tuner", "off"])
         .args(extra.iter().copied())
-        .process()
+        .start(kind)
         .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exact_key_forget_drops_only_the_winner_it_names() {
     let dir = tempfile::tempdir().unwrap();
-    let mut daemon = lone_daemon(dir.path(), &[]).await;
+    let mut daemon = lone_daemon(Kind::Process, dir.path(), &[]).await;
     let client = daemon.client().await;
 
     // The winner named: dropped.
@@ -706,7 +709,7 @@ async fn an_exact_key_forget_drops_only_the_winner_it_names() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_forget_stats_count_it_and_resolve_tunes_again() {
     let dir = tempfile::tempdir().unwrap();
-    let mut daemon = lone_daemon(dir.path(), &[]).await;
+    let mut daemon = lone_daemon(Kind::Process, dir.path(), &[]).await;
     let client = daemon.client().await;
     let s = scenario();
     s.record_bogus(&daemon, "r", &[&daemon]).await;
@@ -857,7 +860,7 @@ async fn a_scope_forget_from_an_allowed_non_admin_is_refused_and_drops_nothing()
     };
     let dir = tempfile::tempdir().unwrap();
     // uid 65534 may use the daemon (Record, Lookup, an exact Forget), but is no admin.
-    let daemon = lone_daemon(dir.path(), &["--allow-uid", NOBODY]).await;
+    let daemon = lone_daemon(Kind::Process, dir.path(), &["--allow-uid", NOBODY]).await;
     open_to_everyone(dir.path(), &daemon.socket);
     let s = scenario();
     s.record_bogus(&daemon, "r", &[&daemon]).await;
@@ -918,7 +921,12 @@ async fn a_scope_forget_from_an_allowed_non_admin_is_refused_and_drops_nothing()
 
     // Made an admin with --admin-uid, the same caller's scope Forget is applied.
     let dir = tempfile::tempdir().unwrap();
-    let daemon = lone_daemon(dir.path(), &["--allow-uid", NOBODY, "--admin-uid", NOBODY]).await;
+    let daemon = lone_daemon(
+        Kind::Process,
+        dir.path(),
+        &["--allow-uid", NOBODY, "--admin-uid", NOBODY],
+    )
+    .await;
     open_to_everyone(dir.path(), &daemon.socket);
     s.record_bogus(&daemon, "r", &[&daemon]).await;
     let output = forget_as_nobody(&setpriv, &daemon.socket, &scope("test", "gemm"));
@@ -1018,9 +1026,9 @@ async fn a_node_down_during_the_forget_brings_nothing_back(
         let left = hits_among(node, &forgotten).await;
         assert!(
             left.is_empty(),
-            "{}: B, down during the Forget, brought entries back: {left:?}; log of B:\n{}",
+            "{}: B, down during the Forget, brought entries back: {left:?}; B's {}",
             node.socket.display(),
-            b.log()
+            b.diagnostics()
         );
         let got = winner(&node.client().await, kept.key.as_ref().unwrap()).await;
         assert!(is(got.as_ref(), GOOD, 3.0), "outside the scope: {got:?}");
@@ -1095,7 +1103,7 @@ async fn a_format_1_file_of_an_old_daemon_brings_nothing_back() {
     }
     let shared_arg = shared.to_str().unwrap().to_owned();
     let flags = ["--shared-dir", &shared_arg, "--snapshot-interval", "1"];
-    let a = lone_daemon(&dir.path().join("a"), &flags).await;
+    let a = lone_daemon(Kind::InProcess, &dir.path().join("a"), &flags).await;
     let keys = [
         k("test", "gemm", "v1-a", None),
         k("test", "gemm", "v1-b", None),
@@ -1124,11 +1132,11 @@ async fn a_format_1_file_of_an_old_daemon_brings_nothing_back() {
     )
     .await;
     wait_passes(&a, 1).await;
-    assert_eq!(hits_among(&a, &keys).await, vec![], "{}", a.log());
-    let b = lone_daemon(&dir.path().join("b"), &flags).await;
+    assert_eq!(hits_among(&a, &keys).await, vec![], "{}", a.diagnostics());
+    let b = lone_daemon(Kind::InProcess, &dir.path().join("b"), &flags).await;
     wait_passes(&b, 2).await;
     assert!(stats(&b).await.peer_files_loaded >= 1);
-    assert_eq!(hits_among(&b, &keys).await, vec![], "{}", b.log());
+    assert_eq!(hits_among(&b, &keys).await, vec![], "{}", b.diagnostics());
     // What is recorded after the Forget lives, on both.
     let after = k("test", "gemm", "v1-a", None);
     a.client()
@@ -1166,7 +1174,7 @@ async fn a_forgotten_result_published_late_to_redis_is_deleted_by_the_audit() {
         &redis.url(),
         &["--cluster-audit-secs", "1"],
     )
-    .process()
+    .in_process()
     .await;
     wait_connected(&a).await;
     let late = k("test", "gemm", "late", None);
@@ -1233,7 +1241,7 @@ return 1";
     let stats = stats(&a).await;
     assert!(stats.cluster_audit_differing > differing, "{stats:?}");
     assert_eq!(stats.cluster_audit_repaired, 0, "{stats:?}");
-    assert_eq!(hits_among(&a, &[late]).await, vec![], "{}", a.log());
+    assert_eq!(hits_among(&a, &[late]).await, vec![], "{}", a.diagnostics());
 }
 
 async fn eventually_some<T>(mut find: impl FnMut() -> Option<T>) -> T {
