@@ -209,6 +209,32 @@ impl Redis {
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
     }
 
+    /// How many of process `pid`'s connections to this server Redis holds blocked (a stream
+    /// read waiting for news), from CLIENT LIST: the connections are told apart by their local
+    /// ports, which /proc names for `pid`'s sockets. `None` when `pid` has no connection here.
+    pub fn blocked_connections_of(&self, pid: Pid) -> Option<usize> {
+        let ports = local_ports_to(pid, self.port);
+        if ports.is_empty() {
+            return None;
+        }
+        let clients = self.cli(&["CLIENT", "LIST"]);
+        let blocked = clients
+            .lines()
+            .filter(|line| {
+                let field = |name: &str| {
+                    line.split(' ')
+                        .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+                };
+                let port = field("addr")
+                    .and_then(|addr| addr.rsplit_once(':'))
+                    .and_then(|(_, port)| port.parse::<u16>().ok());
+                port.is_some_and(|port| ports.contains(&port))
+                    && field("flags").is_some_and(|flags| flags.contains('b'))
+            })
+            .count();
+        Some(blocked)
+    }
+
     /// The names of the keys matching `pattern` (SCAN, so a Cluster master's own keys).
     pub fn keys_matching(&self, pattern: &str) -> Vec<String> {
         let text = self.cli(&["--scan", "--pattern", pattern]);
@@ -267,6 +293,40 @@ impl Drop for Redis {
         }
         self.kill();
     }
+}
+
+/// The local ports of `pid`'s TCP connections to 127.0.0.1:`port`: its socket inodes (from
+/// /proc/PID/fd) looked up in its /proc/PID/net/tcp.
+fn local_ports_to(pid: Pid, port: u16) -> Vec<u16> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    let inodes: Vec<String> = fds
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_str()?;
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    let remote = format!("0100007F:{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, rem, inode) = (fields.get(1)?, fields.get(2)?, fields.get(9)?);
+            if *rem != remote || !inodes.iter().any(|i| i == inode) {
+                return None;
+            }
+            u16::from_str_radix(local.rsplit_once(':')?.1, 16).ok()
+        })
+        .collect()
 }
 
 /// A Redis Cluster of three masters, no replicas.

@@ -2,7 +2,8 @@
 //! recorded while Redis is hung, killed or restarted still reach every node, retries never
 //! store a result without announcing it, and the audit after a reconnect finds what the
 //! stream missed. Each scenario prints, per fault, the entries recorded, how many reached
-//! each node, and how long they took.
+//! each node, and how long they took. Nodes that are SIGSTOPped or whose log is read are
+//! daemon processes; the others run in-process.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -13,7 +14,9 @@ use tunecache_client::proto;
 use tunecache_integration::redis::{
     cluster_node, free_port, wait_connected, wait_for_all, wait_for_hit, Redis, RedisCluster,
 };
-use tunecache_integration::{best_result, entry, http_get, metrics_addr, test_key, TestDaemon};
+use tunecache_integration::{
+    best_result, entry, http_get, metrics_addr, test_key, Kind, TestDaemon,
+};
 
 /// Records one entry every 50 ms on `writer` for `span`, with a Lookup between Records, as
 /// a rank that tunes and reads would; returns what it recorded.
@@ -65,8 +68,8 @@ async fn assert_reached(
     }
     assert!(
         failures.is_empty(),
-        "{what}: not every recorded entry reached every node: {failures:?}; log of reader 0:\n{}",
-        readers[0].log()
+        "{what}: not every recorded entry reached every node: {failures:?}; reader 0's {}",
+        readers[0].diagnostics()
     );
 }
 
@@ -90,9 +93,9 @@ async fn records_while_stopped<'r>(
     server: impl Fn(usize) -> &'r Redis,
 ) {
     let flags = ["--cluster-timeout-ms", "1000"];
-    let a = cluster_node(dir, "a", url, &flags).process().await;
-    let b = cluster_node(dir, "b", url, &flags).process().await;
-    let c = cluster_node(dir, "c", url, &flags).process().await;
+    let a = cluster_node(dir, "a", url, &flags).in_process().await;
+    let b = cluster_node(dir, "b", url, &flags).in_process().await;
+    let c = cluster_node(dir, "c", url, &flags).in_process().await;
     for daemon in [&a, &b, &c] {
         wait_connected(daemon).await;
     }
@@ -175,9 +178,15 @@ async fn a_redis_killed_and_restarted_with_its_data_loses_and_duplicates_nothing
     let mut redis = Redis::start_persistent(dir.path(), free_port());
     let url = redis.url();
     let flags = ["--cluster-timeout-ms", "1000"];
-    let a = cluster_node(dir.path(), "a", &url, &flags).process().await;
-    let b = cluster_node(dir.path(), "b", &url, &flags).process().await;
-    let c = cluster_node(dir.path(), "c", &url, &flags).process().await;
+    let a = cluster_node(dir.path(), "a", &url, &flags)
+        .in_process()
+        .await;
+    let b = cluster_node(dir.path(), "b", &url, &flags)
+        .in_process()
+        .await;
+    let c = cluster_node(dir.path(), "c", &url, &flags)
+        .in_process()
+        .await;
     for daemon in [&a, &b, &c] {
         wait_connected(daemon).await;
     }
@@ -247,6 +256,36 @@ impl Steps {
     }
 }
 
+/// Waits until every one of `nodes` follows the running `redis`: its stream reader is blocked
+/// on this server. A node opens that reader only after it has checked the server's epoch and
+/// run id on connecting. (In-process nodes share the test's pid: their readers are counted
+/// together.)
+async fn wait_following(redis: &Redis, nodes: &[TestDaemon]) {
+    let mut readers: HashMap<i32, usize> = HashMap::new();
+    for node in nodes {
+        let pid = match node.kind() {
+            Kind::Process => node.pid().as_raw(),
+            Kind::InProcess => std::process::id() as i32,
+        };
+        *readers.entry(pid).or_default() += 1;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (pid, expected) in readers {
+        let pid = nix::unistd::Pid::from_raw(pid);
+        loop {
+            let blocked = redis.blocked_connections_of(pid).unwrap_or(0);
+            if blocked >= expected {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{blocked} of {expected} stream readers of pid {pid} follow redis"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_pauses_kills_and_restarts_end_with_the_same_winners_everywhere() {
     if Redis::server().is_none() {
@@ -263,8 +302,12 @@ async fn random_pauses_kills_and_restarts_end_with_the_same_winners_everywhere()
     let url = redis.url();
     let flags = ["--cluster-timeout-ms", "500"];
     let nodes = [
-        cluster_node(dir.path(), "a", &url, &flags).process().await,
-        cluster_node(dir.path(), "b", &url, &flags).process().await,
+        cluster_node(dir.path(), "a", &url, &flags)
+            .in_process()
+            .await,
+        cluster_node(dir.path(), "b", &url, &flags)
+            .in_process()
+            .await,
     ];
     for daemon in &nodes {
         wait_connected(daemon).await;
@@ -329,6 +372,9 @@ async fn random_pauses_kills_and_restarts_end_with_the_same_winners_everywhere()
         redis.signal(Signal::SIGCONT);
     }
     if redis.running() {
+        // The restart below must be one with data the nodes know: each has checked this
+        // server's epoch (else the restart looks like one more flush, and no audit runs).
+        wait_following(&redis, &nodes).await;
         redis.kill();
     }
     redis.restart();
@@ -349,11 +395,11 @@ async fn random_pauses_kills_and_restarts_end_with_the_same_winners_everywhere()
                 daemon.socket.display()
             ),
             Err(got) => panic!(
-                "{} of {} winners on {}; log:\n{}",
+                "{} of {} winners on {}; {}",
                 got,
                 winners.len(),
                 daemon.socket.display(),
-                daemon.log()
+                daemon.diagnostics()
             ),
         }
     }
@@ -364,8 +410,8 @@ async fn random_pauses_kills_and_restarts_end_with_the_same_winners_everywhere()
         while daemon.client().await.stats().await.unwrap().cluster_audits == 0 {
             assert!(
                 Instant::now() < deadline,
-                "no audit after the restart:\n{}",
-                daemon.log()
+                "no audit after the restart; {}",
+                daemon.diagnostics()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -473,10 +519,10 @@ async fn rediss_with_a_site_ca_carries_results_and_refuses_an_unknown_server() {
     let url = format!("rediss://127.0.0.1:{tls_port}");
     let with_ca = ["--cluster-tls-ca-file", ca.as_str()];
     let a = cluster_node(dir.path(), "a", &url, &with_ca)
-        .process()
+        .in_process()
         .await;
     let b = cluster_node(dir.path(), "b", &url, &with_ca)
-        .process()
+        .in_process()
         .await;
     wait_connected(&a).await;
     wait_connected(&b).await;
@@ -494,8 +540,12 @@ async fn rediss_with_a_site_ca_carries_results_and_refuses_an_unknown_server() {
 
     // Without the CA the server's certificate is not trusted: no connection, and why.
     let untrusting = cluster_node(dir.path(), "c", &url, &[]).process().await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let stats = untrusting.client().await.stats().await.unwrap();
+    // Its first connection attempt has failed (and says why), not merely not ended yet.
+    let stats = untrusting
+        .wait_for_stats("the connection attempt fails", |s| {
+            s.cluster_state.starts_with("down")
+        })
+        .await;
     assert!(
         !stats.cluster_state.starts_with("connected"),
         "{}",
@@ -577,8 +627,11 @@ async fn an_acl_user_with_a_password_file_works_and_the_password_shows_nowhere()
     )
     .process()
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let refused_stats = refused.client().await.stats().await.unwrap();
+    let refused_stats = refused
+        .wait_for_stats("the connection attempt fails", |s| {
+            s.cluster_state.starts_with("down")
+        })
+        .await;
     assert!(
         !refused_stats.cluster_state.starts_with("connected"),
         "{}",
@@ -621,7 +674,7 @@ async fn a_publish_queue_that_overflows_republishes_everything_once_redis_is_bac
     .process()
     .await;
     let b = cluster_node(dir.path(), "b", &redis.url(), &[])
-        .process()
+        .in_process()
         .await;
     wait_connected(&a).await;
     wait_connected(&b).await;
@@ -682,7 +735,7 @@ async fn a_node_behind_a_trimmed_stream_reads_the_shards_again() {
     let redis = Redis::start(dir.path(), free_port(), &["--stream-node-max-entries", "4"]);
     let flags = ["--cluster-stream-max-len", "8"];
     let a = cluster_node(dir.path(), "a", &redis.url(), &flags)
-        .process()
+        .in_process()
         .await;
     let c = cluster_node(dir.path(), "c", &redis.url(), &flags)
         .process()
@@ -741,7 +794,7 @@ async fn the_audit_after_a_reconnect_finds_what_the_stream_never_delivered() {
     let dir = tempfile::tempdir().unwrap();
     let redis = Redis::start(dir.path(), free_port(), &[]);
     let a = cluster_node(dir.path(), "a", &redis.url(), &[])
-        .process()
+        .in_process()
         .await;
     let b = cluster_node(dir.path(), "b", &redis.url(), &[])
         .process()
@@ -750,14 +803,29 @@ async fn the_audit_after_a_reconnect_finds_what_the_stream_never_delivered() {
     wait_connected(&b).await;
     // Node b stops; its blocked stream read runs out (1 s) so Redis sends it nothing new.
     kill(b.pid(), Signal::SIGSTOP).unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let blocked = redis
+            .blocked_connections_of(b.pid())
+            .expect("node b's connections to redis");
+        if blocked == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node b's stream read is still blocked in redis"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let k = test_key("audit", "lost");
     let e = entry(k.clone(), r#"{"tile":16}"#, 2.5, "a");
     a.client().await.record(vec![e.clone()]).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
     let name = loop {
         if let Some(name) = redis.entry_name("audit", "lost") {
             break name;
         }
+        assert!(Instant::now() < deadline, "node a never stored the entry");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     // The announcement is lost, as a bug would lose it: Redis holds the entry, the stream
@@ -787,10 +855,10 @@ async fn a_redis_restarted_from_an_older_snapshot_is_refilled_by_the_audit() {
     let dir = tempfile::tempdir().unwrap();
     let mut redis = Redis::start(dir.path(), free_port(), &[]);
     let a = cluster_node(dir.path(), "a", &redis.url(), &[])
-        .process()
+        .in_process()
         .await;
     let b = cluster_node(dir.path(), "b", &redis.url(), &[])
-        .process()
+        .in_process()
         .await;
     wait_connected(&a).await;
     wait_connected(&b).await;
@@ -825,8 +893,8 @@ async fn a_redis_restarted_from_an_older_snapshot_is_refilled_by_the_audit() {
     while !(0..40).all(|i| redis.entry_name("older", &format!("k{i}")).is_some()) {
         assert!(
             Instant::now() < deadline,
-            "redis was not refilled; log of a:\n{}",
-            a.log()
+            "redis was not refilled; a's {}",
+            a.diagnostics()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -846,7 +914,7 @@ async fn a_redis_restarted_from_an_older_snapshot_is_refilled_by_the_audit() {
     );
     // A node that joins now gets everything from Redis.
     let c = cluster_node(dir.path(), "c", &redis.url(), &[])
-        .process()
+        .in_process()
         .await;
     wait_connected(&c).await;
     let all: Vec<proto::Entry> = saved.iter().chain(&lost).cloned().collect();
