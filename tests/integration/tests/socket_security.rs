@@ -223,12 +223,11 @@ async fn planted_daemon(temp: &tempfile::TempDir, runtime: &Path, dir_owner: u32
     std::fs::create_dir(&planted_dir).unwrap();
     std::fs::set_permissions(&planted_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::os::unix::fs::chown(&planted_dir, Some(dir_owner), Some(dir_owner)).unwrap();
-    let daemon = (DaemonOptions {
-        state_dir: Some(temp.path().join("state")),
-        ..DaemonOptions::new(&planted_dir)
-    })
-    .process()
-    .await;
+    // In-process: what is tested is the CLI's check of the path, not the daemon.
+    let daemon = DaemonOptions::new(&planted_dir)
+        .state_dir(&temp.path().join("state"))
+        .in_process()
+        .await;
     assert_eq!(daemon.socket, planted_dir.join("tunecache.sock"));
     daemon
         .client()
