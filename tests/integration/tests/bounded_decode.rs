@@ -2,7 +2,8 @@
 //! the daemon as much memory and time as the wire format allows (`0a 00`, an empty `Entry` or
 //! `Key`, repeated: two bytes each), while another client keeps calling Lookup on its own
 //! connection and thread. The daemon's peak RSS is its VmHWM; the other client's Lookups are
-//! timed end to end.
+//! timed end to end. Memory is measured in the daemon's process; the entry-limit test, which
+//! measures none, runs the daemon in-process.
 //!
 //! Measured on a dev build, 2 cores, before the limits were enforced while reading (5085572)
 //! and after (peak RSS of the daemon; the other client's slowest Lookup during the flood,
@@ -24,7 +25,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prost::bytes::{Buf, BufMut};
@@ -114,7 +115,8 @@ fn empty_elements(bytes: usize) -> Vec<u8> {
 /// until stopped; each call's start and end.
 struct Prober {
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<(Instant, Instant)>>,
+    calls: Arc<Mutex<Vec<(Instant, Instant)>>>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl Prober {
@@ -122,6 +124,8 @@ impl Prober {
         let socket: PathBuf = socket.to_path_buf();
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let answered = calls.clone();
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -132,23 +136,42 @@ impl Prober {
                     .await
                     .unwrap()
                     .with_timeout(Duration::from_secs(120));
-                let mut calls = Vec::new();
                 while !stopped.load(Ordering::Relaxed) {
                     let started = Instant::now();
                     let hits = client.lookup(vec![probe_key()]).await.unwrap();
-                    calls.push((started, Instant::now()));
+                    answered.lock().unwrap().push((started, Instant::now()));
                     assert_eq!(hits.len(), 1, "the probe's key is cached");
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                calls
             })
         });
-        Prober { stop, thread }
+        Prober {
+            stop,
+            calls,
+            thread,
+        }
+    }
+
+    /// Waits (at most 30 s) until `done` holds for the calls answered so far.
+    async fn wait_for(&self, what: &str, done: impl Fn(&[(Instant, Instant)]) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done(&self.calls.lock().unwrap()) {
+            assert!(!self.thread.is_finished(), "the probe stopped: {what}");
+            assert!(Instant::now() < deadline, "the probe, within 30 s: {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits until the probe has had a few Lookups answered: it is connected and in its loop.
+    async fn wait_running(&self) {
+        self.wait_for("a few Lookups answered", |calls| calls.len() >= 3)
+            .await;
     }
 
     fn stop(self) -> Vec<(Instant, Instant)> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().expect("the probe panicked")
+        self.thread.join().expect("the probe panicked");
+        std::mem::take(&mut *self.calls.lock().unwrap())
     }
 }
 
@@ -190,7 +213,7 @@ async fn flood(args: &[&str], method: &'static str, bytes: usize, copies: usize)
     }
     let body = empty_elements(bytes);
     let prober = Prober::start(&daemon.socket);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    prober.wait_running().await;
 
     let started = Instant::now();
     let calls: Vec<_> = channels
@@ -203,7 +226,12 @@ async fn flood(args: &[&str], method: &'static str, bytes: usize, copies: usize)
         outcomes.push(call.await.unwrap());
     }
     let ended = Instant::now();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A Lookup that started after the flood has been answered too.
+    prober
+        .wait_for("a Lookup after the flood", |calls| {
+            calls.iter().any(|(start, _)| *start > ended)
+        })
+        .await;
     let calls = prober.stop();
     let peak_rss = daemon.peak_rss_bytes();
 
@@ -331,7 +359,7 @@ async fn a_full_batch_of_the_largest_size_is_stored_in_a_small_multiple_of_its_s
         .unwrap();
     let baseline = daemon.peak_rss_bytes();
     let prober = Prober::start(&daemon.socket);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    prober.wait_running().await;
     let channel = connect_channel(&daemon.socket).await.unwrap();
     let started = Instant::now();
     raw_unary(channel, RECORD, request).await.unwrap();
@@ -410,7 +438,7 @@ async fn a_message_over_the_size_limit_is_refused_naming_the_flag() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_the_entry_limit_is_served_and_one_more_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = TestDaemon::process(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let client = daemon.client().await.with_timeout(Duration::from_secs(60));
     let entries: Vec<_> = (0..=MAX_BATCH)
         .map(|i| entry(test_key("gemm", &format!("limit-{i}")), "{}", 1.0, "limit"))
