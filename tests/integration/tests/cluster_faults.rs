@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -39,6 +40,47 @@ async fn record_steadily(writer: &TestDaemon, tag: &str, span: Duration) -> Vec<
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     recorded
+}
+
+/// Records one entry every 50 ms on `writer` until `stop` is set, as [`record_steadily`] does,
+/// counting them in `progress`; returns what it recorded.
+async fn record_until(
+    writer: &TestDaemon,
+    tag: &str,
+    stop: &AtomicBool,
+    progress: &AtomicUsize,
+) -> Vec<proto::Entry> {
+    let client = writer.client().await;
+    let mut recorded = Vec::new();
+    let mut i = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let e = entry(
+            test_key("fault", &format!("{tag}-{i}")),
+            &format!(r#"{{"tile":{i}}}"#),
+            10.0 + f64::from(i),
+            "writer",
+        );
+        client.record(vec![e.clone()]).await.unwrap();
+        client.lookup(vec![e.key.clone().unwrap()]).await.unwrap();
+        recorded.push(e);
+        progress.fetch_add(1, Ordering::Relaxed);
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    recorded
+}
+
+/// Waits (at most 30 s) until `progress` reaches `count`.
+async fn wait_recorded(progress: &AtomicUsize, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while progress.load(Ordering::Relaxed) < count {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {count} Records",
+            progress.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Every one of `recorded` must be a hit on each of `readers` within `limit`; prints one
@@ -192,12 +234,22 @@ async fn a_redis_killed_and_restarted_with_its_data_loses_and_duplicates_nothing
     }
     for round in 0..3 {
         let tag = format!("killed{round}");
-        let writer = record_steadily(&b, &tag, Duration::from_millis(3000));
+        let (stop, progress) = (AtomicBool::new(false), AtomicUsize::new(0));
+        let writer = record_until(&b, &tag, &stop, &progress);
+        // Results recorded before the kill (more each round), while node b knows Redis is
+        // gone, and after it reconnected to the restarted server.
         let fault = async {
-            tokio::time::sleep(Duration::from_millis(700 + 300 * round)).await;
+            wait_recorded(&progress, 10 + 5 * round).await;
             redis.kill();
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            b.wait_for_stats("node b notices redis is gone", |s| {
+                !s.cluster_state.starts_with("connected")
+            })
+            .await;
+            wait_recorded(&progress, progress.load(Ordering::Relaxed) + 5).await;
             redis.restart();
+            wait_connected(&b).await;
+            wait_recorded(&progress, progress.load(Ordering::Relaxed) + 5).await;
+            stop.store(true, Ordering::Relaxed);
         };
         let (recorded, ()) = tokio::join!(writer, fault);
         assert_reached(
