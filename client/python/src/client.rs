@@ -479,6 +479,7 @@ impl NativeClient {
             .map(|view| {
                 let fields = PyDict::new(py);
                 fields.set_item("name", view.name)?;
+                fields.set_item("uid", view.uid)?;
                 fields.set_item("pins", view.pins)?;
                 fields.set_item("idle_ms", view.idle_ms)?;
                 Ok(Message::new("ViewInfo", fields))

@@ -1,6 +1,7 @@
 # Owns one simulated rank for test_with_daemon.py: waits for the start signal, calls get_or_tune
-# on the shared key with a tune function that leaves a trace in a counter file, and prints what
-# it got as one JSON line.
+# on the shared key with a tune function that leaves a trace in a counter file and returns once
+# the other ranks wait on its lease (the daemon's Stats say so), and prints what it got as one
+# JSON line.
 from __future__ import annotations
 
 import json
@@ -12,16 +13,23 @@ from pathlib import Path
 import tunecache
 
 START_SIGNAL_TIMEOUT_S = 60.0
+WAITERS_TIMEOUT_S = 60.0
 
 
-def main(socket_path: str, key_json: str, counter_path: str, ready_path: str, go_path: str, tune_s: str) -> int:
+def main(socket_path: str, key_json: str, counter_path: str, ready_path: str, go_path: str, waiters: str) -> int:
     key = tunecache.Key(**json.loads(key_json))
 
     def tune():
         # O_APPEND writes of one short line are atomic, so concurrent tuners would show as lines.
         with open(counter_path, "a") as counter:
             counter.write(f"{os.getpid()}\n")
-        time.sleep(float(tune_s))  # long enough that the other ranks wait on the lease
+        # The result comes once every other rank waits on the lease: each is then woken by it,
+        # none arrives late to a plain hit. More waiters than ranks would be a second lease.
+        deadline = time.monotonic() + WAITERS_TIMEOUT_S
+        while (waiting := client.stats().waiters) != int(waiters):
+            assert waiting < int(waiters), f"{waiting} waiters, expected {waiters}"
+            assert time.monotonic() < deadline, f"{waiting} of {waiters} ranks wait on the lease"
+            time.sleep(0.01)
         return {"runner_id": 1, "tactic": [128, 64], "tuned_by_pid": os.getpid()}, 42.5
 
     client = tunecache.Client(socket_path, timeout=5.0)

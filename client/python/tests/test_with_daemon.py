@@ -22,7 +22,6 @@ from conftest import PYTHON_PACKAGE_ROOT, unique_key
 
 
 RANK_PROCESSES = 4
-RANK_TUNE_SECONDS = 1.0
 
 
 def entry(key: tunecache.Key, config: str, time_us: float) -> tunecache.Entry:
@@ -102,7 +101,7 @@ def test_ranks_tune_a_fresh_key_exactly_once(daemon, socket_dir):
             str(counter_path),
             str(ready_path),
             str(go_path),
-            str(RANK_TUNE_SECONDS),
+            str(RANK_PROCESSES - 1),  # the tuner returns once the others wait on its lease
         ]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
         ranks.append((process, ready_path))
@@ -339,6 +338,8 @@ def test_a_view_pins_the_first_answer_until_it_ends(daemon, monkeypatch):
         assert set(views) == {"job-1", "job-2"}
         assert views["job-1"].pins == 1 and views["job-2"].pins == 1
         assert views["job-1"].idle_ms < 60_000
+        # A view is its reader's uid's: this process's.
+        assert views["job-1"].uid == os.geteuid()
 
         ended = writer.end_view("job-1")
         assert (ended.ended, ended.pins_dropped) == (True, 1)

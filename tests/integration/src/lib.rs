@@ -1,21 +1,24 @@
-//! Test harness: starts the real `tunecached` binary on a temporary socket and state
-//! directory, waits until it answers, and stops it with real signals.
+//! Test harness: a daemon on a temporary socket and state directory, either the real
+//! `tunecached` binary or `server::run` inside the test process ([`TestDaemon`]), waited on until
+//! it answers; the rank processes, mounts, CLI runs and entries the tests use around it.
 //!
 //! The binaries must be built first (`cargo build --workspace --bins`, which README's test
 //! command does); `TUNECACHE_BIN_DIR` overrides where they are looked for.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use tunecache_client::{proto, Client};
+use tunecache_client::proto;
 
+pub mod daemon;
 pub mod raw_grpc;
 pub mod redis;
 pub mod slurm;
+
+pub use daemon::{DaemonOptions, Kind, TestDaemon, FACT_LIMIT};
 
 /// Directory holding the workspace's binaries: `$TUNECACHE_BIN_DIR`, else the cargo target
 /// directory this test binary was built into (`target/<profile>/deps/<test>` → `target/<profile>`).
@@ -47,246 +50,6 @@ pub fn cli(socket: &Path, args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .expect("run the tunecache CLI")
-}
-
-/// A running daemon owned by a test. Killed (SIGKILL) if still running when dropped.
-pub struct Daemon {
-    child: Option<Child>,
-    pub socket: PathBuf,
-    pub state_dir: PathBuf,
-    pub log_path: PathBuf,
-    args: Vec<String>,
-    nofile: Option<(u64, u64)>,
-}
-
-/// Options for starting a daemon. `dir` holds the socket, the state and the log.
-pub struct DaemonOptions {
-    pub dir: PathBuf,
-    pub args: Vec<String>,
-    pub state_dir: Option<PathBuf>,
-    /// RLIMIT_NOFILE (soft, hard) the daemon process starts with, set in the child only
-    /// (the test process's own limit stays as it is); `None` inherits this process's.
-    pub nofile: Option<(u64, u64)>,
-}
-
-impl DaemonOptions {
-    pub fn new(dir: &Path) -> Self {
-        DaemonOptions {
-            dir: dir.to_path_buf(),
-            args: Vec::new(),
-            state_dir: None,
-            nofile: None,
-        }
-    }
-
-    /// Starts the daemon with RLIMIT_NOFILE `soft`:`hard` (see [`DaemonOptions::nofile`]).
-    pub fn nofile(mut self, soft: u64, hard: u64) -> Self {
-        self.nofile = Some((soft, hard));
-        self
-    }
-
-    pub fn arg(mut self, arg: impl Into<String>) -> Self {
-        self.args.push(arg.into());
-        self
-    }
-
-    pub fn args<I, S>(mut self, args: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.args.extend(args.into_iter().map(Into::into));
-        self
-    }
-}
-
-impl Daemon {
-    /// Starts a daemon in `dir` with default options and waits until it serves.
-    pub async fn start(dir: &Path) -> Daemon {
-        Daemon::start_with(DaemonOptions::new(dir)).await
-    }
-
-    pub async fn start_with(options: DaemonOptions) -> Daemon {
-        let state_dir = options
-            .state_dir
-            .clone()
-            .unwrap_or_else(|| options.dir.join("state"));
-        let mut daemon = Daemon {
-            child: None,
-            socket: options.dir.join("tunecache.sock"),
-            state_dir,
-            log_path: options.dir.join("daemon.log"),
-            args: options.args,
-            nofile: options.nofile,
-        };
-        daemon.spawn();
-        daemon.wait_ready().await;
-        daemon
-    }
-
-    /// The command line this daemon runs with (socket and state dir included).
-    pub fn command(&self) -> Command {
-        let mut command = Command::new(bin("tunecached"));
-        command
-            .arg("--socket")
-            .arg(&self.socket)
-            .arg("--state-dir")
-            .arg(&self.state_dir)
-            .args(&self.args)
-            .env_remove("TUNECACHE_SOCKET")
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-            );
-        if let Some((soft, hard)) = self.nofile {
-            use std::os::unix::process::CommandExt;
-            let limit = libc::rlimit {
-                rlim_cur: soft,
-                rlim_max: hard,
-            };
-            // SAFETY: between fork and exec only setrlimit (async-signal-safe) runs, on the
-            // child's own limit.
-            unsafe {
-                command.pre_exec(move || {
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::last_os_error())
-                    }
-                });
-            }
-        }
-        command
-    }
-
-    fn spawn(&mut self) {
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(&self.log_path)
-            .expect("daemon log file");
-        let child = self
-            .command()
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log handle"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn tunecached");
-        self.child = Some(child);
-    }
-
-    async fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                panic!(
-                    "tunecached exited early with {status}; log:\n{}",
-                    self.log()
-                );
-            }
-            if let Ok(client) = Client::connect(&self.socket).await {
-                if client.stats().await.is_ok() {
-                    return;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "tunecached did not serve within 20 s; log:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    pub async fn client(&self) -> Client {
-        Client::connect(&self.socket)
-            .await
-            .expect("connect to daemon")
-    }
-
-    pub fn pid(&self) -> Pid {
-        Pid::from_raw(self.child.as_ref().expect("daemon running").id() as i32)
-    }
-
-    /// The daemon's resident memory (VmRSS from /proc/<pid>/status), in bytes.
-    pub fn rss_bytes(&self) -> u64 {
-        self.status_kib("VmRSS:") * 1024
-    }
-
-    /// The daemon's peak resident memory since it started (VmHWM from /proc/<pid>/status), in
-    /// bytes.
-    pub fn peak_rss_bytes(&self) -> u64 {
-        self.status_kib("VmHWM:") * 1024
-    }
-
-    fn status_kib(&self, field: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .expect("the daemon is still running");
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(field))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|number| number.parse().ok())
-            .unwrap_or_else(|| panic!("{field} in /proc/PID/status"))
-    }
-
-    /// Everything the daemon logged so far (all its runs in this directory).
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log_path).unwrap_or_default()
-    }
-
-    /// Sends SIGTERM and waits for the exit (at most `limit`); returns status and time taken.
-    pub fn terminate(&mut self, limit: Duration) -> (ExitStatus, Duration) {
-        let started = Instant::now();
-        kill(self.pid(), Signal::SIGTERM).expect("send SIGTERM");
-        let status = self.wait_exit(limit);
-        (status, started.elapsed())
-    }
-
-    /// SIGKILL: no chance to flush or clean up.
-    pub fn kill(&mut self) {
-        kill(self.pid(), Signal::SIGKILL).expect("send SIGKILL");
-        self.wait_exit(Duration::from_secs(10));
-    }
-
-    fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
-        let child = self.child.as_mut().expect("daemon running");
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = child.try_wait().expect("wait for daemon") {
-                self.child = None;
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!(
-                    "tunecached did not exit within {limit:?}; log:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Starts the daemon again with the same socket, state dir and flags.
-    pub async fn restart(&mut self) {
-        assert!(self.child.is_none(), "stop the daemon before restarting it");
-        self.spawn();
-        self.wait_ready().await;
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(child) = self.child.as_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 /// A shared-by-all-ranks key in namespace `test`.
@@ -332,13 +95,6 @@ pub fn child_pids(parent: Pid) -> Vec<Pid> {
 }
 
 // --- Deployment tests: external tools and processes. ---
-
-impl Daemon {
-    /// Waits (at most `limit`) for the daemon to exit on its own, e.g. on --exit-when-idle.
-    pub fn wait_for_exit(&mut self, limit: Duration) -> ExitStatus {
-        self.wait_exit(limit)
-    }
-}
 
 /// An external tool the test needs (`$<ENV>` first, then PATH). When it is missing the test is
 /// skipped with a message, except under CI (`CI` set), where a missing tool fails the test so
@@ -448,7 +204,7 @@ pub fn cli_as_nobody(
 
 /// A `tunecache-test-rank` on `daemon` that counts its tunings in `dir/tuned.txt` and starts
 /// once `dir/start` exists (see `run_ranks`), with `extra` flags after those.
-pub fn rank_command(daemon: &Daemon, dir: &Path, extra: &[&str]) -> Command {
+pub fn rank_command(daemon: &TestDaemon, dir: &Path, extra: &[&str]) -> Command {
     let mut command = Command::new(bin("tunecache-test-rank"));
     command
         .arg("--socket")
@@ -620,18 +376,18 @@ fn quiet(command: &mut Command) -> bool {
         .is_ok_and(|status| status.success())
 }
 
-/// Starts a daemon in `dir` that publishes to and reads from `shared` as `node`, every
-/// `interval_s` seconds, with `extra` flags after those.
-pub async fn start_shared_node(
+/// Options for a daemon in `dir` (made if missing) that publishes to and reads from `shared`
+/// as `node`, every `interval_s` seconds, with `extra` flags after those.
+pub fn shared_node(
     dir: &Path,
     shared: &Path,
     node: &str,
     interval_s: u64,
     extra: &[&str],
-) -> Daemon {
+) -> DaemonOptions {
     std::fs::create_dir_all(dir).unwrap();
     let interval = interval_s.to_string();
-    let options = DaemonOptions::new(dir)
+    DaemonOptions::new(dir)
         .args([
             "--shared-dir",
             shared.to_str().unwrap(),
@@ -640,8 +396,7 @@ pub async fn start_shared_node(
             "--snapshot-interval",
             interval.as_str(),
         ])
-        .args(extra.iter().copied());
-    Daemon::start_with(options).await
+        .args(extra.iter().copied())
 }
 
 /// Entries `<prefix>-<i>` of op `gemm` for each `i` in `range`, with time `i + 1` µs.
@@ -690,7 +445,7 @@ pub fn http_get(addr: &str, path: &str) -> (String, String) {
 }
 
 /// The metrics address a daemon started with `--metrics-addr 127.0.0.1:0` logged.
-pub fn metrics_addr(daemon: &Daemon) -> String {
+pub fn metrics_addr(daemon: &TestDaemon) -> String {
     let log = daemon.log();
     log.split("metrics at http://")
         .nth(1)

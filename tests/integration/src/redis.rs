@@ -10,7 +10,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tunecache_client::proto;
 
-use crate::{require_tool, Daemon, DaemonOptions};
+use crate::{require_tool, DaemonOptions, TestDaemon};
 
 /// A `redis-server` owned by the test, killed on drop.
 pub struct Redis {
@@ -209,6 +209,32 @@ impl Redis {
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
     }
 
+    /// How many of process `pid`'s connections to this server Redis holds blocked (a stream
+    /// read waiting for news), from CLIENT LIST: the connections are told apart by their local
+    /// ports, which /proc names for `pid`'s sockets. `None` when `pid` has no connection here.
+    pub fn blocked_connections_of(&self, pid: Pid) -> Option<usize> {
+        let ports = local_ports_to(pid, self.port);
+        if ports.is_empty() {
+            return None;
+        }
+        let clients = self.cli(&["CLIENT", "LIST"]);
+        let blocked = clients
+            .lines()
+            .filter(|line| {
+                let field = |name: &str| {
+                    line.split(' ')
+                        .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+                };
+                let port = field("addr")
+                    .and_then(|addr| addr.rsplit_once(':'))
+                    .and_then(|(_, port)| port.parse::<u16>().ok());
+                port.is_some_and(|port| ports.contains(&port))
+                    && field("flags").is_some_and(|flags| flags.contains('b'))
+            })
+            .count();
+        Some(blocked)
+    }
+
     /// The names of the keys matching `pattern` (SCAN, so a Cluster master's own keys).
     pub fn keys_matching(&self, pattern: &str) -> Vec<String> {
         let text = self.cli(&["--scan", "--pattern", pattern]);
@@ -269,6 +295,40 @@ impl Drop for Redis {
     }
 }
 
+/// The local ports of `pid`'s TCP connections to 127.0.0.1:`port`: its socket inodes (from
+/// /proc/PID/fd) looked up in its /proc/PID/net/tcp.
+fn local_ports_to(pid: Pid, port: u16) -> Vec<u16> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    let inodes: Vec<String> = fds
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_str()?;
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    let remote = format!("0100007F:{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, rem, inode) = (fields.get(1)?, fields.get(2)?, fields.get(9)?);
+            if *rem != remote || !inodes.iter().any(|i| i == inode) {
+                return None;
+            }
+            u16::from_str_radix(local.rsplit_once(':')?.1, 16).ok()
+        })
+        .collect()
+}
+
 /// A Redis Cluster of three masters, no replicas.
 pub struct RedisCluster {
     pub servers: Vec<Redis>,
@@ -320,20 +380,17 @@ impl RedisCluster {
     }
 }
 
-/// A daemon of node `name` on the cluster tier at `url`, tuner off.
-pub async fn cluster_node(dir: &Path, name: &str, url: &str, extra: &[&str]) -> Daemon {
+/// Options for a daemon of node `name` (in `dir/name`) on the cluster tier at `url`, tuner off.
+pub fn cluster_node(dir: &Path, name: &str, url: &str, extra: &[&str]) -> DaemonOptions {
     let node_dir = dir.join(name);
     std::fs::create_dir_all(&node_dir).unwrap();
-    Daemon::start_with(
-        DaemonOptions::new(&node_dir)
-            .args(["--node-name", name, "--tuner", "off", "--cluster-url", url])
-            .args(extra.iter().copied()),
-    )
-    .await
+    DaemonOptions::new(&node_dir)
+        .args(["--node-name", name, "--tuner", "off", "--cluster-url", url])
+        .args(extra.iter().copied())
 }
 
 /// Waits until `daemon` is connected to Redis and bootstrapped.
-pub async fn wait_connected(daemon: &Daemon) {
+pub async fn wait_connected(daemon: &TestDaemon) {
     let client = daemon.client().await;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -343,9 +400,9 @@ pub async fn wait_connected(daemon: &Daemon) {
         }
         assert!(
             Instant::now() < deadline,
-            "not connected: {}; log:\n{}",
+            "not connected: {}; {}",
             stats.cluster_state,
-            daemon.log()
+            daemon.diagnostics()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -354,7 +411,7 @@ pub async fn wait_connected(daemon: &Daemon) {
 /// Waits (at most `limit`) until Lookup of `key` on `daemon` returns `expected` (any result
 /// when `None`); returns how long it took.
 pub async fn wait_for_hit(
-    daemon: &Daemon,
+    daemon: &TestDaemon,
     key: &proto::Key,
     expected: Option<&proto::Result>,
     limit: Duration,
@@ -369,16 +426,16 @@ pub async fn wait_for_hit(
         }
         assert!(
             started.elapsed() < limit,
-            "{key:?} on {}: got {got:?}, want {expected:?} within {limit:?}; log:\n{}",
+            "{key:?} on {}: got {got:?}, want {expected:?} within {limit:?}; {}",
             daemon.socket.display(),
-            daemon.log()
+            daemon.diagnostics()
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
 /// How many of `entries` are hits with exactly their result on `daemon` now.
-pub async fn hits_of(daemon: &Daemon, entries: &[proto::Entry]) -> usize {
+pub async fn hits_of(daemon: &TestDaemon, entries: &[proto::Entry]) -> usize {
     let client = daemon.client().await;
     let keys: Vec<proto::Key> = entries.iter().filter_map(|e| e.key.clone()).collect();
     let mut hits = 0;
@@ -400,7 +457,7 @@ pub async fn hits_of(daemon: &Daemon, entries: &[proto::Entry]) -> usize {
 /// Waits (at most `limit`) until every one of `entries` is a hit with its result on
 /// `daemon`; returns how long it took, or how many arrived when the limit ran out.
 pub async fn wait_for_all(
-    daemon: &Daemon,
+    daemon: &TestDaemon,
     entries: &[proto::Entry],
     limit: Duration,
 ) -> Result<Duration, usize> {

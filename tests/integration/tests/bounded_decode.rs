@@ -2,7 +2,8 @@
 //! the daemon as much memory and time as the wire format allows (`0a 00`, an empty `Entry` or
 //! `Key`, repeated: two bytes each), while another client keeps calling Lookup on its own
 //! connection and thread. The daemon's peak RSS is its VmHWM; the other client's Lookups are
-//! timed end to end.
+//! timed end to end. Memory is measured in the daemon's process; the entry-limit test, which
+//! measures none, runs the daemon in-process.
 //!
 //! Measured on a dev build, 2 cores, before the limits were enforced while reading (5085572)
 //! and after (peak RSS of the daemon; the other client's slowest Lookup during the flood,
@@ -24,16 +25,13 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use prost::bytes::{Buf, BufMut};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::codegen::http::uri::PathAndQuery;
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 use tunecache_client::{connect_channel, Client};
-use tunecache_integration::{entry, test_key, Daemon, DaemonOptions};
+use tunecache_integration::raw_grpc::raw_unary;
+use tunecache_integration::{entry, test_key, DaemonOptions, TestDaemon};
 
 const MIB: usize = 1 << 20;
 /// The daemon's peak RSS through any one flood must stay under this (the bound).
@@ -49,61 +47,6 @@ const MAX_BATCH: usize = 10_000;
 const RECORD: &str = "/tunecache.v1.TuneCache/Record";
 const LOOKUP: &str = "/tunecache.v1.TuneCache/Lookup";
 
-/// Sends request bytes as they are and hands back the response bytes: requests no client
-/// library would build.
-#[derive(Clone, Copy, Default)]
-struct RawCodec;
-
-struct RawEncoder;
-struct RawDecoder;
-
-impl Encoder for RawEncoder {
-    type Item = Vec<u8>;
-    type Error = Status;
-
-    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawDecoder {
-    type Item = Vec<u8>;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
-    }
-}
-
-impl Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawEncoder;
-    type Decoder = RawDecoder;
-
-    fn encoder(&mut self) -> RawEncoder {
-        RawEncoder
-    }
-
-    fn decoder(&mut self) -> RawDecoder {
-        RawDecoder
-    }
-}
-
-/// One unary call of `method` with `body` as the request message.
-async fn raw_unary(channel: Channel, method: &'static str, body: Vec<u8>) -> Result<(), Status> {
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready()
-        .await
-        .map_err(|error| Status::unavailable(error.to_string()))?;
-    let mut request = tonic::Request::new(body);
-    request.set_timeout(Duration::from_secs(300));
-    grpc.unary(request, PathAndQuery::from_static(method), RawCodec)
-        .await
-        .map(drop)
-}
-
 /// `bytes` of empty repeated elements: `0a 00` (field 1, length 0) over and over. As a
 /// RecordRequest these are empty entries, as a LookupRequest empty keys.
 fn empty_elements(bytes: usize) -> Vec<u8> {
@@ -114,7 +57,8 @@ fn empty_elements(bytes: usize) -> Vec<u8> {
 /// until stopped; each call's start and end.
 struct Prober {
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<(Instant, Instant)>>,
+    calls: Arc<Mutex<Vec<(Instant, Instant)>>>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl Prober {
@@ -122,6 +66,8 @@ impl Prober {
         let socket: PathBuf = socket.to_path_buf();
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let answered = calls.clone();
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -132,23 +78,42 @@ impl Prober {
                     .await
                     .unwrap()
                     .with_timeout(Duration::from_secs(120));
-                let mut calls = Vec::new();
                 while !stopped.load(Ordering::Relaxed) {
                     let started = Instant::now();
                     let hits = client.lookup(vec![probe_key()]).await.unwrap();
-                    calls.push((started, Instant::now()));
+                    answered.lock().unwrap().push((started, Instant::now()));
                     assert_eq!(hits.len(), 1, "the probe's key is cached");
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                calls
             })
         });
-        Prober { stop, thread }
+        Prober {
+            stop,
+            calls,
+            thread,
+        }
+    }
+
+    /// Waits (at most 30 s) until `done` holds for the calls answered so far.
+    async fn wait_for(&self, what: &str, done: impl Fn(&[(Instant, Instant)]) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done(&self.calls.lock().unwrap()) {
+            assert!(!self.thread.is_finished(), "the probe stopped: {what}");
+            assert!(Instant::now() < deadline, "the probe, within 30 s: {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits until the probe has had a few Lookups answered: it is connected and in its loop.
+    async fn wait_running(&self) {
+        self.wait_for("a few Lookups answered", |calls| calls.len() >= 3)
+            .await;
     }
 
     fn stop(self) -> Vec<(Instant, Instant)> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().expect("the probe panicked")
+        self.thread.join().expect("the probe panicked");
+        std::mem::take(&mut *self.calls.lock().unwrap())
     }
 }
 
@@ -174,8 +139,10 @@ struct Flood {
 /// runs, and measures.
 async fn flood(args: &[&str], method: &'static str, bytes: usize, copies: usize) -> Flood {
     let dir = tempfile::tempdir().unwrap();
-    let daemon =
-        Daemon::start_with(DaemonOptions::new(dir.path()).args(args.iter().copied())).await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args(args.iter().copied())
+        .process()
+        .await;
     daemon
         .client()
         .await
@@ -188,7 +155,7 @@ async fn flood(args: &[&str], method: &'static str, bytes: usize, copies: usize)
     }
     let body = empty_elements(bytes);
     let prober = Prober::start(&daemon.socket);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    prober.wait_running().await;
 
     let started = Instant::now();
     let calls: Vec<_> = channels
@@ -201,7 +168,12 @@ async fn flood(args: &[&str], method: &'static str, bytes: usize, copies: usize)
         outcomes.push(call.await.unwrap());
     }
     let ended = Instant::now();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A Lookup that started after the flood has been answered too.
+    prober
+        .wait_for("a Lookup after the flood", |calls| {
+            calls.iter().any(|(start, _)| *start > ended)
+        })
+        .await;
     let calls = prober.stop();
     let peak_rss = daemon.peak_rss_bytes();
 
@@ -321,7 +293,7 @@ async fn a_full_batch_of_the_largest_size_is_stored_in_a_small_multiple_of_its_s
     assert!(len <= DEFAULT_MAX_MESSAGE_BYTES && len > DEFAULT_MAX_MESSAGE_BYTES * 9 / 10);
 
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::process(dir.path()).await;
     let client = daemon.client().await;
     client
         .record(vec![entry(probe_key(), "{}", 1.0, "probe")])
@@ -329,7 +301,7 @@ async fn a_full_batch_of_the_largest_size_is_stored_in_a_small_multiple_of_its_s
         .unwrap();
     let baseline = daemon.peak_rss_bytes();
     let prober = Prober::start(&daemon.socket);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    prober.wait_running().await;
     let channel = connect_channel(&daemon.socket).await.unwrap();
     let started = Instant::now();
     raw_unary(channel, RECORD, request).await.unwrap();
@@ -378,9 +350,10 @@ async fn a_message_over_the_size_limit_is_refused_naming_the_flag() {
 
     // A lower limit, set by flag, applies to every method.
     let dir = tempfile::tempdir().unwrap();
-    let daemon =
-        Daemon::start_with(DaemonOptions::new(dir.path()).args(["--max-message-bytes", "65536"]))
-            .await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args(["--max-message-bytes", "65536"])
+        .process()
+        .await;
     for method in [RECORD, LOOKUP, "/tunecache.v1.TuneCache/Resolve"] {
         let channel = connect_channel(&daemon.socket).await.unwrap();
         let status = raw_unary(channel, method, empty_elements(65536 + 2))
@@ -407,7 +380,7 @@ async fn a_message_over_the_size_limit_is_refused_naming_the_flag() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_the_entry_limit_is_served_and_one_more_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let client = daemon.client().await.with_timeout(Duration::from_secs(60));
     let entries: Vec<_> = (0..=MAX_BATCH)
         .map(|i| entry(test_key("gemm", &format!("limit-{i}")), "{}", 1.0, "limit"))
@@ -438,7 +411,7 @@ async fn exactly_the_entry_limit_is_served_and_one_more_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_limit_is_logged_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::process(dir.path()).await;
     let log = daemon.log();
     for field in [
         "max_message_bytes=67108864",
@@ -481,13 +454,15 @@ async fn in_flight(client: &Client) -> u64 {
 async fn a_uid_s_request_bytes_in_flight_are_bounded_and_its_small_calls_still_served() {
     const MESSAGE: usize = MIB;
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start_with(DaemonOptions::new(dir.path()).args([
-        "--max-message-bytes",
-        &MESSAGE.to_string(),
-        "--max-request-bytes-per-uid",
-        &(2 * MESSAGE).to_string(),
-    ]))
-    .await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args([
+            "--max-message-bytes",
+            &MESSAGE.to_string(),
+            "--max-request-bytes-per-uid",
+            &(2 * MESSAGE).to_string(),
+        ])
+        .process()
+        .await;
     let client = daemon.client().await;
     client
         .record(vec![entry(probe_key(), "{}", 1.0, "probe")])

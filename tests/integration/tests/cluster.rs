@@ -1,7 +1,8 @@
 //! The Redis cluster tier against a real `redis-server` started here (a single server, and a
 //! Redis Cluster of three masters), real daemons and real rank processes: one tuning per
 //! problem per cluster, push within a second, takeover after a dead holder, a hung, killed
-//! and flushed Redis, and one winner for a contested key everywhere.
+//! and flushed Redis, and one winner for a contested key everywhere. The node that is killed
+//! and the one whose log is read are daemon processes; the others run in-process.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -14,7 +15,7 @@ use tunecache_integration::redis::{
     cluster_node as node, free_port, wait_connected, wait_for_hit, Redis, RedisCluster,
 };
 use tunecache_integration::{
-    best_result, entry, eventually, rank_command, run_ranks, test_key, Daemon,
+    best_result, entry, eventually, rank_command, run_ranks, test_key, TestDaemon,
 };
 
 /// Lines of the count file: one per tuning, "<problem> <pid>".
@@ -68,6 +69,7 @@ async fn each_key_tuned_once_across_nodes(url: &str, dir: &Path, nodes: usize, k
                 url,
                 &["--cluster-timeout-ms", "2000"],
             )
+            .in_process()
             .await,
         );
     }
@@ -141,9 +143,15 @@ async fn a_record_on_one_node_is_a_hit_on_another_within_a_second() {
     std::fs::create_dir_all(&shared).unwrap();
     let shared_arg = shared.display().to_string();
     let snapshot_flags = ["--shared-dir", &shared_arg, "--snapshot-interval", "3600"];
-    let a = node(dir.path(), "a", &url, &snapshot_flags).await;
-    let _b = node(dir.path(), "b", &url, &snapshot_flags).await;
-    let c = node(dir.path(), "c", &url, &snapshot_flags).await;
+    let a = node(dir.path(), "a", &url, &snapshot_flags)
+        .in_process()
+        .await;
+    let _b = node(dir.path(), "b", &url, &snapshot_flags)
+        .in_process()
+        .await;
+    let c = node(dir.path(), "c", &url, &snapshot_flags)
+        .in_process()
+        .await;
     wait_connected(&a).await;
     wait_connected(&c).await;
 
@@ -167,8 +175,10 @@ async fn a_dead_holder_node_is_taken_over_after_its_cluster_lease_expires() {
     let dir = tempfile::tempdir().unwrap();
     let redis = Redis::start(dir.path(), free_port(), &[]);
     let lease = ["--cluster-lease-ms", "1500"];
-    let mut a = node(dir.path(), "a", &redis.url(), &lease).await;
-    let b = node(dir.path(), "b", &redis.url(), &lease).await;
+    let mut a = node(dir.path(), "a", &redis.url(), &lease).process().await;
+    let b = node(dir.path(), "b", &redis.url(), &lease)
+        .in_process()
+        .await;
     wait_connected(&a).await;
     wait_connected(&b).await;
 
@@ -217,7 +227,7 @@ async fn a_dead_holder_node_is_taken_over_after_its_cluster_lease_expires() {
     assert_eq!(stats.cluster_takeovers, 1, "{stats:?}");
 }
 
-async fn cluster_health(daemon: &Daemon) -> i32 {
+async fn cluster_health(daemon: &TestDaemon) -> i32 {
     use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
     let channel = tunecache_client::connect_channel(&daemon.socket)
         .await
@@ -265,7 +275,7 @@ async fn a_hung_killed_or_flushed_redis_never_slows_the_nodes() {
     let port = free_port();
     let url = format!("redis://127.0.0.1:{port}");
     // Redis is down when the first node starts: it serves anyway.
-    let a = node(dir.path(), "a", &url, &[]).await;
+    let a = node(dir.path(), "a", &url, &[]).process().await;
     let client_a = a.client().await;
     let state = client_a.stats().await.unwrap().cluster_state;
     assert!(!state.starts_with("connected"), "{state}");
@@ -279,7 +289,7 @@ async fn a_hung_killed_or_flushed_redis_never_slows_the_nodes() {
         .await
         .unwrap();
     let redis = Redis::start(dir.path(), port, &[]);
-    let b = node(dir.path(), "b", &url, &[]).await;
+    let b = node(dir.path(), "b", &url, &[]).in_process().await;
     wait_connected(&a).await;
     wait_connected(&b).await;
     // What node a had before Redis came up reaches node b (a fresh server is filled).
@@ -430,9 +440,9 @@ async fn a_contested_key_ends_with_one_winner_everywhere_and_in_redis() {
     // Under a non-C collation Lua's string `<` would disagree with the byte order.
     let redis = Redis::start(dir.path(), free_port(), &[]);
     let nodes = [
-        node(dir.path(), "a", &redis.url(), &[]).await,
-        node(dir.path(), "b", &redis.url(), &[]).await,
-        node(dir.path(), "c", &redis.url(), &[]).await,
+        node(dir.path(), "a", &redis.url(), &[]).in_process().await,
+        node(dir.path(), "b", &redis.url(), &[]).in_process().await,
+        node(dir.path(), "c", &redis.url(), &[]).in_process().await,
     ];
     for daemon in &nodes {
         wait_connected(daemon).await;
@@ -520,7 +530,7 @@ async fn a_redis_cluster_of_three_masters_works_like_one_server() {
     each_key_tuned_once_across_nodes(&url, dir.path(), 2, 12).await;
 
     // Push, and bootstrap across every master.
-    let a = node(dir.path(), "pusher", &url, &[]).await;
+    let a = node(dir.path(), "pusher", &url, &[]).in_process().await;
     wait_connected(&a).await;
     let entries: Vec<proto::Entry> = (0..60)
         .map(|i| {
@@ -533,7 +543,7 @@ async fn a_redis_cluster_of_three_masters_works_like_one_server() {
         })
         .collect();
     a.client().await.record(entries.clone()).await.unwrap();
-    let late = node(dir.path(), "late", &url, &[]).await;
+    let late = node(dir.path(), "late", &url, &[]).in_process().await;
     wait_connected(&late).await;
     for e in &entries {
         wait_for_hit(

@@ -2,10 +2,12 @@
 //! recorded while Redis is hung, killed or restarted still reach every node, retries never
 //! store a result without announcing it, and the audit after a reconnect finds what the
 //! stream missed. Each scenario prints, per fault, the entries recorded, how many reached
-//! each node, and how long they took.
+//! each node, and how long they took. Nodes that are SIGSTOPped or whose log is read are
+//! daemon processes; the others run in-process.
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -13,11 +15,13 @@ use tunecache_client::proto;
 use tunecache_integration::redis::{
     cluster_node, free_port, wait_connected, wait_for_all, wait_for_hit, Redis, RedisCluster,
 };
-use tunecache_integration::{best_result, entry, http_get, metrics_addr, test_key, Daemon};
+use tunecache_integration::{
+    best_result, entry, http_get, metrics_addr, test_key, Kind, TestDaemon,
+};
 
 /// Records one entry every 50 ms on `writer` for `span`, with a Lookup between Records, as
 /// a rank that tunes and reads would; returns what it recorded.
-async fn record_steadily(writer: &Daemon, tag: &str, span: Duration) -> Vec<proto::Entry> {
+async fn record_steadily(writer: &TestDaemon, tag: &str, span: Duration) -> Vec<proto::Entry> {
     let client = writer.client().await;
     let mut recorded = Vec::new();
     let started = Instant::now();
@@ -38,12 +42,53 @@ async fn record_steadily(writer: &Daemon, tag: &str, span: Duration) -> Vec<prot
     recorded
 }
 
+/// Records one entry every 50 ms on `writer` until `stop` is set, as [`record_steadily`] does,
+/// counting them in `progress`; returns what it recorded.
+async fn record_until(
+    writer: &TestDaemon,
+    tag: &str,
+    stop: &AtomicBool,
+    progress: &AtomicUsize,
+) -> Vec<proto::Entry> {
+    let client = writer.client().await;
+    let mut recorded = Vec::new();
+    let mut i = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let e = entry(
+            test_key("fault", &format!("{tag}-{i}")),
+            &format!(r#"{{"tile":{i}}}"#),
+            10.0 + f64::from(i),
+            "writer",
+        );
+        client.record(vec![e.clone()]).await.unwrap();
+        client.lookup(vec![e.key.clone().unwrap()]).await.unwrap();
+        recorded.push(e);
+        progress.fetch_add(1, Ordering::Relaxed);
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    recorded
+}
+
+/// Waits (at most 30 s) until `progress` reaches `count`.
+async fn wait_recorded(progress: &AtomicUsize, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while progress.load(Ordering::Relaxed) < count {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {count} Records",
+            progress.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Every one of `recorded` must be a hit on each of `readers` within `limit`; prints one
 /// line per reader (recorded, reached, time) and fails naming the shortfall.
 async fn assert_reached(
     what: &str,
     recorded: &[proto::Entry],
-    readers: &[&Daemon],
+    readers: &[&TestDaemon],
     limit: Duration,
 ) {
     let mut failures = Vec::new();
@@ -65,8 +110,8 @@ async fn assert_reached(
     }
     assert!(
         failures.is_empty(),
-        "{what}: not every recorded entry reached every node: {failures:?}; log of reader 0:\n{}",
-        readers[0].log()
+        "{what}: not every recorded entry reached every node: {failures:?}; reader 0's {}",
+        readers[0].diagnostics()
     );
 }
 
@@ -90,9 +135,9 @@ async fn records_while_stopped<'r>(
     server: impl Fn(usize) -> &'r Redis,
 ) {
     let flags = ["--cluster-timeout-ms", "1000"];
-    let a = cluster_node(dir, "a", url, &flags).await;
-    let b = cluster_node(dir, "b", url, &flags).await;
-    let c = cluster_node(dir, "c", url, &flags).await;
+    let a = cluster_node(dir, "a", url, &flags).in_process().await;
+    let b = cluster_node(dir, "b", url, &flags).in_process().await;
+    let c = cluster_node(dir, "c", url, &flags).in_process().await;
     for daemon in [&a, &b, &c] {
         wait_connected(daemon).await;
     }
@@ -114,7 +159,7 @@ async fn records_while_stopped<'r>(
 }
 
 /// Stats of `daemon`, and the cluster counters this file reports.
-async fn cluster_counters(daemon: &Daemon) -> proto::StatsResponse {
+async fn cluster_counters(daemon: &TestDaemon) -> proto::StatsResponse {
     let stats = daemon.client().await.stats().await.unwrap();
     eprintln!(
         "  {}: published {} already {} received {} bootstrap {} audits {} differing {} audit_repaired {} gaps {} resync {} republished {} dropped {}",
@@ -175,20 +220,36 @@ async fn a_redis_killed_and_restarted_with_its_data_loses_and_duplicates_nothing
     let mut redis = Redis::start_persistent(dir.path(), free_port());
     let url = redis.url();
     let flags = ["--cluster-timeout-ms", "1000"];
-    let a = cluster_node(dir.path(), "a", &url, &flags).await;
-    let b = cluster_node(dir.path(), "b", &url, &flags).await;
-    let c = cluster_node(dir.path(), "c", &url, &flags).await;
+    let a = cluster_node(dir.path(), "a", &url, &flags)
+        .in_process()
+        .await;
+    let b = cluster_node(dir.path(), "b", &url, &flags)
+        .in_process()
+        .await;
+    let c = cluster_node(dir.path(), "c", &url, &flags)
+        .in_process()
+        .await;
     for daemon in [&a, &b, &c] {
         wait_connected(daemon).await;
     }
     for round in 0..3 {
         let tag = format!("killed{round}");
-        let writer = record_steadily(&b, &tag, Duration::from_millis(3000));
+        let (stop, progress) = (AtomicBool::new(false), AtomicUsize::new(0));
+        let writer = record_until(&b, &tag, &stop, &progress);
+        // Results recorded before the kill (more each round), while node b knows Redis is
+        // gone, and after it reconnected to the restarted server.
         let fault = async {
-            tokio::time::sleep(Duration::from_millis(700 + 300 * round)).await;
+            wait_recorded(&progress, 10 + 5 * round).await;
             redis.kill();
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            b.wait_for_stats("node b notices redis is gone", |s| {
+                !s.cluster_state.starts_with("connected")
+            })
+            .await;
+            wait_recorded(&progress, progress.load(Ordering::Relaxed) + 5).await;
             redis.restart();
+            wait_connected(&b).await;
+            wait_recorded(&progress, progress.load(Ordering::Relaxed) + 5).await;
+            stop.store(true, Ordering::Relaxed);
         };
         let (recorded, ()) = tokio::join!(writer, fault);
         assert_reached(
@@ -220,7 +281,7 @@ async fn a_redis_killed_and_restarted_with_its_data_loses_and_duplicates_nothing
 /// Nothing was missed, and every audit that ran (one after each reconnect) found each shard's
 /// count and digest in Redis equal to the node's own: the script's SHA-1 sums and the
 /// daemon's agree.
-async fn assert_healthy(nodes: &[&Daemon]) {
+async fn assert_healthy(nodes: &[&TestDaemon]) {
     for daemon in nodes {
         let stats = cluster_counters(daemon).await;
         assert_eq!(stats.cluster_audit_repaired, 0, "the stream missed entries");
@@ -247,6 +308,36 @@ impl Steps {
     }
 }
 
+/// Waits until every one of `nodes` follows the running `redis`: its stream reader is blocked
+/// on this server. A node opens that reader only after it has checked the server's epoch and
+/// run id on connecting. (In-process nodes share the test's pid: their readers are counted
+/// together.)
+async fn wait_following(redis: &Redis, nodes: &[TestDaemon]) {
+    let mut readers: HashMap<i32, usize> = HashMap::new();
+    for node in nodes {
+        let pid = match node.kind() {
+            Kind::Process => node.pid().as_raw(),
+            Kind::InProcess => std::process::id() as i32,
+        };
+        *readers.entry(pid).or_default() += 1;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (pid, expected) in readers {
+        let pid = nix::unistd::Pid::from_raw(pid);
+        loop {
+            let blocked = redis.blocked_connections_of(pid).unwrap_or(0);
+            if blocked >= expected {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{blocked} of {expected} stream readers of pid {pid} follow redis"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_pauses_kills_and_restarts_end_with_the_same_winners_everywhere() {
     if Redis::server().is_none() {
@@ -263,8 +354,12 @@ async fn random_pauses_kills_and_restarts_end_with_the_same_winners_everywhere()
     let url = redis.url();
     let flags = ["--cluster-timeout-ms", "500"];
     let nodes = [
-        cluster_node(dir.path(), "a", &url, &flags).await,
-        cluster_node(dir.path(), "b", &url, &flags).await,
+        cluster_node(dir.path(), "a", &url, &flags)
+            .in_process()
+            .await,
+        cluster_node(dir.path(), "b", &url, &flags)
+            .in_process()
+            .await,
     ];
     for daemon in &nodes {
         wait_connected(daemon).await;
@@ -329,6 +424,9 @@ async fn random_pauses_kills_and_restarts_end_with_the_same_winners_everywhere()
         redis.signal(Signal::SIGCONT);
     }
     if redis.running() {
+        // The restart below must be one with data the nodes know: each has checked this
+        // server's epoch (else the restart looks like one more flush, and no audit runs).
+        wait_following(&redis, &nodes).await;
         redis.kill();
     }
     redis.restart();
@@ -349,11 +447,11 @@ async fn random_pauses_kills_and_restarts_end_with_the_same_winners_everywhere()
                 daemon.socket.display()
             ),
             Err(got) => panic!(
-                "{} of {} winners on {}; log:\n{}",
+                "{} of {} winners on {}; {}",
                 got,
                 winners.len(),
                 daemon.socket.display(),
-                daemon.log()
+                daemon.diagnostics()
             ),
         }
     }
@@ -364,8 +462,8 @@ async fn random_pauses_kills_and_restarts_end_with_the_same_winners_everywhere()
         while daemon.client().await.stats().await.unwrap().cluster_audits == 0 {
             assert!(
                 Instant::now() < deadline,
-                "no audit after the restart:\n{}",
-                daemon.log()
+                "no audit after the restart; {}",
+                daemon.diagnostics()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -472,8 +570,12 @@ async fn rediss_with_a_site_ca_carries_results_and_refuses_an_unknown_server() {
     );
     let url = format!("rediss://127.0.0.1:{tls_port}");
     let with_ca = ["--cluster-tls-ca-file", ca.as_str()];
-    let a = cluster_node(dir.path(), "a", &url, &with_ca).await;
-    let b = cluster_node(dir.path(), "b", &url, &with_ca).await;
+    let a = cluster_node(dir.path(), "a", &url, &with_ca)
+        .in_process()
+        .await;
+    let b = cluster_node(dir.path(), "b", &url, &with_ca)
+        .in_process()
+        .await;
     wait_connected(&a).await;
     wait_connected(&b).await;
     let k = test_key("tls", "k");
@@ -489,9 +591,13 @@ async fn rediss_with_a_site_ca_carries_results_and_refuses_an_unknown_server() {
     );
 
     // Without the CA the server's certificate is not trusted: no connection, and why.
-    let untrusting = cluster_node(dir.path(), "c", &url, &[]).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let stats = untrusting.client().await.stats().await.unwrap();
+    let untrusting = cluster_node(dir.path(), "c", &url, &[]).process().await;
+    // Its first connection attempt has failed (and says why), not merely not ended yet.
+    let stats = untrusting
+        .wait_for_stats("the connection attempt fails", |s| {
+            s.cluster_state.starts_with("down")
+        })
+        .await;
     assert!(
         !stats.cluster_state.starts_with("connected"),
         "{}",
@@ -552,8 +658,8 @@ async fn an_acl_user_with_a_password_file_works_and_the_password_shows_nowhere()
         "--metrics-addr",
         "127.0.0.1:0",
     ];
-    let a = cluster_node(dir.path(), "a", &url, &flags).await;
-    let b = cluster_node(dir.path(), "b", &url, &flags).await;
+    let a = cluster_node(dir.path(), "a", &url, &flags).process().await;
+    let b = cluster_node(dir.path(), "b", &url, &flags).process().await;
     wait_connected(&a).await;
     wait_connected(&b).await;
     let k = test_key("acl", "k");
@@ -571,9 +677,13 @@ async fn an_acl_user_with_a_password_file_works_and_the_password_shows_nowhere()
         &url,
         &["--cluster-password-file", &wrong_arg],
     )
+    .process()
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let refused_stats = refused.client().await.stats().await.unwrap();
+    let refused_stats = refused
+        .wait_for_stats("the connection attempt fails", |s| {
+            s.cluster_state.starts_with("down")
+        })
+        .await;
     assert!(
         !refused_stats.cluster_state.starts_with("connected"),
         "{}",
@@ -613,8 +723,11 @@ async fn a_publish_queue_that_overflows_republishes_everything_once_redis_is_bac
         &redis.url(),
         &["--cluster-publish-queue", "20"],
     )
+    .process()
     .await;
-    let b = cluster_node(dir.path(), "b", &redis.url(), &[]).await;
+    let b = cluster_node(dir.path(), "b", &redis.url(), &[])
+        .in_process()
+        .await;
     wait_connected(&a).await;
     wait_connected(&b).await;
     assert!(
@@ -673,8 +786,12 @@ async fn a_node_behind_a_trimmed_stream_reads_the_shards_again() {
     // Small stream nodes, so MAXLEN ~ trims streams this short.
     let redis = Redis::start(dir.path(), free_port(), &["--stream-node-max-entries", "4"]);
     let flags = ["--cluster-stream-max-len", "8"];
-    let a = cluster_node(dir.path(), "a", &redis.url(), &flags).await;
-    let c = cluster_node(dir.path(), "c", &redis.url(), &flags).await;
+    let a = cluster_node(dir.path(), "a", &redis.url(), &flags)
+        .in_process()
+        .await;
+    let c = cluster_node(dir.path(), "c", &redis.url(), &flags)
+        .process()
+        .await;
     wait_connected(&a).await;
     wait_connected(&c).await;
     // Node c stops reading (its process is stopped) while node a publishes 40 results a shard.
@@ -728,20 +845,39 @@ async fn the_audit_after_a_reconnect_finds_what_the_stream_never_delivered() {
     }
     let dir = tempfile::tempdir().unwrap();
     let redis = Redis::start(dir.path(), free_port(), &[]);
-    let a = cluster_node(dir.path(), "a", &redis.url(), &[]).await;
-    let b = cluster_node(dir.path(), "b", &redis.url(), &[]).await;
+    let a = cluster_node(dir.path(), "a", &redis.url(), &[])
+        .in_process()
+        .await;
+    let b = cluster_node(dir.path(), "b", &redis.url(), &[])
+        .process()
+        .await;
     wait_connected(&a).await;
     wait_connected(&b).await;
     // Node b stops; its blocked stream read runs out (1 s) so Redis sends it nothing new.
     kill(b.pid(), Signal::SIGSTOP).unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let blocked = redis
+            .blocked_connections_of(b.pid())
+            .expect("node b's connections to redis");
+        if blocked == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node b's stream read is still blocked in redis"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let k = test_key("audit", "lost");
     let e = entry(k.clone(), r#"{"tile":16}"#, 2.5, "a");
     a.client().await.record(vec![e.clone()]).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
     let name = loop {
         if let Some(name) = redis.entry_name("audit", "lost") {
             break name;
         }
+        assert!(Instant::now() < deadline, "node a never stored the entry");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     // The announcement is lost, as a bug would lose it: Redis holds the entry, the stream
@@ -770,8 +906,12 @@ async fn a_redis_restarted_from_an_older_snapshot_is_refilled_by_the_audit() {
     }
     let dir = tempfile::tempdir().unwrap();
     let mut redis = Redis::start(dir.path(), free_port(), &[]);
-    let a = cluster_node(dir.path(), "a", &redis.url(), &[]).await;
-    let b = cluster_node(dir.path(), "b", &redis.url(), &[]).await;
+    let a = cluster_node(dir.path(), "a", &redis.url(), &[])
+        .in_process()
+        .await;
+    let b = cluster_node(dir.path(), "b", &redis.url(), &[])
+        .in_process()
+        .await;
     wait_connected(&a).await;
     wait_connected(&b).await;
     let batch = |from: i32| -> Vec<proto::Entry> {
@@ -805,8 +945,8 @@ async fn a_redis_restarted_from_an_older_snapshot_is_refilled_by_the_audit() {
     while !(0..40).all(|i| redis.entry_name("older", &format!("k{i}")).is_some()) {
         assert!(
             Instant::now() < deadline,
-            "redis was not refilled; log of a:\n{}",
-            a.log()
+            "redis was not refilled; a's {}",
+            a.diagnostics()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -825,7 +965,9 @@ async fn a_redis_restarted_from_an_older_snapshot_is_refilled_by_the_audit() {
         "neither the audit nor the streams saw the loss"
     );
     // A node that joins now gets everything from Redis.
-    let c = cluster_node(dir.path(), "c", &redis.url(), &[]).await;
+    let c = cluster_node(dir.path(), "c", &redis.url(), &[])
+        .in_process()
+        .await;
     wait_connected(&c).await;
     let all: Vec<proto::Entry> = saved.iter().chain(&lost).cloned().collect();
     assert_reached(
@@ -844,8 +986,12 @@ async fn two_daemons_given_one_name_are_reported_by_the_cluster_tier() {
     }
     let dir = tempfile::tempdir().unwrap();
     let redis = Redis::start(dir.path(), free_port(), &[]);
-    let one = cluster_node(&dir.path().join("one"), "twin", &redis.url(), &[]).await;
-    let two = cluster_node(&dir.path().join("two"), "twin", &redis.url(), &[]).await;
+    let one = cluster_node(&dir.path().join("one"), "twin", &redis.url(), &[])
+        .process()
+        .await;
+    let two = cluster_node(&dir.path().join("two"), "twin", &redis.url(), &[])
+        .process()
+        .await;
     wait_connected(&one).await;
     wait_connected(&two).await;
     for (daemon, tag) in [(&one, "one"), (&two, "two")] {

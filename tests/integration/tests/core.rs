@@ -1,13 +1,14 @@
-//! The daemon core against the real binary: record/lookup/scan, the merge rule under
-//! concurrency, durability across SIGTERM and SIGKILL, journal damage, validation, the
-//! socket's life cycle, health and reflection.
+//! The daemon core: record/lookup/scan, the merge rule under concurrency, durability across
+//! SIGTERM and SIGKILL, journal damage, validation, the socket's life cycle, health and
+//! reflection. The signals, the journal warnings in the log and the second daemon's refusal
+//! need the binary as a process; the rest runs the daemon in-process.
 
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use tonic::Code;
 use tunecache_client::{key, proto, Client};
-use tunecache_integration::{bin, entry, test_key, Daemon, DaemonOptions};
+use tunecache_integration::{bin, entry, test_key, DaemonOptions, TestDaemon};
 
 fn problem(i: usize) -> String {
     format!("m={i},n=4096,k=4096,dtype=f16")
@@ -46,7 +47,7 @@ async fn lookup_all(client: &Client, keys: Vec<proto::Key>) -> Vec<proto::Entry>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn record_then_lookup_and_scan_thousands() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let client = daemon.client().await;
 
     let alpha = numbered_entries(0..6000, "alpha");
@@ -127,7 +128,7 @@ fn expected_winner(candidates: &[proto::Result]) -> proto::Result {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_conflicting_records_end_as_the_sequential_merge() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     const CLIENTS: usize = 8;
     const KEYS: usize = 300;
 
@@ -190,7 +191,7 @@ async fn nothing_acknowledged_is_lost_across_sigterm_and_sigkill() {
     // `never` makes the point sharper: acknowledgement means written, not synced, and a
     // killed process loses nothing the kernel already has.
     let options = DaemonOptions::new(dir.path()).args(["--fsync", "never"]);
-    let mut daemon = Daemon::start_with(options).await;
+    let mut daemon = options.process().await;
 
     let first = numbered_entries(0..2000, "durable");
     record_all(&daemon.client().await, first.clone()).await;
@@ -239,8 +240,8 @@ fn journal_frames(bytes: &[u8]) -> Vec<(usize, usize)> {
     frames
 }
 
-async fn daemon_with_three_frames(dir: &std::path::Path) -> (Daemon, Vec<Vec<proto::Entry>>) {
-    let mut daemon = Daemon::start(dir).await;
+async fn daemon_with_three_frames(dir: &std::path::Path) -> (TestDaemon, Vec<Vec<proto::Entry>>) {
+    let mut daemon = TestDaemon::process(dir).await;
     let client = daemon.client().await;
     let batches: Vec<Vec<proto::Entry>> = (0..3)
         .map(|b| numbered_entries(b * 100..(b + 1) * 100, "journal"))
@@ -252,7 +253,7 @@ async fn daemon_with_three_frames(dir: &std::path::Path) -> (Daemon, Vec<Vec<pro
     (daemon, batches)
 }
 
-async fn present(daemon: &Daemon, entries: &[proto::Entry]) -> usize {
+async fn present(daemon: &TestDaemon, entries: &[proto::Entry]) -> usize {
     let keys = entries.iter().map(|e| e.key.clone().unwrap()).collect();
     let hits = daemon.client().await.lookup(keys).await.unwrap();
     for hit in &hits {
@@ -341,7 +342,7 @@ async fn garbage_inside_the_journal_is_skipped_and_intact_records_kept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_validation_rule_refuses_the_whole_batch() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let client = daemon.client().await;
     let good = |i: usize| entry(test_key("gemm", &problem(i)), "{}", 1.0, "t");
 
@@ -451,7 +452,7 @@ async fn socket_life_cycle() {
     let socket = dir.path().join("tunecache.sock");
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
     assert!(socket.exists());
-    let mut daemon = Daemon::start(dir.path()).await;
+    let mut daemon = TestDaemon::process(dir.path()).await;
     let mode = std::fs::metadata(&daemon.socket)
         .unwrap()
         .permissions()
@@ -501,7 +502,7 @@ async fn health_serving_and_reflection_in_v1_and_v1alpha() {
     use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient};
 
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let channel = tunecache_client::connect_channel(&daemon.socket)
         .await
         .unwrap();
@@ -562,7 +563,7 @@ async fn health_serving_and_reflection_in_v1_and_v1alpha() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_journal_is_compacted_and_replays_to_the_same_state() {
     let dir = tempfile::tempdir().unwrap();
-    let mut daemon = Daemon::start(dir.path()).await;
+    let mut daemon = TestDaemon::in_process(dir.path()).await;
     let client = daemon.client().await;
     // Ten rounds of improvements to the same 2,000 keys: the journal holds ten versions of
     // each entry until compaction rewrites it with the live ones only.
@@ -597,7 +598,7 @@ async fn the_journal_is_compacted_and_replays_to_the_same_state() {
     assert!(stats.journal_compactions >= 1, "{stats:?}");
     assert_eq!(stats.entries, 2000);
 
-    daemon.terminate(Duration::from_secs(10));
+    daemon.stop().await;
     daemon.restart().await;
     let last = round(9);
     let keys = last.iter().map(|e| e.key.clone().unwrap()).collect();
@@ -607,7 +608,7 @@ async fn the_journal_is_compacted_and_replays_to_the_same_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rank_scan_returns_the_shared_entries_and_that_ranks_own() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let client = daemon.client().await;
     // The same problem shared, and as the own entry of ranks 0..4; plus another namespace.
     let mut entries = Vec::new();
@@ -639,7 +640,7 @@ async fn a_rank_scan_returns_the_shared_entries_and_that_ranks_own() {
 
 /// The daemon went through its SIGTERM path to the end (drain, flush, socket removal), as
 /// its log says, rather than merely exiting 0.
-fn assert_stopped_by_sigterm(daemon: &Daemon) {
+fn assert_stopped_by_sigterm(daemon: &TestDaemon) {
     let log = daemon.log();
     let received = log
         .find("SIGTERM received")

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use tunecache_client::Client;
 use tunecache_integration::{
-    bin, cli_as_nobody, daemon_pids_on, entry, require_root, require_tool, test_key, Daemon,
-    DaemonOptions,
+    bin, cli_as_nobody, daemon_pids_on, entry, require_root, require_tool, test_key, DaemonOptions,
+    TestDaemon,
 };
 
 fn repo_root() -> PathBuf {
@@ -426,7 +426,7 @@ async fn callers_of_other_uids_are_refused_unless_allowed() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::process(dir.path()).await;
     open_to_everyone(dir.path(), &daemon.socket);
     for _ in 0..2 {
         let output = cli_as_nobody(&setpriv, &daemon.socket, "", &["stats"]);
@@ -442,9 +442,10 @@ async fn callers_of_other_uids_are_refused_unless_allowed() {
     drop(daemon);
 
     let dir = tempfile::tempdir().unwrap();
-    let daemon =
-        Daemon::start_with(DaemonOptions::new(dir.path()).args(["--allow-uid", "1234,65534"]))
-            .await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args(["--allow-uid", "1234,65534"])
+        .process()
+        .await;
     open_to_everyone(dir.path(), &daemon.socket);
     let output = cli_as_nobody(&setpriv, &daemon.socket, "", &["--json", "stats"]);
     assert!(
@@ -456,8 +457,10 @@ async fn callers_of_other_uids_are_refused_unless_allowed() {
 
     // By group: nobody's primary group 65534.
     let dir = tempfile::tempdir().unwrap();
-    let daemon =
-        Daemon::start_with(DaemonOptions::new(dir.path()).args(["--allow-gid", "65534"])).await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args(["--allow-gid", "65534"])
+        .process()
+        .await;
     open_to_everyone(dir.path(), &daemon.socket);
     let output = cli_as_nobody(&setpriv, &daemon.socket, "", &["stats"]);
     assert!(
@@ -478,8 +481,10 @@ async fn callers_in_an_allowed_supplementary_group_are_admitted() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let daemon =
-        Daemon::start_with(DaemonOptions::new(dir.path()).args(["--allow-gid", "4242"])).await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args(["--allow-gid", "4242"])
+        .process()
+        .await;
     open_to_everyone(dir.path(), &daemon.socket);
     for _ in 0..2 {
         let output = cli_as_nobody(&setpriv, &daemon.socket, "100,4242", &["stats"]);
@@ -503,8 +508,12 @@ async fn socket_group_is_applied() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let daemon =
-        Daemon::start_with(DaemonOptions::new(dir.path()).args(["--socket-group", "65534"])).await;
+    // The group is applied at bind: the daemon can run in-process; the refusal below is an
+    // exit status and stderr, the binary's.
+    let daemon = DaemonOptions::new(dir.path())
+        .args(["--socket-group", "65534"])
+        .in_process()
+        .await;
     let metadata = std::fs::metadata(&daemon.socket).unwrap();
     assert_eq!(metadata.gid(), 65534);
     assert_eq!(metadata.mode() & 0o777, 0o660);
@@ -525,8 +534,10 @@ async fn socket_group_is_applied() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exits_cleanly_when_no_client_calls() {
     let dir = tempfile::tempdir().unwrap();
-    let mut daemon =
-        Daemon::start_with(DaemonOptions::new(dir.path()).args(["--exit-when-idle", "1"])).await;
+    let mut daemon = DaemonOptions::new(dir.path())
+        .args(["--exit-when-idle", "1"])
+        .process()
+        .await;
     let client = daemon.client().await;
     client
         .record(vec![entry(test_key("gemm", "idle"), "{}", 1.0, "t")])

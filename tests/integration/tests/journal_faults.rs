@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use tonic::Code;
 use tunecache_client::{Client, ClientError};
-use tunecache_integration::{entry, require_root, require_tool, test_key, Daemon, DaemonOptions};
+use tunecache_integration::{
+    entry, require_root, require_tool, test_key, DaemonOptions, TestDaemon,
+};
 
 /// The NOFILE limit the daemon runs under while the load runs.
 const NOFILE_LIMIT: u32 = 64;
@@ -56,7 +58,7 @@ impl Ledger {
     }
 }
 
-fn prlimit_nofile(daemon: &Daemon, limit: u32) {
+fn prlimit_nofile(daemon: &TestDaemon, limit: u32) {
     let prlimit = require_tool("prlimit", None).expect("prlimit (util-linux) is needed");
     let status = Command::new(prlimit)
         .arg("--pid")
@@ -69,7 +71,7 @@ fn prlimit_nofile(daemon: &Daemon, limit: u32) {
 
 /// Whether the daemon holds a descriptor to a journal file that no longer has a name:
 /// appends through it are lost. Shown in failure messages to say what went wrong.
-fn holds_unlinked_journal(daemon: &Daemon) -> bool {
+fn holds_unlinked_journal(daemon: &TestDaemon) -> bool {
     let fds = format!("/proc/{}/fd", daemon.pid().as_raw());
     std::fs::read_dir(fds).is_ok_and(|entries| {
         entries.filter_map(|e| e.ok()).any(|e| {
@@ -85,7 +87,7 @@ fn holds_unlinked_journal(daemon: &Daemon) -> bool {
 /// `duration`. Writers keep the connection they opened first; churners open and drop raw
 /// connections so the daemon's descriptor table stays full and turns over all the time.
 async fn load_under_fd_pressure(
-    daemon: &Daemon,
+    daemon: &TestDaemon,
     ledger: &Arc<Ledger>,
     round: usize,
     duration: Duration,
@@ -169,7 +171,7 @@ async fn load_under_fd_pressure(
 }
 
 /// Looks every acknowledged key up; returns the problems missing or worse than acknowledged.
-async fn lost_keys(daemon: &Daemon, ledger: &Ledger) -> Vec<String> {
+async fn lost_keys(daemon: &TestDaemon, ledger: &Ledger) -> Vec<String> {
     let client = daemon.client().await.with_timeout(Duration::from_secs(30));
     let acked: Vec<(String, f64)> = ledger
         .acked
@@ -215,7 +217,7 @@ fn tail(text: &str, lines: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn compaction_under_fd_exhaustion_loses_nothing_across_sigkill_and_sigterm() {
     let dir = tempfile::tempdir().unwrap();
-    let mut daemon = Daemon::start(dir.path()).await;
+    let mut daemon = TestDaemon::process(dir.path()).await;
     let ledger = Arc::new(Ledger::default());
 
     let unlinked = load_under_fd_pressure(&daemon, &ledger, 0, Duration::from_secs(20)).await;
@@ -271,8 +273,10 @@ async fn kill_loop(kills: usize, round_time: Duration) -> KillLoopReport {
     let mut report = KillLoopReport::default();
     for round in 0..kills {
         let policy = policies[round % policies.len()];
-        let mut daemon =
-            Daemon::start_with(DaemonOptions::new(dir.path()).args(["--fsync", policy])).await;
+        let mut daemon = DaemonOptions::new(dir.path())
+            .args(["--fsync", policy])
+            .process()
+            .await;
         let unlinked = load_under_fd_pressure(&daemon, &ledger, round, round_time).await;
         let stats = daemon.client().await.stats().await.unwrap();
         report.compactions += stats.journal_compactions;
@@ -333,7 +337,7 @@ fn corrupt_copies(state_dir: &Path) -> Vec<PathBuf> {
     copies
 }
 
-async fn record_numbered(daemon: &Daemon, count: usize, config_bytes: usize) {
+async fn record_numbered(daemon: &TestDaemon, count: usize, config_bytes: usize) {
     let client = daemon.client().await;
     let config = json_config(config_bytes);
     for i in 0..count {
@@ -342,12 +346,12 @@ async fn record_numbered(daemon: &Daemon, count: usize, config_bytes: usize) {
     }
 }
 
-async fn has_key(daemon: &Daemon, problem: &str) -> bool {
+async fn has_key(daemon: &TestDaemon, problem: &str) -> bool {
     let keys = vec![test_key("gemm", problem)];
     !daemon.client().await.lookup(keys).await.unwrap().is_empty()
 }
 
-async fn present(daemon: &Daemon, count: usize) -> usize {
+async fn present(daemon: &TestDaemon, count: usize) -> usize {
     let keys = (0..count)
         .map(|i| test_key("gemm", &format!("p{i}")))
         .collect();
@@ -362,7 +366,7 @@ async fn an_all_zero_journal_is_kept_as_a_copy() {
     let zeros = vec![0u8; 33 * 1024];
     std::fs::write(state.join("journal"), &zeros).unwrap();
 
-    let mut daemon = Daemon::start(dir.path()).await;
+    let mut daemon = TestDaemon::process(dir.path()).await;
     let copies = corrupt_copies(&state);
     assert_eq!(
         copies.len(),
@@ -388,7 +392,7 @@ async fn an_all_zero_journal_is_kept_as_a_copy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_after_the_last_good_frame_is_kept_as_a_copy() {
     let dir = tempfile::tempdir().unwrap();
-    let mut daemon = Daemon::start(dir.path()).await;
+    let mut daemon = TestDaemon::process(dir.path()).await;
     record_numbered(&daemon, 5, 100).await;
     daemon.terminate(Duration::from_secs(30));
     let journal = daemon.state_dir.join("journal");
@@ -412,7 +416,7 @@ async fn garbage_after_the_last_good_frame_is_kept_as_a_copy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_journal_deleted_under_the_daemon_is_put_back_before_the_next_acknowledgement() {
     let dir = tempfile::tempdir().unwrap();
-    let mut daemon = Daemon::start(dir.path()).await;
+    let mut daemon = TestDaemon::process(dir.path()).await;
     record_numbered(&daemon, 3, 10).await;
     std::fs::remove_file(daemon.state_dir.join("journal")).unwrap();
 
@@ -491,7 +495,7 @@ async fn a_damaged_journal_on_a_full_disk_still_starts() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let _tmpfs = Tmpfs::mount(&state, "4m");
-    let mut daemon = Daemon::start(dir.path()).await;
+    let mut daemon = TestDaemon::process(dir.path()).await;
     record_numbered(&daemon, 40, 8 * 1024).await;
     daemon.terminate(Duration::from_secs(30));
 

@@ -1,10 +1,10 @@
-//! Operator-facing surfaces against the real binaries: the Prometheus endpoint (a real HTTP
-//! GET), `tunecache stats` as table and JSON, and the TensorRT-LLM cache file round trip
-//! through the CLI and the daemon.
+//! Operator-facing surfaces against the real CLI: the Prometheus endpoint (a real HTTP GET),
+//! `tunecache stats` as table and JSON, and the TensorRT-LLM cache file round trip through the
+//! CLI and the daemon. The daemon runs in-process except where its log is read.
 
 use serde_json::Value;
 use tunecache_client::key;
-use tunecache_integration::{cli, entry, http_get, metrics_addr, test_key, Daemon, DaemonOptions};
+use tunecache_integration::{cli, entry, http_get, test_key, DaemonOptions, TestDaemon};
 
 /// `GET path` over plain HTTP/1.1; returns status line and body.
 /// The value of an unlabelled sample, e.g. `tunecache_hits_total 3`.
@@ -21,10 +21,13 @@ fn sample(text: &str, name: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_endpoint_reports_the_daemons_counters() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon =
-        Daemon::start_with(DaemonOptions::new(dir.path()).args(["--metrics-addr", "127.0.0.1:0"]))
-            .await;
-    let addr = metrics_addr(&daemon);
+    // A port of its own: an in-process daemon's log (where port 0's pick is named) is not
+    // the test's to read.
+    let addr = format!("127.0.0.1:{}", tunecache_integration::redis::free_port());
+    let daemon = DaemonOptions::new(dir.path())
+        .args(["--metrics-addr", addr.as_str()])
+        .in_process()
+        .await;
 
     let client = daemon.client().await;
     client
@@ -67,13 +70,15 @@ async fn metrics_endpoint_reports_the_daemons_counters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_off_by_default_and_a_bare_port_is_loopback() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::process(dir.path()).await;
     assert!(!daemon.log().contains("metrics at"), "{}", daemon.log());
     drop(daemon);
 
     let dir = tempfile::tempdir().unwrap();
-    let daemon =
-        Daemon::start_with(DaemonOptions::new(dir.path()).args(["--metrics-addr", "0"])).await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args(["--metrics-addr", "0"])
+        .process()
+        .await;
     assert!(
         daemon.log().contains("metrics at http://127.0.0.1:"),
         "{}",
@@ -84,7 +89,7 @@ async fn metrics_are_off_by_default_and_a_bare_port_is_loopback() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_prints_a_table_and_raw_json() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     daemon
         .client()
         .await
@@ -150,7 +155,7 @@ const TRTLLM_FILE: &str = r#"{
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trtllm_cache_file_round_trips_through_the_daemon() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let input = dir.path().join("in.json");
     std::fs::write(&input, TRTLLM_FILE).unwrap();
 

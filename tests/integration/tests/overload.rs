@@ -16,7 +16,8 @@ use nix::unistd::Pid;
 use tonic::Code;
 use tunecache_client::{proto, Client, ClientError, Resolution, ResolveOptions};
 use tunecache_integration::{
-    cli_as_nobody, entry, require_root, require_tool, test_key, Daemon, DaemonOptions, TestMount,
+    cli_as_nobody, entry, require_root, require_tool, test_key, DaemonOptions, TestDaemon,
+    TestMount,
 };
 
 /// Documented defaults (README "Limits"); the tests use them so they exercise what ships.
@@ -140,7 +141,10 @@ async fn idle_sockets_past_the_fd_limit_are_reclaimed_without_spinning() {
     // The daemon starts with a soft limit below its hard limit, as under a default login;
     // set in the daemon's process only, so the tests beside this one keep their limit.
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start_with(DaemonOptions::new(dir.path()).nofile(256, hard)).await;
+    let daemon = DaemonOptions::new(dir.path())
+        .nofile(256, hard)
+        .process()
+        .await;
     let pid = daemon.pid();
     let at_start = daemon.client().await.stats().await.unwrap();
     assert_eq!(
@@ -217,7 +221,7 @@ async fn idle_sockets_past_the_fd_limit_are_reclaimed_without_spinning() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_holding_the_most_leases_is_refused_with_resource_exhausted() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::process(dir.path()).await;
     let client = daemon.client().await;
     let options = ResolveOptions {
         wait: Duration::ZERO,
@@ -278,8 +282,10 @@ async fn a_uid_holding_the_most_connections_is_refused_and_other_uids_are_not() 
     // This process holds the uid's connections.
     raise_own_soft_nofile();
     let dir = tempfile::tempdir().unwrap();
-    let daemon =
-        Daemon::start_with(DaemonOptions::new(dir.path()).args(["--allow-uid", "65534"])).await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args(["--allow-uid", "65534"])
+        .process()
+        .await;
     // Let uid 65534 reach the socket through the file system.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(&daemon.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
@@ -345,7 +351,7 @@ async fn a_hung_journal_disk_sheds_records_instead_of_queueing_them() {
     let mount = TestMount::bindfs(&backing, &mount_point);
     let mut options = DaemonOptions::new(dir.path()).args(["--write-queue-mib", "1"]);
     options.state_dir = Some(mount_point.join("state"));
-    let mut daemon = Daemon::start_with(options).await;
+    let mut daemon = options.process().await;
     let client = daemon.client().await;
 
     // ~420 KiB per Record: the first blocks in the writer, two more fill the 1 MiB queue.
@@ -450,13 +456,10 @@ async fn a_hung_journal_disk_sheds_records_instead_of_queueing_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_tuner_queue_is_counted_and_logged_once() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start_with(DaemonOptions::new(dir.path()).args([
-        "--tuner-backend",
-        "cpu",
-        "--tuner-queue",
-        "1",
-    ]))
-    .await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args(["--tuner-backend", "cpu", "--tuner-queue", "1"])
+        .process()
+        .await;
     let client = daemon.client().await;
     let devices = client.devices().await.unwrap();
     let device = devices

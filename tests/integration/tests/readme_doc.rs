@@ -1,10 +1,10 @@
 //! README.md's CLI quick start stays true: its ```sh block runs as written, in bash, from a
 //! directory where `./target/release/tunecache` is the CLI just built, against a real daemon
-//! named by `TUNECACHE_SOCKET`, and each command's output is checked.
+//! named by `TUNECACHE_SOCKET` (in-process), and each command's output is checked.
 
 use std::process::Command;
 
-use tunecache_integration::{bin, sh_blocks, Daemon};
+use tunecache_integration::{bin, sh_blocks, TestDaemon};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_cli_quick_start_works() {
@@ -24,7 +24,7 @@ async fn the_readme_cli_quick_start_works() {
     );
 
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let release = dir.path().join("checkout/target/release");
     std::fs::create_dir_all(&release).unwrap();
     std::os::unix::fs::symlink(bin("tunecache"), release.join("tunecache")).unwrap();

@@ -1,5 +1,6 @@
-//! Coordinated tuning against the real daemon and real rank processes: one tuner per
-//! problem per node, lease hand-over on holder death, expiry and give-up, bounded waits.
+//! Coordinated tuning against the daemon (in-process: the processes that die here are ranks,
+//! not the daemon) and real rank processes: one tuner per problem per node, lease hand-over on
+//! holder death, expiry and give-up, bounded waits.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -7,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tunecache_client::{key, proto, Client, Resolution, ResolveOptions};
-use tunecache_integration::{eventually, rank_command, run_ranks, Daemon};
+use tunecache_integration::{eventually, rank_command, run_ranks, TestDaemon};
 
 /// How many times each problem was tuned, from the count file.
 fn tune_counts(dir: &Path) -> HashMap<String, usize> {
@@ -23,7 +24,7 @@ fn tune_counts(dir: &Path) -> HashMap<String, usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_processes_one_fresh_key_exactly_one_tunes() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     // The rank that gets the lease holds its result until the gate opens, and the gate opens
     // only once the seven others wait on the lease: each of them is then woken by the
     // result (a wait satisfied), none can arrive late and find a plain hit.
@@ -81,7 +82,7 @@ async fn eight_processes_one_fresh_key_exactly_one_tunes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_processes_500_keys_each_tuned_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let commands = (0..16)
         .map(|rank| {
             let seed = (rank + 1).to_string();
@@ -136,7 +137,7 @@ async fn wait_for_count(dir: &Path, problem: &str, n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_holder_hands_the_lease_to_a_waiter_long_before_expiry() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     std::fs::write(dir.path().join("start"), b"go").unwrap();
     let mut holder = rank_command(&daemon, dir.path(), &["--hang", "--lease-ms", "120000"])
         .spawn()
@@ -195,7 +196,7 @@ fn options(wait_ms: u64, can_tune: bool, lease_ms: u64) -> ResolveOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiry_timeout_and_give_up() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let client = daemon.client().await;
     let k = |p: &str| key("test", "gemm", "test-device", p, None);
 
@@ -293,7 +294,7 @@ async fn expiry_timeout_and_give_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_that_disconnects_leaves_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let client = daemon.client().await;
     let k = key("test", "gemm", "test-device", "leak", None);
     let Resolution::TuneHere(_) = client
@@ -342,7 +343,7 @@ async fn bitblas_scenario_ranks_share_one_tuning_per_matmul() {
     // them and overwrite the others' database entries. Here 4 ranks ask for the same 3
     // matmul configs (namespace "bitblas") in different orders.
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let commands = (0..4)
         .map(|rank| {
             let seed = (rank + 11).to_string();
@@ -387,7 +388,7 @@ async fn bitblas_scenario_ranks_share_one_tuning_per_matmul() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_record_gives_the_lease_up_so_a_waiter_tunes_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let holder = daemon.client().await;
     let waiter = daemon.client().await;
     let observer = daemon.client().await;

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tunecache_client::Client;
-use tunecache_integration::{require_tool, test_key, Daemon};
+use tunecache_integration::{require_tool, test_key, TestDaemon};
 
 /// A valid snapshot file of `node` holding one entry with problem `problem`.
 fn write_peer_file(shared: &Path, node: &str, problem: &str) {
@@ -32,7 +32,7 @@ async fn holds(client: &Client, problem: &str) -> bool {
         .is_ok_and(|hits| !hits.is_empty())
 }
 
-async fn wait_until_loaded(daemon: &Daemon, client: &Client, problem: &str) {
+async fn wait_until_loaded(daemon: &TestDaemon, client: &Client, problem: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !holds(client, problem).await {
         assert!(
@@ -74,11 +74,7 @@ async fn symlink_to_dev_zero_is_skipped_without_growing_memory() {
     write_peer_file(&shared, "node-b", "from-b");
     wait_until_loaded(&daemon, &client, "from-b").await;
     // More passes over the same link: still one warning, still no growth.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let stats = client
-        .stats()
-        .await
-        .unwrap_or_else(|e| panic!("daemon gone ({e}); log:\n{}", daemon.log()));
+    let stats = daemon.wait_for_snapshot_passes(3).await;
     assert!(stats.peer_files_skipped >= 1, "{stats:?}");
     let rss_after = daemon.rss_bytes();
     assert!(
@@ -104,8 +100,15 @@ async fn fifo_named_like_a_snapshot_does_not_stick_the_load_pass() {
     let client = daemon.client().await;
     write_peer_file(&shared, "node-b", "from-b");
     wait_until_loaded(&daemon, &client, "from-b").await;
-    // Past the 5 s after which a hung operation is reported as stuck.
-    tokio::time::sleep(Duration::from_secs(7)).await;
+    // Passes go on past the 5 s after which a hung operation is reported as stuck (six more
+    // at one a second take longer than that), and none is reported stuck meanwhile.
+    let passes = client.stats().await.unwrap().snapshot_passes;
+    daemon
+        .wait_for_stats("six more passes, none stuck", |s| {
+            assert_eq!(s.stuck_operation, "", "{s:?}");
+            s.snapshot_passes >= passes + 6
+        })
+        .await;
     write_peer_file(&shared, "node-c", "from-c");
     wait_until_loaded(&daemon, &client, "from-c").await;
     let stats = client.stats().await.unwrap();
@@ -145,7 +148,8 @@ async fn file_over_the_size_cap_is_skipped_with_one_warning() {
     .await;
     let client = daemon.client().await;
     wait_until_loaded(&daemon, &client, "from-b").await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // More passes over the over-cap file.
+    daemon.wait_for_snapshot_passes(2).await;
     assert!(!holds(&client, "big-7").await, "the over-cap file was read");
     let stats = client.stats().await.unwrap();
     assert_eq!(stats.peer_files_skipped, 1, "{stats:?}");
@@ -154,6 +158,8 @@ async fn file_over_the_size_cap_is_skipped_with_one_warning() {
     assert!(log.contains("over the 4096-byte cap"), "log:\n{log}");
 }
 
-async fn start_node(dir: &Path, shared: &Path, node: &str, extra: &[&str]) -> Daemon {
-    tunecache_integration::start_shared_node(dir, shared, node, 1, extra).await
+async fn start_node(dir: &Path, shared: &Path, node: &str, extra: &[&str]) -> TestDaemon {
+    tunecache_integration::shared_node(dir, shared, node, 1, extra)
+        .process()
+        .await
 }

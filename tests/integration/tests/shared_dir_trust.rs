@@ -2,7 +2,8 @@
 //! cut a node off or make it delete its data, a file from a uid that is not an allowed writer
 //! (or without the shared key's MAC) is never served, a symlinked or world-writable `v2/` is
 //! refused, two daemons given one name are reported, a bad entry is dropped alone, and a
-//! node name that breaks the rule stops the start.
+//! node name that breaks the rule stops the start. A daemon whose log is read runs as a
+//! process; the others run in-process.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use tunecache_client::Client;
 use tunecache_integration::{
-    bin, eventually, numbered, require_root, start_shared_node, test_key, Daemon,
+    bin, eventually, numbered, require_root, shared_node, test_key, TestDaemon,
 };
 
 /// A version-2 segment of `node` covering `first..=last` with one entry `problem`, written
@@ -43,8 +44,20 @@ async fn holds(client: &Client, problem: &str) -> bool {
         .is_ok_and(|hits| !hits.is_empty())
 }
 
-async fn record(daemon: &Daemon, entries: Vec<tunecache_client::proto::Entry>) {
+async fn record(daemon: &TestDaemon, entries: Vec<tunecache_client::proto::Entry>) {
     daemon.client().await.record(entries).await.unwrap();
+}
+
+/// Records `entries` on `daemon` and waits until a periodic pass has published them: one
+/// segment of their own.
+async fn record_and_publish(daemon: &TestDaemon, entries: Vec<tunecache_client::proto::Entry>) {
+    let written = daemon.stats().await.snapshots_written;
+    record(daemon, entries).await;
+    daemon
+        .wait_for_stats("a periodic pass publishes the new entries", |s| {
+            s.snapshots_written > written
+        })
+        .await;
 }
 
 fn own_segments(shared: &Path, node: &str) -> Vec<String> {
@@ -66,8 +79,12 @@ async fn forged_segment_ranges_neither_cut_a_node_off_nor_make_it_delete_its_dat
         let dir = tempfile::tempdir().unwrap();
         let shared = dir.path().join("shared");
         std::fs::create_dir_all(&shared).unwrap();
-        let mut a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
-        let b = start_shared_node(&dir.path().join("b"), &shared, "B", 1, &[]).await;
+        let mut a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
+            .in_process()
+            .await;
+        let b = shared_node(&dir.path().join("b"), &shared, "B", 1, &[])
+            .in_process()
+            .await;
         record(&a, numbered("before", 0..3, "A")).await;
         let client_b = b.client().await;
         eventually(
@@ -99,14 +116,16 @@ async fn forged_segment_ranges_neither_cut_a_node_off_nor_make_it_delete_its_dat
             "variant {variant}: B served the forged entry"
         );
         // A fresh node gets everything of A's, and nothing forged.
-        let c = start_shared_node(&dir.path().join("c"), &shared, "C", 1, &[]).await;
+        let c = shared_node(&dir.path().join("c"), &shared, "C", 1, &[])
+            .in_process()
+            .await;
         let client_c = c.client().await;
         eventually(Duration::from_secs(10), "C learns all of A", || async {
             holds(&client_c, "before-0").await && holds(&client_c, "after3-0").await
         })
         .await;
         // After a restart A neither adopts the forged entry nor wraps its numbering.
-        a.terminate(Duration::from_secs(10));
+        a.stop().await;
         a.restart().await;
         record(&a, numbered("restarted", 0..1, "A")).await;
         eventually(
@@ -143,8 +162,12 @@ async fn a_file_from_a_uid_that_is_not_an_allowed_writer_is_never_served() {
     let shared = dir.path().join("shared");
     std::fs::create_dir_all(shared.join("v2")).unwrap();
     std::fs::set_permissions(shared.join("v2"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
-    let b = start_shared_node(&dir.path().join("b"), &shared, "B", 1, &[]).await;
+    let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
+        .process()
+        .await;
+    let b = shared_node(&dir.path().join("b"), &shared, "B", 1, &[])
+        .in_process()
+        .await;
     let forged = forge_segment(&shared, "Z", 1, 1, "from-nobody");
     give_to_nobody(&forged);
     record(&b, numbered("honest", 0..1, "B")).await;
@@ -155,7 +178,11 @@ async fn a_file_from_a_uid_that_is_not_an_allowed_writer_is_never_served() {
         || async { holds(&client_a, "honest-0").await },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A has met the stranger's file and refused it, not merely not reached it yet.
+    a.wait_for_stats("A refuses the file of uid 65534", |s| {
+        s.snapshot_untrusted_files >= 1
+    })
+    .await;
     assert!(
         !holds(&client_a, "from-nobody").await,
         "A served a file uid 65534 wrote"
@@ -164,13 +191,14 @@ async fn a_file_from_a_uid_that_is_not_an_allowed_writer_is_never_served() {
     assert!(stats.snapshot_untrusted_files >= 1, "{stats:?}");
     assert!(a.log().contains("not an allowed writer"), "{}", a.log());
     // Listing that uid as a writer lets its file count.
-    let c = start_shared_node(
+    let c = shared_node(
         &dir.path().join("c"),
         &shared,
         "C",
         1,
         &["--shared-dir-writer-uid", "0,65534"],
     )
+    .in_process()
     .await;
     let client_c = c.client().await;
     eventually(
@@ -195,7 +223,9 @@ async fn a_world_writable_v2_is_refused_without_a_key_and_a_key_admits_only_its_
     give_to_nobody(&forged);
 
     // No key: the daemon refuses a v2/ anyone can write, naming path, owner and mode.
-    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+    let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
+        .in_process()
+        .await;
     let client_a = a.client().await;
     eventually(
         Duration::from_secs(10),
@@ -223,8 +253,12 @@ async fn a_world_writable_v2_is_refused_without_a_key_and_a_key_admits_only_its_
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let key_arg = key.to_str().unwrap().to_owned();
     let flags = ["--shared-dir-key-file", key_arg.as_str()];
-    let b = start_shared_node(&dir.path().join("b"), &shared, "B", 1, &flags).await;
-    let c = start_shared_node(&dir.path().join("c"), &shared, "C", 1, &flags).await;
+    let b = shared_node(&dir.path().join("b"), &shared, "B", 1, &flags)
+        .in_process()
+        .await;
+    let c = shared_node(&dir.path().join("c"), &shared, "C", 1, &flags)
+        .in_process()
+        .await;
     record(&b, numbered("keyed", 0..2, "B")).await;
     let client_c = c.client().await;
     eventually(
@@ -245,15 +279,17 @@ async fn a_world_writable_v2_is_refused_without_a_key_and_a_key_admits_only_its_
     std::fs::write(&other_key, "another-secret-of-enough-bytes!!\n").unwrap();
     std::fs::set_permissions(&other_key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let other_arg = other_key.to_str().unwrap().to_owned();
-    let d = start_shared_node(
+    let d = shared_node(
         &dir.path().join("d"),
         &shared,
         "D",
         1,
         &["--shared-dir-key-file", other_arg.as_str()],
     )
+    .in_process()
     .await;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Two whole passes: D has listed and judged every file, B's segments included.
+    d.wait_for_snapshot_passes(2).await;
     assert!(
         !holds(&d.client().await, "keyed-0").await,
         "D accepted another key's MAC"
@@ -268,7 +304,9 @@ async fn a_symlinked_v2_is_refused_and_nothing_is_written_through_it() {
     let target = dir.path().join("elsewhere");
     std::fs::create_dir_all(&target).unwrap();
     std::os::unix::fs::symlink(&target, shared.join("v2")).unwrap();
-    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+    let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
+        .in_process()
+        .await;
     record(&a, numbered("own", 0..2, "A")).await;
     let client_a = a.client().await;
     eventually(
@@ -282,7 +320,8 @@ async fn a_symlinked_v2_is_refused_and_nothing_is_written_through_it() {
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // More passes, each with A's own entries to publish: none goes through the link.
+    a.wait_for_snapshot_passes(2).await;
     let written: Vec<_> = std::fs::read_dir(&target).unwrap().collect();
     assert!(
         written.is_empty(),
@@ -295,8 +334,12 @@ async fn two_daemons_given_one_name_are_reported_within_an_interval() {
     let dir = tempfile::tempdir().unwrap();
     let shared = dir.path().join("shared");
     std::fs::create_dir_all(&shared).unwrap();
-    let first = start_shared_node(&dir.path().join("one"), &shared, "same", 1, &[]).await;
-    let second = start_shared_node(&dir.path().join("two"), &shared, "same", 1, &[]).await;
+    let first = shared_node(&dir.path().join("one"), &shared, "same", 1, &[])
+        .process()
+        .await;
+    let second = shared_node(&dir.path().join("two"), &shared, "same", 1, &[])
+        .process()
+        .await;
     record(&first, numbered("one", 0..1, "same")).await;
     record(&second, numbered("two", 0..1, "same")).await;
     for (daemon, other) in [(&first, "two-0"), (&second, "one-0")] {
@@ -326,7 +369,9 @@ async fn two_daemons_given_one_name_are_reported_within_an_interval() {
         );
     }
     // A third node gets both.
-    let third = start_shared_node(&dir.path().join("three"), &shared, "third", 1, &[]).await;
+    let third = shared_node(&dir.path().join("three"), &shared, "third", 1, &[])
+        .in_process()
+        .await;
     let client = third.client().await;
     eventually(
         Duration::from_secs(10),
@@ -360,7 +405,9 @@ async fn an_entry_with_an_impossible_time_is_dropped_alone() {
         document,
     )
     .unwrap();
-    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+    let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
+        .in_process()
+        .await;
     let client = a.client().await;
     eventually(Duration::from_secs(10), "the good entries load", || async {
         holds(&client, "good-1").await && holds(&client, "good-2").await
@@ -395,7 +442,9 @@ async fn a_removed_v2_is_refilled_by_the_running_nodes() {
     let dir = tempfile::tempdir().unwrap();
     let shared = dir.path().join("shared");
     std::fs::create_dir_all(&shared).unwrap();
-    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+    let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
+        .process()
+        .await;
     record(&a, numbered("early", 0..3, "A")).await;
     let a_client = a.client().await;
     eventually(Duration::from_secs(10), "A publishes", || async {
@@ -408,7 +457,9 @@ async fn a_removed_v2_is_refilled_by_the_running_nodes() {
     std::fs::remove_dir_all(shared.join("v2")).unwrap();
     record(&a, numbered("late", 0..1, "A")).await;
     // A node that joins after the removal still gets all four of A's results.
-    let c = start_shared_node(&dir.path().join("c"), &shared, "C", 1, &[]).await;
+    let c = shared_node(&dir.path().join("c"), &shared, "C", 1, &[])
+        .in_process()
+        .await;
     let client_c = c.client().await;
     eventually(
         Duration::from_secs(15),
@@ -446,8 +497,12 @@ async fn arbitrary_files_in_v2_never_cost_the_honest_nodes_an_entry() {
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let key_arg = key.to_str().unwrap().to_owned();
     let flags = ["--shared-dir-key-file", key_arg.as_str()];
-    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &flags).await;
-    let b = start_shared_node(&dir.path().join("b"), &shared, "B", 1, &flags).await;
+    let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &flags)
+        .in_process()
+        .await;
+    let b = shared_node(&dir.path().join("b"), &shared, "B", 1, &flags)
+        .in_process()
+        .await;
 
     // Names: honest nodes' names with any range, other names, junk; contents: valid
     // segments that lie about node or range, truncated JSON, random bytes.
@@ -516,7 +571,9 @@ async fn a_file_name_with_a_newline_cannot_fake_a_log_line() {
     let fake = "ERROR tunecache_server: the cache is corrupt, delete it";
     let name = format!("x\n{fake}.0000000000000001-0000000000000001.seg.json");
     std::fs::write(v2.join(&name), b"not json").unwrap();
-    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &[]).await;
+    let a = shared_node(&dir.path().join("a"), &shared, "A", 1, &[])
+        .process()
+        .await;
     let client = a.client().await;
     eventually(
         Duration::from_secs(10),
@@ -548,18 +605,18 @@ async fn a_node_without_a_record_of_its_old_segments_still_compacts_its_new_ones
     let shared = dir.path().join("shared");
     std::fs::create_dir_all(&shared).unwrap();
     let compact = ["--snapshot-compact-segments", "2"];
-    let mut a = start_shared_node(&dir.path().join("a"), &shared, "A", 1, &compact).await;
+    let mut a = shared_node(&dir.path().join("a"), &shared, "A", 1, &compact)
+        .in_process()
+        .await;
     for i in 0..2 {
-        record(&a, numbered(&format!("old{i}"), 0..1, "A")).await;
-        tokio::time::sleep(Duration::from_millis(1200)).await;
+        record_and_publish(&a, numbered(&format!("old{i}"), 0..1, "A")).await;
     }
     let old = own_segments(&shared, "A");
-    a.terminate(Duration::from_secs(10));
+    a.stop().await;
     std::fs::remove_file(a.state_dir.join("shared-segments.json")).unwrap();
     a.restart().await;
     for i in 0..5 {
-        record(&a, numbered(&format!("new{i}"), 0..1, "A")).await;
-        tokio::time::sleep(Duration::from_millis(1200)).await;
+        record_and_publish(&a, numbered(&format!("new{i}"), 0..1, "A")).await;
     }
     let now = own_segments(&shared, "A");
     let new: Vec<_> = now.iter().filter(|n| !old.contains(n)).collect();

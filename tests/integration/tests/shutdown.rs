@@ -5,12 +5,12 @@
 
 use std::time::Duration;
 
-use tunecache_integration::{bin, numbered, start_shared_node, Daemon};
+use tunecache_integration::{bin, numbered, shared_node, TestDaemon};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_daemon_on_one_state_directory_refuses_naming_the_first() {
     let dir = tempfile::tempdir().unwrap();
-    let first = Daemon::start(dir.path()).await;
+    let first = TestDaemon::process(dir.path()).await;
     let output = std::process::Command::new(bin("tunecached"))
         .arg("--socket")
         .arg(dir.path().join("second.sock"))
@@ -46,7 +46,9 @@ async fn sigterm_publishes_what_was_not_published_yet() {
     let shared = dir.path().join("shared");
     std::fs::create_dir_all(&shared).unwrap();
     // Hourly snapshots: only the publish at shutdown can carry these.
-    let mut daemon = start_shared_node(&dir.path().join("a"), &shared, "A", 3600, &[]).await;
+    let mut daemon = shared_node(&dir.path().join("a"), &shared, "A", 3600, &[])
+        .process()
+        .await;
     let client = daemon.client().await;
     // The first pass (at start) must be done before anything can be published.
     tunecache_integration::eventually(Duration::from_secs(10), "the first pass", || async {

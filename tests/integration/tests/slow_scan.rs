@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
 use tunecache_client::{connect_channel, proto};
-use tunecache_integration::{entry, test_key, Daemon};
+use tunecache_integration::{entry, test_key, TestDaemon};
 use tunecache_proto::v1::tune_cache_client::TuneCacheClient;
 
 const ENTRIES: usize = 40_000;
@@ -82,7 +82,7 @@ async fn stalled_scan(channel: &Channel) -> tonic::Streaming<proto::ScanResponse
 }
 
 /// Waits (at most 20 s) for the RSS to settle at or under `limit`; returns the last reading.
-async fn rss_settled_under(daemon: &Daemon, limit: u64) -> u64 {
+async fn rss_settled_under(daemon: &TestDaemon, limit: u64) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let rss = daemon.rss_bytes();
@@ -93,10 +93,34 @@ async fn rss_settled_under(daemon: &Daemon, limit: u64) -> u64 {
     }
 }
 
+/// Waits (at most 30 s) until the RSS holds still: ten readings 50 ms apart within 1 MiB of
+/// each other; returns the last.
+async fn rss_steady(daemon: &TestDaemon) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut readings = std::collections::VecDeque::new();
+    loop {
+        readings.push_back(daemon.rss_bytes());
+        if readings.len() > 10 {
+            readings.pop_front();
+        }
+        let (low, high) = (readings.iter().min(), readings.iter().max());
+        if let (10, Some(low), Some(high)) = (readings.len(), low, high) {
+            if high - low < 1 << 20 {
+                return *high;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the RSS never held still: {readings:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_scans_do_not_pin_cache_versions() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::process(dir.path()).await;
     let client = daemon.client().await.with_timeout(Duration::from_secs(60));
     let rss_empty = daemon.rss_bytes();
     write(&client, 0..ENTRIES, 0).await;
@@ -123,9 +147,10 @@ async fn stalled_scans_do_not_pin_cache_versions() {
         let offset = scan % CHURN_STRIDE;
         write(&client, (offset..ENTRIES).step_by(CHURN_STRIDE), scan + 1).await;
     }
-    // Let the Scans run into their flow-control limits.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss_stalled = daemon.rss_bytes();
+    // The Scans run into their flow-control limits: the RSS stops moving.
+    let settling = Instant::now();
+    let rss_stalled = rss_steady(&daemon).await;
+    eprintln!("the RSS held still after {:?}", settling.elapsed());
     let growth_stalled = rss_stalled.saturating_sub(rss_loaded);
 
     drop(stalled);

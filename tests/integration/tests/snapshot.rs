@@ -1,11 +1,13 @@
-//! Shared-filesystem snapshots against the real binary on real filesystems with real faults:
+//! Shared-filesystem snapshots against real daemons on real filesystems with real faults:
 //! atomic publish and no I/O when nothing changed, node-to-node convergence through the
 //! merge rule, start-up from the shared directory past damaged files, a hung FUSE mount
 //! (bindfs SIGSTOPped) that must not stall ranks or shutdown, and ENOSPC / read-only
 //! directories.
 //!
-//! The fault tests need root and `bindfs` + `fuse3` (Debian: `apt-get install bindfs fuse3`);
-//! they fail loudly, naming what is missing, rather than passing without running.
+//! Tests that read the daemon's log, signal it or time its shutdown start it as a process; the
+//! others run it in-process. The fault tests need root and `bindfs` + `fuse3` (Debian:
+//! `apt-get install bindfs fuse3`); they fail loudly, naming what is missing, rather than
+//! passing without running.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -15,7 +17,7 @@ use nix::sys::signal::Signal;
 use tonic::Code;
 use tunecache_client::{proto, Client};
 use tunecache_integration::{
-    entry, eventually, numbered, test_key, Daemon, DaemonOptions, TestMount,
+    entry, eventually, numbered, test_key, DaemonOptions, Kind, TestDaemon, TestMount,
 };
 
 const SNAPSHOT_HEALTH_SERVICE: &str = "tunecache.v1.TuneCache/snapshots";
@@ -31,9 +33,42 @@ fn shared_args(shared: &Path, node: &str, interval_s: u64) -> Vec<String> {
     ]
 }
 
-async fn start_node(dir: &Path, shared: &Path, node: &str, interval_s: u64) -> Daemon {
+async fn start_node(
+    kind: Kind,
+    dir: &Path,
+    shared: &Path,
+    node: &str,
+    interval_s: u64,
+) -> TestDaemon {
     std::fs::create_dir_all(dir).unwrap();
-    Daemon::start_with(DaemonOptions::new(dir).args(shared_args(shared, node, interval_s))).await
+    DaemonOptions::new(dir)
+        .args(shared_args(shared, node, interval_s))
+        .start(kind)
+        .await
+}
+
+/// Waits until the file system's clock has moved past every mtime in `listing` (it stamps
+/// files at the kernel's tick, not to the nanosecond): a file rewritten from now on shows a
+/// newer mtime. `probe` is a file of the test's own on the same file system.
+fn wait_past_mtimes(probe: &Path, listing: &[(String, u64, i64, i64)]) {
+    let newest = listing
+        .iter()
+        .map(|(_, _, secs, nanos)| (*secs, *nanos))
+        .max()
+        .unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        std::fs::write(probe, b"tick").unwrap();
+        let m = std::fs::metadata(probe).unwrap();
+        if (m.mtime(), m.mtime_nsec()) > newest {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the file system's clock did not move"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 async fn snapshot(client: &Client) -> Result<proto::SnapshotResponse, tonic::Status> {
@@ -68,7 +103,14 @@ fn lines_containing(log: &str, needles: &[&str]) -> usize {
 async fn snapshot_is_complete_json_and_nothing_new_touches_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let shared = dir.path().join("shared");
-    let daemon = start_node(&dir.path().join("a"), &shared, "node-a", 3600).await;
+    let daemon = start_node(
+        Kind::InProcess,
+        &dir.path().join("a"),
+        &shared,
+        "node-a",
+        3600,
+    )
+    .await;
     let client = daemon.client().await;
 
     client.record(numbered("p", 0..10, "a")).await.unwrap();
@@ -119,7 +161,7 @@ async fn snapshot_is_complete_json_and_nothing_new_touches_nothing() {
         files
     };
     let before = listing(&shared.join("v2"));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_past_mtimes(&dir.path().join("clock-probe"), &before);
     let again = snapshot(&client).await.unwrap();
     assert!(again.skipped_unchanged);
     assert_eq!(again.entries, 15);
@@ -141,7 +183,7 @@ async fn snapshot_is_complete_json_and_nothing_new_touches_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_without_shared_dir_is_a_failed_precondition() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let status = snapshot(&daemon.client().await).await.unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition);
     assert!(status.message().contains("--shared-dir"));
@@ -152,8 +194,8 @@ async fn two_nodes_converge_and_agree_on_a_contested_key() {
     let dir = tempfile::tempdir().unwrap();
     let shared = dir.path().join("shared");
     std::fs::create_dir_all(&shared).unwrap();
-    let a = start_node(&dir.path().join("a"), &shared, "node-a", 1).await;
-    let b = start_node(&dir.path().join("b"), &shared, "node-b", 1).await;
+    let a = start_node(Kind::InProcess, &dir.path().join("a"), &shared, "node-a", 1).await;
+    let b = start_node(Kind::InProcess, &dir.path().join("b"), &shared, "node-b", 1).await;
     let (client_a, client_b) = (a.client().await, b.client().await);
 
     let contested = test_key("gemm", "contested");
@@ -236,7 +278,14 @@ fn garbage(len: usize) -> Vec<u8> {
 async fn fresh_node_starts_from_the_shared_dir_past_damaged_files() {
     let dir = tempfile::tempdir().unwrap();
     let shared = dir.path().join("shared");
-    let mut a = start_node(&dir.path().join("a"), &shared, "node-a", 3600).await;
+    let mut a = start_node(
+        Kind::Process,
+        &dir.path().join("a"),
+        &shared,
+        "node-a",
+        3600,
+    )
+    .await;
     let client = a.client().await;
     client.record(numbered("p", 0..100, "a")).await.unwrap();
     snapshot(&client).await.unwrap();
@@ -263,7 +312,7 @@ async fn fresh_node_starts_from_the_shared_dir_past_damaged_files() {
     // A crashed writer's temp file is ignored (and removed once it is an hour old).
     std::fs::write(shared.join(".node-x.tunecache.json.tmp.1.2"), b"{").unwrap();
 
-    let fresh = start_node(&dir.path().join("c"), &shared, "node-c", 1).await;
+    let fresh = start_node(Kind::Process, &dir.path().join("c"), &shared, "node-c", 1).await;
     let fresh_client = fresh.client().await;
     eventually(
         Duration::from_secs(20),
@@ -271,8 +320,8 @@ async fn fresh_node_starts_from_the_shared_dir_past_damaged_files() {
         || async { fresh_client.stats().await.unwrap().entries == 100 },
     )
     .await;
-    // Several more intervals: each damaged file is still warned about once only.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Several more passes over the damaged files: each is still warned about once only.
+    fresh.wait_for_snapshot_passes(3).await;
     let log = fresh.log();
     for name in ["empty", "truncated", "garbage", "future"] {
         let file = format!("{name}.tunecache.json");
@@ -346,7 +395,7 @@ fn require_tools(test: &str, tools: &[&str]) {
     );
 }
 
-async fn health_of(daemon: &Daemon, service: &str) -> i32 {
+async fn health_of(daemon: &TestDaemon, service: &str) -> i32 {
     use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
     let channel = tunecache_client::connect_channel(&daemon.socket)
         .await
@@ -374,7 +423,14 @@ async fn hung_shared_filesystem_never_stalls_ranks_or_shutdown() {
     // Declared after `dir`: dropped (unmounted) before the temp dir is removed.
     let mut mount = TestMount::bindfs(&backing, &mount_point);
 
-    let mut daemon = start_node(&dir.path().join("h"), &mount_point, "node-h", 1).await;
+    let mut daemon = start_node(
+        Kind::Process,
+        &dir.path().join("h"),
+        &mount_point,
+        "node-h",
+        1,
+    )
+    .await;
     let client = daemon.client().await.with_timeout(Duration::from_secs(1));
     let mut recorded = numbered("before", 0..50, "h");
     client.record(recorded.clone()).await.unwrap();
@@ -482,7 +538,14 @@ async fn full_and_read_only_shared_dirs_are_reported_and_serving_goes_on() {
     // ENOSPC: a 64 KiB tmpfs cannot hold a snapshot of ~1 MB.
     let tiny = dir.path().join("tiny");
     let _tiny_mount = TestMount::plain(&tiny, &["-t", "tmpfs", "-o", "size=64k", "tmpfs"]);
-    let full = start_node(&dir.path().join("full"), &tiny, "node-full", 1).await;
+    let full = start_node(
+        Kind::Process,
+        &dir.path().join("full"),
+        &tiny,
+        "node-full",
+        1,
+    )
+    .await;
     let client = full.client().await;
     let big: Vec<proto::Entry> = (0..2000)
         .map(|i| {
@@ -494,8 +557,10 @@ async fn full_and_read_only_shared_dirs_are_reported_and_serving_goes_on() {
     let status = snapshot(&client).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(status.message().contains("No space left"), "{status:?}");
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let stats = client.stats().await.unwrap();
+    // A periodic pass fails the same way too: the failure is logged once for both.
+    let stats = full
+        .wait_for_stats("a second failed publish", |s| s.snapshot_errors >= 2)
+        .await;
     assert!(stats.snapshot_errors >= 1);
     assert!(
         stats.last_snapshot_error.contains("No space left"),
@@ -532,7 +597,14 @@ async fn full_and_read_only_shared_dirs_are_reported_and_serving_goes_on() {
     let read_only = dir.path().join("ro");
     let ro_mount = TestMount::plain(&read_only, &["--bind", source.to_str().unwrap()]);
     ro_mount.remount("remount,ro,bind");
-    let ro = start_node(&dir.path().join("ro-node"), &read_only, "node-ro", 1).await;
+    let ro = start_node(
+        Kind::Process,
+        &dir.path().join("ro-node"),
+        &read_only,
+        "node-ro",
+        1,
+    )
+    .await;
     let client = ro.client().await;
     eventually(
         Duration::from_secs(20),
@@ -550,8 +622,9 @@ async fn full_and_read_only_shared_dirs_are_reported_and_serving_goes_on() {
     let status = snapshot(&client).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(status.message().contains("Read-only"), "{status:?}");
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let stats = client.stats().await.unwrap();
+    let stats = ro
+        .wait_for_stats("a second failed publish", |s| s.snapshot_errors >= 2)
+        .await;
     assert!(stats.snapshot_errors >= 1);
     assert!(stats.last_snapshot_error.contains("Read-only"), "{stats:?}");
     assert_eq!(
@@ -572,7 +645,14 @@ async fn full_and_read_only_shared_dirs_are_reported_and_serving_goes_on() {
 async fn timing_of_a_million_entry_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let shared = dir.path().join("shared");
-    let writer = start_node(&dir.path().join("w"), &shared, "node-w", 3600).await;
+    let writer = start_node(
+        Kind::Process,
+        &dir.path().join("w"),
+        &shared,
+        "node-w",
+        3600,
+    )
+    .await;
     let client = writer.client().await.with_timeout(Duration::from_secs(60));
     for start in (0..1_000_000).step_by(10_000) {
         client
@@ -590,7 +670,7 @@ async fn timing_of_a_million_entry_snapshot() {
         written.duration_ms
     );
     let started = Instant::now();
-    let reader = start_node(&dir.path().join("r"), &shared, "node-r", 1).await;
+    let reader = start_node(Kind::Process, &dir.path().join("r"), &shared, "node-r", 1).await;
     let reader_client = reader.client().await;
     eventually(
         Duration::from_secs(120),

@@ -2,13 +2,15 @@
 //! publish only their own contributions as segments, converge on the faster result, read
 //! nothing when nothing is new, survive a compaction racing a SIGSTOPped reader, get their
 //! own contributions back after a wipe, and still merge version-1 files of older daemons.
+//! The SIGSTOPped reader and the wiped node (whose log is read) are daemon processes; the other
+//! nodes run in-process.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use tunecache_client::{proto, Client};
-use tunecache_integration::{entry, eventually, numbered, test_key, Daemon};
+use tunecache_integration::{entry, eventually, numbered, test_key, Kind, TestDaemon};
 
 async fn snapshot(client: &Client) -> proto::SnapshotResponse {
     let mut request = tonic::Request::new(proto::SnapshotRequest {});
@@ -68,7 +70,7 @@ async fn four_nodes_converge_on_the_faster_result_and_publish_only_their_own() {
     let names = ["node-a", "node-b", "node-c", "node-d"];
     let mut nodes = Vec::new();
     for name in names {
-        nodes.push(start_node(&dir.path().join(name), &shared, name, &[]).await);
+        nodes.push(start_node(Kind::InProcess, &dir.path().join(name), &shared, name, &[]).await);
     }
     let mut clients = Vec::new();
     for node in &nodes {
@@ -140,8 +142,22 @@ async fn an_idle_pass_reads_and_writes_no_file_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let shared = dir.path().join("shared");
     std::fs::create_dir_all(&shared).unwrap();
-    let a = start_node(&dir.path().join("a"), &shared, "node-a", &[]).await;
-    let b = start_node(&dir.path().join("b"), &shared, "node-b", &[]).await;
+    let a = start_node(
+        Kind::InProcess,
+        &dir.path().join("a"),
+        &shared,
+        "node-a",
+        &[],
+    )
+    .await;
+    let b = start_node(
+        Kind::InProcess,
+        &dir.path().join("b"),
+        &shared,
+        "node-b",
+        &[],
+    )
+    .await;
     let (client_a, client_b) = (a.client().await, b.client().await);
     client_a.record(numbered("a", 0..200, "a")).await.unwrap();
     client_b.record(numbered("b", 0..200, "b")).await.unwrap();
@@ -154,8 +170,7 @@ async fn an_idle_pass_reads_and_writes_no_file_bytes() {
     let before = client_a.stats().await.unwrap();
     assert!(before.snapshot_bytes_read > 0, "{before:?}");
     // Several idle intervals: passes run, no file byte is read or written.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let after = client_a.stats().await.unwrap();
+    let after = a.wait_for_snapshot_passes(3).await;
     assert!(
         after.snapshot_passes >= before.snapshot_passes + 2,
         "{after:?}"
@@ -196,13 +211,14 @@ async fn a_compaction_racing_a_stopped_reader_loses_nothing() {
     std::fs::create_dir_all(&shared).unwrap();
     // Compact as soon as there are more than 2 segments: nearly every publish compacts.
     let writer = start_node(
+        Kind::InProcess,
         &dir.path().join("w"),
         &shared,
         "node-w",
         &["--snapshot-compact-segments", "2"],
     )
     .await;
-    let reader = start_node(&dir.path().join("r"), &shared, "node-r", &[]).await;
+    let reader = start_node(Kind::Process, &dir.path().join("r"), &shared, "node-r", &[]).await;
     let (w, r) = (writer.client().await, reader.client().await);
     let mut expected = 0;
 
@@ -274,13 +290,21 @@ async fn a_wiped_node_gets_its_entries_back_but_never_adopts_segments_it_cannot_
     std::fs::create_dir_all(&shared).unwrap();
     // Every publish compacts, so the next segment after the wipe shows what node-a owns.
     let mut a = start_node(
+        Kind::Process,
         &dir.path().join("a"),
         &shared,
         "node-a",
         &["--snapshot-compact-segments", "1"],
     )
     .await;
-    let b = start_node(&dir.path().join("b"), &shared, "node-b", &[]).await;
+    let b = start_node(
+        Kind::InProcess,
+        &dir.path().join("b"),
+        &shared,
+        "node-b",
+        &[],
+    )
+    .await;
     let client_a = a.client().await;
     publish(&client_a, numbered("own", 0..100, "node-a")).await;
     publish(&b.client().await, numbered("peer", 0..50, "node-b")).await;
@@ -349,7 +373,14 @@ async fn a_version_1_file_is_merged_and_never_written() {
         serde_json::to_vec(&document).unwrap(),
     )
     .unwrap();
-    let node = start_node(&dir.path().join("n"), &shared, "node-n", &[]).await;
+    let node = start_node(
+        Kind::InProcess,
+        &dir.path().join("n"),
+        &shared,
+        "node-n",
+        &[],
+    )
+    .await;
     let client = node.client().await;
     eventually(Duration::from_secs(20), "the v1 file is merged", || async {
         entries(&client).await == 30
@@ -364,6 +395,14 @@ async fn a_version_1_file_is_merged_and_never_written() {
     assert!(stats.peer_files_loaded >= 1, "{stats:?}");
 }
 
-async fn start_node(dir: &Path, shared: &Path, node: &str, extra: &[&str]) -> Daemon {
-    tunecache_integration::start_shared_node(dir, shared, node, 1, extra).await
+async fn start_node(
+    kind: Kind,
+    dir: &Path,
+    shared: &Path,
+    node: &str,
+    extra: &[&str],
+) -> TestDaemon {
+    tunecache_integration::shared_node(dir, shared, node, 1, extra)
+        .start(kind)
+        .await
 }

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use tunecache_client::Client;
-use tunecache_integration::{bin, entry, require_root, test_key, Daemon, DaemonOptions};
+use tunecache_integration::{bin, entry, require_root, test_key, DaemonOptions, TestDaemon};
 
 const NOBODY: u32 = 65534;
 
@@ -218,16 +218,16 @@ impl Drop for KillOnDrop {
 
 /// A daemon (run by the test as root, which serves any path it is given) on the default
 /// socket path under `runtime`, in a directory another user made; it holds a forged entry.
-async fn planted_daemon(temp: &tempfile::TempDir, runtime: &Path, dir_owner: u32) -> Daemon {
+async fn planted_daemon(temp: &tempfile::TempDir, runtime: &Path, dir_owner: u32) -> TestDaemon {
     let planted_dir = runtime.join("tunecache");
     std::fs::create_dir(&planted_dir).unwrap();
     std::fs::set_permissions(&planted_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::os::unix::fs::chown(&planted_dir, Some(dir_owner), Some(dir_owner)).unwrap();
-    let daemon = Daemon::start_with(DaemonOptions {
-        state_dir: Some(temp.path().join("state")),
-        ..DaemonOptions::new(&planted_dir)
-    })
-    .await;
+    // In-process: what is tested is the CLI's check of the path, not the daemon.
+    let daemon = DaemonOptions::new(&planted_dir)
+        .state_dir(&temp.path().join("state"))
+        .in_process()
+        .await;
     assert_eq!(daemon.socket, planted_dir.join("tunecache.sock"));
     daemon
         .client()

@@ -1,13 +1,13 @@
-//! The TensorRT-LLM file bridge through the real CLI and daemon: import keeps every valid entry
-//! when the daemon refuses some, export takes the writers' `<file>.lock`, keeps what ranks saved
-//! to the file, and never mixes devices or TensorRT-LLM releases.
+//! The TensorRT-LLM file bridge through the real CLI and an in-process daemon: import keeps
+//! every valid entry when the daemon refuses some, export takes the writers' `<file>.lock`,
+//! keeps what ranks saved to the file, and never mixes devices or TensorRT-LLM releases.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tunecache_integration::{bin, cli, Daemon};
+use tunecache_integration::{bin, cli, TestDaemon};
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -24,7 +24,7 @@ fn cache_file(lib_version: &str, rank_0: Value) -> String {
 }
 
 /// Writes a cache file holding `rank_0`, imports it through the CLI, returns its summary.
-fn import_rank_0(daemon: &Daemon, dir: &Path, rank_0: serde_json::Map<String, Value>) -> Value {
+fn import_rank_0(daemon: &TestDaemon, dir: &Path, rank_0: serde_json::Map<String, Value>) -> Value {
     let file = dir.join("cache.json");
     std::fs::write(&file, cache_file("1.1.0", Value::Object(rank_0))).unwrap();
     let output = cli(
@@ -48,7 +48,7 @@ fn trtllm_entry(tactic: &str, min_time: f64) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_stores_every_valid_entry_when_the_daemon_refuses_some() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     // 1,501 entries: one key over the daemon's 4,096 bytes and one config over its 64 KiB sit in
     // the first batch of 1,000, which the daemon refuses whole.
     let mut rank_0 = serde_json::Map::new();
@@ -117,11 +117,10 @@ async fn import_stores_every_valid_entry_when_the_daemon_refuses_some() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_splits_batches_over_the_daemons_message_size() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = tunecache_integration::Daemon::start_with(
-        tunecache_integration::DaemonOptions::new(dir.path())
-            .args(["--max-message-bytes", "65536"]),
-    )
-    .await;
+    let daemon = tunecache_integration::DaemonOptions::new(dir.path())
+        .args(["--max-message-bytes", "65536"])
+        .in_process()
+        .await;
     // 1,000 entries of about 1 KB, one batch of 1 MB: sixteen times the daemon's limit. One
     // entry alone is over it.
     let mut rank_0 = serde_json::Map::new();
@@ -186,7 +185,7 @@ fn hold_writer_lock(cache: &Path) -> nix::fcntl::Flock<std::fs::File> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn export_waits_for_the_writers_lock_and_keeps_what_ranks_saved() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let input = dir.path().join("in.json");
     std::fs::write(
         &input,
@@ -295,7 +294,7 @@ async fn export_waits_for_the_writers_lock_and_keeps_what_ranks_saved() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn export_never_mixes_devices_or_releases() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     // The older release measured a faster time for the same key and rank.
     for (version, tactic, min_time) in [("1.0.0", "7", 0.001), ("1.1.0", "3", 0.5)] {
         let input = dir.path().join(format!("in-{version}.json"));

@@ -1,20 +1,25 @@
 //! The node's tuner worker behind Resolve, on the CPU backend (CI has no GPU): a miss is
 //! measured once on the node and shared; the worker can die without taking the daemon.
+//! Finding the worker among the daemon's children and reading the daemon's log need the daemon
+//! as a process; the other tests run it in-process.
 
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use tonic::Code;
 use tunecache_client::{key, proto, Client, ClientError, Resolution, ResolveOptions};
-use tunecache_integration::{child_pids, eventually, Daemon, DaemonOptions};
+use tunecache_integration::{child_pids, eventually, DaemonOptions, Kind, TestDaemon};
 
 fn gemm(size: u32) -> String {
     format!(r#"{{"m":{size},"n":{size},"k":{size},"dtype":"f32","layout":"nn"}}"#)
 }
 
-/// A daemon whose tuner measures on the CPU stand-in, also on a machine with a GPU.
-async fn cpu_tuner_daemon(dir: &std::path::Path) -> Daemon {
-    Daemon::start_with(DaemonOptions::new(dir).args(["--tuner-backend", "cpu"])).await
+/// A daemon of `kind` whose tuner measures on the CPU stand-in, also on a machine with a GPU.
+async fn cpu_tuner_daemon(dir: &std::path::Path, kind: Kind) -> TestDaemon {
+    DaemonOptions::new(dir)
+        .args(["--tuner-backend", "cpu"])
+        .start(kind)
+        .await
 }
 
 fn waiting(can_tune: bool) -> ResolveOptions {
@@ -40,7 +45,7 @@ async fn cpu_fingerprint(client: &Client) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cpu_backend_fills_a_miss_once_for_every_waiter() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = cpu_tuner_daemon(dir.path()).await;
+    let daemon = cpu_tuner_daemon(dir.path(), Kind::InProcess).await;
     let client = daemon.client().await;
     let device = cpu_fingerprint(&client).await;
     let stats = client.stats().await.unwrap();
@@ -117,7 +122,10 @@ async fn cpu_backend_fills_a_miss_once_for_every_waiter() {
     );
 }
 
-async fn wait_for_new_worker(daemon: &Daemon, not: Option<nix::unistd::Pid>) -> nix::unistd::Pid {
+async fn wait_for_new_worker(
+    daemon: &TestDaemon,
+    not: Option<nix::unistd::Pid>,
+) -> nix::unistd::Pid {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let workers: Vec<_> = child_pids(daemon.pid())
@@ -137,7 +145,7 @@ async fn wait_for_new_worker(daemon: &Daemon, not: Option<nix::unistd::Pid>) -> 
 
 /// Waits until worker `pid` has the job: the daemon logs the worker's stderr with its pid,
 /// and the worker logs "tuning" when it takes a job, before it measures anything.
-async fn wait_until_tuning(daemon: &Daemon, pid: nix::unistd::Pid) {
+async fn wait_until_tuning(daemon: &TestDaemon, pid: nix::unistd::Pid) {
     let marker = format!("pid=Some({pid})");
     eventually(Duration::from_secs(30), "the worker taking the job", || {
         let log = daemon.log();
@@ -159,7 +167,7 @@ async fn wait_until_tuning(daemon: &Daemon, pid: nix::unistd::Pid) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_is_restarted_and_the_job_retried_then_failed_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = cpu_tuner_daemon(dir.path()).await;
+    let daemon = cpu_tuner_daemon(dir.path(), Kind::Process).await;
     let client = daemon.client().await;
     let device = cpu_fingerprint(&client).await;
 
@@ -209,7 +217,7 @@ async fn a_missing_worker_binary_leaves_tuning_off_and_the_daemon_serving() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("no-such-tunecache-tuner");
     let options = DaemonOptions::new(dir.path()).args(["--tuner", missing.to_str().unwrap()]);
-    let daemon = Daemon::start_with(options).await;
+    let daemon = options.process().await;
     let client = daemon.client().await;
 
     let stats = client.stats().await.unwrap();
@@ -234,7 +242,7 @@ async fn a_missing_worker_binary_leaves_tuning_off_and_the_daemon_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_problem_is_invalid_argument() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = cpu_tuner_daemon(dir.path()).await;
+    let daemon = cpu_tuner_daemon(dir.path(), Kind::InProcess).await;
     let client = daemon.client().await;
     let device = cpu_fingerprint(&client).await;
 

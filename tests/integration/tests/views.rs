@@ -4,8 +4,10 @@
 //! both nodes gets the same pinned result; a Forget drops pins; Redis SIGSTOPped costs a view
 //! read at most the cluster timeout and a counted fallback; idle views end; the pin cap holds.
 //!
-//! The requests are made with the raw gRPC client, so the `view` field on the wire is what is
-//! tested (the client crate fills it from the environment; its own tests cover that).
+//! The daemons run in-process: no test here needs a process boundary (Redis is the process
+//! that is stopped). The requests are made with the raw gRPC client, so the `view` field on
+//! the wire is what is tested (the client crate fills it from the environment; its own tests
+//! cover that).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -13,7 +15,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use tunecache_client::{key, proto};
 use tunecache_integration::redis::{cluster_node, free_port, wait_connected, Redis};
-use tunecache_integration::{entry, eventually, Daemon, DaemonOptions};
+use tunecache_integration::{entry, eventually, DaemonOptions, TestDaemon};
 
 const DEVICE: &str = "test-device";
 const R1: &str = r#"{"tile":[128,128]}"#;
@@ -26,7 +28,7 @@ fn k(problem: &str) -> proto::Key {
 }
 
 /// Lookup of `keys` in `view` on `daemon`: each hit's (problem, config).
-async fn lookup_in(daemon: &Daemon, view: &str, keys: &[proto::Key]) -> Vec<(String, String)> {
+async fn lookup_in(daemon: &TestDaemon, view: &str, keys: &[proto::Key]) -> Vec<(String, String)> {
     let request = proto::LookupRequest {
         keys: keys.to_vec(),
         view: view.to_owned(),
@@ -51,7 +53,7 @@ fn labelled(entry: proto::Entry) -> (String, String) {
 }
 
 /// The config `view` answers for `key` on `daemon` (`None`: a miss).
-async fn config_in(daemon: &Daemon, view: &str, key: &proto::Key) -> Option<String> {
+async fn config_in(daemon: &TestDaemon, view: &str, key: &proto::Key) -> Option<String> {
     lookup_in(daemon, view, std::slice::from_ref(key))
         .await
         .pop()
@@ -59,7 +61,7 @@ async fn config_in(daemon: &Daemon, view: &str, key: &proto::Key) -> Option<Stri
 }
 
 /// Scan of namespace `test` in `view`: (problem, config), in key order.
-async fn scan_in(daemon: &Daemon, view: &str) -> Vec<(String, String)> {
+async fn scan_in(daemon: &TestDaemon, view: &str) -> Vec<(String, String)> {
     let request = proto::ScanRequest {
         namespace: "test".to_owned(),
         view: view.to_owned(),
@@ -81,7 +83,7 @@ async fn scan_in(daemon: &Daemon, view: &str) -> Vec<(String, String)> {
 }
 
 async fn resolve_in(
-    daemon: &Daemon,
+    daemon: &TestDaemon,
     view: &str,
     key: &proto::Key,
     wait_ms: u32,
@@ -106,11 +108,11 @@ async fn resolve_in(
         .expect("an outcome")
 }
 
-async fn stats(daemon: &Daemon) -> proto::StatsResponse {
+async fn stats(daemon: &TestDaemon) -> proto::StatsResponse {
     daemon.client().await.stats().await.expect("Stats")
 }
 
-async fn record(daemon: &Daemon, key: &proto::Key, config: &str, time_us: f64) {
+async fn record(daemon: &TestDaemon, key: &proto::Key, config: &str, time_us: f64) {
     daemon
         .client()
         .await
@@ -120,7 +122,7 @@ async fn record(daemon: &Daemon, key: &proto::Key, config: &str, time_us: f64) {
 }
 
 /// Waits until `daemon` answers `config` for `key` without a view.
-async fn wait_winner(daemon: &Daemon, key: &proto::Key, config: &str) {
+async fn wait_winner(daemon: &TestDaemon, key: &proto::Key, config: &str) {
     eventually(
         GENEROUS,
         &format!("{} holds {config} for {key:?}", daemon.socket.display()),
@@ -131,11 +133,15 @@ async fn wait_winner(daemon: &Daemon, key: &proto::Key, config: &str) {
 
 /// Two nodes on one real Redis, connected and bootstrapped; `None` (the test is skipped)
 /// without redis-server outside CI.
-async fn two_nodes(dir: &Path, extra: &[&str]) -> Option<(Redis, Daemon, Daemon)> {
+async fn two_nodes(dir: &Path, extra: &[&str]) -> Option<(Redis, TestDaemon, TestDaemon)> {
     Redis::server()?;
     let redis = Redis::start(dir, free_port(), &[]);
-    let a = cluster_node(dir, "a", &redis.url(), extra).await;
-    let b = cluster_node(dir, "b", &redis.url(), extra).await;
+    let a = cluster_node(dir, "a", &redis.url(), extra)
+        .in_process()
+        .await;
+    let b = cluster_node(dir, "b", &redis.url(), extra)
+        .in_process()
+        .await;
     wait_connected(&a).await;
     wait_connected(&b).await;
     Some((redis, a, b))
@@ -250,7 +256,15 @@ async fn a_resolve_miss_in_a_view_is_tuned_once_and_every_waiter_on_both_nodes_g
                 .outcome
         }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The Record comes only once every waiter waits, on each node: a waiter that arrived after
+    // it would find a plain hit and prove nothing about waking the waiters with the pin.
+    for node in [&a, &b] {
+        node.wait_for_stats("two waiters in job-1", |s| {
+            assert!(s.waiters <= 2, "{} waiters", s.waiters);
+            s.waiters == 2
+        })
+        .await;
+    }
     a.client()
         .await
         .record_with_lease(vec![entry(key.clone(), R1, 20.0, "rank-0")], lease.lease_id)
@@ -385,15 +399,17 @@ async fn an_idle_view_ends_an_ended_view_pins_afresh_and_the_pin_cap_holds_under
     const CAP: u64 = 10_000;
     let dir = tempfile::tempdir().unwrap();
     let cap = CAP.to_string();
-    let daemon = Daemon::start_with(DaemonOptions::new(dir.path()).args([
-        "--tuner",
-        "off",
-        "--view-idle-secs",
-        "1",
-        "--max-view-pins-per-uid",
-        &cap,
-    ]))
-    .await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args([
+            "--tuner",
+            "off",
+            "--view-idle-secs",
+            "1",
+            "--max-view-pins-per-uid",
+            &cap,
+        ])
+        .in_process()
+        .await;
     let client = daemon.client().await;
     let key = k("idle");
     record(&daemon, &key, R1, 20.0).await;
@@ -484,7 +500,10 @@ async fn an_idle_view_ends_an_ended_view_pins_afresh_and_the_pin_cap_holds_under
 async fn a_lease_holders_record_pins_what_it_produced_even_when_a_better_one_follows_at_once() {
     use proto::resolve_response::Outcome;
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start_with(DaemonOptions::new(dir.path()).args(["--tuner", "off"])).await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args(["--tuner", "off"])
+        .in_process()
+        .await;
     let key = k("lease-in-view");
     let Outcome::TuneHere(lease) = resolve_in(&daemon, "job-1", &key, 0, true).await else {
         panic!("the first Resolve of a miss in job-1 hands out the lease");

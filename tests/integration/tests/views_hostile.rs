@@ -13,7 +13,7 @@ use serde_json::Value;
 use tonic_types::StatusExt;
 use tunecache_client::{key, proto};
 use tunecache_integration::raw_grpc::raw_unary;
-use tunecache_integration::{bin, entry, require_root, require_tool, Daemon, DaemonOptions};
+use tunecache_integration::{bin, entry, require_root, require_tool, DaemonOptions, TestDaemon};
 
 const NOBODY: &str = "65534";
 
@@ -40,7 +40,7 @@ fn as_nobody(setpriv: &Path, socket: &Path, args: &[&str]) -> Value {
 }
 
 /// Records `config` at `time_us` for problems `p<from>` .. `p<to-1>`.
-async fn record(daemon: &Daemon, range: std::ops::Range<usize>, config: &str, time_us: f64) {
+async fn record(daemon: &TestDaemon, range: std::ops::Range<usize>, config: &str, time_us: f64) {
     let entries: Vec<proto::Entry> = range
         .map(|i| entry(k(&format!("p{i}")), &format!("{config:?}"), time_us, "test"))
         .collect();
@@ -55,7 +55,7 @@ async fn record(daemon: &Daemon, range: std::ops::Range<usize>, config: &str, ti
 }
 
 /// The configs a Lookup of `p0` .. `p<keys-1>` in `view` answers, as this (root) process.
-async fn configs_in(daemon: &Daemon, view: &str, keys: usize) -> Vec<String> {
+async fn configs_in(daemon: &TestDaemon, view: &str, keys: usize) -> Vec<String> {
     let request = proto::LookupRequest {
         keys: (0..keys).map(|i| k(&format!("p{i}"))).collect(),
         view: view.to_owned(),
@@ -88,14 +88,14 @@ fn unquoted(config: &str) -> String {
     serde_json::from_str(config).expect("a JSON string")
 }
 
-async fn hostile_daemon(dir: &Path, extra: &[&str]) -> Option<(Daemon, std::path::PathBuf)> {
+async fn hostile_daemon(dir: &Path, extra: &[&str]) -> Option<(TestDaemon, std::path::PathBuf)> {
     if !require_root("acting as uid 65534") {
         return None;
     }
     let setpriv = require_tool("setpriv", None)?;
     let mut args = vec!["--tuner", "off", "--allow-uid", NOBODY];
     args.extend_from_slice(extra);
-    let daemon = Daemon::start_with(DaemonOptions::new(dir).args(args)).await;
+    let daemon = DaemonOptions::new(dir).args(args).in_process().await;
     // The daemon's own access check (--allow-uid) is what is tested, not the file modes.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -244,7 +244,10 @@ fn refused_field(status: &tonic::Status) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn look_alike_view_names_and_names_that_are_not_utf8_are_invalid_arguments() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start_with(DaemonOptions::new(dir.path()).args(["--tuner", "off"])).await;
+    let daemon = DaemonOptions::new(dir.path())
+        .args(["--tuner", "off"])
+        .in_process()
+        .await;
     let mut raw = daemon.client().await.raw();
     for spoof in [
         "slurm-42.0\u{200b}",

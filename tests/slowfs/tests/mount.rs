@@ -42,6 +42,8 @@ struct MountedSlowFs {
     child: Child,
     backing: PathBuf,
     mountpoint: PathBuf,
+    /// slowfs's stderr: what it says it did on each signal.
+    log: PathBuf,
     _dirs: tempfile::TempDir,
 }
 
@@ -52,6 +54,8 @@ impl MountedSlowFs {
         let mountpoint = dirs.path().join("mnt");
         fs::create_dir(&backing).expect("mkdir backing");
         fs::create_dir(&mountpoint).expect("mkdir mnt");
+        let log = dirs.path().join("slowfs.log");
+        let stderr = fs::File::create(&log).expect("slowfs log");
         let child = Command::new(env!("CARGO_BIN_EXE_slowfs"))
             .arg(&backing)
             .arg(&mountpoint)
@@ -59,12 +63,14 @@ impl MountedSlowFs {
             .arg(latency.as_millis().to_string())
             .arg("--foreground")
             .stdin(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("spawn slowfs");
         let mounted = Self {
             child,
             backing,
             mountpoint,
+            log,
             _dirs: dirs,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -79,8 +85,38 @@ impl MountedSlowFs {
     }
 
     fn signal(&self, signal: Signal) {
-        let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits i32"));
-        kill(pid, signal).expect("send signal to slowfs");
+        kill(self.pid(), signal).expect("send signal to slowfs");
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits i32"))
+    }
+
+    /// Waits (at most 10 s) until `hang` has landed: the process is stopped (SIGSTOP), or
+    /// slowfs said it now hangs every operation (SIGUSR1).
+    fn wait_hung(&self, hang: Signal) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let landed = || match hang {
+            Signal::SIGSTOP => {
+                let stat =
+                    fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+                // The state follows the parenthesised command name.
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().next())
+                    == Some("T")
+            }
+            _ => fs::read_to_string(&self.log)
+                .unwrap_or_default()
+                .contains("every operation now hangs"),
+        };
+        while !landed() {
+            assert!(
+                Instant::now() < deadline,
+                "{hang} did not land within 10 s; slowfs said:\n{}",
+                fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// SIGTERM, then waits up to `limit` for the process to exit; returns whether it did.
@@ -197,8 +233,8 @@ fn assert_hang_blocks_until_released(hang: Signal, release: Signal) {
     fs::write(&file, b"payload").expect("write before the hang");
 
     slowfs.signal(hang);
-    // Give the signal time to land before the op starts.
-    std::thread::sleep(Duration::from_millis(200));
+    // The op starts once the hang is in place.
+    slowfs.wait_hung(hang);
     let blocked_read = in_thread(move || fs::read(&file));
     assert!(
         matches!(
