@@ -569,7 +569,8 @@ async fn measure_pickup(
 
 /// Runs only the named micro-benchmarks (`lookup`, `pyscan`, `memory` = snapshot scale at
 /// 100k and 1M entries, `pickup`, `transport` = the interleaved transport comparison, `views`
-/// = reads with and without a job view) and returns their results as JSON, with the ratios
+/// = reads with and without a job view, `views-hostile` = a job's first view read beside
+/// another uid that churns views at its cap) and returns their results as JSON, with the ratios
 /// the data-path targets are judged by.
 pub fn run_selected(options: &MicroOptions, only: &[String]) -> Result<serde_json::Value> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -634,6 +635,10 @@ pub fn run_selected(options: &MicroOptions, only: &[String]) -> Result<serde_jso
         if wants("views") {
             let views = super::views::run(options).await?;
             out.insert("views".into(), serde_json::to_value(views)?);
+        }
+        if wants("views-hostile") {
+            let hostile = super::views_hostile::run(options).await?;
+            out.insert("views_hostile".into(), serde_json::to_value(hostile)?);
         }
         if wants("pickup") {
             let local = options.scratch.join("pickup-local");

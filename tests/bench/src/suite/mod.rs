@@ -12,6 +12,7 @@ mod report;
 mod slowfs;
 mod transport;
 mod views;
+mod views_hostile;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
