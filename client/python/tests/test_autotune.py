@@ -1,8 +1,9 @@
 # Owns the tests of tunecache.autotune, the generic helper, with the real daemon: eight processes
 # tuning the same twenty problems time each exactly once node-wide, a lease holder killed with
 # SIGKILL does not stop the others, a holder whose result the daemon refuses hands its lease back
-# at once, the in-process memo, tuning without a daemon, and a cached config the kernel raises
-# for forgotten (only_if), tuned again and retried, while a config tuned or run here never is.
+# at once, one whose Record the daemon holds past its deadline keeps it, the in-process memo,
+# tuning without a daemon, and a cached config the kernel raises for forgotten (only_if), tuned
+# again and retried, while a config tuned or run here never is.
 from __future__ import annotations
 
 import json

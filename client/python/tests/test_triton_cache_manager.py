@@ -1,7 +1,8 @@
 # Owns the tests of the Triton drop-in (TRITON_CACHE_MANAGER=tunecache.integrations.triton:
 # CacheManager) against the real daemon and the real triton package: processes (triton_worker.py)
 # run a real @triton.autotune kernel with Triton's own Autotuner, compiler and cache code; only
-# the active driver is a stand-in (triton_standin.py), as the machine has no GPU.
+# the active driver is a stand-in (triton_standin.py), as the machine has no GPU. A forwarding
+# proxy (conftest.holding_records) holds a Record past its deadline to see the lease kept.
 from __future__ import annotations
 
 import json

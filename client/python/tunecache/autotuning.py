@@ -74,6 +74,8 @@ DEFAULT_WAIT_MS = 60_000
 # How many Resolve rounds a waiter makes (each up to wait_ms) before it tunes for itself.
 MAX_RESOLVE_ROUNDS = 10
 DEVICE_ENV = "TUNECACHE_DEVICE"
+# What a process does when the daemon cannot take its result (logged with the failure).
+OWN_CONFIG = "this process uses its own best config"
 
 
 # A problem's config, and the Result of the daemon's it came from: None when this process tuned
@@ -265,13 +267,12 @@ class Autotuner:
         except Exception as err:
             client_module._warn_once_daemon_problem(client_module.default_socket_path(), "connect", err)
             return self._tune(key, args, kwargs)[0], None
-        consequence = "this process uses its own best config"
         for _ in range(MAX_RESOLVE_ROUNDS):
             try:
                 start = daemon.begin_tune(key, wait_ms=self.wait_ms, can_tune=True, lease_ms=self.lease_ms)
             except RpcError as err:
                 # The daemon is away or failing (warned once): tune for this process only.
-                daemon._report_failures([("Resolve", err)], key, consequence)
+                daemon._report_failures([("Resolve", err)], key, OWN_CONFIG)
                 return self._tune(key, args, kwargs)[0], None
             if start.kind == "tune":
                 return self._tune_under(daemon, key, start.lease, args, kwargs), None
@@ -294,26 +295,25 @@ class Autotuner:
         """Times every config under ``lease`` and finishes it with the best; this process uses
         its own best config whatever the daemon says. A tuning that raises gives the lease up
         first, then propagates."""
-        consequence = "this process uses its own best config"
         try:
             config, result = self._tune(key, args, kwargs)
         except BaseException:
             try:
                 daemon.abandon(lease)
             except RpcError as err:
-                daemon._report_failures([("Record (giving the lease up)", err)], key, consequence)
+                daemon._report_failures([("Record (giving the lease up)", err)], key, OWN_CONFIG)
             raise
         try:
             finished = daemon.finish_tune(lease, result)
         except RpcError as err:
-            daemon._report_failures([("Record", err)], key, consequence)
+            daemon._report_failures([("Record", err)], key, OWN_CONFIG)
             return config
         failures = []
         if finished.error is not None:
             failures.append(("Record", finished.error))
         if finished.give_up_error is not None:
             failures.append(("Record (giving the lease up)", finished.give_up_error))
-        daemon._report_failures(failures, key, consequence)
+        daemon._report_failures(failures, key, OWN_CONFIG)
         return config
 
     def _tune(self, key: Key, args: Sequence[Any], kwargs: Dict[str, Any]):
@@ -385,7 +385,7 @@ class Autotuner:
         try:
             daemon.record([Entry(key=key, result=result)])
         except RpcError as err:
-            daemon._report_failures([("Record", err)], key, "this process uses its own best config")
+            daemon._report_failures([("Record", err)], key, OWN_CONFIG)
 
 
 def _same_result(result: Result, other: Optional[Result]) -> bool:
