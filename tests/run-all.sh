@@ -14,4 +14,5 @@ if [[ -z "${TUNECACHE_PY_WHEEL:-}" ]]; then
     TUNECACHE_PY_WHEEL="$(client/python/build_wheel.sh)"
     export TUNECACHE_PY_WHEEL
 fi
-TUNECACHE_DAEMON_BIN="$PWD/target/debug/tunecached" client/python/run_tests.sh
+TUNECACHE_DAEMON_BIN="$PWD/target/debug/tunecached" TUNECACHE_CLI_BIN="$PWD/target/debug/tunecache" \
+    client/python/run_tests.sh

@@ -4,7 +4,9 @@
 # in $TUNECACHE_PY_WHEEL), the test dependencies (grpcio for the tests' independent wire-contract
 # client, triton), then pytest. The tests import the installed package, never the source tree.
 # Arguments are passed to pytest. The daemon tests run when target/debug/tunecached (or
-# $TUNECACHE_DAEMON_BIN) exists and are skipped, with the reason printed, when it does not.
+# $TUNECACHE_DAEMON_BIN) exists and are skipped, with the reason printed, when it does not; the
+# TensorRT-LLM mapping tests also need the CLI, target/debug/tunecache (or $TUNECACHE_CLI_BIN).
+# Under CI ($CI set) a missing binary fails those tests instead of skipping them.
 #
 # Environment:
 #   PYTHON              interpreter that creates the venv (default: python3; needs >= 3.10)

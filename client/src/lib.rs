@@ -6,6 +6,11 @@
 //!
 //! A client reads in the view its environment names (see [`view`]): the job's ranks then all see
 //! the same result for a key, the first one any of them read.
+//!
+//! The policies every client needs are here, once, and the Python binding exposes them: tuning
+//! under the daemon's lease ([`tuning`]: `begin_tune`, `finish_tune`, `abandon`, and the rank
+//! flow [`Client::get_or_tune`] built on them) and storing a batch so that every valid entry is
+//! kept ([`record`]: `record_keeping_valid`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -18,7 +23,12 @@ use tunecache_proto::v1::{self, tune_cache_client::TuneCacheClient};
 
 pub mod autostart;
 pub mod encoded_scan;
+pub mod record;
+pub mod tuning;
 pub mod view;
+
+pub use record::{KeptRecord, RefusedEntry};
+pub use tuning::{FinishFailed, LeaseAfterFailure, TuneLease, TuneStart};
 
 pub use tunecache_proto::socket_path::{default_socket_path, UntrustedSocket};
 pub use tunecache_proto::v1 as proto;
@@ -502,12 +512,12 @@ impl Client {
     /// [`Client::get_or_tune`], also answering each daemon call that failed on the way, for a
     /// caller that reports them (the Python binding logs them, once per process).
     ///
-    /// A Record the daemon refuses as invalid (`INVALID_ARGUMENT`: a config over 64 KiB, or
-    /// not JSON) is a fallback: no other rank will ever get that result, and a rank that used
-    /// it would disagree with its peers. Any other failed Record keeps the tuned result.
-    /// Either way the lease is given up at once (the daemon keeps a failed Record's lease
-    /// held, so its waiters would sit out their whole wait), except after a deadline: that
-    /// Record may still land and complete the lease, and a second call would block as long.
+    /// The flow is [`Client::begin_tune`], `tune`, then [`Client::finish_tune`] (or
+    /// [`Client::abandon`] when `tune` fails). A Record the daemon refuses as invalid
+    /// (`INVALID_ARGUMENT`: a config over 64 KiB, or not JSON) is a fallback: no other rank will
+    /// ever get that result, and a rank that used it would disagree with its peers. Any other
+    /// failed Record keeps the tuned result. What becomes of the lease then is
+    /// [`tuning::gives_up_after`]'s rule.
     pub async fn get_or_tune_traced<F, Fut, E>(
         &self,
         key: v1::Key,
@@ -520,10 +530,10 @@ impl Client {
         E: std::fmt::Display,
     {
         let mut failures = Vec::new();
-        let lease = match self.resolve(key.clone(), options).await {
-            Ok(Resolution::Hit(result)) => return (RankOutcome::Cached(result), failures),
-            Ok(Resolution::Miss(reason)) => return (RankOutcome::Fallback(reason), failures),
-            Ok(Resolution::TuneHere(lease)) => lease,
+        let lease = match self.begin_tune(key, options).await {
+            Ok(TuneStart::Hit(result)) => return (RankOutcome::Cached(result), failures),
+            Ok(TuneStart::Miss(reason)) => return (RankOutcome::Fallback(reason), failures),
+            Ok(TuneStart::Tune(lease)) => lease,
             Err(error) => {
                 let reason = format!("tunecache unavailable: {error}");
                 failures.push(FlowFailure {
@@ -536,53 +546,43 @@ impl Client {
         let result = match tune().await {
             Ok(result) => result,
             Err(error) => {
-                self.give_up_traced(lease.lease_id, &mut failures).await;
+                if let Err(give_up) = self.abandon(lease).await {
+                    failures.push(FlowFailure {
+                        call: FlowCall::GiveUpLease,
+                        error: give_up,
+                    });
+                }
                 return (
                     RankOutcome::Fallback(format!("tuning failed: {error}")),
                     failures,
                 );
             }
         };
-        let entry = v1::Entry {
-            key: Some(key),
-            result: Some(result.clone()),
-        };
-        let error = match self
-            .record_with_lease(vec![entry], lease.lease_id.clone())
-            .await
-        {
+        let failed = match self.finish_tune(lease, result.clone()).await {
             Ok(_) => return (RankOutcome::Tuned(result), failures),
-            Err(error) => error,
+            Err(failed) => failed,
         };
-        if !matches!(&error, ClientError::Rpc(status) if past_deadline(status)) {
-            self.give_up_traced(lease.lease_id, &mut failures).await;
-        }
-        let outcome = match &error {
-            ClientError::Rpc(status) if status.code() == tonic::Code::InvalidArgument => {
-                RankOutcome::Fallback(format!(
-                    "the daemon refused the tuned result: {}",
-                    status.message()
-                ))
-            }
-            _ => RankOutcome::Tuned(result),
+        let outcome = if failed.refused() {
+            let message = match &failed.error {
+                ClientError::Rpc(status) => status.message().to_owned(),
+                other => other.to_string(),
+            };
+            RankOutcome::Fallback(format!("the daemon refused the tuned result: {message}"))
+        } else {
+            RankOutcome::Tuned(result)
         };
-        failures.insert(
-            0,
-            FlowFailure {
-                call: FlowCall::Record,
-                error,
-            },
-        );
-        (outcome, failures)
-    }
-
-    async fn give_up_traced(&self, lease_id: String, failures: &mut Vec<FlowFailure>) {
-        if let Err(error) = self.give_up_lease(lease_id).await {
+        let FinishFailed { error, lease } = failed;
+        failures.push(FlowFailure {
+            call: FlowCall::Record,
+            error,
+        });
+        if let LeaseAfterFailure::GiveUpFailed(give_up) = lease {
             failures.push(FlowFailure {
                 call: FlowCall::GiveUpLease,
-                error,
+                error: give_up,
             });
         }
+        (outcome, failures)
     }
 }
 

@@ -71,6 +71,21 @@ pub const MAX_RECORD_REQUEST_BYTES: usize =
 /// request over its `--max-message-bytes` (`DEFAULT_MAX_REQUEST_BYTES` unless raised).
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
 
+/// `google.rpc.ErrorInfo.domain` of the structured details the daemon's refusals carry.
+pub const ERROR_DOMAIN: &str = "tunecache.v1";
+/// `ErrorInfo.reason` of a request refused for its size (`RESOURCE_EXHAUSTED`, from its gRPC
+/// header): the message is over the daemon's `--max-message-bytes`. A smaller batch may pass;
+/// clients split on this reason, never on the message's text.
+pub const MESSAGE_TOO_LARGE_REASON: &str = "MESSAGE_TOO_LARGE";
+/// The flag that sets that limit: `ErrorInfo.metadata["flag"]` and the subject of the
+/// `google.rpc.QuotaFailure` violation the same refusal carries.
+pub const MAX_MESSAGE_BYTES_FLAG: &str = "--max-message-bytes";
+/// `ErrorInfo.metadata` keys of that refusal: the limit and the refused message's size, in bytes.
+pub const LIMIT_BYTES_KEY: &str = "limit_bytes";
+pub const MESSAGE_BYTES_KEY: &str = "message_bytes";
+/// `ErrorInfo.metadata` key naming the flag a refusal's limit comes from.
+pub const FLAG_KEY: &str = "flag";
+
 // What the default's comment says: the entry limits' worst cases are larger still.
 const _: () = assert!(DEFAULT_MAX_REQUEST_BYTES < MAX_LOOKUP_REQUEST_BYTES);
 const _: () = assert!(MAX_MESSAGE_BYTES < MAX_RECORD_REQUEST_BYTES);

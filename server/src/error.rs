@@ -219,7 +219,10 @@ impl Error {
 impl From<Error> for tonic::Status {
     /// A refused field also travels as the standard `google.rpc.BadRequest` detail, with the
     /// field's path (`entries[7].key.problem`): clients find the refused entry there, not by
-    /// reading the message, which stays as it is for people.
+    /// reading the message, which stays as it is for people. A message refused for its size
+    /// travels with a `google.rpc.ErrorInfo` (reason `MESSAGE_TOO_LARGE`, the flag, the limit and
+    /// the size) and a `google.rpc.QuotaFailure` whose subject is the flag: clients split the
+    /// batch on that reason, never on the message's text.
     fn from(error: Error) -> Self {
         use tonic_types::{ErrorDetails, StatusExt};
         match &error {
@@ -228,9 +231,37 @@ impl From<Error> for tonic::Status {
                 error.to_string(),
                 ErrorDetails::with_bad_request_violation(field.path.clone(), field.reason.clone()),
             ),
+            Error::MessageTooLarge { len, limit } => tonic::Status::with_error_details(
+                error.code(),
+                error.to_string(),
+                message_too_large_details(*len, *limit),
+            ),
             _ => tonic::Status::new(error.code(), error.to_string()),
         }
     }
+}
+
+/// The structured details of a request refused for its size (see `From<Error> for Status`).
+fn message_too_large_details(len: usize, limit: usize) -> tonic_types::ErrorDetails {
+    use tunecache_proto::limits::{
+        ERROR_DOMAIN, FLAG_KEY, LIMIT_BYTES_KEY, MAX_MESSAGE_BYTES_FLAG, MESSAGE_BYTES_KEY,
+        MESSAGE_TOO_LARGE_REASON,
+    };
+    let metadata = std::collections::HashMap::from([
+        (FLAG_KEY.to_owned(), MAX_MESSAGE_BYTES_FLAG.to_owned()),
+        (LIMIT_BYTES_KEY.to_owned(), limit.to_string()),
+        (MESSAGE_BYTES_KEY.to_owned(), len.to_string()),
+    ]);
+    let mut details = tonic_types::ErrorDetails::with_error_info(
+        MESSAGE_TOO_LARGE_REASON,
+        ERROR_DOMAIN,
+        metadata,
+    );
+    details.add_quota_failure_violation(
+        MAX_MESSAGE_BYTES_FLAG,
+        format!("a request message of {len} bytes; the limit is {limit}"),
+    );
+    details
 }
 
 /// Lets handlers use `?` on validation results; the code comes from `Error::code`.
@@ -339,6 +370,42 @@ mod tests {
         assert_eq!(status(Error::WriterGone).0, Code::Unavailable);
         assert_eq!(status(Error::NoSharedDir).0, Code::FailedPrecondition);
         assert_eq!(status(Error::AlreadyServing("/s".into())).0, Code::Internal);
+    }
+
+    #[test]
+    fn a_size_refusal_names_its_flag_in_structured_details() {
+        use tonic_types::StatusExt;
+        use tunecache_proto::limits::{ERROR_DOMAIN, MAX_MESSAGE_BYTES_FLAG};
+        let status = tonic::Status::from(Error::MessageTooLarge {
+            len: 70_000,
+            limit: 65_536,
+        });
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        // The message stays for people.
+        assert!(status.message().contains("--max-message-bytes 65536"));
+        let info = status
+            .get_details_error_info()
+            .expect("an ErrorInfo detail");
+        assert_eq!(
+            (info.reason.as_str(), info.domain.as_str()),
+            ("MESSAGE_TOO_LARGE", ERROR_DOMAIN)
+        );
+        assert_eq!(info.metadata["flag"], MAX_MESSAGE_BYTES_FLAG);
+        assert_eq!(info.metadata["limit_bytes"], "65536");
+        assert_eq!(info.metadata["message_bytes"], "70000");
+        let quota = status
+            .get_details_quota_failure()
+            .expect("a QuotaFailure detail");
+        assert_eq!(quota.violations.len(), 1);
+        assert_eq!(quota.violations[0].subject, MAX_MESSAGE_BYTES_FLAG);
+        // The other load refusals carry no such detail: only a smaller message helps here.
+        let per_uid = tonic::Status::from(Error::RequestBytesPerUid {
+            uid: 1,
+            in_flight: 1,
+            len: 1,
+            limit: 1,
+        });
+        assert!(per_uid.get_details_error_info().is_none());
     }
 
     #[test]

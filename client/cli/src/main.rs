@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
-use tunecache_client::{key, proto, Client, Resolution};
+use tunecache_client::{key, proto, Client, TuneLease, TuneStart};
 use tunecache_trtllm as trtllm;
 
 #[derive(Parser)]
@@ -198,9 +198,6 @@ enum CacheFormat {
     Trtllm,
 }
 
-/// Entries per Record call on import: well under the daemon's batch limit.
-const IMPORT_BATCH: usize = 1000;
-
 fn skipped_json(skipped: &[trtllm::SkippedEntry]) -> Vec<Value> {
     skipped
         .iter()
@@ -230,77 +227,6 @@ fn skipped_for(entry: &proto::Entry, reason: String) -> trtllm::SkippedEntry {
     }
 }
 
-#[derive(Default)]
-struct ImportTally {
-    stored: u64,
-    unchanged: u64,
-    refused: Vec<trtllm::SkippedEntry>,
-}
-
-/// Whether the daemon refused a Record for its size (`--max-message-bytes`): a smaller batch
-/// may pass.
-fn refused_for_size(status: &tonic::Status) -> bool {
-    status.code() == tonic::Code::ResourceExhausted
-        && status.message().contains("--max-message-bytes")
-}
-
-/// Records `batch`; an entry the daemon refuses (INVALID_ARGUMENT names its index) is set aside
-/// with the daemon's reason and the rest is sent again, so one bad entry never costs the others.
-/// A batch over the daemon's message size is split in halves until each fits.
-async fn record_keeping_the_valid(
-    client: &Client,
-    mut batch: Vec<proto::Entry>,
-    tally: &mut ImportTally,
-) -> anyhow::Result<()> {
-    while !batch.is_empty() {
-        match client.record(batch.clone()).await {
-            Ok(response) => {
-                tally.stored += u64::from(response.stored);
-                tally.unchanged += u64::from(response.unchanged);
-                return Ok(());
-            }
-            Err(tunecache_client::ClientError::Rpc(status))
-                if status.code() == tonic::Code::InvalidArgument =>
-            {
-                let index = tunecache_client::refused_entry_index(&status)
-                    .filter(|&index| index < batch.len())
-                    // A refusal that names no entry: split until it does, or is alone.
-                    .or((batch.len() == 1).then_some(0));
-                match index {
-                    Some(index) => {
-                        let refused = batch.remove(index);
-                        tally.refused.push(skipped_for(
-                            &refused,
-                            format!("daemon refused it: {}", status.message()),
-                        ));
-                    }
-                    None => {
-                        let second = batch.split_off(batch.len() / 2);
-                        Box::pin(record_keeping_the_valid(client, batch, tally)).await?;
-                        batch = second;
-                    }
-                }
-            }
-            Err(tunecache_client::ClientError::Rpc(status))
-                if refused_for_size(&status) && batch.len() > 1 =>
-            {
-                let second = batch.split_off(batch.len() / 2);
-                Box::pin(record_keeping_the_valid(client, batch, tally)).await?;
-                batch = second;
-            }
-            Err(tunecache_client::ClientError::Rpc(status)) if refused_for_size(&status) => {
-                let refused = batch.remove(0);
-                tally.refused.push(skipped_for(
-                    &refused,
-                    format!("daemon refused it: {}", status.message()),
-                ));
-            }
-            Err(error) => return Err(error).context("record"),
-        }
-    }
-    Ok(())
-}
-
 /// Imports every valid entry; exits non-zero only when the file is not a cache or nothing in it
 /// could be stored.
 async fn import_trtllm(
@@ -313,28 +239,32 @@ async fn import_trtllm(
         .with_context(|| format!("{} does not exist", file.display()))?;
     let outcome = trtllm::import_with(&text, &trtllm::ImportOptions { device })
         .with_context(|| format!("reading {}", file.display()))?;
-    let mut tally = ImportTally::default();
-    let mut entries = outcome.entries;
-    while !entries.is_empty() {
-        let rest = entries.split_off(entries.len().min(IMPORT_BATCH));
-        record_keeping_the_valid(client, entries, &mut tally).await?;
-        entries = rest;
-    }
+    // One bad entry never costs the others: the client sets each refused entry aside and
+    // splits a batch over the daemon's message size (tunecache_client::record).
+    let kept = client
+        .record_keeping_valid(outcome.entries)
+        .await
+        .context("record")?;
     let mut skipped = outcome.skipped;
-    skipped.append(&mut tally.refused);
-    let accepted = tally.stored + tally.unchanged;
+    skipped.extend(kept.refused.iter().map(|refused| {
+        skipped_for(
+            &refused.entry,
+            format!("daemon refused it: {}", refused.status.message()),
+        )
+    }));
+    let accepted = kept.stored + kept.unchanged;
     if as_json {
         println!(
             "{}",
-            json!({"imported": accepted, "stored": tally.stored, "unchanged": tally.unchanged,
+            json!({"imported": accepted, "stored": kept.stored, "unchanged": kept.unchanged,
                    "skipped": skipped_json(&skipped)})
         );
     } else {
         print_skipped(&skipped);
         println!(
             "imported {accepted} entries ({} stored, {} unchanged), skipped {}",
-            tally.stored,
-            tally.unchanged,
+            kept.stored,
+            kept.unchanged,
             skipped.len()
         );
     }
@@ -487,9 +417,9 @@ fn entry_line(entry: &proto::Entry) -> String {
     )
 }
 
-fn print_resolution(key: &proto::Key, resolution: &Resolution, as_json: bool) {
-    let value = match resolution {
-        Resolution::Hit(result) => {
+fn print_resolution(key: &proto::Key, start: &TuneStart, as_json: bool) {
+    let value = match start {
+        TuneStart::Hit(result) => {
             let entry = proto::Entry {
                 key: Some(key.clone()),
                 result: Some(result.clone()),
@@ -500,17 +430,18 @@ fn print_resolution(key: &proto::Key, resolution: &Resolution, as_json: bool) {
             }
             json!({"outcome": "hit", "entry": entry_json(&entry)})
         }
-        Resolution::TuneHere(lease) => {
+        TuneStart::Tune(lease) => {
             if !as_json {
                 println!(
                     "tune here: lease {} expires in {} ms; record with --lease-id",
-                    lease.lease_id, lease.expires_in_ms
+                    lease.lease_id(),
+                    lease.expires_in_ms()
                 );
                 return;
             }
-            json!({"outcome": "tune_here", "lease_id": lease.lease_id, "expires_in_ms": lease.expires_in_ms})
+            json!({"outcome": "tune_here", "lease_id": lease.lease_id(), "expires_in_ms": lease.expires_in_ms()})
         }
-        Resolution::Miss(reason) => {
+        TuneStart::Miss(reason) => {
             if !as_json {
                 println!("miss: {reason}");
                 return;
@@ -633,20 +564,38 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tuned_by,
             lease_id,
         } => {
-            let entry = proto::Entry {
-                key: Some(key.to_key()),
-                result: Some(proto::Result {
+            let (key, result) = (
+                key.to_key(),
+                proto::Result {
                     config,
                     time_us,
                     tuned_by,
                     tuned_at_unix_ms: tunecache_proto::unix_now_ms(),
                     forget_epoch: 0,
-                }),
+                },
+            );
+            let response = if lease_id.is_empty() {
+                let entry = proto::Entry {
+                    key: Some(key),
+                    result: Some(result),
+                };
+                client.record(vec![entry]).await.context("record")?
+            } else {
+                // Under the lease: a failed Record gives it up, as every client does
+                // (tunecache_client::tuning).
+                let lease = TuneLease::from_parts(
+                    key,
+                    proto::Lease {
+                        lease_id,
+                        expires_in_ms: 0,
+                    },
+                );
+                client
+                    .finish_tune(lease, result)
+                    .await
+                    .map_err(|failed| failed.error)
+                    .context("record")?
             };
-            let response = client
-                .record_with_lease(vec![entry], lease_id)
-                .await
-                .context("record")?;
             if cli.json {
                 println!(
                     "{}",
@@ -714,8 +663,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 can_tune,
                 lease: std::time::Duration::from_millis(lease_ms),
             };
-            let resolution = client.resolve(key.to_key(), options).await?;
-            print_resolution(&key.to_key(), &resolution, cli.json);
+            let start = client.begin_tune(key.to_key(), options).await?;
+            print_resolution(&key.to_key(), &start, cli.json);
         }
         Command::Forget {
             namespace,

@@ -15,6 +15,7 @@ use tokio::sync::OnceCell;
 use tunecache_client::{proto as v1, Client as RustClient, ClientError};
 
 use crate::errors::client_error;
+use crate::leases::{lease_to_finish, KeptRecord, TuneFinish, TuneLease, TuneStart};
 use crate::messages::{Entry, Key, Message, RecordResponse, ResolveResponse, TunedResult};
 use crate::runtime::{run, run_serving, Event};
 use crate::tuning;
@@ -526,18 +527,103 @@ impl NativeClient {
         tuning::resolve_tune_record(py, context, key, options, tune)
     }
 
-    /// Gives a lease up (a Record with the lease and no entries).
-    #[pyo3(signature = (lease_id, timeout=None))]
-    fn give_up_lease(
+    /// Resolves `key` in the client's view: a TuneStart whose `kind` is "hit", "tune" (with the
+    /// lease to tune under) or "miss". The deadline is wait_ms plus the timeout.
+    #[pyo3(signature = (key, wait_ms, can_tune=true, lease_ms=0, timeout=None))]
+    fn begin_tune(
         &self,
         py: Python<'_>,
-        lease_id: String,
+        key: &Bound<'_, PyAny>,
+        wait_ms: u64,
+        can_tune: bool,
+        lease_ms: u64,
         timeout: Option<f64>,
-    ) -> PyResult<()> {
+    ) -> PyResult<TuneStart> {
+        let key = Key::extract_any(key)?;
+        let options = tunecache_client::ResolveOptions {
+            wait: Duration::from_millis(wait_ms),
+            can_tune,
+            lease: Duration::from_millis(lease_ms),
+        };
+        let timeout = seconds(timeout)?;
+        let start = self.call(py, move |context| async move {
+            context
+                .client(timeout)
+                .await?
+                .begin_tune(key, options)
+                .await
+        })?;
+        TuneStart::from_rust(py, start)
+    }
+
+    /// Records `result` (a Result, or a mapping of its fields) under `lease`, which ends it. A
+    /// failed Record gives the lease up, except past its deadline (the Rust client's rule);
+    /// the TuneFinish answered says what happened. Raises ValueError for a lease ended already.
+    #[pyo3(signature = (lease, result, timeout=None))]
+    fn finish_tune(
+        &self,
+        py: Python<'_>,
+        lease: &Bound<'_, TuneLease>,
+        result: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<TuneFinish> {
+        let result = TunedResult::extract_any(result)?;
+        let timeout = seconds(timeout)?;
+        let held = lease_to_finish(lease.get())?;
+        let context = self.context(py)?;
+        let finished = run(py, async move {
+            match context.client(timeout).await {
+                Ok(client) => Ok(client.finish_tune(held, result).await),
+                Err(error) => Err(error),
+            }
+        })?
+        .map_err(|error| client_error(py, error))?;
+        Ok(TuneFinish::from_rust(py, finished))
+    }
+
+    /// Gives `lease` up without a result (tuning failed), so the next waiter tunes at once.
+    /// Answers False when the lease was ended already (nothing is sent), True otherwise; raises
+    /// RpcError when the daemon could not be told (the lease then expires).
+    #[pyo3(signature = (lease, timeout=None))]
+    fn abandon(
+        &self,
+        py: Python<'_>,
+        lease: &Bound<'_, TuneLease>,
+        timeout: Option<f64>,
+    ) -> PyResult<bool> {
+        let Some(held) = lease.get().take()? else {
+            return Ok(false);
+        };
         let timeout = seconds(timeout)?;
         self.call(py, move |context| async move {
-            context.client(timeout).await?.give_up_lease(lease_id).await
+            context.client(timeout).await?.abandon(held).await
         })?;
-        Ok(())
+        Ok(true)
+    }
+
+    /// Records `entries`, keeping every valid one: an entry the daemon refuses is set aside
+    /// and the rest sent again, a batch over the daemon's message size is halved (the Rust
+    /// client's `record_keeping_valid`). Answers a KeptRecord; raises RpcError only for a
+    /// failure that is not the entries' (the daemon away).
+    #[pyo3(signature = (entries, timeout=None))]
+    fn record_keeping_valid(
+        &self,
+        py: Python<'_>,
+        entries: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<KeptRecord> {
+        let entries = entries
+            .try_iter()?
+            .map(|entry| Entry::extract_any(&entry?))
+            .collect::<PyResult<Vec<_>>>()?;
+        let timeout = seconds(timeout)?;
+        let kept = self.call(py, move |context| async move {
+            context
+                .client(timeout)
+                .await?
+                .record_keeping_valid(entries)
+                .await
+        })?;
+        KeptRecord::from_rust(py, kept)
     }
 }

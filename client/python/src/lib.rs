@@ -1,13 +1,17 @@
 //! `tunecache._native`, the native module of the `tunecache` Python package: a PyO3 binding
-//! (stable ABI, CPython >= 3.10) of `tunecache-client`, so that socket discovery and trust,
-//! auto-start, the rank flow (Resolve, tune, Record, giving the lease up) and structured error
-//! details exist once, in Rust. The Python modules of the package (client.py, autotuning.py,
-//! integrations/) are thin layers over it that keep the package's public API.
+//! (stable ABI, CPython >= 3.10) of `tunecache-client` and `tunecache-trtllm`, so that socket
+//! discovery and trust, auto-start, the split lease (begin_tune, finish_tune, abandon) and the
+//! rank flow built on it, the batch Record that keeps every valid entry, the TensorRT-LLM entry
+//! mapping and structured error details exist once, in Rust. The Python modules of the package
+//! (client.py, autotuning.py, integrations/) are thin layers over it that keep the package's
+//! public API.
 //!
 //! - [`runtime`]: the one background thread per process, waiting with the GIL released,
 //!   Ctrl-C, fork;
 //! - [`client`]: the `Client` class and its calls;
+//! - [`leases`]: the split lease's and the batch Record's answers;
 //! - [`tuning`]: the rank flow with a Python `tune` callable;
+//! - [`trtllm`]: the TensorRT-LLM entry mapping for the drop-in;
 //! - [`messages`]: Key, Result, Entry and the other answers as Python objects;
 //! - [`errors`]: Rust client errors as the package's Python exceptions.
 
@@ -17,8 +21,10 @@ use pyo3::prelude::*;
 
 mod client;
 mod errors;
+mod leases;
 mod messages;
 mod runtime;
+mod trtllm;
 mod tuning;
 
 /// The socket the daemon and every client use by default: `$TUNECACHE_SOCKET`, else
@@ -82,8 +88,8 @@ fn _decode_scan_chunks<'py>(
 #[pymodule]
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     // Only the classes Python code names; the answers' classes (Lease, Miss, ResolveResponse,
-    // RecordResponse, Message, RankOutcome) are made on first use, so importing the package
-    // does not pay for them.
+    // RecordResponse, Message, RankOutcome, TuneStart, TuneLease, TuneFinish, KeptRecord) are
+    // made on first use, so importing the package does not pay for them.
     module.add_class::<client::NativeClient>()?;
     module.add_class::<messages::Key>()?;
     module.add_class::<messages::TunedResult>()?;
@@ -94,5 +100,8 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(resolve_view, module)?)?;
     module.add_function(wrap_pyfunction!(errors::refused_entry_index_of, module)?)?;
     module.add_function(wrap_pyfunction!(_decode_scan_chunks, module)?)?;
+    module.add_function(wrap_pyfunction!(trtllm::trtllm_device, module)?)?;
+    module.add_function(wrap_pyfunction!(trtllm::trtllm_entries, module)?)?;
+    module.add_function(wrap_pyfunction!(trtllm::trtllm_file_values, module)?)?;
     Ok(())
 }

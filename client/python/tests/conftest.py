@@ -29,6 +29,7 @@ import tunecache  # noqa: E402
 import tunecache.autotuning  # noqa: E402  (loaded lazily by the package; patched below)
 
 DAEMON_BIN_ENV = "TUNECACHE_DAEMON_BIN"
+CLI_BIN_ENV = "TUNECACHE_CLI_BIN"
 # Extra daemon arguments, for flags these tests do not know about (shell-quoted).
 DAEMON_ARGS_ENV = "TUNECACHE_DAEMON_ARGS"
 DAEMON_START_TIMEOUT_S = 30.0
@@ -41,6 +42,24 @@ CLUSTER_CONNECT_TIMEOUT_S = 20.0
 def daemon_binary() -> Path:
     configured = os.environ.get(DAEMON_BIN_ENV, "")
     return Path(configured) if configured else REPO_ROOT / "target" / "debug" / "tunecached"
+
+
+def cli_binary() -> Path:
+    """The `tunecache` CLI: $TUNECACHE_CLI_BIN, else target/debug/tunecache."""
+    configured = os.environ.get(CLI_BIN_ENV, "")
+    return Path(configured) if configured else REPO_ROOT / "target" / "debug" / "tunecache"
+
+
+def require_binary(binary: Path, name: str, env: str, cargo_args: str) -> Path:
+    """``binary`` when it exists. Without it the test is skipped with how to build it, except
+    under CI (``$CI`` set), where it fails: a test that needs the daemon must not count as
+    passed in CI without running."""
+    if binary.is_file():
+        return binary
+    message = f"{name} binary not found at {binary}: build it (cargo build {cargo_args}) or set {env}"
+    if os.environ.get("CI"):
+        pytest.fail(f"{message}; under CI it is required")
+    pytest.skip(message)
 
 
 def start_python_worker(script: Path, spec: dict, environment: dict) -> subprocess.Popen:
@@ -128,13 +147,8 @@ def _wait_until_answering(daemon: Daemon) -> None:
 def running_daemon(directory: Path, extra_args=(), socket_path: Path = None, unset_env=()):
     """The real tunecached with its socket (or ``socket_path``), state and log in ``directory``
     plus ``extra_args`` and without the variables ``unset_env``, stopped with SIGTERM at the end;
-    skips the test when the binary is absent."""
-    binary = daemon_binary()
-    if not binary.is_file():
-        pytest.skip(
-            f"tunecached binary not found at {binary}: build it (cargo build -p tunecached) "
-            f"or set {DAEMON_BIN_ENV}"
-        )
+    skips the test when the binary is absent, and fails it under CI (see require_binary)."""
+    binary = require_binary(daemon_binary(), "tunecached", DAEMON_BIN_ENV, "-p tunecache-server --bin tunecached")
     directory.mkdir(parents=True, exist_ok=True)
     socket_path = directory / "s.sock" if socket_path is None else socket_path
     state_dir = directory / "state"
@@ -167,7 +181,8 @@ def running_daemon(directory: Path, extra_args=(), socket_path: Path = None, uns
 
 @pytest.fixture
 def daemon(socket_dir):
-    """The real tunecached on a fresh socket and state dir; skipped when the binary is absent."""
+    """The real tunecached on a fresh socket and state dir; skipped when the binary is absent
+    (failed under CI)."""
     with running_daemon(socket_dir) as running:
         yield running
 
@@ -303,5 +318,80 @@ def without_forget(daemon: Daemon, directory: Path):
     try:
         yield str(proxy_path)
     finally:
+        server.stop(grace=None)
+        upstream.close()
+
+
+# --- a daemon slow to answer one Record ------------------------------------------------------------
+
+
+class HoldingProxy:
+    """What :func:`holding_records` yields: ``socket_path`` to connect to; ``held`` is set once a
+    Record with entries and a lease has arrived and is being held; ``release()`` lets it through
+    to the daemon; ``give_ups`` lists the lease ids of the Records with a lease and no entries
+    (giving a lease up) that reached the proxy."""
+
+    def __init__(self, socket_path: str):
+        self.socket_path = socket_path
+        self.held = threading.Event()
+        self._release = threading.Event()
+        self.give_ups: list = []
+
+    def release(self) -> None:
+        self._release.set()
+
+
+@contextlib.contextmanager
+def holding_records(daemon: Daemon, directory: Path):
+    """``daemon`` behind a forwarding grpcio proxy on ``directory/holding.sock`` that holds the
+    first Record with entries and a lease until ``release()`` (so that the caller's deadline
+    passes while the daemon is still "working" on it) and records every give-up that reaches it.
+    Every other call is forwarded unchanged, as raw bytes. grpcio here is the tests' own."""
+    import grpc
+    from concurrent import futures
+
+    from tunecache.v1 import tunecache_pb2 as pb
+
+    upstream = grpc.insecure_channel(f"unix:{daemon.socket_path}", options=[("grpc.default_authority", "localhost")])
+    proxy = HoldingProxy(str(directory / "holding.sock"))
+    record = upstream.unary_unary("/tunecache.v1.TuneCache/Record")
+
+    def forward(call):
+        def handle(request, context):
+            try:
+                return call(request, timeout=context.time_remaining())
+            except grpc.RpcError as err:
+                context.abort(err.code(), err.details())
+
+        return handle
+
+    def handle_record(request, context):
+        message = pb.RecordRequest.FromString(request)
+        if message.lease_id and not message.entries:
+            proxy.give_ups.append(message.lease_id)
+        elif message.lease_id and not proxy.held.is_set():
+            proxy.held.set()
+            proxy._release.wait(DAEMON_STOP_TIMEOUT_S)
+        return forward(record)(request, context)
+
+    class Proxy(grpc.GenericRpcHandler):
+        def service(self, details):
+            method = details.method
+            if method == "/tunecache.v1.TuneCache/Record":
+                return grpc.unary_unary_rpc_method_handler(handle_record)
+            if method == "/tunecache.v1.TuneCache/Scan":
+                stream = upstream.unary_stream(method)
+                return grpc.unary_stream_rpc_method_handler(
+                    lambda request, context: iter(stream(request, timeout=context.time_remaining()))
+                )
+            return grpc.unary_unary_rpc_method_handler(forward(upstream.unary_unary(method)))
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), handlers=[Proxy()])
+    server.add_insecure_port(f"unix:{proxy.socket_path}")
+    server.start()
+    try:
+        yield proxy
+    finally:
+        proxy.release()
         server.stop(grace=None)
         upstream.close()

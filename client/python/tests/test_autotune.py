@@ -1,8 +1,9 @@
 # Owns the tests of tunecache.autotune, the generic helper, with the real daemon: eight processes
 # tuning the same twenty problems time each exactly once node-wide, a lease holder killed with
 # SIGKILL does not stop the others, a holder whose result the daemon refuses hands its lease back
-# at once, the in-process memo, tuning without a daemon, and a cached config the kernel raises
-# for forgotten (only_if), tuned again and retried, while a config tuned or run here never is.
+# at once, one whose Record the daemon holds past its deadline keeps it, the in-process memo,
+# tuning without a daemon, and a cached config the kernel raises for forgotten (only_if), tuned
+# again and retried, while a config tuned or run here never is.
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ import pytest
 
 import tunecache
 from tunecache.autotuning import measure
-from conftest import start_python_worker, without_forget
+from conftest import holding_records, start_python_worker, without_forget
 
 WORKER = Path(__file__).resolve().parent / "autotune_worker.py"
 WORKER_TIMEOUT_S = 240
@@ -140,6 +141,21 @@ def test_memo_and_plain_call_and_no_daemon(daemon, tmp_path):
                                 client=tunecache.Client(tmp_path / "absent.sock", timeout=1.0))
     assert lonely.best(8) == 9
     assert len(calls) == 3
+
+
+def test_a_record_past_its_deadline_keeps_the_lease(daemon, socket_dir):
+    """Issue 35: the helper ends its lease through the Rust client's finish_tune, so a Record the
+    daemon holds past the deadline keeps the lease (no second call to a daemon that did not
+    answer in time), as the Triton drop-in and get_or_tune do; the process uses its own config."""
+    with holding_records(daemon, socket_dir) as proxy:
+        client = tunecache.Client(proxy.socket_path, timeout=0.5)
+        tuner = tunecache.autotune("pytest-autotune", "late", key_fn=lambda: f"late-{uuid.uuid4()}",
+                                   configs=[1, 2], bench=lambda config: float(config), device="cpu|pytest",
+                                   warmup=0, repeats=1, lease_ms=60_000, client=client)
+        assert tuner.best() == 1
+        assert proxy.held.is_set()
+        assert proxy.give_ups == []
+        client.close()
 
 
 def test_a_refused_record_gives_the_lease_up_so_a_waiter_times_at_once(daemon, caplog):

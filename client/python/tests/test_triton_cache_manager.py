@@ -1,7 +1,8 @@
 # Owns the tests of the Triton drop-in (TRITON_CACHE_MANAGER=tunecache.integrations.triton:
 # CacheManager) against the real daemon and the real triton package: processes (triton_worker.py)
 # run a real @triton.autotune kernel with Triton's own Autotuner, compiler and cache code; only
-# the active driver is a stand-in (triton_standin.py), as the machine has no GPU.
+# the active driver is a stand-in (triton_standin.py), as the machine has no GPU. A forwarding
+# proxy (conftest.holding_records) holds a Record past its deadline to see the lease kept.
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import start_python_worker
+from conftest import holding_records, start_python_worker
 
 try:
     import triton  # noqa: F401
@@ -178,3 +179,24 @@ def test_holder_killed_mid_benchmark_hands_over(daemon, tmp_path):
     with daemon.client() as client:
         stats = client.stats()
     assert stats.leases_released_dead == 1
+
+
+def test_a_record_past_its_deadline_keeps_the_lease_as_every_client_does(daemon, tmp_path):
+    """Issue 35: the drop-in ends its lease through the Rust client's finish_tune, so a Record
+    that runs past its deadline (the daemon holds it) keeps the lease, as the Rust client and
+    get_or_tune do: no second call goes to a daemon that did not answer in time. Before, the
+    drop-in gave the lease up after any failed Record."""
+    with holding_records(daemon, tmp_path) as proxy:
+        environment, _cache_dir = worker_env(tmp_path, "late", proxy.socket_path)
+        spec = {"bench_log": str(tmp_path / "bench.log"), "client_timeout_s": 0.5}
+        code, out, err = finish(start(environment, spec))
+        assert code == 0, err
+        # The put's Record reached the daemon's side and was held past the deadline ...
+        assert proxy.held.is_set(), err
+        # ... and no Record giving the lease up followed it.
+        assert proxy.give_ups == [], err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["best"] == FASTEST and result["benchmarked"] == 3
+    warnings = tunecache_warnings(err)
+    assert len(warnings) == 1 and "could not store an autotune result" in warnings[0], err
+

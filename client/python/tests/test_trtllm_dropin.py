@@ -164,7 +164,8 @@ def test_four_ranks_get_what_their_file_loader_returns_enums_independent_op_and_
 ):
     """Issue 26: four ranks save and load through the drop-in, and every rank gets what the
     unpatched class gives from a real file: enum tactics as their values, independent_op filled
-    with the shared entries' op names, the metadata, and the same entries skipped."""
+    with the shared entries' op names, the metadata, and the same entries skipped (and, issue 35,
+    the entry with an infinite min_time, which the file keeps, is not saved)."""
     ranks = range(4)
     spec = {"count": 10, "enums": True, "rejects": True}
     file_path = tmp_path / "file" / "autotuner_cache.json"
@@ -202,8 +203,11 @@ def test_four_ranks_get_what_their_file_loader_returns_enums_independent_op_and_
         slow = next(value for key, value in expected["cache"] if key[1][1][1] == "SlowRunner")
         assert slow[1][2] == ["float", "inf"], rank
         assert len(tactics) == (10 + 2) + (10 + 1), rank  # shared ones, then the rank's own
-        # The drop-in gives the same, type for type and bit for bit.
-        assert got["cache"] == expected["cache"], f"rank {rank}"
+        # The drop-in gives the same, type for type and bit for bit, except SlowRunner's entry:
+        # its min_time is inf, which TensorRT-LLM's autotuner never stores (only a time that beat
+        # inf enters its cache) and its merge cannot order, so the drop-in, like the CLI's
+        # import and export, does not save it (tunecache_trtllm::entry).
+        assert got["cache"] == [item for item in expected["cache"] if item != slow_item(expected)], f"rank {rank}"
         assert got["independent_op"] == expected["independent_op"], f"rank {rank}"
         # The metadata is the first saver's, read back from JSON (device_capability a list), in
         # each run; only the creation time differs between the two runs.
@@ -212,6 +216,11 @@ def test_four_ranks_get_what_their_file_loader_returns_enums_independent_op_and_
         expected_metadata.pop("creation_timestamp")
         assert got_metadata == expected_metadata, f"rank {rank}"
         assert got_metadata["device_capability"] == ["list", [["int", "9"], ["int", "0"]]], f"rank {rank}"
+
+
+def slow_item(result):
+    """The canonical cache item of the SlowRunner entry (min_time inf) in a rank's result."""
+    return next(item for item in result["cache"] if item[0][1][1][1] == "SlowRunner")
 
 
 def metadata_of(result):

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import tunecache
-from conftest import unique_key
+from conftest import DAEMON_BIN_ENV, running_daemon, unique_key
 
 FALLBACK = {"runner_id": 0, "tactic": -1}
 DAEMON_WARNING = "unavailable or failing"
@@ -220,3 +220,29 @@ def test_hung_daemon_is_bounded_by_wait_ms_plus_timeout(socket_dir, caplog):
 def test_unusable_key_gives_the_fallback(socket_dir):
     client = tunecache.Client(str(socket_dir / "absent.sock"), timeout=1.0)
     assert client.get_or_tune({"no_such_field": 1}, must_not_run, FALLBACK) == FALLBACK
+
+
+# --- the daemon fixture itself --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ci", ["", "1"], ids=["outside-ci", "under-ci"])
+def test_a_missing_daemon_binary_skips_outside_ci_and_fails_under_ci(ci, socket_dir, monkeypatch):
+    """The daemon tests (about 50) cannot count as passed in CI without running: under $CI a
+    missing tunecached fails them; elsewhere it skips them, saying how to build it."""
+    monkeypatch.setenv(DAEMON_BIN_ENV, str(socket_dir / "no-such-tunecached"))
+    if ci:
+        monkeypatch.setenv("CI", ci)
+    else:
+        monkeypatch.delenv("CI", raising=False)
+    # Caught whichever it is, so that a skip where a failure is due fails this test rather than
+    # skipping it.
+    try:
+        with running_daemon(socket_dir):
+            pass
+    except (pytest.fail.Exception, pytest.skip.Exception) as outcome:
+        raised = outcome
+    else:
+        raise AssertionError("running_daemon started a daemon that does not exist")
+    expected = pytest.fail.Exception if ci else pytest.skip.Exception
+    assert type(raised) is expected, repr(raised)
+    assert "tunecached binary not found" in str(raised)

@@ -2,7 +2,8 @@
 # calls a real @triton.autotune kernel (Triton's Autotuner, compiler and cache code as shipped)
 # once, and prints the chosen config and its launch count as JSON on its last stdout line. The
 # benchmarker appends "<pid> <call>" to a shared log per benchmarked config (O_APPEND); with a
-# doom marker, the first process to benchmark SIGKILLs itself there, holding the lease.
+# doom marker, the first process to benchmark SIGKILLs itself there, holding the lease; with
+# client_timeout_s, the drop-in's client has that deadline.
 from __future__ import annotations
 
 import json
@@ -42,6 +43,12 @@ def main() -> int:
         return list(timing)
 
     standin = triton_standin.install(benchmarker)
+    if spec.get("client_timeout_s"):
+        # The drop-in's client with a shorter deadline than its default (the module Triton loads
+        # for TRITON_CACHE_MANAGER, loaded here first).
+        import tunecache.integrations.triton as manager
+
+        manager._daemon = manager._Daemon(timeout=spec["client_timeout_s"])
 
     @triton.autotune(configs=[triton.Config({"BLOCK": block}) for block in BLOCKS], key=["n"])
     @triton.jit

@@ -74,6 +74,8 @@ DEFAULT_WAIT_MS = 60_000
 # How many Resolve rounds a waiter makes (each up to wait_ms) before it tunes for itself.
 MAX_RESOLVE_ROUNDS = 10
 DEVICE_ENV = "TUNECACHE_DEVICE"
+# What a process does when the daemon cannot take its result (logged with the failure).
+OWN_CONFIG = "this process uses its own best config"
 
 
 # A problem's config, and the Result of the daemon's it came from: None when this process tuned
@@ -255,9 +257,10 @@ class Autotuner:
         """The problem's config from the daemon, or tuned here. ``broken``: a result just
         forgotten; should the daemon still answer it (the Forget did not take), tune here.
 
-        Each round is the Rust client's rank flow (Resolve; the lease holder tunes, Records
-        with the lease, or gives the lease up if tuning raises). A miss (the wait ran out, or
-        the holder gave its lease up) asks again."""
+        Each round is the Rust client's split lease: ``begin_tune`` (Resolve); the lease holder
+        tunes and ``finish_tune``s (a failed Record gives the lease up, except past its
+        deadline), or ``abandon``s the lease if tuning raises. A miss (the wait ran out, or the
+        holder gave its lease up) asks again."""
         key = self._key(problem)
         try:
             daemon = self._daemon()
@@ -265,22 +268,16 @@ class Autotuner:
             client_module._warn_once_daemon_problem(client_module.default_socket_path(), "connect", err)
             return self._tune(key, args, kwargs)[0], None
         for _ in range(MAX_RESOLVE_ROUNDS):
-            tuned: Dict[str, Any] = {}
-
-            def tune() -> tuple:
-                config, result = self._tune(key, args, kwargs)
-                tuned["config"] = config
-                return result.config, result.time_us, result.tuned_by, result.tuned_at_unix_ms
-
-            # Raises again what tuning raised (after giving the lease up).
-            outcome = daemon._rank_flow(
-                key, tune, self.wait_ms, True, self.lease_ms, "this process uses its own best config"
-            )
-            if "config" in tuned:
-                # Tuned here: recorded, refused (logged) or not stored; this process uses it.
-                return tuned["config"], None
-            if outcome.kind == "cached":
-                hit = outcome.result
+            try:
+                start = daemon.begin_tune(key, wait_ms=self.wait_ms, can_tune=True, lease_ms=self.lease_ms)
+            except RpcError as err:
+                # The daemon is away or failing (warned once): tune for this process only.
+                daemon._report_failures([("Resolve", err)], key, OWN_CONFIG)
+                return self._tune(key, args, kwargs)[0], None
+            if start.kind == "tune":
+                return self._tune_under(daemon, key, start.lease, args, kwargs), None
+            if start.kind == "hit":
+                hit = start.result
                 found = self._config_from_result(hit)
                 if found is not None and not _same_result(hit, broken):
                     return found[0], hit
@@ -289,13 +286,35 @@ class Autotuner:
                 config, result = self._tune(key, args, kwargs)
                 self._record(daemon, key, result)
                 return config, None
-            if any(call == "Resolve" for call, _error in outcome.failures):
-                # The daemon is away or failing (warned once): tune for this process only.
-                return self._tune(key, args, kwargs)[0], None
             # miss: the wait ran out (the tuner is slow) or the lease was given up; ask again.
-            logger.debug("tunecache: %s: %s; resolving again", client_module.describe_key(key), outcome.reason)
+            logger.debug("tunecache: %s: %s; resolving again", client_module.describe_key(key), start.reason)
         logger.warning("tunecache: no result for %s after %d waits; tuning here", client_module.describe_key(key), MAX_RESOLVE_ROUNDS)
         return self._tune(key, args, kwargs)[0], None
+
+    def _tune_under(self, daemon: Client, key: Key, lease: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+        """Times every config under ``lease`` and finishes it with the best; this process uses
+        its own best config whatever the daemon says. A tuning that raises gives the lease up
+        first, then propagates."""
+        try:
+            config, result = self._tune(key, args, kwargs)
+        except BaseException:
+            try:
+                daemon.abandon(lease)
+            except RpcError as err:
+                daemon._report_failures([("Record (giving the lease up)", err)], key, OWN_CONFIG)
+            raise
+        try:
+            finished = daemon.finish_tune(lease, result)
+        except RpcError as err:
+            daemon._report_failures([("Record", err)], key, OWN_CONFIG)
+            return config
+        failures = []
+        if finished.error is not None:
+            failures.append(("Record", finished.error))
+        if finished.give_up_error is not None:
+            failures.append(("Record (giving the lease up)", finished.give_up_error))
+        daemon._report_failures(failures, key, OWN_CONFIG)
+        return config
 
     def _tune(self, key: Key, args: Sequence[Any], kwargs: Dict[str, Any]):
         """Times every config; returns (best config, the Result to record)."""
@@ -366,7 +385,7 @@ class Autotuner:
         try:
             daemon.record([Entry(key=key, result=result)])
         except RpcError as err:
-            daemon._report_failures([("Record", err)], key, "this process uses its own best config")
+            daemon._report_failures([("Record", err)], key, OWN_CONFIG)
 
 
 def _same_result(result: Result, other: Optional[Result]) -> bool:

@@ -270,6 +270,41 @@ class Client:
         timeout."""
         return self._native.resolve(_as_key(key), _wait_ms(wait_ms), can_tune, max(0, int(lease_ms)), timeout)
 
+    # --- the split lease, for callers with a tuning loop of their own (the drop-ins) -------------
+
+    def begin_tune(
+        self,
+        key: KeyLike,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        can_tune: bool = True,
+        lease_ms: int = 0,
+        timeout: Optional[float] = None,
+    ):
+        """Resolves key in the client's view, as the Rust client's ``begin_tune``: a TuneStart
+        whose ``kind`` is "hit" (``result``), "tune" (``lease``: tune now, then end the lease
+        with finish_tune or abandon) or "miss" (``reason``). Raises RpcError when the daemon
+        cannot be asked."""
+        return self._native.begin_tune(_as_key(key), _wait_ms(wait_ms), can_tune, max(0, int(lease_ms)), timeout)
+
+    def finish_tune(self, lease: Any, result: ResultLike, timeout: Optional[float] = None):
+        """Records ``result`` under ``lease`` (from begin_tune), which ends it. Answers a
+        TuneFinish: ``error`` None when Recorded; else the RpcError, ``refused`` (the daemon
+        refused the result itself) and ``lease`` ("given_up", "kept" after a deadline, when the
+        Record may still land, or "give_up_failed"): the Rust client's rule, the same for every
+        caller. Raises RpcError only when the daemon cannot be reached at all."""
+        return self._native.finish_tune(lease, result, timeout)
+
+    def abandon(self, lease: Any, timeout: Optional[float] = None) -> bool:
+        """Gives ``lease`` up (tuning failed), so the next waiter tunes at once. False when it
+        was ended already (nothing is sent)."""
+        return self._native.abandon(lease, timeout)
+
+    def record_keeping_valid(self, entries: Iterable[EntryLike], timeout: Optional[float] = None):
+        """Records ``entries`` keeping every valid one (the Rust client's rule: an entry the
+        daemon refuses is set aside, a batch over its message size is halved). Answers
+        ``stored``, ``unchanged`` and ``refused``, a list of ``(index, entry, RpcError)``."""
+        return self._native.record_keeping_valid(entries, timeout)
+
     def get_or_tune(
         self,
         key: KeyLike,

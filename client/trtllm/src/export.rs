@@ -1,6 +1,7 @@
 //! Export: tunecache entries to the text of a cache file ([`export`]), laid out as Python's
-//! `json.dump(..., indent=2)` lays it out, with every entry TensorRT-LLM's loader could not read
-//! back left out (checked with [`pyliteral`]); and the merge with the file being replaced
+//! `json.dump(..., indent=2)` lays it out, each entry's value from
+//! [`file_value_of`](crate::file_value_of) (the rule import and the drop-in share), so that every
+//! entry TensorRT-LLM's loader could not read back is left out with the reason; and the merge with the file being replaced
 //! ([`merge_file_entries`]), which keeps what ranks saved there that the cache lacks.
 
 use std::collections::{HashMap, HashSet};
@@ -10,12 +11,11 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use tunecache_proto::v1::{Entry, Key, Result as TuneResult};
 
+use crate::entry::{file_value_of, FileValue};
 use crate::format::{
-    SkippedEntry, StoredConfig, METADATA_SECTION, NAMESPACE, RANK_SECTION_PREFIX, SHARED_SECTION,
+    SkippedEntry, METADATA_SECTION, NAMESPACE, RANK_SECTION_PREFIX, SHARED_SECTION,
 };
 use crate::pyjson::python_indent_2;
-use crate::pyliteral;
-use crate::rawjson::{json_kind, json_number};
 use crate::{ImportOutcome, TrtllmError, TrtllmMetadata};
 
 #[derive(Debug, Clone, Default)]
@@ -150,69 +150,19 @@ struct ExportedEntry {
 }
 
 fn exported_entry(key: &Key, result: &TuneResult) -> Result<ExportedEntry, String> {
-    let config: StoredConfig = serde_json::from_str(&result.config)
-        .map_err(|err| format!("config is not a TensorRT-LLM config (runner_id, tactic): {err}"))?;
-    check_loadable(&key.problem, &config)?;
-    // Exact text first; then the number (possibly re-formatted by whoever stored the config);
-    // then the cache's own time for configs that never carried min_time.
-    let from_text = config
-        .min_time_text
-        .filter(|text| json_number(text).is_some())
-        .and_then(|text| RawValue::from_string(text).ok());
-    let min_time = match (from_text, config.min_time) {
-        (Some(exact), _) => exact,
-        (None, Some(number)) if json_number(number.get()).is_some() => number,
-        _ if result.time_us.is_finite() && result.time_us >= 0.0 => {
-            serde_json::value::to_raw_value(&(result.time_us / 1000.0))
-                .map_err(|err| format!("could not write min_time: {err}"))?
-        }
-        _ => {
-            return Err(format!(
-                "time_us {} is not a finite, non-negative time",
-                result.time_us
-            ))
-        }
-    };
+    let FileValue {
+        runner_id,
+        tactic,
+        min_time,
+    } = file_value_of(key, result)?;
     Ok(ExportedEntry {
         problem: key.problem.clone(),
         device: key.device.clone(),
         time_us: result.time_us,
-        runner_id: config.runner_id,
-        tactic: config.tactic,
+        runner_id,
+        tactic,
         min_time,
     })
-}
-
-/// Refuses what TensorRT-LLM's `load_cache` cannot read back: it indexes `ast.literal_eval(key)`
-/// as a tuple, passes the `tactic` field (which must be a string) to `ast.literal_eval`, and
-/// takes `runner_id` as an index.
-fn check_loadable(problem: &str, config: &StoredConfig) -> Result<(), String> {
-    match pyliteral::parse(problem) {
-        Ok(pyliteral::LiteralKind::Tuple { first_is_str: true }) => {}
-        Ok(_) => {
-            return Err(
-                "key is not a Python tuple whose first element is the op name, so the loader \
-                 cannot index it"
-                    .to_owned(),
-            )
-        }
-        Err(reason) => return Err(format!("key is not a Python literal: {reason}")),
-    }
-    if serde_json::from_str::<i64>(config.runner_id.get()).is_err() {
-        return Err(format!(
-            "runner_id {} is not an integer",
-            config.runner_id.get()
-        ));
-    }
-    let tactic_repr: String = serde_json::from_str(config.tactic.get()).map_err(|_| {
-        format!(
-            "tactic is a JSON {}, not the string holding repr(tactic) that the loader reads",
-            json_kind(config.tactic.get())
-        )
-    })?;
-    pyliteral::parse(&tactic_repr)
-        .map_err(|reason| format!("tactic {tactic_repr:?} is not a Python literal: {reason}"))?;
-    Ok(())
 }
 
 struct DocumentOut<'a> {

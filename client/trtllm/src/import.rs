@@ -1,16 +1,15 @@
 //! Import: the text of a cache file to tunecache entries ([`import`], [`import_with`]), one entry
-//! per key of each `shared` and `rank_<N>` section, with what could not be mapped listed as
-//! skipped. The custom op name is read from the key with [`pyliteral`].
+//! per key of each `shared` and `rank_<N>` section, each mapped by
+//! [`entry_from_file`](crate::entry_from_file) (the rule the drop-in and export share), with what
+//! could not be mapped listed as skipped.
 
 use serde_json::value::RawValue;
-use tunecache_proto::v1::{Entry, Key, Result as TuneResult};
+use tunecache_proto::v1::Entry;
 
-use crate::format::{
-    section_rank, ImportedConfig, SectionRank, SkippedEntry, METADATA_SECTION, NAMESPACE,
-};
+use crate::entry::{entry_from_file, EntryContext};
+use crate::format::{section_rank, SkippedEntry, METADATA_SECTION};
 use crate::pyjson::{keep_last_duplicate, quote_python_nonfinite_literals};
-use crate::pyliteral;
-use crate::rawjson::{json_kind, json_number, OrderedRawObject};
+use crate::rawjson::{json_kind, OrderedRawObject};
 use crate::{TrtllmError, TrtllmMetadata};
 
 /// `Result.tuned_by` of imported entries.
@@ -69,9 +68,10 @@ pub fn import_with(json_text: &str, options: &ImportOptions) -> Result<ImportOut
         (None, Some(metadata)) => metadata.device_fingerprint(),
         (None, None) => return Err(TrtllmError::MissingMetadata),
     };
-    let context = ImportContext {
+    let context = EntryContext {
         device: &device,
         metadata_json: metadata.as_ref().map(|metadata| metadata.raw_json()),
+        tuned_by: IMPORTED_BY,
         tuned_at_unix_ms: metadata
             .as_ref()
             .and_then(|metadata| metadata.creation_unix_ms)
@@ -121,7 +121,7 @@ pub fn import_with(json_text: &str, options: &ImportOptions) -> Result<ImportOut
             reason: "duplicate key; the last one wins, as with Python's json.load".to_owned(),
         }));
         for (key, raw_value) in &section_entries.kept {
-            match import_entry(key, raw_value, rank, &context) {
+            match entry_from_file(key, raw_value.get(), rank.0, &context) {
                 Ok(entry) => entries.push(entry),
                 Err(reason) => skipped.push(SkippedEntry {
                     section: section.clone(),
@@ -136,103 +136,6 @@ pub fn import_with(json_text: &str, options: &ImportOptions) -> Result<ImportOut
         metadata,
         skipped,
     })
-}
-
-struct ImportContext<'a> {
-    device: &'a str,
-    metadata_json: Option<&'a str>,
-    tuned_at_unix_ms: i64,
-}
-
-fn import_entry(
-    key: &str,
-    raw_value: &RawValue,
-    rank: SectionRank,
-    context: &ImportContext<'_>,
-) -> Result<Entry, String> {
-    let op = custom_op_from_key(key)?;
-    let fields = serde_json::from_str::<OrderedRawObject>(raw_value.get()).map_err(|_| {
-        format!(
-            "value is a JSON {}, not an object",
-            json_kind(raw_value.get())
-        )
-    })?;
-    // A repeated field: the last one wins, as with Python's json.load.
-    let field = |name: &str| {
-        fields
-            .0
-            .iter()
-            .rev()
-            .find(|(field_name, _)| field_name == name)
-            .map(|(_, raw)| raw.as_ref())
-            .ok_or_else(|| format!("no {name:?} field"))
-    };
-    let runner_id = field("runner_id")?;
-    if serde_json::from_str::<i64>(runner_id.get()).is_err() {
-        return Err(format!("runner_id {} is not an integer", runner_id.get()));
-    }
-    let tactic = field("tactic")?;
-    let min_time = field("min_time")?;
-    let min_time_ms = json_number(min_time.get())
-        .ok_or_else(|| format!("min_time {} is not a number", min_time.get()))?;
-    let time_us = min_time_ms * 1000.0;
-    if !time_us.is_finite() || time_us < 0.0 {
-        return Err(format!(
-            "min_time {} is not a finite, non-negative time",
-            min_time.get()
-        ));
-    }
-    let config = serde_json::to_string(&ImportedConfig {
-        runner_id,
-        tactic,
-        min_time,
-        min_time_text: min_time.get(),
-        trtllm_metadata_json: context.metadata_json,
-    })
-    .map_err(|err| format!("could not build the config: {err}"))?;
-    Ok(Entry {
-        key: Some(Key {
-            namespace: NAMESPACE.to_owned(),
-            op,
-            device: context.device.to_owned(),
-            problem: key.to_owned(),
-            rank: rank.0,
-        }),
-        result: Some(TuneResult {
-            config,
-            time_us,
-            tuned_by: IMPORTED_BY.to_owned(),
-            tuned_at_unix_ms: context.tuned_at_unix_ms,
-            forget_epoch: 0,
-        }),
-    })
-}
-
-/// The custom op name: the first element of the key, Python's `str()` of a tuple, whose string
-/// elements are quoted with `'` (or `"` when the text holds a `'` and no `"`). Only that first
-/// string is read (by [`pyliteral::repr_str`]); export checks the whole key.
-fn custom_op_from_key(key: &str) -> Result<String, String> {
-    let after_paren = key
-        .trim_start()
-        .strip_prefix('(')
-        .ok_or("key is not a Python tuple: it does not start with '('")?;
-    let first = after_paren.trim_start();
-    if !first.starts_with(['\'', '"']) {
-        return Err("the key tuple's first element is not a quoted string".to_owned());
-    }
-    let (op, rest) = pyliteral::repr_str(first)
-        .map_err(|reason| format!("the key tuple's first string: {reason}"))?;
-    let rest = rest.trim_start();
-    if !rest.starts_with(',') && !rest.starts_with(')') {
-        return Err(
-            "the key tuple's first string is followed by something other than ',' or ')'"
-                .to_owned(),
-        );
-    }
-    if op.is_empty() {
-        return Err("the custom op name in the key is empty".to_owned());
-    }
-    Ok(op)
 }
 
 #[cfg(test)]
@@ -406,25 +309,5 @@ mod tests {
             import(bad_metadata),
             Err(TrtllmError::BadMetadata(_))
         ));
-    }
-
-    #[test]
-    fn custom_op_parsing_follows_python_repr() {
-        assert_eq!(custom_op_from_key("('a::b', 1)").as_deref(), Ok("a::b"));
-        assert_eq!(custom_op_from_key("(\"it's\",)").as_deref(), Ok("it's"));
-        assert_eq!(
-            custom_op_from_key(r#"('it\'s \"x\"', 1)"#).as_deref(),
-            Ok("it's \"x\"")
-        );
-        assert_eq!(
-            custom_op_from_key(r"('tab\there\x41\u00e9',)").as_deref(),
-            Ok("tab\thereA\u{e9}")
-        );
-        assert_eq!(custom_op_from_key("('only')").as_deref(), Ok("only"));
-        assert!(custom_op_from_key("('unterminated, 1)").is_err());
-        assert!(custom_op_from_key("('', 1)").is_err());
-        assert!(custom_op_from_key("('a'b', 1)").is_err());
-        assert!(custom_op_from_key(r"('bad\q',)").is_err());
-        assert!(custom_op_from_key("[ 'a' ]").is_err());
     }
 }

@@ -1,9 +1,10 @@
-//! TensorRT-LLM autotuner cache file interop, for the `tunecache` CLI's import and export: reads
-//! the JSON file that TensorRT-LLM's `AutoTunerProfilingCache.save_cache` writes (the file at
-//! `TLLM_AUTOTUNER_CACHE_PATH`) into tunecache entries, writes entries back out as a file its
-//! `load_cache` reads, and replaces such a file under the writers' lock. Ranks that use the
-//! daemon directly (the Python drop-in) never touch these files; this crate is not linked into
-//! the rank-facing client library.
+//! TensorRT-LLM autotuner cache interop: reads the JSON file that TensorRT-LLM's
+//! `AutoTunerProfilingCache.save_cache` writes (the file at `TLLM_AUTOTUNER_CACHE_PATH`) into
+//! tunecache entries, writes entries back out as a file its `load_cache` reads, and replaces such
+//! a file under the writers' lock, for the `tunecache` CLI's import and export. The mapping of one
+//! entry ([`entry`]) is also what the Python drop-in (`tunecache.integrations.trtllm`) uses,
+//! through the binding `tunecache._native`: import, export and the drop-in accept and refuse the
+//! same entries, by one implementation. The crate is not linked into the Rust client library.
 //!
 //! The file is one JSON object:
 //!
@@ -21,7 +22,8 @@
 //! the tactic (the loader reads both back with `ast.literal_eval`), and `min_time` is
 //! milliseconds.
 //!
-//! Mapping of one file entry to a tunecache [`Entry`](tunecache_proto::v1::Entry):
+//! Mapping of one file entry to a tunecache [`Entry`](tunecache_proto::v1::Entry) ([`entry`]
+//! says which entries are accepted, and why):
 //!
 //! | Key field   | value                                                                     |
 //! |-------------|---------------------------------------------------------------------------|
@@ -32,8 +34,7 @@
 //! | `device`    | `<device_name>|sm_<major><minor>|trtllm <lib_version>` from the metadata, e.g. `NVIDIA H200|sm_90|trtllm 1.1.0` |
 //!
 //! The release is part of the device so that one release's tactics never win over another's
-//! (a tactic id may mean something else there). The Python drop-in
-//! (`tunecache.integrations.trtllm`) builds the same keys.
+//! (a tactic id may mean something else there).
 //!
 //! `Result.config` is a JSON object (see [`ImportedConfig`]) holding `runner_id`, `tactic` and
 //! `min_time` exactly as the file spelled them, `min_time_text` (the same number as a string) and
@@ -43,11 +44,11 @@
 //! Export lays the file out the way Python's `json.dump(..., indent=2)` does (TensorRT-LLM's own
 //! writer), so every value (types and float bits included) survives a round trip; the order of
 //! keys within a section is the cache's, not necessarily the original file's. Each exported entry
-//! is checked the way the loader will read it ([`pyliteral`]): the key must be a tuple literal
-//! and the tactic a string holding a Python literal.
+//! is checked by the same rule as an imported one ([`file_value_of`]).
 //!
 //! Modules:
 //!
+//! - [`entry`]: one entry's mapping both ways, and which entries are accepted;
 //! - `format`: the file's layout: sections, the configs import writes and export reads, skips;
 //! - `metadata`: the `"metadata"` object and the device fingerprint built from it;
 //! - `import`: file text to entries;
@@ -58,6 +59,7 @@
 //! - `pyjson`: how Python's `json` reads and writes (duplicate names, `Infinity`, `indent=2`);
 //! - [`pyliteral`]: the one parser of Python literals and string escapes.
 
+pub mod entry;
 mod error;
 mod export;
 mod fileio;
@@ -71,6 +73,7 @@ mod rawjson;
 #[cfg(test)]
 mod test_support;
 
+pub use entry::{entry_from_file, file_value_of, EntryContext, FileValue};
 pub use error::TrtllmError;
 pub use export::{export, merge_file_entries, ExportOptions, ExportOutcome, FileMerge};
 pub use fileio::{read_existing, write_atomically, MAX_CACHE_FILE_BYTES};

@@ -123,8 +123,11 @@ impl TrtllmMetadata {
         Ok(metadata)
     }
 
-    /// The metadata that an earlier [`import`](fn@crate::import) stored in these entries' configs: that of the
-    /// first `trtllm` entry carrying one. `None` when no entry does (they were tuned natively).
+    /// The metadata an earlier import or drop-in save stored in these entries' configs: the
+    /// oldest (least `creation_timestamp`; one without a time counts as newest, the first of
+    /// equals wins), as a file keeps the metadata of the rank that created it and later savers
+    /// leave it. `None` when no `trtllm` entry carries any (they were tuned natively). Export
+    /// writes it; the drop-in's load sets it, as TensorRT-LLM's loader sets a file's.
     pub fn from_entries(entries: &[Entry]) -> Option<Self> {
         entries
             .iter()
@@ -132,7 +135,11 @@ impl TrtllmMetadata {
             .filter_map(|entry| entry.result.as_ref())
             .filter_map(|result| serde_json::from_str::<StoredConfig>(&result.config).ok())
             .filter_map(|config| config.trtllm_metadata_json)
-            .find_map(|metadata_json| Self::from_json(&metadata_json).ok())
+            .filter_map(|metadata_json| Self::from_json(&metadata_json).ok())
+            .fold(None, |oldest: Option<Self>, metadata| match &oldest {
+                Some(kept) if !older(&metadata, kept) => oldest,
+                _ => Some(metadata),
+            })
     }
 
     /// The `Key.device` of entries imported with this metadata:
@@ -152,6 +159,15 @@ impl TrtllmMetadata {
     /// The metadata object as the file spelled it (whitespace outside strings removed).
     pub fn raw_json(&self) -> &str {
         &self.raw_json
+    }
+}
+
+/// Whether `metadata` was created before `than` (a missing time is the newest).
+fn older(metadata: &TrtllmMetadata, than: &TrtllmMetadata) -> bool {
+    match (metadata.creation_unix_ms, than.creation_unix_ms) {
+        (Some(time), Some(other)) => time < other,
+        (Some(_), None) => true,
+        (None, _) => false,
     }
 }
 
@@ -205,5 +221,40 @@ mod tests {
         )
         .expect("string capability");
         assert_eq!(string_capability.device_fingerprint(), "NVIDIA L4|sm_89");
+    }
+
+    #[test]
+    fn the_oldest_stored_metadata_is_the_files() {
+        let entry = |metadata: &str| {
+            let config = serde_json::json!({"runner_id": 0, "tactic": "1", "min_time": 1,
+                                            "trtllm_metadata_json": metadata});
+            Entry {
+                key: Some(tunecache_proto::v1::Key {
+                    namespace: NAMESPACE.to_owned(),
+                    ..Default::default()
+                }),
+                result: Some(tunecache_proto::v1::Result {
+                    config: config.to_string(),
+                    ..Default::default()
+                }),
+            }
+        };
+        let made = |name: &str, timestamp: &str| {
+            format!(
+                r#"{{"lib_version": "1.0", "creation_timestamp": {timestamp}, "device_name": "{name}", "device_capability": [9, 0]}}"#
+            )
+        };
+        let entries = [
+            entry(&made("second", "1718000002.0")),
+            entry(&made("none", "null")),
+            entry(&made("first", "1718000001.0")),
+            entry(&made("also first", "1718000001.0")),
+            entry(&made("third", "1718000003.0")),
+        ];
+        let oldest = TrtllmMetadata::from_entries(&entries).expect("metadata");
+        assert_eq!(oldest.device_name, "first");
+        let untimed = TrtllmMetadata::from_entries(&entries[1..2]).expect("metadata");
+        assert_eq!(untimed.device_name, "none");
+        assert!(TrtllmMetadata::from_entries(&[]).is_none());
     }
 }

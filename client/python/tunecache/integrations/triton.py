@@ -14,8 +14,10 @@ With autotune caching on (``TRITON_CACHE_AUTOTUNING=1``, or ``cache_results=True
   ``op=<kernel>``, ``device=<backend>|<arch>|warp<warp_size>`` (Triton's current target),
   ``problem=<the key Triton gave the manager>``. On a hit it writes the result into the cache
   directory and returns that path; when told to tune it returns None, so Triton benchmarks, and
-  the ``put`` that follows Records the file's text with the lease, ``time_us`` the best config's
+  the ``put`` that follows Records the file's text under the lease, ``time_us`` the best config's
   time (Triton's milliseconds times 1000). Every other process waits in Resolve for that result.
+  The lease is the Rust client's split lease (``begin_tune``, ``finish_tune``, ``abandon``): a
+  Record that fails gives it up at once, except one past its deadline, which may still land.
 * Everything else (``put``/``get_file`` of compiled kernels, ``get_group``/``put_group``, the
   override and dump managers) is Triton's ``FileCacheManager``: same directory, same files.
 * When the daemon cannot be reached, or nobody has a result within the wait bound
@@ -38,8 +40,8 @@ from typing import Any, Dict, Optional
 from triton.runtime.cache import CacheManager as _TritonCacheManager
 from triton.runtime.cache import FileCacheManager
 
-from tunecache.client import Entry, Key, ProcessClient, Result, UntrustedSocketError, describe_problem
-from tunecache.errors import RpcError, StatusCode
+from tunecache.client import Key, ProcessClient, Result, UntrustedSocketError, describe_problem
+from tunecache.errors import RpcError
 
 logger = logging.getLogger("tunecache.triton")
 
@@ -110,7 +112,7 @@ class CacheManager(_TritonCacheManager):
         self._files = FileCacheManager(key, override=override, dump=dump)
         # The override and dump managers are Triton's files only.
         self._shares_autotune = not override and not dump
-        # filename -> (Key, lease_id) while this process holds the lease for it.
+        # filename -> the TuneLease this process holds for it, until its put.
         self._leases: Dict[str, Any] = {}
 
     def __getattr__(self, name: str) -> Any:
@@ -160,71 +162,67 @@ class CacheManager(_TritonCacheManager):
         key = self._key(filename)
         try:
             client = _daemon.client()
-            response = client.resolve(
+            start = client.begin_tune(
                 key, wait_ms=_env_ms(WAIT_ENV, DEFAULT_WAIT_MS), can_tune=True, lease_ms=_env_ms(LEASE_ENV, 0)
             )
         except (UntrustedSocketError, OSError, ValueError, RpcError) as err:
             _daemon.warn_once("tunecached unreachable", err)
             return None
-        outcome = response.WhichOneof("outcome")
-        if outcome == "tune_here":
-            # Triton benchmarks now; the put that follows Records with this lease.
-            self._leases[filename] = (key, response.tune_here.lease_id)
+        if start.kind == "tune":
+            # Triton benchmarks now; the put that follows Records under this lease.
+            self._leases[filename] = start.lease
             return None
-        if outcome == "hit":
-            text = _autotune_text(response.hit.config)
+        if start.kind == "hit":
+            text = _autotune_text(start.result.config)
             if text is None:
                 logger.debug("tunecache: %s holds no Triton autotune file; tuning here", key.problem)
                 return None
             # Like a remote cache manager: the result becomes a file of this cache directory.
             return self._files.put(text, filename, binary=False)
-        reason = response.miss.reason if outcome == "miss" else f"no outcome ({outcome!r})"
-        _daemon.warn_once(f"no tuned result for {filename} within the wait bound", reason)
+        _daemon.warn_once(f"no tuned result for {filename} within the wait bound", start.reason)
         return None
 
     def _record(self, filename: str, data: Any) -> None:
-        held = self._leases.pop(filename, None)
-        if held is None:
+        lease = self._leases.pop(filename, None)
+        if lease is None:
             return  # tuned without a lease (daemon away, wait bound passed): files only
-        key, lease_id = held
         try:
             text = data.decode("utf-8") if isinstance(data, bytes) else str(data)
-            entry = Entry(
-                key=key,
-                result=Result(
-                    config=json.dumps({"format": CONFIG_FORMAT, "autotune_json": text}),
-                    time_us=_best_time_us(text),
-                    tuned_by=f"{platform.node()} pid {os.getpid()} (triton cache manager)",
-                    tuned_at_unix_ms=int(time.time() * 1000),
-                ),
+            result = Result(
+                config=json.dumps({"format": CONFIG_FORMAT, "autotune_json": text}),
+                time_us=_best_time_us(text),
+                tuned_by=f"{platform.node()} pid {os.getpid()} (triton cache manager)",
+                tuned_at_unix_ms=int(time.time() * 1000),
             )
         except (ValueError, TypeError, KeyError, IndexError) as err:
             logger.warning("tunecache: %s is not a Triton autotune file (%s); not shared", filename, err)
-            self._give_up(lease_id)
+            self._abandon(lease)
             return
+        # The Rust client's finish_tune: a failed Record gives the lease up, except past its
+        # deadline (that Record may still land), the same for every caller.
         try:
-            _daemon.client().record([entry], lease_id=lease_id)
-        except RpcError as err:
-            if err.code() == StatusCode.INVALID_ARGUMENT:
-                logger.warning("tunecache: the daemon refused %s (%s); it stays local", filename, err.details())
-            else:
-                _daemon.warn_once("tunecached could not store an autotune result", err)
-            self._give_up(lease_id)
-        except Exception as err:
+            finished = _daemon.client().finish_tune(lease, result)
+        except Exception as err:  # could not even reach the daemon; the lease ends with us
             _daemon.warn_once("tunecached could not store an autotune result", err)
-            self._give_up(lease_id)
+            return
+        if finished.error is None:
+            return
+        if finished.refused:
+            logger.warning("tunecache: the daemon refused %s (%s); it stays local", filename, finished.error.details())
+        else:
+            _daemon.warn_once("tunecached could not store an autotune result", finished.error)
 
-    def _give_up(self, lease_id: str) -> None:
+    def _abandon(self, lease: Any) -> None:
         try:
-            _daemon.client()._native.give_up_lease(lease_id)
+            _daemon.client().abandon(lease)
         except Exception as err:
             logger.debug("tunecache: could not give the lease up (%s); it expires", err)
 
     def __del__(self) -> None:
         # Triton never got to put (its benchmark raised): let a waiting process tune now.
         leases = self.__dict__.get("_leases") or {}
-        for _key, lease_id in list(leases.values()):
-            self._give_up(lease_id)
+        for lease in list(leases.values()):
+            self._abandon(lease)
         leases.clear()
 
 

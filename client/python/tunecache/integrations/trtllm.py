@@ -18,12 +18,21 @@ the patched methods do what TensorRT-LLM's own file code does (the newest public
   shared entries, and the metadata to the oldest saved one, as TensorRT-LLM's loader does:
   keys from ``ast.literal_eval(str(key))``, tactics from ``ast.literal_eval(repr(tactic))``
   (entries whose key or tactic that cannot read are skipped, as it skips them), ``runner_id``
-  and ``min_time`` (ms, ``inf`` and ``nan`` included) with the types and float bits a JSON file
-  would give back.
+  and ``min_time`` with the types and float bits a JSON file would give back.
 * ``autotune(cache_path=...)`` loads from the daemon even when no file exists at ``cache_path``,
   so a node without a cache file starts warm. The hook sits inside the context manager itself,
   so modules that did ``from tensorrt_llm._torch.autotuner import autotune`` before
   ``install()`` get it too.
+
+Which entries are saved, and how an entry maps to the daemon's and back, is one rule in Rust, the
+``tunecache-trtllm`` crate's (``client/trtllm/src/entry.rs``), called through the binding: this
+module hands it what TensorRT-LLM's writer would put in a file (``str(key)`` and the value's
+``json.dumps``) and gets entries to Record; for a load it gets, per entry, the value text
+TensorRT-LLM's loader would read from a file. So the drop-in, ``tunecache import --format
+trtllm`` and ``tunecache export --format trtllm`` accept and refuse the same entries: an entry is
+saved only when TensorRT-LLM could have written it (its ``min_time`` finite and non-negative,
+``runner_id`` a non-negative integer, ``key[0]`` a non-empty str, the tactic a literal); any other
+is skipped with a debug line, as TensorRT-LLM's loader skips what it cannot read.
 
 Entries are keyed by ``Key.device = "<device_name>|sm_<major><minor>|trtllm <lib_version>"``,
 the key ``tunecache import --format trtllm`` also uses, so another GPU's or another release's
@@ -40,38 +49,22 @@ import importlib
 import inspect
 import json
 import logging
-import math
 import os
 import platform
-import sys
 import threading
 import time
 from typing import Any, Dict, Optional, Tuple
 
-from tunecache.client import (
-    Client,
-    Entry,
-    Key,
-    ProcessClient,
-    Result,
-    UntrustedSocketError,
-    describe_problem,
-    refused_entry_index,
-)
-from tunecache.errors import RpcError, StatusCode
+from tunecache import _native
+from tunecache.client import Client, ProcessClient, UntrustedSocketError, describe_problem
+from tunecache.errors import RpcError
 
 logger = logging.getLogger("tunecache.trtllm")
 
 AUTOTUNER_MODULE = "tensorrt_llm._torch.autotuner"
 NAMESPACE = "trtllm"
-# Entries per Record call: well under the daemon's batch limit.
-RECORD_BATCH = 1000
 # Strategies whose results every rank of a tuning group shares (DistributedTuningStrategy values).
 INDEPENDENT_STRATEGY = "independent"
-# Result.time_us of an entry whose min_time the daemon cannot order (inf, nan, negative, not a
-# number): the largest finite time, so that any measured entry wins over it. Its exact value
-# travels in the config's text fields.
-UNORDERED_TIME_US = sys.float_info.max
 
 
 class _DaemonUnreachable(Exception):
@@ -80,13 +73,14 @@ class _DaemonUnreachable(Exception):
 
 def device_key(metadata: Dict[str, Any]) -> str:
     """``Key.device`` of a cache with this metadata (TensorRT-LLM's ``_serialize_metadata``):
-    ``<device_name>|sm_<major><minor>|trtllm <lib_version>``."""
-    major, minor = metadata["device_capability"]
-    device = f"{metadata['device_name']}|sm_{int(major)}{int(minor)}"
-    lib_version = metadata.get("lib_version")
-    if isinstance(lib_version, str) and lib_version:
-        device += f"|trtllm {lib_version}"
-    return device
+    ``<device_name>|sm_<major><minor>|trtllm <lib_version>``, by the rule the CLI's import uses.
+    Raises ValueError for metadata that names no device."""
+    return _native.trtllm_device(_metadata_text(metadata))
+
+
+def _metadata_text(metadata: Dict[str, Any]) -> str:
+    """The metadata as TensorRT-LLM's writer puts it in the file (``json.dump(default=str)``)."""
+    return json.dumps(metadata, separators=(",", ":"), default=str)
 
 
 def _metadata_of(profiling_cache: Any) -> Dict[str, Any]:
@@ -142,45 +136,30 @@ class _Bridge(ProcessClient):
     # --- save ------------------------------------------------------------------------------------
 
     def save(self, profiling_cache: Any, rank: int) -> None:
-        metadata = _metadata_of(profiling_cache)
-        device = device_key(metadata)
-        metadata_json = json.dumps(metadata, separators=(",", ":"), default=str)
-        tuned_by = f"{platform.node()} pid {os.getpid()} rank {rank} (tensorrt_llm drop-in)"
-        now_ms = int(time.time() * 1000)
+        metadata_json = _metadata_text(_metadata_of(profiling_cache))
         shared_ops = self.shared_ops(profiling_cache)
         excluded_ops = set(getattr(profiling_cache, "excluded_op", None) or ())
-        entries = []
+        items = []
         for key, value in list(profiling_cache.cache.items()):
-            entry = _entry_of(key, value, rank, shared_ops, excluded_ops, metadata_json)
-            if entry is None:
-                continue
-            entry.key.device = device
-            entry.result.tuned_by = tuned_by
-            entry.result.tuned_at_unix_ms = now_ms
-            entries.append(entry)
-        client = self.client()
-        for start in range(0, len(entries), RECORD_BATCH):
-            self._record_keeping_the_valid(client, entries[start : start + RECORD_BATCH])
-
-    def _record_keeping_the_valid(self, client: Client, batch: list) -> None:
-        """An entry the daemon refuses (INVALID_ARGUMENT names its index) is dropped with a
-        warning and the rest sent again."""
-        while batch:
-            try:
-                client.record(batch)
-                return
-            except RpcError as err:
-                if err.code() != StatusCode.INVALID_ARGUMENT:
-                    raise
-                index = refused_entry_index(err)
-                if index is None or not 0 <= index < len(batch):
-                    raise
-                refused = batch.pop(index)
-                logger.warning(
-                    "tunecache: the daemon refused the cache entry %s (%s); it is not saved",
-                    refused.key.problem[:200],
-                    err.details(),
-                )
+            item = _file_item(key, value, rank, shared_ops, excluded_ops)
+            if item is not None:
+                items.append(item)
+        tuned_by = f"{platform.node()} pid {os.getpid()} rank {rank} (tensorrt_llm drop-in)"
+        try:
+            entries, refused = _native.trtllm_entries(metadata_json, items, tuned_by, int(time.time() * 1000))
+        except ValueError as err:  # metadata without a device: the file is the place for it
+            raise _DaemonUnreachable(str(err)) from err
+        for key_text, reason in refused:
+            logger.debug("tunecache: not recording %s: %s", key_text[:200], reason)
+        # Every valid entry is stored: the Rust client sets aside what the daemon refuses and
+        # splits a batch over its message size.
+        kept = self.client().record_keeping_valid(entries)
+        for _index, entry, error in kept.refused:
+            logger.warning(
+                "tunecache: the daemon refused the cache entry %s (%s); it is not saved",
+                entry.key.problem[:200],
+                error.details(),
+            )
 
     # --- load ------------------------------------------------------------------------------------
 
@@ -188,27 +167,27 @@ class _Bridge(ProcessClient):
         """Replaces the cache with the daemon's shared entries and rank's own, as TensorRT-LLM's
         ``load_cache`` does with its file; returns how many. With ``keep_when_empty``, a daemon
         without entries for this device leaves the cache as it is (no file: nothing loaded)."""
-        device = device_key(_metadata_of(profiling_cache))
+        try:
+            device = device_key(_metadata_of(profiling_cache))
+        except ValueError as err:
+            raise _DaemonUnreachable(str(err)) from err
         client = self.client()
+        scanned = [entry for chunk in client.scan(namespace=NAMESPACE, device=device, rank=int(rank)) for entry in chunk]
+        # What a file exported from these entries would hold, by the CLI's export rule.
+        values, refused, metadata_json = _native.trtllm_file_values(scanned)
+        for problem, reason in refused:
+            logger.debug("tunecache: skipping cache entry %s: %s", problem[:200], reason)
         shared: Dict[Any, Tuple] = {}
         own: Dict[Any, Tuple] = {}
-        oldest_metadata: Optional[Dict[str, Any]] = None
-        for chunk in client.scan(namespace=NAMESPACE, device=device, rank=int(rank)):
-            for entry in chunk:
-                decoded = _decoded(entry)
-                if decoded is None:
-                    continue
-                key, value, metadata = decoded
-                (shared if not entry.key.HasField("rank") else own)[key] = value
-                if metadata is not None and (
-                    oldest_metadata is None
-                    or _timestamp(metadata) < _timestamp(oldest_metadata)
-                ):
-                    oldest_metadata = metadata
+        for problem, entry_rank, value_json in values:
+            loaded = _loaded(problem, value_json, entry_rank is None)
+            if loaded is not None:
+                key, value = loaded
+                (shared if entry_rank is None else own)[key] = value
         if keep_when_empty and not shared and not own:
             return 0
-        if oldest_metadata is not None:
-            _apply_metadata(profiling_cache, oldest_metadata)
+        if metadata_json is not None:
+            _apply_metadata(profiling_cache, json.loads(metadata_json))
         cache: Dict[Any, Tuple] = {}
         cache.update(shared)
         cache.update(own)
@@ -225,71 +204,46 @@ def _tactic_text(tactic: Any) -> str:
     return repr(tactic.value if isinstance(tactic, enum.Enum) else tactic)
 
 
-def _json_text(value: Any) -> str:
-    """``value`` as ``json.dump(..., default=str)`` writes it into TensorRT-LLM's file."""
-    return json.dumps(value, default=str)
-
-
-def _entry_of(
-    key: Any, value: Any, rank: int, shared_ops: Optional[set], excluded_ops: set, metadata_json: str
-) -> Optional[Any]:
-    """The daemon entry of one cache item (key.device, tuned_by and tuned_at left to the caller),
-    or None, with a debug line, for one TensorRT-LLM would not save or could not read back."""
+def _file_item(
+    key: Any, value: Any, rank: int, shared_ops: Optional[set], excluded_ops: set
+) -> Optional[Tuple[str, str, Optional[int]]]:
+    """``(str(key), value JSON, rank or None for shared)``: the file entry TensorRT-LLM's writer
+    would make of one cache item, for the Rust mapping to accept or refuse; None (with a debug
+    line) for one it does not save or could not write at all."""
     try:
         op = key[0]  # their _partition_cache_by_strategy takes the op so
         if op in excluded_ops:
             return None
-        runner_id, tactic, min_time = value
-        problem = str(key)
-        tactic_text = _tactic_text(tactic)
-        # Their loader skips what it cannot literal_eval; such an entry is not worth a Record.
-        ast.literal_eval(problem)
-        ast.literal_eval(tactic_text)
-        runner_id_text = _json_text(runner_id)
-        min_time_text = _json_text(min_time)
         shared = shared_ops is not None and op in shared_ops
-    except (ValueError, SyntaxError, TypeError, IndexError, KeyError, MemoryError, RecursionError) as err:
-        logger.debug("tunecache: not recording %r: TensorRT-LLM could not save or load it (%s)", key, err)
-        return None
-    orderable = (
-        isinstance(min_time, (int, float))
-        and not isinstance(min_time, bool)
-        and math.isfinite(min_time)
-        and 0 <= min_time
-    )
-    time_us = float(min_time) * 1000.0 if orderable else UNORDERED_TIME_US
-    if not math.isfinite(time_us):
-        time_us = UNORDERED_TIME_US
-    config = {
-        # What the file holds (the JSON round trip), for readers of the cache such as
-        # `tunecache export`; the loader reads the exact texts, which a re-serializing store
-        # cannot re-format.
-        "runner_id": json.loads(runner_id_text),
-        "tactic": tactic_text,
-        "min_time": min_time if orderable else None,
-        "runner_id_text": runner_id_text,
-        "min_time_text": min_time_text,
-        "trtllm_metadata_json": metadata_json,
-    }
+    except Exception:  # no op to partition by: the mapping refuses such a key
+        shared = False
     try:
-        config_text = json.dumps(config, allow_nan=False)
-    except ValueError:  # a runner_id holding inf or nan: only its text can carry it
-        config["runner_id"] = None
-        config_text = json.dumps(config, allow_nan=False)
-    return Entry(
-        key=Key(
-            namespace=NAMESPACE,
-            op=op if isinstance(op, str) else repr(op),
-            problem=problem,
-            rank=None if shared else int(rank),
-        ),
-        result=Result(config=config_text, time_us=time_us),
-    )
+        runner_id, tactic, min_time = value
+        # As their json.dump(..., default=str) writes the entry's value.
+        value_json = json.dumps({"runner_id": runner_id, "tactic": _tactic_text(tactic), "min_time": min_time}, default=str)
+        key_text = str(key)
+    except Exception as err:
+        logger.debug("tunecache: not recording %r: TensorRT-LLM could not save it (%s)", key, err)
+        return None
+    return key_text, value_json, None if shared else int(rank)
 
 
-def _timestamp(metadata: Dict[str, Any]) -> float:
-    stamp = metadata.get("creation_timestamp")
-    return float(stamp) if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) else math.inf
+def _loaded(problem: str, value_json: str, shared: bool) -> Optional[Tuple[Any, Tuple]]:
+    """``(key, (runner_id, tactic, min_time))`` as TensorRT-LLM's ``_deserialize_cache_data``
+    builds them from a file holding ``value_json`` for key ``problem``, or None (with a debug
+    line) for an entry that loader skips. Where their loader would raise instead (a literal too
+    deep to parse), the entry is skipped too: a rank never fails here."""
+    try:
+        key = ast.literal_eval(problem)
+        value = json.loads(value_json)
+        tactic = ast.literal_eval(value["tactic"])
+        hash(key)  # a dict key, as in their cache
+        if shared:
+            key[0]  # their loader takes key[0] of every shared key (independent_op)
+    except (ValueError, SyntaxError, TypeError, KeyError, IndexError, MemoryError, RecursionError) as err:
+        logger.debug("tunecache: skipping cache entry %s: %s", problem[:200], err)
+        return None
+    return key, (value["runner_id"], tactic, value["min_time"])
 
 
 def _apply_metadata(profiling_cache: Any, metadata: Dict[str, Any]) -> None:
@@ -303,43 +257,6 @@ def _apply_metadata(profiling_cache: Any, metadata: Dict[str, Any]) -> None:
                 setattr(profiling_cache, name, metadata[name])
     except Exception as err:  # the metadata is informative; the entries matter
         logger.debug("tunecache: metadata %r not applied: %s", metadata, err)
-
-
-def _decoded(entry: Any) -> Optional[Tuple[Any, Tuple, Optional[Dict[str, Any]]]]:
-    """(key, (runner_id, tactic, min_time), metadata) as TensorRT-LLM's loader builds them from
-    its file, or None (with a debug line) for an entry its loader skips: a key or a tactic that
-    ``ast.literal_eval`` cannot read. Where their loader would raise instead (a config without
-    the fields, a literal too deep to parse), the entry is skipped too: a rank never fails here."""
-    problem = entry.key.problem
-    try:
-        key = ast.literal_eval(problem)
-        config = json.loads(entry.result.config)
-        tactic_text = config["tactic"]
-        if not isinstance(tactic_text, str):
-            raise ValueError(f"tactic {tactic_text!r} is not the repr text the loader reads")
-        tactic = ast.literal_eval(tactic_text)
-        # The texts first: json.loads gives back what the file would (int or float bits, inf).
-        runner_id_text = config.get("runner_id_text")
-        runner_id = json.loads(runner_id_text) if isinstance(runner_id_text, str) else config["runner_id"]
-        min_time_text = config.get("min_time_text")
-        min_time = json.loads(min_time_text) if isinstance(min_time_text, str) else config.get("min_time")
-        if min_time is None and not isinstance(min_time_text, str):
-            min_time = entry.result.time_us / 1000.0
-        hash(key)  # a dict key, as in their cache
-        if not entry.key.HasField("rank"):
-            key[0]  # their loader takes key[0] of every shared key (independent_op)
-    except (ValueError, SyntaxError, TypeError, KeyError, IndexError, MemoryError, RecursionError) as err:
-        logger.debug("tunecache: skipping cache entry %s: %s", problem[:200], err)
-        return None
-    metadata = None
-    metadata_json = config.get("trtllm_metadata_json")
-    if isinstance(metadata_json, str):
-        try:
-            parsed = json.loads(metadata_json)
-            metadata = parsed if isinstance(parsed, dict) else None
-        except ValueError:
-            metadata = None
-    return key, (runner_id, tactic, min_time), metadata
 
 
 # --- installing the patches ------------------------------------------------------------------------
