@@ -10,7 +10,7 @@ use tonic_types::StatusExt;
 use tunecache_client::{
     record::is_message_too_large, ClientError, LeaseAfterFailure, ResolveOptions, TuneStart,
 };
-use tunecache_integration::{entry, test_key, Daemon, DaemonOptions};
+use tunecache_integration::{entry, test_key, DaemonOptions, TestDaemon};
 use tunecache_proto::limits::{ERROR_DOMAIN, MAX_MESSAGE_BYTES_FLAG, MESSAGE_TOO_LARGE_REASON};
 use tunecache_proto::v1;
 
@@ -28,8 +28,11 @@ fn tune_options() -> ResolveOptions {
     }
 }
 
-async fn small_limit_daemon(dir: &std::path::Path) -> Daemon {
-    Daemon::start_with(DaemonOptions::new(dir).args(["--max-message-bytes", "65536"])).await
+async fn small_limit_daemon(dir: &std::path::Path) -> TestDaemon {
+    DaemonOptions::new(dir)
+        .args(["--max-message-bytes", "65536"])
+        .in_process()
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,7 +109,7 @@ async fn record_keeping_valid_stores_every_valid_entry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finish_tune_completes_the_lease_and_abandon_hands_it_on() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let client = daemon.client().await;
     let key = test_key("lease", "finished");
     let TuneStart::Tune(lease) = client
@@ -149,7 +152,7 @@ async fn finish_tune_completes_the_lease_and_abandon_hands_it_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_result_gives_the_lease_up() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::in_process(dir.path()).await;
     let client = daemon.client().await;
     let TuneStart::Tune(lease) = client
         .begin_tune(test_key("lease", "refused"), tune_options())
@@ -175,7 +178,7 @@ async fn a_refused_result_gives_the_lease_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_past_its_deadline_keeps_the_lease() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let daemon = TestDaemon::process(dir.path()).await;
     let timeout = Duration::from_millis(400);
     let client = daemon.client().await.with_timeout(timeout);
     let TuneStart::Tune(lease) = client
