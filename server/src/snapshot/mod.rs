@@ -508,6 +508,10 @@ impl SnapshotHandle {
             })
             .await?;
         let read_elapsed = started.elapsed();
+        if report.own_vanished {
+            // What vanished has to go out again although nothing changed here.
+            slot.last_published_changes = None;
+        }
         // Every file's tombstones before any file's entries: a forgotten entry in an older
         // segment is never served, not even for the moment until a newer segment is merged.
         let mut files = report.files;

@@ -90,6 +90,9 @@ pub(super) struct LoadedFile {
 #[derive(Default)]
 pub(super) struct LoadReport {
     pub files: Vec<LoadedFile>,
+    /// Segments this node wrote vanished: publish now, even if nothing changed since the
+    /// last publish (it all has to go out again).
+    pub own_vanished: bool,
 }
 
 /// The I/O thread's state.
@@ -108,6 +111,8 @@ pub(super) struct IoWorker {
     /// `v2/` was, at its last check, the one every user shares (root's, sticky): files of
     /// uids this daemon does not trust are other users' there, not forgeries.
     shared_by_users: Cell<bool>,
+    /// Own segments vanished and no load that says so has reached the async side yet.
+    own_vanished: bool,
 }
 
 impl IoWorker {
@@ -121,6 +126,7 @@ impl IoWorker {
             not_ours: NotOurs::default(),
             rejected: Rejected::default(),
             shared_by_users: Cell::new(false),
+            own_vanished: false,
         }
     }
 
@@ -149,6 +155,7 @@ impl IoWorker {
                     if let Err(Ok(abandoned)) = reply.send(outcome) {
                         // Nobody waited for these entries any more: read them again next
                         // time rather than losing them.
+                        self.own_vanished |= abandoned.own_vanished;
                         for file in abandoned.files.into_iter().rev() {
                             self.undo(file.undo);
                         }
@@ -205,6 +212,7 @@ impl IoWorker {
             }
             return Err(error);
         }
+        report.own_vanished = std::mem::take(&mut self.own_vanished);
         Ok(report)
     }
 

@@ -69,16 +69,18 @@ impl IoWorker {
         Ok(())
     }
 
-    /// A later listing of this node's segments: recorded ones that vanished are published
-    /// again (`OwnSegments::forget_vanished`), leftovers of an interrupted compaction removed.
+    /// A later listing of this node's segments: what recorded ones that vanished held is
+    /// published again (`OwnSegments::forget_vanished`; the load tells the async side to
+    /// publish now), leftovers of an interrupted compaction are removed.
     pub(super) fn reconcile_own(&mut self, listed: &NodeSegments) {
         let vanished = self.own.forget_vanished(listed);
         if vanished > 0 {
+            self.own_vanished = true;
             tracing::warn!(
                 missing = vanished,
                 node = self.node(),
                 "segments this node wrote are gone from the shared directory; publishing its \
-                 contributions again"
+                 contributions and Forgets again"
             );
             if let Err(error) = self.write_own_record() {
                 tracing::debug!(%error, "record not updated; the next pass tries again");

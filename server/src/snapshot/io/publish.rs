@@ -36,7 +36,10 @@ impl IoWorker {
         let started = Instant::now();
         self.own.prune(all_tombstones);
         let node = self.node().to_owned();
-        let Some(plan) = self.own.plan_publish(&node, own, own_tombstones) else {
+        let Some(plan) = self
+            .own
+            .plan_publish(&node, own, own_tombstones, &self.not_ours)
+        else {
             return Ok(WriteReport {
                 path: self.segment_dir(),
                 wrote: false,

@@ -107,6 +107,9 @@ pub struct OwnSegments {
     pub entries_in_segments: usize,
     /// Another writer uses this node's name: compaction would hide its segments.
     pub name_conflict: bool,
+    /// Segments this node wrote vanished: the next publish holds everything and covers the
+    /// numbers from this one on (`plan_publish`).
+    pub republish_from: Option<u64>,
 }
 
 /// The number this node publishes next: after everything its record says it used, after
@@ -142,6 +145,7 @@ impl OwnSegments {
             pruned_with: None,
             entries_in_segments: read.entries_in_segments,
             name_conflict: false,
+            republish_from: None,
         };
         (own, read.entries, read.tombstones)
     }
@@ -158,18 +162,24 @@ impl OwnSegments {
 
     /// Only this node removes its own segments, and it updates its record first: a recorded
     /// segment missing from `listed` was removed by someone else (`v2/` wiped, files deleted
-    /// by hand). Forgets those, and that what they held is published, so the next publish
-    /// holds it again and a node that joins later still gets every contribution of this one.
+    /// by hand). Forgets those, and that anything is published, entries and tombstones alike,
+    /// so the next publish holds it all again: a node that joins later still gets every
+    /// contribution of this one, and every Forget made here. That publish covers the numbers
+    /// from the lowest one recorded on (`republish_from`), so the joining node reads it at
+    /// once rather than waiting out a gap while it serves what the Forgets removed.
     /// Returns how many vanished (the record must then be written again).
     pub fn forget_vanished(&mut self, listed: &NodeSegments) -> usize {
+        let lowest = self.segments.iter().map(|s| s.first).min();
         let before = self.segments.len();
         // The listing is sorted: a binary search per recorded segment.
         self.segments
             .retain(|s| listed.as_slice().binary_search(s).is_ok());
         let vanished = before - self.segments.len();
-        if vanished > 0 {
+        if let (true, Some(lowest)) = (vanished > 0, lowest) {
             self.published = EntryMap::new();
+            self.published_tombstones = Tombstones::default();
             self.entries_in_segments = 0;
+            self.republish_from = Some(self.republish_from.map_or(lowest, |from| from.min(lowest)));
         }
         vanished
     }
@@ -373,21 +383,38 @@ pub(super) mod tests {
 
     #[test]
     fn a_recorded_segment_that_vanished_makes_everything_unpublished() {
+        let mut tombstones = Tombstones::default();
+        tombstones.insert(forget_all(7));
         let mut own = OwnSegments {
             loaded: true,
-            segments: vec![seg(1, 1), seg(2, 2)],
-            next_seq: 3,
+            segments: vec![seg(2, 2), seg(3, 3)],
+            next_seq: 4,
             published: [entry("p1", 1.0)].into_iter().collect(),
+            published_tombstones: tombstones,
             entries_in_segments: 1,
             ..OwnSegments::default()
         };
-        assert_eq!(own.forget_vanished(&listing(&[(1, 1), (2, 2), (5, 5)])), 0);
+        assert_eq!(own.forget_vanished(&listing(&[(2, 2), (3, 3), (5, 5)])), 0);
         assert_eq!(own.published.len(), 1, "nothing vanished, nothing to redo");
-        assert_eq!(own.forget_vanished(&listing(&[(1, 1)])), 1);
-        assert_eq!(own.segments, vec![seg(1, 1)]);
+        assert_eq!(own.published_tombstones.len(), 1);
+        assert_eq!(own.republish_from, None);
+        assert_eq!(own.forget_vanished(&listing(&[(3, 3)])), 1);
+        assert_eq!(own.segments, vec![seg(3, 3)]);
         assert!(own.published.is_empty());
+        assert!(
+            own.published_tombstones.is_empty(),
+            "the Forgets are published again too"
+        );
         assert_eq!(own.entries_in_segments, 0);
-        assert_eq!(own.next_seq, 3, "numbers are never taken again");
+        assert_eq!(own.next_seq, 4, "numbers are never taken again");
+        assert_eq!(
+            own.republish_from,
+            Some(2),
+            "from the lowest recorded number"
+        );
+        // Before that republish, the rest vanishes too: still from 2, not from 3.
+        assert_eq!(own.forget_vanished(&listing(&[])), 1);
+        assert_eq!(own.republish_from, Some(2));
     }
 
     #[test]

@@ -50,11 +50,18 @@ impl OwnSegments {
     /// is nothing. Its name is taken: `segments` lists it and `next_seq` is past it, so the
     /// record written next knows it. Then exactly one of `unreserve`, `not_written` or
     /// `written`.
+    ///
+    /// It holds the next number alone, or, after own segments vanished (`republish_from`),
+    /// every number from the lowest one recorded on: it holds everything then, like a
+    /// compaction, so a reader that never read this node takes it first and finds no gap.
+    /// Not while another writer uses this name or a segment this node did not write lies in
+    /// that range, which the segment would hide.
     pub fn plan_publish(
         &mut self,
         node: &str,
         own: &EntryMap,
         own_tombstones: &Tombstones,
+        not_ours: &NotOurs,
     ) -> Option<SegmentPlan> {
         let entries: EntryMap = own
             .iter()
@@ -68,9 +75,13 @@ impl OwnSegments {
         if entries.is_empty() && tombstones.is_empty() {
             return None;
         }
+        let first = self
+            .republish_from
+            .filter(|&from| !self.name_conflict && !not_ours.within((from, self.next_seq)))
+            .unwrap_or(self.next_seq);
         let segment = SegmentName {
             node: node.to_owned(),
-            first: self.next_seq,
+            first,
             last: self.next_seq,
         };
         self.next_seq += 1;
@@ -104,6 +115,7 @@ impl OwnSegments {
 
     /// The segment is in place: what it holds is published.
     pub fn written(&mut self, plan: SegmentPlan) {
+        self.republish_from = None;
         self.entries_in_segments += plan.entries.len();
         for entry in plan.entries.iter() {
             self.published.insert(entry.clone());
@@ -185,7 +197,9 @@ mod tests {
         let mut own = loaded(1);
         let map: EntryMap = [entry("p1", 1.0), entry("p2", 1.0)].into_iter().collect();
         let none = Tombstones::default();
-        let plan = own.plan_publish("me", &map, &none).unwrap();
+        let plan = own
+            .plan_publish("me", &map, &none, &NotOurs::default())
+            .unwrap();
         assert_eq!(plan.segment, seg(1, 1));
         assert_eq!(problems(&plan.entries), vec!["p1", "p2"]);
         assert!(plan.tombstones.is_empty());
@@ -193,24 +207,32 @@ mod tests {
         assert_eq!(own.published.len(), 2);
         assert_eq!(own.entries_in_segments, 2);
         // Nothing new: nothing to write, and no number taken.
-        assert!(own.plan_publish("me", &map, &none).is_none());
+        assert!(own
+            .plan_publish("me", &map, &none, &NotOurs::default())
+            .is_none());
         assert_eq!((own.next_seq, own.segments.len()), (2, 1));
 
         // A faster result for p2, and a Forget made here.
         let map: EntryMap = [entry("p1", 1.0), entry("p2", 0.5)].into_iter().collect();
         let mut forgets = Tombstones::default();
         forgets.insert(forget_all(7));
-        let plan = own.plan_publish("me", &map, &forgets).unwrap();
+        let plan = own
+            .plan_publish("me", &map, &forgets, &NotOurs::default())
+            .unwrap();
         assert_eq!(plan.segment, seg(2, 2));
         assert_eq!(problems(&plan.entries), vec!["p2"]);
         assert_eq!(plan.tombstones, vec![forget_all(7)]);
         own.written(plan);
         assert_eq!(own.entries_in_segments, 3);
-        assert!(own.plan_publish("me", &map, &forgets).is_none());
+        assert!(own
+            .plan_publish("me", &map, &forgets, &NotOurs::default())
+            .is_none());
         // A tombstone the published ones subsume is nothing new either.
         let mut older = Tombstones::default();
         older.insert(forget_all(5));
-        assert!(own.plan_publish("me", &map, &older).is_none());
+        assert!(own
+            .plan_publish("me", &map, &older, &NotOurs::default())
+            .is_none());
     }
 
     #[test]
@@ -236,23 +258,75 @@ mod tests {
         let none = Tombstones::default();
         let mut own = loaded(4);
         own.segments = vec![seg(1, 3)];
-        assert!(own.plan_publish("me", &map, &none).is_some());
+        assert!(own
+            .plan_publish("me", &map, &none, &NotOurs::default())
+            .is_some());
         assert_eq!((own.next_seq, own.segments.len()), (5, 2));
         own.unreserve();
         assert_eq!((own.next_seq, own.segments.clone()), (4, vec![seg(1, 3)]));
 
-        assert!(own.plan_publish("me", &map, &none).is_some());
+        assert!(own
+            .plan_publish("me", &map, &none, &NotOurs::default())
+            .is_some());
         assert!(!own.not_written(false));
         assert_eq!((own.next_seq, own.segments.clone()), (4, vec![seg(1, 3)]));
         assert!(own.published.is_empty(), "nothing counts as published");
 
-        assert!(own.plan_publish("me", &map, &none).is_some());
+        assert!(own
+            .plan_publish("me", &map, &none, &NotOurs::default())
+            .is_some());
         assert!(own.not_written(true), "a new conflict");
         assert_eq!((own.next_seq, own.segments.clone()), (5, vec![seg(1, 3)]));
         assert!(own.name_conflict);
-        let plan = own.plan_publish("me", &map, &none).unwrap();
+        let plan = own
+            .plan_publish("me", &map, &none, &NotOurs::default())
+            .unwrap();
         assert_eq!(plan.segment, seg(5, 5), "past the taken number");
         assert!(!own.not_written(true), "warned about once");
+    }
+
+    #[test]
+    fn after_own_segments_vanished_the_next_publish_holds_everything_from_the_lowest_number() {
+        let map: EntryMap = [entry("p1", 1.0)].into_iter().collect();
+        let mut forgets = Tombstones::default();
+        forgets.insert(forget_all(7));
+        let none = NotOurs::default();
+        let mut own = loaded(2);
+        own.segments = vec![seg(1, 1)];
+        let plan = own.plan_publish("me", &map, &forgets, &none).unwrap();
+        own.written(plan);
+        assert!(own.plan_publish("me", &map, &forgets, &none).is_none());
+        // Its segments were deleted; the node's record started at 1.
+        own.forget_vanished(&listing(&[]));
+        let plan = own.plan_publish("me", &map, &forgets, &none).unwrap();
+        assert_eq!(plan.segment, seg(1, 3), "a fresh reader takes it at once");
+        assert_eq!(problems(&plan.entries), vec!["p1"]);
+        assert_eq!(plan.tombstones, vec![forget_all(7)], "the Forget again");
+        // Not written: the next try covers the same numbers.
+        own.not_written(false);
+        let plan = own.plan_publish("me", &map, &forgets, &none).unwrap();
+        assert_eq!(plan.segment, seg(1, 3));
+        own.written(plan);
+        assert_eq!(own.republish_from, None);
+        let map: EntryMap = [entry("p1", 1.0), entry("p2", 1.0)].into_iter().collect();
+        let plan = own.plan_publish("me", &map, &forgets, &none).unwrap();
+        assert_eq!(plan.segment, seg(4, 4), "then one number per publish again");
+
+        // A segment under this name it did not write lies in the range: not hidden.
+        let mut inside = NotOurs::default();
+        inside.take_unread(&OwnSegments::default(), &listing(&[(2, 2)]));
+        let mut own = loaded(3);
+        own.segments = vec![seg(1, 1)];
+        own.forget_vanished(&listing(&[]));
+        let plan = own.plan_publish("me", &map, &forgets, &inside).unwrap();
+        assert_eq!(plan.segment, seg(3, 3));
+        // Nor over another writer of this name.
+        let mut own = loaded(3);
+        own.segments = vec![seg(1, 1)];
+        own.forget_vanished(&listing(&[]));
+        own.name_conflict = true;
+        let plan = own.plan_publish("me", &map, &forgets, &none).unwrap();
+        assert_eq!(plan.segment, seg(3, 3));
     }
 
     #[test]
