@@ -17,13 +17,17 @@
 //!   not come back is abandoned (never joined), reported in Stats as the stuck operation and
 //!   on the health service `tunecache.v1.TuneCache/snapshots`, and no further job is queued
 //!   behind it until it returns. Lookup, Record, Resolve and Scan never wait on it.
+//! - `plan`: the rules as one pure step, from a listing, this node's own record and its
+//!   settings to what to read, trust, publish and compact; `io` carries out what it decides.
 //! - `segments`: the version-2 names and the rule for what a reader takes next.
+//! - `format`: the bytes of a shared-directory file; `shared_file`: opening one safely.
 //! - `SnapshotHandle::start_background`: the periodic load-then-publish loop, a task of the
 //!   daemon's (`tasks`) that ends when the daemon stops. Shutdown never waits for the I/O
 //!   thread: if it is stuck in the kernel, the process exits around it.
 
 pub mod format;
 mod io;
+mod plan;
 pub mod segments;
 pub(crate) mod shared_file;
 
@@ -504,6 +508,10 @@ impl SnapshotHandle {
             })
             .await?;
         let read_elapsed = started.elapsed();
+        if report.own_vanished {
+            // What vanished has to go out again although nothing changed here.
+            slot.last_published_changes = None;
+        }
         // Every file's tombstones before any file's entries: a forgotten entry in an older
         // segment is never served, not even for the moment until a newer segment is merged.
         let mut files = report.files;

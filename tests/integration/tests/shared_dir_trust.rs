@@ -631,3 +631,82 @@ async fn a_node_without_a_record_of_its_old_segments_still_compacts_its_new_ones
     let stats = a.client().await.stats().await.unwrap();
     assert!(stats.segment_compactions >= 1, "{stats:?}");
 }
+
+/// Of the entries `problems` names, how many `client` serves.
+async fn served(client: &Client, problems: &[String]) -> usize {
+    let keys = problems.iter().map(|p| test_key("gemm", p)).collect();
+    client.lookup(keys).await.unwrap().len()
+}
+
+/// Issue 39 finding 10b: B published 10 entries, A forgot them with a scope Forget, and
+/// A's only segment, holding that one tombstone, was deleted. A must publish the tombstone
+/// again, under a name a fresh reader takes at once: a node that starts afterwards serves
+/// none of the forgotten entries, from its first pass on (B's segment still holds them).
+/// Passes are driven by Snapshot calls; the hourly interval adds only each node's first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_only_segment_vanished_publishes_its_forget_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 3600, &[]).await;
+    let b = start_shared_node(&dir.path().join("b"), &shared, "B", 3600, &[]).await;
+    let (client_a, client_b) = (a.client().await, b.client().await);
+    let problems: Vec<String> = (0..10).map(|i| format!("forgotten-{i}")).collect();
+    record(&b, numbered("forgotten", 0..10, "B")).await;
+    client_b.snapshot().await.unwrap();
+    client_a.snapshot().await.unwrap();
+    assert_eq!(
+        served(&client_a, &problems).await,
+        10,
+        "A learned B's entries"
+    );
+
+    let forget = tunecache_client::proto::ForgetRequest {
+        namespace: "test".into(),
+        op: "gemm".into(),
+        ..Default::default()
+    };
+    client_a.forget(forget).await.unwrap();
+    assert_eq!(served(&client_a, &problems).await, 0);
+    client_a.snapshot().await.unwrap();
+    let only = own_segments(&shared, "A");
+    assert_eq!(only.len(), 1, "A's one segment, its Forget: {only:?}");
+    client_b.snapshot().await.unwrap();
+    assert_eq!(
+        served(&client_b, &problems).await,
+        0,
+        "B learned the Forget"
+    );
+    assert_eq!(
+        own_segments(&shared, "B").len(),
+        1,
+        "B's segment still holds the entries"
+    );
+
+    std::fs::remove_file(shared.join("v2").join(&only[0])).unwrap();
+    client_a.snapshot().await.unwrap();
+    assert!(
+        a.log().contains("gone from the shared directory"),
+        "A did not notice: {}",
+        a.log()
+    );
+    let republished = own_segments(&shared, "A");
+
+    let c = start_shared_node(&dir.path().join("c"), &shared, "C", 3600, &[]).await;
+    let client_c = c.client().await;
+    eventually(Duration::from_secs(10), "C's first pass", || async {
+        client_c.stats().await.is_ok_and(|s| s.snapshot_passes >= 1)
+    })
+    .await;
+    let stats = client_c.stats().await.unwrap();
+    assert!(stats.peer_segments_loaded >= 1, "C read nothing: {stats:?}");
+    let forgotten = served(&client_c, &problems).await;
+    assert_eq!(
+        forgotten, 0,
+        "a fresh node served {forgotten} of 10 forgotten entries after its first pass \
+         (A's segments: {republished:?})"
+    );
+    assert_eq!(republished.len(), 1, "A's segment, its Forget again");
+    client_c.snapshot().await.unwrap();
+    assert_eq!(served(&client_c, &problems).await, 0);
+}

@@ -10,19 +10,15 @@
 //! additions stay readable. An entry a Record would refuse (a time of `1e999` or `"fast"`)
 //! is dropped alone and counted; the rest of the file still loads.
 //!
-//! With a shared key (`--shared-dir-key-file`) every file ends with a MAC member,
-//! `,"mac":"hmac-sha256:<64 hex>"}`: HMAC-SHA256 under the key over every byte before it.
-//! The member has a fixed length, so a reader verifies while it streams (`MacCheck` holds back
-//! the last bytes it has seen until it knows they are not the trailer) and the document stays
-//! plain JSON that older readers parse as before. Nothing here touches the filesystem:
-//! `snapshot` owns the I/O and calls these on its own thread.
+//! With a shared key (`--shared-dir-key-file`) every file ends with a MAC member (`mac`: the
+//! key, and how the member is written and checked while the file streams). Nothing here
+//! touches the filesystem: `snapshot` owns the I/O and calls these on its own thread.
 
-use std::collections::VecDeque;
+mod mac;
+
 use std::io::{Read, Write};
 
-use hmac::{Hmac, Mac};
 use serde_json::value::RawValue;
-use sha2::Sha256;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
@@ -35,6 +31,9 @@ use crate::model::forget::{ForgetScope, RankScope, Tombstone};
 use crate::model::validate;
 use crate::wire::stored::StoredEntry;
 
+pub use mac::SharedKey;
+use mac::{MacCheck, MacWriter};
+
 /// The `format` field of every snapshot file.
 pub const FORMAT_NAME: &str = "tunecache-snapshot";
 /// The format version this build writes (segments).
@@ -43,137 +42,6 @@ pub const FORMAT_VERSION: u64 = 2;
 pub const FORMAT_VERSION_V1: u64 = 1;
 /// Suffix of snapshot files; everything else in the shared directory is ignored.
 pub const SNAPSHOT_SUFFIX: &str = ".tunecache.json";
-
-/// The MAC member that ends an authenticated file, up to the hex digest.
-const MAC_PREFIX: &[u8] = b",\"mac\":\"hmac-sha256:";
-/// `MAC_PREFIX`, 64 hex digits, `"}`.
-const MAC_TRAILER_LEN: usize = MAC_PREFIX.len() + 64 + 2;
-
-type HmacSha256 = Hmac<Sha256>;
-
-/// The key every node of a cluster shares to authenticate shared-directory files.
-#[derive(Clone)]
-pub struct SharedKey(std::sync::Arc<[u8]>);
-
-impl SharedKey {
-    /// Keys shorter than this are refused: HMAC's strength is the key's.
-    pub const MIN_BYTES: usize = 16;
-
-    pub fn new(bytes: &[u8]) -> std::result::Result<SharedKey, String> {
-        if bytes.len() < Self::MIN_BYTES {
-            return Err(format!(
-                "is {} bytes; a shared key needs at least {}",
-                bytes.len(),
-                Self::MIN_BYTES
-            ));
-        }
-        Ok(SharedKey(bytes.into()))
-    }
-
-    fn mac(&self) -> HmacSha256 {
-        // HMAC takes a key of any length, so this cannot fail.
-        match HmacSha256::new_from_slice(&self.0) {
-            Ok(mac) => mac,
-            Err(_) => unreachable!("HMAC accepts keys of any length"),
-        }
-    }
-}
-
-impl std::fmt::Debug for SharedKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SharedKey(..)")
-    }
-}
-
-/// Writes through to `inner`, MACing every byte, and holds back the last one (the
-/// document's closing brace) so the MAC member can go before it.
-struct MacWriter<W: Write> {
-    inner: W,
-    mac: HmacSha256,
-    held: Option<u8>,
-}
-
-impl<W: Write> Write for MacWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let Some((&last, body)) = buf.split_last() else {
-            return Ok(0);
-        };
-        if let Some(held) = self.held.take() {
-            self.inner.write_all(&[held])?;
-            self.mac.update(&[held]);
-        }
-        self.inner.write_all(body)?;
-        self.mac.update(body);
-        self.held = Some(last);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-impl<W: Write> MacWriter<W> {
-    /// Writes the MAC member and the closing brace.
-    fn finish(mut self) -> std::io::Result<()> {
-        if self.held != Some(b'}') {
-            return Err(std::io::Error::other("the document does not end with '}'"));
-        }
-        let digest = self.mac.finalize().into_bytes();
-        let mut trailer = MAC_PREFIX.to_vec();
-        for byte in digest {
-            trailer.extend_from_slice(format!("{byte:02x}").as_bytes());
-        }
-        trailer.extend_from_slice(b"\"}");
-        self.inner.write_all(&trailer)?;
-        self.inner.flush()
-    }
-}
-
-/// Reads through, MACing every byte except the last `MAC_TRAILER_LEN`, which it keeps to
-/// check at the end.
-struct MacCheck<R> {
-    inner: R,
-    mac: HmacSha256,
-    tail: VecDeque<u8>,
-}
-
-impl<R: Read> Read for MacCheck<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let read = self.inner.read(buf)?;
-        self.tail.extend(&buf[..read]);
-        let excess = self.tail.len().saturating_sub(MAC_TRAILER_LEN);
-        if excess > 0 {
-            let (front, back) = self.tail.as_slices();
-            let from_front = excess.min(front.len());
-            self.mac.update(&front[..from_front]);
-            self.mac.update(&back[..excess - from_front]);
-            self.tail.drain(..excess);
-        }
-        Ok(read)
-    }
-}
-
-impl<R> MacCheck<R> {
-    /// Whether the file ended with a MAC member that verifies.
-    fn verdict(self) -> std::result::Result<(), &'static str> {
-        let tail: Vec<u8> = self.tail.into();
-        let Some(hex) = tail
-            .strip_prefix(MAC_PREFIX)
-            .and_then(|rest| rest.strip_suffix(b"\"}"))
-        else {
-            return Err("carries no MAC");
-        };
-        let mut digest = [0u8; 32];
-        for (i, pair) in hex.chunks(2).enumerate() {
-            let text = std::str::from_utf8(pair).map_err(|_| "carries a damaged MAC")?;
-            digest[i] = u8::from_str_radix(text, 16).map_err(|_| "carries a damaged MAC")?;
-        }
-        self.mac
-            .verify_slice(&digest)
-            .map_err(|_| "carries a MAC that does not verify under --shared-dir-key-file")
-    }
-}
 
 /// The file a node publishes: `<node>.tunecache.json`.
 pub fn snapshot_file_name(node: &str) -> String {
@@ -327,11 +195,7 @@ pub fn write_segment_with_forgets(
     let Some(key) = key else {
         return serde_json::to_writer(out, &document);
     };
-    let mut writer = MacWriter {
-        inner: out,
-        mac: key.mac(),
-        held: None,
-    };
+    let mut writer = MacWriter::new(out, key);
     serde_json::to_writer(&mut writer, &document)?;
     writer.finish().map_err(serde_json::Error::io)
 }
@@ -419,11 +283,7 @@ pub fn read_authenticated(reader: impl Read, key: Option<&SharedKey>) -> Result<
     let Some(key) = key else {
         return read_snapshot(reader);
     };
-    let mut checked = MacCheck {
-        inner: reader,
-        mac: key.mac(),
-        tail: VecDeque::with_capacity(MAC_TRAILER_LEN * 2),
-    };
+    let mut checked = MacCheck::new(reader, key);
     let parsed = read_snapshot(&mut checked);
     // Drain what the parser left (nothing, for a well-formed file) before the verdict.
     let _ = std::io::copy(&mut checked, &mut std::io::sink());

@@ -1,0 +1,238 @@
+//! The snapshot I/O thread: every call on the shared directory happens here, never on the
+//! async runtime. It carries out what the rules (`plan`) decide; it decides nothing itself.
+//!
+//! - Load: read what is new. Version-2 segments of other nodes, from where this node left
+//!   off per node (`peers`); at the first load also this node's own segments (`own`: a wiped
+//!   node gets its contributions back, and learns what it has already published);
+//!   version-1 whole-cache files of older daemons, re-read only when their version changes
+//!   (`read`).
+//! - Publish (`publish`): one new segment holding the own contributions not yet published,
+//!   by temp file and link; then, past the bound, compaction of this node's segments into
+//!   one, linked in before the segments it replaces are removed.
+//! - `dir`: `v2/` checked before it is used (and made when missing), listings, stale temp
+//!   files removed.
+//!
+//! A job's files come back in a `LoadReport`; a load nobody took is undone (`Undo`), so
+//! its files are read again next time rather than lost.
+
+mod dir;
+mod own;
+mod peers;
+mod publish;
+mod read;
+
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::model::entry::Origin;
+use crate::model::forget::{Tombstone, Tombstones};
+use crate::snapshot::plan::listing::SeenV1;
+use crate::snapshot::plan::own::{NotOurs, OwnSegments};
+use crate::snapshot::plan::peers::{NodeCursor, Rejected};
+use crate::wire::stored::{EntryMap, StoredEntry};
+
+use super::segments::SEGMENT_DIR;
+use super::{Operation, Shared};
+
+/// A load stops starting new reads after this long and goes on next pass, so a node joining
+/// a large cluster never runs into the async side's wait bound.
+const LOAD_BUDGET: Duration = Duration::from_secs(4);
+
+pub(super) enum IoJob {
+    Write {
+        own: Arc<EntryMap>,
+        /// Tombstones of Forgets made here (published), and all known (what published
+        /// entries no longer count).
+        own_tombstones: Arc<Tombstones>,
+        all_tombstones: Arc<Tombstones>,
+        reply: tokio::sync::oneshot::Sender<Result<WriteReport>>,
+    },
+    Load {
+        include_own_v1: bool,
+        reply: tokio::sync::oneshot::Sender<Result<LoadReport>>,
+    },
+}
+
+/// What a publish did.
+pub(super) struct WriteReport {
+    /// The segment written, or the segment directory when there was nothing new.
+    pub path: PathBuf,
+    pub wrote: bool,
+    pub bytes: u64,
+    /// Own contributions published in all, after this write.
+    pub published: usize,
+}
+
+/// How to forget that a loaded file was read, when nobody took its entries.
+enum Undo {
+    V1(String),
+    Segment {
+        node: String,
+        read_through: u64,
+    },
+    OwnSegments,
+    /// A segment under this node's name that it did not write.
+    NotOurs(String),
+}
+
+pub(super) struct LoadedFile {
+    pub name: String,
+    pub node: String,
+    pub origin: Origin,
+    pub entries: Vec<StoredEntry>,
+    pub tombstones: Vec<Tombstone>,
+    undo: Undo,
+}
+
+#[derive(Default)]
+pub(super) struct LoadReport {
+    pub files: Vec<LoadedFile>,
+    /// Segments this node wrote vanished: publish now, even if nothing changed since the
+    /// last publish (it all has to go out again).
+    pub own_vanished: bool,
+}
+
+/// The I/O thread's state.
+pub(super) struct IoWorker {
+    shared: Arc<Shared>,
+    /// Version-1 files already taken in (or skipped), by version.
+    seen: SeenV1,
+    cursors: std::collections::HashMap<String, NodeCursor>,
+    own: OwnSegments,
+    /// Nodes whose segment gap was already warned about.
+    warned_gaps: std::collections::HashSet<String>,
+    /// Segments under this node's name that it did not write, already read (or refused).
+    not_ours: NotOurs,
+    /// Segments that did not prove their writer or disagree with their name.
+    rejected: Rejected,
+    /// `v2/` was, at its last check, the one every user shares (root's, sticky): files of
+    /// uids this daemon does not trust are other users' there, not forgeries.
+    shared_by_users: Cell<bool>,
+    /// Own segments vanished and no load that says so has reached the async side yet.
+    own_vanished: bool,
+}
+
+impl IoWorker {
+    pub(super) fn new(shared: Arc<Shared>) -> IoWorker {
+        IoWorker {
+            shared,
+            seen: SeenV1::default(),
+            cursors: Default::default(),
+            own: OwnSegments::default(),
+            warned_gaps: Default::default(),
+            not_ours: NotOurs::default(),
+            rejected: Rejected::default(),
+            shared_by_users: Cell::new(false),
+            own_vanished: false,
+        }
+    }
+
+    pub(super) fn run(mut self, jobs: mpsc::Receiver<IoJob>) {
+        while let Ok(job) = jobs.recv() {
+            match job {
+                IoJob::Write {
+                    own,
+                    own_tombstones,
+                    all_tombstones,
+                    reply,
+                } => {
+                    self.shared.begin(Operation::Write);
+                    let outcome = self.publish(&own, &own_tombstones, all_tombstones);
+                    drop(own);
+                    self.shared.end();
+                    let _ = reply.send(outcome);
+                }
+                IoJob::Load {
+                    include_own_v1,
+                    reply,
+                } => {
+                    self.shared.begin(Operation::Load);
+                    let outcome = self.load(include_own_v1);
+                    self.shared.end();
+                    if let Err(Ok(abandoned)) = reply.send(outcome) {
+                        // Nobody waited for these entries any more: read them again next
+                        // time rather than losing them.
+                        self.own_vanished |= abandoned.own_vanished;
+                        for file in abandoned.files.into_iter().rev() {
+                            self.undo(file.undo);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn undo(&mut self, undo: Undo) {
+        match undo {
+            Undo::V1(name) => self.seen.forget(&name),
+            Undo::Segment { node, read_through } => {
+                self.cursors.entry(node).or_default().undo(read_through);
+            }
+            Undo::OwnSegments => self.own.loaded = false,
+            Undo::NotOurs(name) => self.not_ours.forget(&name),
+        }
+    }
+
+    fn dir(&self) -> &Path {
+        &self.shared.settings.dir
+    }
+
+    fn segment_dir(&self) -> PathBuf {
+        self.dir().join(SEGMENT_DIR)
+    }
+
+    fn node(&self) -> &str {
+        &self.shared.settings.node
+    }
+
+    /// Counts and reports a failure; logs each kind of failure of each operation once.
+    fn failed(
+        &self,
+        operation: Operation,
+        what: &str,
+        path: &Path,
+        error: &std::io::Error,
+    ) -> Error {
+        self.shared.failed(operation, what, path, error)
+    }
+
+    fn load(&mut self, include_own_v1: bool) -> Result<LoadReport> {
+        let started = Instant::now();
+        let mut report = LoadReport::default();
+        let outcome = self
+            .load_v1(include_own_v1, &mut report)
+            .and_then(|()| self.load_segments(started, &mut report));
+        if let Err(error) = outcome {
+            // Nothing of a failed load reaches the store: read it all again next time.
+            for file in report.files.into_iter().rev() {
+                self.undo(file.undo);
+            }
+            return Err(error);
+        }
+        report.own_vanished = std::mem::take(&mut self.own_vanished);
+        Ok(report)
+    }
+
+    fn load_segments(&mut self, started: Instant, report: &mut LoadReport) -> Result<()> {
+        let mut by_node = self.list_segments()?;
+        self.rejected.keep_only(by_node.values());
+        let own_listed = by_node.remove(self.node()).unwrap_or_default();
+        if !self.own.loaded {
+            self.load_own_segments(own_listed, report)?;
+        } else {
+            self.reconcile_own(&own_listed);
+            self.read_not_ours(&own_listed, report);
+        }
+        for (node, listed) in by_node {
+            if started.elapsed() > LOAD_BUDGET {
+                tracing::debug!("load budget spent; the rest is read next pass");
+                break;
+            }
+            self.read_new_segments(&node, &listed, started, report);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,195 @@
+//! This node's own segments on disk: the record of them in the state directory
+//! (`shared-segments.json`), the first load that reads them back, each later listing
+//! reconciled with them (vanished ones, an interrupted compaction's leftovers removed), and
+//! the segments under this node's name it did not write, read like another node's. What
+//! counts as its own is `plan::own`'s to say.
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+
+use crate::error::{Error, Result};
+use crate::model::entry::Origin;
+use crate::snapshot::plan::own::{OwnRead, OwnRecord, OwnSegments};
+use crate::snapshot::plan::trust;
+use crate::snapshot::segments::{Next, NodeSegments, SEGMENT_DIR};
+
+use super::{IoWorker, LoadReport, LoadedFile, Operation, Undo};
+
+/// The state-directory file that records which segments this node wrote.
+const OWN_RECORD_FILE: &str = "shared-segments.json";
+
+impl IoWorker {
+    /// At the first load: what this node has published (the segments its state directory
+    /// records), and its own contributions back.
+    pub(super) fn load_own_segments(
+        &mut self,
+        listed: NodeSegments,
+        report: &mut LoadReport,
+    ) -> Result<()> {
+        let record = self.read_own_record();
+        let mine = record.recorded_among(&listed);
+        let mut read = OwnRead::default();
+        let mut read_through = 0;
+        while let Next::Read(segment) = mine.next_to_read(read_through) {
+            let path = self.segment_dir().join(segment.file_name());
+            let (version, parsed) = match self.read_segment(segment) {
+                Ok(Some((version, parsed))) => (version, trust::squatting(parsed, &segment.node)),
+                // Removed since the listing: look again next pass.
+                Ok(None) => return Ok(()),
+                // Without every own segment the writer cannot know what it published, and
+                // a compaction could drop what it did not read: fail, retry with backoff.
+                Err(error) => return Err(self.failed(Operation::Load, "reading", &path, &error)),
+            };
+            if let Some(parsed) = self.accept(&path, version, parsed) {
+                read.absorb(parsed.entries, parsed.tombstones);
+            }
+            read_through = segment.last;
+        }
+        let (own, entries, tombstones) = OwnSegments::first_load(&record, &mine, &listed, read);
+        self.own = own;
+        self.write_own_record()?;
+        if !entries.is_empty() || !tombstones.is_empty() {
+            tracing::info!(
+                segments = self.own.segments.len(),
+                entries = self.own.published.len(),
+                "read this node's own published segments"
+            );
+            report.files.push(LoadedFile {
+                name: format!("{SEGMENT_DIR}/{}.*", self.node()),
+                node: self.node().to_owned(),
+                origin: Origin::Own,
+                entries,
+                tombstones,
+                undo: Undo::OwnSegments,
+            });
+        }
+        self.read_not_ours(&listed, report);
+        Ok(())
+    }
+
+    /// A later listing of this node's segments: what recorded ones that vanished held is
+    /// published again (`OwnSegments::forget_vanished`; the load tells the async side to
+    /// publish now), leftovers of an interrupted compaction are removed.
+    pub(super) fn reconcile_own(&mut self, listed: &NodeSegments) {
+        let vanished = self.own.forget_vanished(listed);
+        if vanished > 0 {
+            self.own_vanished = true;
+            tracing::warn!(
+                missing = vanished,
+                node = self.node(),
+                "segments this node wrote are gone from the shared directory; publishing its \
+                 contributions and Forgets again"
+            );
+            if let Err(error) = self.write_own_record() {
+                tracing::debug!(%error, "record not updated; the next pass tries again");
+            }
+        }
+        let mut removed = Vec::new();
+        for leftover in self.own.leftovers(listed) {
+            let path = self.segment_dir().join(leftover.file_name());
+            match fs::remove_file(&path) {
+                Ok(()) => {
+                    tracing::info!(path = ?path, "removed a compacted segment");
+                    removed.push(leftover);
+                }
+                Err(error) if error.kind() == io::ErrorKind::NotFound => removed.push(leftover),
+                Err(error) => tracing::debug!(path = ?path, %error, "not removed"),
+            }
+        }
+        if self.own.removed(&removed) {
+            if let Err(error) = self.write_own_record() {
+                tracing::debug!(%error, "record not updated; the next pass tries again");
+            }
+        }
+    }
+
+    /// Segments under this node's name that its record does not list: read once each like
+    /// another node's (if they prove their writer), warned about once, counted; never
+    /// deleted, adopted or numbered from.
+    pub(super) fn read_not_ours(&mut self, listed: &NodeSegments, report: &mut LoadReport) {
+        for segment in self.not_ours.take_unread(&self.own, listed) {
+            let name = segment.file_name();
+            let earlier = self
+                .shared
+                .counters
+                .name_conflicts
+                .fetch_add(1, Ordering::Relaxed);
+            if earlier > 0 {
+                tracing::debug!(file = ?name, "another segment under this node's name it did not write");
+            } else {
+                tracing::warn!(
+                    file = ?name,
+                    node = self.node(),
+                    "a segment under this node's name that this node did not write (an earlier \
+                     state directory, an impostor, or a second daemon with the same --node-name); \
+                     read like another node's, never taken as this node's own (logged once; \
+                     Stats snapshot_name_conflicts counts them)"
+                );
+            }
+            let path = self.segment_dir().join(&name);
+            let (version, parsed) = match self.read_segment(segment) {
+                Ok(Some((version, parsed))) => (version, trust::squatting(parsed, &segment.node)),
+                Ok(None) => continue,
+                Err(error) => {
+                    let _ = self.failed(Operation::Load, "reading", &path, &error);
+                    self.not_ours.forget(&name);
+                    continue;
+                }
+            };
+            if let Some(parsed) = self.accept(&path, version, parsed) {
+                report.files.push(LoadedFile {
+                    name: name.clone(),
+                    node: self.node().to_owned(),
+                    origin: Origin::Learned,
+                    entries: parsed.entries,
+                    tombstones: parsed.tombstones,
+                    undo: Undo::NotOurs(name),
+                });
+            }
+        }
+    }
+
+    fn own_record_path(&self) -> PathBuf {
+        self.shared.settings.state_dir.join(OWN_RECORD_FILE)
+    }
+
+    fn shared_dir_text(&self) -> String {
+        self.dir().display().to_string()
+    }
+
+    /// The record of this node's own segments; empty when there is none yet, when it is
+    /// damaged, or when it was written for another node name or shared directory.
+    fn read_own_record(&self) -> OwnRecord {
+        let path = self.own_record_path();
+        let Ok(bytes) = fs::read(&path) else {
+            return OwnRecord::default();
+        };
+        match serde_json::from_slice::<OwnRecord>(&bytes) {
+            Ok(record) => record.for_node(self.node(), &self.shared_dir_text()),
+            Err(error) => {
+                tracing::warn!(path = ?path, %error, "the record of this node's segments is damaged; starting a new one");
+                OwnRecord::default()
+            }
+        }
+    }
+
+    /// Writes the record (temp file, fsync, rename) in the state directory.
+    pub(super) fn write_own_record(&self) -> Result<()> {
+        let record = self.own.record(self.node(), &self.shared_dir_text());
+        let path = self.own_record_path();
+        let temp = path.with_extension("json.tmp");
+        let write = || -> io::Result<()> {
+            let mut file = File::create(&temp)?;
+            file.write_all(&serde_json::to_vec(&record).map_err(io::Error::from)?)?;
+            file.sync_all()?;
+            fs::rename(&temp, &path)?;
+            if let Some(dir) = path.parent() {
+                File::open(dir)?.sync_all()?;
+            }
+            Ok(())
+        };
+        write().map_err(|error| Error::io("recording this node's segments in", &path, error))
+    }
+}

@@ -1,0 +1,102 @@
+//! Reading other nodes' segments: each node's cursor (`plan::peers`) says what to read
+//! next; a segment that proves no writer is set aside as if absent, a damaged one is passed
+//! over, and a load stops starting new reads once its budget is spent.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use crate::model::entry::Origin;
+use crate::snapshot::plan::peers::Step;
+use crate::snapshot::plan::trust;
+use crate::snapshot::segments::NodeSegments;
+
+use super::{IoWorker, LoadReport, LoadedFile, Operation, Undo, LOAD_BUDGET};
+
+impl IoWorker {
+    /// Reads the segments of `node` this reader has not read yet, in order.
+    pub(super) fn read_new_segments(
+        &mut self,
+        node: &str,
+        listed: &NodeSegments,
+        started: Instant,
+        report: &mut LoadReport,
+    ) {
+        let mut filtered = self.rejected.filter(listed);
+        let mut cursor = self.cursors.get(node).copied().unwrap_or_default();
+        loop {
+            if started.elapsed() > LOAD_BUDGET {
+                break;
+            }
+            let candidates = filtered.as_ref().unwrap_or(listed);
+            let segment = match cursor.step(candidates) {
+                Step::Read(segment) => segment,
+                Step::Done => break,
+                Step::Restarted { read_through } => {
+                    tracing::warn!(
+                        node,
+                        read_through,
+                        "a node's segments restarted numbering; reading them from the start"
+                    );
+                    continue;
+                }
+                Step::GapSkipped {
+                    missing_from,
+                    missing_to,
+                } => {
+                    if self.warned_gaps.insert(node.to_owned()) {
+                        tracing::warn!(
+                            node,
+                            missing_from,
+                            missing_to,
+                            "segments of a node are missing from the shared directory; skipped"
+                        );
+                    }
+                    continue;
+                }
+            };
+            let path = self.segment_dir().join(segment.file_name());
+            let (version, parsed) = match self.read_segment(segment) {
+                Ok(Some((version, parsed))) if cursor.trusts_name() => {
+                    (version, trust::squatting(parsed, node))
+                }
+                Ok(Some(read)) => read,
+                // Removed by a compaction after the listing: the compacted segment is in
+                // place; the next listing finds it.
+                Ok(None) => break,
+                Err(error) if error.kind() == io::ErrorKind::NotFound => break,
+                Err(error) => {
+                    let _ = self.failed(Operation::Load, "reading", &path, &error);
+                    break;
+                }
+            };
+            if trust::proves_no_writer(&parsed) {
+                // Not a segment of this node's at all: as if it were not there.
+                let _ = self.accept(&path, version, parsed);
+                self.rejected.insert(segment);
+                filtered = self.rejected.filter(listed);
+                continue;
+            }
+            // A damaged segment is warned about once and passed over, like a damaged file.
+            let before = cursor.read(segment);
+            if let Some(parsed) = self.accept(&path, version, parsed) {
+                self.shared
+                    .counters
+                    .segments_loaded
+                    .fetch_add(1, Ordering::Relaxed);
+                report.files.push(LoadedFile {
+                    name: segment.file_name(),
+                    node: node.to_owned(),
+                    origin: Origin::Learned,
+                    entries: parsed.entries,
+                    tombstones: parsed.tombstones,
+                    undo: Undo::Segment {
+                        node: node.to_owned(),
+                        read_through: before,
+                    },
+                });
+            }
+        }
+        self.cursors.insert(node.to_owned(), cursor);
+    }
+}

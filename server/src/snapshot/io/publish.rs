@@ -1,0 +1,292 @@
+//! Writing this node's segments: the plan (`plan::publish`) carried out. A segment is
+//! recorded in the state directory before it exists, written to a hidden temp file and
+//! linked in (a link fails where a rename would silently replace another writer's segment
+//! of the same name); a compaction is linked in before the segments it replaces are removed.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use crate::error::{Error, Result};
+use crate::model::entry::unix_now_ms;
+use crate::model::forget::{Tombstone, Tombstones};
+use crate::snapshot::format;
+use crate::snapshot::plan::trust::MissingDir;
+use crate::snapshot::segments::{SegmentName, SEGMENT_TEMP_MARKER};
+use crate::wire::stored::EntryMap;
+
+use super::{IoWorker, Operation, WriteReport};
+
+impl IoWorker {
+    pub(super) fn publish(
+        &mut self,
+        own: &EntryMap,
+        own_tombstones: &Tombstones,
+        all_tombstones: Arc<Tombstones>,
+    ) -> Result<WriteReport> {
+        if !self.own.loaded {
+            return Err(Error::SharedDirUnavailable(
+                "this node's published segments have not been read yet".into(),
+            ));
+        }
+        let started = Instant::now();
+        self.own.prune(all_tombstones);
+        let node = self.node().to_owned();
+        let Some(plan) = self
+            .own
+            .plan_publish(&node, own, own_tombstones, &self.not_ours)
+        else {
+            return Ok(WriteReport {
+                path: self.segment_dir(),
+                wrote: false,
+                bytes: 0,
+                published: self.own.published.len(),
+            });
+        };
+        let path = self.segment_dir().join(plan.segment.file_name());
+        // Recorded before it exists, so a crash between the two never leaves a segment of
+        // this node that its record does not know.
+        if let Err(error) = self.write_own_record() {
+            self.own.unreserve();
+            return Err(error);
+        }
+        let bytes = match self.write_segment(&plan.segment, &plan.entries, &plan.tombstones) {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                let name_taken = matches!(&error, Error::SegmentNameTaken(_));
+                if name_taken {
+                    self.shared
+                        .counters
+                        .name_conflicts
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                if self.own.not_written(name_taken) {
+                    tracing::warn!(
+                        file = ?plan.segment.file_name(),
+                        node = self.node(),
+                        "another writer uses this node's name (a second daemon with the same \
+                         --node-name, or an impostor); numbering goes past its segments and \
+                         compaction stops"
+                    );
+                }
+                return Err(error);
+            }
+        };
+        let entries = plan.entries.len();
+        self.own.written(plan);
+        self.shared.wrote(&path);
+        tracing::debug!(
+            path = %path.display(),
+            entries,
+            bytes,
+            elapsed = ?started.elapsed(),
+            "segment written"
+        );
+        if self
+            .own
+            .compaction_due(self.shared.settings.compact_segments, &self.not_ours)
+        {
+            self.compact();
+        }
+        Ok(WriteReport {
+            path,
+            wrote: true,
+            bytes,
+            published: self.own.published.len(),
+        })
+    }
+
+    /// Folds this node's segments into one covering all their sequence numbers. The
+    /// compacted segment is linked in before any old one is removed, so a reader always
+    /// finds every sequence number it has not read in some segment.
+    fn compact(&mut self) {
+        let node = self.node().to_owned();
+        let Some(plan) = self.own.plan_compaction(&node) else {
+            return;
+        };
+        if let Err(error) = self.write_own_record() {
+            tracing::debug!(%error, "compaction not recorded; the segments stay as they are");
+            self.own.compaction_unrecorded(&plan);
+            return;
+        }
+        if let Err(error) = self.write_segment(&plan.segment, &plan.entries, &plan.tombstones) {
+            tracing::debug!(%error, "compaction failed; the segments stay as they are");
+            return;
+        }
+        for old in self.own.compacted(&plan) {
+            let path = self.segment_dir().join(old.file_name());
+            if let Err(error) = fs::remove_file(&path) {
+                // The next load removes what the compacted segment covers.
+                tracing::debug!(path = ?path, %error, "old segment not removed");
+            }
+        }
+        tracing::info!(
+            segment = %plan.segment.file_name(),
+            entries = plan.entries.len(),
+            "compacted this node's segments"
+        );
+        if let Err(error) = self.write_own_record() {
+            // The record still lists the old names: harmless, they are gone.
+            tracing::debug!(%error, "compaction's record not updated");
+        }
+        self.shared
+            .counters
+            .compactions
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Writes one segment by temp file and link; returns its bytes.
+    fn write_segment(
+        &self,
+        segment: &SegmentName,
+        entries: &EntryMap,
+        tombstones: &[Tombstone],
+    ) -> Result<u64> {
+        let dir = self.segment_dir();
+        self.check_segment_dir(Operation::Write)?;
+        let key = self.shared.settings.key.clone();
+        let temp_path = dir.join(temp_file_name(self.node()));
+        let path = dir.join(segment.file_name());
+        let write = |out: &mut dyn Write| {
+            format::write_segment_with_forgets(
+                out,
+                self.node(),
+                (segment.first, segment.last),
+                unix_now_ms(),
+                entries,
+                tombstones,
+                key.as_ref(),
+            )
+        };
+        match self.write_temp_then_link(&dir, &temp_path, &path, write) {
+            Ok(bytes) => Ok(bytes),
+            Err((what, error)) => {
+                if what != "creating" {
+                    // Best effort: a temp file left behind is removed after an hour anyway.
+                    let _ = fs::remove_file(&temp_path);
+                }
+                if what == "linking" && error.kind() == io::ErrorKind::AlreadyExists {
+                    return Err(Error::SegmentNameTaken(segment.file_name()));
+                }
+                let at = if what == "linking" { &path } else { &temp_path };
+                Err(self.failed(Operation::Write, what, at, &error))
+            }
+        }
+    }
+
+    /// The steps of one write; an error names the step that failed.
+    fn write_temp_then_link(
+        &self,
+        dir: &Path,
+        temp_path: &Path,
+        path: &Path,
+        write: impl FnOnce(&mut dyn Write) -> serde_json::Result<()>,
+    ) -> Result<u64, (&'static str, io::Error)> {
+        let fsync = self.shared.settings.fsync;
+        let create = || {
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(temp_path)
+        };
+        let file = match create() {
+            // The segment directory is made by the first load; it may not have been
+            // possible then (read-only, full) or it was removed since.
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                if self.missing_segment_dir() == MissingDir::LeaveToAdmin {
+                    return Err(("creating", error));
+                }
+                fs::create_dir_all(dir).map_err(|e| ("creating", e))?;
+                create()
+            }
+            opened => opened,
+        }
+        .map_err(|e| ("creating", e))?;
+        let mut out = BufWriter::with_capacity(
+            1 << 20,
+            CountingWriter {
+                inner: file,
+                bytes: 0,
+                total: &self.shared.counters.bytes_written,
+            },
+        );
+        write(&mut out).map_err(|e| ("writing", io::Error::from(e)))?;
+        let counted = out.into_inner().map_err(|e| ("writing", e.into_error()))?;
+        if fsync {
+            counted.inner.sync_all().map_err(|e| ("syncing", e))?;
+        }
+        let bytes = counted.bytes;
+        drop(counted);
+        // Linked in, not renamed: a rename would silently replace a segment another writer
+        // of this name put there; a link fails instead (atomic on NFS too).
+        match fs::hard_link(temp_path, path) {
+            Ok(()) => {
+                let _ = fs::remove_file(temp_path);
+            }
+            Err(error) if link_unsupported(&error) => {
+                // A filesystem without hard links (some FUSE and object-store mounts): look,
+                // then rename. A second writer of this name racing inside that window could
+                // still be replaced; every other case is caught.
+                if fs::symlink_metadata(path).is_ok() {
+                    return Err(("linking", io::Error::from(io::ErrorKind::AlreadyExists)));
+                }
+                fs::rename(temp_path, path).map_err(|e| ("renaming", e))?;
+            }
+            Err(error) => return Err(("linking", error)),
+        }
+        if fsync {
+            File::open(dir)
+                .and_then(|dir| dir.sync_all())
+                .map_err(|e| ("syncing the directory of", e))?;
+        }
+        Ok(bytes)
+    }
+}
+
+/// `link(2)` refused because the filesystem has no hard links, not because of the name.
+fn link_unsupported(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EPERM | libc::EOPNOTSUPP | libc::EXDEV | libc::EMLINK | libc::ENOSYS)
+    )
+}
+
+/// `.<node>.seg.tmp.<pid>.<unique>`: hidden, so readers never take it for a segment, and
+/// unique per writer.
+fn temp_file_name(node: &str) -> String {
+    static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.subsec_nanos());
+    let sequence = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+    format!(
+        ".{node}{SEGMENT_TEMP_MARKER}{}.{nanos:08x}{sequence:x}",
+        std::process::id()
+    )
+}
+
+/// Counts the bytes that reach the file, so the size is known without another stat.
+struct CountingWriter<'a> {
+    inner: File,
+    bytes: u64,
+    total: &'a AtomicU64,
+}
+
+impl Write for CountingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let written = self.inner.write(buf)?;
+        self.bytes += written as u64;
+        self.total.fetch_add(written as u64, Ordering::Relaxed);
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
