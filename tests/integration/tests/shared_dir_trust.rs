@@ -648,8 +648,13 @@ async fn a_node_whose_only_segment_vanished_publishes_its_forget_again() {
     let dir = tempfile::tempdir().unwrap();
     let shared = dir.path().join("shared");
     std::fs::create_dir_all(&shared).unwrap();
-    let a = start_shared_node(&dir.path().join("a"), &shared, "A", 3600, &[]).await;
-    let b = start_shared_node(&dir.path().join("b"), &shared, "B", 3600, &[]).await;
+    // A's log is read: a process.
+    let a = shared_node(&dir.path().join("a"), &shared, "A", 3600, &[])
+        .process()
+        .await;
+    let b = shared_node(&dir.path().join("b"), &shared, "B", 3600, &[])
+        .in_process()
+        .await;
     let (client_a, client_b) = (a.client().await, b.client().await);
     let problems: Vec<String> = (0..10).map(|i| format!("forgotten-{i}")).collect();
     record(&b, numbered("forgotten", 0..10, "B")).await;
@@ -692,7 +697,9 @@ async fn a_node_whose_only_segment_vanished_publishes_its_forget_again() {
     );
     let republished = own_segments(&shared, "A");
 
-    let c = start_shared_node(&dir.path().join("c"), &shared, "C", 3600, &[]).await;
+    let c = shared_node(&dir.path().join("c"), &shared, "C", 3600, &[])
+        .in_process()
+        .await;
     let client_c = c.client().await;
     eventually(Duration::from_secs(10), "C's first pass", || async {
         client_c.stats().await.is_ok_and(|s| s.snapshot_passes >= 1)

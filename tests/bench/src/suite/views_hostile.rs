@@ -49,11 +49,23 @@ pub struct ViewsHostile {
 /// The attacker: `tunecache-test-views views` as uid 65534, one new one-pin view per Lookup.
 fn start_attacker(socket: &std::path::Path, round: usize) -> Result<Child> {
     Command::new("setpriv")
-        .args(["--reuid", ATTACKER_UID, "--regid", ATTACKER_UID, "--clear-groups"])
+        .args([
+            "--reuid",
+            ATTACKER_UID,
+            "--regid",
+            ATTACKER_UID,
+            "--clear-groups",
+        ])
         .arg(workspace_binary("tunecache-test-views"))
         .arg("--socket")
         .arg(socket)
-        .args(["views", "--prefix", &format!("attack-{round}"), "--count", "100000000"])
+        .args([
+            "views",
+            "--prefix",
+            &format!("attack-{round}"),
+            "--count",
+            "100000000",
+        ])
         .args(["--problem", "p0"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
