@@ -1,16 +1,22 @@
 //! The coordination rules, with no runtime, socket or process in them: who holds the flight
 //! of a missing key (a rank's lease, the node's tuner, a cluster claim in progress, another
 //! node, or nobody yet), who waits for it, and what each event does to it: a Resolve, a
-//! stored result, a lease that expires, whose holder dies or gives up, a tuner job that
-//! fails, a cluster answer.
+//! stored result, a lease that expires, whose holder dies or gives up, a Record that did not
+//! complete its lease, a tuner job that ends, a cluster answer, a wait that times out.
 //!
 //! Events come in as method calls with the time they happened; what the caller must do comes
-//! back as [`Effect`]s (answer a waiter, hand a lease to a waiter) and return values. What a
-//! flight owns in the outside world (a lease's expiry watch, a cluster lease, the watch on
-//! another node's lease) travels with the flight as its [`Attachments`], so dropping a flight
-//! releases all of it, and every change of holder goes through one place
-//! ([`Flights::set_holder`]) that stops what the old holder had.
+//! back as [`Effect`]s (answer a waiter, hand a lease to a waiter) and return values. A
+//! Resolve is a short conversation ([`resolve`]): the rules say the next step ([`Next`]: look
+//! in the store, ask the cluster, offer the tuner the job, or the answer), the adapter does
+//! it and tells what it found ([`Fact`]). What a flight owns in the outside world (a lease's
+//! expiry watch, a cluster lease, the watch on another node's lease) travels with the flight
+//! as its [`Attachments`], so dropping a flight releases all of it, and every change of holder
+//! goes through one place ([`Flights::set_holder`]) that stops what the old holder had.
+//!
+//! Here: the types and the events that are not a Resolve; [`resolve`]: a Resolve's order,
+//! who tunes a key this node is to tune, a cluster claim and a take-over.
 
+pub mod resolve;
 #[cfg(test)]
 mod tests;
 
@@ -19,6 +25,7 @@ use std::time::{Duration, SystemTime};
 
 use super::Resolution;
 use crate::model::entry::{CacheKey, TunedResult};
+pub use resolve::{tuner_takes, Advance, ClaimAnswer, Fact, Next, Offer, Resolve, Seen, TakeOver};
 
 /// A waiting Resolve, as the caller's side knows it.
 pub type WaiterId = u64;
@@ -26,6 +33,11 @@ pub type WaiterId = u64;
 /// What a flight holds outside this type; the adapter's implementation owns the tasks and
 /// the cluster lease, a test's records what was asked.
 pub trait Attachments: Default {
+    /// This node's lease on a key in the cluster tier (renewed while held, released when
+    /// dropped).
+    type ClusterLease;
+    /// This node tunes the key, under `lease`: the flight holds it from now on.
+    fn hold_cluster_lease(&mut self, lease: Self::ClusterLease);
     /// The lease holder changed or ended: its expiry/death watch stops.
     fn stop_lease_watch(&mut self);
     /// The flight no longer waits on another node: the watch on that node's lease stops.
@@ -58,6 +70,16 @@ pub struct Grant {
     pub length: Duration,
 }
 
+impl Grant {
+    /// The answer its holder gets.
+    pub fn answer(&self) -> Resolution {
+        Resolution::TuneHere {
+            lease_id: self.lease_id.clone(),
+            expires_in: self.length,
+        }
+    }
+}
+
 /// What the caller's side must do after an event.
 #[derive(Debug, PartialEq)]
 pub enum Effect {
@@ -68,19 +90,6 @@ pub enum Effect {
     Grant(WaiterId, Grant),
 }
 
-/// How a Resolve goes on.
-#[derive(Debug, PartialEq)]
-pub enum Step {
-    /// The caller tunes it.
-    Lease(Grant),
-    /// The caller waits, as this waiter.
-    Wait(WaiterId),
-    /// No result for this caller.
-    Miss(String),
-    /// The caller's process holds `limit` leases already.
-    TooManyLeases { pid: i32, limit: usize },
-}
-
 /// Why a lease ended without a result.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum LeaseEnd {
@@ -89,26 +98,27 @@ pub enum LeaseEnd {
     GivenUp,
 }
 
-/// What the cluster said to a claim.
-#[derive(Debug)]
-pub enum ClaimAnswer {
-    /// This node holds the cluster lease now.
-    Acquired,
-    /// Another node holds it.
-    HeldBy(String),
-    /// No answer (Redis slow or away): coordinate on this node.
-    Unavailable,
+/// How a waiting Resolve ended without its answer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum WaitEnd {
+    /// It waited as long as it asked (`waited`), or its answer was lost.
+    TimedOut { waited: Duration },
+    /// The daemon is stopping.
+    Stopping,
 }
 
-/// What follows a cluster answer.
-#[derive(Debug, PartialEq)]
-pub enum AfterClaim {
-    /// The flight ended while the claim was out (its result arrived): nothing to do.
-    Finished,
-    /// Another node tunes it: watch its lease; the waiters wait for its result.
-    WatchRemote,
-    /// This node tunes it: the tuner, if it measures such keys, else the caller or a waiter.
-    TuneHere,
+/// How the node's tuner job for a key ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TunerEnd {
+    /// The measured result went to the store, which holds `stored` for the key now (a
+    /// better result recorded meanwhile stays, and answers the waiters all the same).
+    Stored(Option<TunedResult>),
+    /// Storing the measured result failed.
+    StoreFailed(String),
+    /// The tuner could not tune it.
+    Failed(String),
+    /// The tuner stopped before it answered.
+    Stopped,
 }
 
 /// Lease outcomes, for Stats.
@@ -215,12 +225,12 @@ impl<A: Attachments> Flights<A> {
     }
 
     /// Who holds `key`'s flight, if there is one.
-    pub fn holder(&self, key: &CacheKey) -> Option<&Holder> {
+    fn holder(&self, key: &CacheKey) -> Option<&Holder> {
         self.flights.get(key).map(|flight| &flight.holder)
     }
 
     /// The key a live lease is for.
-    pub fn lease_key(&self, lease_id: &str) -> Option<&CacheKey> {
+    fn lease_key(&self, lease_id: &str) -> Option<&CacheKey> {
         self.leases.get(lease_id)
     }
 
@@ -233,7 +243,7 @@ impl<A: Attachments> Flights<A> {
         }
     }
 
-    /// What `key`'s flight owns outside, for the caller's side to attach a watch or a lease.
+    /// What `key`'s flight owns outside, for the caller's side to attach a watch.
     pub fn attachments_mut(&mut self, key: &CacheKey) -> Option<&mut A> {
         self.flights
             .get_mut(key)
@@ -241,65 +251,36 @@ impl<A: Attachments> Flights<A> {
     }
 
     /// Whether `pid` may take one more lease.
-    pub fn has_lease_room(&self, pid: Option<i32>) -> bool {
+    fn has_lease_room(&self, pid: Option<i32>) -> bool {
         pid.is_none_or(|pid| {
             self.leases_per_pid.get(&pid).copied().unwrap_or(0) < self.max_leases_per_pid
         })
     }
 
-    /// Whether the node's tuner may take `key`: only when no flight exists yet.
+    /// No flight exists for `key`: a stored result for it wakes nobody, and the node's
+    /// tuner may take it.
     pub fn is_new(&self, key: &CacheKey) -> bool {
         !self.flights.contains_key(key)
     }
 
+    /// Nobody produces `key`'s result (no flight, or one held by nobody): a caller that can
+    /// tune may take a lease.
+    fn is_free(&self, key: &CacheKey) -> bool {
+        self.flights
+            .get(key)
+            .is_none_or(|flight| flight.holder == Holder::Nobody)
+    }
+
     /// The node's tuner took `key`'s job.
-    pub fn tuner_started(&mut self, key: &CacheKey, what: String, now: SystemTime) {
+    fn tuner_started(&mut self, key: &CacheKey, now: SystemTime) {
+        let what = format!("{} job on {}", key.op, key.device);
         self.flight_of(key, now);
         self.set_holder(key, Holder::Tuner { what }, now);
     }
 
-    /// A Resolve for `key` that the store could not answer (and, for a new key, after the
-    /// tuner was offered it): a lease for a caller that can tune when nobody produces the
-    /// result, else a wait, or a miss when the caller will not wait.
-    pub fn resolve(
-        &mut self,
-        key: &CacheKey,
-        caller: &Caller,
-        will_wait: bool,
-        now: SystemTime,
-    ) -> Step {
-        let free = self
-            .flights
-            .get(key)
-            .is_none_or(|flight| flight.holder == Holder::Nobody);
-        if caller.can_tune && free {
-            return match self.lease_to(key, caller, now) {
-                Ok(grant) => Step::Lease(grant),
-                Err((pid, limit)) => Step::TooManyLeases { pid, limit },
-            };
-        }
-        if !will_wait {
-            let reason = match self.flights.get(key) {
-                Some(flight) => busy_reason(flight, now),
-                None => "not cached, and the caller cannot tune it and will not wait".to_owned(),
-            };
-            self.remove_if_idle(key);
-            return Step::Miss(reason);
-        }
-        let id = self.next_id();
-        self.flight_of(key, now).waiters.push(Waiter {
-            id,
-            can_tune: caller.can_tune,
-            pid: caller.pid,
-            lease: caller.lease,
-            view: caller.view.clone(),
-        });
-        Step::Wait(id)
-    }
-
     /// Makes `caller` the holder of a new lease on `key`, unless its process holds the most
     /// leases it may (then `Err((pid, limit))`).
-    pub fn lease_to(
+    fn lease_to(
         &mut self,
         key: &CacheKey,
         caller: &Caller,
@@ -311,7 +292,35 @@ impl<A: Attachments> Flights<A> {
         Ok(self.grant(key, caller.pid, caller.lease, caller.view.clone(), now))
     }
 
-    /// A waiter's call ended without an answer (timeout, or the caller went away).
+    /// A caller with no result and nobody to tune it for it: it waits, or gets a miss
+    /// naming who is producing the result when it will not wait.
+    fn wait_or_miss(
+        &mut self,
+        key: &CacheKey,
+        caller: &Caller,
+        will_wait: bool,
+        now: SystemTime,
+    ) -> Next {
+        if !will_wait {
+            let reason = match self.flights.get(key) {
+                Some(flight) => busy_reason(flight, now),
+                None => "not cached, and the caller cannot tune it and will not wait".to_owned(),
+            };
+            self.remove_if_idle(key);
+            return Next::Miss(reason);
+        }
+        let id = self.next_id();
+        self.flight_of(key, now).waiters.push(Waiter {
+            id,
+            can_tune: caller.can_tune,
+            pid: caller.pid,
+            lease: caller.lease,
+            view: caller.view.clone(),
+        });
+        Next::Wait(id)
+    }
+
+    /// A waiter's call ended without an answer because the caller went away.
     pub fn waiter_left(&mut self, key: &CacheKey, waiter: WaiterId) {
         if let Some(flight) = self.flights.get_mut(key) {
             flight.waiters.retain(|w| w.id != waiter);
@@ -319,8 +328,30 @@ impl<A: Attachments> Flights<A> {
         self.remove_if_idle(key);
     }
 
+    /// A waiter's call ended without its answer: it leaves, and gets a miss saying why;
+    /// after a timeout, who is producing the result and since when (as it was while the
+    /// waiter still waited).
+    pub fn wait_ended(
+        &mut self,
+        key: &CacheKey,
+        waiter: WaiterId,
+        end: WaitEnd,
+        now: SystemTime,
+    ) -> Resolution {
+        let reason = match end {
+            WaitEnd::TimedOut { waited } => format!(
+                "no result within {} ms: {}",
+                waited.as_millis(),
+                self.miss_reason(key, now)
+            ),
+            WaitEnd::Stopping => "the daemon is shutting down".to_owned(),
+        };
+        self.waiter_left(key, waiter);
+        Resolution::Miss(reason)
+    }
+
     /// Why a waiter of `key` got no result: who is producing it, since when.
-    pub fn miss_reason(&self, key: &CacheKey, now: SystemTime) -> String {
+    fn miss_reason(&self, key: &CacheKey, now: SystemTime) -> String {
         match self.flights.get(key) {
             Some(flight) => busy_reason(flight, now),
             None => "the flight ended without a result".to_owned(),
@@ -369,6 +400,22 @@ impl<A: Attachments> Flights<A> {
         Some(self.hand_over(key, now, alive))
     }
 
+    /// A Record that named `lease_id` has been stored (the change feed, which runs before,
+    /// completed the lease if the Record gave its key a result). A lease still held means
+    /// it did not (it held other keys, or none): the lease is given up and passes on.
+    /// `Some` with the lease's key when it was given up.
+    pub fn recorded(
+        &mut self,
+        lease_id: &str,
+        now: SystemTime,
+        alive: &dyn Fn(WaiterId) -> bool,
+    ) -> Option<(CacheKey, Vec<Effect>)> {
+        // Not held: completed by the change feed, expired, or unknown.
+        let key = self.lease_key(lease_id)?.clone();
+        let effects = self.lease_ended(&key, lease_id, LeaseEnd::GivenUp, now, alive)?;
+        Some((key, effects))
+    }
+
     /// The waiter a lease was handed to had gone: take it back and pass it on again.
     pub fn grant_undelivered(
         &mut self,
@@ -385,7 +432,7 @@ impl<A: Attachments> Flights<A> {
 
     /// Gives `key`'s flight to its first live waiter that can tune and may take a lease, or
     /// to nobody (then this node's cluster lease goes, and an idle flight ends).
-    pub fn hand_over(
+    fn hand_over(
         &mut self,
         key: &CacheKey,
         now: SystemTime,
@@ -419,8 +466,21 @@ impl<A: Attachments> Flights<A> {
         vec![Effect::Grant(waiter.id, grant)]
     }
 
+    /// The node's tuner job for `key` ended. With a stored result every waiter gets it;
+    /// else they get a miss naming the failure, which comes back second for the log.
+    pub fn tuner_ended(&mut self, key: &CacheKey, end: TunerEnd) -> (Vec<Effect>, Option<String>) {
+        let failure = match end {
+            TunerEnd::Stored(Some(result)) => return (self.stored(key, &result), None),
+            TunerEnd::Stored(None) => "the tuned result was not stored".to_owned(),
+            TunerEnd::StoreFailed(error) => format!("storing the tuned result failed: {error}"),
+            TunerEnd::Failed(reason) => format!("the node's tuner could not tune it: {reason}"),
+            TunerEnd::Stopped => "the node's tuner stopped before finishing".to_owned(),
+        };
+        (self.tuner_failed(key, &failure), Some(failure))
+    }
+
     /// The tuner could not produce `key`'s result: its waiters get a miss with `reason`.
-    pub fn tuner_failed(&mut self, key: &CacheKey, reason: &str) -> Vec<Effect> {
+    fn tuner_failed(&mut self, key: &CacheKey, reason: &str) -> Vec<Effect> {
         let Some(mut flight) = self.flights.remove(key) else {
             return Vec::new();
         };
@@ -430,75 +490,6 @@ impl<A: Attachments> Flights<A> {
             .into_iter()
             .map(|waiter| Effect::Reply(waiter.id, Resolution::Miss(reason.to_owned())))
             .collect()
-    }
-
-    /// Before this node tunes a missing key, a caller asks the cluster who tunes it: needed
-    /// when no flight exists and someone here would tune it (the caller, or the node's
-    /// tuner), or when nobody holds the flight and the caller can tune. Marks the flight
-    /// as claiming, so that others wait meanwhile.
-    pub fn begin_claim(
-        &mut self,
-        key: &CacheKey,
-        can_tune: bool,
-        tuner_takes: bool,
-        now: SystemTime,
-    ) -> bool {
-        let needed = match self.flights.get(key) {
-            None => can_tune || tuner_takes,
-            Some(flight) => can_tune && flight.holder == Holder::Nobody,
-        };
-        if needed {
-            self.flight_of(key, now);
-            self.set_holder(key, Holder::Claiming, now);
-        }
-        needed
-    }
-
-    /// The cluster answered the claim on `key`: the flight records who tunes it.
-    pub fn claim_answered(
-        &mut self,
-        key: &CacheKey,
-        answer: ClaimAnswer,
-        now: SystemTime,
-    ) -> AfterClaim {
-        if self.holder(key) != Some(&Holder::Claiming) {
-            return AfterClaim::Finished;
-        }
-        match answer {
-            ClaimAnswer::HeldBy(node) => {
-                self.set_holder(key, Holder::Remote { node }, now);
-                AfterClaim::WatchRemote
-            }
-            ClaimAnswer::Acquired | ClaimAnswer::Unavailable => {
-                self.set_holder(key, Holder::Nobody, now);
-                AfterClaim::TuneHere
-            }
-        }
-    }
-
-    /// A claim ended without this node tuning (its caller went away, or the cluster had the
-    /// result, which the caller's side stores first): pass the flight on if still claiming.
-    pub fn claim_abandoned(
-        &mut self,
-        key: &CacheKey,
-        now: SystemTime,
-        alive: &dyn Fn(WaiterId) -> bool,
-    ) -> Vec<Effect> {
-        if self.holder(key) == Some(&Holder::Claiming) {
-            self.hand_over(key, now, alive)
-        } else {
-            Vec::new()
-        }
-    }
-
-    /// The other node's cluster lease ran out (or Redis went away) while callers here
-    /// waited: this node tunes it now. `false` when the flight no longer waits on that node.
-    pub fn take_over(&mut self, key: &CacheKey, now: SystemTime) -> bool {
-        if !matches!(self.holder(key), Some(Holder::Remote { .. })) {
-            return false;
-        }
-        self.set_holder(key, Holder::Nobody, now);
-        true
     }
 
     // --- the one place holders change ---

@@ -1,6 +1,21 @@
 //! The coordination rules' unit tests: each event on given times, no runtime.
 
+use super::resolve::AfterClaim;
 use super::*;
+
+/// The Resolve rule on this node for a key the tuner does not measure, as most of these
+/// tests ask it (the store has nothing).
+impl Flights<Asked> {
+    fn resolve(
+        &mut self,
+        key: &CacheKey,
+        caller: &Caller,
+        will_wait: bool,
+        now: SystemTime,
+    ) -> Next {
+        self.resolve_here(key, caller, will_wait, false, now)
+    }
+}
 
 /// Records what the rules asked of a flight's attachments.
 #[derive(Default, Debug, PartialEq)]
@@ -9,6 +24,7 @@ struct Asked {
     remote_watch_stops: u32,
     cluster_lease_kept: u32,
     cluster_lease_released: u32,
+    cluster_lease_held: u32,
 }
 
 thread_local! {
@@ -22,6 +38,11 @@ fn asked() -> Vec<&'static str> {
 }
 
 impl Attachments for Asked {
+    type ClusterLease = ();
+    fn hold_cluster_lease(&mut self, (): ()) {
+        self.cluster_lease_held += 1;
+        ASKED.with(|asked| asked.borrow_mut().push("hold cluster lease"));
+    }
     fn stop_lease_watch(&mut self) {
         self.lease_watch_stops += 1;
         ASKED.with(|asked| asked.borrow_mut().push("stop lease watch"));
@@ -85,11 +106,11 @@ fn in_view(caller: Caller, view: &str) -> Caller {
 fn a_lease_carries_the_view_of_the_resolve_it_was_granted_to() {
     let mut f = flights();
     let k = key("p");
-    let Step::Lease(first) = f.resolve(&k, &in_view(tuner(1), "job-1"), true, at(0)) else {
+    let Next::Lease(first) = f.resolve(&k, &in_view(tuner(1), "job-1"), true, at(0)) else {
         panic!("the first tuner gets the lease")
     };
     assert_eq!(f.lease(&first.lease_id), Some((&k, Some("job-1"))));
-    let Step::Wait(next) = f.resolve(&k, &in_view(tuner(2), "job-2"), true, at(1)) else {
+    let Next::Wait(next) = f.resolve(&k, &in_view(tuner(2), "job-2"), true, at(1)) else {
         panic!("the second waits")
     };
     // The first holder gives up: the lease passes on with the waiter's own view.
@@ -104,7 +125,7 @@ fn a_lease_carries_the_view_of_the_resolve_it_was_granted_to() {
     assert_eq!(f.lease(&handed.lease_id), Some((&k, Some("job-2"))));
     // A lease granted without a view has none.
     let other = key("q");
-    let Step::Lease(plain) = f.resolve(&other, &tuner(3), true, at(3)) else {
+    let Next::Lease(plain) = f.resolve(&other, &tuner(3), true, at(3)) else {
         panic!("a lease")
     };
     assert_eq!(f.lease(&plain.lease_id), Some((&other, None)));
@@ -128,16 +149,16 @@ fn everyone(_: WaiterId) -> bool {
     true
 }
 
-fn lease(step: Step) -> Grant {
+fn lease(step: Next) -> Grant {
     match step {
-        Step::Lease(grant) => grant,
+        Next::Lease(grant) => grant,
         other => panic!("expected a lease, got {other:?}"),
     }
 }
 
-fn waiter(step: Step) -> WaiterId {
+fn waiter(step: Next) -> WaiterId {
     match step {
-        Step::Wait(id) => id,
+        Next::Wait(id) => id,
         other => panic!("expected a wait, got {other:?}"),
     }
 }
@@ -263,7 +284,7 @@ fn a_caller_that_will_not_wait_gets_a_miss_naming_the_holder() {
     let mut f = flights();
     let k = key("a");
     let grant = lease(f.resolve(&k, &tuner(7), true, at(0)));
-    let Step::Miss(reason) = f.resolve(&k, &reader(2), false, at(1500)) else {
+    let Next::Miss(reason) = f.resolve(&k, &reader(2), false, at(1500)) else {
         panic!()
     };
     assert!(
@@ -275,7 +296,7 @@ fn a_caller_that_will_not_wait_gets_a_miss_naming_the_holder() {
     );
     assert!(reason.contains("(1.5 s ago)"), "{reason}");
     // Nothing in flight and nobody to tune: a miss, and no flight is left behind.
-    let Step::Miss(reason) = f.resolve(&key("b"), &reader(2), false, at(2)) else {
+    let Next::Miss(reason) = f.resolve(&key("b"), &reader(2), false, at(2)) else {
         panic!()
     };
     assert_eq!(
@@ -292,7 +313,7 @@ fn a_process_at_its_lease_limit_is_refused_and_skipped_at_hand_over() {
     lease(f.resolve(&key("b"), &tuner(1), true, at(0)));
     assert_eq!(
         f.resolve(&key("c"), &tuner(1), true, at(1)),
-        Step::TooManyLeases { pid: 1, limit: 2 }
+        Next::TooManyLeases { pid: 1, limit: 2 }
     );
     // Pid 1 waits on d behind pid 9's lease; when that ends, pid 1 (full) is passed over.
     let held = lease(f.resolve(&key("d"), &tuner(9), true, at(2)));
@@ -367,7 +388,7 @@ fn the_tuner_holds_a_flight_until_its_result_or_its_failure() {
     let mut f = flights();
     let k = key("a");
     assert!(f.is_new(&k));
-    f.tuner_started(&k, "gemm job on dev".into(), at(0));
+    f.tuner_started(&k, at(0));
     // Callers that can tune wait for the tuner instead of taking a lease.
     let w1 = waiter(f.resolve(&k, &tuner(1), true, at(1)));
     let w2 = waiter(f.resolve(&k, &reader(2), true, at(2)));
@@ -384,7 +405,7 @@ fn the_tuner_holds_a_flight_until_its_result_or_its_failure() {
         ]
     );
     assert!(f.is_new(&k));
-    f.tuner_started(&k, "again".into(), at(4));
+    f.tuner_started(&k, at(4));
     assert!(f.stored(&k, &result(1.0)).is_empty());
 }
 
@@ -392,9 +413,9 @@ fn the_tuner_holds_a_flight_until_its_result_or_its_failure() {
 fn a_claim_makes_others_wait_and_another_nodes_lease_is_watched_until_taken_over() {
     let mut f = flights();
     let k = key("a");
-    assert!(f.begin_claim(&k, true, false, at(0)));
+    assert!(f.begin_claim(&k, &tuner(1), false, at(0)));
     assert!(
-        !f.begin_claim(&k, true, false, at(1)),
+        !f.begin_claim(&k, &tuner(1), false, at(1)),
         "one claim at a time"
     );
     let reader = waiter(f.resolve(&k, &reader(2), true, at(1)));
@@ -408,14 +429,19 @@ fn a_claim_makes_others_wait_and_another_nodes_lease_is_watched_until_taken_over
         .starts_with("node node-b holds the cluster lease"));
     // Another node tunes: a caller that can tune waits instead of leasing.
     let _third = waiter(f.resolve(&k, &tuner(4), true, at(5)));
-    assert!(f.take_over(&k, at(6)));
+    let TakeOver::Done(effects) = f.take_over(&k, None, false, at(6), &everyone) else {
+        panic!("taken over, and the tuner does not measure it")
+    };
     assert_eq!(f.attachments_mut(&k).unwrap().remote_watch_stops, 1);
-    let effects = f.hand_over(&k, at(6), &everyone);
     assert!(
         matches!(effects.as_slice(), [Effect::Grant(to, _)] if *to == tuner_waiting),
         "{effects:?}"
     );
-    assert!(!f.take_over(&k, at(7)), "no longer waiting on another node");
+    assert_eq!(
+        f.take_over(&k, None, false, at(7), &everyone),
+        TakeOver::NotWaiting,
+        "no longer waiting on another node"
+    );
     let effects = f.stored(&k, &result(3.0));
     assert_eq!(effects.len(), 2);
     assert!(effects.contains(&Effect::Reply(reader, Resolution::Hit(result(3.0)))));
@@ -425,21 +451,28 @@ fn a_claim_makes_others_wait_and_another_nodes_lease_is_watched_until_taken_over
 fn a_claim_this_node_won_keeps_the_cluster_lease_for_the_result() {
     let mut f = flights();
     let k = key("a");
-    assert!(f.begin_claim(&k, true, false, at(0)));
+    assert!(f.begin_claim(&k, &tuner(1), false, at(0)));
     assert_eq!(
-        f.claim_answered(&k, ClaimAnswer::Acquired, at(1)),
+        f.claim_answered(&k, ClaimAnswer::Acquired(()), at(1)),
         AfterClaim::TuneHere
     );
     let grant = f.lease_to(&k, &tuner(1), at(1)).unwrap();
     assert_eq!(f.lease_key(&grant.lease_id), Some(&k));
-    assert_eq!(asked(), Vec::<&str>::new());
+    assert_eq!(asked(), ["hold cluster lease"]);
     f.stored(&k, &result(1.0));
     assert!(f.is_new(&k));
-    assert_eq!(asked(), ["keep cluster lease", "stop lease watch"]);
+    assert_eq!(
+        asked(),
+        [
+            "hold cluster lease",
+            "keep cluster lease",
+            "stop lease watch"
+        ]
+    );
     // Won, but nobody here tunes it after all: the cluster lease is released.
     let k = key("b");
-    f.begin_claim(&k, true, false, at(2));
-    f.claim_answered(&k, ClaimAnswer::Acquired, at(3));
+    f.begin_claim(&k, &tuner(1), false, at(2));
+    f.claim_answered(&k, ClaimAnswer::Acquired(()), at(3));
     f.hand_over(&k, at(3), &everyone);
     assert_eq!(asked().last(), Some(&"release cluster lease"));
     assert!(f.is_new(&k), "an idle flight ends");
@@ -449,26 +482,26 @@ fn a_claim_this_node_won_keeps_the_cluster_lease_for_the_result() {
 fn an_answer_after_the_result_or_an_abandoned_claim_changes_nothing_or_passes_on() {
     let mut f = flights();
     let k = key("a");
-    f.begin_claim(&k, true, false, at(0));
+    f.begin_claim(&k, &tuner(1), false, at(0));
     let w = waiter(f.resolve(&k, &tuner(2), true, at(1)));
     assert_eq!(f.stored(&k, &result(1.0)).len(), 1);
     assert_eq!(
-        f.claim_answered(&k, ClaimAnswer::Acquired, at(2)),
+        f.claim_answered(&k, ClaimAnswer::Acquired(()), at(2)),
         AfterClaim::Finished
     );
     // An abandoned claim hands the flight to a waiter that can tune.
-    f.begin_claim(&k, true, false, at(3));
+    f.begin_claim(&k, &tuner(1), false, at(3));
     let w2 = waiter(f.resolve(&k, &tuner(2), true, at(4)));
-    let effects = f.claim_abandoned(&k, at(5), &everyone);
+    let effects = f.claim_abandoned(&k, None, at(5), &everyone);
     assert!(
         matches!(effects.as_slice(), [Effect::Grant(to, _)] if *to == w2),
         "{effects:?}"
     );
     let _ = w;
     // Nobody needs a claim when the tuner and the caller cannot tune it.
-    assert!(!f.begin_claim(&key("b"), false, false, at(6)));
+    assert!(!f.begin_claim(&key("b"), &reader(1), false, at(6)));
     assert!(
-        f.begin_claim(&key("c"), false, true, at(6)),
+        f.begin_claim(&key("c"), &reader(1), true, at(6)),
         "the node's tuner would tune it"
     );
 }
