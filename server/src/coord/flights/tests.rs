@@ -1,5 +1,7 @@
 //! The coordination rules' unit tests: each event on given times, no runtime.
 
+mod resolve;
+
 use super::resolve::AfterClaim;
 use super::*;
 
