@@ -1,12 +1,14 @@
 //! Coordinated tuning: `Resolve` makes each missing problem get tuned once per node.
 //!
-//! The rules (who holds a key's flight, who waits, what each event does) are a plain type,
-//! [`flights::Flights`], tested without a runtime. This module is its adapter: it keeps the
-//! waiters' reply channels, runs the effects the rules return (answer a waiter, hand a lease
-//! on), and connects the events: a result for the key, whoever stored it (a rank's Record,
-//! the node's tuner, a snapshot, the cluster tier), arrives through the store's change feed
-//! (`entries_changed`), which wakes every waiter with the merged result; a lease's end comes
-//! from its watch ([`lease_watch`]), a tuner job's from [`tuner_job`], cluster answers from
+//! The rules (a Resolve's order, who holds a key's flight, who tunes it, who waits, what
+//! each event does) are a plain type, [`flights::Flights`], tested without a runtime. This
+//! module is its adapter and decides nothing: it keeps the waiters' reply channels and
+//! timers, does the steps a Resolve's rules ask for (look in the store, claim in the
+//! cluster, offer the tuner the job) and carries out the effects they return (answer a
+//! waiter, hand a lease on), and it brings the events in: a result for the key, whoever
+//! stored it (a rank's Record, the node's tuner, a snapshot, the cluster tier), arrives
+//! through the store's change feed (`entries_changed`); a lease's end comes from its watch
+//! ([`lease_watch`]), a tuner job's from [`tuner_job`], cluster answers from
 //! [`cluster_claim`]. Waiting costs a oneshot channel and a timer, no thread.
 //!
 //! Leases and waiters live in memory only: after a daemon restart callers simply Resolve
@@ -33,7 +35,10 @@ use crate::model::names::ViewId;
 use crate::store::{ApplyOutcome, Change, ChangeListener, RecordLease, Store};
 use crate::tasks::Tasks;
 use crate::tuner::TunerHandle;
-use flights::{Attachments, Caller, Effect, Flights, Grant, LeaseEnd, Step, WaiterId};
+use flights::{
+    Advance, Attachments, Caller, ClaimAnswer, Effect, Fact, Flights, Grant, LeaseEnd, Next,
+    Resolve, Seen, WaitEnd, WaiterId,
+};
 
 /// Longest a caller may wait for someone else's result.
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
@@ -122,6 +127,12 @@ struct Resources {
 }
 
 impl Attachments for Resources {
+    type ClusterLease = ClusterLease;
+
+    fn hold_cluster_lease(&mut self, lease: ClusterLease) {
+        self.cluster_lease = Some(lease);
+    }
+
     fn stop_lease_watch(&mut self) {
         self.lease_watch = None;
     }
@@ -147,6 +158,32 @@ struct Inner {
     flights: Flights<Resources>,
     replies: HashMap<WaiterId, oneshot::Sender<Resolution>>,
 }
+
+impl Inner {
+    /// Applies a rule that needs to know which waiters still listen (their reply channel
+    /// is open).
+    fn rules<R>(
+        &mut self,
+        rule: impl FnOnce(&mut Flights<Resources>, &dyn Fn(WaiterId) -> bool) -> R,
+    ) -> R {
+        let Inner { flights, replies } = self;
+        let alive = |id: WaiterId| replies.get(&id).is_some_and(|reply| !reply.is_closed());
+        rule(flights, &alive)
+    }
+}
+
+/// Where a Resolve stands when the lock is let go.
+enum Unlocked {
+    /// Answered or refused.
+    Answer(Result<Resolution>),
+    /// Waiting, as this waiter, for its answer on the channel.
+    Wait(WaiterId, oneshot::Receiver<Resolution>),
+    /// The rules asked for a claim in the cluster.
+    AskCluster,
+}
+
+/// A cluster's answer to a claim, and when to ask again if another node holds the lease.
+type Claimed = (ClaimAnswer<ClusterLease>, Duration);
 
 pub struct Coordinator {
     inner: Mutex<Inner>,
@@ -213,6 +250,15 @@ impl Coordinator {
         Error::LeasesPerPid { pid, limit }
     }
 
+    /// What the rules look at for `key`: the store's result, and whether the node's tuner
+    /// measures it (from the devices its worker reported).
+    fn look(&self, key: &CacheKey) -> Seen {
+        Seen {
+            stored: self.store.get(key),
+            tuner_takes: flights::tuner_takes(key, &self.tuner.devices()),
+        }
+    }
+
     /// Starts the expiry/death watch of a lease just granted and attaches it to the flight.
     fn watch(&self, inner: &mut Inner, grant: &Grant) {
         let stop = self.tasks.stop_token().child_token();
@@ -244,35 +290,19 @@ impl Coordinator {
                 }
                 Effect::Grant(waiter, grant) => {
                     self.watch(inner, &grant);
-                    let answer = Resolution::TuneHere {
-                        lease_id: grant.lease_id.clone(),
-                        expires_in: grant.length,
-                    };
                     let delivered = inner
                         .replies
                         .remove(&waiter)
-                        .is_some_and(|reply| reply.send(answer).is_ok());
+                        .is_some_and(|reply| reply.send(grant.answer()).is_ok());
                     if !delivered {
-                        let Inner { flights, replies } = &mut *inner;
-                        let alive = |id: WaiterId| replies.get(&id).is_some_and(|r| !r.is_closed());
-                        queue.extend(flights.grant_undelivered(
-                            &grant.key,
-                            &grant.lease_id,
-                            SystemTime::now(),
-                            &alive,
-                        ));
+                        queue.extend(inner.rules(|flights, alive| {
+                            let now = SystemTime::now();
+                            flights.grant_undelivered(&grant.key, &grant.lease_id, now, alive)
+                        }));
                     }
                 }
             }
         }
-    }
-
-    /// Gives `key`'s flight to its next live waiter that can tune, or to nobody.
-    fn hand_over(&self, inner: &mut Inner, key: &CacheKey) {
-        let Inner { flights, replies } = &mut *inner;
-        let alive = |id: WaiterId| replies.get(&id).is_some_and(|r| !r.is_closed());
-        let effects = flights.hand_over(key, SystemTime::now(), &alive);
-        self.run(inner, effects);
     }
 
     /// Wakes `key`'s waiters with `result` and ends its flight.
@@ -281,132 +311,125 @@ impl Coordinator {
         self.run(inner, effects);
     }
 
-    /// Wakes the waiters of `key` with the stored result, if there is one now.
-    fn finish_from_store(&self, key: &CacheKey) -> bool {
-        let mut inner = self.lock();
-        match self.store.get(key) {
-            Some(result) => {
-                self.finish(&mut inner, key, &result);
-                true
-            }
-            None => false,
-        }
-    }
-
     /// A lease's watch fired: it expired or its holder died.
     fn lease_ended(&self, key: &CacheKey, lease_id: &str, why: LeaseEnd) {
         let mut inner = self.lock();
-        self.end_lease(&mut inner, key, lease_id, why);
-    }
-
-    fn end_lease(&self, inner: &mut Inner, key: &CacheKey, lease_id: &str, why: LeaseEnd) {
-        let Inner { flights, replies } = &mut *inner;
-        let alive = |id: WaiterId| replies.get(&id).is_some_and(|r| !r.is_closed());
-        if let Some(effects) = flights.lease_ended(key, lease_id, why, SystemTime::now(), &alive) {
-            tracing::info!(lease = lease_id, problem = %key.problem, reason = ?why, "lease ended without a result");
-            self.run(inner, effects);
+        let ended = inner.rules(|flights, alive| {
+            flights.lease_ended(key, lease_id, why, SystemTime::now(), alive)
+        });
+        if let Some(effects) = ended {
+            log_lease_end(key, lease_id, why);
+            self.run(&mut inner, effects);
         }
     }
 
-    /// Whether the node's tuner measures this key: its namespace, and a device fingerprint
-    /// the worker reported. Keys of other devices follow the lease path.
-    fn tuner_takes(&self, key: &CacheKey) -> bool {
-        key.namespace == tunecache_proto::tuner::problem::NAMESPACE
-            && self
-                .tuner
-                .devices()
-                .iter()
-                .any(|d| d.fingerprint == key.device)
-    }
-
-    /// Resolves one key: a hit, a lease to tune it here, or a wait for someone else.
-    /// Refused only when the node's tuner should take the job but its queue is full, or the
-    /// caller's process holds the most leases it may.
+    /// Resolves one key: a hit, a lease to tune it here, or a wait for someone else, in the
+    /// order the rules say (`flights::resolve`). Refused only when the node's tuner should
+    /// take the job but its queue is full, or the caller's process holds the most leases it
+    /// may.
     pub async fn resolve(&self, call: ResolveCall) -> Result<Resolution> {
         self.counters.resolves.fetch_add(1, Ordering::Relaxed);
-        if let Some(result) = self.store.get(&call.key) {
+        let mut resolve = Resolve::new(
+            call.key.clone(),
+            call.caller(),
+            !call.wait.is_zero(),
+            self.cluster.is_some(),
+        );
+        if let Next::Hit(result) = resolve.first(self.store.get(&call.key)) {
             return Ok(Resolution::Hit(result));
         }
-        if let Some(cluster) = &self.cluster {
-            if let Some(resolution) = self.claim_in_cluster(cluster, &call).await? {
-                return Ok(resolution);
-            }
-        }
-        let (waiter, receiver) = {
-            let mut inner = self.lock();
-            // Checked again under the lock: the store publishes before it notifies, so a
-            // result stored after the first check is either visible here or will wake us.
-            if let Some(result) = self.store.get(&call.key) {
-                return Ok(Resolution::Hit(result));
-            }
-            if inner.flights.is_new(&call.key) {
-                self.start_tuner_job(&mut inner, &call.key)?;
-            }
-            let now = SystemTime::now();
-            match inner
-                .flights
-                .resolve(&call.key, &call.caller(), !call.wait.is_zero(), now)
-            {
-                Step::Lease(grant) => {
-                    self.watch(&mut inner, &grant);
-                    return Ok(Resolution::TuneHere {
-                        lease_id: grant.lease_id,
-                        expires_in: grant.length,
-                    });
-                }
-                Step::TooManyLeases { pid, limit } => return Err(self.refuse_lease(pid, limit)),
-                Step::Miss(reason) => {
-                    self.counters
-                        .waits_timed_out
-                        .fetch_add(1, Ordering::Relaxed);
-                    return Ok(Resolution::Miss(reason));
-                }
-                Step::Wait(waiter) => {
-                    let (reply, receiver) = oneshot::channel();
-                    inner.replies.insert(waiter, reply);
-                    (waiter, receiver)
-                }
+        let mut claimed = None;
+        let (waiter, receiver) = loop {
+            match self.advance(&mut resolve, claimed.take()) {
+                Unlocked::Answer(answer) => return answer,
+                Unlocked::Wait(waiter, receiver) => break (waiter, receiver),
+                Unlocked::AskCluster => claimed = Some(self.ask_cluster(&call.key).await),
             }
         };
 
         // Removes this waiter if the call ends any other way than through its channel:
-        // timeout, shutdown, or the caller going away (the future is dropped).
+        // the caller going away (the future is dropped).
         let guard = WaiterGuard {
             coordinator: self,
             key: &call.key,
             waiter,
         };
-        let outcome = tokio::select! {
-            outcome = receiver => outcome.ok(),
-            () = tokio::time::sleep(call.wait) => None,
-            () = self.tasks.stopping() => {
-                return Ok(Resolution::Miss("the daemon is shutting down".to_owned()));
-            }
-        };
-        match outcome {
-            Some(resolution) => {
-                std::mem::forget(guard);
-                if matches!(resolution, Resolution::Hit(_)) {
-                    self.counters
-                        .waits_satisfied
-                        .fetch_add(1, Ordering::Relaxed);
+        let timed_out = WaitEnd::TimedOut { waited: call.wait };
+        let end = tokio::select! {
+            outcome = receiver => match outcome {
+                Ok(resolution) => {
+                    std::mem::forget(guard);
+                    if matches!(resolution, Resolution::Hit(_)) {
+                        self.counters
+                            .waits_satisfied
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Ok(resolution);
                 }
-                Ok(resolution)
-            }
-            None => {
-                let reason = self
-                    .lock()
-                    .flights
-                    .miss_reason(&call.key, SystemTime::now());
-                drop(guard);
-                self.counters
-                    .waits_timed_out
-                    .fetch_add(1, Ordering::Relaxed);
-                Ok(Resolution::Miss(format!(
-                    "no result within {} ms: {reason}",
-                    call.wait.as_millis()
-                )))
-            }
+                // Its answer was dropped unsent: as good as a timeout.
+                Err(_) => timed_out,
+            },
+            () = tokio::time::sleep(call.wait) => timed_out,
+            () = self.tasks.stopping() => WaitEnd::Stopping,
+        };
+        std::mem::forget(guard);
+        if end == timed_out {
+            self.counters
+                .waits_timed_out
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let mut inner = self.lock();
+        inner.replies.remove(&waiter);
+        Ok(inner
+            .flights
+            .wait_ended(&call.key, waiter, end, SystemTime::now()))
+    }
+
+    /// Takes `resolve` on under the lock, from a look in the store (after `claimed`, the
+    /// cluster's answer, when a claim was out), and carries out the steps the rules ask for
+    /// until one needs the lock let go: the answer, a wait, or a claim in the cluster.
+    fn advance(&self, resolve: &mut Resolve, claimed: Option<Claimed>) -> Unlocked {
+        let key = resolve.key().clone();
+        let mut inner = self.lock();
+        let (mut fact, retry_in) = match claimed {
+            None => (Fact::Seen(self.look(&key)), Duration::ZERO),
+            Some((answer, retry_in)) => (Fact::Claimed(answer, self.look(&key)), retry_in),
+        };
+        loop {
+            let Advance { effects, next } = inner
+                .rules(|flights, alive| flights.advance(resolve, fact, SystemTime::now(), alive));
+            self.run(&mut inner, effects);
+            fact = match next {
+                Next::LookInStore => Fact::Seen(self.look(&key)),
+                Next::WatchRemote => {
+                    self.watch_remote(&mut inner, &key, retry_in);
+                    Fact::Seen(self.look(&key))
+                }
+                Next::OfferTuner => Fact::Offered(self.offer_tuner(&key)),
+                Next::AskCluster => return Unlocked::AskCluster,
+                Next::Hit(result) => return Unlocked::Answer(Ok(Resolution::Hit(result))),
+                Next::Lease(grant) => {
+                    self.watch(&mut inner, &grant);
+                    return Unlocked::Answer(Ok(grant.answer()));
+                }
+                Next::Wait(waiter) => {
+                    let (reply, receiver) = oneshot::channel();
+                    inner.replies.insert(waiter, reply);
+                    return Unlocked::Wait(waiter, receiver);
+                }
+                Next::Miss(reason) => {
+                    self.counters
+                        .waits_timed_out
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Unlocked::Answer(Ok(Resolution::Miss(reason)));
+                }
+                Next::TooManyLeases { pid, limit } => {
+                    return Unlocked::Answer(Err(self.refuse_lease(pid, limit)));
+                }
+                Next::TunerQueueFull { capacity } => {
+                    return Unlocked::Answer(Err(Error::TunerQueueFull { capacity }));
+                }
+            };
         }
     }
 
@@ -426,7 +449,13 @@ impl Coordinator {
             self.store.try_apply(entries, lease).await?
         };
         if !lease_id.is_empty() {
-            self.give_up_if_still_held(lease_id);
+            let mut inner = self.lock();
+            let given_up =
+                inner.rules(|flights, alive| flights.recorded(lease_id, SystemTime::now(), alive));
+            if let Some((key, effects)) = given_up {
+                log_lease_end(&key, lease_id, LeaseEnd::GivenUp);
+                self.run(&mut inner, effects);
+            }
         }
         Ok(outcome)
     }
@@ -443,21 +472,15 @@ impl Coordinator {
         }
     }
 
-    /// After a Record carrying `lease_id`: a lease still held means the Record did not give
-    /// its key a result (it held other keys, or none): it is given up and passes on.
-    fn give_up_if_still_held(&self, lease_id: &str) {
-        let mut inner = self.lock();
-        let Some(key) = inner.flights.lease_key(lease_id).cloned() else {
-            return; // completed by the change feed, expired, or unknown
-        };
-        self.end_lease(&mut inner, &key, lease_id, LeaseEnd::GivenUp);
-    }
-
     fn remove_waiter(&self, key: &CacheKey, waiter: WaiterId) {
         let mut inner = self.lock();
         inner.replies.remove(&waiter);
         inner.flights.waiter_left(key, waiter);
     }
+}
+
+fn log_lease_end(key: &CacheKey, lease_id: &str, why: LeaseEnd) {
+    tracing::info!(lease = lease_id, problem = %key.problem, reason = ?why, "lease ended without a result");
 }
 
 /// The store's change feed: every stored result wakes the waiters of its key.

@@ -1,27 +1,30 @@
-//! The node's tuner as a flight's holder: a new key it measures becomes its job, and the
-//! job's end (a result to store, or a failure) ends the flight.
+//! The node's tuner as a flight's holder, as effects: the rules offer it a key's job
+//! ([`flights::Next::OfferTuner`](super::flights::Next::OfferTuner)), and the job's end (a
+//! result to store, or a failure) goes back to them as a
+//! [`TunerEnd`](super::flights::TunerEnd).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use tokio::sync::oneshot;
 
-use super::{Coordinator, Inner};
-use crate::error::{Error, Result};
+use super::flights::{Offer, TunerEnd};
+use super::Coordinator;
 use crate::model::entry::CacheKey;
 use crate::store::Source;
 use crate::tuner::{JobReply, SubmitError};
 
 impl Coordinator {
-    /// Hands the flight of `key` to the node's tuner when it measures such keys. Called
-    /// with the lock held and no flight for `key`, or one nobody holds.
-    pub(super) fn start_tuner_job(&self, inner: &mut Inner, key: &CacheKey) -> Result<()> {
-        if !self.tuner_takes(key) {
-            return Ok(());
-        }
-        let reply = match self.tuner.submit(&key.op, &key.problem, &key.device) {
-            Ok(reply) => reply,
+    /// Offers `key`'s job to the node's tuner; the end of a job it takes is awaited by a
+    /// task. Called with the lock held, so the rules learn of the job before its end.
+    pub(super) fn offer_tuner(&self, key: &CacheKey) -> Offer {
+        match self.tuner.submit(&key.op, &key.problem, &key.device) {
+            Ok(reply) => {
+                if let Some(me) = self.me.upgrade() {
+                    self.tasks.spawn(finish_tuner_job(me, key.clone(), reply));
+                }
+                Offer::Accepted
+            }
             Err(SubmitError::QueueFull { capacity }) => {
                 self.counters
                     .tuner_queue_refusals
@@ -33,52 +36,48 @@ impl Coordinator {
                          logged once; Stats counts each as tuner_queue_refusals)"
                     );
                 }
-                return Err(Error::TunerQueueFull { capacity });
+                Offer::QueueFull { capacity }
             }
             Err(other) => {
-                // Off or no such device after all: the lease path takes over.
                 tracing::debug!(error = %other, "tuner declined a job");
-                return Ok(());
+                Offer::Declined
             }
-        };
-        let what = format!("{} job on {}", key.op, key.device);
-        inner.flights.tuner_started(key, what, SystemTime::now());
-        if let Some(me) = self.me.upgrade() {
-            self.tasks.spawn(finish_tuner_job(me, key.clone(), reply));
         }
-        Ok(())
     }
 
-    /// The tuner could not produce a result for `key`: its waiters get a miss with `reason`.
-    fn fail_tuner_job(&self, key: &CacheKey, reason: &str) {
+    /// `key`'s tuner job ended: `None` when its result went to the store (the rules get
+    /// what the store holds now, looked at under the lock).
+    fn end_tuner_job(&self, key: &CacheKey, end: Option<TunerEnd>) {
         let mut inner = self.lock();
-        let effects = inner.flights.tuner_failed(key, reason);
+        let end = end.unwrap_or_else(|| TunerEnd::Stored(self.store.get(key)));
+        let (effects, failure) = inner.flights.tuner_ended(key, end);
         self.run(&mut inner, effects);
+        drop(inner);
+        if let Some(reason) = failure {
+            tracing::warn!(problem = %key.problem, %reason, "tuning job failed");
+        }
     }
 }
 
-/// Records what the tuner measured for `key`, which wakes its waiters, or fails them.
+/// Records what the tuner measured for `key` (the change feed then wakes its waiters), and
+/// tells the rules how the job ended.
 async fn finish_tuner_job(
     coordinator: Arc<Coordinator>,
     key: CacheKey,
     reply: oneshot::Receiver<JobReply>,
 ) {
-    let failure = match reply.await {
+    let end = match reply.await {
         // The supervisor has checked the result (`validate::result`).
         Ok(Ok(result)) => match coordinator
             .store
             .apply(vec![(key.clone(), result)], Source::Tuner)
             .await
         {
-            // A better result recorded meanwhile leaves this one unchanged, and then the
-            // change feed has nothing to announce: finish from the store.
-            Ok(_) if coordinator.finish_from_store(&key) => return,
-            Ok(_) => "the tuned result was not stored".to_owned(),
-            Err(error) => format!("storing the tuned result failed: {error}"),
+            Ok(_) => None,
+            Err(error) => Some(TunerEnd::StoreFailed(error.to_string())),
         },
-        Ok(Err(reason)) => format!("the node's tuner could not tune it: {reason}"),
-        Err(_) => "the node's tuner stopped before finishing".to_owned(),
+        Ok(Err(reason)) => Some(TunerEnd::Failed(reason)),
+        Err(_) => Some(TunerEnd::Stopped),
     };
-    tracing::warn!(problem = %key.problem, reason = %failure, "tuning job failed");
-    coordinator.fail_tuner_job(&key, &failure);
+    coordinator.end_tuner_job(&key, end);
 }
