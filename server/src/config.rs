@@ -380,6 +380,11 @@ pub struct Config {
     /// reconnect).
     #[arg(long, env = "TUNECACHE_CLUSTER_AUDIT_SECS", default_value_t = crate::cluster::DEFAULT_AUDIT_SECS, value_name = "SECS")]
     pub cluster_audit_secs: u64,
+
+    /// Tests only: shifts this node's clock as the cluster tier reads it by this many ms, so
+    /// a test can run a node whose clock is off from Redis's. Hidden from --help.
+    #[arg(long, hide = true, default_value_t = 0, allow_hyphen_values = true)]
+    pub cluster_clock_offset_ms: i64,
 }
 
 /// `--max-request-bytes-per-uid` by default: this many messages of the largest size.
@@ -455,6 +460,7 @@ impl Config {
         settings.publish_queue = self.cluster_publish_queue.max(1);
         settings.stream_max_len = self.cluster_stream_max_len.max(1);
         settings.audit_interval = Duration::from_secs(self.cluster_audit_secs.max(1));
+        settings.clock_offset_ms = self.cluster_clock_offset_ms;
         Ok(Some(settings))
     }
 

@@ -20,12 +20,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use redis::streams::StreamReadReply;
 use redis::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::keys::{decode_result, encode_result, entry_digest, format_digest, Layout, SHARDS};
+use super::keys::{encode_result, entry_digest, format_digest, Layout, SHARDS};
 use super::link::{Conn, BACKGROUND_TIMEOUT};
+use super::values::{self, ReadFrom};
 use super::{scripts, Cluster};
 use crate::model::entry::{CacheKey, TunedResult};
 use crate::model::merge::{merge, MergeOutcome};
@@ -100,6 +100,9 @@ struct Follower {
     /// The shards' stream names, and the shard of each.
     logs: Vec<String>,
     shard_of_log: HashMap<String, usize>,
+    /// Shards whose stream or meta hash holds the wrong type: not followed (their entries are
+    /// still read at bootstrap and by the audit), tried again at every audit.
+    broken: [bool; SHARDS],
 }
 
 type Failure = String;
@@ -114,6 +117,7 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
         run_id: None,
         logs,
         shard_of_log,
+        broken: [false; SHARDS],
     };
     let mut seen_generation = 0;
     loop {
@@ -213,11 +217,7 @@ impl Follower {
                 .query_async(conn),
         )
         .await?;
-        let epoch: Option<String> = timed(
-            "reading the epoch",
-            redis::cmd("GET").arg(layout.epoch()).query_async(conn),
-        )
-        .await?;
+        let epoch = super::forget::read_epoch(&self.cluster, conn).await?;
         let flushed = match (&self.epoch, &epoch) {
             (Some(known), Some(now)) => known != now,
             (Some(_), None) => true,
@@ -268,22 +268,8 @@ impl Follower {
         let started = Instant::now();
         // Tombstones before entries: a forgotten entry still in Redis is never served here.
         super::forget::load_all(&self.cluster, conn).await?;
-        let positions = (0..SHARDS).map(|shard| {
-            let mut conn = conn.clone();
-            let mut invocation = scripts::POSITION.prepare_invoke();
-            invocation
-                .key(self.cluster.layout.log(shard))
-                .key(self.cluster.layout.meta(shard));
-            async move { invocation.invoke_async::<(String, u64)>(&mut conn).await }
-        });
-        let positions: Vec<(String, u64)> = timed("reading the stream positions", async {
-            join_all(positions).await.into_iter().collect()
-        })
-        .await?;
-        let places: Vec<Place> = positions
-            .into_iter()
-            .map(|(id, seq): (String, u64)| Place { id, seq })
-            .collect();
+        let all: Vec<usize> = (0..SHARDS).collect();
+        let places = self.positions(conn, &all).await?;
         let everything: Vec<Resync> = (0..SHARDS)
             .map(|shard| Resync {
                 shard,
@@ -303,6 +289,41 @@ impl Follower {
             "cluster tier: bootstrapped from redis"
         );
         Ok(())
+    }
+
+    /// Each of `shards`' place now (last message id and sequence number, in one step); a
+    /// shard whose stream or meta holds the wrong type is marked broken and starts at 0.
+    async fn positions(&mut self, conn: &Conn, shards: &[usize]) -> Result<Vec<Place>, Failure> {
+        let layout = &self.cluster.layout;
+        let reads = shards.iter().map(|&shard| {
+            let mut conn = conn.clone();
+            let mut invocation = scripts::POSITION.prepare_invoke();
+            invocation.key(layout.log(shard)).key(layout.meta(shard));
+            async move { invocation.invoke_async::<(String, u64)>(&mut conn).await }
+        });
+        let replies = timed("reading the stream positions", async {
+            Ok(join_all(reads).await)
+        })
+        .await?;
+        let mut places = Vec::with_capacity(shards.len());
+        for (&shard, reply) in shards.iter().zip(replies) {
+            match reply {
+                Ok((id, seq)) => {
+                    self.broken[shard] = false;
+                    places.push(Place { id, seq });
+                }
+                Err(error) if values::is_wrong_type(&error) => {
+                    let (log, meta) = (layout.log(shard), layout.meta(shard));
+                    self.cluster
+                        .wrong_types
+                        .found(values::wrong_typed_key(&error, &[&log, &meta]));
+                    self.broken[shard] = true;
+                    places.push(Place::start());
+                }
+                Err(error) => return Err(format!("reading the stream positions: {error}")),
+            }
+        }
+        Ok(places)
     }
 
     /// Reads `shards` again from their entries in Redis and applies what beats this node's
@@ -330,14 +351,16 @@ impl Follower {
         while let Some(names) = timed("scanning entries", pages.next_page(conn)).await? {
             let names: Vec<(String, CacheKey, u64)> = names
                 .into_iter()
-                .filter_map(|name| {
-                    let (key, shard) = self.cluster.layout.key_of_entry(&name)?;
-                    let through = known_through[shard]?;
-                    Some((name, key, through))
+                .filter_map(|name| match self.cluster.layout.key_of_entry(&name) {
+                    Ok((key, shard)) => Some((name, key, known_through[shard]?)),
+                    Err(why) => {
+                        self.cluster.refusals.refuse(ReadFrom::Entries, &name, &why);
+                        None
+                    }
                 })
                 .collect();
             for chunk in names.chunks(READ_COUNT) {
-                let entries = read_entries(conn, chunk).await?;
+                let entries = read_entries(&self.cluster, conn, chunk).await?;
                 let current = self.cluster.store.current();
                 let tombstones = self.cluster.store.tombstones();
                 let mut apply = Vec::new();
@@ -404,7 +427,8 @@ impl Follower {
     async fn audit(&mut self, conn: &mut Conn, why: &str) -> Result<(), Failure> {
         let started = Instant::now();
         self.cluster.counters.audits.fetch_add(1, Ordering::Relaxed);
-        let mut unsettled: Vec<usize> = (0..SHARDS).collect();
+        self.retry_broken(conn).await?;
+        let mut unsettled: Vec<usize> = (0..SHARDS).filter(|&s| !self.broken[s]).collect();
         let mut differing: Vec<Resync> = Vec::new();
         for _ in 0..AUDIT_ATTEMPTS {
             if unsettled.is_empty() {
@@ -426,6 +450,9 @@ impl Follower {
             let after = self.metas(conn, &unsettled).await?;
             let mut still = Vec::new();
             for ((shard, meta), earlier) in unsettled.iter().copied().zip(after).zip(&before) {
+                if self.broken[shard] {
+                    continue; // its meta holds the wrong type: tried again next audit
+                }
                 // Compared only if Redis took no write in the shard while this node read its
                 // stream and summed its results, and none of this node's own was on its way.
                 // A message the stream lacks (trimmed, deleted) cannot be read, so the sums
@@ -483,7 +510,37 @@ impl Follower {
         Ok(())
     }
 
-    async fn metas(&self, conn: &Conn, shards: &[usize]) -> Result<Vec<Meta>, Failure> {
+    /// Shards marked broken whose keys read as their types again: followed from now on,
+    /// after reading them again from their entries.
+    async fn retry_broken(&mut self, conn: &mut Conn) -> Result<(), Failure> {
+        let broken: Vec<usize> = (0..SHARDS).filter(|&s| self.broken[s]).collect();
+        if broken.is_empty() || self.places.is_none() {
+            return Ok(());
+        }
+        let places = self.positions(conn, &broken).await?;
+        let mut mended = Vec::new();
+        for (shard, place) in broken.into_iter().zip(places) {
+            if self.broken[shard] {
+                continue;
+            }
+            let layout = &self.cluster.layout;
+            self.cluster.wrong_types.fixed(&layout.log(shard));
+            self.cluster.wrong_types.fixed(&layout.meta(shard));
+            if let Some(places) = &mut self.places {
+                places[shard] = place;
+            }
+            mended.push(Resync {
+                shard,
+                known_through: 0,
+            });
+        }
+        if !mended.is_empty() {
+            self.resync_counted(conn, &mended, true).await?;
+        }
+        Ok(())
+    }
+
+    async fn metas(&mut self, conn: &Conn, shards: &[usize]) -> Result<Vec<Meta>, Failure> {
         let reads = shards.iter().map(|&shard| {
             let mut conn = conn.clone();
             let mut invocation = scripts::META.prepare_invoke();
@@ -494,14 +551,30 @@ impl Follower {
                     .await
             }
         });
-        let replies: Vec<(u64, u64, String)> = timed("reading the shard digests", async {
-            join_all(reads).await.into_iter().collect()
+        let replies = timed("reading the shard digests", async {
+            Ok(join_all(reads).await)
         })
         .await?;
-        Ok(replies
-            .into_iter()
-            .map(|(seq, count, digest)| Meta { seq, count, digest })
-            .collect())
+        let mut metas = Vec::with_capacity(shards.len());
+        for (&shard, reply) in shards.iter().zip(replies) {
+            match reply {
+                Ok((seq, count, digest)) => metas.push(Meta { seq, count, digest }),
+                Err(error) if values::is_wrong_type(&error) => {
+                    // Never equal to a real one: the shard stays unsettled this round.
+                    self.cluster
+                        .wrong_types
+                        .found(&self.cluster.layout.meta(shard));
+                    self.broken[shard] = true;
+                    metas.push(Meta {
+                        seq: u64::MAX,
+                        count: u64::MAX,
+                        digest: String::new(),
+                    });
+                }
+                Err(error) => return Err(format!("reading the shard digests: {error}")),
+            }
+        }
+        Ok(metas)
     }
 
     /// Reads the streams (without blocking) until this node's place in each (shard,
@@ -544,8 +617,9 @@ impl Follower {
         .map_err(|e| format!("computing digests: {e}"))
     }
 
-    /// One read of every shard's stream (blocking for at most `block` on a single server);
-    /// applies what it brings, reads again the shards with a gap; returns the messages read.
+    /// One read of every followed shard's stream (blocking for at most `block` on a single
+    /// server); applies what it brings, reads again the shards with a gap; returns the
+    /// messages read. Each announcement is checked like a Record (`values::stream_entry`).
     async fn read_streams(
         &mut self,
         conn: &mut Conn,
@@ -554,46 +628,64 @@ impl Follower {
         let Some(places) = self.places.clone() else {
             return Ok(0);
         };
-        let replies: Vec<StreamReadReply> = match conn {
+        let followed: Vec<usize> = (0..SHARDS).filter(|&s| !self.broken[s]).collect();
+        if followed.is_empty() {
+            if let Some(block) = block {
+                tokio::time::sleep(block).await;
+            }
+            return Ok(0);
+        }
+        let replies: Vec<Value> = match conn {
             Conn::Single(_) => {
                 let mut read = redis::cmd("XREAD");
                 read.arg("COUNT").arg(READ_COUNT);
                 if let Some(block) = block {
                     read.arg("BLOCK").arg(block.as_millis() as u64);
                 }
-                read.arg("STREAMS").arg(&self.logs);
-                for place in &places {
-                    read.arg(&place.id);
+                read.arg("STREAMS");
+                for &shard in &followed {
+                    read.arg(&self.logs[shard]);
+                }
+                for &shard in &followed {
+                    read.arg(&places[shard].id);
                 }
                 let wait = block.unwrap_or_default() + BACKGROUND_TIMEOUT;
-                match tokio::time::timeout(wait, read.query_async::<Option<StreamReadReply>>(conn))
-                    .await
-                {
-                    Ok(Ok(reply)) => reply.into_iter().collect(),
+                match tokio::time::timeout(wait, read.query_async::<Value>(conn)).await {
+                    Ok(Ok(reply)) => vec![reply],
+                    Ok(Err(error)) if values::is_wrong_type(&error) => {
+                        self.find_broken_streams(conn, &followed).await?;
+                        return Ok(0);
+                    }
                     Ok(Err(error)) => return Err(format!("reading the streams: {error}")),
                     Err(_) => return Err("reading the streams: no answer".to_owned()),
                 }
             }
             Conn::Cluster(_) => {
                 // One read per shard: a command's keys must share a slot on Redis Cluster.
-                let reads = self.logs.iter().zip(&places).map(|(log, place)| {
+                let reads = followed.iter().map(|&shard| {
                     let mut conn = conn.clone();
                     let mut read = redis::cmd("XREAD");
                     read.arg("COUNT")
                         .arg(READ_COUNT)
                         .arg("STREAMS")
-                        .arg(log)
-                        .arg(&place.id);
-                    async move { read.query_async::<Option<StreamReadReply>>(&mut conn).await }
+                        .arg(&self.logs[shard])
+                        .arg(&places[shard].id);
+                    async move { read.query_async::<Value>(&mut conn).await }
                 });
-                let replies = timed("reading the streams", async {
-                    join_all(reads)
-                        .await
-                        .into_iter()
-                        .collect::<Result<Vec<_>, _>>()
-                })
-                .await?;
-                replies.into_iter().flatten().collect()
+                let replies =
+                    timed("reading the streams", async { Ok(join_all(reads).await) }).await?;
+                let mut read = Vec::new();
+                for (&shard, reply) in followed.iter().zip(replies) {
+                    match reply {
+                        Ok(reply) => read.push(reply),
+                        Err(error) if values::is_wrong_type(&error) => {
+                            self.cluster.wrong_types.found(&self.logs[shard]);
+                            self.broken[shard] = true;
+                        }
+                        Err(error) => return Err(format!("reading the streams: {error}")),
+                    }
+                }
+                read
             }
         };
         let me = self.cluster.node_id();
@@ -601,15 +693,14 @@ impl Follower {
         let mut gaps: Vec<Resync> = Vec::new();
         let mut read = 0;
         let places = self.places.get_or_insert_with(Vec::new);
-        for stream in replies.into_iter().flat_map(|reply| reply.keys) {
-            let Some(&shard) = self.shard_of_log.get(&stream.key) else {
+        for (stream, messages) in replies.iter().flat_map(values::stream_read) {
+            let Some(&shard) = self.shard_of_log.get(&stream) else {
                 continue;
             };
             let place = &mut places[shard];
-            for message in stream.ids {
+            for message in messages {
                 read += 1;
-                let field = |name: &str| message.get::<String>(name);
-                if let Some(seq) = field("s").and_then(|s| s.parse::<u64>().ok()) {
+                if let Some(seq) = message.text("s").and_then(|s| s.parse::<u64>().ok()) {
                     if seq != place.seq + 1 && !gaps.iter().any(|g| g.shard == shard) {
                         // Trimmed past this node's place (everything before stays known), or
                         // the shard started over (it lost its data: nothing is known).
@@ -628,29 +719,23 @@ impl Follower {
                     place.seq = seq;
                 }
                 place.id = message.id.clone();
-                let publisher = field("n");
-                if publisher.as_deref() == Some(me.as_str()) {
+                let publisher = message.text("n");
+                if publisher == Some(me.as_str()) {
                     continue; // our own publish
                 }
                 if publisher
-                    .as_deref()
                     .and_then(|n| n.rsplit_once('/'))
                     .is_some_and(|(name, _)| name == self.cluster.node_name())
                 {
-                    self.cluster
-                        .name_taken_by(publisher.as_deref().unwrap_or_default());
+                    self.cluster.name_taken_by(publisher.unwrap_or_default());
                 }
-                let (Some(k), Some(t), Some(c), Some(b), Some(a)) =
-                    (field("k"), field("t"), field("c"), field("b"), field("a"))
-                else {
-                    continue;
-                };
-                let (Some(key), Some(result)) =
-                    (Layout::parse_key_text(&k), decode_result(&t, c, b, &a))
-                else {
-                    continue;
-                };
-                entries.push((key, result));
+                match values::stream_entry(&message.fields) {
+                    Ok(entry) => entries.push(entry),
+                    Err(why) => self
+                        .cluster
+                        .refusals
+                        .refuse(ReadFrom::Stream, &message.id, &why),
+                }
             }
         }
         self.cluster.apply_learned(entries).await;
@@ -664,6 +749,27 @@ impl Follower {
             self.resync_counted(conn, &gaps, restarted).await?;
         }
         Ok(read)
+    }
+
+    /// A stream read failed on a key of the wrong type, which the error does not name: asks
+    /// each followed stream's type and stops following those that are not streams.
+    async fn find_broken_streams(
+        &mut self,
+        conn: &mut Conn,
+        followed: &[usize],
+    ) -> Result<(), Failure> {
+        for &shard in followed {
+            let kind: String = timed(
+                "asking a stream's type",
+                redis::cmd("TYPE").arg(&self.logs[shard]).query_async(conn),
+            )
+            .await?;
+            if kind != "stream" && kind != "none" {
+                self.cluster.wrong_types.found(&self.logs[shard]);
+                self.broken[shard] = true;
+            }
+        }
+        Ok(())
     }
 
     /// `resync`, counted in Stats; returns the repairs.
@@ -686,8 +792,10 @@ impl Follower {
 }
 
 /// Reads the named entries: (key, result, the sequence number it was written at, and the
-/// `known_through` handed in with its name). Damaged or foreign entries are skipped.
+/// `known_through` handed in with its name). Each is checked like a Record's entry
+/// (`values::entry_fields`): a refused or wrong-typed one is skipped alone.
 async fn read_entries(
+    cluster: &Cluster,
     conn: &Conn,
     names: &[(String, CacheKey, u64)],
 ) -> Result<Vec<(CacheKey, TunedResult, u64, u64)>, Failure> {
@@ -701,21 +809,27 @@ async fn read_entries(
                 .arg("b")
                 .arg("a")
                 .arg("s")
-                .query_async::<Vec<Option<String>>>(&mut conn)
+                .query_async::<Vec<Value>>(&mut conn)
                 .await
         }
     });
     let replies = timed("reading entries", async { Ok(join_all(reads).await) }).await?;
     let mut entries = Vec::new();
-    for ((_, key, through), reply) in names.iter().zip(replies) {
-        let fields = reply.map_err(|e| format!("reading entries: {e}"))?;
-        let Ok([Some(t), Some(c), Some(b), Some(a), seq]) = <[Option<String>; 5]>::try_from(fields)
-        else {
-            continue; // damaged: skipped
+    for ((name, key, through), reply) in names.iter().zip(replies) {
+        let fields = match reply {
+            Ok(fields) => fields,
+            Err(error) if values::is_wrong_type(&error) => {
+                cluster.wrong_types.found(name);
+                continue;
+            }
+            Err(error) => return Err(format!("reading entries: {error}")),
         };
-        let seq = seq.and_then(|s| s.parse().ok()).unwrap_or(0);
-        if let Some(result) = decode_result(&t, c, b, &a) {
-            entries.push((key.clone(), result, seq, *through));
+        if fields.first().is_some_and(|t| *t == Value::Nil) {
+            continue; // deleted since the scan (a Forget)
+        }
+        match values::entry_fields(&fields) {
+            Ok((result, seq)) => entries.push((key.clone(), result, seq, *through)),
+            Err(why) => cluster.refusals.refuse(ReadFrom::Entries, name, &why),
         }
     }
     Ok(entries)

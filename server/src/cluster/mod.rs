@@ -8,6 +8,7 @@
 //! Entries learned this way are not republished. Redis being slow, hung or gone only makes
 //! Resolve fall back to node-local coordination after the cluster timeout.
 
+mod backoff;
 mod follow;
 mod forget;
 pub mod keys;
@@ -15,11 +16,12 @@ mod lease;
 mod link;
 mod publish;
 mod scripts;
+mod values;
 pub(crate) mod views;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,6 +59,9 @@ pub struct ClusterSettings {
     pub stream_max_len: u64,
     /// How often the audit compares this node with Redis (besides after every reconnect).
     pub audit_interval: Duration,
+    /// Tests only (`--cluster-clock-offset-ms`): added to this node's clock as the tier
+    /// reads it.
+    pub clock_offset_ms: i64,
 }
 
 /// The defaults of the settings above that have one.
@@ -111,6 +116,7 @@ impl ClusterSettings {
             publish_queue: DEFAULT_PUBLISH_QUEUE,
             stream_max_len: DEFAULT_STREAM_MAX_LEN,
             audit_interval: Duration::from_secs(DEFAULT_AUDIT_SECS),
+            clock_offset_ms: 0,
         })
     }
 }
@@ -183,6 +189,7 @@ pub struct Cluster {
     publish_queue_limit: usize,
     pub(crate) stream_max_len: u64,
     pub(crate) audit_interval: Duration,
+    clock_offset_ms: i64,
     /// Entries the publisher took from the queue and Redis has not yet answered for.
     publishing: AtomicUsize,
     /// Random per daemon run: tokens and stream messages carry it.
@@ -198,6 +205,14 @@ pub struct Cluster {
     republish_all: AtomicBool,
     bootstrapped: AtomicBool,
     pub counters: ClusterCounters,
+    /// Values read from Redis that a client's request could not carry, per source.
+    pub(crate) refusals: values::Refusals,
+    /// Keys in Redis holding another type than the layout says.
+    pub(crate) wrong_types: values::WrongTypes,
+    /// This node's clock minus Redis's `TIME` at the last reading (`forget::load_all`).
+    clock_skew_ms: AtomicI64,
+    /// The skew is over `forget::MAX_CLOCK_SKEW`: no tombstone is expired from Redis.
+    prune_paused: AtomicBool,
     /// Where its tasks run (renewals, releases), also when started off the runtime.
     pub(crate) tasks: Tasks,
 }
@@ -235,6 +250,7 @@ impl Cluster {
             publish_queue_limit: settings.publish_queue.max(1),
             stream_max_len: settings.stream_max_len.max(1),
             audit_interval: settings.audit_interval,
+            clock_offset_ms: settings.clock_offset_ms,
             publishing: AtomicUsize::new(0),
             instance: random_u64(),
             token_counter: AtomicU64::new(0),
@@ -245,6 +261,10 @@ impl Cluster {
             republish_all: AtomicBool::new(false),
             bootstrapped: AtomicBool::new(false),
             counters: ClusterCounters::default(),
+            refusals: values::Refusals::default(),
+            wrong_types: values::WrongTypes::default(),
+            clock_skew_ms: AtomicI64::new(0),
+            prune_paused: AtomicBool::new(false),
             tasks: tasks.clone(),
         });
         store.add_change_listener(Arc::new(ChangeFeed(Arc::downgrade(&cluster))));
@@ -285,8 +305,23 @@ impl Cluster {
         }
     }
 
+    /// This node's clock (unix ms) as the tier reads it.
+    pub(crate) fn node_now_ms(&self) -> i64 {
+        crate::model::entry::unix_now_ms().saturating_add(self.clock_offset_ms)
+    }
+
     pub fn node_id(&self) -> String {
         format!("{}/{:016x}", self.node_name, self.instance)
+    }
+
+    /// A command on connection `generation` failed: a key of the wrong type (one of `keys`)
+    /// is named and gone on without; anything else drops the connection (and backs off).
+    pub(crate) fn command_failed(&self, generation: u64, error: &redis::RedisError, keys: &[&str]) {
+        if values::is_wrong_type(error) {
+            self.wrong_types.found(values::wrong_typed_key(error, keys));
+        } else {
+            self.link.failed(generation, &error.to_string());
+        }
     }
 
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, Pending> {
@@ -392,7 +427,8 @@ impl Cluster {
         self.link.shown_url().to_owned()
     }
 
-    /// Reports the tier on the gRPC health service: SERVING while connected.
+    /// Reports the tier on the gRPC health service: SERVING while connected, with no key of
+    /// the wrong type known and this node's clock within the bound of Redis's.
     pub async fn report_health(
         self: Arc<Self>,
         reporter: tonic_health::server::HealthReporter,
@@ -400,6 +436,8 @@ impl Cluster {
     ) {
         crate::report::health::report(reporter, HEALTH_NAME, HEALTH_POLL, stop, || {
             matches!(self.state(), LinkState::Connected { .. })
+                && self.wrong_types.is_empty()
+                && !self.prune_paused.load(Ordering::Relaxed)
         })
         .await;
     }
@@ -434,6 +472,12 @@ impl crate::report::FillStats for Cluster {
         stats.cluster_name_conflicts = load(&c.name_conflicts);
         stats.cluster_forgets_published = load(&c.forgets_published);
         stats.cluster_forgets_learned = load(&c.forgets_learned);
+        stats.cluster_refused_stream = load(&self.refusals.stream);
+        stats.cluster_refused_entries = load(&self.refusals.entries);
+        stats.cluster_refused_tombstones = load(&self.refusals.tombstones);
+        stats.cluster_wrong_type_keys = self.wrong_types.describe();
+        stats.cluster_clock_skew_ms = self.clock_skew_ms.load(Ordering::Relaxed);
+        stats.cluster_prune_paused = self.prune_paused.load(Ordering::Relaxed);
     }
 
     fn fill_stats_absent(stats: &mut v1::StatsResponse) {

@@ -242,6 +242,11 @@ const METRICS: &[Metric] = &[
     row("view_pins_forgotten", "Pins dropped by Forgets.", Counter(|s| s.view_pins_forgotten)),
     row("views_ended_idle", "Views ended after --view-idle-secs without a request.", Counter(|s| s.views_ended_idle)),
     row("views_ended", "Views ended by an operator.", Counter(|s| s.views_ended)),
+    row("cluster_refused_stream", "Announcements read from Redis streams that no client could send, refused.", Counter(|s| s.cluster_refused_stream)),
+    row("cluster_refused_entries", "Entries read from Redis hashes or script replies that no client could send, refused.", Counter(|s| s.cluster_refused_entries)),
+    row("cluster_refused_tombstones", "Tombstones read from Redis that no Forget could make, refused.", Counter(|s| s.cluster_refused_tombstones)),
+    row("cluster_clock_skew_ms", "This node's clock minus Redis's TIME at the last reading.", SignedGauge(|s| s.cluster_clock_skew_ms)),
+    row("cluster_prune_paused", "1 while the clock skew is over 1 h and no tombstone is expired from Redis.", Gauge(|s| u64::from(s.cluster_prune_paused))),
 ];
 
 /// -1 until the first snapshot, so "never" is not mistaken for "just now".
@@ -435,6 +440,11 @@ mod tests {
             view_pins_forgotten: 1081,
             views_ended_idle: 1082,
             views_ended: 1083,
+            cluster_refused_stream: 1084,
+            cluster_refused_entries: 1085,
+            cluster_refused_tombstones: 1086,
+            cluster_clock_skew_ms: -1087,
+            cluster_prune_paused: true,
             ..Default::default()
         }
     }
