@@ -8,8 +8,9 @@ use std::time::Duration;
 pub const FIRST: Duration = Duration::from_millis(100);
 pub const MAX: Duration = Duration::from_secs(5);
 /// A connection (or a follower's run) that lasted this long was healthy: the next failure
-/// starts the backoff over.
-pub const HEALTHY_FOR: Duration = Duration::from_secs(30);
+/// starts the backoff over. One that failed sooner waits longer each time, so whatever fails
+/// it (a refused command, a damaged key), it comes back at most about once a second.
+pub const HEALTHY_FOR: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug)]
 pub struct Backoff {

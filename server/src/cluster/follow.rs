@@ -23,8 +23,10 @@ use futures::future::join_all;
 use redis::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::checkpoint;
 use super::keys::{encode_result, entry_digest, format_digest, Layout, SHARDS};
 use super::link::{Conn, BACKGROUND_TIMEOUT};
+use super::places::{self, SavedPlace, SavedPlaces};
 use super::values::{self, ReadFrom};
 use super::{scripts, Cluster};
 use crate::model::entry::{CacheKey, TunedResult};
@@ -40,6 +42,16 @@ const READ_COUNT: usize = 512;
 const EPOCH_CHECK: Duration = Duration::from_secs(1);
 /// Longest the audit waits for this node's own publish queue to drain first.
 const AUDIT_DRAIN: Duration = Duration::from_secs(2);
+/// How often the stream places are saved at most (`places`): a restart reads at most this
+/// much again.
+const PERSIST_EVERY: Duration = Duration::from_secs(1);
+/// How long a checkpoint builder holds a shard's lease at most.
+const CHECKPOINT_LEASE: Duration = Duration::from_secs(60);
+/// New checkpoint parts expire unless the header swap makes them permanent.
+const CHECKPOINT_PART_TTL: Duration = Duration::from_secs(300);
+/// Learned entries per store write when a checkpoint is loaded.
+const APPLY_BATCH: usize = 4096;
+
 /// Tries to find a quiet moment for a shard (no write in Redis between this node's place in
 /// its stream and the comparison) before the audit leaves it to the next round.
 const AUDIT_ATTEMPTS: usize = 5;
@@ -103,11 +115,39 @@ struct Follower {
     /// Shards whose stream or meta hash holds the wrong type: not followed (their entries are
     /// still read at bootstrap and by the audit), tried again at every audit.
     broken: [bool; SHARDS],
+    /// The places came from the state directory (`places`), not from a bootstrap.
+    restored: bool,
+    /// The start (bootstrap, or the first audit of restored places) is over.
+    start_done: bool,
+    started: Instant,
+    /// Shards read again from their entries during the start.
+    reread_at_start: [bool; SHARDS],
+    /// The places last saved, and when.
+    saved: Option<Vec<Place>>,
+    saved_at: Instant,
+    /// Each shard's checkpoint as last seen: sequence number and entry count.
+    checkpoints: [Option<(u64, u64)>; SHARDS],
+    next_checkpoint_check: Instant,
+}
+
+/// A shard found equal to Redis's at `seq` (whose message is `id`) in `current`.
+struct Settled {
+    shard: usize,
+    seq: u64,
+    id: String,
+    current: Arc<crate::wire::stored::EntryMap>,
+}
+
+/// `every`, give or take half of it, at random.
+fn jittered(every: Duration) -> Duration {
+    let spread = u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1);
+    every / 2 + Duration::from_millis(super::random_u64() % spread)
 }
 
 type Failure = String;
 
 pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
+    let cluster_checkpoint_check = cluster.checkpoint_check;
     let logs: Vec<String> = (0..SHARDS).map(|s| cluster.layout.log(s)).collect();
     let shard_of_log = logs.iter().cloned().zip(0..).collect();
     let mut follower = Follower {
@@ -118,7 +158,16 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
         logs,
         shard_of_log,
         broken: [false; SHARDS],
+        restored: false,
+        start_done: false,
+        started: Instant::now(),
+        reread_at_start: [false; SHARDS],
+        saved: None,
+        saved_at: Instant::now(),
+        checkpoints: [None; SHARDS],
+        next_checkpoint_check: Instant::now() + jittered(cluster_checkpoint_check),
     };
+    follower.restore_places().await;
     let mut seen_generation = 0;
     loop {
         let Some((conn, generation)) = follower.cluster.link.conn() else {
@@ -163,8 +212,14 @@ impl Follower {
         if self.places.is_none() {
             self.bootstrap(&mut conn).await?;
         } else if !flushed {
-            self.audit(&mut conn, "reconnected").await?;
+            let why = if self.start_done {
+                "reconnected"
+            } else {
+                "restarted"
+            };
+            self.audit(&mut conn, why).await?;
         }
+        self.finish_start();
         // Blocking reads get their own connection, so they never hold up the shared one.
         let mut reader = match conn {
             Conn::Single(_) => Some(
@@ -200,6 +255,137 @@ impl Follower {
                 self.audit(&mut conn, "periodic").await?;
                 audited = Instant::now();
             }
+            self.save_places().await;
+            if Instant::now() >= self.next_checkpoint_check {
+                self.build_checkpoints(&mut conn).await?;
+                self.next_checkpoint_check =
+                    Instant::now() + jittered(self.cluster.checkpoint_check);
+            }
+        }
+    }
+
+    /// Takes the places saved in the state directory, if the journal replayed whole and they
+    /// were made under this prefix; the first connection checks them against Redis.
+    async fn restore_places(&mut self) {
+        let Some(dir) = self.cluster.state_dir.clone() else {
+            return;
+        };
+        let prefix = self.cluster.prefix().to_owned();
+        let read = tokio::task::spawn_blocking(move || places::read(&dir, &prefix)).await;
+        let saved = match read {
+            Ok(Ok(Some(saved))) => saved,
+            Ok(Ok(None)) => return,
+            Ok(Err(why)) => {
+                tracing::warn!(%why, "cluster tier: saved stream places unusable; reading every shard");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cluster tier: reading the saved stream places failed");
+                return;
+            }
+        };
+        if !self.cluster.places_trusted {
+            tracing::warn!(
+                "cluster tier: the journal was damaged; not trusting the saved stream places"
+            );
+            return;
+        }
+        self.places = Some(
+            saved
+                .shards
+                .iter()
+                .map(|p| Place {
+                    id: p.id.clone(),
+                    seq: p.seq,
+                })
+                .collect(),
+        );
+        self.epoch = Some(saved.epoch);
+        self.restored = true;
+    }
+
+    /// The start is over: Stats and one log line say what it cost.
+    fn finish_start(&mut self) {
+        if self.start_done {
+            return;
+        }
+        self.start_done = true;
+        let counters = &self.cluster.counters;
+        let reread = self.reread_at_start.iter().filter(|&&r| r).count() as u64;
+        counters.shards_reread.fetch_add(reread, Ordering::Relaxed);
+        let restored = self.restored && counters.places_restored.load(Ordering::Relaxed) > 0;
+        let resumed = if restored || counters.checkpoints_loaded.load(Ordering::Relaxed) > 0 {
+            SHARDS as u64 - reread
+        } else {
+            0
+        };
+        counters
+            .shards_resumed
+            .fetch_add(resumed, Ordering::Relaxed);
+        let elapsed = self.started.elapsed();
+        counters
+            .startup_ms
+            .store(elapsed.as_millis() as u64, Ordering::Relaxed);
+        let (commands, bytes) = super::link::startup_done();
+        counters.startup_commands.store(commands, Ordering::Relaxed);
+        counters.startup_bytes.store(bytes, Ordering::Relaxed);
+        self.cluster.bootstrapped.store(true, Ordering::Relaxed);
+        tracing::info!(
+            restored_places = self.restored,
+            shards_resumed = resumed,
+            shards_read_again = reread,
+            checkpoints_loaded = counters.checkpoints_loaded.load(Ordering::Relaxed),
+            redis_commands = commands,
+            redis_bytes = bytes,
+            elapsed_ms = elapsed.as_millis() as u64,
+            "cluster tier: start done"
+        );
+    }
+
+    /// Saves the places (at most every `PERSIST_EVERY`, when they moved): the entries of
+    /// every message behind them were applied, and the journal is synced before the file
+    /// claims them.
+    async fn save_places(&mut self) {
+        let Some(dir) = self.cluster.state_dir.clone() else {
+            return;
+        };
+        if self.cluster.places_unsafe.load(Ordering::Relaxed) {
+            if self.saved.take().is_some() || self.saved_at.elapsed() >= PERSIST_EVERY {
+                let _ = tokio::task::spawn_blocking(move || places::remove(&dir)).await;
+                self.saved_at = Instant::now() + Duration::from_secs(3600);
+            }
+            return;
+        }
+        let (Some(current), Some(epoch)) = (&self.places, &self.epoch) else {
+            return;
+        };
+        if self.saved.as_ref() == Some(current) || self.saved_at.elapsed() < PERSIST_EVERY {
+            return;
+        }
+        let current = current.clone();
+        let saved = SavedPlaces::new(
+            self.cluster.prefix(),
+            epoch,
+            current
+                .iter()
+                .map(|p| SavedPlace {
+                    id: p.id.clone(),
+                    seq: p.seq,
+                })
+                .collect(),
+        );
+        self.saved_at = Instant::now();
+        if let Err(error) = self.cluster.store.sync_journal().await {
+            tracing::debug!(%error, "cluster tier: journal sync failed; stream places not saved");
+            return;
+        }
+        let sync = self.cluster.store.fsync_policy() != crate::journal::FsyncPolicy::Never;
+        match tokio::task::spawn_blocking(move || places::write(&dir, &saved, sync)).await {
+            Ok(Ok(())) => self.saved = Some(current),
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "cluster tier: saving the stream places failed")
+            }
+            Err(error) => tracing::debug!(%error, "cluster tier: saving the stream places failed"),
         }
     }
 
@@ -223,6 +409,18 @@ impl Follower {
             (Some(_), None) => true,
             (None, _) => false,
         };
+        if self.restored && !self.start_done {
+            if flushed {
+                tracing::info!(
+                    "cluster tier: saved stream places are of another redis data lifetime"
+                );
+            } else {
+                self.cluster
+                    .counters
+                    .places_restored
+                    .store(SHARDS as u64, Ordering::Relaxed);
+            }
+        }
         self.epoch = epoch;
         if created == Value::Okay && !flushed && !self.cluster.store.is_empty() {
             // A fresh server (or one restarted empty while this node was away).
@@ -262,32 +460,393 @@ impl Follower {
         Ok(restarted)
     }
 
-    /// Loads every entry in Redis. Each shard's place is taken first, so whatever is
-    /// published meanwhile is read from the streams afterwards.
+    /// Loads every entry in Redis: each shard's checkpoint where it has a good one, its
+    /// entries otherwise. Each shard's place is taken first, so whatever is published
+    /// meanwhile is read from the streams afterwards; a shard loaded from its checkpoint is
+    /// read from the checkpoint's place instead, which is no later (docs/cluster.md).
     async fn bootstrap(&mut self, conn: &mut Conn) -> Result<(), Failure> {
         let started = Instant::now();
-        // Tombstones before entries: a forgotten entry still in Redis is never served here.
+        // Tombstones before entries: a forgotten entry still in Redis (or in a checkpoint
+        // built before the Forget) is never served here.
         super::forget::load_all(&self.cluster, conn).await?;
         let all: Vec<usize> = (0..SHARDS).collect();
-        let places = self.positions(conn, &all).await?;
-        let everything: Vec<Resync> = (0..SHARDS)
-            .map(|shard| Resync {
-                shard,
-                known_through: 0,
-            })
-            .collect();
-        let loaded = self.resync(conn, &everything, false).await?.learned;
+        let mut places = self.positions(conn, &all).await?;
+        let (from_checkpoints, loaded) = self.load_checkpoints(conn, &places).await?;
+        let mut everything = Vec::new();
+        for shard in 0..SHARDS {
+            match &from_checkpoints[shard] {
+                Some(place) => places[shard] = place.clone(),
+                None => {
+                    self.reread_at_start[shard] = true;
+                    everything.push(Resync {
+                        shard,
+                        known_through: 0,
+                    });
+                }
+            }
+        }
+        let scanned = if everything.is_empty() {
+            0
+        } else {
+            self.resync(conn, &everything, false).await?.learned
+        };
         self.cluster
             .counters
             .bootstrap_entries
-            .fetch_add(loaded, Ordering::Relaxed);
-        self.cluster.bootstrapped.store(true, Ordering::Relaxed);
+            .fetch_add(loaded + scanned, Ordering::Relaxed);
         self.places = Some(places);
         tracing::info!(
-            learned = loaded,
+            learned = loaded + scanned,
+            from_checkpoints = loaded,
+            shards_scanned = everything.len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "cluster tier: bootstrapped from redis"
         );
+        Ok(())
+    }
+
+    /// Reads and checks every shard's checkpoint (`checkpoint::verify`) and applies the good
+    /// ones: per shard the place to follow its stream from (`None`: read its entries), and
+    /// how many entries they brought.
+    async fn load_checkpoints(
+        &mut self,
+        conn: &Conn,
+        positions: &[Place],
+    ) -> Result<(Vec<Option<Place>>, u64), Failure> {
+        let layout = self.cluster.layout.clone();
+        let reads = (0..SHARDS).map(|shard| {
+            let mut conn = conn.clone();
+            let name = layout.checkpoint(shard);
+            async move {
+                redis::cmd("HMGET")
+                    .arg(name)
+                    .arg("seq")
+                    .arg("n")
+                    .arg("h")
+                    .query_async::<Vec<Value>>(&mut conn)
+                    .await
+            }
+        });
+        let replies = timed("reading the checkpoints", async {
+            Ok(join_all(reads).await)
+        })
+        .await?;
+        let epoch = self.epoch.clone();
+        let mut headers: Vec<(usize, checkpoint::Header)> = Vec::new();
+        for (shard, reply) in replies.into_iter().enumerate() {
+            let fields = match reply {
+                Ok(fields) => fields,
+                Err(error) if values::is_wrong_type(&error) => {
+                    self.cluster.wrong_types.found(&layout.checkpoint(shard));
+                    continue;
+                }
+                Err(error) => return Err(format!("reading the checkpoints: {error}")),
+            };
+            let Some(text) = fields.get(2).and_then(values::bytes) else {
+                continue; // none yet
+            };
+            match checkpoint::parse_header(text, self.cluster.prefix(), shard, epoch.as_deref()) {
+                Ok(header) if header.seq > positions[shard].seq => {
+                    self.reject_checkpoint(shard, "newer than its shard (redis lost writes?)");
+                }
+                Ok(header) => {
+                    self.checkpoints[shard] = Some((header.seq, header.count));
+                    headers.push((shard, header));
+                }
+                Err(why) => self.reject_checkpoint(shard, &why),
+            }
+        }
+        let gets = headers.iter().map(|(shard, header)| {
+            let mut conn = conn.clone();
+            let stem = layout.checkpoint_part_stem(*shard);
+            let names: Vec<String> = (0..header.parts.len())
+                .map(|i| format!("{stem}{}:{i}", header.seq))
+                .collect();
+            async move {
+                if names.is_empty() {
+                    return Ok(Vec::new());
+                }
+                redis::cmd("MGET")
+                    .arg(names)
+                    .query_async::<Vec<Option<Vec<u8>>>>(&mut conn)
+                    .await
+            }
+        });
+        let parts = timed("reading checkpoint parts", async {
+            Ok(join_all(gets).await)
+        })
+        .await?;
+        let mut from_checkpoints: Vec<Option<Place>> = vec![None; SHARDS];
+        let mut loaded = 0u64;
+        for ((shard, header), parts) in headers.into_iter().zip(parts) {
+            let parts = match parts {
+                Ok(parts) => parts,
+                Err(error) if values::is_wrong_type(&error) => {
+                    self.reject_checkpoint(shard, "a part holds the wrong type");
+                    continue;
+                }
+                Err(error) => return Err(format!("reading checkpoint parts: {error}")),
+            };
+            let Some(parts) = parts.into_iter().collect::<Option<Vec<Vec<u8>>>>() else {
+                self.reject_checkpoint(shard, "a part is missing");
+                continue;
+            };
+            let verifying = layout.clone();
+            let checked = tokio::task::spawn_blocking(move || {
+                checkpoint::verify(&verifying, &header, &parts).map(|entries| (header, entries))
+            })
+            .await
+            .map_err(|e| format!("checking a checkpoint: {e}"))?;
+            let (header, entries) = match checked {
+                Ok(checked) => checked,
+                Err(why) => {
+                    self.reject_checkpoint(shard, &why);
+                    continue;
+                }
+            };
+            let tombstones = self.cluster.store.tombstones();
+            let live: Vec<(CacheKey, TunedResult)> = entries
+                .into_iter()
+                .filter(|(key, result)| result.forget_epoch >= tombstones.floor(&key.view()))
+                .collect();
+            for batch in live.chunks(APPLY_BATCH) {
+                loaded += u64::from(self.cluster.apply_learned(batch.to_vec()).await);
+            }
+            self.cluster
+                .counters
+                .checkpoints_loaded
+                .fetch_add(1, Ordering::Relaxed);
+            from_checkpoints[shard] = Some(Place {
+                id: header.id,
+                seq: header.seq,
+            });
+        }
+        Ok((from_checkpoints, loaded))
+    }
+
+    fn reject_checkpoint(&self, shard: usize, why: &str) {
+        self.cluster
+            .counters
+            .checkpoints_rejected
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            shard,
+            reason = %values::shown(why),
+            "cluster tier: rejected a shard's checkpoint; reading the shard's entries instead"
+        );
+    }
+
+    /// Rebuilds the checkpoints of shards whose streams moved more than the threshold past
+    /// them, each under its lease, from this node's own entries at a moment they equal
+    /// Redis's (`compare`), with compare-and-set on the sequence number.
+    async fn build_checkpoints(&mut self, conn: &mut Conn) -> Result<(), Failure> {
+        let (Some(places), Some(epoch)) = (self.places.clone(), self.epoch.clone()) else {
+            return Ok(());
+        };
+        let every = self.cluster.checkpoint_every;
+        let half_stream = (self.cluster.stream_max_len / 2).max(1);
+        let threshold = |count: u64| {
+            if every > 0 {
+                every
+            } else {
+                (count / 10).clamp(256.min(half_stream), half_stream)
+            }
+        };
+        let stale = |checkpoints: &[Option<(u64, u64)>; SHARDS], shard: usize| {
+            let (seq, count) = checkpoints[shard].unwrap_or((0, 0));
+            places[shard].seq >= seq + threshold(count)
+        };
+        let candidates: Vec<usize> = (0..SHARDS)
+            .filter(|&s| !self.broken[s] && places[s].seq > 0 && stale(&self.checkpoints, s))
+            .collect();
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        // Another node may have built them meanwhile: look before taking a lease.
+        let layout = self.cluster.layout.clone();
+        for &shard in &candidates {
+            let fields: Vec<Value> = match tokio::time::timeout(
+                BACKGROUND_TIMEOUT,
+                redis::cmd("HMGET")
+                    .arg(layout.checkpoint(shard))
+                    .arg("seq")
+                    .arg("h")
+                    .query_async(conn),
+            )
+            .await
+            {
+                Ok(Ok(fields)) => fields,
+                Ok(Err(error)) if values::is_wrong_type(&error) => {
+                    self.cluster.wrong_types.found(&layout.checkpoint(shard));
+                    continue;
+                }
+                Ok(Err(error)) => return Err(format!("reading a checkpoint: {error}")),
+                Err(_) => return Err("reading a checkpoint: no answer".to_owned()),
+            };
+            let header = fields.get(1).and_then(values::bytes).and_then(|text| {
+                checkpoint::parse_header(text, self.cluster.prefix(), shard, Some(&epoch)).ok()
+            });
+            if let Some(header) = header {
+                self.checkpoints[shard] = Some((header.seq, header.count));
+            }
+        }
+        let token = format!("{}/{:016x}", self.cluster.node_id(), super::random_u64());
+        let mut leased = Vec::new();
+        for shard in candidates
+            .into_iter()
+            .filter(|&s| stale(&self.checkpoints, s))
+        {
+            let taken: Value = timed(
+                "taking a checkpoint lease",
+                redis::cmd("SET")
+                    .arg(layout.checkpoint_lease(shard))
+                    .arg(&token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(CHECKPOINT_LEASE.as_millis() as u64)
+                    .query_async(conn),
+            )
+            .await?;
+            if taken == Value::Okay {
+                leased.push(shard);
+            }
+        }
+        if leased.is_empty() {
+            return Ok(());
+        }
+        let outcome = self.build_leased(conn, &leased, &epoch, &token).await;
+        for &shard in &leased {
+            let mut invocation = scripts::RELEASE.prepare_invoke();
+            invocation.key(layout.checkpoint_lease(shard)).arg(&token);
+            let _ = timed(
+                "releasing a checkpoint lease",
+                invocation.invoke_async::<i64>(conn),
+            )
+            .await;
+        }
+        outcome
+    }
+
+    async fn build_leased(
+        &mut self,
+        conn: &mut Conn,
+        shards: &[usize],
+        epoch: &str,
+        token: &str,
+    ) -> Result<(), Failure> {
+        let settled = self.compare(conn, shards).await?.1;
+        let layout = self.cluster.layout.clone();
+        for Settled {
+            shard,
+            seq,
+            id,
+            current,
+        } in settled
+        {
+            let (prefix, epoch_owned, node) = (
+                self.cluster.prefix().to_owned(),
+                epoch.to_owned(),
+                self.cluster.node_id(),
+            );
+            let building = layout.clone();
+            let built = tokio::task::spawn_blocking(move || {
+                let entries: Vec<(String, [String; 4])> = current
+                    .iter()
+                    .filter_map(|entry| {
+                        let (key, result) = entry.to_pair();
+                        let text = Layout::key_text(&key);
+                        (Layout::shard_of_text(&text) == shard)
+                            .then(|| (text, encode_result(&result)))
+                    })
+                    .collect();
+                checkpoint::build(
+                    &building,
+                    &prefix,
+                    shard,
+                    &epoch_owned,
+                    seq,
+                    &id,
+                    &node,
+                    &entries,
+                )
+            })
+            .await
+            .map_err(|e| format!("building a checkpoint: {e}"))?;
+            let built = match built {
+                Ok(built) => built,
+                Err(why) => {
+                    tracing::warn!(shard, %why, "cluster tier: could not build a checkpoint");
+                    continue;
+                }
+            };
+            let stem = layout.checkpoint_part_stem(shard);
+            let names: Vec<String> = (0..built.parts.len())
+                .map(|i| format!("{stem}{seq}:{i}"))
+                .collect();
+            let writes = names.iter().zip(&built.parts).map(|(name, part)| {
+                let mut conn = conn.clone();
+                let mut set = redis::cmd("SET");
+                set.arg(name)
+                    .arg(part.as_slice())
+                    .arg("PX")
+                    .arg(CHECKPOINT_PART_TTL.as_millis() as u64);
+                async move { set.query_async::<()>(&mut conn).await }
+            });
+            timed("writing checkpoint parts", async {
+                join_all(writes)
+                    .await
+                    .into_iter()
+                    .collect::<Result<Vec<()>, _>>()
+            })
+            .await?;
+            let header = serde_json::to_string(&built.header)
+                .map_err(|e| format!("encoding a checkpoint header: {e}"))?;
+            let now_seq = self
+                .places
+                .as_ref()
+                .map_or(seq, |places| places[shard].seq.max(seq));
+            let mut invocation = scripts::CHECKPOINT.prepare_invoke();
+            invocation
+                .key(layout.checkpoint(shard))
+                .key(layout.checkpoint_lease(shard));
+            for name in &names {
+                invocation.key(name);
+            }
+            invocation
+                .arg(token)
+                .arg(seq)
+                .arg(names.len())
+                .arg(header)
+                .arg(&stem)
+                .arg(now_seq);
+            match timed(
+                "swapping a checkpoint in",
+                invocation.invoke_async::<i64>(conn),
+            )
+            .await?
+            {
+                1 => {
+                    self.cluster
+                        .counters
+                        .checkpoints_built
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.checkpoints[shard] = Some((seq, built.header.count));
+                    tracing::info!(
+                        shard,
+                        seq,
+                        entries = built.header.count,
+                        bytes = built.parts.iter().map(Vec::len).sum::<usize>(),
+                        "cluster tier: built a shard's checkpoint"
+                    );
+                }
+                outcome => tracing::debug!(
+                    shard,
+                    seq,
+                    outcome,
+                    "cluster tier: a newer checkpoint is there, or the lease ran out"
+                ),
+            }
+        }
         Ok(())
     }
 
@@ -428,8 +987,45 @@ impl Follower {
         let started = Instant::now();
         self.cluster.counters.audits.fetch_add(1, Ordering::Relaxed);
         self.retry_broken(conn).await?;
-        let mut unsettled: Vec<usize> = (0..SHARDS).filter(|&s| !self.broken[s]).collect();
+        let shards: Vec<usize> = (0..SHARDS).filter(|&s| !self.broken[s]).collect();
+        let (differing, _, unsettled) = self.compare(conn, &shards).await?;
+        self.cluster
+            .counters
+            .audit_differing
+            .fetch_add(differing.len() as u64, Ordering::Relaxed);
+        let repaired = if differing.is_empty() {
+            0
+        } else {
+            self.resync_counted(conn, &differing, true).await?
+        };
+        if repaired > 0 {
+            tracing::warn!(
+                repaired,
+                "cluster tier: audit found results redis announced that never reached this node"
+            );
+        }
+        tracing::debug!(
+            why,
+            differing = differing.len(),
+            unsettled,
+            repaired,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "cluster tier: audit done"
+        );
+        Ok(())
+    }
+
+    /// The comparison of the audit for `shards`: those that differ (to read again), those
+    /// found equal (with the moment: Redis's sequence number, this node's place and cache),
+    /// and how many found no quiet moment.
+    async fn compare(
+        &mut self,
+        conn: &mut Conn,
+        shards: &[usize],
+    ) -> Result<(Vec<Resync>, Vec<Settled>, usize), Failure> {
+        let mut unsettled: Vec<usize> = shards.to_vec();
         let mut differing: Vec<Resync> = Vec::new();
+        let mut equal: Vec<Settled> = Vec::new();
         for _ in 0..AUDIT_ATTEMPTS {
             if unsettled.is_empty() {
                 break;
@@ -446,7 +1042,7 @@ impl Follower {
             // published: one that does makes the shard differ for now, not for good.
             let current = self.cluster.store.current();
             let publish_quiet = self.cluster.publish_idle();
-            let local = self.local_digests(current).await?;
+            let local = self.local_digests(Arc::clone(&current)).await?;
             let after = self.metas(conn, &unsettled).await?;
             let mut still = Vec::new();
             for ((shard, meta), earlier) in unsettled.iter().copied().zip(after).zip(&before) {
@@ -480,34 +1076,23 @@ impl Follower {
                         shard,
                         known_through: meta.seq,
                     });
+                } else if let Some(place) = self
+                    .places
+                    .as_ref()
+                    .and_then(|places| places.get(shard))
+                    .filter(|place| place.seq == meta.seq)
+                {
+                    equal.push(Settled {
+                        shard,
+                        seq: meta.seq,
+                        id: place.id.clone(),
+                        current: Arc::clone(&current),
+                    });
                 }
             }
             unsettled = still;
         }
-        self.cluster
-            .counters
-            .audit_differing
-            .fetch_add(differing.len() as u64, Ordering::Relaxed);
-        let repaired = if differing.is_empty() {
-            0
-        } else {
-            self.resync_counted(conn, &differing, true).await?
-        };
-        if repaired > 0 {
-            tracing::warn!(
-                repaired,
-                "cluster tier: audit found results redis announced that never reached this node"
-            );
-        }
-        tracing::debug!(
-            why,
-            differing = differing.len(),
-            unsettled = unsettled.len(),
-            repaired,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "cluster tier: audit done"
-        );
-        Ok(())
+        Ok((differing, equal, unsettled.len()))
     }
 
     /// Shards marked broken whose keys read as their types again: followed from now on,
@@ -774,11 +1359,16 @@ impl Follower {
 
     /// `resync`, counted in Stats; returns the repairs.
     async fn resync_counted(
-        &self,
+        &mut self,
         conn: &mut Conn,
         shards: &[Resync],
         republish: bool,
     ) -> Result<u64, Failure> {
+        if !self.start_done {
+            for r in shards {
+                self.reread_at_start[r.shard] = true;
+            }
+        }
         let outcome = self.resync(conn, shards, republish).await?;
         let counters = &self.cluster.counters;
         counters

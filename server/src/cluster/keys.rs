@@ -161,6 +161,21 @@ impl Layout {
         )
     }
 
+    /// A shard's checkpoint header (`checkpoint`).
+    pub fn checkpoint(&self, shard: usize) -> String {
+        format!("{}cp:{{s{shard:02}}}", self.prefix)
+    }
+
+    /// The stem of a shard's checkpoint part names: `<stem><seq>:<i>`.
+    pub fn checkpoint_part_stem(&self, shard: usize) -> String {
+        format!("{}cp:{{s{shard:02}}}:", self.prefix)
+    }
+
+    /// Who builds a shard's next checkpoint.
+    pub fn checkpoint_lease(&self, shard: usize) -> String {
+        format!("{}cpl:{{s{shard:02}}}", self.prefix)
+    }
+
     /// A random marker written once per server lifetime: when it changes, the server was
     /// flushed or replaced, and this node republishes its winners.
     pub fn epoch(&self) -> String {
@@ -364,6 +379,9 @@ mod tests {
             layout.lease(&key),
             layout.log(shard),
             layout.meta(shard),
+            layout.checkpoint(shard),
+            layout.checkpoint_lease(shard),
+            format!("{}0:0", layout.checkpoint_part_stem(shard)),
         ] {
             assert!(name.contains(&tag), "{name}");
         }

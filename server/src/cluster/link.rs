@@ -7,7 +7,7 @@
 //! key a caller did not expect) is retried less and less often, never in a loop; one that
 //! stayed up for `backoff::HEALTHY_FOR` starts the backoff over.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,12 +30,71 @@ pub enum Conn {
     Cluster(ClusterConnection),
 }
 
+/// Commands sent and reply bytes read until the tier's start is done (`startup_done`):
+/// Stats `cluster_startup_commands` and `cluster_startup_bytes`. A daemon has one tier.
+static COUNTING: AtomicBool = AtomicBool::new(true);
+static STARTUP_COMMANDS: AtomicU64 = AtomicU64::new(0);
+static STARTUP_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// The commands and reply bytes counted so far.
+pub fn startup_io() -> (u64, u64) {
+    (
+        STARTUP_COMMANDS.load(Ordering::Relaxed),
+        STARTUP_BYTES.load(Ordering::Relaxed),
+    )
+}
+
+/// The start is done: stops counting, returns the counts.
+pub fn startup_done() -> (u64, u64) {
+    COUNTING.store(false, Ordering::Relaxed);
+    startup_io()
+}
+
+fn count_commands(n: usize) {
+    if COUNTING.load(Ordering::Relaxed) {
+        STARTUP_COMMANDS.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// The bytes of a reply's strings (what Redis sent, near enough).
+fn reply_bytes(value: &Value) -> u64 {
+    match value {
+        Value::BulkString(bytes) => bytes.len() as u64,
+        Value::SimpleString(text) => text.len() as u64,
+        Value::Array(items) | Value::Set(items) => items.iter().map(reply_bytes).sum(),
+        Value::Map(items) => items
+            .iter()
+            .map(|(k, v)| reply_bytes(k) + reply_bytes(v))
+            .sum(),
+        _ => 8,
+    }
+}
+
+fn counted<'a, T: Send + 'a>(
+    n: usize,
+    bytes: impl Fn(&T) -> u64 + Send + 'a,
+    reply: RedisFuture<'a, T>,
+) -> RedisFuture<'a, T> {
+    if !COUNTING.load(Ordering::Relaxed) {
+        return reply;
+    }
+    count_commands(n);
+    Box::pin(async move {
+        let reply = reply.await;
+        if let Ok(value) = &reply {
+            STARTUP_BYTES.fetch_add(bytes(value), Ordering::Relaxed);
+        }
+        reply
+    })
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
+        let reply = match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
+        };
+        counted(1, reply_bytes, reply)
     }
 
     fn req_packed_commands<'a>(
@@ -44,10 +103,15 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
+        let reply = match self {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-        }
+        };
+        counted(
+            count,
+            |values: &Vec<Value>| values.iter().map(reply_bytes).sum(),
+            reply,
+        )
     }
 
     fn get_db(&self) -> i64 {
@@ -348,6 +412,8 @@ impl Link {
             .arg("cluster")
             .query_async(&mut single)
             .await?;
+        // INFO and one SCRIPT LOAD a script: sent on the manager itself, counted here.
+        count_commands(1 + super::scripts::COUNT);
         if !info.contains("cluster_enabled:1") {
             super::scripts::load_all(&mut single).await?;
             return Ok((Conn::Single(single), false));

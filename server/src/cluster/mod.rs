@@ -9,11 +9,13 @@
 //! Resolve fall back to node-local coordination after the cluster timeout.
 
 mod backoff;
+mod checkpoint;
 mod follow;
 mod forget;
 pub mod keys;
 mod lease;
 mod link;
+mod places;
 mod publish;
 mod scripts;
 mod values;
@@ -62,12 +64,21 @@ pub struct ClusterSettings {
     /// Tests only (`--cluster-clock-offset-ms`): added to this node's clock as the tier
     /// reads it.
     pub clock_offset_ms: i64,
+    /// Where this node keeps its stream places (`places`); none: it keeps none.
+    pub state_dir: Option<std::path::PathBuf>,
+    /// The journal replayed whole, so saved places can be believed.
+    pub places_trusted: bool,
+    /// `--cluster-checkpoint-every` (0: automatic).
+    pub checkpoint_every: u64,
+    /// How often a node looks for checkpoints to rebuild (jittered by half).
+    pub checkpoint_check: Duration,
 }
 
 /// The defaults of the settings above that have one.
 pub const DEFAULT_PUBLISH_QUEUE: usize = 100_000;
 pub const DEFAULT_STREAM_MAX_LEN: u64 = 10_000;
 pub const DEFAULT_AUDIT_SECS: u64 = 600;
+pub const DEFAULT_CHECKPOINT_CHECK_MS: u64 = 10_000;
 
 impl ClusterSettings {
     /// Checks the `--cluster-*` values `Config::cluster_settings` hands over: the URL parses,
@@ -117,6 +128,10 @@ impl ClusterSettings {
             stream_max_len: DEFAULT_STREAM_MAX_LEN,
             audit_interval: Duration::from_secs(DEFAULT_AUDIT_SECS),
             clock_offset_ms: 0,
+            state_dir: None,
+            places_trusted: true,
+            checkpoint_every: 0,
+            checkpoint_check: Duration::from_millis(DEFAULT_CHECKPOINT_CHECK_MS),
         })
     }
 }
@@ -167,6 +182,19 @@ pub struct ClusterCounters {
     pub resync_entries: AtomicU64,
     /// Stream messages from another daemon that uses this node's name.
     pub name_conflicts: AtomicU64,
+    /// Start-up (docs/cluster.md "Start-up"): shards whose saved place was read and matched
+    /// Redis's data lifetime; shards followed on from a saved place or a checkpoint without
+    /// reading their entries; shards read again from their entries.
+    pub places_restored: AtomicU64,
+    pub shards_resumed: AtomicU64,
+    pub shards_reread: AtomicU64,
+    pub checkpoints_built: AtomicU64,
+    pub checkpoints_loaded: AtomicU64,
+    pub checkpoints_rejected: AtomicU64,
+    /// Redis commands and reply bytes of this node's start, and how long it took.
+    pub startup_commands: AtomicU64,
+    pub startup_bytes: AtomicU64,
+    pub startup_ms: AtomicU64,
     /// This node's Forgets Redis stored and announced; tombstones read from Redis.
     pub forgets_published: AtomicU64,
     pub forgets_learned: AtomicU64,
@@ -190,6 +218,13 @@ pub struct Cluster {
     pub(crate) stream_max_len: u64,
     pub(crate) audit_interval: Duration,
     clock_offset_ms: i64,
+    prefix: String,
+    pub(crate) state_dir: Option<std::path::PathBuf>,
+    pub(crate) places_trusted: bool,
+    pub(crate) checkpoint_every: u64,
+    pub(crate) checkpoint_check: Duration,
+    /// A learned batch the store refused (a full disk): no place is saved this run.
+    pub(crate) places_unsafe: AtomicBool,
     /// Entries the publisher took from the queue and Redis has not yet answered for.
     publishing: AtomicUsize,
     /// Random per daemon run: tokens and stream messages carry it.
@@ -251,6 +286,12 @@ impl Cluster {
             stream_max_len: settings.stream_max_len.max(1),
             audit_interval: settings.audit_interval,
             clock_offset_ms: settings.clock_offset_ms,
+            prefix: settings.prefix.clone(),
+            state_dir: settings.state_dir.clone(),
+            places_trusted: settings.places_trusted,
+            checkpoint_every: settings.checkpoint_every,
+            checkpoint_check: settings.checkpoint_check,
+            places_unsafe: AtomicBool::new(false),
             publishing: AtomicUsize::new(0),
             instance: random_u64(),
             token_counter: AtomicU64::new(0),
@@ -310,6 +351,10 @@ impl Cluster {
         crate::model::entry::unix_now_ms().saturating_add(self.clock_offset_ms)
     }
 
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     pub fn node_id(&self) -> String {
         format!("{}/{:016x}", self.node_name, self.instance)
     }
@@ -344,7 +389,11 @@ impl Cluster {
                 outcome.stored
             }
             Err(error) => {
-                tracing::warn!(%error, "cluster tier: storing entries learned from redis failed");
+                // Their places move on all the same: saved, they would claim entries the
+                // journal lacks. None is saved this run (the audit repairs the cache).
+                if !self.places_unsafe.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(%error, "cluster tier: storing entries learned from redis failed; stream places are no longer saved this run");
+                }
                 0
             }
         }
@@ -478,6 +527,16 @@ impl crate::report::FillStats for Cluster {
         stats.cluster_wrong_type_keys = self.wrong_types.describe();
         stats.cluster_clock_skew_ms = self.clock_skew_ms.load(Ordering::Relaxed);
         stats.cluster_prune_paused = self.prune_paused.load(Ordering::Relaxed);
+        stats.cluster_places_restored = load(&c.places_restored);
+        stats.cluster_shards_resumed = load(&c.shards_resumed);
+        stats.cluster_shards_reread = load(&c.shards_reread);
+        stats.cluster_checkpoints_built = load(&c.checkpoints_built);
+        stats.cluster_checkpoints_loaded = load(&c.checkpoints_loaded);
+        stats.cluster_checkpoints_rejected = load(&c.checkpoints_rejected);
+        let (commands, bytes) = link::startup_io();
+        stats.cluster_startup_commands = load(&c.startup_commands).max(commands);
+        stats.cluster_startup_bytes = load(&c.startup_bytes).max(bytes);
+        stats.cluster_startup_ms = load(&c.startup_ms);
     }
 
     fn fill_stats_absent(stats: &mut v1::StatsResponse) {

@@ -258,6 +258,39 @@ return out
     )
 });
 
+/// KEYS: a shard's checkpoint header, the shard's checkpoint lease, then the new parts.
+/// ARGV: lease token, the new sequence number, its part count, the header JSON, the parts'
+/// name stem (`<prefix>cp:{sNN}:`), the shard's sequence number in Redis now.
+///
+/// Swaps in a new checkpoint with compare-and-set on the sequence number: only while the
+/// caller still holds the lease (-2 otherwise), and only over an older one (-1 when the one
+/// there is as new or newer, unless its number is past the shard's own, which no real one
+/// is). The new parts stop expiring; the old ones expire a minute later, so a node reading
+/// them now still can. Returns 1 when swapped.
+pub static CHECKPOINT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{TYPES}
+local bad = wrong(KEYS[1], 'hash') or wrong(KEYS[2], 'string')
+if bad then return redis.error_reply('WRONGTYPE ' .. bad) end
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -2 end
+local cur = redis.call('HMGET', KEYS[1], 'seq', 'n')
+local cur_seq = tonumber(cur[1] or '') or -1
+local new_seq = tonumber(ARGV[2])
+if cur_seq >= new_seq and cur_seq <= tonumber(ARGV[6]) then return -1 end
+for i = 3, #KEYS do redis.call('PERSIST', KEYS[i]) end
+if cur[1] then
+  local n = math.min(tonumber(cur[2] or '0') or 0, 64)
+  for i = 0, n - 1 do redis.call('PEXPIRE', ARGV[5] .. cur[1] .. ':' .. i, 60000) end
+end
+redis.call('HSET', KEYS[1], 'seq', ARGV[2], 'n', ARGV[3], 'h', ARGV[4])
+return 1
+"
+    ))
+});
+
+/// How many scripts `load_all` loads.
+pub const COUNT: usize = 11;
+
 /// Loads every script, so the first call on a new connection is one round trip (EVALSHA),
 /// not three (EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA).
 pub async fn load_all<C: redis::aio::ConnectionLike>(conn: &mut C) -> redis::RedisResult<()> {
@@ -272,6 +305,7 @@ pub async fn load_all<C: redis::aio::ConnectionLike>(conn: &mut C) -> redis::Red
         &*FORGET_ENTRY,
         &*FORGET_EXPIRE,
         &*PIN,
+        &*CHECKPOINT,
     ] {
         script.load_async(conn).await?;
     }
