@@ -219,7 +219,7 @@ impl Follower {
             };
             self.audit(&mut conn, why).await?;
         }
-        self.finish_start();
+        self.finish_start().await;
         // Blocking reads get their own connection, so they never hold up the shared one.
         let mut reader = match conn {
             Conn::Single(_) => Some(
@@ -255,7 +255,7 @@ impl Follower {
                 self.audit(&mut conn, "periodic").await?;
                 audited = Instant::now();
             }
-            self.save_places().await;
+            self.save_places(false).await;
             if Instant::now() >= self.next_checkpoint_check {
                 self.build_checkpoints(&mut conn).await?;
                 self.next_checkpoint_check =
@@ -304,12 +304,14 @@ impl Follower {
         self.restored = true;
     }
 
-    /// The start is over: Stats and one log line say what it cost.
-    fn finish_start(&mut self) {
+    /// The start is over: the places are saved, then Stats and one log line say what it
+    /// cost.
+    async fn finish_start(&mut self) {
         if self.start_done {
             return;
         }
         self.start_done = true;
+        self.save_places(true).await;
         let counters = &self.cluster.counters;
         let reread = self.reread_at_start.iter().filter(|&&r| r).count() as u64;
         counters.shards_reread.fetch_add(reread, Ordering::Relaxed);
@@ -342,27 +344,9 @@ impl Follower {
         );
     }
 
-    /// Saves the places (at most every `PERSIST_EVERY`, when they moved): the entries of
-    /// every message behind them were applied, and the journal is synced before the file
-    /// claims them.
-    async fn save_places(&mut self) {
-        let Some(dir) = self.cluster.state_dir.clone() else {
-            return;
-        };
-        if self.cluster.places_unsafe.load(Ordering::Relaxed) {
-            if self.saved.take().is_some() || self.saved_at.elapsed() >= PERSIST_EVERY {
-                let _ = tokio::task::spawn_blocking(move || places::remove(&dir)).await;
-                self.saved_at = Instant::now() + Duration::from_secs(3600);
-            }
-            return;
-        }
-        let (Some(current), Some(epoch)) = (&self.places, &self.epoch) else {
-            return;
-        };
-        if self.saved.as_ref() == Some(current) || self.saved_at.elapsed() < PERSIST_EVERY {
-            return;
-        }
-        let current = current.clone();
+    /// The places now, as the file holds them; `None` before there are any.
+    fn saved_form(&self) -> Option<(Vec<Place>, SavedPlaces)> {
+        let (current, epoch) = (self.places.as_ref()?, self.epoch.as_ref()?);
         let saved = SavedPlaces::new(
             self.cluster.prefix(),
             epoch,
@@ -374,18 +358,37 @@ impl Follower {
                 })
                 .collect(),
         );
-        self.saved_at = Instant::now();
-        if let Err(error) = self.cluster.store.sync_journal().await {
-            tracing::debug!(%error, "cluster tier: journal sync failed; stream places not saved");
+        Some((current.clone(), saved))
+    }
+
+    /// Saves the places (at most every `PERSIST_EVERY`, when they moved, or at once with
+    /// `now`): the entries of every message behind them were applied, and the journal is
+    /// synced before the file claims them (`Cluster::save_places`). Also hands them to the
+    /// last save at shutdown.
+    async fn save_places(&mut self, now: bool) {
+        let Some(dir) = self.cluster.state_dir.clone() else {
+            return;
+        };
+        if self.cluster.places_unsafe.load(Ordering::Relaxed) {
+            if self.saved.take().is_some() || now {
+                let _ = tokio::task::spawn_blocking(move || places::remove(&dir)).await;
+            }
+            *crate::sync::lock(&self.cluster.latest_places) = None;
             return;
         }
-        let sync = self.cluster.store.fsync_policy() != crate::journal::FsyncPolicy::Never;
-        match tokio::task::spawn_blocking(move || places::write(&dir, &saved, sync)).await {
-            Ok(Ok(())) => self.saved = Some(current),
-            Ok(Err(error)) => {
-                tracing::debug!(%error, "cluster tier: saving the stream places failed")
-            }
-            Err(error) => tracing::debug!(%error, "cluster tier: saving the stream places failed"),
+        let Some((current, saved)) = self.saved_form() else {
+            return;
+        };
+        *crate::sync::lock(&self.cluster.latest_places) = Some(saved.clone());
+        if self.saved.as_ref() == Some(&current)
+            || (!now && self.saved_at.elapsed() < PERSIST_EVERY)
+        {
+            return;
+        }
+        self.saved_at = Instant::now();
+        match self.cluster.save_places(saved).await {
+            Ok(()) => self.saved = Some(current),
+            Err(why) => tracing::debug!(%why, "cluster tier: stream places not saved"),
         }
     }
 

@@ -225,6 +225,8 @@ pub struct Cluster {
     pub(crate) checkpoint_check: Duration,
     /// A learned batch the store refused (a full disk): no place is saved this run.
     pub(crate) places_unsafe: AtomicBool,
+    /// The follower's newest places whose entries are all applied: saved at shutdown.
+    pub(crate) latest_places: Mutex<Option<places::SavedPlaces>>,
     /// Entries the publisher took from the queue and Redis has not yet answered for.
     publishing: AtomicUsize,
     /// Random per daemon run: tokens and stream messages carry it.
@@ -292,6 +294,7 @@ impl Cluster {
             checkpoint_every: settings.checkpoint_every,
             checkpoint_check: settings.checkpoint_check,
             places_unsafe: AtomicBool::new(false),
+            latest_places: Mutex::default(),
             publishing: AtomicUsize::new(0),
             instance: random_u64(),
             token_counter: AtomicU64::new(0),
@@ -457,6 +460,13 @@ impl Cluster {
     /// At shutdown: waits until this node's queue is published, at most until `deadline`;
     /// says how far it got.
     pub async fn drain_at_shutdown(&self, deadline: tokio::time::Instant) -> String {
+        // The stream places as of now, so the next start reads only what comes after.
+        let latest = crate::sync::lock(&self.latest_places).take();
+        if let Some(latest) = latest {
+            if let Err(why) = self.save_places(latest).await {
+                tracing::debug!(%why, "cluster tier: stream places not saved at shutdown");
+            }
+        }
         let waiting = self.lock_pending().entries.len();
         if self.publish_idle() {
             return "nothing waiting to publish".to_owned();
@@ -470,6 +480,26 @@ impl Cluster {
         } else {
             format!("{left} results still waiting when the time ran out (redis slow or away)")
         }
+    }
+
+    /// Saves stream places (`places`): the journal is synced first, so the file never
+    /// claims more than the journal holds.
+    pub(crate) async fn save_places(&self, saved: places::SavedPlaces) -> Result<(), String> {
+        let Some(dir) = self.state_dir.clone() else {
+            return Ok(());
+        };
+        if self.places_unsafe.load(Ordering::Relaxed) {
+            return Err("a learned batch was refused this run".to_owned());
+        }
+        self.store
+            .sync_journal()
+            .await
+            .map_err(|e| format!("journal sync: {e}"))?;
+        let sync = self.store.fsync_policy() != crate::journal::FsyncPolicy::Never;
+        tokio::task::spawn_blocking(move || places::write(&dir, &saved, sync))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
     }
 
     fn link_url(&self) -> String {
