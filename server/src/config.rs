@@ -400,6 +400,27 @@ pub struct Config {
     /// reconnect).
     #[arg(long, env = "TUNECACHE_CLUSTER_AUDIT_SECS", default_value_t = crate::cluster::DEFAULT_AUDIT_SECS, value_name = "SECS")]
     pub cluster_audit_secs: u64,
+
+    /// Rebuild a shard's checkpoint in Redis once its stream moved this many messages past
+    /// it; 0: a tenth of the shard's entries, at least 256 and at most half of
+    /// --cluster-stream-max-len.
+    #[arg(
+        long,
+        env = "TUNECACHE_CLUSTER_CHECKPOINT_EVERY",
+        default_value_t = 0,
+        value_name = "N"
+    )]
+    pub cluster_checkpoint_every: u64,
+
+    /// Tests only: how often (ms, jittered by half) a node looks for checkpoints to rebuild.
+    /// Hidden from --help.
+    #[arg(long, hide = true, default_value_t = crate::cluster::DEFAULT_CHECKPOINT_CHECK_MS)]
+    pub cluster_checkpoint_check_ms: u64,
+
+    /// Tests only: shifts this node's clock as the cluster tier reads it by this many ms, so
+    /// a test can run a node whose clock is off from Redis's. Hidden from --help.
+    #[arg(long, hide = true, default_value_t = 0, allow_hyphen_values = true)]
+    pub cluster_clock_offset_ms: i64,
 }
 
 /// `--max-request-bytes-per-uid` by default: this many messages of the largest size.
@@ -475,6 +496,10 @@ impl Config {
         settings.publish_queue = self.cluster_publish_queue.max(1);
         settings.stream_max_len = self.cluster_stream_max_len.max(1);
         settings.audit_interval = Duration::from_secs(self.cluster_audit_secs.max(1));
+        settings.clock_offset_ms = self.cluster_clock_offset_ms;
+        settings.state_dir = Some(self.state_dir());
+        settings.checkpoint_every = self.cluster_checkpoint_every;
+        settings.checkpoint_check = Duration::from_millis(self.cluster_checkpoint_check_ms.max(10));
         Ok(Some(settings))
     }
 

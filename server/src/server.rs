@@ -148,9 +148,12 @@ async fn serve(
     } = socket;
     let tuner = crate::tuner::start(config.tuner_settings()).await;
     // The cluster tier connects in the background: Redis being down delays nothing here.
-    let cluster = config
-        .cluster_settings()?
-        .map(|settings| crate::cluster::Cluster::start(settings, store.clone(), tasks));
+    let cluster = config.cluster_settings()?.map(|mut settings| {
+        // Stream places saved beside a journal that replay found damaged may claim more
+        // than the store holds now: read every shard again instead.
+        settings.places_trusted = report.skipped.is_empty();
+        crate::cluster::Cluster::start(settings, store.clone(), tasks)
+    });
     let coordinator = Coordinator::new(
         store.clone(),
         tuner.clone(),

@@ -154,9 +154,10 @@ fn fifty_starts_and_stops_leave_no_task_thread_or_fd_behind() {
             // `run` returned: every task a part started has ended (`server::run` waited for
             // them). A connection's own task inside tonic may take a moment longer to be
             // reaped after its client went away; a task left running stays and fails this.
-            settle(&format!("round {round}: no task alive after server::run returned"), &|| {
-                metrics.num_alive_tasks() == tasks_before
-            });
+            settle(
+                &format!("round {round}: no task alive after server::run returned"),
+                &|| metrics.num_alive_tasks() == tasks_before,
+            );
         }
         settle("the daemon's threads end", &|| daemon_threads().is_empty());
         settle("the daemon's descriptors close", &|| {

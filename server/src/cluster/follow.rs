@@ -20,12 +20,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use redis::streams::StreamReadReply;
 use redis::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::keys::{decode_result, encode_result, entry_digest, format_digest, Layout, SHARDS};
+use super::checkpoint;
+use super::keys::{encode_result, entry_digest, format_digest, Layout, SHARDS};
 use super::link::{Conn, BACKGROUND_TIMEOUT};
+use super::places::{self, SavedPlace, SavedPlaces};
+use super::values::{self, ReadFrom};
 use super::{scripts, Cluster};
 use crate::model::entry::{CacheKey, TunedResult};
 use crate::model::merge::{merge, MergeOutcome};
@@ -40,6 +42,16 @@ const READ_COUNT: usize = 512;
 const EPOCH_CHECK: Duration = Duration::from_secs(1);
 /// Longest the audit waits for this node's own publish queue to drain first.
 const AUDIT_DRAIN: Duration = Duration::from_secs(2);
+/// How often the stream places are saved at most (`places`): a restart reads at most this
+/// much again.
+const PERSIST_EVERY: Duration = Duration::from_secs(1);
+/// How long a checkpoint builder holds a shard's lease at most.
+const CHECKPOINT_LEASE: Duration = Duration::from_secs(60);
+/// New checkpoint parts expire unless the header swap makes them permanent.
+const CHECKPOINT_PART_TTL: Duration = Duration::from_secs(300);
+/// Learned entries per store write when a checkpoint is loaded.
+const APPLY_BATCH: usize = 4096;
+
 /// Tries to find a quiet moment for a shard (no write in Redis between this node's place in
 /// its stream and the comparison) before the audit leaves it to the next round.
 const AUDIT_ATTEMPTS: usize = 5;
@@ -100,11 +112,42 @@ struct Follower {
     /// The shards' stream names, and the shard of each.
     logs: Vec<String>,
     shard_of_log: HashMap<String, usize>,
+    /// Shards whose stream or meta hash holds the wrong type: not followed (their entries are
+    /// still read at bootstrap and by the audit), tried again at every audit.
+    broken: [bool; SHARDS],
+    /// The places came from the state directory (`places`), not from a bootstrap.
+    restored: bool,
+    /// The start (bootstrap, or the first audit of restored places) is over.
+    start_done: bool,
+    started: Instant,
+    /// Shards read again from their entries during the start.
+    reread_at_start: [bool; SHARDS],
+    /// The places last saved, and when.
+    saved: Option<Vec<Place>>,
+    saved_at: Instant,
+    /// Each shard's checkpoint as last seen: sequence number and entry count.
+    checkpoints: [Option<(u64, u64)>; SHARDS],
+    next_checkpoint_check: Instant,
+}
+
+/// A shard found equal to Redis's at `seq` (whose message is `id`) in `current`.
+struct Settled {
+    shard: usize,
+    seq: u64,
+    id: String,
+    current: Arc<crate::wire::stored::EntryMap>,
+}
+
+/// `every`, give or take half of it, at random.
+fn jittered(every: Duration) -> Duration {
+    let spread = u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1);
+    every / 2 + Duration::from_millis(super::random_u64() % spread)
 }
 
 type Failure = String;
 
 pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
+    let cluster_checkpoint_check = cluster.checkpoint_check;
     let logs: Vec<String> = (0..SHARDS).map(|s| cluster.layout.log(s)).collect();
     let shard_of_log = logs.iter().cloned().zip(0..).collect();
     let mut follower = Follower {
@@ -114,7 +157,17 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
         run_id: None,
         logs,
         shard_of_log,
+        broken: [false; SHARDS],
+        restored: false,
+        start_done: false,
+        started: Instant::now(),
+        reread_at_start: [false; SHARDS],
+        saved: None,
+        saved_at: Instant::now(),
+        checkpoints: [None; SHARDS],
+        next_checkpoint_check: Instant::now() + jittered(cluster_checkpoint_check),
     };
+    follower.restore_places().await;
     let mut seen_generation = 0;
     loop {
         let Some((conn, generation)) = follower.cluster.link.conn() else {
@@ -159,8 +212,14 @@ impl Follower {
         if self.places.is_none() {
             self.bootstrap(&mut conn).await?;
         } else if !flushed {
-            self.audit(&mut conn, "reconnected").await?;
+            let why = if self.start_done {
+                "reconnected"
+            } else {
+                "restarted"
+            };
+            self.audit(&mut conn, why).await?;
         }
+        self.finish_start().await;
         // Blocking reads get their own connection, so they never hold up the shared one.
         let mut reader = match conn {
             Conn::Single(_) => Some(
@@ -196,6 +255,140 @@ impl Follower {
                 self.audit(&mut conn, "periodic").await?;
                 audited = Instant::now();
             }
+            self.save_places(false).await;
+            if Instant::now() >= self.next_checkpoint_check {
+                self.build_checkpoints(&mut conn).await?;
+                self.next_checkpoint_check =
+                    Instant::now() + jittered(self.cluster.checkpoint_check);
+            }
+        }
+    }
+
+    /// Takes the places saved in the state directory, if the journal replayed whole and they
+    /// were made under this prefix; the first connection checks them against Redis.
+    async fn restore_places(&mut self) {
+        let Some(dir) = self.cluster.state_dir.clone() else {
+            return;
+        };
+        let prefix = self.cluster.prefix().to_owned();
+        let read = tokio::task::spawn_blocking(move || places::read(&dir, &prefix)).await;
+        let saved = match read {
+            Ok(Ok(Some(saved))) => saved,
+            Ok(Ok(None)) => return,
+            Ok(Err(why)) => {
+                tracing::warn!(%why, "cluster tier: saved stream places unusable; reading every shard");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cluster tier: reading the saved stream places failed");
+                return;
+            }
+        };
+        if !self.cluster.places_trusted {
+            tracing::warn!(
+                "cluster tier: the journal was damaged; not trusting the saved stream places"
+            );
+            return;
+        }
+        self.places = Some(
+            saved
+                .shards
+                .iter()
+                .map(|p| Place {
+                    id: p.id.clone(),
+                    seq: p.seq,
+                })
+                .collect(),
+        );
+        self.epoch = Some(saved.epoch);
+        self.restored = true;
+    }
+
+    /// The start is over: the places are saved, then Stats and one log line say what it
+    /// cost.
+    async fn finish_start(&mut self) {
+        if self.start_done {
+            return;
+        }
+        self.start_done = true;
+        self.save_places(true).await;
+        let counters = &self.cluster.counters;
+        let reread = self.reread_at_start.iter().filter(|&&r| r).count() as u64;
+        counters.shards_reread.fetch_add(reread, Ordering::Relaxed);
+        let restored = self.restored && counters.places_restored.load(Ordering::Relaxed) > 0;
+        let resumed = if restored || counters.checkpoints_loaded.load(Ordering::Relaxed) > 0 {
+            SHARDS as u64 - reread
+        } else {
+            0
+        };
+        counters
+            .shards_resumed
+            .fetch_add(resumed, Ordering::Relaxed);
+        let elapsed = self.started.elapsed();
+        counters
+            .startup_ms
+            .store(elapsed.as_millis() as u64, Ordering::Relaxed);
+        let (commands, bytes) = super::link::startup_done();
+        counters.startup_commands.store(commands, Ordering::Relaxed);
+        counters.startup_bytes.store(bytes, Ordering::Relaxed);
+        self.cluster.bootstrapped.store(true, Ordering::Relaxed);
+        tracing::info!(
+            restored_places = self.restored,
+            shards_resumed = resumed,
+            shards_read_again = reread,
+            checkpoints_loaded = counters.checkpoints_loaded.load(Ordering::Relaxed),
+            redis_commands = commands,
+            redis_bytes = bytes,
+            elapsed_ms = elapsed.as_millis() as u64,
+            "cluster tier: start done"
+        );
+    }
+
+    /// The places now, as the file holds them; `None` before there are any.
+    fn saved_form(&self) -> Option<(Vec<Place>, SavedPlaces)> {
+        let (current, epoch) = (self.places.as_ref()?, self.epoch.as_ref()?);
+        let saved = SavedPlaces::new(
+            self.cluster.prefix(),
+            epoch,
+            current
+                .iter()
+                .map(|p| SavedPlace {
+                    id: p.id.clone(),
+                    seq: p.seq,
+                })
+                .collect(),
+        );
+        Some((current.clone(), saved))
+    }
+
+    /// Saves the places (at most every `PERSIST_EVERY`, when they moved, or at once with
+    /// `now`): the entries of every message behind them were applied, and the journal is
+    /// synced before the file claims them (`Cluster::save_places`). Also hands them to the
+    /// last save at shutdown.
+    async fn save_places(&mut self, now: bool) {
+        let Some(dir) = self.cluster.state_dir.clone() else {
+            return;
+        };
+        if self.cluster.places_unsafe.load(Ordering::Relaxed) {
+            if self.saved.take().is_some() || now {
+                let _ = tokio::task::spawn_blocking(move || places::remove(&dir)).await;
+            }
+            *crate::sync::lock(&self.cluster.latest_places) = None;
+            return;
+        }
+        let Some((current, saved)) = self.saved_form() else {
+            return;
+        };
+        *crate::sync::lock(&self.cluster.latest_places) = Some(saved.clone());
+        if self.saved.as_ref() == Some(&current)
+            || (!now && self.saved_at.elapsed() < PERSIST_EVERY)
+        {
+            return;
+        }
+        self.saved_at = Instant::now();
+        match self.cluster.save_places(saved).await {
+            Ok(()) => self.saved = Some(current),
+            Err(why) => tracing::debug!(%why, "cluster tier: stream places not saved"),
         }
     }
 
@@ -213,16 +406,24 @@ impl Follower {
                 .query_async(conn),
         )
         .await?;
-        let epoch: Option<String> = timed(
-            "reading the epoch",
-            redis::cmd("GET").arg(layout.epoch()).query_async(conn),
-        )
-        .await?;
+        let epoch = super::forget::read_epoch(&self.cluster, conn).await?;
         let flushed = match (&self.epoch, &epoch) {
             (Some(known), Some(now)) => known != now,
             (Some(_), None) => true,
             (None, _) => false,
         };
+        if self.restored && !self.start_done {
+            if flushed {
+                tracing::info!(
+                    "cluster tier: saved stream places are of another redis data lifetime"
+                );
+            } else {
+                self.cluster
+                    .counters
+                    .places_restored
+                    .store(SHARDS as u64, Ordering::Relaxed);
+            }
+        }
         self.epoch = epoch;
         if created == Value::Okay && !flushed && !self.cluster.store.is_empty() {
             // A fresh server (or one restarted empty while this node was away).
@@ -262,47 +463,429 @@ impl Follower {
         Ok(restarted)
     }
 
-    /// Loads every entry in Redis. Each shard's place is taken first, so whatever is
-    /// published meanwhile is read from the streams afterwards.
+    /// Loads every entry in Redis: each shard's checkpoint where it has a good one, its
+    /// entries otherwise. Each shard's place is taken first, so whatever is published
+    /// meanwhile is read from the streams afterwards; a shard loaded from its checkpoint is
+    /// read from the checkpoint's place instead, which is no later (docs/cluster.md).
     async fn bootstrap(&mut self, conn: &mut Conn) -> Result<(), Failure> {
         let started = Instant::now();
-        // Tombstones before entries: a forgotten entry still in Redis is never served here.
+        // Tombstones before entries: a forgotten entry still in Redis (or in a checkpoint
+        // built before the Forget) is never served here.
         super::forget::load_all(&self.cluster, conn).await?;
-        let positions = (0..SHARDS).map(|shard| {
-            let mut conn = conn.clone();
-            let mut invocation = scripts::POSITION.prepare_invoke();
-            invocation
-                .key(self.cluster.layout.log(shard))
-                .key(self.cluster.layout.meta(shard));
-            async move { invocation.invoke_async::<(String, u64)>(&mut conn).await }
-        });
-        let positions: Vec<(String, u64)> = timed("reading the stream positions", async {
-            join_all(positions).await.into_iter().collect()
-        })
-        .await?;
-        let places: Vec<Place> = positions
-            .into_iter()
-            .map(|(id, seq): (String, u64)| Place { id, seq })
-            .collect();
-        let everything: Vec<Resync> = (0..SHARDS)
-            .map(|shard| Resync {
-                shard,
-                known_through: 0,
-            })
-            .collect();
-        let loaded = self.resync(conn, &everything, false).await?.learned;
+        let all: Vec<usize> = (0..SHARDS).collect();
+        let mut places = self.positions(conn, &all).await?;
+        let (from_checkpoints, loaded) = self.load_checkpoints(conn, &places).await?;
+        let mut everything = Vec::new();
+        for shard in 0..SHARDS {
+            match &from_checkpoints[shard] {
+                Some(place) => places[shard] = place.clone(),
+                None => {
+                    self.reread_at_start[shard] = true;
+                    everything.push(Resync {
+                        shard,
+                        known_through: 0,
+                    });
+                }
+            }
+        }
+        let scanned = if everything.is_empty() {
+            0
+        } else {
+            self.resync(conn, &everything, false).await?.learned
+        };
         self.cluster
             .counters
             .bootstrap_entries
-            .fetch_add(loaded, Ordering::Relaxed);
-        self.cluster.bootstrapped.store(true, Ordering::Relaxed);
+            .fetch_add(loaded + scanned, Ordering::Relaxed);
         self.places = Some(places);
         tracing::info!(
-            learned = loaded,
+            learned = loaded + scanned,
+            from_checkpoints = loaded,
+            shards_scanned = everything.len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "cluster tier: bootstrapped from redis"
         );
         Ok(())
+    }
+
+    /// Reads and checks every shard's checkpoint (`checkpoint::verify`) and applies the good
+    /// ones: per shard the place to follow its stream from (`None`: read its entries), and
+    /// how many entries they brought.
+    async fn load_checkpoints(
+        &mut self,
+        conn: &Conn,
+        positions: &[Place],
+    ) -> Result<(Vec<Option<Place>>, u64), Failure> {
+        let layout = self.cluster.layout.clone();
+        let reads = (0..SHARDS).map(|shard| {
+            let mut conn = conn.clone();
+            let name = layout.checkpoint(shard);
+            async move {
+                redis::cmd("HMGET")
+                    .arg(name)
+                    .arg("seq")
+                    .arg("n")
+                    .arg("h")
+                    .query_async::<Vec<Value>>(&mut conn)
+                    .await
+            }
+        });
+        let replies = timed("reading the checkpoints", async {
+            Ok(join_all(reads).await)
+        })
+        .await?;
+        let epoch = self.epoch.clone();
+        let mut headers: Vec<(usize, checkpoint::Header)> = Vec::new();
+        for (shard, reply) in replies.into_iter().enumerate() {
+            let fields = match reply {
+                Ok(fields) => fields,
+                Err(error) if values::is_wrong_type(&error) => {
+                    self.cluster.wrong_types.found(&layout.checkpoint(shard));
+                    continue;
+                }
+                Err(error) => return Err(format!("reading the checkpoints: {error}")),
+            };
+            let Some(text) = fields.get(2).and_then(values::bytes) else {
+                continue; // none yet
+            };
+            match checkpoint::parse_header(text, self.cluster.prefix(), shard, epoch.as_deref()) {
+                Ok(header) if header.seq > positions[shard].seq => {
+                    self.reject_checkpoint(shard, "newer than its shard (redis lost writes?)");
+                }
+                Ok(header) => {
+                    self.checkpoints[shard] = Some((header.seq, header.count));
+                    headers.push((shard, header));
+                }
+                Err(why) => self.reject_checkpoint(shard, &why),
+            }
+        }
+        let gets = headers.iter().map(|(shard, header)| {
+            let mut conn = conn.clone();
+            let stem = layout.checkpoint_part_stem(*shard);
+            let names: Vec<String> = (0..header.parts.len())
+                .map(|i| format!("{stem}{}:{i}", header.seq))
+                .collect();
+            async move {
+                if names.is_empty() {
+                    return Ok(Vec::new());
+                }
+                redis::cmd("MGET")
+                    .arg(names)
+                    .query_async::<Vec<Option<Vec<u8>>>>(&mut conn)
+                    .await
+            }
+        });
+        let parts = timed("reading checkpoint parts", async {
+            Ok(join_all(gets).await)
+        })
+        .await?;
+        let mut from_checkpoints: Vec<Option<Place>> = vec![None; SHARDS];
+        let mut loaded = 0u64;
+        for ((shard, header), parts) in headers.into_iter().zip(parts) {
+            let parts = match parts {
+                Ok(parts) => parts,
+                Err(error) if values::is_wrong_type(&error) => {
+                    self.reject_checkpoint(shard, "a part holds the wrong type");
+                    continue;
+                }
+                Err(error) => return Err(format!("reading checkpoint parts: {error}")),
+            };
+            let Some(parts) = parts.into_iter().collect::<Option<Vec<Vec<u8>>>>() else {
+                self.reject_checkpoint(shard, "a part is missing");
+                continue;
+            };
+            let verifying = layout.clone();
+            let checked = tokio::task::spawn_blocking(move || {
+                checkpoint::verify(&verifying, &header, &parts).map(|entries| (header, entries))
+            })
+            .await
+            .map_err(|e| format!("checking a checkpoint: {e}"))?;
+            let (header, entries) = match checked {
+                Ok(checked) => checked,
+                Err(why) => {
+                    self.reject_checkpoint(shard, &why);
+                    continue;
+                }
+            };
+            let tombstones = self.cluster.store.tombstones();
+            let live: Vec<(CacheKey, TunedResult)> = entries
+                .into_iter()
+                .filter(|(key, result)| result.forget_epoch >= tombstones.floor(&key.view()))
+                .collect();
+            for batch in live.chunks(APPLY_BATCH) {
+                loaded += u64::from(self.cluster.apply_learned(batch.to_vec()).await);
+            }
+            self.cluster
+                .counters
+                .checkpoints_loaded
+                .fetch_add(1, Ordering::Relaxed);
+            from_checkpoints[shard] = Some(Place {
+                id: header.id,
+                seq: header.seq,
+            });
+        }
+        Ok((from_checkpoints, loaded))
+    }
+
+    fn reject_checkpoint(&self, shard: usize, why: &str) {
+        self.cluster
+            .counters
+            .checkpoints_rejected
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            shard,
+            reason = %values::shown(why),
+            "cluster tier: rejected a shard's checkpoint; reading the shard's entries instead"
+        );
+    }
+
+    /// Rebuilds the checkpoints of shards whose streams moved more than the threshold past
+    /// them, each under its lease, from this node's own entries at a moment they equal
+    /// Redis's (`compare`), with compare-and-set on the sequence number.
+    async fn build_checkpoints(&mut self, conn: &mut Conn) -> Result<(), Failure> {
+        let (Some(places), Some(epoch)) = (self.places.clone(), self.epoch.clone()) else {
+            return Ok(());
+        };
+        let every = self.cluster.checkpoint_every;
+        let half_stream = (self.cluster.stream_max_len / 2).max(1);
+        let threshold = |count: u64| {
+            if every > 0 {
+                every
+            } else {
+                (count / 10).clamp(256.min(half_stream), half_stream)
+            }
+        };
+        let stale = |checkpoints: &[Option<(u64, u64)>; SHARDS], shard: usize| {
+            let (seq, count) = checkpoints[shard].unwrap_or((0, 0));
+            places[shard].seq >= seq + threshold(count)
+        };
+        let candidates: Vec<usize> = (0..SHARDS)
+            .filter(|&s| !self.broken[s] && places[s].seq > 0 && stale(&self.checkpoints, s))
+            .collect();
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        // Another node may have built them meanwhile: look before taking a lease.
+        let layout = self.cluster.layout.clone();
+        for &shard in &candidates {
+            let fields: Vec<Value> = match tokio::time::timeout(
+                BACKGROUND_TIMEOUT,
+                redis::cmd("HMGET")
+                    .arg(layout.checkpoint(shard))
+                    .arg("seq")
+                    .arg("h")
+                    .query_async(conn),
+            )
+            .await
+            {
+                Ok(Ok(fields)) => fields,
+                Ok(Err(error)) if values::is_wrong_type(&error) => {
+                    self.cluster.wrong_types.found(&layout.checkpoint(shard));
+                    continue;
+                }
+                Ok(Err(error)) => return Err(format!("reading a checkpoint: {error}")),
+                Err(_) => return Err("reading a checkpoint: no answer".to_owned()),
+            };
+            let header = fields.get(1).and_then(values::bytes).and_then(|text| {
+                checkpoint::parse_header(text, self.cluster.prefix(), shard, Some(&epoch)).ok()
+            });
+            if let Some(header) = header {
+                self.checkpoints[shard] = Some((header.seq, header.count));
+            }
+        }
+        let token = format!("{}/{:016x}", self.cluster.node_id(), super::random_u64());
+        let mut leased = Vec::new();
+        for shard in candidates
+            .into_iter()
+            .filter(|&s| stale(&self.checkpoints, s))
+        {
+            let taken: Value = timed(
+                "taking a checkpoint lease",
+                redis::cmd("SET")
+                    .arg(layout.checkpoint_lease(shard))
+                    .arg(&token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(CHECKPOINT_LEASE.as_millis() as u64)
+                    .query_async(conn),
+            )
+            .await?;
+            if taken == Value::Okay {
+                leased.push(shard);
+            }
+        }
+        if leased.is_empty() {
+            return Ok(());
+        }
+        let outcome = self.build_leased(conn, &leased, &epoch, &token).await;
+        for &shard in &leased {
+            let mut invocation = scripts::RELEASE.prepare_invoke();
+            invocation.key(layout.checkpoint_lease(shard)).arg(&token);
+            let _ = timed(
+                "releasing a checkpoint lease",
+                invocation.invoke_async::<i64>(conn),
+            )
+            .await;
+        }
+        outcome
+    }
+
+    async fn build_leased(
+        &mut self,
+        conn: &mut Conn,
+        shards: &[usize],
+        epoch: &str,
+        token: &str,
+    ) -> Result<(), Failure> {
+        let settled = self.compare(conn, shards).await?.1;
+        let layout = self.cluster.layout.clone();
+        for Settled {
+            shard,
+            seq,
+            id,
+            current,
+        } in settled
+        {
+            let (prefix, epoch_owned, node) = (
+                self.cluster.prefix().to_owned(),
+                epoch.to_owned(),
+                self.cluster.node_id(),
+            );
+            let building = layout.clone();
+            let built = tokio::task::spawn_blocking(move || {
+                let entries: Vec<(String, [String; 4])> = current
+                    .iter()
+                    .filter_map(|entry| {
+                        let (key, result) = entry.to_pair();
+                        let text = Layout::key_text(&key);
+                        (Layout::shard_of_text(&text) == shard)
+                            .then(|| (text, encode_result(&result)))
+                    })
+                    .collect();
+                checkpoint::build(
+                    &building,
+                    &prefix,
+                    shard,
+                    &epoch_owned,
+                    seq,
+                    &id,
+                    &node,
+                    &entries,
+                )
+            })
+            .await
+            .map_err(|e| format!("building a checkpoint: {e}"))?;
+            let built = match built {
+                Ok(built) => built,
+                Err(why) => {
+                    tracing::warn!(shard, %why, "cluster tier: could not build a checkpoint");
+                    continue;
+                }
+            };
+            let stem = layout.checkpoint_part_stem(shard);
+            let names: Vec<String> = (0..built.parts.len())
+                .map(|i| format!("{stem}{seq}:{i}"))
+                .collect();
+            let writes = names.iter().zip(&built.parts).map(|(name, part)| {
+                let mut conn = conn.clone();
+                let mut set = redis::cmd("SET");
+                set.arg(name)
+                    .arg(part.as_slice())
+                    .arg("PX")
+                    .arg(CHECKPOINT_PART_TTL.as_millis() as u64);
+                async move { set.query_async::<()>(&mut conn).await }
+            });
+            timed("writing checkpoint parts", async {
+                join_all(writes)
+                    .await
+                    .into_iter()
+                    .collect::<Result<Vec<()>, _>>()
+            })
+            .await?;
+            let header = serde_json::to_string(&built.header)
+                .map_err(|e| format!("encoding a checkpoint header: {e}"))?;
+            let now_seq = self
+                .places
+                .as_ref()
+                .map_or(seq, |places| places[shard].seq.max(seq));
+            let mut invocation = scripts::CHECKPOINT.prepare_invoke();
+            invocation
+                .key(layout.checkpoint(shard))
+                .key(layout.checkpoint_lease(shard));
+            for name in &names {
+                invocation.key(name);
+            }
+            invocation
+                .arg(token)
+                .arg(seq)
+                .arg(names.len())
+                .arg(header)
+                .arg(&stem)
+                .arg(now_seq);
+            match timed(
+                "swapping a checkpoint in",
+                invocation.invoke_async::<i64>(conn),
+            )
+            .await?
+            {
+                1 => {
+                    self.cluster
+                        .counters
+                        .checkpoints_built
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.checkpoints[shard] = Some((seq, built.header.count));
+                    tracing::info!(
+                        shard,
+                        seq,
+                        entries = built.header.count,
+                        bytes = built.parts.iter().map(Vec::len).sum::<usize>(),
+                        "cluster tier: built a shard's checkpoint"
+                    );
+                }
+                outcome => tracing::debug!(
+                    shard,
+                    seq,
+                    outcome,
+                    "cluster tier: a newer checkpoint is there, or the lease ran out"
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    /// Each of `shards`' place now (last message id and sequence number, in one step); a
+    /// shard whose stream or meta holds the wrong type is marked broken and starts at 0.
+    async fn positions(&mut self, conn: &Conn, shards: &[usize]) -> Result<Vec<Place>, Failure> {
+        let layout = &self.cluster.layout;
+        let reads = shards.iter().map(|&shard| {
+            let mut conn = conn.clone();
+            let mut invocation = scripts::POSITION.prepare_invoke();
+            invocation.key(layout.log(shard)).key(layout.meta(shard));
+            async move { invocation.invoke_async::<(String, u64)>(&mut conn).await }
+        });
+        let replies = timed("reading the stream positions", async {
+            Ok(join_all(reads).await)
+        })
+        .await?;
+        let mut places = Vec::with_capacity(shards.len());
+        for (&shard, reply) in shards.iter().zip(replies) {
+            match reply {
+                Ok((id, seq)) => {
+                    self.broken[shard] = false;
+                    places.push(Place { id, seq });
+                }
+                Err(error) if values::is_wrong_type(&error) => {
+                    let (log, meta) = (layout.log(shard), layout.meta(shard));
+                    self.cluster
+                        .wrong_types
+                        .found(values::wrong_typed_key(&error, &[&log, &meta]));
+                    self.broken[shard] = true;
+                    places.push(Place::start());
+                }
+                Err(error) => return Err(format!("reading the stream positions: {error}")),
+            }
+        }
+        Ok(places)
     }
 
     /// Reads `shards` again from their entries in Redis and applies what beats this node's
@@ -330,14 +913,16 @@ impl Follower {
         while let Some(names) = timed("scanning entries", pages.next_page(conn)).await? {
             let names: Vec<(String, CacheKey, u64)> = names
                 .into_iter()
-                .filter_map(|name| {
-                    let (key, shard) = self.cluster.layout.key_of_entry(&name)?;
-                    let through = known_through[shard]?;
-                    Some((name, key, through))
+                .filter_map(|name| match self.cluster.layout.key_of_entry(&name) {
+                    Ok((key, shard)) => Some((name, key, known_through[shard]?)),
+                    Err(why) => {
+                        self.cluster.refusals.refuse(ReadFrom::Entries, &name, &why);
+                        None
+                    }
                 })
                 .collect();
             for chunk in names.chunks(READ_COUNT) {
-                let entries = read_entries(conn, chunk).await?;
+                let entries = read_entries(&self.cluster, conn, chunk).await?;
                 let current = self.cluster.store.current();
                 let tombstones = self.cluster.store.tombstones();
                 let mut apply = Vec::new();
@@ -404,8 +989,46 @@ impl Follower {
     async fn audit(&mut self, conn: &mut Conn, why: &str) -> Result<(), Failure> {
         let started = Instant::now();
         self.cluster.counters.audits.fetch_add(1, Ordering::Relaxed);
-        let mut unsettled: Vec<usize> = (0..SHARDS).collect();
+        self.retry_broken(conn).await?;
+        let shards: Vec<usize> = (0..SHARDS).filter(|&s| !self.broken[s]).collect();
+        let (differing, _, unsettled) = self.compare(conn, &shards).await?;
+        self.cluster
+            .counters
+            .audit_differing
+            .fetch_add(differing.len() as u64, Ordering::Relaxed);
+        let repaired = if differing.is_empty() {
+            0
+        } else {
+            self.resync_counted(conn, &differing, true).await?
+        };
+        if repaired > 0 {
+            tracing::warn!(
+                repaired,
+                "cluster tier: audit found results redis announced that never reached this node"
+            );
+        }
+        tracing::debug!(
+            why,
+            differing = differing.len(),
+            unsettled,
+            repaired,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "cluster tier: audit done"
+        );
+        Ok(())
+    }
+
+    /// The comparison of the audit for `shards`: those that differ (to read again), those
+    /// found equal (with the moment: Redis's sequence number, this node's place and cache),
+    /// and how many found no quiet moment.
+    async fn compare(
+        &mut self,
+        conn: &mut Conn,
+        shards: &[usize],
+    ) -> Result<(Vec<Resync>, Vec<Settled>, usize), Failure> {
+        let mut unsettled: Vec<usize> = shards.to_vec();
         let mut differing: Vec<Resync> = Vec::new();
+        let mut equal: Vec<Settled> = Vec::new();
         for _ in 0..AUDIT_ATTEMPTS {
             if unsettled.is_empty() {
                 break;
@@ -422,10 +1045,13 @@ impl Follower {
             // published: one that does makes the shard differ for now, not for good.
             let current = self.cluster.store.current();
             let publish_quiet = self.cluster.publish_idle();
-            let local = self.local_digests(current).await?;
+            let local = self.local_digests(Arc::clone(&current)).await?;
             let after = self.metas(conn, &unsettled).await?;
             let mut still = Vec::new();
             for ((shard, meta), earlier) in unsettled.iter().copied().zip(after).zip(&before) {
+                if self.broken[shard] {
+                    continue; // its meta holds the wrong type: tried again next audit
+                }
                 // Compared only if Redis took no write in the shard while this node read its
                 // stream and summed its results, and none of this node's own was on its way.
                 // A message the stream lacks (trimmed, deleted) cannot be read, so the sums
@@ -453,37 +1079,56 @@ impl Follower {
                         shard,
                         known_through: meta.seq,
                     });
+                } else if let Some(place) = self
+                    .places
+                    .as_ref()
+                    .and_then(|places| places.get(shard))
+                    .filter(|place| place.seq == meta.seq)
+                {
+                    equal.push(Settled {
+                        shard,
+                        seq: meta.seq,
+                        id: place.id.clone(),
+                        current: Arc::clone(&current),
+                    });
                 }
             }
             unsettled = still;
         }
-        self.cluster
-            .counters
-            .audit_differing
-            .fetch_add(differing.len() as u64, Ordering::Relaxed);
-        let repaired = if differing.is_empty() {
-            0
-        } else {
-            self.resync_counted(conn, &differing, true).await?
-        };
-        if repaired > 0 {
-            tracing::warn!(
-                repaired,
-                "cluster tier: audit found results redis announced that never reached this node"
-            );
+        Ok((differing, equal, unsettled.len()))
+    }
+
+    /// Shards marked broken whose keys read as their types again: followed from now on,
+    /// after reading them again from their entries.
+    async fn retry_broken(&mut self, conn: &mut Conn) -> Result<(), Failure> {
+        let broken: Vec<usize> = (0..SHARDS).filter(|&s| self.broken[s]).collect();
+        if broken.is_empty() || self.places.is_none() {
+            return Ok(());
         }
-        tracing::debug!(
-            why,
-            differing = differing.len(),
-            unsettled = unsettled.len(),
-            repaired,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "cluster tier: audit done"
-        );
+        let places = self.positions(conn, &broken).await?;
+        let mut mended = Vec::new();
+        for (shard, place) in broken.into_iter().zip(places) {
+            if self.broken[shard] {
+                continue;
+            }
+            let layout = &self.cluster.layout;
+            self.cluster.wrong_types.fixed(&layout.log(shard));
+            self.cluster.wrong_types.fixed(&layout.meta(shard));
+            if let Some(places) = &mut self.places {
+                places[shard] = place;
+            }
+            mended.push(Resync {
+                shard,
+                known_through: 0,
+            });
+        }
+        if !mended.is_empty() {
+            self.resync_counted(conn, &mended, true).await?;
+        }
         Ok(())
     }
 
-    async fn metas(&self, conn: &Conn, shards: &[usize]) -> Result<Vec<Meta>, Failure> {
+    async fn metas(&mut self, conn: &Conn, shards: &[usize]) -> Result<Vec<Meta>, Failure> {
         let reads = shards.iter().map(|&shard| {
             let mut conn = conn.clone();
             let mut invocation = scripts::META.prepare_invoke();
@@ -494,14 +1139,30 @@ impl Follower {
                     .await
             }
         });
-        let replies: Vec<(u64, u64, String)> = timed("reading the shard digests", async {
-            join_all(reads).await.into_iter().collect()
+        let replies = timed("reading the shard digests", async {
+            Ok(join_all(reads).await)
         })
         .await?;
-        Ok(replies
-            .into_iter()
-            .map(|(seq, count, digest)| Meta { seq, count, digest })
-            .collect())
+        let mut metas = Vec::with_capacity(shards.len());
+        for (&shard, reply) in shards.iter().zip(replies) {
+            match reply {
+                Ok((seq, count, digest)) => metas.push(Meta { seq, count, digest }),
+                Err(error) if values::is_wrong_type(&error) => {
+                    // Never equal to a real one: the shard stays unsettled this round.
+                    self.cluster
+                        .wrong_types
+                        .found(&self.cluster.layout.meta(shard));
+                    self.broken[shard] = true;
+                    metas.push(Meta {
+                        seq: u64::MAX,
+                        count: u64::MAX,
+                        digest: String::new(),
+                    });
+                }
+                Err(error) => return Err(format!("reading the shard digests: {error}")),
+            }
+        }
+        Ok(metas)
     }
 
     /// Reads the streams (without blocking) until this node's place in each (shard,
@@ -544,8 +1205,9 @@ impl Follower {
         .map_err(|e| format!("computing digests: {e}"))
     }
 
-    /// One read of every shard's stream (blocking for at most `block` on a single server);
-    /// applies what it brings, reads again the shards with a gap; returns the messages read.
+    /// One read of every followed shard's stream (blocking for at most `block` on a single
+    /// server); applies what it brings, reads again the shards with a gap; returns the
+    /// messages read. Each announcement is checked like a Record (`values::stream_entry`).
     async fn read_streams(
         &mut self,
         conn: &mut Conn,
@@ -554,46 +1216,64 @@ impl Follower {
         let Some(places) = self.places.clone() else {
             return Ok(0);
         };
-        let replies: Vec<StreamReadReply> = match conn {
+        let followed: Vec<usize> = (0..SHARDS).filter(|&s| !self.broken[s]).collect();
+        if followed.is_empty() {
+            if let Some(block) = block {
+                tokio::time::sleep(block).await;
+            }
+            return Ok(0);
+        }
+        let replies: Vec<Value> = match conn {
             Conn::Single(_) => {
                 let mut read = redis::cmd("XREAD");
                 read.arg("COUNT").arg(READ_COUNT);
                 if let Some(block) = block {
                     read.arg("BLOCK").arg(block.as_millis() as u64);
                 }
-                read.arg("STREAMS").arg(&self.logs);
-                for place in &places {
-                    read.arg(&place.id);
+                read.arg("STREAMS");
+                for &shard in &followed {
+                    read.arg(&self.logs[shard]);
+                }
+                for &shard in &followed {
+                    read.arg(&places[shard].id);
                 }
                 let wait = block.unwrap_or_default() + BACKGROUND_TIMEOUT;
-                match tokio::time::timeout(wait, read.query_async::<Option<StreamReadReply>>(conn))
-                    .await
-                {
-                    Ok(Ok(reply)) => reply.into_iter().collect(),
+                match tokio::time::timeout(wait, read.query_async::<Value>(conn)).await {
+                    Ok(Ok(reply)) => vec![reply],
+                    Ok(Err(error)) if values::is_wrong_type(&error) => {
+                        self.find_broken_streams(conn, &followed).await?;
+                        return Ok(0);
+                    }
                     Ok(Err(error)) => return Err(format!("reading the streams: {error}")),
                     Err(_) => return Err("reading the streams: no answer".to_owned()),
                 }
             }
             Conn::Cluster(_) => {
                 // One read per shard: a command's keys must share a slot on Redis Cluster.
-                let reads = self.logs.iter().zip(&places).map(|(log, place)| {
+                let reads = followed.iter().map(|&shard| {
                     let mut conn = conn.clone();
                     let mut read = redis::cmd("XREAD");
                     read.arg("COUNT")
                         .arg(READ_COUNT)
                         .arg("STREAMS")
-                        .arg(log)
-                        .arg(&place.id);
-                    async move { read.query_async::<Option<StreamReadReply>>(&mut conn).await }
+                        .arg(&self.logs[shard])
+                        .arg(&places[shard].id);
+                    async move { read.query_async::<Value>(&mut conn).await }
                 });
-                let replies = timed("reading the streams", async {
-                    join_all(reads)
-                        .await
-                        .into_iter()
-                        .collect::<Result<Vec<_>, _>>()
-                })
-                .await?;
-                replies.into_iter().flatten().collect()
+                let replies =
+                    timed("reading the streams", async { Ok(join_all(reads).await) }).await?;
+                let mut read = Vec::new();
+                for (&shard, reply) in followed.iter().zip(replies) {
+                    match reply {
+                        Ok(reply) => read.push(reply),
+                        Err(error) if values::is_wrong_type(&error) => {
+                            self.cluster.wrong_types.found(&self.logs[shard]);
+                            self.broken[shard] = true;
+                        }
+                        Err(error) => return Err(format!("reading the streams: {error}")),
+                    }
+                }
+                read
             }
         };
         let me = self.cluster.node_id();
@@ -601,15 +1281,14 @@ impl Follower {
         let mut gaps: Vec<Resync> = Vec::new();
         let mut read = 0;
         let places = self.places.get_or_insert_with(Vec::new);
-        for stream in replies.into_iter().flat_map(|reply| reply.keys) {
-            let Some(&shard) = self.shard_of_log.get(&stream.key) else {
+        for (stream, messages) in replies.iter().flat_map(values::stream_read) {
+            let Some(&shard) = self.shard_of_log.get(&stream) else {
                 continue;
             };
             let place = &mut places[shard];
-            for message in stream.ids {
+            for message in messages {
                 read += 1;
-                let field = |name: &str| message.get::<String>(name);
-                if let Some(seq) = field("s").and_then(|s| s.parse::<u64>().ok()) {
+                if let Some(seq) = message.text("s").and_then(|s| s.parse::<u64>().ok()) {
                     if seq != place.seq + 1 && !gaps.iter().any(|g| g.shard == shard) {
                         // Trimmed past this node's place (everything before stays known), or
                         // the shard started over (it lost its data: nothing is known).
@@ -628,29 +1307,23 @@ impl Follower {
                     place.seq = seq;
                 }
                 place.id = message.id.clone();
-                let publisher = field("n");
-                if publisher.as_deref() == Some(me.as_str()) {
+                let publisher = message.text("n");
+                if publisher == Some(me.as_str()) {
                     continue; // our own publish
                 }
                 if publisher
-                    .as_deref()
                     .and_then(|n| n.rsplit_once('/'))
                     .is_some_and(|(name, _)| name == self.cluster.node_name())
                 {
-                    self.cluster
-                        .name_taken_by(publisher.as_deref().unwrap_or_default());
+                    self.cluster.name_taken_by(publisher.unwrap_or_default());
                 }
-                let (Some(k), Some(t), Some(c), Some(b), Some(a)) =
-                    (field("k"), field("t"), field("c"), field("b"), field("a"))
-                else {
-                    continue;
-                };
-                let (Some(key), Some(result)) =
-                    (Layout::parse_key_text(&k), decode_result(&t, c, b, &a))
-                else {
-                    continue;
-                };
-                entries.push((key, result));
+                match values::stream_entry(&message.fields) {
+                    Ok(entry) => entries.push(entry),
+                    Err(why) => self
+                        .cluster
+                        .refusals
+                        .refuse(ReadFrom::Stream, &message.id, &why),
+                }
             }
         }
         self.cluster.apply_learned(entries).await;
@@ -666,13 +1339,39 @@ impl Follower {
         Ok(read)
     }
 
+    /// A stream read failed on a key of the wrong type, which the error does not name: asks
+    /// each followed stream's type and stops following those that are not streams.
+    async fn find_broken_streams(
+        &mut self,
+        conn: &mut Conn,
+        followed: &[usize],
+    ) -> Result<(), Failure> {
+        for &shard in followed {
+            let kind: String = timed(
+                "asking a stream's type",
+                redis::cmd("TYPE").arg(&self.logs[shard]).query_async(conn),
+            )
+            .await?;
+            if kind != "stream" && kind != "none" {
+                self.cluster.wrong_types.found(&self.logs[shard]);
+                self.broken[shard] = true;
+            }
+        }
+        Ok(())
+    }
+
     /// `resync`, counted in Stats; returns the repairs.
     async fn resync_counted(
-        &self,
+        &mut self,
         conn: &mut Conn,
         shards: &[Resync],
         republish: bool,
     ) -> Result<u64, Failure> {
+        if !self.start_done {
+            for r in shards {
+                self.reread_at_start[r.shard] = true;
+            }
+        }
         let outcome = self.resync(conn, shards, republish).await?;
         let counters = &self.cluster.counters;
         counters
@@ -686,8 +1385,10 @@ impl Follower {
 }
 
 /// Reads the named entries: (key, result, the sequence number it was written at, and the
-/// `known_through` handed in with its name). Damaged or foreign entries are skipped.
+/// `known_through` handed in with its name). Each is checked like a Record's entry
+/// (`values::entry_fields`): a refused or wrong-typed one is skipped alone.
 async fn read_entries(
+    cluster: &Cluster,
     conn: &Conn,
     names: &[(String, CacheKey, u64)],
 ) -> Result<Vec<(CacheKey, TunedResult, u64, u64)>, Failure> {
@@ -701,21 +1402,27 @@ async fn read_entries(
                 .arg("b")
                 .arg("a")
                 .arg("s")
-                .query_async::<Vec<Option<String>>>(&mut conn)
+                .query_async::<Vec<Value>>(&mut conn)
                 .await
         }
     });
     let replies = timed("reading entries", async { Ok(join_all(reads).await) }).await?;
     let mut entries = Vec::new();
-    for ((_, key, through), reply) in names.iter().zip(replies) {
-        let fields = reply.map_err(|e| format!("reading entries: {e}"))?;
-        let Ok([Some(t), Some(c), Some(b), Some(a), seq]) = <[Option<String>; 5]>::try_from(fields)
-        else {
-            continue; // damaged: skipped
+    for ((name, key, through), reply) in names.iter().zip(replies) {
+        let fields = match reply {
+            Ok(fields) => fields,
+            Err(error) if values::is_wrong_type(&error) => {
+                cluster.wrong_types.found(name);
+                continue;
+            }
+            Err(error) => return Err(format!("reading entries: {error}")),
         };
-        let seq = seq.and_then(|s| s.parse().ok()).unwrap_or(0);
-        if let Some(result) = decode_result(&t, c, b, &a) {
-            entries.push((key.clone(), result, seq, *through));
+        if fields.first().is_some_and(|t| *t == Value::Nil) {
+            continue; // deleted since the scan (a Forget)
+        }
+        match values::entry_fields(&fields) {
+            Ok((result, seq)) => entries.push((key.clone(), result, seq, *through)),
+            Err(why) => cluster.refusals.refuse(ReadFrom::Entries, name, &why),
         }
     }
     Ok(entries)

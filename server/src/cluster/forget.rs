@@ -14,16 +14,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use redis::streams::StreamReadReply;
 use redis::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::backoff::{self, Backoff};
 use super::follow::timed;
-use super::keys::{decode_stamp, encode_stamp, Layout};
+use super::keys::{encode_stamp, Layout};
 use super::link::{Conn, BACKGROUND_TIMEOUT};
+use super::values::{self, ReadFrom};
 use super::{scripts, Cluster};
 use crate::model::entry::{CacheKey, Origin};
-use crate::model::forget::{plausible, stamp_unix_ms, ForgetScope, RankScope, Tombstone};
+use crate::model::forget::{stamp_unix_ms, ForgetScope, Tombstone};
 use crate::store::Source;
 
 /// How long one blocking read of the forget stream waits (single server).
@@ -32,8 +33,9 @@ const BLOCK: Duration = Duration::from_millis(1000);
 const CLUSTER_POLL: Duration = Duration::from_millis(100);
 /// Messages per stream read.
 const READ_COUNT: usize = 512;
-/// How long the forget follower waits before starting over after a failure.
-const RETRY: Duration = Duration::from_millis(500);
+/// Most a node's clock and Redis's may differ for this node to expire tombstones from
+/// Redis: past it, it logs the skew, shows it in Stats and health, and expires nothing.
+pub const MAX_CLOCK_SKEW_MS: i64 = 3600 * 1000;
 /// How often the follower checks that the server kept its data (the epoch marker).
 const EPOCH_CHECK: Duration = Duration::from_secs(2);
 
@@ -53,20 +55,6 @@ fn scope_text(scope: &ForgetScope) -> String {
     .to_string()
 }
 
-fn parse_scope_text(text: &str) -> Option<ForgetScope> {
-    type Fields = (String, String, String, String, Option<u32>, bool);
-    let (namespace, op, device, problem, rank, every_rank): Fields =
-        serde_json::from_str(text).ok()?;
-    let rank = RankScope::from_fields(rank, every_rank);
-    (!namespace.is_empty()).then_some(ForgetScope {
-        namespace,
-        op,
-        device,
-        problem,
-        rank,
-    })
-}
-
 /// A tombstone as the stream carries it: the scope text, a space, the stamp.
 fn tombstone_text(tombstone: &Tombstone) -> String {
     format!(
@@ -74,19 +62,6 @@ fn tombstone_text(tombstone: &Tombstone) -> String {
         encode_stamp(tombstone.stamp),
         scope_text(&tombstone.scope)
     )
-}
-
-fn parse_tombstone_text(text: &str) -> Option<Tombstone> {
-    let (stamp, scope) = text.split_once(' ')?;
-    Some(Tombstone {
-        scope: parse_scope_text(scope)?,
-        stamp: plausible_stamp(stamp)?,
-    })
-}
-
-/// A stamp read from Redis, unless a daemon's clock could not have made it.
-fn plausible_stamp(text: &str) -> Option<u64> {
-    decode_stamp(text).filter(|&stamp| plausible(stamp, crate::model::entry::unix_now_ms()))
 }
 
 /// Publishes tombstones (stored and announced), then deletes from Redis the entries they
@@ -111,14 +86,22 @@ pub(super) async fn publish(
             .arg(cluster.stream_max_len);
         async move { invocation.invoke_async::<i64>(&mut conn).await }
     });
-    let stored = timed("publishing forgets", async {
-        join_all(stores)
-            .await
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()
-    })
-    .await?;
-    let announced = stored.iter().filter(|&&n| n == 1).count() as u64;
+    let stored = timed("publishing forgets", async { Ok(join_all(stores).await) }).await?;
+    let mut announced = 0;
+    for reply in stored {
+        match reply {
+            Ok(n) => announced += u64::from(n == 1),
+            Err(error) if values::is_wrong_type(&error) => {
+                // Published again once the key reads as a hash (`load_all`).
+                let keys = [layout.forgets(), layout.forget_log()];
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                cluster
+                    .wrong_types
+                    .found(values::wrong_typed_key(&error, &keys));
+            }
+            Err(error) => return Err(format!("publishing forgets: {error}")),
+        }
+    }
     cluster
         .counters
         .forgets_published
@@ -155,8 +138,8 @@ async fn sweep(cluster: &Cluster, conn: &Conn, tombstones: &[Tombstone]) -> Resu
         let mut pages = timed("listing cluster nodes", conn.scan_pages(pattern)).await?;
         while let Some(names) = timed("scanning entries", pages.next_page(&mut conn)).await? {
             for name in names {
-                let Some((key, shard)) = layout.key_of_entry(&name) else {
-                    continue;
+                let Ok((key, shard)) = layout.key_of_entry(&name) else {
+                    continue; // refused where entries are read
                 };
                 let stamp = wide
                     .iter()
@@ -218,43 +201,143 @@ async fn delete_entries(
             async move { invocation.invoke_async::<i64>(&mut conn).await }
         });
         let replies = timed("deleting forgotten entries", async {
-            join_all(deletes)
-                .await
-                .into_iter()
-                .collect::<Result<Vec<_>, _>>()
+            Ok(join_all(deletes).await)
         })
         .await?;
-        deleted += replies.iter().filter(|&&n| n == 1).count() as u64;
+        for ((name, shard, _), reply) in chunk.iter().zip(replies) {
+            match reply {
+                Ok(n) => deleted += u64::from(n == 1),
+                Err(error) if values::is_wrong_type(&error) => {
+                    let meta = layout.meta(*shard);
+                    cluster
+                        .wrong_types
+                        .found(values::wrong_typed_key(&error, &[name.as_str(), &meta]));
+                }
+                Err(error) => return Err(format!("deleting forgotten entries: {error}")),
+            }
+        }
     }
     Ok(deleted)
 }
 
-/// Reads every tombstone Redis holds and applies the new ones: at bootstrap, before any
-/// entry is read, and on every (re)connection of the forget follower. Those past the
-/// retention (`--forget-retention-days`) are deleted from Redis instead, so the hash, and
-/// what a connecting node reads, stays bounded as every node's own set is.
-pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, Failure> {
-    let held: Vec<(String, String)> = timed(
-        "reading the tombstones",
-        redis::cmd("HGETALL")
-            .arg(cluster.layout.forgets())
-            .query_async(conn),
+/// Which tombstones `load_all` expires from Redis: judged by Redis's own clock, never this
+/// node's, so one node's wrong clock cannot delete every node's tombstones; and none at all
+/// while the two clocks differ by more than `MAX_CLOCK_SKEW_MS` (a clock that far off may
+/// be Redis's as well as this node's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expiry {
+    /// Tombstones stamped before this (unix ms, Redis's clock) go.
+    Before(i64),
+    /// Nothing goes: the clocks differ by `skew_ms` (this node's minus Redis's).
+    Paused { skew_ms: i64 },
+}
+
+pub fn expiry(redis_now_ms: i64, node_now_ms: i64, retention_ms: i64) -> Expiry {
+    let skew_ms = node_now_ms.saturating_sub(redis_now_ms);
+    if skew_ms.saturating_abs() > MAX_CLOCK_SKEW_MS {
+        return Expiry::Paused { skew_ms };
+    }
+    Expiry::Before(redis_now_ms.saturating_sub(retention_ms))
+}
+
+/// Redis's clock (`TIME`), in unix ms.
+async fn redis_now_ms(conn: &mut Conn) -> Result<i64, Failure> {
+    let (secs, micros): (i64, i64) = timed(
+        "reading redis's clock",
+        redis::cmd("TIME").query_async(conn),
     )
     .await?;
-    let expire_before =
-        crate::model::entry::unix_now_ms().saturating_sub(cluster.store.forget_retention_ms());
+    Ok(secs.saturating_mul(1000).saturating_add(micros / 1000))
+}
+
+impl Cluster {
+    /// Records the skew between this node's clock and Redis's; returns what may expire.
+    fn judge_clock(&self, redis_now_ms: i64) -> Expiry {
+        let expiry = expiry(
+            redis_now_ms,
+            self.node_now_ms(),
+            self.store.forget_retention_ms(),
+        );
+        let skew_ms = self.node_now_ms().saturating_sub(redis_now_ms);
+        self.clock_skew_ms.store(skew_ms, Ordering::Relaxed);
+        let paused = matches!(expiry, Expiry::Paused { .. });
+        if self.prune_paused.swap(paused, Ordering::Relaxed) != paused {
+            if paused {
+                tracing::warn!(
+                    skew_ms,
+                    bound_ms = MAX_CLOCK_SKEW_MS,
+                    "cluster tier: this node's clock and redis's differ by more than the bound; \
+                     expiring no tombstone from redis until they agree (Stats \
+                     cluster_clock_skew_ms, health NOT_SERVING)"
+                );
+            } else {
+                tracing::info!(
+                    skew_ms,
+                    "cluster tier: this node's clock agrees with redis's again"
+                );
+            }
+        }
+        expiry
+    }
+}
+
+/// Reads every tombstone Redis holds and applies the new ones: at bootstrap, before any
+/// entry is read, and on every (re)connection of the forget follower. Those past the
+/// retention (`--forget-retention-days`, by Redis's clock: `expiry`) are deleted from Redis
+/// instead, so the hash, and what a connecting node reads, stays bounded as every node's
+/// own set is. Each field is checked like a Forget (`values::tombstone`); a hash of the wrong
+/// type is named and gone on without.
+pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, Failure> {
+    let forgets = cluster.layout.forgets();
+    let held: Value = match tokio::time::timeout(
+        BACKGROUND_TIMEOUT,
+        redis::cmd("HGETALL").arg(&forgets).query_async(conn),
+    )
+    .await
+    {
+        Ok(Ok(held)) => held,
+        Ok(Err(error)) if values::is_wrong_type(&error) => {
+            cluster.wrong_types.found(&forgets);
+            return Ok(0);
+        }
+        Ok(Err(error)) => return Err(format!("reading the tombstones: {error}")),
+        Err(_) => {
+            return Err(format!(
+                "reading the tombstones: no answer within {BACKGROUND_TIMEOUT:?}"
+            ))
+        }
+    };
+    if cluster.wrong_types.fixed(&forgets) {
+        // What this node could not publish meanwhile goes now.
+        cluster.schedule_republish_all();
+    }
+    let expiry = cluster.judge_clock(redis_now_ms(conn).await?);
     let mut tombstones = Vec::new();
     let mut expired = Vec::new();
-    for (scope_text, stamp_text) in held {
-        let (Some(scope), Some(stamp)) =
-            (parse_scope_text(&scope_text), plausible_stamp(&stamp_text))
-        else {
-            continue;
+    for pair in values::hash_pairs(&held) {
+        let (scope_text, stamp_text) = match pair {
+            Ok(pair) => pair,
+            Err(why) => {
+                cluster
+                    .refusals
+                    .refuse(ReadFrom::Tombstones, &forgets, &why);
+                continue;
+            }
         };
-        if stamp_unix_ms(stamp) < expire_before {
-            expired.push((scope_text, stamp_text));
-        } else {
-            tombstones.push(Tombstone { scope, stamp });
+        let tombstone = match values::tombstone(&scope_text, &stamp_text) {
+            Ok(tombstone) => tombstone,
+            Err(why) => {
+                cluster
+                    .refusals
+                    .refuse(ReadFrom::Tombstones, &scope_text, &why);
+                continue;
+            }
+        };
+        match expiry {
+            Expiry::Before(before) if stamp_unix_ms(tombstone.stamp) < before => {
+                expired.push((scope_text, stamp_text));
+            }
+            _ => tombstones.push(tombstone),
         }
     }
     if !expired.is_empty() {
@@ -285,6 +368,7 @@ pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, 
 /// Follows the forget stream while the tier is connected.
 pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
     let mut seen_generation = 0;
+    let mut backoff = Backoff::new(super::random_u64());
     loop {
         let Some((conn, generation)) = cluster.link.conn() else {
             tokio::select! {
@@ -294,18 +378,24 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
             continue;
         };
         seen_generation = generation;
+        let started = Instant::now();
         let outcome = tokio::select! {
             outcome = follow(&cluster, conn) => outcome,
             () = stop.cancelled() => return,
         };
+        if started.elapsed() >= backoff::HEALTHY_FOR {
+            backoff.reset();
+        }
         // The connection's health is for its main users (the follower, the publisher) to
         // report: this follower only starts over, on a new connection or after a pause, so a
         // Redis restart is never reported twice and a flush never reconnects the tier.
+        // Every start over waits its backoff, also on a connection that stays up (a refused
+        // command, a damaged forget stream): never a loop.
         if let Err(why) = outcome {
-            tracing::debug!(%why, "cluster tier: the forget follower starts over");
+            let wait = backoff.next_wait();
+            tracing::debug!(%why, retry_in_ms = wait.as_millis() as u64, "cluster tier: the forget follower starts over");
             tokio::select! {
-                () = cluster.link.wait_newer(generation) => {}
-                () = tokio::time::sleep(RETRY) => {}
+                () = tokio::time::sleep(wait) => {}
                 () = stop.cancelled() => return,
             }
         }
@@ -316,22 +406,36 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
 /// starts over: a new place, the whole hash again).
 async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
     let mut epoch = read_epoch(cluster, &mut conn).await?;
-    let last: Value = timed(
-        "reading the forget stream's position",
+    let forget_log = cluster.layout.forget_log();
+    let last = tokio::time::timeout(
+        BACKGROUND_TIMEOUT,
         redis::cmd("XREVRANGE")
-            .arg(cluster.layout.forget_log())
+            .arg(&forget_log)
             .arg("+")
             .arg("-")
             .arg("COUNT")
             .arg(1)
-            .query_async(&mut conn),
+            .query_async::<Value>(&mut conn),
     )
-    .await?;
-    let last: Vec<(String, Value)> = redis::from_redis_value(&last).unwrap_or_default();
-    let mut place = last
+    .await
+    .map_err(|_| "reading the forget stream's position: no answer".to_owned())?;
+    let last = match last {
+        Ok(last) => {
+            cluster.wrong_types.fixed(&forget_log);
+            last
+        }
+        Err(error) if values::is_wrong_type(&error) => {
+            // Forgets still arrive with the whole hash on every start over.
+            cluster.wrong_types.found(&forget_log);
+            load_all(cluster, &mut conn).await?;
+            return Err("the forget stream holds the wrong type".to_owned());
+        }
+        Err(error) => return Err(format!("reading the forget stream's position: {error}")),
+    };
+    let mut place = values::messages_of(&last)
         .into_iter()
         .next()
-        .map_or_else(|| "0-0".to_owned(), |(id, _)| id);
+        .map_or_else(|| "0-0".to_owned(), |message| message.id);
     load_all(cluster, &mut conn).await?;
     let mut reader = match conn {
         Conn::Single(_) => Some(
@@ -354,7 +458,7 @@ async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
         read.arg("STREAMS")
             .arg(cluster.layout.forget_log())
             .arg(&place);
-        let reply: Option<StreamReadReply> = match reader.as_mut() {
+        let reply: Value = match reader.as_mut() {
             Some(reader) => {
                 let wait = BLOCK + BACKGROUND_TIMEOUT;
                 match tokio::time::timeout(wait, read.query_async(reader)).await {
@@ -370,17 +474,17 @@ async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
             }
         };
         let mut learned = Vec::new();
-        for stream in reply.into_iter().flat_map(|reply| reply.keys) {
-            for message in stream.ids {
+        for (_, messages) in values::stream_read(&reply) {
+            for message in messages {
                 place = message.id.clone();
-                if message.get::<String>("n").as_deref() == Some(me.as_str()) {
+                if message.text("n") == Some(me.as_str()) {
                     continue; // our own
                 }
-                if let Some(tombstone) = message
-                    .get::<String>("f")
-                    .and_then(|text| parse_tombstone_text(&text))
-                {
-                    learned.push(tombstone);
+                match values::forget_field(&message.fields).and_then(values::tombstone_message) {
+                    Ok(tombstone) => learned.push(tombstone),
+                    Err(why) => cluster
+                        .refusals
+                        .refuse(ReadFrom::Tombstones, &message.id, &why),
                 }
             }
         }
@@ -398,14 +502,25 @@ async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
     }
 }
 
-async fn read_epoch(cluster: &Cluster, conn: &mut Conn) -> Result<Option<String>, Failure> {
-    timed(
-        "reading the epoch",
-        redis::cmd("GET")
-            .arg(cluster.layout.epoch())
-            .query_async(conn),
-    )
-    .await
+/// The epoch marker (`None` when absent, or named as damaged when not a string).
+pub(super) async fn read_epoch(
+    cluster: &Cluster,
+    conn: &mut Conn,
+) -> Result<Option<String>, Failure> {
+    let epoch = cluster.layout.epoch();
+    let mut get = redis::cmd("GET");
+    get.arg(&epoch);
+    match tokio::time::timeout(BACKGROUND_TIMEOUT, get.query_async::<Option<String>>(conn)).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) if values::is_wrong_type(&error) => {
+            cluster.wrong_types.found(&epoch);
+            Ok(None)
+        }
+        Ok(Err(error)) => Err(format!("reading the epoch: {error}")),
+        Err(_) => Err(format!(
+            "reading the epoch: no answer within {BACKGROUND_TIMEOUT:?}"
+        )),
+    }
 }
 
 impl Cluster {
@@ -437,10 +552,11 @@ impl Cluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::forget::RankScope;
 
     #[test]
     fn tombstones_read_back_as_written() {
-        for rank in [RankScope::Every, RankScope::Shared, RankScope::Rank(3)] {
+        for rank in [RankScope::Every, RankScope::Rank(3)] {
             let tombstone = Tombstone {
                 scope: ForgetScope {
                     namespace: "ns".into(),
@@ -452,19 +568,42 @@ mod tests {
                 stamp: (1_700_000_000_000 << 16) + 5,
             };
             let text = tombstone_text(&tombstone);
-            assert_eq!(parse_tombstone_text(&text), Some(tombstone.clone()));
+            assert_eq!(values::tombstone_message(&text), Ok(tombstone.clone()));
             assert_eq!(
-                parse_scope_text(&scope_text(&tombstone.scope)),
-                Some(tombstone.scope)
+                values::scope_text(&scope_text(&tombstone.scope)),
+                Ok(tombstone.scope)
             );
         }
-        assert_eq!(parse_tombstone_text("zz [\"ns\"]"), None);
+        assert!(values::tombstone_message("zz [\"ns\"]").is_err());
         // A stamp no daemon's clock made (a hand-written field) is refused.
         let forged = format!(
             "{} {}",
             encode_stamp(u64::MAX),
             r#"["ns","","","",null,true]"#
         );
-        assert_eq!(parse_tombstone_text(&forged), None);
+        assert!(values::tombstone_message(&forged).is_err());
+    }
+
+    #[test]
+    fn retention_is_judged_by_redis_clock_and_paused_when_the_clocks_disagree() {
+        let day = 86_400_000i64;
+        let redis = 1_800_000_000_000;
+        let retention = 90 * day;
+        // The node's clock plays no part while it is within the bound.
+        assert_eq!(
+            expiry(redis, redis + 59 * 60 * 1000, retention),
+            Expiry::Before(redis - retention)
+        );
+        assert_eq!(
+            expiry(redis, redis - 59 * 60 * 1000, retention),
+            Expiry::Before(redis - retention)
+        );
+        // A node 100 days fast (finding 9) or slow expires nothing.
+        for skew in [100 * day, -100 * day, MAX_CLOCK_SKEW_MS + 1] {
+            assert_eq!(
+                expiry(redis, redis + skew, retention),
+                Expiry::Paused { skew_ms: skew }
+            );
+        }
     }
 }

@@ -55,18 +55,6 @@ impl Layout {
             .unwrap_or_default()
     }
 
-    pub fn parse_key_text(text: &str) -> Option<CacheKey> {
-        let (namespace, op, device, problem, rank): (String, String, String, String, Option<u32>) =
-            serde_json::from_str(text).ok()?;
-        Some(CacheKey {
-            namespace,
-            op,
-            device,
-            problem,
-            rank,
-        })
-    }
-
     /// The shard of a key text: FNV-1a, stable across versions and platforms.
     pub fn shard_of_text(text: &str) -> usize {
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -108,17 +96,22 @@ impl Layout {
         self.named("l", text)
     }
 
-    /// The cache key of an entry name found by SCAN, and its shard; `None` for anything else
-    /// (a name whose shard tag disagrees with its key is not ours either).
-    pub fn key_of_entry(&self, name: &str) -> Option<(CacheKey, usize)> {
-        let rest = name.strip_prefix(&self.prefix)?.strip_prefix("e:{s")?;
-        let (digits, text) = rest.split_at_checked(2)?;
-        let text = text.strip_prefix('}')?;
-        let shard: usize = digits.parse().ok()?;
+    /// The cache key of an entry name found by SCAN, checked as a client's key is
+    /// (`values::key_text`), and its shard; why not for anything else (a name whose shard
+    /// tag disagrees with its key is not ours either).
+    pub fn key_of_entry(&self, name: &str) -> Result<(CacheKey, usize), String> {
+        let not_ours = || "not an entry name of this prefix".to_owned();
+        let rest = name
+            .strip_prefix(&self.prefix)
+            .and_then(|rest| rest.strip_prefix("e:{s"))
+            .ok_or_else(not_ours)?;
+        let (digits, text) = rest.split_at_checked(2).ok_or_else(not_ours)?;
+        let text = text.strip_prefix('}').ok_or_else(not_ours)?;
+        let shard: usize = digits.parse().map_err(|_| not_ours())?;
         if shard != Self::shard_of_text(text) {
-            return None;
+            return Err("its shard tag is not its key's shard".to_owned());
         }
-        Some((Self::parse_key_text(text)?, shard))
+        Ok((super::values::key_text(text)?, shard))
     }
 
     /// SCAN pattern matching every entry name of `shard`, or of every shard (glob characters
@@ -166,6 +159,21 @@ impl Layout {
             self.prefix,
             Self::shard_of_text(name)
         )
+    }
+
+    /// A shard's checkpoint header (`checkpoint`).
+    pub fn checkpoint(&self, shard: usize) -> String {
+        format!("{}cp:{{s{shard:02}}}", self.prefix)
+    }
+
+    /// The stem of a shard's checkpoint part names: `<stem><seq>:<i>`.
+    pub fn checkpoint_part_stem(&self, shard: usize) -> String {
+        format!("{}cp:{{s{shard:02}}}:", self.prefix)
+    }
+
+    /// Who builds a shard's next checkpoint.
+    pub fn checkpoint_lease(&self, shard: usize) -> String {
+        format!("{}cpl:{{s{shard:02}}}", self.prefix)
     }
 
     /// A random marker written once per server lifetime: when it changes, the server was
@@ -270,17 +278,9 @@ pub fn decode_epoch_time(t: &str) -> Option<(u64, f64)> {
     Some((!parse_hex16(epoch)?, decode_time(time)?))
 }
 
-/// A result read back from Redis, checked like a Record (a corrupt field is refused).
-pub fn decode_result(t: &str, c: String, b: String, a: &str) -> Option<TunedResult> {
-    let (forget_epoch, time_us) = decode_epoch_time(t)?;
-    let result = tunecache_proto::v1::Result {
-        time_us,
-        config: c,
-        tuned_by: b,
-        tuned_at_unix_ms: decode_at(a)?,
-        forget_epoch,
-    };
-    crate::model::validate::learned_result("cluster entry", result).ok()
+/// A result read back from Redis, checked like a Record (`values::result`).
+pub fn decode_result(t: &str, c: &str, b: &str, a: &str) -> Result<TunedResult, String> {
+    super::values::result(t, c, b, a)
 }
 
 #[cfg(test)]
@@ -312,7 +312,7 @@ mod tests {
                 serde_json::json!([key.namespace, key.op, key.device, key.problem, key.rank])
                     .to_string();
             assert_eq!(Layout::key_text(&key), older);
-            assert_eq!(Layout::parse_key_text(&older), Some(key));
+            assert_eq!(super::super::values::key_text(&older), Ok(key));
         }
     }
 
@@ -359,16 +359,16 @@ mod tests {
         let shard = Layout::shard_of(&key);
         assert_eq!(
             layout.key_of_entry(&layout.entry(&key)),
-            Some((key.clone(), shard))
+            Ok((key.clone(), shard))
         );
-        assert_eq!(layout.key_of_entry(&layout.lease(&key)), None);
+        assert!(layout.key_of_entry(&layout.lease(&key)).is_err());
         // A name whose shard tag was altered is not taken for the key.
         let forged = layout.entry(&key).replacen(
             &format!("{{s{shard:02}}}"),
             &format!("{{s{:02}}}", (shard + 1) % SHARDS),
             1,
         );
-        assert_eq!(layout.key_of_entry(&forged), None);
+        assert!(layout.key_of_entry(&forged).is_err());
         assert!(check_prefix("a{b").is_err());
         assert_eq!(Layout::new("a*b:").entry_pattern(None), "a\\*b:e:{s*");
         assert_eq!(Layout::new("p:").entry_pattern(Some(3)), "p:e:{s03}*");
@@ -379,6 +379,9 @@ mod tests {
             layout.lease(&key),
             layout.log(shard),
             layout.meta(shard),
+            layout.checkpoint(shard),
+            layout.checkpoint_lease(shard),
+            format!("{}0:0", layout.checkpoint_part_stem(shard)),
         ] {
             assert!(name.contains(&tag), "{name}");
         }

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::keys::{decode_result, Layout};
 use super::scripts;
+use super::values;
 use super::Cluster;
 use crate::model::entry::{CacheKey, TunedResult};
 
@@ -59,11 +60,11 @@ impl Drop for ClusterLease {
                 return; // it expires on its own
             };
             let mut invocation = scripts::RELEASE.prepare_invoke();
-            invocation.key(lease).arg(token);
+            invocation.key(&lease).arg(token);
             let release = invocation.invoke_async::<i64>(&mut conn);
             match tokio::time::timeout(super::link::BACKGROUND_TIMEOUT, release).await {
                 Ok(Ok(_)) => {}
-                Ok(Err(error)) => cluster.link.failed(generation, &error.to_string()),
+                Ok(Err(error)) => cluster.command_failed(generation, &error, &[&lease]),
                 Err(_) => cluster.link.failed(generation, "lease release timed out"),
             }
         });
@@ -99,8 +100,16 @@ impl Cluster {
                 self.counters
                     .lease_fallbacks
                     .fetch_add(1, Ordering::Relaxed);
-                self.link.failed(generation, &error.to_string());
-                return Claim::Unavailable(error.to_string());
+                let (entry, lease) = (
+                    self.layout.entry_of_text(&text),
+                    self.layout.lease_of_text(&text),
+                );
+                self.command_failed(generation, &error, &[&entry, &lease]);
+                return Claim::Unavailable(if values::is_wrong_type(&error) {
+                    "a key of this entry in redis holds the wrong type".to_owned()
+                } else {
+                    error.to_string()
+                });
             }
             Err(_) => {
                 self.counters
@@ -184,12 +193,15 @@ fn parse_claim(reply: Value) -> Option<ParsedClaim> {
             holder: text(items.get(1)?)?,
             pttl_ms: redis::from_redis_value::<i64>(items.get(2)?).ok()?,
         }),
-        "hit" => Some(ParsedClaim::Hit(decode_result(
-            &text(items.get(1)?)?,
-            text(items.get(2)?)?,
-            text(items.get(3)?)?,
-            &text(items.get(4)?)?,
-        )?)),
+        "hit" => Some(ParsedClaim::Hit(
+            decode_result(
+                &text(items.get(1)?)?,
+                &text(items.get(2)?)?,
+                &text(items.get(3)?)?,
+                &text(items.get(4)?)?,
+            )
+            .ok()?,
+        )),
         _ => None,
     }
 }
@@ -212,7 +224,7 @@ async fn renew(cluster: Arc<Cluster>, lease: String, token: String, stop: Cancel
         match tokio::time::timeout(super::link::BACKGROUND_TIMEOUT, renewal).await {
             Ok(Ok(1)) => {}
             Ok(Ok(_)) => return, // lost (expired, or the key got a result): nothing to keep
-            Ok(Err(error)) => cluster.link.failed(generation, &error.to_string()),
+            Ok(Err(error)) => cluster.command_failed(generation, &error, &[&lease]),
             Err(_) => cluster.link.failed(generation, "lease renewal timed out"),
         }
     }

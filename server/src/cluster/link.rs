@@ -1,10 +1,15 @@
 //! The connection to Redis and its state: connects in the background with backoff, hands
 //! out cheap clones of the live connection, and drops it on the first failure or timeout so
 //! that nothing queues behind a hung server. One log line per state change.
+//!
+//! Every failure path waits before the next connection (`backoff`: 100 ms doubling to 5 s,
+//! jittered): a connection that fails right after it came up (a refused command, a damaged
+//! key a caller did not expect) is retried less and less often, never in a loop; one that
+//! stayed up for `backoff::HEALTHY_FOR` starts the backoff over.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -16,8 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Longest wait for a background command (publish, catch-up, bootstrap).
 pub const BACKGROUND_TIMEOUT: Duration = Duration::from_secs(2);
-const BACKOFF_FIRST: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
+use super::backoff::{self, Backoff, MAX as BACKOFF_MAX};
 
 /// A live connection: one server (through the connection manager) or a Redis Cluster.
 #[derive(Clone)]
@@ -26,12 +30,71 @@ pub enum Conn {
     Cluster(ClusterConnection),
 }
 
+/// Commands sent and reply bytes read until the tier's start is done (`startup_done`):
+/// Stats `cluster_startup_commands` and `cluster_startup_bytes`. A daemon has one tier.
+static COUNTING: AtomicBool = AtomicBool::new(true);
+static STARTUP_COMMANDS: AtomicU64 = AtomicU64::new(0);
+static STARTUP_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// The commands and reply bytes counted so far.
+pub fn startup_io() -> (u64, u64) {
+    (
+        STARTUP_COMMANDS.load(Ordering::Relaxed),
+        STARTUP_BYTES.load(Ordering::Relaxed),
+    )
+}
+
+/// The start is done: stops counting, returns the counts.
+pub fn startup_done() -> (u64, u64) {
+    COUNTING.store(false, Ordering::Relaxed);
+    startup_io()
+}
+
+fn count_commands(n: usize) {
+    if COUNTING.load(Ordering::Relaxed) {
+        STARTUP_COMMANDS.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// The bytes of a reply's strings (what Redis sent, near enough).
+fn reply_bytes(value: &Value) -> u64 {
+    match value {
+        Value::BulkString(bytes) => bytes.len() as u64,
+        Value::SimpleString(text) => text.len() as u64,
+        Value::Array(items) | Value::Set(items) => items.iter().map(reply_bytes).sum(),
+        Value::Map(items) => items
+            .iter()
+            .map(|(k, v)| reply_bytes(k) + reply_bytes(v))
+            .sum(),
+        _ => 8,
+    }
+}
+
+fn counted<'a, T: Send + 'a>(
+    n: usize,
+    bytes: impl Fn(&T) -> u64 + Send + 'a,
+    reply: RedisFuture<'a, T>,
+) -> RedisFuture<'a, T> {
+    if !COUNTING.load(Ordering::Relaxed) {
+        return reply;
+    }
+    count_commands(n);
+    Box::pin(async move {
+        let reply = reply.await;
+        if let Ok(value) = &reply {
+            STARTUP_BYTES.fetch_add(bytes(value), Ordering::Relaxed);
+        }
+        reply
+    })
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
+        let reply = match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
+        };
+        counted(1, reply_bytes, reply)
     }
 
     fn req_packed_commands<'a>(
@@ -40,10 +103,15 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
+        let reply = match self {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-        }
+        };
+        counted(
+            count,
+            |values: &Vec<Value>| values.iter().map(reply_bytes).sum(),
+            reply,
+        )
     }
 
     fn get_db(&self) -> i64 {
@@ -171,6 +239,11 @@ struct Current {
     /// Bumped on every new connection, so a failure report about an old one is ignored.
     generation: u64,
     state: LinkState,
+    /// When the live connection came up.
+    connected_at: Option<Instant>,
+    /// No new connection before this (the backoff after a failure).
+    retry_at: Option<Instant>,
+    backoff: Backoff,
 }
 
 pub struct Link {
@@ -195,6 +268,9 @@ impl Link {
                 conn: None,
                 generation: 0,
                 state: LinkState::Connecting,
+                connected_at: None,
+                retry_at: None,
+                backoff: Backoff::new(super::random_u64()),
             }),
             changed: watch::channel(0).0,
             reconnects: AtomicU64::new(0),
@@ -247,28 +323,47 @@ impl Link {
             return;
         }
         current.conn = None;
+        if current
+            .connected_at
+            .is_some_and(|at| at.elapsed() >= backoff::HEALTHY_FOR)
+        {
+            current.backoff.reset();
+        }
+        let wait = current.backoff.next_wait();
+        current.retry_at = Some(Instant::now() + wait);
         let state = LinkState::Down(why.to_owned());
-        tracing::warn!(url = %self.shown_url, reason = why, "cluster tier: lost the connection to redis; reconnecting");
+        tracing::warn!(
+            url = %self.shown_url,
+            reason = why,
+            retry_in_ms = wait.as_millis() as u64,
+            "cluster tier: lost the connection to redis; reconnecting"
+        );
         current.state = state;
         drop(current);
         self.changed.send_modify(|_| {});
     }
 
-    /// Keeps a connection up until `stop`: connects with exponential backoff whenever there
-    /// is none.
+    /// Keeps a connection up until `stop`: connects whenever there is none, after the
+    /// backoff of the failure that dropped the last one.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
-        let mut backoff = BACKOFF_FIRST;
         let mut changes = self.changed.subscribe();
         loop {
             if self.lock().conn.is_none() {
+                let retry_at = self.lock().retry_at.take();
+                if let Some(at) = retry_at {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at.into()) => {}
+                        () = stop.cancelled() => return,
+                    }
+                }
                 match tokio::time::timeout(BACKGROUND_TIMEOUT * 2, self.connect()).await {
                     Ok(Ok((conn, cluster))) => {
-                        backoff = BACKOFF_FIRST;
                         let generation = {
                             let mut current = self.lock();
                             current.generation += 1;
                             current.conn = Some(conn);
                             current.state = LinkState::Connected { cluster };
+                            current.connected_at = Some(Instant::now());
                             current.generation
                         };
                         if generation > 1 {
@@ -288,12 +383,9 @@ impl Link {
                                 tracing::warn!(url = %self.shown_url, reason = %why, "cluster tier: redis unavailable; serving node-local, retrying with backoff");
                             }
                             current.state = LinkState::Down(why);
+                            let wait = current.backoff.next_wait();
+                            current.retry_at = Some(Instant::now() + wait);
                         }
-                        tokio::select! {
-                            () = tokio::time::sleep(backoff) => {}
-                            () = stop.cancelled() => return,
-                        }
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
                         continue;
                     }
                 }
@@ -320,6 +412,8 @@ impl Link {
             .arg("cluster")
             .query_async(&mut single)
             .await?;
+        // INFO and one SCRIPT LOAD a script: sent on the manager itself, counted here.
+        count_commands(1 + super::scripts::COUNT);
         if !info.contains("cluster_enabled:1") {
             super::scripts::load_all(&mut single).await?;
             return Ok((Conn::Single(single), false));

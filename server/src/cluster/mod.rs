@@ -8,18 +8,22 @@
 //! Entries learned this way are not republished. Redis being slow, hung or gone only makes
 //! Resolve fall back to node-local coordination after the cluster timeout.
 
+mod backoff;
+mod checkpoint;
 mod follow;
 mod forget;
 pub mod keys;
 mod lease;
 mod link;
+mod places;
 mod publish;
 mod scripts;
+mod values;
 pub(crate) mod views;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,12 +61,24 @@ pub struct ClusterSettings {
     pub stream_max_len: u64,
     /// How often the audit compares this node with Redis (besides after every reconnect).
     pub audit_interval: Duration,
+    /// Tests only (`--cluster-clock-offset-ms`): added to this node's clock as the tier
+    /// reads it.
+    pub clock_offset_ms: i64,
+    /// Where this node keeps its stream places (`places`); none: it keeps none.
+    pub state_dir: Option<std::path::PathBuf>,
+    /// The journal replayed whole, so saved places can be believed.
+    pub places_trusted: bool,
+    /// `--cluster-checkpoint-every` (0: automatic).
+    pub checkpoint_every: u64,
+    /// How often a node looks for checkpoints to rebuild (jittered by half).
+    pub checkpoint_check: Duration,
 }
 
 /// The defaults of the settings above that have one.
 pub const DEFAULT_PUBLISH_QUEUE: usize = 100_000;
 pub const DEFAULT_STREAM_MAX_LEN: u64 = 10_000;
 pub const DEFAULT_AUDIT_SECS: u64 = 600;
+pub const DEFAULT_CHECKPOINT_CHECK_MS: u64 = 10_000;
 
 impl ClusterSettings {
     /// Checks the `--cluster-*` values `Config::cluster_settings` hands over: the URL parses,
@@ -111,6 +127,11 @@ impl ClusterSettings {
             publish_queue: DEFAULT_PUBLISH_QUEUE,
             stream_max_len: DEFAULT_STREAM_MAX_LEN,
             audit_interval: Duration::from_secs(DEFAULT_AUDIT_SECS),
+            clock_offset_ms: 0,
+            state_dir: None,
+            places_trusted: true,
+            checkpoint_every: 0,
+            checkpoint_check: Duration::from_millis(DEFAULT_CHECKPOINT_CHECK_MS),
         })
     }
 }
@@ -161,6 +182,19 @@ pub struct ClusterCounters {
     pub resync_entries: AtomicU64,
     /// Stream messages from another daemon that uses this node's name.
     pub name_conflicts: AtomicU64,
+    /// Start-up (docs/cluster.md "Start-up"): shards whose saved place was read and matched
+    /// Redis's data lifetime; shards followed on from a saved place or a checkpoint without
+    /// reading their entries; shards read again from their entries.
+    pub places_restored: AtomicU64,
+    pub shards_resumed: AtomicU64,
+    pub shards_reread: AtomicU64,
+    pub checkpoints_built: AtomicU64,
+    pub checkpoints_loaded: AtomicU64,
+    pub checkpoints_rejected: AtomicU64,
+    /// Redis commands and reply bytes of this node's start, and how long it took.
+    pub startup_commands: AtomicU64,
+    pub startup_bytes: AtomicU64,
+    pub startup_ms: AtomicU64,
     /// This node's Forgets Redis stored and announced; tombstones read from Redis.
     pub forgets_published: AtomicU64,
     pub forgets_learned: AtomicU64,
@@ -183,6 +217,16 @@ pub struct Cluster {
     publish_queue_limit: usize,
     pub(crate) stream_max_len: u64,
     pub(crate) audit_interval: Duration,
+    clock_offset_ms: i64,
+    prefix: String,
+    pub(crate) state_dir: Option<std::path::PathBuf>,
+    pub(crate) places_trusted: bool,
+    pub(crate) checkpoint_every: u64,
+    pub(crate) checkpoint_check: Duration,
+    /// A learned batch the store refused (a full disk): no place is saved this run.
+    pub(crate) places_unsafe: AtomicBool,
+    /// The follower's newest places whose entries are all applied: saved at shutdown.
+    pub(crate) latest_places: Mutex<Option<places::SavedPlaces>>,
     /// Entries the publisher took from the queue and Redis has not yet answered for.
     publishing: AtomicUsize,
     /// Random per daemon run: tokens and stream messages carry it.
@@ -198,6 +242,14 @@ pub struct Cluster {
     republish_all: AtomicBool,
     bootstrapped: AtomicBool,
     pub counters: ClusterCounters,
+    /// Values read from Redis that a client's request could not carry, per source.
+    pub(crate) refusals: values::Refusals,
+    /// Keys in Redis holding another type than the layout says.
+    pub(crate) wrong_types: values::WrongTypes,
+    /// This node's clock minus Redis's `TIME` at the last reading (`forget::load_all`).
+    clock_skew_ms: AtomicI64,
+    /// The skew is over `forget::MAX_CLOCK_SKEW`: no tombstone is expired from Redis.
+    prune_paused: AtomicBool,
     /// Where its tasks run (renewals, releases), also when started off the runtime.
     pub(crate) tasks: Tasks,
 }
@@ -235,6 +287,14 @@ impl Cluster {
             publish_queue_limit: settings.publish_queue.max(1),
             stream_max_len: settings.stream_max_len.max(1),
             audit_interval: settings.audit_interval,
+            clock_offset_ms: settings.clock_offset_ms,
+            prefix: settings.prefix.clone(),
+            state_dir: settings.state_dir.clone(),
+            places_trusted: settings.places_trusted,
+            checkpoint_every: settings.checkpoint_every,
+            checkpoint_check: settings.checkpoint_check,
+            places_unsafe: AtomicBool::new(false),
+            latest_places: Mutex::default(),
             publishing: AtomicUsize::new(0),
             instance: random_u64(),
             token_counter: AtomicU64::new(0),
@@ -245,6 +305,10 @@ impl Cluster {
             republish_all: AtomicBool::new(false),
             bootstrapped: AtomicBool::new(false),
             counters: ClusterCounters::default(),
+            refusals: values::Refusals::default(),
+            wrong_types: values::WrongTypes::default(),
+            clock_skew_ms: AtomicI64::new(0),
+            prune_paused: AtomicBool::new(false),
             tasks: tasks.clone(),
         });
         store.add_change_listener(Arc::new(ChangeFeed(Arc::downgrade(&cluster))));
@@ -285,8 +349,27 @@ impl Cluster {
         }
     }
 
+    /// This node's clock (unix ms) as the tier reads it.
+    pub(crate) fn node_now_ms(&self) -> i64 {
+        crate::model::entry::unix_now_ms().saturating_add(self.clock_offset_ms)
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     pub fn node_id(&self) -> String {
         format!("{}/{:016x}", self.node_name, self.instance)
+    }
+
+    /// A command on connection `generation` failed: a key of the wrong type (one of `keys`)
+    /// is named and gone on without; anything else drops the connection (and backs off).
+    pub(crate) fn command_failed(&self, generation: u64, error: &redis::RedisError, keys: &[&str]) {
+        if values::is_wrong_type(error) {
+            self.wrong_types.found(values::wrong_typed_key(error, keys));
+        } else {
+            self.link.failed(generation, &error.to_string());
+        }
     }
 
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, Pending> {
@@ -309,7 +392,11 @@ impl Cluster {
                 outcome.stored
             }
             Err(error) => {
-                tracing::warn!(%error, "cluster tier: storing entries learned from redis failed");
+                // Their places move on all the same: saved, they would claim entries the
+                // journal lacks. None is saved this run (the audit repairs the cache).
+                if !self.places_unsafe.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(%error, "cluster tier: storing entries learned from redis failed; stream places are no longer saved this run");
+                }
                 0
             }
         }
@@ -373,6 +460,13 @@ impl Cluster {
     /// At shutdown: waits until this node's queue is published, at most until `deadline`;
     /// says how far it got.
     pub async fn drain_at_shutdown(&self, deadline: tokio::time::Instant) -> String {
+        // The stream places as of now, so the next start reads only what comes after.
+        let latest = crate::sync::lock(&self.latest_places).take();
+        if let Some(latest) = latest {
+            if let Err(why) = self.save_places(latest).await {
+                tracing::debug!(%why, "cluster tier: stream places not saved at shutdown");
+            }
+        }
         let waiting = self.lock_pending().entries.len();
         if self.publish_idle() {
             return "nothing waiting to publish".to_owned();
@@ -388,11 +482,32 @@ impl Cluster {
         }
     }
 
+    /// Saves stream places (`places`): the journal is synced first, so the file never
+    /// claims more than the journal holds.
+    pub(crate) async fn save_places(&self, saved: places::SavedPlaces) -> Result<(), String> {
+        let Some(dir) = self.state_dir.clone() else {
+            return Ok(());
+        };
+        if self.places_unsafe.load(Ordering::Relaxed) {
+            return Err("a learned batch was refused this run".to_owned());
+        }
+        self.store
+            .sync_journal()
+            .await
+            .map_err(|e| format!("journal sync: {e}"))?;
+        let sync = self.store.fsync_policy() != crate::journal::FsyncPolicy::Never;
+        tokio::task::spawn_blocking(move || places::write(&dir, &saved, sync))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+    }
+
     fn link_url(&self) -> String {
         self.link.shown_url().to_owned()
     }
 
-    /// Reports the tier on the gRPC health service: SERVING while connected.
+    /// Reports the tier on the gRPC health service: SERVING while connected, with no key of
+    /// the wrong type known and this node's clock within the bound of Redis's.
     pub async fn report_health(
         self: Arc<Self>,
         reporter: tonic_health::server::HealthReporter,
@@ -400,6 +515,8 @@ impl Cluster {
     ) {
         crate::report::health::report(reporter, HEALTH_NAME, HEALTH_POLL, stop, || {
             matches!(self.state(), LinkState::Connected { .. })
+                && self.wrong_types.is_empty()
+                && !self.prune_paused.load(Ordering::Relaxed)
         })
         .await;
     }
@@ -434,6 +551,22 @@ impl crate::report::FillStats for Cluster {
         stats.cluster_name_conflicts = load(&c.name_conflicts);
         stats.cluster_forgets_published = load(&c.forgets_published);
         stats.cluster_forgets_learned = load(&c.forgets_learned);
+        stats.cluster_refused_stream = load(&self.refusals.stream);
+        stats.cluster_refused_entries = load(&self.refusals.entries);
+        stats.cluster_refused_tombstones = load(&self.refusals.tombstones);
+        stats.cluster_wrong_type_keys = self.wrong_types.describe();
+        stats.cluster_clock_skew_ms = self.clock_skew_ms.load(Ordering::Relaxed);
+        stats.cluster_prune_paused = self.prune_paused.load(Ordering::Relaxed);
+        stats.cluster_places_restored = load(&c.places_restored);
+        stats.cluster_shards_resumed = load(&c.shards_resumed);
+        stats.cluster_shards_reread = load(&c.shards_reread);
+        stats.cluster_checkpoints_built = load(&c.checkpoints_built);
+        stats.cluster_checkpoints_loaded = load(&c.checkpoints_loaded);
+        stats.cluster_checkpoints_rejected = load(&c.checkpoints_rejected);
+        let (commands, bytes) = link::startup_io();
+        stats.cluster_startup_commands = load(&c.startup_commands).max(commands);
+        stats.cluster_startup_bytes = load(&c.startup_bytes).max(bytes);
+        stats.cluster_startup_ms = load(&c.startup_ms);
     }
 
     fn fill_stats_absent(stats: &mut v1::StatsResponse) {

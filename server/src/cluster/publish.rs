@@ -13,8 +13,9 @@ use futures::future::join_all;
 use redis::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::keys::{decode_result, encode_result, Layout};
+use super::keys::{encode_result, Layout};
 use super::link::{Conn, BACKGROUND_TIMEOUT};
+use super::values::{self, ReadFrom};
 use super::{scripts, Cluster};
 use crate::model::entry::{CacheKey, TunedResult};
 
@@ -190,21 +191,37 @@ async fn publish_batch(
     let mut already = 0u64;
     let mut better_there = Vec::new();
     for ((key, _), reply) in batch.iter().zip(replies) {
-        match reply.map_err(|e| e.to_string())? {
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(error) if values::is_wrong_type(&error) => {
+                // The entry, its shard's stream or meta holds another type: this result
+                // cannot go to Redis until it is repaired; the audit publishes it then.
+                let text = Layout::key_text(key);
+                let shard = Layout::shard_of_text(&text);
+                let names = [
+                    layout.entry_of_text(&text),
+                    layout.log(shard),
+                    layout.meta(shard),
+                ];
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                cluster
+                    .wrong_types
+                    .found(values::wrong_typed_key(&error, &names));
+                continue;
+            }
+            Err(error) => return Err(error.to_string()),
+        };
+        match reply {
             Value::Int(1) => stored += 1,
             Value::Int(0) => already += 1,
-            Value::Array(fields) => {
-                let text = |i: usize| {
-                    fields
-                        .get(i)
-                        .and_then(|v| redis::from_redis_value::<String>(v).ok())
-                };
-                if let (Some(t), Some(c), Some(b), Some(a)) = (text(0), text(1), text(2), text(3)) {
-                    if let Some(winner) = decode_result(&t, c, b, &a) {
-                        better_there.push((key.clone(), winner));
-                    }
-                }
-            }
+            Value::Array(fields) => match values::result_of_values(&fields) {
+                Ok(winner) => better_there.push((key.clone(), winner)),
+                Err(why) => cluster.refusals.refuse(
+                    ReadFrom::Entries,
+                    &layout.entry_of_text(&Layout::key_text(key)),
+                    &why,
+                ),
+            },
             other => return Err(format!("unexpected reply to the merge script: {other:?}")),
         }
     }

@@ -42,6 +42,17 @@ local function digest(t, c, b, a)
 end
 ";
 
+/// A key of another type than the layout says fails the script before it writes anything,
+/// naming the key (`values::wrong_typed_key`): a script that stopped half way (Redis does
+/// not roll back) could store a result and never announce it.
+const TYPES: &str = r"
+local function wrong(key, kind)
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= kind then return key end
+  return nil
+end
+";
+
 /// KEYS: entry, lease, the shard's stream, the shard's meta. ARGV: t c b a, key text, node
 /// id, stream length kept.
 ///
@@ -54,7 +65,9 @@ end
 /// the stored fields. Either way the key now has a result, so its cluster lease is deleted.
 pub static MERGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{COMPARE}
+        "{COMPARE}{TYPES}
+local bad = wrong(KEYS[1], 'hash') or wrong(KEYS[3], 'stream') or wrong(KEYS[4], 'hash')
+if bad then return redis.error_reply('WRONGTYPE ' .. bad) end
 local cur = redis.call('HMGET', KEYS[1], 't', 'c', 'b', 'a')
 redis.call('DEL', KEYS[2])
 if cur[1] then
@@ -93,7 +106,9 @@ return 1
 /// high, and announces it on the forget stream in the same step: returns 1, else 0.
 pub static FORGET: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{COMPARE}
+        "{COMPARE}{TYPES}
+local bad = wrong(KEYS[1], 'hash') or wrong(KEYS[2], 'stream')
+if bad then return redis.error_reply('WRONGTYPE ' .. bad) end
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if cur and cmp(cur, ARGV[2]) >= 0 then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
@@ -123,7 +138,9 @@ return 0
 /// out of the shard's count and digest: returns 1, else 0. The caller checked the scope.
 pub static FORGET_ENTRY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{COMPARE}
+        "{COMPARE}{TYPES}
+local bad = wrong(KEYS[1], 'hash') or wrong(KEYS[2], 'hash')
+if bad then return redis.error_reply('WRONGTYPE ' .. bad) end
 local cur = redis.call('HMGET', KEYS[1], 't', 'c', 'b', 'a')
 if not cur[1] then return 0 end
 cur = {{cur[1], cur[2] or '', cur[3] or '', cur[4] or ''}}
@@ -143,14 +160,16 @@ return 1
 /// KEYS: the shard's stream, the shard's meta. Where a reader starts, in one step: the last
 /// message id (`0-0` for none) and the shard's sequence number, which that message carries.
 pub static POSITION: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+    Script::new(&format!(
+        "{TYPES}
+local bad = wrong(KEYS[1], 'stream') or wrong(KEYS[2], 'hash')
+if bad then return redis.error_reply('WRONGTYPE ' .. bad) end
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local id = '0-0'
 if last[1] then id = last[1][1] end
-return {id, tonumber(redis.call('HGET', KEYS[2], 's') or '0')}
-",
-    )
+return {{id, tonumber(redis.call('HGET', KEYS[2], 's') or '0')}}
+"
+    ))
 });
 
 /// KEYS: the shard's meta. Its sequence number, entry count and digest.
@@ -167,15 +186,17 @@ return {tonumber(m[1] or '0'), tonumber(m[2] or '0'), m[3] or '0000000000000000'
 /// `{'hit', t, c, b, a}`. Else SET NX PX takes the lease: `{'acquired'}`. Else
 /// `{'held', holder token, pttl}`.
 pub static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+    Script::new(&format!(
+        "{TYPES}
+local bad = wrong(KEYS[1], 'hash') or wrong(KEYS[2], 'string')
+if bad then return redis.error_reply('WRONGTYPE ' .. bad) end
 local cur = redis.call('HMGET', KEYS[1], 't', 'c', 'b', 'a')
-if cur[1] then return {'hit', cur[1], cur[2] or '', cur[3] or '', cur[4] or ''} end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {'acquired'} end
+if cur[1] then return {{'hit', cur[1], cur[2] or '', cur[3] or '', cur[4] or ''}} end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {{'acquired'}} end
 local holder = redis.call('GET', KEYS[2]) or ''
-return {'held', holder, redis.call('PTTL', KEYS[2])}
-",
-    )
+return {{'held', holder, redis.call('PTTL', KEYS[2])}}
+"
+    ))
 });
 
 /// KEYS: lease. ARGV: token, ttl ms. Extends the lease only if this token still holds it.
@@ -237,6 +258,39 @@ return out
     )
 });
 
+/// KEYS: a shard's checkpoint header, the shard's checkpoint lease, then the new parts.
+/// ARGV: lease token, the new sequence number, its part count, the header JSON, the parts'
+/// name stem (`<prefix>cp:{sNN}:`), the shard's sequence number in Redis now.
+///
+/// Swaps in a new checkpoint with compare-and-set on the sequence number: only while the
+/// caller still holds the lease (-2 otherwise), and only over an older one (-1 when the one
+/// there is as new or newer, unless its number is past the shard's own, which no real one
+/// is). The new parts stop expiring; the old ones expire a minute later, so a node reading
+/// them now still can. Returns 1 when swapped.
+pub static CHECKPOINT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{TYPES}
+local bad = wrong(KEYS[1], 'hash') or wrong(KEYS[2], 'string')
+if bad then return redis.error_reply('WRONGTYPE ' .. bad) end
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -2 end
+local cur = redis.call('HMGET', KEYS[1], 'seq', 'n')
+local cur_seq = tonumber(cur[1] or '') or -1
+local new_seq = tonumber(ARGV[2])
+if cur_seq >= new_seq and cur_seq <= tonumber(ARGV[6]) then return -1 end
+for i = 3, #KEYS do redis.call('PERSIST', KEYS[i]) end
+if cur[1] then
+  local n = math.min(tonumber(cur[2] or '0') or 0, 64)
+  for i = 0, n - 1 do redis.call('PEXPIRE', ARGV[5] .. cur[1] .. ':' .. i, 60000) end
+end
+redis.call('HSET', KEYS[1], 'seq', ARGV[2], 'n', ARGV[3], 'h', ARGV[4])
+return 1
+"
+    ))
+});
+
+/// How many scripts `load_all` loads.
+pub const COUNT: usize = 11;
+
 /// Loads every script, so the first call on a new connection is one round trip (EVALSHA),
 /// not three (EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA).
 pub async fn load_all<C: redis::aio::ConnectionLike>(conn: &mut C) -> redis::RedisResult<()> {
@@ -251,6 +305,7 @@ pub async fn load_all<C: redis::aio::ConnectionLike>(conn: &mut C) -> redis::Red
         &*FORGET_ENTRY,
         &*FORGET_EXPIRE,
         &*PIN,
+        &*CHECKPOINT,
     ] {
         script.load_async(conn).await?;
     }

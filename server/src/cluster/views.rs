@@ -63,7 +63,7 @@ fn parse_reply(value: redis::Value) -> Result<Option<String>, String> {
 /// A pin read back from Redis, checked like a learned result; `None` if corrupt.
 fn decode_pin(entry: &StoredEntry, text: &str) -> Option<StoredEntry> {
     let [t, c, b, a]: [String; 4] = serde_json::from_str(text).ok()?;
-    let result = decode_result(&t, c, b, &a)?;
+    let result = decode_result(&t, &c, &b, &a).ok()?;
     Some(StoredEntry::from_views(&entry.key(), &result.view()))
 }
 
@@ -171,7 +171,7 @@ impl Cluster {
             }
             Ok(Ok(_)) => Err("unexpected reply to the pin script".to_owned()),
             Ok(Err(error)) => {
-                self.link.failed(generation, &error.to_string());
+                self.command_failed(generation, &error, &[hash]);
                 Err(error.to_string())
             }
             Err(_) => {

@@ -7,7 +7,7 @@ use tunecache_proto::tuner::problem;
 use tunecache_proto::v1;
 
 use crate::model::entry::{CacheKey, KeyView, TunedResult};
-use crate::model::forget::{ForgetAsk, ForgetScope, RankScope};
+use crate::model::forget::{ForgetAsk, ForgetScope, RankScope, Tombstone};
 
 pub use tunecache_proto::limits::{MAX_CONFIG_BYTES, MAX_KEY_FIELD_BYTES};
 /// Most entries (Record) or keys (Lookup) in one request.
@@ -221,6 +221,51 @@ pub fn learned_result(path: &str, result: v1::Result) -> Result<TunedResult, Inv
     self::result(path, Some(result))
 }
 
+/// A tombstone learned from another node (Redis, a segment), checked like the Forget that
+/// made it: its scope must be what `forget` makes of a request with the same fields (the
+/// same limits, a namespace, the canonical problem; a scope of the shared entry alone is an
+/// exact key), and its stamp one a daemon's clock could have made (`forget::plausible`).
+pub fn learned_tombstone(path: &str, tombstone: Tombstone) -> Result<Tombstone, InvalidField> {
+    let scope = &tombstone.scope;
+    let (rank, only_if) = match scope.rank {
+        RankScope::Every => (None, None),
+        RankScope::Rank(n) => (Some(n), None),
+        // Only an exact-key Forget (`only_if`) leaves a tombstone of the shared entry alone.
+        RankScope::Shared => (
+            None,
+            Some(v1::Result {
+                config: "{}".to_owned(),
+                ..Default::default()
+            }),
+        ),
+    };
+    let ask = forget(v1::ForgetRequest {
+        namespace: scope.namespace.clone(),
+        op: scope.op.clone(),
+        device: scope.device.clone(),
+        problem: scope.problem.clone(),
+        rank,
+        only_if,
+    })
+    .map_err(|error| InvalidField::new(format!("{path}.{}", error.path), error.reason))?;
+    if ask.scope != tombstone.scope {
+        return Err(InvalidField::new(
+            path,
+            "not a scope a Forget makes (a problem not in canonical form)",
+        ));
+    }
+    if !crate::model::forget::plausible(tombstone.stamp, crate::model::entry::unix_now_ms()) {
+        return Err(InvalidField::new(
+            format!("{path}.stamp"),
+            format!(
+                "{} is ahead of this node's clock by more than a day",
+                tombstone.stamp
+            ),
+        ));
+    }
+    Ok(tombstone)
+}
+
 /// Validates a Forget: a scope (the namespace required, other strings optional), or, with
 /// `only_if`, one exact key (all four strings required) and the result it must still hold.
 pub fn forget(request: v1::ForgetRequest) -> Result<ForgetAsk, InvalidField> {
@@ -400,6 +445,47 @@ mod tests {
         // Bytes it cannot read are prost's to report.
         assert!(check_count(&[0x0a, 0x05, 0x00], 1, "entries").is_ok());
         assert!(check_count(&[0xff; 11], 1, "entries").is_ok());
+    }
+
+    #[test]
+    fn learned_tombstones_are_checked_like_the_forget_that_made_them() {
+        let scope = |namespace: &str, problem: &str, rank| ForgetScope {
+            namespace: namespace.into(),
+            op: "op".into(),
+            device: "dev".into(),
+            problem: problem.into(),
+            rank,
+        };
+        let stamp = (crate::model::entry::unix_now_ms() as u64) << 16;
+        for rank in [RankScope::Every, RankScope::Shared, RankScope::Rank(3)] {
+            let good = Tombstone {
+                scope: scope("ns", "p", rank),
+                stamp,
+            };
+            assert_eq!(learned_tombstone("t", good.clone()), Ok(good));
+        }
+        let refused = |scope: ForgetScope, stamp: u64| {
+            learned_tombstone("t", Tombstone { scope, stamp })
+                .unwrap_err()
+                .path
+        };
+        assert_eq!(
+            refused(scope("", "p", RankScope::Every), stamp),
+            "t.namespace"
+        );
+        let huge = "n".repeat(MAX_KEY_FIELD_BYTES + 1);
+        assert_eq!(
+            refused(scope(&huge, "p", RankScope::Every), stamp),
+            "t.namespace"
+        );
+        assert_eq!(
+            refused(scope("ns", "", RankScope::Shared), stamp),
+            "t.problem"
+        );
+        assert_eq!(
+            refused(scope("ns", "p", RankScope::Every), u64::MAX),
+            "t.stamp"
+        );
     }
 
     #[test]

@@ -245,6 +245,20 @@ const METRICS: &[Metric] = &[
     row("view_pins_forgotten", "Pins dropped by Forgets.", Counter(|s| s.view_pins_forgotten)),
     row("views_ended_idle", "Views ended after --view-idle-secs without a request.", Counter(|s| s.views_ended_idle)),
     row("views_ended", "Views ended by an operator.", Counter(|s| s.views_ended)),
+    row("cluster_refused_stream", "Announcements read from Redis streams that no client could send, refused.", Counter(|s| s.cluster_refused_stream)),
+    row("cluster_refused_entries", "Entries read from Redis hashes or script replies that no client could send, refused.", Counter(|s| s.cluster_refused_entries)),
+    row("cluster_refused_tombstones", "Tombstones read from Redis that no Forget could make, refused.", Counter(|s| s.cluster_refused_tombstones)),
+    row("cluster_clock_skew_ms", "This node's clock minus Redis's TIME at the last reading.", SignedGauge(|s| s.cluster_clock_skew_ms)),
+    row("cluster_prune_paused", "1 while the clock skew is over 1 h and no tombstone is expired from Redis.", Gauge(|s| u64::from(s.cluster_prune_paused))),
+    row("cluster_places_restored", "Shards whose saved stream place matched Redis at start.", Counter(|s| s.cluster_places_restored)),
+    row("cluster_shards_resumed", "Shards followed on at start from a saved place or a checkpoint, their entries not read.", Counter(|s| s.cluster_shards_resumed)),
+    row("cluster_shards_reread", "Shards read again from their entries at start.", Counter(|s| s.cluster_shards_reread)),
+    row("cluster_checkpoints_built", "Shard checkpoints this node built in Redis.", Counter(|s| s.cluster_checkpoints_built)),
+    row("cluster_checkpoints_loaded", "Shard checkpoints this node loaded at start.", Counter(|s| s.cluster_checkpoints_loaded)),
+    row("cluster_checkpoints_rejected", "Shard checkpoints rejected at start: damaged, foreign or out of date.", Counter(|s| s.cluster_checkpoints_rejected)),
+    row("cluster_startup_commands", "Redis commands this node's start took.", Gauge(|s| s.cluster_startup_commands)),
+    row("cluster_startup_bytes", "Reply bytes this node's start read from Redis.", Gauge(|s| s.cluster_startup_bytes)),
+    row("cluster_startup_ms", "Milliseconds from the tier's start until it was bootstrapped.", Gauge(|s| s.cluster_startup_ms)),
 ];
 
 /// -1 until the first snapshot, so "never" is not mistaken for "just now".
@@ -441,6 +455,20 @@ mod tests {
             max_view_pins_per_uid: 1100,
             max_views_per_uid: 1101,
             views_evicted: 1102,
+            cluster_refused_stream: 1084,
+            cluster_refused_entries: 1085,
+            cluster_refused_tombstones: 1086,
+            cluster_clock_skew_ms: -1087,
+            cluster_prune_paused: true,
+            cluster_places_restored: 1088,
+            cluster_shards_resumed: 1089,
+            cluster_shards_reread: 1090,
+            cluster_checkpoints_built: 1091,
+            cluster_checkpoints_loaded: 1092,
+            cluster_checkpoints_rejected: 1093,
+            cluster_startup_commands: 1094,
+            cluster_startup_bytes: 1095,
+            cluster_startup_ms: 1096,
             ..Default::default()
         }
     }

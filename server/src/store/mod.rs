@@ -199,6 +199,8 @@ enum WriteCommand {
         forget: ForgetCommand,
         reply: oneshot::Sender<Result<u32>>,
     },
+    /// Finish what is queued before this, then sync the journal (`Store::sync_journal`).
+    Sync { reply: oneshot::Sender<Result<()>> },
     /// Finish what is queued before this, sync, and stop. Handles still held elsewhere
     /// (by connections that outlive the shutdown) then get `WriterGone`.
     Stop,
@@ -427,6 +429,18 @@ impl Store {
         }
         self.send_forget(ForgetCommand::Learned(tombstones, source, origin))
             .await
+    }
+
+    /// Returns once everything written before the call is in the journal and synced to disk
+    /// as `--fsync` promises (nothing more under `never`): what a part that records a claim
+    /// about the cache beside the journal (the cluster tier's stream places) waits for, so
+    /// that the claim never covers more than the journal holds.
+    pub async fn sync_journal(&self) -> Result<()> {
+        let (reply, outcome) = oneshot::channel();
+        self.writes
+            .send(WriteCommand::Sync { reply })
+            .map_err(|_| Error::WriterGone)?;
+        outcome.await.map_err(|_| Error::WriterGone)?
     }
 
     async fn send_forget(&self, forget: ForgetCommand) -> Result<u32> {
@@ -727,6 +741,12 @@ fn run_writer(
                         writer.apply_group(std::mem::take(&mut group));
                     }
                     let _ = reply.send(writer.apply_forget(forget));
+                }
+                WriteCommand::Sync { reply } => {
+                    if !group.is_empty() {
+                        writer.apply_group(std::mem::take(&mut group));
+                    }
+                    let _ = reply.send(writer.journal.sync());
                 }
                 WriteCommand::Stop => {
                     stop = true;

@@ -94,6 +94,25 @@ enum Commands {
         #[arg(long)]
         python_matrix: bool,
     },
+    /// Issue 38: N nodes joining at once, and restarted on their state directories, against a
+    /// redis-server holding E entries, for each binary given (this build, main's): time until
+    /// the last is warm, Redis commands, CPU and bytes out; writes startup.json and startup.md.
+    Startup {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        /// `label=path` of each tunecached to measure, e.g. `main=/tmp/tunecached-main`; this
+        /// build's as `branch` when none is given.
+        #[arg(long = "binary", value_delimiter = ',')]
+        binaries: Vec<String>,
+        #[arg(long, value_delimiter = ',', default_value = "8,16,32")]
+        nodes: Vec<usize>,
+        #[arg(long, default_value_t = 100_000)]
+        entries: usize,
+        #[arg(long, default_value_t = 1000)]
+        new_while_down: usize,
+        #[arg(long, default_value_t = 600.0)]
+        limit_s: f64,
+    },
     /// N daemons sharing one directory: bytes per new entry, time to reach every node, idle
     /// bytes and a joining node's load time, snapshot format 2 beside format 1.
     Cluster {
@@ -292,6 +311,40 @@ fn main() -> Result<()> {
                 command_line: std::env::args().collect::<Vec<_>>().join(" "),
             };
             suite::run_suite(&options)?;
+            println!("{}", serde_json::json!({ "out": out }));
+        }
+        Commands::Startup {
+            out,
+            binaries,
+            nodes,
+            entries,
+            new_while_down,
+            limit_s,
+        } => {
+            let mut labelled = Vec::new();
+            for binary in &binaries {
+                let (label, path) = binary
+                    .split_once('=')
+                    .context("--binary takes label=path")?;
+                labelled.push((label.to_owned(), PathBuf::from(path)));
+            }
+            if labelled.is_empty() {
+                labelled.push((
+                    "branch".to_owned(),
+                    tunecache_bench::daemon::workspace_binary("tunecached"),
+                ));
+            }
+            let options = suite::startup::StartupOptions {
+                out_dir: out.clone(),
+                binaries: labelled,
+                nodes,
+                entries,
+                new_while_down,
+                limit: Duration::try_from_secs_f64(limit_s)
+                    .context("--limit-s must be a non-negative number of seconds")?,
+            };
+            let command_line = std::env::args().collect::<Vec<_>>().join(" ");
+            suite::startup::run_startup(&options, &command_line)?;
             println!("{}", serde_json::json!({ "out": out }));
         }
         Commands::Cluster {

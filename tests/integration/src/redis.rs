@@ -235,6 +235,15 @@ impl Redis {
         Some(blocked)
     }
 
+    /// A number of `INFO <section>` (e.g. `total_connections_received` of `stats`).
+    pub fn info_number(&self, section: &str, field: &str) -> u64 {
+        let text = self.cli(&["INFO", section]);
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{field}:")))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or_else(|| panic!("INFO {section} has no number {field}: {text}"))
+    }
+
     /// The names of the keys matching `pattern` (SCAN, so a Cluster master's own keys).
     pub fn keys_matching(&self, pattern: &str) -> Vec<String> {
         let text = self.cli(&["--scan", "--pattern", pattern]);

@@ -10,6 +10,7 @@ mod micro;
 pub mod python_client;
 mod report;
 mod slowfs;
+pub mod startup;
 mod transport;
 mod views;
 mod views_hostile;

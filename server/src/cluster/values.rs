@@ -1,0 +1,612 @@
+//! Everything the tier reads from Redis, checked exactly like a client's request before any
+//! of it is used (`model::validate`, one validation for every source): entries announced on
+//! the shard streams, entries read from their hashes (bootstrap, reading a shard again,
+//! script replies), tombstones from the tombstone hash and the forget stream. Whoever can
+//! write to Redis is trusted no more than a rank: a value a Record or a Forget could not
+//! carry (an empty namespace, a 1 MiB problem, a 20 MiB op, a forged `t`, a 4 MiB scope) is
+//! refused, dropped alone, counted per source in Stats and logged once per source; it is
+//! never stored or journaled.
+//!
+//! Also the keys found holding the wrong type (`SET <prefix>forgets:{f} "not a hash"`): each
+//! is named once in the log and listed in Stats, and the tier goes on without it, never
+//! reconnecting over it.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use redis::Value;
+use tunecache_proto::v1;
+
+use super::keys::{decode_at, decode_epoch_time, decode_stamp};
+use crate::model::entry::{CacheKey, TunedResult};
+use crate::model::forget::{ForgetScope, RankScope, Tombstone};
+use crate::model::validate::{self, MAX_KEY_FIELD_BYTES};
+
+/// The longest key text that can hold a valid key: four fields at their limit, each escaped
+/// at worst into `\uXXXX` (6 bytes a byte), plus the array's punctuation and a rank. Longer
+/// texts are refused before they are parsed.
+const MAX_KEY_TEXT_BYTES: usize = 4 * (6 * MAX_KEY_FIELD_BYTES + 3) + 16;
+/// The longest scope text (four fields, a rank, a flag).
+const MAX_SCOPE_TEXT_BYTES: usize = MAX_KEY_TEXT_BYTES + 8;
+/// Most characters of a refused value's name that a log line shows.
+const SHOWN: usize = 120;
+
+/// Where a value was read from: each is counted on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadFrom {
+    /// A shard stream's announcement.
+    Stream,
+    /// An entry hash (bootstrap, reading a shard again) or a script's reply with its fields.
+    Entries,
+    /// The tombstone hash or the forget stream.
+    Tombstones,
+}
+
+impl ReadFrom {
+    fn name(self) -> &'static str {
+        match self {
+            ReadFrom::Stream => "a shard stream",
+            ReadFrom::Entries => "an entry hash",
+            ReadFrom::Tombstones => "the tombstones",
+        }
+    }
+}
+
+/// Refusals per source, and the once-per-source log.
+#[derive(Default)]
+pub struct Refusals {
+    pub stream: AtomicU64,
+    pub entries: AtomicU64,
+    pub tombstones: AtomicU64,
+    logged: crate::report::LogOnce,
+}
+
+impl Refusals {
+    /// Counts one refused value of `from`; logs the first of each source, naming what (cut
+    /// short: a hostile value may be megabytes) and why.
+    pub fn refuse(&self, from: ReadFrom, what: &str, why: &str) {
+        let counter = match from {
+            ReadFrom::Stream => &self.stream,
+            ReadFrom::Entries => &self.entries,
+            ReadFrom::Tombstones => &self.tombstones,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if self.logged.first(from.name()) {
+            tracing::warn!(
+                source = from.name(),
+                value = %shown(what),
+                reason = %shown(why),
+                "cluster tier: refused a value read from redis that no client could send; \
+                 dropped alone (logged once per source; Stats cluster_refused_*)"
+            );
+        }
+    }
+}
+
+/// At most `SHOWN` characters of `text`, and how long it was.
+pub fn shown(text: &str) -> String {
+    if text.len() <= SHOWN {
+        return text.to_owned();
+    }
+    let mut end = SHOWN;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &text[..end], text.len())
+}
+
+/// Most wrong-typed keys listed; more are counted.
+const MAX_WRONG_TYPED: usize = 1024;
+
+/// Keys found holding another type than the tier's layout says.
+#[derive(Default)]
+pub struct WrongTypes {
+    keys: Mutex<BTreeSet<String>>,
+    /// Every key found (each named in the log the first time only).
+    pub found: AtomicU64,
+    logged: crate::report::LogOnce,
+}
+
+impl WrongTypes {
+    /// `key` holds the wrong type: named in the log the first time, listed in Stats.
+    pub fn found(&self, key: &str) {
+        let mut keys = crate::sync::lock(&self.keys);
+        if keys.contains(key) {
+            return;
+        }
+        self.found.fetch_add(1, Ordering::Relaxed);
+        if keys.len() < MAX_WRONG_TYPED {
+            keys.insert(key.to_owned());
+        }
+        drop(keys);
+        if self.logged.first(key) {
+            tracing::warn!(
+                key = %shown(key),
+                "cluster tier: a key in redis holds the wrong type; going on without it \
+                 (delete or repair it; Stats cluster_wrong_type_keys)"
+            );
+        }
+    }
+
+    /// `key` read as its type again (repaired, deleted): true if it was listed.
+    pub fn fixed(&self, key: &str) -> bool {
+        let removed = crate::sync::lock(&self.keys).remove(key);
+        if removed {
+            tracing::info!(key = %shown(key), "cluster tier: a key that held the wrong type reads again");
+        }
+        removed
+    }
+
+    pub fn is_empty(&self) -> bool {
+        crate::sync::lock(&self.keys).is_empty()
+    }
+
+    /// The listed keys for Stats, at most eight named.
+    pub fn describe(&self) -> String {
+        let keys = crate::sync::lock(&self.keys);
+        let mut named: Vec<String> = keys.iter().take(8).map(|k| shown(k)).collect();
+        if keys.len() > 8 {
+            named.push(format!("and {} more", keys.len() - 8));
+        }
+        named.join(", ")
+    }
+}
+
+/// Whether a command failed because a key holds the wrong type (Redis's `WRONGTYPE`, also
+/// from inside a script, or a script's own check).
+pub fn is_wrong_type(error: &redis::RedisError) -> bool {
+    error.code() == Some("WRONGTYPE")
+}
+
+/// Which of `keys` a wrong-type error names (the scripts' own checks name the key); the first
+/// when it names none (a plain `WRONGTYPE` names no key).
+pub fn wrong_typed_key<'a>(error: &redis::RedisError, keys: &[&'a str]) -> &'a str {
+    let text = error.to_string();
+    keys.iter()
+        .copied()
+        .filter(|key| text.contains(key))
+        .max_by_key(|key| key.len())
+        .or_else(|| keys.first().copied())
+        .unwrap_or_default()
+}
+
+/// A Redis value's bytes, if it is a string.
+pub fn bytes(value: &Value) -> Option<&[u8]> {
+    match value {
+        Value::BulkString(bytes) => Some(bytes),
+        Value::SimpleString(text) => Some(text.as_bytes()),
+        _ => None,
+    }
+}
+
+fn text<'a>(value: Option<&'a Value>, field: &str) -> Result<&'a str, String> {
+    let value = value.ok_or_else(|| format!("no {field} field"))?;
+    let bytes = bytes(value).ok_or_else(|| format!("{field}: not a string"))?;
+    std::str::from_utf8(bytes).map_err(|_| format!("{field}: not UTF-8"))
+}
+
+/// A key text (a JSON array: namespace, op, device, problem, rank), checked as a Lookup's key
+/// is; it must also be in the form a daemon writes (the canonical problem where its namespace
+/// has one), so that it names the entry it came from.
+pub fn key_text(text: &str) -> Result<CacheKey, String> {
+    if text.len() > MAX_KEY_TEXT_BYTES {
+        return Err(format!(
+            "key text of {} bytes: no valid key is that long",
+            text.len()
+        ));
+    }
+    let (namespace, op, device, problem, rank): (String, String, String, String, Option<u32>) =
+        serde_json::from_str(text).map_err(|e| format!("key text: {e}"))?;
+    let parsed = CacheKey {
+        namespace,
+        op,
+        device,
+        problem,
+        rank,
+    };
+    let key =
+        validate::key("key", Some(v1::Key::from(parsed.clone()))).map_err(|e| e.to_string())?;
+    if key != parsed {
+        return Err("key.problem: not in canonical form".to_owned());
+    }
+    Ok(key)
+}
+
+/// A result's four fields as Redis holds them (`keys::encode_result`), checked as a learned
+/// Record's result is.
+pub fn result(t: &str, c: &str, b: &str, a: &str) -> Result<TunedResult, String> {
+    let (forget_epoch, time_us) =
+        decode_epoch_time(t).ok_or_else(|| "t: not 16 or 32 hex digits".to_owned())?;
+    let tuned_at_unix_ms = decode_at(a).ok_or_else(|| "a: not 16 hex digits".to_owned())?;
+    let result = v1::Result {
+        time_us,
+        config: c.to_owned(),
+        tuned_by: b.to_owned(),
+        tuned_at_unix_ms,
+        forget_epoch,
+    };
+    validate::learned_result("result", result).map_err(|e| e.to_string())
+}
+
+/// A result from four Redis values (a script's reply, an entry hash's fields).
+pub fn result_of_values(values: &[Value]) -> Result<TunedResult, String> {
+    let field = |i: usize, name: &str| text(values.get(i), name);
+    result(
+        field(0, "t")?,
+        field(1, "c")?,
+        field(2, "b")?,
+        field(3, "a")?,
+    )
+}
+
+/// A shard stream's message: the key (`k`) and the result (`t`, `c`, `b`, `a`).
+pub fn stream_entry(fields: &HashMap<String, Value>) -> Result<(CacheKey, TunedResult), String> {
+    let field = |name: &str| text(fields.get(name), name);
+    let key = key_text(field("k")?)?;
+    let result = result(field("t")?, field("c")?, field("b")?, field("a")?)?;
+    Ok((key, result))
+}
+
+/// An entry hash's `HMGET t c b a s` reply: the result, and the sequence number it was
+/// written at (0 when absent).
+pub fn entry_fields(values: &[Value]) -> Result<(TunedResult, u64), String> {
+    if values.len() != 5 {
+        return Err(format!("{} fields, not 5", values.len()));
+    }
+    let result = result_of_values(&values[..4])?;
+    let seq = match &values[4] {
+        Value::Nil => 0,
+        value => text(Some(value), "s")?
+            .parse()
+            .map_err(|_| "s: not a sequence number".to_owned())?,
+    };
+    Ok((result, seq))
+}
+
+/// A scope as the tombstone hash names it: a JSON array of its fields and its rank.
+pub fn scope_text(text: &str) -> Result<ForgetScope, String> {
+    if text.len() > MAX_SCOPE_TEXT_BYTES {
+        return Err(format!(
+            "scope text of {} bytes: no Forget makes one that long",
+            text.len()
+        ));
+    }
+    type Fields = (String, String, String, String, Option<u32>, bool);
+    let (namespace, op, device, problem, rank, every_rank): Fields =
+        serde_json::from_str(text).map_err(|e| format!("scope text: {e}"))?;
+    Ok(ForgetScope {
+        namespace,
+        op,
+        device,
+        problem,
+        rank: RankScope::from_fields(rank, every_rank),
+    })
+}
+
+/// A tombstone from its scope text and stamp text, checked like the Forget that made it.
+pub fn tombstone(scope: &str, stamp: &str) -> Result<Tombstone, String> {
+    let scope = scope_text(scope)?;
+    let stamp = decode_stamp(stamp).ok_or_else(|| "stamp: not 16 hex digits".to_owned())?;
+    validate::learned_tombstone("tombstone", Tombstone { scope, stamp }).map_err(|e| e.to_string())
+}
+
+/// A tombstone as the forget stream carries it: the stamp, a space, the scope text.
+pub fn tombstone_message(text: &str) -> Result<Tombstone, String> {
+    let (stamp, scope) = text
+        .split_once(' ')
+        .ok_or_else(|| "not a stamp and a scope".to_owned())?;
+    tombstone(scope, stamp)
+}
+
+/// A forget stream message's `f` field, as text.
+pub fn forget_field(fields: &HashMap<String, Value>) -> Result<&str, String> {
+    text(fields.get("f"), "f")
+}
+
+/// One stream message as read: its id and fields (a field whose name is not UTF-8 is left
+/// out, so the message is refused for lacking it rather than failing the whole read).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Message {
+    pub id: String,
+    pub fields: HashMap<String, Value>,
+}
+
+impl Message {
+    pub fn text(&self, name: &str) -> Option<&str> {
+        std::str::from_utf8(bytes(self.fields.get(name)?)?).ok()
+    }
+}
+
+fn pairs(value: &Value) -> Vec<(&Value, &Value)> {
+    match value {
+        Value::Array(items) => items
+            .chunks_exact(2)
+            .map(|pair| (&pair[0], &pair[1]))
+            .collect(),
+        Value::Map(items) => items.iter().map(|(k, v)| (k, v)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn utf8(value: &Value) -> Option<String> {
+    Some(std::str::from_utf8(bytes(value)?).ok()?.to_owned())
+}
+
+/// An `XREAD` or `XRANGE`-shaped reply read by hand, tolerant of anything a hostile writer
+/// put in a message: the stream's messages, or for `XREAD` each stream's. What cannot be a
+/// message (a wrong shape, an id that is not text) is skipped.
+pub fn stream_read(reply: &Value) -> Vec<(String, Vec<Message>)> {
+    let streams: Vec<(&Value, &Value)> = match reply {
+        Value::Nil => Vec::new(),
+        Value::Array(items) => items
+            .iter()
+            .filter_map(|item| match item {
+                Value::Array(pair) if pair.len() == 2 => Some((&pair[0], &pair[1])),
+                _ => None,
+            })
+            .collect(),
+        Value::Map(items) => items.iter().map(|(k, v)| (k, v)).collect(),
+        _ => Vec::new(),
+    };
+    streams
+        .into_iter()
+        .filter_map(|(name, messages)| Some((utf8(name)?, messages_of(messages))))
+        .collect()
+}
+
+/// The messages of one stream's reply (`XRANGE`, or one stream of `XREAD`).
+pub fn messages_of(value: &Value) -> Vec<Message> {
+    let Value::Array(items) = value else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|item| {
+            let Value::Array(parts) = item else {
+                return None;
+            };
+            let [id, fields] = parts.as_slice() else {
+                return None;
+            };
+            let fields = pairs(fields)
+                .into_iter()
+                .filter_map(|(name, value)| Some((utf8(name)?, value.clone())))
+                .collect();
+            Some(Message {
+                id: utf8(id)?,
+                fields,
+            })
+        })
+        .collect()
+}
+
+/// An `HGETALL` reply as text pairs; a pair not UTF-8 is handed back as `Err` with what can
+/// be shown of it, so that it is refused alone.
+pub fn hash_pairs(reply: &Value) -> Vec<Result<(String, String), String>> {
+    pairs(reply)
+        .into_iter()
+        .map(|(field, value)| match (utf8(field), utf8(value)) {
+            (Some(field), Some(value)) => Ok((field, value)),
+            _ => Err("a field or value that is not UTF-8 text".to_owned()),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::cluster::keys::{encode_result, encode_stamp, Layout};
+
+    fn good_result() -> TunedResult {
+        TunedResult {
+            config: r#"{"tile":8}"#.into(),
+            time_us: 2.5,
+            tuned_by: "node-a".into(),
+            tuned_at_unix_ms: 1_700_000_000_000,
+            forget_epoch: 0,
+        }
+    }
+
+    fn good_key() -> CacheKey {
+        CacheKey {
+            namespace: "trtllm".into(),
+            op: "gemm".into(),
+            device: "H200".into(),
+            problem: "m=1".into(),
+            rank: None,
+        }
+    }
+
+    fn bulk(text: impl Into<Vec<u8>>) -> Value {
+        Value::BulkString(text.into())
+    }
+
+    fn message(k: &str, fields: [String; 4]) -> HashMap<String, Value> {
+        let [t, c, b, a] = fields;
+        [("k", k.to_owned()), ("t", t), ("c", c), ("b", b), ("a", a)]
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), bulk(value)))
+            .collect()
+    }
+
+    #[test]
+    fn what_a_daemon_writes_reads_back() {
+        let key = good_key();
+        let result = good_result();
+        let text = Layout::key_text(&key);
+        let read = stream_entry(&message(&text, encode_result(&result))).unwrap();
+        assert_eq!(read, (key, result.clone()));
+        let mut fields: Vec<Value> = encode_result(&result).into_iter().map(bulk).collect();
+        fields.push(bulk("7"));
+        assert_eq!(entry_fields(&fields).unwrap(), (result, 7));
+    }
+
+    #[test]
+    fn the_values_of_finding_7_are_refused() {
+        let result = encode_result(&good_result());
+        let text = |namespace: &str, op: &str, problem: &str| {
+            serde_json::to_string(&(namespace, op, "dev", problem, None::<u32>)).unwrap()
+        };
+        for (what, k) in [
+            ("empty namespace", text("", "gemm", "p")),
+            ("1 MiB problem", text("ns", "gemm", &"p".repeat(1 << 20))),
+            ("20 MiB op", text("ns", &"o".repeat(20 << 20), "p")),
+            ("empty op", text("ns", "", "p")),
+        ] {
+            assert!(
+                stream_entry(&message(&k, result.clone())).is_err(),
+                "{what} was accepted"
+            );
+        }
+        let scope = format!(r#"["{}","","","",null,true]"#, "n".repeat(4 << 20));
+        let stamp = encode_stamp((crate::model::entry::unix_now_ms() as u64) << 16);
+        assert!(tombstone(&scope, &stamp).is_err());
+        assert!(tombstone(r#"["ns","","","",null,true]"#, &stamp).is_ok());
+        // A forged `t`: an epoch no daemon's clock made yet.
+        let far = ((crate::model::entry::unix_now_ms() as u64) + 10 * 86_400_000) << 16;
+        let mut forged = result.clone();
+        forged[0] = crate::cluster::keys::encode_epoch_time(far, 1.0);
+        assert!(stream_entry(&message(&text("ns", "op", "p"), forged)).is_err());
+    }
+
+    /// A Redis value of any shape, with the strings a hostile writer would try.
+    fn hostile_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Nil),
+            any::<i64>().prop_map(Value::Int),
+            prop::collection::vec(any::<u8>(), 0..40).prop_map(Value::BulkString),
+            hostile_text().prop_map(|t| Value::BulkString(t.into_bytes())),
+            hostile_text().prop_map(Value::SimpleString),
+            Just(Value::Okay),
+            any::<f64>().prop_map(Value::Double),
+            any::<bool>().prop_map(Value::Boolean),
+        ];
+        leaf.prop_recursive(2, 12, 4, |inner| {
+            prop::collection::vec(inner, 0..5).prop_map(Value::Array)
+        })
+    }
+
+    /// Texts near the valid ones: key and scope arrays with empty, huge or odd fields, `t`
+    /// and `a` fields of the wrong length or forged epochs, plain junk.
+    fn hostile_text() -> impl Strategy<Value = String> {
+        let field = prop_oneof![
+            Just(String::new()),
+            Just("ns".to_owned()),
+            Just("x".repeat(MAX_KEY_FIELD_BYTES)),
+            Just("x".repeat(MAX_KEY_FIELD_BYTES + 1)),
+            Just("\u{0}\"\\\u{2028}".to_owned()),
+            "[a-z{}\\[\\]\",:]{0,12}",
+        ];
+        let rank = prop_oneof![
+            Just("null".to_owned()),
+            Just("3".to_owned()),
+            Just("-1".to_owned()),
+            Just("4294967296".to_owned()),
+            Just("\"r\"".to_owned()),
+        ];
+        prop_oneof![
+            (
+                field.clone(),
+                field.clone(),
+                field.clone(),
+                field.clone(),
+                rank.clone()
+            )
+                .prop_map(|(n, o, d, p, r)| {
+                    let q = |s: &str| serde_json::to_string(s).unwrap();
+                    format!("[{},{},{},{},{r}]", q(&n), q(&o), q(&d), q(&p))
+                }),
+            (field.clone(), field, rank, any::<bool>()).prop_map(|(n, o, r, every)| {
+                let q = |s: &str| serde_json::to_string(s).unwrap();
+                format!("[{},{},\"\",\"\",{r},{every}]", q(&n), q(&o))
+            }),
+            any::<u64>().prop_map(|epoch| crate::cluster::keys::encode_epoch_time(epoch, 1.0)),
+            any::<u64>().prop_map(encode_stamp),
+            any::<i64>().prop_map(crate::cluster::keys::encode_at),
+            "[0-9a-fA-F]{0,40}",
+            ".{0,24}",
+        ]
+    }
+
+    fn hostile_fields() -> impl Strategy<Value = HashMap<String, Value>> {
+        let name = prop_oneof![
+            Just("k"),
+            Just("t"),
+            Just("c"),
+            Just("b"),
+            Just("a"),
+            Just("s"),
+            Just("f"),
+            Just("n"),
+        ];
+        prop::collection::hash_map(name.prop_map(str::to_owned), hostile_value(), 0..8)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// Whatever Redis hands back, a decoder either refuses it or returns what a client's
+        /// request could have carried, unchanged by being checked again: no panic, and (each
+        /// decoder is a bounded pass over its input) no loop.
+        #[test]
+        fn hostile_redis_values_are_never_accepted_invalid(
+            fields in hostile_fields(),
+            values in prop::collection::vec(hostile_value(), 0..7),
+            scope in hostile_text(),
+            stamp in hostile_text(),
+        ) {
+            if let Ok((key, result)) = stream_entry(&fields) {
+                let again = validate::key("k", Some(v1::Key::from(key.clone()))).unwrap();
+                prop_assert_eq!(again, key);
+                prop_assert!(validate::learned_result("r", result.into()).is_ok());
+            }
+            if let Ok((result, _)) = entry_fields(&values) {
+                prop_assert!(validate::learned_result("r", result.into()).is_ok());
+            }
+            if let Ok(result) = result_of_values(&values) {
+                prop_assert!(validate::learned_result("r", result.into()).is_ok());
+            }
+            for tombstone in [tombstone(&scope, &stamp), tombstone_message(&format!("{stamp} {scope}"))]
+                .into_iter()
+                .flatten()
+            {
+                prop_assert!(!tombstone.scope.namespace.is_empty());
+                prop_assert_eq!(
+                    validate::learned_tombstone("t", tombstone.clone()),
+                    Ok(tombstone)
+                );
+            }
+            if let Ok(text) = forget_field(&fields) {
+                let _ = tombstone_message(text);
+            }
+            for value in &values {
+                for (_, messages) in stream_read(value) {
+                    for message in messages {
+                        let _ = stream_entry(&message.fields);
+                    }
+                }
+                let _ = hash_pairs(value);
+            }
+        }
+
+        /// Every valid entry a daemon writes is read back exactly, whatever its strings.
+        #[test]
+        fn valid_entries_read_back_exactly(
+            namespace in "[a-z]{1,8}",
+            op in ".{1,12}",
+            device in ".{0,12}",
+            problem in ".{0,16}",
+            rank in prop::option::of(any::<u32>()),
+            time_us in 0.0f64..1e9,
+            tuned_by in ".{0,12}",
+        ) {
+            let key = CacheKey { namespace, op, device, problem, rank };
+            let result = TunedResult { time_us, tuned_by, ..good_result() };
+            let read = stream_entry(&message(&Layout::key_text(&key), encode_result(&result)));
+            prop_assert_eq!(read, Ok((key, result)));
+        }
+    }
+}
