@@ -12,7 +12,7 @@ use crate::model::entry::Origin;
 use crate::model::forget::Tombstone;
 use crate::wire::stored::StoredEntry;
 
-use super::frame::{encode_frames, encode_tombstone_frame};
+use super::frame::{encode_frames, encode_tombstone_frames};
 use super::replace::sync_dir;
 #[cfg(any(test, feature = "test-support"))]
 use super::JournalEntry;
@@ -79,15 +79,18 @@ impl Journal {
     /// refuses appends until it is rewritten.
     pub fn append_stored(&mut self, entries: &[(StoredEntry, Origin)]) -> Result<u64> {
         self.ensure_writable()?;
-        let bytes = encode_frames(entries.iter().map(|(entry, origin)| (entry, *origin)));
+        let bytes = encode_frames(
+            entries.iter().map(|(entry, origin)| (entry, *origin)),
+            self.limits,
+        )?;
         self.append_bytes(bytes)
     }
 
-    /// Appends tombstones as one frame, like `append_stored`.
+    /// Appends tombstones as frames, like `append_stored`.
     pub fn append_tombstones(&mut self, tombstones: &[(Tombstone, Origin)]) -> Result<u64> {
         self.ensure_writable()?;
         let mut bytes = Vec::new();
-        encode_tombstone_frame(tombstones, &mut bytes);
+        encode_tombstone_frames(tombstones, self.limits, &mut bytes)?;
         self.append_bytes(bytes)
     }
 

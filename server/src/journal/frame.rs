@@ -3,20 +3,53 @@
 //! The magic lets replay find the next intact frame after damage in the middle of the file.
 //! Each entry keeps its provenance (`Origin`): own contributions and learned entries sit in
 //! separate fields; tombstones sit in `forgets`, with theirs.
+//!
+//! Every frame an append or a rewrite writes is one replay accepts: batches of any kind and
+//! size (entries, tombstones, learned batches, compaction output) are split into frames at
+//! write time, a new frame starting before the record that would take one past the target
+//! size, so a frame holds at least one record and at most `FrameLimits::max` bytes; a single
+//! record over that is refused, never written (the store keeps none that big).
 
 use prost::Message;
 use tunecache_proto::journal::v1::{JournalBatch, Tombstone as JournalTombstone};
 
+use crate::error::{Error, Result};
 use crate::model::entry::Origin;
 use crate::model::forget::{ForgetScope, RankScope, Tombstone};
 use crate::wire::stored::StoredEntry;
 
 pub(super) const MAGIC: [u8; 4] = *b"TCJ1";
 pub(super) const HEADER_LEN: usize = 12;
-/// Appends split batches into frames of about this many payload bytes.
-const TARGET_FRAME_PAYLOAD: usize = 4 * 1024 * 1024;
-/// No valid frame is larger: a bigger length field is damage, not data.
-pub(super) const MAX_FRAME_PAYLOAD: usize = 16 * 1024 * 1024;
+
+/// How big frames are: what writes aim for, and the most replay accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FrameLimits {
+    /// A frame ends before the record that would take its payload past this.
+    pub target: usize,
+    /// No valid frame's payload is larger: a bigger length field is damage, not data. A
+    /// record bigger than this is refused.
+    pub max: usize,
+}
+
+impl FrameLimits {
+    pub(crate) const DEFAULT: FrameLimits = FrameLimits {
+        target: 4 * 1024 * 1024,
+        max: 16 * 1024 * 1024,
+    };
+}
+
+/// The largest entry or tombstone the store keeps, by its estimated size (`encoded_len_
+/// estimate`): half the largest frame, so whatever an estimate leaves out, its record fits
+/// a frame of its own. Every field a client may send is far below it.
+pub const MAX_RECORD_BYTES: usize = FrameLimits::DEFAULT.max / 2;
+
+/// A record the journal refuses to write: alone it would make a frame replay refuses.
+fn record_too_large(len: usize, limits: FrameLimits) -> Error {
+    Error::JournalRecordTooLarge {
+        len,
+        limit: limits.max,
+    }
+}
 
 pub(super) enum FrameCheck {
     Intact { payload_end: usize },
@@ -24,7 +57,7 @@ pub(super) enum FrameCheck {
     Damaged(&'static str),
 }
 
-pub(super) fn check_frame(buf: &[u8], at: usize) -> FrameCheck {
+pub(super) fn check_frame(buf: &[u8], at: usize, max_payload: usize) -> FrameCheck {
     let rest = &buf[at..];
     if rest.len() < HEADER_LEN {
         return if MAGIC.starts_with(&rest[..rest.len().min(4)]) {
@@ -38,7 +71,7 @@ pub(super) fn check_frame(buf: &[u8], at: usize) -> FrameCheck {
     }
     let payload_len = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]) as usize;
     let crc = u32::from_le_bytes([rest[8], rest[9], rest[10], rest[11]]);
-    if payload_len > MAX_FRAME_PAYLOAD {
+    if payload_len > max_payload {
         return FrameCheck::Damaged("frame length out of range");
     }
     if rest.len() < HEADER_LEN + payload_len {
@@ -54,12 +87,12 @@ pub(super) fn check_frame(buf: &[u8], at: usize) -> FrameCheck {
 }
 
 /// The offset of the next intact frame at or after `from`, if any.
-pub(super) fn next_intact_frame(buf: &[u8], from: usize) -> Option<usize> {
+pub(super) fn next_intact_frame(buf: &[u8], from: usize, max_payload: usize) -> Option<usize> {
     let finder = memchr::memmem::Finder::new(&MAGIC);
     let mut search_from = from;
     while search_from < buf.len() {
         let at = search_from + finder.find(&buf[search_from..])?;
-        if matches!(check_frame(buf, at), FrameCheck::Intact { .. }) {
+        if matches!(check_frame(buf, at, max_payload), FrameCheck::Intact { .. }) {
             return Some(at);
         }
         search_from = at + 1;
@@ -107,25 +140,39 @@ pub(super) fn tombstone_from_record(record: JournalTombstone) -> (Tombstone, Ori
     (tombstone, origin)
 }
 
-/// Encodes tombstones as one frame (they are few: subsumed ones are not kept).
-pub(super) fn encode_tombstone_frame(tombstones: &[(Tombstone, Origin)], out: &mut Vec<u8>) {
-    if tombstones.is_empty() {
-        return;
+/// Encodes tombstones as frames (`FrameLimits`): field 3 of `JournalBatch`, each record
+/// tagged and length-delimited as prost writes it.
+pub(super) fn encode_tombstone_frames(
+    tombstones: &[(Tombstone, Origin)],
+    limits: FrameLimits,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    let mut frame = JournalBatch::default();
+    let mut frame_bytes = 0;
+    for (tombstone, origin) in tombstones {
+        let record = tombstone_record(tombstone, *origin);
+        let len = record.encoded_len();
+        let record_bytes = 1 + prost::length_delimiter_len(len) + len;
+        if record_bytes > limits.max {
+            return Err(record_too_large(record_bytes, limits));
+        }
+        if !frame.forgets.is_empty() && frame_bytes + record_bytes > limits.target {
+            frame_payload(&std::mem::take(&mut frame).encode_to_vec(), out);
+            frame_bytes = 0;
+        }
+        frame.forgets.push(record);
+        frame_bytes += record_bytes;
     }
-    let batch = JournalBatch {
-        forgets: tombstones
-            .iter()
-            .map(|(tombstone, origin)| tombstone_record(tombstone, *origin))
-            .collect(),
-        ..Default::default()
-    };
-    frame_payload(&batch.encode_to_vec(), out);
+    if !frame.forgets.is_empty() {
+        frame_payload(&frame.encode_to_vec(), out);
+    }
+    Ok(())
 }
 
 /// Appends the frame header and `payload`.
 pub(super) fn frame_payload(payload: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(&MAGIC);
-    // Frames are split well below u32::MAX (TARGET_FRAME_PAYLOAD), so the cast is exact.
+    // Frames are split well below u32::MAX (`FrameLimits`), so the cast is exact.
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
     out.extend_from_slice(payload);
@@ -146,26 +193,32 @@ pub(super) fn encode_frame(entries: &[(&StoredEntry, Origin)], out: &mut Vec<u8>
     frame_payload(&payload, out);
 }
 
-/// Encodes entries as frames of about `TARGET_FRAME_PAYLOAD` bytes each.
+/// Encodes entries as frames (`FrameLimits`), each entry's record copied as it is.
 pub(super) fn encode_frames<'a>(
     entries: impl Iterator<Item = (&'a StoredEntry, Origin)>,
-) -> Vec<u8> {
+    limits: FrameLimits,
+) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     let mut chunk: Vec<(&StoredEntry, Origin)> = Vec::new();
     let mut chunk_bytes = 0;
     for (entry, origin) in entries {
-        chunk_bytes += entry.encoded_len_estimate();
-        chunk.push((entry, origin));
-        if chunk_bytes >= TARGET_FRAME_PAYLOAD {
+        // A learned entry's record differs from its own form in the tag byte only.
+        let record_bytes = entry.record().len();
+        if record_bytes > limits.max {
+            return Err(record_too_large(record_bytes, limits));
+        }
+        if !chunk.is_empty() && chunk_bytes + record_bytes > limits.target {
             encode_frame(&chunk, &mut out);
             chunk.clear();
             chunk_bytes = 0;
         }
+        chunk.push((entry, origin));
+        chunk_bytes += record_bytes;
     }
     if !chunk.is_empty() {
         encode_frame(&chunk, &mut out);
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]

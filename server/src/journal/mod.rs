@@ -30,6 +30,8 @@ mod frame;
 mod replace;
 mod replay;
 
+use frame::FrameLimits;
+pub use frame::MAX_RECORD_BYTES;
 pub use replay::{ReplayReport, SkippedRange};
 
 /// Under `--fsync batch`, data reaches the disk at most this long after it was acknowledged.
@@ -85,6 +87,8 @@ pub struct Journal {
     unwritable: Option<String>,
     /// Replay skipped damage that is still in the file: rewrite it clean when possible.
     damaged: bool,
+    /// How big frames are (`FrameLimits::DEFAULT` outside tests).
+    limits: FrameLimits,
 }
 
 /// One journalled change: the entry and where it came from.
@@ -116,6 +120,7 @@ impl Journal {
             dir_sync_pending: false,
             unwritable: None,
             damaged: false,
+            limits: FrameLimits::DEFAULT,
         }
     }
 
@@ -195,3 +200,6 @@ mod test_support {
         (seen, report)
     }
 }
+
+#[cfg(test)]
+mod tests;

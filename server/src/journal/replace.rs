@@ -13,7 +13,7 @@ use crate::model::entry::Origin;
 use crate::model::forget::Tombstone;
 use crate::wire::stored::StoredEntry;
 
-use super::frame::{encode_frames, encode_tombstone_frame};
+use super::frame::{encode_frames, encode_tombstone_frames};
 use super::{file_id, journal_path, FileId, FsyncPolicy, Journal};
 
 /// How a replacement failed.
@@ -122,8 +122,8 @@ impl Journal {
         live: impl Iterator<Item = (&'a StoredEntry, Origin)>,
         tombstones: &[(Tombstone, Origin)],
     ) -> Result<()> {
-        let mut bytes = encode_frames(live);
-        encode_tombstone_frame(tombstones, &mut bytes);
+        let mut bytes = encode_frames(live, self.limits)?;
+        encode_tombstone_frames(tombstones, self.limits, &mut bytes)?;
         let (file, id) = match place_new_journal(&self.dir, &bytes, self.fsync, Some(self.file_id))
         {
             Ok(placed) => placed,

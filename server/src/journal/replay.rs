@@ -13,7 +13,9 @@ use crate::error::{Error, Result};
 use crate::model::entry::{CacheKey, Origin, TunedResult};
 use crate::model::forget::Tombstone;
 
-use super::frame::{check_frame, next_intact_frame, tombstone_from_record, FrameCheck, HEADER_LEN};
+use super::frame::{
+    check_frame, next_intact_frame, tombstone_from_record, FrameCheck, FrameLimits, HEADER_LEN,
+};
 use super::replace::{place_new_journal, sync_dir, ReplaceError};
 use super::{file_id, journal_path, FsyncPolicy, Journal};
 
@@ -75,6 +77,16 @@ impl Journal {
     pub fn open(
         dir: &Path,
         fsync: FsyncPolicy,
+        apply: impl FnMut(CacheKey, TunedResult, Origin),
+    ) -> Result<(Journal, ReplayReport)> {
+        Journal::open_with_limits(dir, fsync, FrameLimits::DEFAULT, apply)
+    }
+
+    /// `open`, with frames of `limits` (tests write many frames with little data).
+    pub(super) fn open_with_limits(
+        dir: &Path,
+        fsync: FsyncPolicy,
+        limits: FrameLimits,
         mut apply: impl FnMut(CacheKey, TunedResult, Origin),
     ) -> Result<(Journal, ReplayReport)> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("creating state directory", dir, e))?;
@@ -90,7 +102,8 @@ impl Journal {
                 let (file, id) =
                     place_new_journal(dir, &[], fsync, None).map_err(ReplaceError::into_error)?;
                 sync_dir(&dir_handle, dir)?;
-                let journal = Journal::in_place(dir, dir_handle, file, id, 0, fsync);
+                let mut journal = Journal::in_place(dir, dir_handle, file, id, 0, fsync);
+                journal.limits = limits;
                 return Ok((journal, ReplayReport::default()));
             }
             Err(error) => return Err(Error::io("opening journal", &path, error)),
@@ -102,7 +115,7 @@ impl Journal {
         let mut report = ReplayReport::default();
         let mut pos = 0;
         while pos < buf.len() {
-            let reason = match check_frame(&buf, pos) {
+            let reason = match check_frame(&buf, pos, limits.max) {
                 FrameCheck::Intact { payload_end } => {
                     match JournalBatch::decode(&buf[pos + HEADER_LEN..payload_end]) {
                         Ok(batch) => {
@@ -127,7 +140,7 @@ impl Journal {
                 FrameCheck::Incomplete => "incomplete frame",
                 FrameCheck::Damaged(reason) => reason,
             };
-            match next_intact_frame(&buf, pos + 1) {
+            match next_intact_frame(&buf, pos + 1, limits.max) {
                 Some(next) => {
                     report.skipped.push(SkippedRange {
                         offset: pos as u64,
@@ -138,7 +151,7 @@ impl Journal {
                 }
                 // Only a frame cut short by the end of the file is a torn write; anything
                 // else reaching the end (zeros, garbage) is damage and is kept.
-                None if matches!(check_frame(&buf, pos), FrameCheck::Incomplete) => {
+                None if matches!(check_frame(&buf, pos, limits.max), FrameCheck::Incomplete) => {
                     report.torn_tail = Some((pos as u64, (buf.len() - pos) as u64));
                     break;
                 }
@@ -167,6 +180,7 @@ impl Journal {
             .metadata()
             .map_err(|e| Error::io("reading journal metadata", &path, e))?;
         let mut journal = Journal::in_place(dir, dir_handle, file, file_id(&id), len, fsync);
+        journal.limits = limits;
         journal.damaged = !report.skipped.is_empty();
         Ok((journal, report))
     }

@@ -5,6 +5,10 @@
 //! writer takes it, so the memory held by writes waiting for the writer (and its disk) is
 //! bounded. A caller's Record (`try_apply`) is refused at once when the queue is full; the
 //! daemon's own writers (the tuner, the tiers), which have no caller to retry, wait for room.
+//!
+//! What the journal could not write is dropped here, before it is queued: an entry or a
+//! tombstone bigger than `journal::MAX_RECORD_BYTES` (no client's Record or Forget comes
+//! near it; one read from another node could), counted and logged once per source.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -12,6 +16,7 @@ use std::sync::Arc;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use crate::error::{Error, Result};
+use crate::journal::MAX_RECORD_BYTES;
 use crate::model::entry::{CacheKey, Origin, TunedResult};
 use crate::model::forget::{ForgetAsk, Tombstone};
 use crate::wire::stored::StoredEntry;
@@ -35,6 +40,17 @@ pub(super) fn units_for_bytes(bytes: u64, queue_units: u32) -> u32 {
         .clamp(1, queue_units.max(1))
 }
 
+/// Whether the journal can write this entry (its estimated record fits `MAX_RECORD_BYTES`).
+pub(super) fn entry_fits_journal(incoming: &Incoming) -> bool {
+    let (key, result) = incoming.views();
+    key.encoded_len_estimate() + result.encoded_len_estimate() <= MAX_RECORD_BYTES
+}
+
+/// Whether the journal can write this tombstone.
+pub(super) fn tombstone_fits_journal(tombstone: &Tombstone) -> bool {
+    tombstone.scope.encoded_len_estimate() <= MAX_RECORD_BYTES
+}
+
 impl Store {
     /// Applies a Forget asked of this node: stamps it, drops what it covers, journals its
     /// tombstone and tells the feed. Answers the entries dropped from the cache (0, and no
@@ -51,6 +67,12 @@ impl Store {
         source: Source,
         origin: Origin,
     ) -> Result<u32> {
+        let before = tombstones.len();
+        let tombstones: Vec<Tombstone> = tombstones
+            .into_iter()
+            .filter(tombstone_fits_journal)
+            .collect();
+        self.note_oversize(before - tombstones.len(), "tombstones", &source);
         if tombstones.is_empty() {
             return Ok(0);
         }
@@ -107,12 +129,48 @@ impl Store {
         origin: Origin,
         source: Source,
     ) -> Result<ApplyOutcome> {
+        let before = entries.len();
+        let entries: Vec<Incoming> = entries.into_iter().filter(entry_fits_journal).collect();
+        let oversize = before - entries.len();
+        self.note_oversize(oversize, "entries", &source);
         let units = self.queue_units_for(&entries);
         let queued = Arc::clone(&self.shared.queue_room)
             .acquire_many_owned(units)
             .await
             .map_err(|_| Error::WriterGone)?;
-        self.send(entries, origin, source, queued).await
+        let mut outcome = self.send(entries, origin, source, queued).await?;
+        outcome.unchanged += oversize as u32;
+        Ok(outcome)
+    }
+
+    /// Counts and logs (once per kind and source) what was too big to journal.
+    fn note_oversize(&self, dropped: usize, what: &str, source: &Source) {
+        if dropped == 0 {
+            return;
+        }
+        self.shared
+            .counters
+            .oversize_records_dropped
+            .fetch_add(dropped as u64, Ordering::Relaxed);
+        let source = match source {
+            Source::Record { .. } => "Record",
+            Source::Tuner => "tuner",
+            Source::Snapshot => "shared directory",
+            Source::Cluster => "cluster tier",
+            Source::Forget => "Forget",
+        };
+        if self
+            .shared
+            .logged
+            .first(format!("oversize {what} from {source}"))
+        {
+            tracing::warn!(
+                dropped,
+                limit = MAX_RECORD_BYTES,
+                "dropped {what} from the {source} too big for a journal frame (logged once \
+                 per source; Stats counts each as oversize_records_dropped)"
+            );
+        }
     }
 
     /// `apply` for callers (Record: this node's own contributions): when the write queue is
@@ -172,7 +230,7 @@ impl Store {
         let limit_mib = self.write_queue_limit_bytes() / (1024 * 1024);
         let counters = &self.shared.counters;
         counters.writes_shed.fetch_add(1, Ordering::Relaxed);
-        if self.shared.shed_logged.first("write queue full") {
+        if self.shared.logged.first("write queue full") {
             tracing::warn!(
                 queued_bytes = self.write_queue_bytes(),
                 limit_mib,
@@ -209,6 +267,72 @@ mod tests {
             100,
             "a huge batch fits an empty queue"
         );
+    }
+
+    #[tokio::test]
+    async fn what_the_journal_could_not_write_is_dropped_before_the_writer_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = |problem: &str| CacheKey {
+            namespace: "ns".into(),
+            op: "op".into(),
+            device: "dev".into(),
+            problem: problem.into(),
+            rank: None,
+        };
+        let result = |config_bytes: usize| TunedResult {
+            config: "c".repeat(config_bytes),
+            time_us: 1.0,
+            tuned_by: "t".into(),
+            tuned_at_unix_ms: 1,
+            forget_epoch: 0,
+        };
+        {
+            let (guard, _) = Store::open(dir.path(), crate::journal::FsyncPolicy::Never).unwrap();
+            let store = guard.store();
+            let outcome = store
+                .apply_learned(
+                    vec![
+                        (key("huge"), result(MAX_RECORD_BYTES)),
+                        (key("ok"), result(10)),
+                    ],
+                    Source::Cluster,
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                outcome,
+                ApplyOutcome {
+                    stored: 1,
+                    unchanged: 1
+                }
+            );
+            let huge = Tombstone {
+                scope: crate::model::forget::ForgetScope::exact(
+                    &key(&"p".repeat(MAX_RECORD_BYTES)),
+                ),
+                stamp: 1 << 16,
+            };
+            let fine = Tombstone {
+                scope: crate::model::forget::ForgetScope::exact(&key("gone")),
+                stamp: 1 << 16,
+            };
+            store
+                .apply_tombstones(vec![huge, fine], Source::Cluster, Origin::Learned)
+                .await
+                .unwrap();
+            assert_eq!(store.tombstones().len(), 1);
+            let dropped = store
+                .counters()
+                .oversize_records_dropped
+                .load(Ordering::Relaxed);
+            assert_eq!(dropped, 2);
+        }
+        // What was kept is journalled, and replays clean.
+        let (guard, report) = Store::open(dir.path(), crate::journal::FsyncPolicy::Never).unwrap();
+        assert!(report.skipped.is_empty());
+        let store = guard.store();
+        assert!(store.get(&key("ok")).is_some() && store.get(&key("huge")).is_none());
+        assert_eq!(store.tombstones().len(), 1);
     }
 
     #[tokio::test]

@@ -78,6 +78,9 @@ pub struct StoreCounters {
     pub forgets_received: AtomicU64,
     pub forget_entries_dropped: AtomicU64,
     pub tombstones_held: AtomicU64,
+    /// Entries and tombstones from other nodes too big for a journal frame of their own
+    /// (`journal::MAX_RECORD_BYTES`): dropped before the writer, each logged once per source.
+    pub oversize_records_dropped: AtomicU64,
 }
 
 struct Shared {
@@ -94,7 +97,7 @@ struct Shared {
     /// by writes waiting for the writer (and its disk).
     queue_room: Arc<Semaphore>,
     queue_units: u32,
-    shed_logged: crate::report::LogOnce,
+    logged: crate::report::LogOnce,
     /// Every tombstone this node knows, and those it made itself (what it publishes).
     tombstones: ArcSwap<Tombstones>,
     own_tombstones: ArcSwap<Tombstones>,
@@ -202,6 +205,7 @@ impl crate::report::FillStats for Store {
         stats.forgets_received = load(&counters.forgets_received);
         stats.forget_entries_dropped = load(&counters.forget_entries_dropped);
         stats.tombstones_held = load(&counters.tombstones_held);
+        stats.oversize_records_dropped = load(&counters.oversize_records_dropped);
     }
 }
 

@@ -97,7 +97,7 @@ impl Store {
             fsync,
             queue_room: Arc::new(Semaphore::new(queue_units as usize)),
             queue_units,
-            shed_logged: Default::default(),
+            logged: Default::default(),
             tombstones: ArcSwap::from_pointee(tombstones),
             own_tombstones: ArcSwap::from_pointee(own_tombstones),
             forget_retention_ms: AtomicI64::new(DEFAULT_FORGET_RETENTION.as_millis() as i64),

@@ -635,6 +635,10 @@ pub fn run_selected(options: &MicroOptions, only: &[String]) -> Result<serde_jso
             let views = super::views::run(options).await?;
             out.insert("views".into(), serde_json::to_value(views)?);
         }
+        if wants("forget") {
+            let flood = super::forget_flood::run(options).await?;
+            out.insert("forget_flood".into(), serde_json::to_value(flood)?);
+        }
         if wants("pickup") {
             let local = options.scratch.join("pickup-local");
             std::fs::create_dir_all(&local)?;
