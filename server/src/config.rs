@@ -133,6 +133,18 @@ pub struct Config {
     )]
     pub admin_gid: Vec<String>,
 
+    /// Forgets of one key (`only_if`) one uid may ask per minute (a burst of that many, then
+    /// that rate); past it they are refused RESOURCE_EXHAUSTED. Scope Forgets are an
+    /// administrator's act and not counted.
+    #[arg(
+        long,
+        env = "TUNECACHE_MAX_EXACT_FORGETS_PER_UID",
+        default_value_t = crate::ops::forget_budget::DEFAULT_MAX_EXACT_FORGETS_PER_UID,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_exact_forgets_per_uid: u32,
+
     /// Keep each Forget's tombstone this many days, so that no replica (a node that was
     /// down, an old shared-directory file) brings its entries back (docs/forget.md).
     #[arg(

@@ -170,9 +170,23 @@ pub enum Error {
         limit: usize,
     },
 
+    /// The caller's uid asked more exact-key (`only_if`) Forgets this minute than its budget.
+    #[error(
+        "uid {uid} asked more than --max-exact-forgets-per-uid {limit} Forgets of one key \
+         (only_if) this minute: retry later"
+    )]
+    ExactForgetsPerUid { uid: u32, limit: u32 },
+
     /// Request limit flags that cannot work together.
     #[error("{0}")]
     RequestLimits(String),
+
+    /// One entry or tombstone too big for a journal frame of its own: never written, as
+    /// replay would refuse the frame (the store keeps none this big: `MAX_RECORD_BYTES`).
+    #[error(
+        "a journal record of {len} bytes is over the largest frame ({limit} bytes); not written"
+    )]
+    JournalRecordTooLarge { len: usize, limit: usize },
 
     /// Re-decoding a response the daemon encoded itself failed.
     #[error(transparent)]
@@ -199,7 +213,8 @@ impl Error {
             | Error::LeasesPerPid { .. }
             | Error::TunerQueueFull { .. }
             | Error::MessageTooLarge { .. }
-            | Error::RequestBytesPerUid { .. } => Code::ResourceExhausted,
+            | Error::RequestBytesPerUid { .. }
+            | Error::ExactForgetsPerUid { .. } => Code::ResourceExhausted,
             Error::WriterGone
             | Error::JournalWrite(_)
             | Error::JournalUnwritable { .. }

@@ -188,6 +188,7 @@ async fn serve(
     .with_connection_limits(connection_limits.clone())
     .with_request_limits(request_limits.clone())
     .with_previous_shutdown(previous_shutdown)
+    .with_exact_forget_budget(config.max_exact_forgets_per_uid)
     .with_admins(crate::ops::access::AccessPolicy::new(
         &config.admin_uid,
         &config.admin_gid,

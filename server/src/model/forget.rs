@@ -20,8 +20,6 @@
 //! stamp (that result carries the floor from then on); the rest are kept for the retention
 //! period (`--forget-retention-days`), documented in docs/forget.md.
 
-use std::collections::HashMap;
-
 use crate::model::entry::{CacheKey, KeyView, ResultView};
 
 /// What a Forget asked of this node removes.
@@ -273,12 +271,17 @@ fn unpack(mut bytes: &[u8]) -> Option<CacheKey> {
 /// The tombstones a replica holds, reduced: none is covered by another (a wider scope with a
 /// stamp at least as high), so their number is bounded by the distinct scopes forgotten, and
 /// exact-key ones cost no more than the entries they removed.
+///
+/// A persistent map (`imbl`): the writer makes each new version by copying one path of it,
+/// O(log n) per tombstone added, while readers keep the versions they loaded; a Forget never
+/// copies the whole set.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Tombstones {
     /// Scopes that name one key, by key in packed form (`pack`: one allocation, no bigger
-    /// than the key's bytes in the entry it removed): looked up in O(1) on every Record.
-    exact: HashMap<Box<[u8]>, u64>,
-    /// Wider scopes (few: each is an administrator's act).
+    /// than the key's bytes in the entry it removed): looked up on every Record.
+    exact: imbl::HashMap<Box<[u8]>, u64>,
+    /// Wider scopes (few: each is an administrator's act, and one covering another is
+    /// dropped), copied whole with each version.
     wide: Vec<Tombstone>,
 }
 
@@ -332,6 +335,14 @@ impl Tombstones {
         self.wide
             .iter()
             .any(|t| t.stamp >= tombstone.stamp && t.scope.includes(&tombstone.scope))
+    }
+
+    /// Whether this very tombstone (its scope, with its stamp) is held.
+    pub fn contains(&self, tombstone: &Tombstone) -> bool {
+        match tombstone.scope.exact_key() {
+            Some(key) => self.exact.get(&pack(&key.view())) == Some(&tombstone.stamp),
+            None => self.wide.contains(tombstone),
+        }
     }
 
     /// Adds `tombstone` unless it is subsumed, dropping those it subsumes. Returns whether it

@@ -230,6 +230,9 @@ const METRICS: &[Metric] = &[
     row("tombstones_held", "Forgets kept so that no replica brings their entries back.", Gauge(|s| s.tombstones_held)),
     row("cluster_forgets_published", "This node's Forgets Redis stored and announced.", Counter(|s| s.cluster_forgets_published)),
     row("cluster_forgets_learned", "Tombstones read from Redis.", Counter(|s| s.cluster_forgets_learned)),
+    row("max_exact_forgets_per_uid", "Forgets of one key (only_if) one uid may ask per minute (--max-exact-forgets-per-uid).", Gauge(|s| s.max_exact_forgets_per_uid)),
+    row("exact_forgets_refused", "Forgets of one key refused: their uid was over --max-exact-forgets-per-uid.", Counter(|s| s.exact_forgets_refused)),
+    row("oversize_records_dropped", "Entries and tombstones from other nodes too big for a journal frame, dropped.", Counter(|s| s.oversize_records_dropped)),
     row("views_active", "Job views on this node, empty ones included.", Gauge(|s| s.views_active)),
     row("view_pins", "Pins held now, all views.", Gauge(|s| s.view_pins)),
     row("max_view_pins", "Most pins this node holds (--max-view-pins).", Gauge(|s| s.max_view_pins)),
@@ -469,6 +472,9 @@ mod tests {
             cluster_startup_commands: 1094,
             cluster_startup_bytes: 1095,
             cluster_startup_ms: 1096,
+            max_exact_forgets_per_uid: 1103,
+            exact_forgets_refused: 1104,
+            oversize_records_dropped: 1105,
             ..Default::default()
         }
     }

@@ -74,6 +74,8 @@ pub struct TuneCacheService {
     /// Who may run a scope Forget (`--admin-uid`, `--admin-gid`).
     admins: crate::ops::access::AccessPolicy,
     forgets_refused: AtomicU64,
+    /// The per-uid budget of exact-key Forgets (`--max-exact-forgets-per-uid`) and its log.
+    exact_forgets: crate::ops::forget_budget::ExactForgets,
     /// Every read goes through the node's job views, with or without a view.
     views: Arc<Views>,
 }
@@ -101,7 +103,16 @@ impl TuneCacheService {
             previous_shutdown: String::new(),
             admins: crate::ops::access::AccessPolicy::owner_and_root(),
             forgets_refused: AtomicU64::new(0),
+            exact_forgets: crate::ops::forget_budget::ExactForgets::new(
+                crate::ops::forget_budget::DEFAULT_MAX_EXACT_FORGETS_PER_UID,
+            ),
         }
+    }
+
+    /// Exact-key Forgets one uid may ask per minute (`--max-exact-forgets-per-uid`).
+    pub fn with_exact_forget_budget(mut self, per_minute: u32) -> Self {
+        self.exact_forgets = crate::ops::forget_budget::ExactForgets::new(per_minute);
+        self
     }
 
     /// Who may run a scope Forget.
@@ -261,7 +272,7 @@ impl TuneCacheService {
             uptime_ms: self.started.elapsed().as_millis() as u64,
             ..Default::default()
         };
-        let owners: [&dyn FillStats; 9] = [
+        let owners: [&dyn FillStats; 10] = [
             &self.counters,
             &self.store,
             &self.coordinator,
@@ -271,6 +282,7 @@ impl TuneCacheService {
             &self.request_limits,
             &self.snapshots,
             &self.cluster,
+            &self.exact_forgets,
         ];
         for owner in owners {
             owner.fill_stats(&mut stats);
@@ -466,12 +478,19 @@ impl TuneCache for TuneCacheService {
             self.forgets_refused.fetch_add(1, Ordering::Relaxed);
             return Err(self.not_admin(uid));
         }
+        // Without credentials the access check has refused the call already.
+        let budget_uid = uid.unwrap_or(u32::MAX);
+        if !is_scope {
+            // Open to every allowed caller, so bounded per uid; logged once a minute per uid
+            // (`forget_budget`), not once per key.
+            self.exact_forgets.admit(budget_uid, &scope)?;
+        }
         let forgotten = self.store.forget(ask).await?;
         if is_scope {
             // An administrator's act: logged, with who asked, once per Forget.
             tracing::warn!(%scope, ?uid, ?pid, forgotten, "Forget of a scope");
-        } else if forgotten > 0 {
-            tracing::info!(%scope, ?uid, ?pid, "Forget of one key: its winner was reported broken");
+        } else {
+            self.exact_forgets.forgotten(budget_uid, forgotten);
         }
         Ok(Response::new(v1::ForgetResponse { forgotten }))
     }

@@ -174,7 +174,8 @@ enum Commands {
         /// Comma-separated: lookup (with the echo floor), pyscan, memory, pickup, transport
         /// (daemon and client transport settings compared, interleaved), views (Lookup and
         /// Scan without a view, in a view, as a view's first read; one node and the Redis
-        /// tier, which needs redis-server).
+        /// tier, which needs redis-server), forget (a bystander's Record while another uid
+        /// sends 20,000 only_if Forgets, at two --max-exact-forgets-per-uid budgets).
         #[arg(long, value_delimiter = ',', default_value = "lookup,pyscan,memory")]
         only: Vec<String>,
         /// Small sizes, few iterations: checks the harness, judges nothing.

@@ -640,6 +640,10 @@ pub fn run_selected(options: &MicroOptions, only: &[String]) -> Result<serde_jso
             let hostile = super::views_hostile::run(options).await?;
             out.insert("views_hostile".into(), serde_json::to_value(hostile)?);
         }
+        if wants("forget") {
+            let flood = super::forget_flood::run(options).await?;
+            out.insert("forget_flood".into(), serde_json::to_value(flood)?);
+        }
         if wants("pickup") {
             let local = options.scratch.join("pickup-local");
             std::fs::create_dir_all(&local)?;

@@ -6,6 +6,7 @@
 //! (`report`).
 
 pub mod cluster;
+mod forget_flood;
 mod micro;
 pub mod python_client;
 mod report;

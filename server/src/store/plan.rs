@@ -1,0 +1,328 @@
+//! The writer's rules as a pure step: from the current versions (the cache, this node's own
+//! contributions, the tombstones) and a group of writes or one Forget, what changes, what
+//! the journal appends, what the feed is told, and what each caller is answered.
+//!
+//! Nothing here touches the journal, a thread or a runtime: the writer (`writer`) takes a
+//! plan and only does its effects (append the records, publish the versions, tell the feed,
+//! answer the callers), or, when the append fails, drops the plan and answers the error, so a
+//! batch is applied whole or not at all. The versions are persistent maps: a plan's next
+//! version shares everything it did not change with the current one.
+//!
+//! The rules:
+//! - one merge rule (`model::merge`) decides the cache's winner, and, separately, this
+//!   node's own best per key: an own result is kept as a contribution even when a learned one
+//!   beats it in the cache, so compaction of this node's segments never loses it;
+//! - this node's own new results (a Record, its tuner) get their epoch here, a client's is
+//!   ignored: live after every Forget of the key the node knows, and level with its winner;
+//! - everything else coming in (learned, read from segments) is dropped when a tombstone held
+//!   removes it, so no replica brings a forgotten entry back;
+//! - a Forget asked here with `only_if` applies only while the key's winner still has that
+//!   config and time; a learned tombstone that adds nothing is not journalled or told.
+
+use crate::model::entry::{CacheKey, KeyView, Origin, ResultView, TunedResult};
+use crate::model::forget::{record_epoch, ForgetAsk, ForgetClock, Tombstone, Tombstones};
+use crate::model::merge::{merge_views, MergeOutcome};
+use crate::wire::stored::{EntryMap, StoredEntry};
+
+use super::feed::{Change, ForgetChange, Source};
+
+/// One entry of a write. Decoded entries (a Record, the tuner, the cluster tier) are encoded
+/// by the writer only when they win; entries read from the shared directory arrive already
+/// in stored form, so a load holds each entry once (the allocation the cache keeps), never a
+/// decoded copy beside it.
+pub(crate) enum Incoming {
+    Decoded(CacheKey, TunedResult),
+    Stored(StoredEntry),
+}
+
+impl Incoming {
+    pub(crate) fn views(&self) -> (KeyView<'_>, ResultView<'_>) {
+        match self {
+            Incoming::Decoded(key, result) => (key.view(), result.view()),
+            Incoming::Stored(entry) => entry.views(),
+        }
+    }
+
+    fn set_forget_epoch(&mut self, epoch: u64) {
+        match self {
+            Incoming::Decoded(_, result) => result.forget_epoch = epoch,
+            Incoming::Stored(entry) => {
+                let (key, result) = entry.to_pair();
+                *self = Incoming::Decoded(
+                    key,
+                    TunedResult {
+                        forget_epoch: epoch,
+                        ..result
+                    },
+                );
+            }
+        }
+    }
+
+    fn into_stored(self) -> StoredEntry {
+        match self {
+            Incoming::Decoded(key, result) => StoredEntry::new(&key, &result),
+            Incoming::Stored(entry) => entry,
+        }
+    }
+}
+
+pub(crate) fn decoded(entries: Vec<(CacheKey, TunedResult)>) -> Vec<Incoming> {
+    entries
+        .into_iter()
+        .map(|(key, result)| Incoming::Decoded(key, result))
+        .collect()
+}
+
+/// Counts of a batch applied through the merge rule.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ApplyOutcome {
+    /// Entries that were new or beat the stored result.
+    pub stored: u32,
+    /// Entries that did not beat the stored result; nothing was written for them.
+    pub unchanged: u32,
+}
+
+/// Which of the two versions an incoming result replaces the key's entry in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Merged {
+    /// It beats the cache's winner: readers see it.
+    pub in_cache: bool,
+    /// It is this node's own and beats its own best for the key: it is published.
+    pub own: bool,
+}
+
+/// The one merge of an incoming result against the cache and the own contributions, as
+/// the writer and the journal's replay both apply it.
+pub(crate) fn merge_into(
+    map: &EntryMap,
+    own: &EntryMap,
+    key: &KeyView<'_>,
+    result: ResultView<'_>,
+    origin: Origin,
+) -> Merged {
+    let own_replace = origin == Origin::Own
+        && merge_views(own.get_view(key).map(StoredEntry::result), result) == MergeOutcome::Replace;
+    let in_cache =
+        merge_views(map.get_view(key).map(StoredEntry::result), result) == MergeOutcome::Replace;
+    Merged {
+        in_cache,
+        own: own_replace,
+    }
+}
+
+/// One write request of a group commit: its entries, and their provenance (for the journal
+/// and for the change feed).
+pub(crate) struct Write {
+    pub entries: Vec<Incoming>,
+    pub origin: Origin,
+    pub source: Source,
+}
+
+/// What a group of writes does, if its records reach the journal.
+pub(crate) struct GroupPlan {
+    /// The cache's next version.
+    pub map: EntryMap,
+    /// The own contributions' next version, when they changed.
+    pub own: Option<EntryMap>,
+    /// What the feed is told, in order.
+    pub changes: Vec<Change>,
+    /// What the journal appends, all in one append.
+    pub records: Vec<(StoredEntry, Origin)>,
+    /// Each write's answer, in the group's order.
+    pub outcomes: Vec<ApplyOutcome>,
+    /// Estimated journal bytes the live entries gain and lose (a compaction's size).
+    pub live_bytes_added: u64,
+    pub live_bytes_removed: u64,
+    /// Entry bytes the group brought in, changed or not (what its requests left on the heap).
+    pub bytes_in: u64,
+    /// The highest epoch among the entries kept: the writer's clock moves past it.
+    pub highest_epoch: u64,
+}
+
+/// Plans a group of writes, applied one after the other: a later write of the group meets
+/// what the earlier ones stored.
+pub(crate) fn plan_group(
+    map: &EntryMap,
+    own: &EntryMap,
+    tombstones: &Tombstones,
+    group: Vec<Write>,
+) -> GroupPlan {
+    let mut plan = GroupPlan {
+        map: map.clone(),
+        own: None,
+        changes: Vec::new(),
+        records: Vec::new(),
+        outcomes: Vec::with_capacity(group.len()),
+        live_bytes_added: 0,
+        live_bytes_removed: 0,
+        bytes_in: 0,
+        highest_epoch: 0,
+    };
+    let mut own_next = own.clone();
+    for Write {
+        entries,
+        origin,
+        source,
+    } in group
+    {
+        let mut outcome = ApplyOutcome::default();
+        let stamps_epoch = matches!(source, Source::Record { .. } | Source::Tuner);
+        for mut incoming in entries {
+            if stamps_epoch {
+                let (key, _) = incoming.views();
+                let held = |map: &EntryMap| {
+                    map.get_view(&key)
+                        .map_or(0, |entry| entry.result().forget_epoch)
+                };
+                let winner = held(&plan.map).max(held(&own_next));
+                let epoch = record_epoch(tombstones.floor(&key), winner);
+                incoming.set_forget_epoch(epoch);
+            } else {
+                let (key, result) = incoming.views();
+                if tombstones.drops(&key, &result) {
+                    outcome.unchanged += 1;
+                    continue;
+                }
+            }
+            let (key, result) = incoming.views();
+            plan.highest_epoch = plan.highest_epoch.max(result.forget_epoch);
+            let merged = merge_into(&plan.map, &own_next, &key, result, origin);
+            let old_result_bytes = plan
+                .map
+                .get_view(&key)
+                .map(|entry| entry.result().encoded_len_estimate() as u64);
+            let key_bytes = key.encoded_len_estimate() as u64;
+            let result_bytes = result.encoded_len_estimate() as u64;
+            plan.bytes_in += key_bytes + result_bytes;
+            if !merged.in_cache {
+                outcome.unchanged += 1;
+            }
+            if !(merged.in_cache || merged.own) {
+                continue;
+            }
+            // One allocation, shared by the cache, the own contributions and the journal.
+            let entry = incoming.into_stored();
+            plan.changes.push(Change {
+                entry: entry.clone(),
+                source: source.clone(),
+                in_cache: merged.in_cache,
+                own: merged.own,
+            });
+            if merged.in_cache {
+                plan.live_bytes_added += key_bytes + result_bytes;
+                plan.live_bytes_removed += old_result_bytes.map_or(0, |r| key_bytes + r);
+                plan.map.insert(entry.clone());
+                outcome.stored += 1;
+            }
+            if merged.own {
+                own_next.insert(entry.clone());
+                plan.records.push((entry, Origin::Own));
+            } else {
+                plan.records.push((entry, Origin::Learned));
+            }
+        }
+        plan.outcomes.push(outcome);
+    }
+    if !own_next.ptr_eq(own) {
+        plan.own = Some(own_next);
+    }
+    plan
+}
+
+/// A Forget for the writer: asked of this node, or tombstones learned from elsewhere.
+pub(crate) enum ForgetCommand {
+    Ask(ForgetAsk),
+    Learned(Vec<Tombstone>, Source, Origin),
+}
+
+/// The versions a Forget is planned against.
+pub(crate) struct ForgetState<'a> {
+    pub map: &'a EntryMap,
+    pub own: &'a EntryMap,
+    pub tombstones: &'a Tombstones,
+    pub own_tombstones: &'a Tombstones,
+}
+
+/// What a Forget does, if its tombstones reach the journal.
+pub(crate) struct ForgetPlan {
+    pub map: EntryMap,
+    pub own: EntryMap,
+    pub tombstones: Tombstones,
+    pub own_tombstones: Tombstones,
+    /// The tombstones the journal appends, with their provenance.
+    pub records: Vec<(Tombstone, Origin)>,
+    /// What the feed is told: one per record.
+    pub told: Vec<ForgetChange>,
+    /// Entries dropped from the cache: the caller's answer.
+    pub dropped: u32,
+    /// Estimated journal bytes of the entries dropped.
+    pub freed_bytes: u64,
+}
+
+/// Plans a Forget. A Forget asked here is stamped from `clock` at `now_unix_ms` (only when it
+/// applies); the clock moves past every stamp learned. `None`: nothing to do, answered 0 with
+/// nothing journalled (`only_if` no longer names the winner, or nothing new was learned).
+pub(crate) fn plan_forget(
+    state: ForgetState<'_>,
+    clock: &mut ForgetClock,
+    now_unix_ms: i64,
+    forget: ForgetCommand,
+) -> Option<ForgetPlan> {
+    let (new, source, origin) = match forget {
+        ForgetCommand::Ask(ask) => {
+            if let Some((config, time_us)) = &ask.only_if {
+                let winner = ask
+                    .scope
+                    .exact_key()
+                    .and_then(|key| state.map.get(&key).map(|entry| entry.result().to_result()));
+                let same = winner.is_some_and(|w| &w.config == config && w.time_us == *time_us);
+                if !same {
+                    return None;
+                }
+            }
+            let tombstone = Tombstone {
+                scope: ask.scope,
+                stamp: clock.tick(now_unix_ms),
+            };
+            (vec![tombstone], Source::Forget, Origin::Own)
+        }
+        ForgetCommand::Learned(learned, source, origin) => (learned, source, origin),
+    };
+    let mut plan = ForgetPlan {
+        map: state.map.clone(),
+        own: state.own.clone(),
+        tombstones: state.tombstones.clone(),
+        own_tombstones: state.own_tombstones.clone(),
+        records: Vec::new(),
+        told: Vec::new(),
+        dropped: 0,
+        freed_bytes: 0,
+    };
+    for tombstone in new {
+        clock.observe(tombstone.stamp);
+        let own_new = origin == Origin::Own && plan.own_tombstones.insert(tombstone.clone());
+        // Nothing new (it, or a wider and newer one, is held): nothing to drop or tell.
+        if !plan.tombstones.insert(tombstone.clone()) && !own_new && source != Source::Forget {
+            continue;
+        }
+        let dropped = plan.map.remove_dropped_by(&tombstone);
+        plan.own.remove_dropped_by(&tombstone);
+        plan.freed_bytes += dropped
+            .iter()
+            .map(|entry| entry.encoded_len_estimate() as u64)
+            .sum::<u64>();
+        let dropped = u32::try_from(dropped.len()).unwrap_or(u32::MAX);
+        plan.dropped = plan.dropped.saturating_add(dropped);
+        plan.records.push((tombstone.clone(), origin));
+        plan.told.push(ForgetChange {
+            tombstone,
+            source: source.clone(),
+            dropped,
+        });
+    }
+    (!plan.records.is_empty()).then_some(plan)
+}
+
+#[cfg(test)]
+mod tests;

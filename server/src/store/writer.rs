@@ -1,0 +1,276 @@
+//! The writer thread: the one owner of every mutation and of the journal.
+//!
+//! It takes the commands queued by `admission` in order, merges every write that has queued
+//! up meanwhile into one group (group commit), and has `plan` decide what the group or a
+//! Forget does. What it does itself is only the effects: append the plan's records to the
+//! journal in one write, then publish the new versions, tell the change feed, and answer the
+//! callers; when the append fails, every caller of the group gets the error and nothing is
+//! published. Compaction, repair and the journal's health are its idle work (`upkeep`).
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
+
+use crate::error::{Error, Result};
+use crate::journal::Journal;
+use crate::model::entry::Origin;
+use crate::model::forget::ForgetClock;
+
+use super::plan::{
+    plan_forget, plan_group, ApplyOutcome, ForgetCommand, ForgetState, Incoming, Write,
+};
+use super::upkeep::COMPACT_RETRY_MIN;
+use super::{Shared, Source};
+
+/// Most write requests merged into one group commit.
+const MAX_GROUP: usize = 1024;
+
+pub(super) enum WriteCommand {
+    Apply {
+        entries: Vec<Incoming>,
+        origin: Origin,
+        source: Source,
+        reply: oneshot::Sender<Result<ApplyOutcome>>,
+        /// This request's share of the write queue, given back when the writer takes it.
+        _queued: OwnedSemaphorePermit,
+    },
+    /// A Forget asked here, or tombstones learned from other nodes.
+    Forget {
+        forget: ForgetCommand,
+        reply: oneshot::Sender<Result<u32>>,
+    },
+    /// Finish what is queued before this, then sync the journal (`Store::sync_journal`).
+    Sync { reply: oneshot::Sender<Result<()>> },
+    /// Finish what is queued before this, sync, and stop. Handles still held elsewhere
+    /// (by connections that outlive the shutdown) then get `WriterGone`.
+    Stop,
+}
+
+type Reply = oneshot::Sender<Result<ApplyOutcome>>;
+
+/// State of the writer thread: the journal and what it needs to decide on compaction.
+pub(super) struct Writer {
+    pub(super) journal: Journal,
+    pub(super) shared: Arc<Shared>,
+    /// Estimated journal bytes the live entries would take after a compaction.
+    pub(super) live_bytes: u64,
+    /// After a failed compaction (e.g. a full disk), wait before trying again.
+    pub(super) compact_not_before: Instant,
+    /// The wait after the next failed compaction.
+    pub(super) compact_retry: Duration,
+    /// While the journal refuses appends: when to try repairing it next.
+    pub(super) repair_not_before: Instant,
+    /// The last compaction and append failure causes, so a repeating cause is logged once.
+    pub(super) compaction_failure: Option<String>,
+    pub(super) write_failure: Option<String>,
+    /// Entry bytes written since the heap was last trimmed.
+    pub(super) written_since_trim: u64,
+    /// Stamps Forgets; moved past every stamp and epoch the node learns.
+    pub(super) clock: ForgetClock,
+}
+
+pub(super) fn run_writer(
+    journal: Journal,
+    commands: mpsc::Receiver<WriteCommand>,
+    shared: Arc<Shared>,
+    clock: ForgetClock,
+) {
+    let live_bytes = shared.counters.journal_live_bytes.load(Ordering::Relaxed);
+    let mut writer = Writer {
+        journal,
+        shared,
+        live_bytes,
+        compact_not_before: Instant::now(),
+        compact_retry: COMPACT_RETRY_MIN,
+        repair_not_before: Instant::now(),
+        compaction_failure: None,
+        write_failure: None,
+        written_since_trim: 0,
+        clock,
+    };
+    writer.note_health();
+    loop {
+        let first = if let Some(wait) = writer.idle_work_wait() {
+            match commands.recv_timeout(wait) {
+                Ok(command) => command,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    writer.idle_work();
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        } else {
+            match commands.recv() {
+                Ok(command) => command,
+                Err(_) => break,
+            }
+        };
+        // Group commit: everything queued meanwhile goes into one version and one append.
+        let mut group = Vec::new();
+        let mut stop = false;
+        let mut next_command = Some(first);
+        while let Some(command) = next_command.take() {
+            match command {
+                WriteCommand::Apply {
+                    entries,
+                    origin,
+                    source,
+                    reply,
+                    ..
+                } => group.push((
+                    Write {
+                        entries,
+                        origin,
+                        source,
+                    },
+                    reply,
+                )),
+                WriteCommand::Forget { forget, reply } => {
+                    // In order with the writes around it: what came before is applied first.
+                    if !group.is_empty() {
+                        writer.apply_group(std::mem::take(&mut group));
+                    }
+                    let _ = reply.send(writer.apply_forget(forget));
+                }
+                WriteCommand::Sync { reply } => {
+                    if !group.is_empty() {
+                        writer.apply_group(std::mem::take(&mut group));
+                    }
+                    let _ = reply.send(writer.journal.sync());
+                }
+                WriteCommand::Stop => {
+                    stop = true;
+                    break;
+                }
+            }
+            if group.len() < MAX_GROUP {
+                next_command = commands.try_recv().ok();
+            }
+        }
+        if !group.is_empty() {
+            writer.apply_group(group);
+            writer.compact_if_due();
+        }
+        if stop {
+            break;
+        }
+    }
+    if let Err(error) = writer.journal.sync() {
+        tracing::warn!(%error, "final journal sync failed");
+    }
+}
+
+impl Writer {
+    /// Plans a group of write requests, journals its records in one append, publishes, then
+    /// acknowledges each request.
+    fn apply_group(&mut self, group: Vec<(Write, Reply)>) {
+        self.journal.check_path();
+        self.repair_if_needed();
+        let (writes, replies): (Vec<Write>, Vec<Reply>) = group.into_iter().unzip();
+        let map = self.shared.map.load_full();
+        let own = self.shared.own.load_full();
+        let tombstones = self.shared.tombstones.load_full();
+        let plan = plan_group(&map, &own, &tombstones, writes);
+        self.clock.observe(plan.highest_epoch);
+        self.written_since_trim += plan.bytes_in;
+
+        if !plan.records.is_empty() {
+            if let Err(error) = self.journal.append_stored(&plan.records) {
+                self.note_write_failure(&error);
+                self.note_health();
+                let cause = match error {
+                    Error::JournalWrite(cause) => cause,
+                    other => Arc::new(other),
+                };
+                for reply in replies {
+                    let _ = reply.send(Err(Error::JournalWrite(Arc::clone(&cause))));
+                }
+                return;
+            }
+            if self.write_failure.take().is_some() {
+                tracing::info!("journal appends succeed again");
+            }
+            self.note_health();
+            self.live_bytes = self
+                .live_bytes
+                .saturating_add(plan.live_bytes_added)
+                .saturating_sub(plan.live_bytes_removed);
+            if let Some(own) = plan.own {
+                self.shared.own.store(Arc::new(own));
+            }
+            self.shared.map.store(Arc::new(plan.map));
+            let listeners = crate::sync::read(&self.shared.listeners);
+            for listener in listeners.iter() {
+                listener.entries_changed(&plan.changes);
+            }
+        }
+        for (reply, outcome) in replies.into_iter().zip(plan.outcomes) {
+            let _ = reply.send(Ok(outcome));
+        }
+        self.publish_journal_sizes();
+    }
+
+    /// Plans a Forget (asked here, or learned), journals its tombstones, then publishes and
+    /// tells the feed. Answers the entries dropped from the cache.
+    fn apply_forget(&mut self, forget: ForgetCommand) -> Result<u32> {
+        self.journal.check_path();
+        self.repair_if_needed();
+        let map = self.shared.map.load_full();
+        let own = self.shared.own.load_full();
+        let tombstones = self.shared.tombstones.load_full();
+        let own_tombstones = self.shared.own_tombstones.load_full();
+        let state = ForgetState {
+            map: &map,
+            own: &own,
+            tombstones: &tombstones,
+            own_tombstones: &own_tombstones,
+        };
+        let now = crate::model::entry::unix_now_ms();
+        let Some(plan) = plan_forget(state, &mut self.clock, now, forget) else {
+            return Ok(0);
+        };
+        if let Err(error) = self.journal.append_tombstones(&plan.records) {
+            self.note_write_failure(&error);
+            self.note_health();
+            return Err(error);
+        }
+        self.note_health();
+        self.live_bytes = self.live_bytes.saturating_sub(plan.freed_bytes);
+        let counters = &self.shared.counters;
+        counters
+            .forgets_received
+            .fetch_add(plan.told.len() as u64, Ordering::Relaxed);
+        counters
+            .forget_entries_dropped
+            .fetch_add(u64::from(plan.dropped), Ordering::Relaxed);
+        counters
+            .tombstones_held
+            .store(plan.tombstones.len() as u64, Ordering::Relaxed);
+        self.publish_journal_sizes();
+        self.shared.tombstones.store(Arc::new(plan.tombstones));
+        self.shared
+            .own_tombstones
+            .store(Arc::new(plan.own_tombstones));
+        self.shared.own.store(Arc::new(plan.own));
+        self.shared.map.store(Arc::new(plan.map));
+        let listeners = crate::sync::read(&self.shared.listeners);
+        for listener in listeners.iter() {
+            listener.forgotten(&plan.told);
+        }
+        Ok(plan.dropped)
+    }
+
+    /// The journal's size and its live part, for Stats.
+    pub(super) fn publish_journal_sizes(&self) {
+        let counters = &self.shared.counters;
+        counters
+            .journal_bytes
+            .store(self.journal.len(), Ordering::Relaxed);
+        counters
+            .journal_live_bytes
+            .store(self.live_bytes, Ordering::Relaxed);
+    }
+}
