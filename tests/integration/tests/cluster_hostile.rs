@@ -480,8 +480,11 @@ async fn a_node_with_a_clock_100_days_fast_deletes_no_tombstone() {
     .process()
     .await;
     wait_connected(&fast).await;
-    // Its forget follower has read the hash too (a reconnection reads it again).
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // It has read Redis's TIME and judged the skew: from here on it prunes nothing.
+    wait_stats(&fast, "the skew judged", Duration::from_secs(10), |s| {
+        s.cluster_prune_paused
+    })
+    .await;
     assert_eq!(
         redis.cli(&["HLEN", "tunecache:forgets:{f}"]),
         "20",

@@ -303,15 +303,22 @@ async fn a_fresh_node_joining_while_another_writes_1000_records_holds_them_all()
     wait_checkpoints_current(&redis).await;
     // A fresh node joins while the writer records 1,000 more, ten at a time.
     let during = entries("join", 0..1000);
+    // The join starts once the writer is 100 Records in, so the writes straddle it.
+    let (writes_begun, begun) = tokio::sync::oneshot::channel::<()>();
     let writing = async {
         let client = writer.client().await;
-        for chunk in during.chunks(10) {
+        let mut writes_begun = Some(writes_begun);
+        for (i, chunk) in during.chunks(10).enumerate() {
             client.record(chunk.to_vec()).await.unwrap();
+            if i == 9 {
+                writes_begun.take().map(|tx| tx.send(()));
+            }
+            // Pacing, not waiting for anything: the writes are spread over the join.
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     };
     let joining = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        begun.await.expect("the writer began");
         let fresh = cluster_node(dir.path(), "c", &redis.url(), &[])
             .process()
             .await;
