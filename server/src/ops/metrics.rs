@@ -262,6 +262,7 @@ const METRICS: &[Metric] = &[
     row("cluster_startup_commands", "Redis commands this node's start took.", Gauge(|s| s.cluster_startup_commands)),
     row("cluster_startup_bytes", "Reply bytes this node's start read from Redis.", Gauge(|s| s.cluster_startup_bytes)),
     row("cluster_startup_ms", "Milliseconds from the tier's start until it was bootstrapped.", Gauge(|s| s.cluster_startup_ms)),
+    row("peer_nodes_resumed", "Other nodes whose segments were read on at start from the place the state directory recorded.", Counter(|s| s.peer_nodes_resumed)),
 ];
 
 /// -1 until the first snapshot, so "never" is not mistaken for "just now".
@@ -475,6 +476,7 @@ mod tests {
             max_exact_forgets_per_uid: 1103,
             exact_forgets_refused: 1104,
             oversize_records_dropped: 1105,
+            peer_nodes_resumed: 1106,
             ..Default::default()
         }
     }

@@ -8,6 +8,8 @@
 //! nodes it has not read yet (and version-1 files of older daemons that changed), and merges
 //! them into its store as learned entries through `Store::apply_learned`, and so through the
 //! one merge rule. All nodes therefore converge on the same winners.
+//! Where it stands with each other node's segments is kept in its state directory once the
+//! journal holds what it merged (`plan::merged`), so a restart reads only what is new.
 //!
 //! Pieces, mini-redis style:
 //! - `SnapshotHandle`: cheap, cloneable handle over the shared state, held by the gRPC service
@@ -43,12 +45,14 @@ use tonic_health::server::HealthReporter;
 use tunecache_proto::v1;
 
 use crate::error::{Error, Result};
+use crate::journal::FsyncPolicy;
 use crate::model::entry::unix_now_ms;
 use crate::store::{Source, Store};
 use crate::sync::lock;
 use crate::tasks::Tasks;
 
 use io::{IoJob, IoWorker, WriteReport};
+use plan::merged::MergedRecord;
 
 /// gRPC health service name that reports snapshot trouble. NOT_SERVING here means the
 /// shared directory is stuck or failing; the cache itself (`tunecache.v1.TuneCache`) keeps
@@ -136,6 +140,8 @@ struct SnapshotCounters {
     name_conflicts: AtomicU64,
     /// Entries dropped from loaded files (a Record would refuse them).
     invalid_entries: AtomicU64,
+    /// Other nodes read on from the place the state directory recorded, not from the start.
+    peers_resumed: AtomicU64,
 }
 
 /// State shared by the handle, the background task and the I/O thread.
@@ -155,6 +161,8 @@ struct Shared {
     logged_failures: Mutex<HashSet<String>>,
     /// What the last publish at shutdown did (empty before shutdown).
     shutdown_publish: Mutex<String>,
+    /// Held while the record of merged places is written (`io::merged::write`).
+    merged_write: Mutex<()>,
 }
 
 impl Shared {
@@ -234,6 +242,15 @@ struct IoSlot {
     last_load_error: Option<String>,
     consecutive_failures: u32,
     retry_after: Option<Instant>,
+    /// The places merged through, not yet in the state directory.
+    unsaved_places: Option<MergedRecord>,
+    /// A merge began and has not finished (given up on by the Snapshot RPC's bound, or
+    /// failed in the store).
+    merging: bool,
+    /// A merge was cut short this run: the I/O thread's places are past entries the store
+    /// may never have taken, so none is recorded again until the daemon restarts (and then
+    /// reads on from the last record, written before it).
+    places_unsafe: bool,
 }
 
 /// Cheap, cloneable handle to the snapshot machinery.
@@ -282,6 +299,7 @@ impl SnapshotHandle {
             last_write_ok: AtomicBool::new(true),
             logged_failures: Mutex::new(HashSet::new()),
             shutdown_publish: Mutex::new(String::new()),
+            merged_write: Mutex::new(()),
         });
         let (jobs, job_receiver) = mpsc::channel();
         let worker = IoWorker::new(Arc::clone(&shared));
@@ -298,6 +316,9 @@ impl SnapshotHandle {
             last_load_error: None,
             consecutive_failures: 0,
             retry_after: None,
+            unsaved_places: None,
+            merging: false,
+            places_unsafe: false,
         };
         store.add_change_listener(Arc::new(OwnChanges(Arc::downgrade(&shared))));
         Ok(SnapshotHandle {
@@ -351,7 +372,9 @@ impl SnapshotHandle {
     pub async fn publish_at_shutdown(&self, deadline: tokio::time::Instant) -> String {
         let work = async {
             let mut slot = self.slot.lock().await;
-            self.publish_if_changed(&mut slot).await
+            let written = self.publish_if_changed(&mut slot).await;
+            self.save_places(&mut slot).await;
+            written
         };
         let outcome = match tokio::time::timeout_at(deadline, work).await {
             Ok(Ok(written)) if written.skipped_unchanged => "nothing new to publish".to_owned(),
@@ -508,6 +531,13 @@ impl SnapshotHandle {
             })
             .await?;
         let read_elapsed = started.elapsed();
+        if std::mem::replace(&mut slot.merging, true) && !slot.places_unsafe {
+            slot.places_unsafe = true;
+            tracing::warn!(
+                "a merge from the shared directory was cut short; the segments merged are not \
+                 recorded again this run, so a restart reads on from the last record"
+            );
+        }
         if report.own_vanished {
             // What vanished has to go out again although nothing changed here.
             slot.last_published_changes = None;
@@ -547,8 +577,52 @@ impl SnapshotHandle {
                 "merged from the shared directory"
             );
         }
+        slot.merging = false;
+        if let Some(record) = report.merged {
+            slot.unsaved_places = Some(record);
+        }
+        self.save_places(slot).await;
         slot.initial_load_done = true;
         Ok(())
+    }
+
+    /// Records in the state directory the places merged through (`io::merged`), once the
+    /// journal holds what they claim: it is synced first, so after any crash the record is
+    /// at most as new as the journal. A failure is kept for the next pass and costs only
+    /// reading again after a restart.
+    async fn save_places(&self, slot: &mut IoSlot) {
+        if slot.places_unsafe {
+            slot.unsaved_places = None;
+            return;
+        }
+        let Some(record) = slot.unsaved_places.take() else {
+            return;
+        };
+        let saved = async {
+            self.store
+                .sync_journal()
+                .await
+                .map_err(|e| format!("journal sync: {e}"))?;
+            let sync = self.store.fsync_policy() != FsyncPolicy::Never;
+            let shared = Arc::clone(&self.shared);
+            let written = record.clone();
+            tokio::task::spawn_blocking(move || io::merged::write(&shared, &written, sync))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())
+        };
+        if let Err(why) = saved.await {
+            slot.unsaved_places = Some(record);
+            if lock(&self.shared.logged_failures).insert("recording merged segments".to_owned()) {
+                tracing::warn!(
+                    dir = ?self.shared.settings.state_dir,
+                    "the segments merged are not recorded in the state directory ({why}); \
+                     retried each pass, a restart until then reads them again (logged once)"
+                );
+            } else {
+                tracing::debug!(%why, "the segments merged are not recorded yet");
+            }
+        }
     }
 
     /// Publishes the own contributions not yet published, unless nothing changed since the
@@ -661,6 +735,7 @@ impl crate::report::FillStats for SnapshotHandle {
         stats.snapshot_untrusted_files = load(&counters.untrusted_files);
         stats.snapshot_name_conflicts = load(&counters.name_conflicts);
         stats.snapshot_invalid_entries = load(&counters.invalid_entries);
+        stats.peer_nodes_resumed = load(&counters.peers_resumed);
     }
 }
 

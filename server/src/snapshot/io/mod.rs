@@ -11,11 +11,14 @@
 //!   one, linked in before the segments it replaces are removed.
 //! - `dir`: `v2/` checked before it is used (and made when missing), listings, stale temp
 //!   files removed.
+//! - `merged`: the record of the places merged through in other nodes' segments, in the
+//!   state directory: read at the first load, so a restarted node reads on from them.
 //!
 //! A job's files come back in a `LoadReport`; a load nobody took is undone (`Undo`), so
 //! its files are read again next time rather than lost.
 
 mod dir;
+pub(super) mod merged;
 mod own;
 mod peers;
 mod publish;
@@ -30,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::model::entry::Origin;
 use crate::model::forget::{Tombstone, Tombstones};
 use crate::snapshot::plan::listing::SeenV1;
+use crate::snapshot::plan::merged::{MergedPeer, MergedPlaces, MergedRecord};
 use crate::snapshot::plan::own::{NotOurs, OwnSegments};
 use crate::snapshot::plan::peers::{NodeCursor, Rejected};
 use crate::wire::stored::{EntryMap, StoredEntry};
@@ -51,6 +55,8 @@ pub(super) enum IoJob {
         reply: tokio::sync::oneshot::Sender<Result<WriteReport>>,
     },
     Load {
+        /// The store is empty (a wiped node): read its own version-1 file too, and take up
+        /// no remembered place (the journal that held what they claim is gone).
         include_own_v1: bool,
         reply: tokio::sync::oneshot::Sender<Result<LoadReport>>,
     },
@@ -72,6 +78,8 @@ enum Undo {
     Segment {
         node: String,
         read_through: u64,
+        /// The recorded place before the read.
+        place: Option<MergedPeer>,
     },
     OwnSegments,
     /// A segment under this node's name that it did not write.
@@ -93,6 +101,10 @@ pub(super) struct LoadReport {
     /// Segments this node wrote vanished: publish now, even if nothing changed since the
     /// last publish (it all has to go out again).
     pub own_vanished: bool,
+    /// Every place merged through in other nodes' segments, when any changed since the last
+    /// load: for the state directory once the store has these files' entries and the journal
+    /// is synced.
+    pub merged: Option<MergedRecord>,
 }
 
 /// The I/O thread's state.
@@ -113,6 +125,10 @@ pub(super) struct IoWorker {
     shared_by_users: Cell<bool>,
     /// Own segments vanished and no load that says so has reached the async side yet.
     own_vanished: bool,
+    /// Where this reader stands with each other node, as the state directory will record it.
+    merged: MergedPlaces,
+    /// The state directory's record was read (at the first load).
+    merged_record_read: bool,
 }
 
 impl IoWorker {
@@ -127,6 +143,8 @@ impl IoWorker {
             rejected: Rejected::default(),
             shared_by_users: Cell::new(false),
             own_vanished: false,
+            merged: MergedPlaces::default(),
+            merged_record_read: false,
         }
     }
 
@@ -156,6 +174,9 @@ impl IoWorker {
                         // Nobody waited for these entries any more: read them again next
                         // time rather than losing them.
                         self.own_vanished |= abandoned.own_vanished;
+                        if abandoned.merged.is_some() {
+                            self.merged.not_taken();
+                        }
                         for file in abandoned.files.into_iter().rev() {
                             self.undo(file.undo);
                         }
@@ -168,8 +189,16 @@ impl IoWorker {
     fn undo(&mut self, undo: Undo) {
         match undo {
             Undo::V1(name) => self.seen.forget(&name),
-            Undo::Segment { node, read_through } => {
-                self.cursors.entry(node).or_default().undo(read_through);
+            Undo::Segment {
+                node,
+                read_through,
+                place,
+            } => {
+                self.cursors
+                    .entry(node.clone())
+                    .or_default()
+                    .undo(read_through);
+                self.merged.restore(&node, place);
             }
             Undo::OwnSegments => self.own.loaded = false,
             Undo::NotOurs(name) => self.not_ours.forget(&name),
@@ -201,6 +230,18 @@ impl IoWorker {
 
     fn load(&mut self, include_own_v1: bool) -> Result<LoadReport> {
         let started = Instant::now();
+        if !self.merged_record_read {
+            self.merged_record_read = true;
+            let places = self.read_merged_record();
+            if include_own_v1 && !places.is_empty() {
+                tracing::info!(
+                    "the store is empty, so the record of merged segments claims what it does \
+                     not hold; ignored, every segment is read again"
+                );
+            } else {
+                self.merged = places;
+            }
+        }
         let mut report = LoadReport::default();
         let outcome = self
             .load_v1(include_own_v1, &mut report)
@@ -213,6 +254,9 @@ impl IoWorker {
             return Err(error);
         }
         report.own_vanished = std::mem::take(&mut self.own_vanished);
+        let settings = &self.shared.settings;
+        let dir = settings.dir.display().to_string();
+        report.merged = self.merged.changed_record(&settings.node, &dir);
         Ok(report)
     }
 

@@ -11,6 +11,7 @@ use crate::snapshot::plan::peers::Step;
 use crate::snapshot::plan::trust;
 use crate::snapshot::segments::NodeSegments;
 
+use super::merged;
 use super::{IoWorker, LoadReport, LoadedFile, Operation, Undo, LOAD_BUDGET};
 
 impl IoWorker {
@@ -23,7 +24,13 @@ impl IoWorker {
         report: &mut LoadReport,
     ) {
         let mut filtered = self.rejected.filter(listed);
-        let mut cursor = self.cursors.get(node).copied().unwrap_or_default();
+        let mut cursor = match self.cursors.get(node) {
+            Some(cursor) => *cursor,
+            // First listed this run: on from where the state directory says it was merged.
+            None => self
+                .resume_from_record(node, filtered.as_ref().unwrap_or(listed))
+                .unwrap_or_default(),
+        };
         loop {
             if started.elapsed() > LOAD_BUDGET {
                 break;
@@ -33,6 +40,7 @@ impl IoWorker {
                 Step::Read(segment) => segment,
                 Step::Done => break,
                 Step::Restarted { read_through } => {
+                    self.merged.moved(node, cursor.read_through);
                     tracing::warn!(
                         node,
                         read_through,
@@ -44,6 +52,7 @@ impl IoWorker {
                     missing_from,
                     missing_to,
                 } => {
+                    self.merged.moved(node, cursor.read_through);
                     if self.warned_gaps.insert(node.to_owned()) {
                         tracing::warn!(
                             node,
@@ -79,6 +88,10 @@ impl IoWorker {
             }
             // A damaged segment is warned about once and passed over, like a damaged file.
             let before = cursor.read(segment);
+            let place = match merged::read_segment(segment, version) {
+                Some(read) => self.merged.read(node, cursor.read_through, read),
+                None => self.merged.read_unproved(node),
+            };
             if let Some(parsed) = self.accept(&path, version, parsed) {
                 self.shared
                     .counters
@@ -93,6 +106,7 @@ impl IoWorker {
                     undo: Undo::Segment {
                         node: node.to_owned(),
                         read_through: before,
+                        place,
                     },
                 });
             }

@@ -12,8 +12,11 @@
 //! - `own`: what this node knows of its own segments: its record, the first load, each later
 //!   listing reconciled with it, the segments under its name it did not write.
 //! - `publish`: what a publish writes, when the own segments are compacted and into what.
+//! - `merged`: the places in other nodes' segments this reader has merged through, kept in
+//!   the state directory, and when a remembered place still holds after a restart.
 
 pub(super) mod listing;
+pub(super) mod merged;
 pub(super) mod own;
 pub(super) mod peers;
 pub(super) mod publish;
