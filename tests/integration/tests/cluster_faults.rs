@@ -880,6 +880,12 @@ async fn the_audit_after_a_reconnect_finds_what_the_stream_never_delivered() {
         assert!(Instant::now() < deadline, "node a never stored the entry");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
+    // Node a has its answer for the publish: a reply lost to the CLIENT KILL below would make
+    // it publish again, and announce the entry after all.
+    a.wait_for_stats("node a's publish answered", |s| {
+        s.cluster_published >= 1 && s.cluster_publish_queue == 0
+    })
+    .await;
     // The announcement is lost, as a bug would lose it: Redis holds the entry, the stream
     // does not say so.
     let shard = &name["tunecache:e:{s".len().."tunecache:e:{s".len() + 2];
