@@ -9,7 +9,7 @@ use tunecache_client::proto;
 use tunecache_integration::redis::{
     cluster_node, free_port, wait_connected, wait_for_all, wait_for_hit, Redis,
 };
-use tunecache_integration::{entry, test_key, TestDaemon};
+use tunecache_integration::{entry, test_key};
 
 /// The shard of a key text, as the daemon computes it (FNV-1a, mod 16).
 fn shard_of(text: &str) -> usize {
@@ -135,32 +135,6 @@ return 1
     assert_eq!(redis.cli(&args), "1");
 }
 
-async fn stats(daemon: &TestDaemon) -> proto::StatsResponse {
-    daemon.client().await.stats().await.unwrap()
-}
-
-/// Waits (at most `limit`) until `check` holds for `daemon`'s Stats.
-async fn wait_stats(
-    daemon: &TestDaemon,
-    what: &str,
-    limit: Duration,
-    check: impl Fn(&proto::StatsResponse) -> bool,
-) -> proto::StatsResponse {
-    let deadline = Instant::now() + limit;
-    loop {
-        let stats = stats(daemon).await;
-        if check(&stats) {
-            return stats;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within {limit:?}: {stats:?}\nlog:\n{}",
-            daemon.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_values_a_client_could_not_send_are_refused_from_every_source() {
     if Redis::server().is_none() {
@@ -245,16 +219,18 @@ async fn redis_values_a_client_could_not_send_are_refused_from_every_source() {
     // Each refusal is counted where it was read: the follower refused the three
     // announcements and the tombstone on the forget stream; the fresh node the three entry
     // hashes (their names hold the keys) and the tombstone in the hash.
-    wait_stats(&follower, "refusals", Duration::from_secs(10), |s| {
-        s.cluster_refused_stream >= 3 && s.cluster_refused_tombstones >= 1
-    })
-    .await;
-    wait_stats(&fresh, "refusals", Duration::from_secs(10), |s| {
-        s.cluster_refused_entries >= 3 && s.cluster_refused_tombstones >= 1
-    })
-    .await;
+    follower
+        .wait_for_stats("refusals", |s| {
+            s.cluster_refused_stream >= 3 && s.cluster_refused_tombstones >= 1
+        })
+        .await;
+    fresh
+        .wait_for_stats("refusals", |s| {
+            s.cluster_refused_entries >= 3 && s.cluster_refused_tombstones >= 1
+        })
+        .await;
     for (daemon, source) in [(&follower, "the streams"), (&fresh, "the entry hashes")] {
-        let stats = stats(daemon).await;
+        let stats = daemon.stats().await;
         assert_eq!(
             stats.entries, 2,
             "a node learning from {source} kept entries no client could record: {stats:?}"
@@ -281,7 +257,7 @@ async fn redis_values_a_client_could_not_send_are_refused_from_every_source() {
     // Nothing of it in the journal either: the follower comes back with the same two.
     follower.kill();
     follower.restart().await;
-    let stats = stats(&follower).await;
+    let stats = follower.stats().await;
     assert_eq!(stats.entries, 2, "{stats:?}");
     assert_eq!(stats.tombstones_held, 0, "{stats:?}");
 }
@@ -313,10 +289,9 @@ async fn a_wrong_typed_key_is_named_once_and_the_rest_of_the_bootstrap_goes_on()
         .record(recorded.clone())
         .await
         .unwrap();
-    wait_stats(&writer, "published", Duration::from_secs(10), |s| {
-        s.cluster_published >= 64
-    })
-    .await;
+    writer
+        .wait_for_stats("published", |s| s.cluster_published >= 64)
+        .await;
     writer.terminate(Duration::from_secs(10));
     // The tombstone hash and one entry replaced by strings.
     assert_eq!(
@@ -357,7 +332,7 @@ async fn a_wrong_typed_key_is_named_once_and_the_rest_of_the_bootstrap_goes_on()
         let log = daemon.log();
         let named = log.matches("tunecache:forgets:{f}").count();
         assert_eq!(named, 1, "the damaged key is named once:\n{log}");
-        let stats = stats(daemon).await;
+        let stats = daemon.stats().await;
         assert!(
             stats
                 .cluster_wrong_type_keys
@@ -367,7 +342,7 @@ async fn a_wrong_typed_key_is_named_once_and_the_rest_of_the_bootstrap_goes_on()
         );
     }
     // The fresh node bootstrapped the damaged entry's name too: it is listed there as well.
-    let stats = stats(&fresh).await;
+    let stats = fresh.stats().await;
     assert!(
         stats.cluster_wrong_type_keys.contains(&damaged),
         "{}",
@@ -376,13 +351,11 @@ async fn a_wrong_typed_key_is_named_once_and_the_rest_of_the_bootstrap_goes_on()
     // Repaired by hand: the next reading of the hash takes it off the list.
     assert_eq!(redis.cli(&["DEL", "tunecache:forgets:{f}"]), "1");
     redis.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
-    wait_stats(
-        &fresh,
-        "the repaired key off the list",
-        Duration::from_secs(20),
-        |s| !s.cluster_wrong_type_keys.contains("forgets"),
-    )
-    .await;
+    fresh
+        .wait_for_stats("the repaired key off the list", |s| {
+            !s.cluster_wrong_type_keys.contains("forgets")
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -407,10 +380,8 @@ async fn a_command_redis_refuses_backs_the_node_off() {
     assert_eq!(redis.cli(&acl), "OK");
     let url = format!("redis://tunecache:pw@127.0.0.1:{}", redis.port);
     let node = cluster_node(dir.path(), "a", &url, &[]).process().await;
-    wait_stats(&node, "bootstrapped", Duration::from_secs(10), |s| {
-        s.cluster_bootstrapped
-    })
-    .await;
+    node.wait_for_stats("bootstrapped", |s| s.cluster_bootstrapped)
+        .await;
     // Ten seconds: the backoff reaches its longest waits (100 ms doubling to 5 s).
     let start = redis.info_number("stats", "total_connections_received");
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -481,17 +452,15 @@ async fn a_node_with_a_clock_100_days_fast_deletes_no_tombstone() {
     .await;
     wait_connected(&fast).await;
     // It has read Redis's TIME and judged the skew: from here on it prunes nothing.
-    wait_stats(&fast, "the skew judged", Duration::from_secs(10), |s| {
-        s.cluster_prune_paused
-    })
-    .await;
+    fast.wait_for_stats("the skew judged", |s| s.cluster_prune_paused)
+        .await;
     assert_eq!(
         redis.cli(&["HLEN", "tunecache:forgets:{f}"]),
         "20",
         "the node with a fast clock deleted tombstones; log:\n{}",
         fast.log()
     );
-    let skewed = stats(&fast).await;
+    let skewed = fast.stats().await;
     let day = 86_400_000i64;
     assert!(
         (99 * day..101 * day).contains(&skewed.cluster_clock_skew_ms),
@@ -505,7 +474,7 @@ async fn a_node_with_a_clock_100_days_fast_deletes_no_tombstone() {
         fast.log()
     );
     // A node whose clock agrees with Redis's pauses nothing.
-    let fine = stats(&a).await;
+    let fine = a.stats().await;
     assert!(!fine.cluster_prune_paused);
     assert!(
         fine.cluster_clock_skew_ms.abs() < 60_000,
@@ -515,10 +484,8 @@ async fn a_node_with_a_clock_100_days_fast_deletes_no_tombstone() {
     // Node b comes back and serves none of the forgotten entries.
     b.restart().await;
     wait_connected(&b).await;
-    wait_stats(&b, "the forgets learned", Duration::from_secs(10), |s| {
-        s.tombstones_held >= 20
-    })
-    .await;
+    b.wait_for_stats("the forgets learned", |s| s.tombstones_held >= 20)
+        .await;
     let keys: Vec<proto::Key> = recorded.iter().filter_map(|e| e.key.clone()).collect();
     let hits = b.client().await.lookup(keys).await.unwrap();
     let served = hits.iter().filter(|h| h.result.is_some()).count();

@@ -43,31 +43,6 @@ async fn record_all(daemon: &TestDaemon, entries: &[proto::Entry]) {
     }
 }
 
-async fn stats(daemon: &TestDaemon) -> proto::StatsResponse {
-    daemon.client().await.stats().await.unwrap()
-}
-
-async fn wait_stats(
-    daemon: &TestDaemon,
-    what: &str,
-    limit: Duration,
-    check: impl Fn(&proto::StatsResponse) -> bool,
-) -> proto::StatsResponse {
-    let deadline = Instant::now() + limit;
-    loop {
-        let stats = stats(daemon).await;
-        if check(&stats) {
-            return stats;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within {limit:?}: {stats:?}\nlog:\n{}",
-            daemon.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// The sum of the shards' sequence numbers in Redis.
 fn redis_seq_total(redis: &Redis) -> u64 {
     (0..16)
@@ -130,21 +105,18 @@ async fn a_restarted_node_reads_only_what_was_recorded_while_it_was_down() {
     wait_connected(&node).await;
     let before = entries("before", 0..20_000);
     record_all(&writer, &before).await;
-    wait_stats(&node, "all 20,000 learned", Duration::from_secs(60), |s| {
-        s.entries == 20_000
-    })
-    .await;
+    node.wait_for_stats("all 20,000 learned", |s| s.entries == 20_000)
+        .await;
     wait_places_saved(&node, &redis).await;
     node.terminate(Duration::from_secs(10));
     let during = entries("during", 0..500);
     record_all(&writer, &during).await;
-    wait_stats(&writer, "published", Duration::from_secs(20), |s| {
-        s.cluster_published >= 20_500
-    })
-    .await;
+    writer
+        .wait_for_stats("published", |s| s.cluster_published >= 20_500)
+        .await;
     node.restart().await;
     wait_connected(&node).await;
-    let stats = stats(&node).await;
+    let stats = node.stats().await;
     eprintln!(
         "restart: places restored {}, shards resumed {}, read again {}, learned {}, \
          bootstrap entries {}, redis commands {}, bytes {}, {} ms",
@@ -197,10 +169,7 @@ async fn a_restart_behind_trimmed_streams_reads_only_those_shards_again() {
     wait_connected(&node).await;
     let first = entries("first", 0..160);
     record_all(&writer, &first).await;
-    wait_stats(&node, "learned", Duration::from_secs(20), |s| {
-        s.entries == 160
-    })
-    .await;
+    node.wait_for_stats("learned", |s| s.entries == 160).await;
     wait_places_saved(&node, &redis).await;
     node.terminate(Duration::from_secs(10));
     // While it is down: 40 results in each of shards 0 to 3 only, far past their streams'
@@ -211,13 +180,12 @@ async fn a_restart_behind_trimmed_streams_reads_only_those_shards_again() {
         .take(160)
         .collect();
     record_all(&writer, &trimmed).await;
-    wait_stats(&writer, "published", Duration::from_secs(20), |s| {
-        s.cluster_published >= 320
-    })
-    .await;
+    writer
+        .wait_for_stats("published", |s| s.cluster_published >= 320)
+        .await;
     node.restart().await;
     wait_connected(&node).await;
-    let stats = stats(&node).await;
+    let stats = node.stats().await;
     eprintln!(
         "trimmed: resumed {}, read again {}, gaps {}",
         stats.cluster_shards_resumed, stats.cluster_shards_reread, stats.cluster_stream_gaps
@@ -247,10 +215,9 @@ async fn a_restart_after_redis_was_flushed_republishes_and_loses_nothing() {
     assert_eq!(redis.cli(&["FLUSHALL"]), "OK");
     node.restart().await;
     wait_connected(&node).await;
-    let stats = wait_stats(&node, "republished", Duration::from_secs(20), |s| {
-        s.cluster_republished >= 300
-    })
-    .await;
+    let stats = node
+        .wait_for_stats("republished", |s| s.cluster_republished >= 300)
+        .await;
     assert_eq!(stats.cluster_places_restored, 0, "the places were believed");
     assert_eq!(stats.entries, 300);
     // Redis holds them all again: a fresh node gets every one.
@@ -326,7 +293,7 @@ async fn a_fresh_node_joining_while_another_writes_1000_records_holds_them_all()
         fresh
     };
     let ((), fresh) = tokio::join!(writing, joining);
-    let stats = stats(&fresh).await;
+    let stats = fresh.stats().await;
     eprintln!(
         "fresh node: checkpoints loaded {}, rejected {}, shards read again {}, commands {}, bytes {}, {} ms",
         stats.cluster_checkpoints_loaded,
@@ -340,7 +307,7 @@ async fn a_fresh_node_joining_while_another_writes_1000_records_holds_them_all()
     assert_eq!(stats.cluster_checkpoints_rejected, 0);
     holds_all(&fresh, &during).await;
     holds_all(&fresh, &existing).await;
-    let stats = self::stats(&fresh).await;
+    let stats = fresh.stats().await;
     assert_eq!(stats.entries, 6000);
     assert_eq!(stats.cluster_audit_repaired, 0);
 }
@@ -407,7 +374,7 @@ async fn a_damaged_or_foreign_checkpoint_is_rejected_and_its_shard_read_from_its
         .process()
         .await;
     wait_connected(&fresh).await;
-    let stats = stats(&fresh).await;
+    let stats = fresh.stats().await;
     eprintln!(
         "damaged and foreign: loaded {}, rejected {}, read again {}",
         stats.cluster_checkpoints_loaded,
@@ -419,7 +386,7 @@ async fn a_damaged_or_foreign_checkpoint_is_rejected_and_its_shard_read_from_its
     assert_eq!(stats.cluster_shards_reread, 2);
     // The same result as reading every entry: exactly this prefix's 2,000.
     holds_all(&fresh, &recorded).await;
-    assert_eq!(self::stats(&fresh).await.entries, 2000);
+    assert_eq!(fresh.stats().await.entries, 2000);
     assert_eq!(
         fresh.log().matches("rejected a shard's checkpoint").count(),
         2,
@@ -471,7 +438,7 @@ async fn two_builders_of_one_shard_never_replace_a_newer_checkpoint_with_an_olde
         }
     }
     wait_checkpoints_current(&redis).await;
-    let (sa, sb) = (stats(&a).await, stats(&b).await);
+    let (sa, sb) = (a.stats().await, b.stats().await);
     eprintln!(
         "two builders: {} and {} checkpoints built, {observations} observations",
         sa.cluster_checkpoints_built, sb.cluster_checkpoints_built
@@ -483,7 +450,7 @@ async fn two_builders_of_one_shard_never_replace_a_newer_checkpoint_with_an_olde
         .process()
         .await;
     wait_connected(&fresh).await;
-    let s = stats(&fresh).await;
+    let s = fresh.stats().await;
     assert_eq!(s.cluster_checkpoints_loaded, 16);
     assert_eq!(s.cluster_checkpoints_rejected, 0);
 }
@@ -580,26 +547,21 @@ async fn a_node_restarted_on_its_state_directory_reads_no_segment_it_had_merged(
     let merged = node.wait_for_snapshot_passes(1).await;
     assert!(merged.peer_segments_loaded >= 1, "{merged:?}");
     // The writer is quiet from here on: two more of its passes write nothing.
-    let written = wait_stats(
-        &writer,
-        "the writer's segment",
-        Duration::from_secs(10),
-        |s| s.snapshots_written >= 1,
-    )
-    .await
-    .snapshots_written;
+    let written = writer
+        .wait_for_stats("the writer's segment", |s| s.snapshots_written >= 1)
+        .await
+        .snapshots_written;
     let quiet = writer.wait_for_snapshot_passes(2).await;
     assert_eq!(quiet.snapshots_written, written, "the writer wrote again");
-    let merged = stats(&node).await;
+    let merged = node.stats().await;
     // Killed, not stopped: the record is written by the pass that merged, not only at a
     // clean shutdown.
     node.kill();
     node.restart().await;
     // Two passes of the restarted node: it lists the directory, reads nothing it merged.
-    let after = wait_stats(&node, "two passes", Duration::from_secs(20), |s| {
-        s.snapshot_passes >= 2
-    })
-    .await;
+    let after = node
+        .wait_for_stats("two passes", |s| s.snapshot_passes >= 2)
+        .await;
     eprintln!(
         "restarted on its state directory: {} segments read, {} bytes read in {} passes, {} nodes read on from the record",
         after.peer_segments_loaded, after.snapshot_bytes_read, after.snapshot_passes, after.peer_nodes_resumed
@@ -608,7 +570,7 @@ async fn a_node_restarted_on_its_state_directory_reads_no_segment_it_had_merged(
         "before the restart it had read {} segments, {} bytes; the writer wrote {written}, compacted {}",
         merged.peer_segments_loaded, merged.snapshot_bytes_read, quiet.segment_compactions
     );
-    assert_eq!(stats(&writer).await.snapshots_written, written);
+    assert_eq!(writer.stats().await.snapshots_written, written);
     assert_eq!(
         after.peer_segments_loaded, 0,
         "it read a merged segment again"
@@ -624,13 +586,11 @@ async fn a_node_restarted_on_its_state_directory_reads_no_segment_it_had_merged(
     damaged.truncate(damaged.len() / 2);
     std::fs::write(&record, damaged).unwrap();
     node.restart().await;
-    let again = wait_stats(
-        &node,
-        "the segment read again",
-        Duration::from_secs(20),
-        |s| s.peer_segments_loaded >= 1 && s.snapshot_passes >= 1,
-    )
-    .await;
+    let again = node
+        .wait_for_stats("the segment read again", |s| {
+            s.peer_segments_loaded >= 1 && s.snapshot_passes >= 1
+        })
+        .await;
     eprintln!(
         "with a damaged record: {} segments read, {} bytes read",
         again.peer_segments_loaded, again.snapshot_bytes_read
@@ -652,13 +612,11 @@ async fn a_node_restarted_on_its_state_directory_reads_no_segment_it_had_merged(
     assert!(record.exists());
     std::fs::remove_file(node.state_dir.join("journal")).unwrap();
     node.restart().await;
-    let wiped = wait_stats(
-        &node,
-        "the segment read again",
-        Duration::from_secs(20),
-        |s| s.peer_segments_loaded >= 1 && s.snapshot_passes >= 1,
-    )
-    .await;
+    let wiped = node
+        .wait_for_stats("the segment read again", |s| {
+            s.peer_segments_loaded >= 1 && s.snapshot_passes >= 1
+        })
+        .await;
     assert_eq!(wiped.peer_segments_loaded, merged.peer_segments_loaded);
     assert_eq!(wiped.peer_nodes_resumed, 0);
     assert!(node
