@@ -254,18 +254,15 @@ pub struct Cluster {
     pub(crate) tasks: Tasks,
 }
 
+/// A random number from the OS (`getrandom`), for ids, tokens and jitter; time and pid if
+/// the OS source fails.
 fn random_u64() -> u64 {
-    let mut bytes = [0u8; 8];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
-        .is_err()
-    {
+    getrandom::u64().unwrap_or_else(|_| {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
-        return now ^ u64::from(std::process::id()).rotate_left(32);
-    }
-    u64::from_le_bytes(bytes)
+        now ^ u64::from(std::process::id()).rotate_left(32)
+    })
 }
 
 impl Cluster {
