@@ -11,6 +11,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .file_descriptor_set_path(out_dir.join("tunecache_descriptor.bin"))
         // Stats is printed as JSON and as a table by the CLI, field by field, in proto order.
         .type_attribute("tunecache.v1.StatsResponse", "#[derive(serde::Serialize)]")
+        // Artifact chunks are split off the received buffer and handed on without a copy.
+        .bytes(".tunecache.v1.ArtifactChunk.data")
         .compile_protos(
             &[
                 "tunecache/v1/tunecache.proto",

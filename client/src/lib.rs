@@ -10,7 +10,9 @@
 //! The policies every client needs are here, once, and the Python binding exposes them: tuning
 //! under the daemon's lease ([`tuning`]: `begin_tune`, `finish_tune`, `abandon`, and the rank
 //! flow [`Client::get_or_tune`] built on them) and storing a batch so that every valid entry is
-//! kept ([`record`]: `record_keeping_valid`).
+//! kept ([`record`]: `record_keeping_valid`), and moving a result's artifacts, the files a tuner
+//! built, to and from the daemon, verified by their digests ([`artifacts`]: `put_artifact`,
+//! `put_artifacts`, `fetch_artifacts`, `get_artifact`, `stat_artifacts`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -21,12 +23,14 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use tunecache_proto::limits::MAX_MESSAGE_BYTES;
 use tunecache_proto::v1::{self, tune_cache_client::TuneCacheClient};
 
+pub mod artifacts;
 pub mod autostart;
 pub mod encoded_scan;
 pub mod record;
 pub mod tuning;
 pub mod view;
 
+pub use artifacts::{StoredArtifact, DEFAULT_ARTIFACT_TIMEOUT};
 pub use record::{KeptRecord, RefusedEntry};
 pub use tuning::{FinishFailed, LeaseAfterFailure, TuneLease, TuneStart};
 
@@ -61,6 +65,17 @@ pub enum ClientError {
         path.display()
     )]
     UntrustedDaemon { path: PathBuf, uid: u32, me: u32 },
+    /// A local file operation of an artifact's upload or fetch failed.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An artifact refused by this client: a name or digest the contract does not allow
+    /// (`tunecache_proto::artifact`), or bytes the daemon sent that are not the blob named.
+    #[error("artifact refused: {0}")]
+    Artifact(String),
 }
 
 /// Extra daemon uids a client trusts besides its own and root's (comma-separated), for a
@@ -495,6 +510,11 @@ impl Client {
     /// The whole rank flow: resolve; if told to tune, run `tune` and record its result
     /// with the lease (or give the lease up if `tune` fails); on a miss, fall back. Errors
     /// talking to the daemon also fall back: a rank never fails because of its cache.
+    ///
+    /// Files beside the config (a compiled kernel): `tune` uploads them and names them in the
+    /// result's `artifacts`, `result.artifacts = client.put_artifacts([("kernel.cubin", path)])
+    /// .await?`, since a Record may name only blobs the node holds. A rank that gets the
+    /// result (cached or tuned) writes them out with [`Client::fetch_artifacts`].
     pub async fn get_or_tune<F, Fut, E>(
         &self,
         key: v1::Key,

@@ -7,6 +7,7 @@
 //! * [`tuner`]: the rest of the tuning contract: what a problem of namespace `tunecache` is and
 //!   its canonical text ([`tuner::problem`]), the worker's frame codec ([`tuner::frame`]) and
 //!   the backend choice ([`tuner::BackendChoice`]).
+//! * [`artifact`]: the rules of an artifact's name and digest, and its streams' limits.
 //! * [`limits`]: transport limits both ends of a connection must agree on.
 //! * [`socket_path`]: where the daemon's socket is when nobody says.
 //! * [`unix_now_ms`]: the clock of every `*_unix_ms` field.
@@ -29,6 +30,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("tune
 /// The fully qualified gRPC service name, as reflection and health report it.
 pub const SERVICE_NAME: &str = "tunecache.v1.TuneCache";
 
+pub mod artifact;
 pub mod limits;
 pub mod socket_path;
 

@@ -30,16 +30,26 @@ const fn delimited_len(body: usize) -> usize {
 pub const MAX_ENCODED_KEY_BYTES: usize =
     delimited_len(4 * delimited_len(MAX_KEY_FIELD_BYTES) + 1 + 5);
 
+/// The largest `Artifact` a result may name, as one element of its repeated field: a name
+/// of `artifact::MAX_NAME_BYTES`, a hex digest and a ten-byte size varint.
+pub const MAX_ENCODED_ARTIFACT_BYTES: usize = delimited_len(
+    delimited_len(crate::artifact::MAX_NAME_BYTES)
+        + delimited_len(crate::artifact::DIGEST_HEX_LEN)
+        + (1 + 10),
+);
+
 /// The largest `Entry` the entry limits allow, encoded as one element of a repeated field:
 /// the largest key and a result with a `MAX_CONFIG_BYTES` config, a `MAX_KEY_FIELD_BYTES`
-/// `tuned_by`, a double and a ten-byte varint.
+/// `tuned_by`, a double, a ten-byte varint and `artifact::MAX_PER_RESULT` of the largest
+/// artifacts.
 pub const MAX_ENCODED_ENTRY_BYTES: usize = delimited_len(
     MAX_ENCODED_KEY_BYTES
         + delimited_len(
             delimited_len(MAX_CONFIG_BYTES)
                 + (1 + 8)
                 + delimited_len(MAX_KEY_FIELD_BYTES)
-                + (1 + 10),
+                + (1 + 10)
+                + crate::artifact::MAX_PER_RESULT * MAX_ENCODED_ARTIFACT_BYTES,
         ),
 );
 
@@ -115,6 +125,14 @@ mod tests {
                 tuned_by: field,
                 tuned_at_unix_ms: i64::MIN,
                 forget_epoch: 0,
+                artifacts: vec![
+                    v1::Artifact {
+                        name: "n".repeat(crate::artifact::MAX_NAME_BYTES),
+                        sha256: "f".repeat(crate::artifact::DIGEST_HEX_LEN),
+                        size: u64::MAX,
+                    };
+                    crate::artifact::MAX_PER_RESULT
+                ],
             }),
         };
         let lookup = v1::LookupRequest {
@@ -128,6 +146,7 @@ mod tests {
         assert_eq!(lookup.encoded_len(), 3 * MAX_ENCODED_KEY_BYTES);
         assert_eq!(record.encoded_len(), 3 * MAX_ENCODED_ENTRY_BYTES);
         assert_eq!(MAX_ENCODED_KEY_BYTES, 16_406);
-        assert_eq!(MAX_ENCODED_ENTRY_BYTES, 86_073);
+        assert_eq!(MAX_ENCODED_ARTIFACT_BYTES, 211);
+        assert_eq!(MAX_ENCODED_ENTRY_BYTES, 99_577);
     }
 }

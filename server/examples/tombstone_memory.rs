@@ -36,6 +36,7 @@ fn main() {
                 tuned_by: "node-a/rank0".into(),
                 tuned_at_unix_ms: 1_700_000_000_000,
                 forget_epoch: 0,
+                artifacts: Default::default(),
             };
             map.insert(StoredEntry::new(&key(i), &result));
         }

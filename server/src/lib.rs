@@ -21,12 +21,13 @@
 //! 4. `views`: every read (Lookup, Scan, Resolve), with or without a job view;
 //! 5. `coord`: who tunes a missing key on this node;
 //! 6. `cluster`, `snapshot`, `tuner`: the Redis tier, the shared directory, the tuner worker;
-//! 7. `store`: the cache, its writer and its change feed;
-//! 8. `journal`: the durable log under the store;
-//! 9. `wire`, `ops`: protobuf bytes; sockets, connections, callers and their limits;
-//! 10. `error`: the one error type and its gRPC codes;
-//! 11. `model`: keys and results, the merge and Forget rules, request checks, names;
-//! 12. `report`, `tasks`, `sync`: Stats, logging and health helpers; every background task
+//! 7. `artifacts`: the node's blob store (the files results name), fed by the tiers above;
+//! 8. `store`: the cache, its writer and its change feed;
+//! 9. `journal`: the durable log under the store;
+//! 10. `wire`, `ops`: protobuf bytes; sockets, connections, callers and their limits;
+//! 11. `error`: the one error type and its gRPC codes;
+//! 12. `model`: keys and results, the merge and Forget rules, request checks, names;
+//! 13. `report`, `tasks`, `sync`: Stats, logging and health helpers; every background task
 //!     and the one stop signal; locks.
 //!
 //! Public are only the modules `main`, the tests, the fuzz targets and the benchmarks use.
@@ -44,6 +45,8 @@ pub(crate) mod coord;
 pub(crate) mod cluster;
 pub mod snapshot;
 pub mod tuner;
+
+pub(crate) mod artifacts;
 
 pub mod store;
 

@@ -178,12 +178,31 @@ async fn serve(
         cluster.clone(),
         tasks,
     );
+    let artifact_settings = config.artifact_settings();
+    let artifacts = {
+        let tasks = tasks.clone();
+        tokio::task::spawn_blocking(move || {
+            crate::artifacts::Artifacts::open(&artifact_settings, &tasks)
+        })
+        .await
+        .map_err(|e| {
+            Error::io(
+                "opening the artifact store",
+                &state_dir,
+                std::io::Error::other(e),
+            )
+        })??
+    };
+    // Blobs named by any entry that reaches the cache are kept and fetched on demand.
+    store.add_change_listener(artifacts.clone());
+    artifacts.start_upkeep(store.clone());
     let mut service = TuneCacheService::new(
         store.clone(),
         coordinator,
         tuner.clone(),
         config.node_name(),
         views,
+        artifacts.clone(),
     )
     .with_connection_limits(connection_limits.clone())
     .with_request_limits(request_limits.clone())
@@ -204,7 +223,9 @@ async fn serve(
     // thread.
     let snapshots = config
         .snapshot_settings()?
-        .map(|settings| SnapshotHandle::start(settings, store.clone(), tasks))
+        .map(|settings| {
+            SnapshotHandle::start(settings, store.clone(), Some(artifacts.clone()), tasks)
+        })
         .transpose()?;
     if let Some(snapshots) = &snapshots {
         service = service.with_snapshots(snapshots.clone());

@@ -69,6 +69,7 @@ async fn a_forget_copies_a_path_of_the_tombstones_not_the_whole_set() {
         tuned_by: "t".into(),
         tuned_at_unix_ms: 1,
         forget_epoch: 0,
+        artifacts: Default::default(),
     };
     // Recorded first: a Record may start a compaction, which must not overlap the
     // measured Forget (Forgets never start one).

@@ -141,6 +141,7 @@ fn valid_entry() -> impl Strategy<Value = (CacheKey, TunedResult)> {
                     tuned_by,
                     tuned_at_unix_ms: at,
                     forget_epoch: 0,
+                    artifacts: Default::default(),
                 };
                 (key, result)
             },
@@ -328,6 +329,7 @@ fn check_journal(bytes: &[u8], expected: &[(CacheKey, TunedResult)]) -> Result<(
             tuned_by: String::new(),
             tuned_at_unix_ms: 0,
             forget_epoch: 0,
+            artifacts: Default::default(),
         },
     );
     let (key, result) = added.clone();
@@ -595,6 +597,7 @@ fn snapshot_time_reads_back_to_the_same_bits() {
             tuned_by: String::new(),
             tuned_at_unix_ms: i64::MIN,
             forget_epoch: 0,
+            artifacts: Default::default(),
         };
         let map: CacheMap = [(key, result)].into_iter().collect();
         let parsed = parse_snapshot(&snapshot_bytes("node-a", 0, &map)).expect("parses");

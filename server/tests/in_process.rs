@@ -17,6 +17,7 @@ fn entry(key: proto::Key, config: &str, time_us: f64) -> proto::Entry {
             tuned_by: "in-process-test".to_owned(),
             tuned_at_unix_ms: 1_700_000_000_000,
             forget_epoch: 0,
+            artifacts: Default::default(),
         }),
     }
 }

@@ -20,6 +20,7 @@ const LAYERS: &[&[&str]] = &[
     &["views"],
     &["coord"],
     &["cluster", "snapshot", "tuner"],
+    &["artifacts"],
     &["store"],
     &["journal"],
     &["wire", "ops"],

@@ -9,7 +9,8 @@
 //! on every bit pattern), equal and nearly equal configs, empty strings, `i64::MIN/MAX`.
 //!
 //! Results are compared by bits (`f64::to_bits`), not with `==`: `-0.0 == 0.0` and
-//! `NaN != NaN` would hide exactly the differences this file looks for.
+//! `NaN != NaN` would hide exactly the differences this file looks for. Artifacts are drawn
+//! so that results equal in all but their files are common: the rule must order those too.
 //!
 //! The same laws hold with Forgets (`model::forget`): three replicas that make Records and
 //! Forgets of their own and receive each other's in any interleaving, some compacting their
@@ -21,6 +22,7 @@
 use std::cmp::Ordering;
 
 use proptest::prelude::*;
+use tunecache_server::model::artifacts::ArtifactList;
 use tunecache_server::model::entry::{CacheKey, TunedResult};
 use tunecache_server::model::forget::{
     drops, record_epoch, ForgetClock, ForgetScope, RankScope, Tombstone, Tombstones,
@@ -30,13 +32,14 @@ use tunecache_server::snapshot::format::write_segment;
 use tunecache_server::store::CacheMap;
 
 /// Every field of a result, floats as bits: equal tuples mean equal bytes.
-fn bits(result: &TunedResult) -> (u64, u64, String, String, i64) {
+fn bits(result: &TunedResult) -> (u64, u64, String, String, i64, Vec<u8>) {
     (
         result.forget_epoch,
         result.time_us.to_bits(),
         result.config.clone(),
         result.tuned_by.clone(),
         result.tuned_at_unix_ms,
+        result.artifacts.view().encoded().to_vec(),
     )
 }
 
@@ -105,16 +108,48 @@ fn forget_epoch() -> impl Strategy<Value = u64> {
     ]
 }
 
-fn result() -> impl Strategy<Value = TunedResult> {
-    (time_us(), config(), tuned_by(), tuned_at(), forget_epoch()).prop_map(
-        |(time_us, config, tuned_by, tuned_at_unix_ms, forget_epoch)| TunedResult {
-            config,
-            time_us,
-            tuned_by,
-            tuned_at_unix_ms,
-            forget_epoch,
-        },
+/// Artifacts: none mostly, else one or two of few names and digests, so that results equal
+/// in everything but their files are common.
+fn artifacts() -> impl Strategy<Value = ArtifactList> {
+    let artifact = (
+        prop::sample::select(vec!["kernel.so", "source.cu"]),
+        prop::sample::select(vec!['a', 'b']),
+        0u64..3,
     )
+        .prop_map(|(name, digit, size)| tunecache_proto::v1::Artifact {
+            name: name.into(),
+            sha256: digit.to_string().repeat(64),
+            size,
+        });
+    prop_oneof![
+        2 => Just(ArtifactList::default()),
+        1 => prop::collection::vec(artifact, 1..3).prop_map(|mut list| {
+            list.sort_by(|a, b| a.name.cmp(&b.name));
+            list.dedup_by(|a, b| a.name == b.name);
+            ArtifactList::from_wire(list)
+        }),
+    ]
+}
+
+fn result() -> impl Strategy<Value = TunedResult> {
+    (
+        time_us(),
+        config(),
+        tuned_by(),
+        tuned_at(),
+        forget_epoch(),
+        artifacts(),
+    )
+        .prop_map(
+            |(time_us, config, tuned_by, tuned_at_unix_ms, forget_epoch, artifacts)| TunedResult {
+                config,
+                time_us,
+                tuned_by,
+                tuned_at_unix_ms,
+                forget_epoch,
+                artifacts,
+            },
+        )
 }
 
 /// The result two results merge into, in either role: `current` keeps its place unless

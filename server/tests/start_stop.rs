@@ -22,6 +22,7 @@ fn entry(key: proto::Key, config: &str, time_us: f64) -> proto::Entry {
             tuned_by: "start-stop-test".to_owned(),
             tuned_at_unix_ms: 1_700_000_000_000,
             forget_epoch: 0,
+            artifacts: Default::default(),
         }),
     }
 }

@@ -1,4 +1,8 @@
 //! `tunecache`: the command-line client of the node daemon, for operators and scripts.
+//!
+//! Artifacts (the files beside a result) go through the client crate's `artifacts` module:
+//! `put --artifact NAME=PATH` uploads each file, then Records the result naming them;
+//! `get --artifacts-to DIR` writes a hit's files into DIR, each verified by its digest.
 
 use std::path::PathBuf;
 
@@ -65,7 +69,14 @@ impl KeyArgs {
 #[derive(Subcommand)]
 enum Command {
     /// Look one key up.
-    Get(KeyArgs),
+    Get {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// After a hit, write each file its result names into DIR (which must exist) as
+        /// DIR/NAME, verified against its digest, by a temporary file and a rename.
+        #[arg(long, value_name = "DIR")]
+        artifacts_to: Option<PathBuf>,
+    },
     /// Record one result.
     Put {
         #[command(flatten)]
@@ -80,6 +91,10 @@ enum Command {
         /// Completes the lease `resolve` granted.
         #[arg(long, default_value = "")]
         lease_id: String,
+        /// A file to store beside the result, as NAME (1-128 bytes of [A-Za-z0-9._-]); may be
+        /// given up to 64 times. Each is uploaded first, then the Record names them all.
+        #[arg(long = "artifact", value_name = "NAME=PATH", value_parser = parse_artifact)]
+        artifacts: Vec<(String, PathBuf)>,
     },
     /// List entries, optionally of one namespace and device.
     Scan {
@@ -196,6 +211,15 @@ enum ViewCommand {
 enum CacheFormat {
     /// TensorRT-LLM's autotuner cache (AutoTunerProfilingCache JSON).
     Trtllm,
+}
+
+/// `NAME=PATH` of `put --artifact`; the name is checked by the contract's rule when the files
+/// are uploaded (`Client::put_artifacts`), before any of them is.
+fn parse_artifact(text: &str) -> Result<(String, PathBuf), String> {
+    match text.split_once('=') {
+        Some((name, path)) if !path.is_empty() => Ok((name.to_owned(), PathBuf::from(path))),
+        _ => Err(format!("{text:?} is not NAME=PATH")),
+    }
 }
 
 fn skipped_json(skipped: &[trtllm::SkippedEntry]) -> Vec<Value> {
@@ -390,6 +414,10 @@ fn key_json(key: &proto::Key) -> Value {
     })
 }
 
+fn artifact_json(artifact: &proto::Artifact) -> Value {
+    json!({"name": artifact.name, "sha256": artifact.sha256, "size": artifact.size})
+}
+
 fn entry_json(entry: &proto::Entry) -> Value {
     let key = entry.key.as_ref().map(key_json).unwrap_or(Value::Null);
     let result = entry.result.as_ref().map_or(Value::Null, |r| {
@@ -399,6 +427,7 @@ fn entry_json(entry: &proto::Entry) -> Value {
             "time_us": r.time_us,
             "tuned_by": r.tuned_by,
             "tuned_at_unix_ms": r.tuned_at_unix_ms,
+            "artifacts": r.artifacts.iter().map(artifact_json).collect::<Vec<_>>(),
         })
     });
     json!({ "key": key, "result": result })
@@ -411,10 +440,19 @@ fn entry_line(entry: &proto::Entry) -> String {
     let rank = k
         .rank
         .map_or_else(|| "shared".to_owned(), |n| format!("rank {n}"));
-    format!(
+    let mut line = format!(
         "{}/{} [{}] {} ({}): {} in {:.3} us by {}",
         k.namespace, k.op, k.device, k.problem, rank, r.config, r.time_us, r.tuned_by
-    )
+    );
+    if !r.artifacts.is_empty() {
+        let files: Vec<String> = r
+            .artifacts
+            .iter()
+            .map(|a| format!("{} ({} bytes, sha256 {})", a.name, a.size, a.sha256))
+            .collect();
+        line.push_str(&format!("; artifacts: {}", files.join(", ")));
+    }
+    line
 }
 
 fn print_resolution(key: &proto::Key, start: &TuneStart, as_json: bool) {
@@ -542,11 +580,39 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         None => client,
     };
     match cli.command {
-        Command::Get(key_args) => {
+        Command::Get {
+            key: key_args,
+            artifacts_to,
+        } => {
             let hits = client.lookup(vec![key_args.to_key()]).await?;
             match hits.first() {
-                Some(entry) if cli.json => println!("{}", entry_json(entry)),
-                Some(entry) => println!("{}", entry_line(entry)),
+                Some(entry) => {
+                    // The files first: a failed fetch fails the command before it prints a hit
+                    // whose files are not there.
+                    let written = match &artifacts_to {
+                        Some(dir) => {
+                            client.fetch_artifacts(entry, dir).await.with_context(|| {
+                                format!("fetching artifacts into {}", dir.display())
+                            })?
+                        }
+                        None => Vec::new(),
+                    };
+                    if cli.json {
+                        let mut value = entry_json(entry);
+                        if artifacts_to.is_some() {
+                            value["written"] = json!(written
+                                .iter()
+                                .map(|path| path.display().to_string())
+                                .collect::<Vec<_>>());
+                        }
+                        println!("{value}");
+                    } else {
+                        println!("{}", entry_line(entry));
+                        for path in &written {
+                            eprintln!("wrote {}", path.display());
+                        }
+                    }
+                }
                 None => {
                     if cli.json {
                         println!("null");
@@ -563,7 +629,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             time_us,
             tuned_by,
             lease_id,
+            artifacts,
         } => {
+            // Uploaded before the Record: the daemon refuses a Record naming a blob it lacks.
+            let artifacts = match client.put_artifacts(artifacts).await {
+                Ok(artifacts) => artifacts,
+                Err(error) => {
+                    // Nothing will be Recorded under the lease: give it up, as a failed tuning
+                    // does, so that a waiter tunes at once.
+                    if !lease_id.is_empty() {
+                        let _ = client.give_up_lease(lease_id).await;
+                    }
+                    return Err(anyhow::Error::new(error).context("uploading artifacts"));
+                }
+            };
             let (key, result) = (
                 key.to_key(),
                 proto::Result {
@@ -572,6 +651,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     tuned_by,
                     tuned_at_unix_ms: tunecache_proto::unix_now_ms(),
                     forget_epoch: 0,
+                    artifacts,
                 },
             );
             let response = if lease_id.is_empty() {

@@ -16,7 +16,9 @@ use tunecache_client::{proto as v1, Client as RustClient, ClientError};
 
 use crate::errors::client_error;
 use crate::leases::{lease_to_finish, KeptRecord, TuneFinish, TuneLease, TuneStart};
-use crate::messages::{Entry, Key, Message, RecordResponse, ResolveResponse, TunedResult};
+use crate::messages::{
+    Artifact, Entry, Key, Message, RecordResponse, ResolveResponse, TunedResult,
+};
 use crate::runtime::{run, run_serving, Event};
 use crate::tuning;
 
@@ -504,7 +506,7 @@ impl NativeClient {
 
     /// The rank flow of `tunecache-client` (`get_or_tune_traced`): Resolve; when told to tune,
     /// `tune()` runs here, on the calling thread, and returns `(config_text, time_us, tuned_by,
-    /// tuned_at_unix_ms)`; its result is Recorded with the lease, or the lease is given up when
+    /// tuned_at_unix_ms)`, or with a fifth element the artifacts the result names; its result is Recorded with the lease, or the lease is given up when
     /// it raises (the exception is raised again once the lease is given up). Answers a
     /// `RankOutcome`.
     #[pyo3(signature = (key, tune, wait_ms, can_tune=true, lease_ms=0))]
@@ -599,6 +601,111 @@ impl NativeClient {
             context.client(timeout).await?.abandon(held).await
         })?;
         Ok(true)
+    }
+
+    /// Uploads the file at `path` (PutArtifact; the Rust client's `put_artifact`: hashed, then
+    /// streamed in 1 MiB chunks). Answers a StoredArtifact Message: `sha256`, `size` and
+    /// `already_held`.
+    #[pyo3(signature = (path, timeout=None))]
+    fn put_artifact(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        timeout: Option<f64>,
+    ) -> PyResult<Message> {
+        let timeout = seconds(timeout)?;
+        let stored = self.call(py, move |context| async move {
+            context.client(timeout).await?.put_artifact(path).await
+        })?;
+        let fields = PyDict::new(py);
+        fields.set_item("sha256", stored.sha256)?;
+        fields.set_item("size", stored.size)?;
+        fields.set_item("already_held", stored.already_held)?;
+        Ok(Message::new("StoredArtifact", fields))
+    }
+
+    /// Uploads each `(name, path)` of `files` (a mapping name -> path, or an iterable of
+    /// pairs) and answers the list of Artifact that name them, for a Result's `artifacts`
+    /// (the Rust client's `put_artifacts`: names checked, unique and at most 64 before
+    /// anything is uploaded).
+    #[pyo3(signature = (files, timeout=None))]
+    fn put_artifacts(
+        &self,
+        py: Python<'_>,
+        files: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Py<PyList>> {
+        let pairs = match files.cast::<pyo3::types::PyMapping>() {
+            Ok(mapping) => mapping.items()?.into_any(),
+            Err(_) => files.clone(),
+        };
+        let files = pairs
+            .try_iter()?
+            .map(|pair| pair?.extract::<(String, PathBuf)>())
+            .collect::<PyResult<Vec<_>>>()?;
+        let timeout = seconds(timeout)?;
+        let artifacts = self.call(py, move |context| async move {
+            context.client(timeout).await?.put_artifacts(files).await
+        })?;
+        Artifact::list_to_py(py, &artifacts)
+    }
+
+    /// Writes each file `entry` names (an Entry, or a Result, or their mappings) into the
+    /// existing directory `dir` as `dir/<name>`, verified against its digest, by a temporary
+    /// file and a rename (the Rust client's `fetch_artifacts`); answers the paths written.
+    /// Raises ArtifactError for a name or digest refused, or bytes that are not the blob
+    /// named (its temporary file is deleted).
+    #[pyo3(signature = (entry, dir, timeout=None))]
+    fn fetch_artifacts(
+        &self,
+        py: Python<'_>,
+        entry: &Bound<'_, PyAny>,
+        dir: PathBuf,
+        timeout: Option<f64>,
+    ) -> PyResult<Vec<PathBuf>> {
+        let artifacts = if let Ok(result) = entry.cast::<TunedResult>() {
+            result.borrow().to_proto().artifacts
+        } else if let Ok(entry) = entry.cast::<Entry>() {
+            Entry::extract_any(entry.as_any())?
+                .result
+                .map(|result| result.artifacts)
+                .unwrap_or_default()
+        } else {
+            let is_entry = match entry.cast::<pyo3::types::PyMapping>() {
+                Ok(mapping) => mapping.contains("result")? || mapping.contains("key")?,
+                Err(_) => entry.hasattr("result")?,
+            };
+            if is_entry {
+                Entry::extract_any(entry)?
+                    .result
+                    .map(|result| result.artifacts)
+                    .unwrap_or_default()
+            } else {
+                TunedResult::extract_any(entry)?.artifacts
+            }
+        };
+        let timeout = seconds(timeout)?;
+        self.call(py, move |context| async move {
+            context
+                .client(timeout)
+                .await?
+                .fetch_artifact_list(&artifacts, dir)
+                .await
+        })
+    }
+
+    /// Which of `digests` this node cannot serve (StatArtifacts).
+    #[pyo3(signature = (digests, timeout=None))]
+    fn stat_artifacts(
+        &self,
+        py: Python<'_>,
+        digests: Vec<String>,
+        timeout: Option<f64>,
+    ) -> PyResult<Vec<String>> {
+        let timeout = seconds(timeout)?;
+        self.call(py, move |context| async move {
+            context.client(timeout).await?.stat_artifacts(digests).await
+        })
     }
 
     /// Records `entries`, keeping every valid one: an entry the daemon refuses is set aside

@@ -1,6 +1,7 @@
 //! Client errors as the Python exceptions the package raised before: `tunecache.RpcError` (with
 //! grpcio's `code()` and `details()`; see `tunecache/errors.py` for how it stays catchable as
-//! `grpc.RpcError`), `UntrustedSocketError` and `UntrustedDaemonError`. The exception classes
+//! `grpc.RpcError`), `UntrustedSocketError`, `UntrustedDaemonError`, `ArtifactError` (an
+//! artifact this client refused), and OSError for a local file operation that failed. The exception classes
 //! are Python classes of `tunecache.errors`; this module fills them from the Rust client's
 //! structured errors, including the refused entry's index from the status's BadRequest detail.
 
@@ -60,6 +61,18 @@ pub fn client_error(py: Python<'_>, error: ClientError) -> PyErr {
         ClientError::UntrustedDaemon { .. } => {
             raised(py, "UntrustedDaemonError", (format!("tunecache: {error}"),))
         }
+        ClientError::Artifact(reason) => raised(
+            py,
+            "ArtifactError",
+            (format!("tunecache: artifact refused: {reason}"),),
+        ),
+        // OSError(errno, text) is the subclass of its errno (FileNotFoundError...).
+        ClientError::Io { what, source } => match source.raw_os_error() {
+            Some(errno) => {
+                pyo3::exceptions::PyOSError::new_err((errno, format!("{what}: {source}")))
+            }
+            None => pyo3::exceptions::PyOSError::new_err(format!("{what}: {source}")),
+        },
         other => raised(
             py,
             "_rpc_error",

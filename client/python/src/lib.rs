@@ -1,7 +1,8 @@
 //! `tunecache._native`, the native module of the `tunecache` Python package: a PyO3 binding
 //! (stable ABI, CPython >= 3.10) of `tunecache-client` and `tunecache-trtllm`, so that socket
 //! discovery and trust, auto-start, the split lease (begin_tune, finish_tune, abandon) and the
-//! rank flow built on it, the batch Record that keeps every valid entry, the TensorRT-LLM entry
+//! rank flow built on it, the batch Record that keeps every valid entry, artifacts (upload,
+//! verified fetch, the name and digest rules), the TensorRT-LLM entry
 //! mapping and structured error details exist once, in Rust. The Python modules of the package
 //! (client.py, autotuning.py, integrations/) are thin layers over it that keep the package's
 //! public API.
@@ -12,7 +13,8 @@
 //! - [`leases`]: the split lease's and the batch Record's answers;
 //! - [`tuning`]: the rank flow with a Python `tune` callable;
 //! - [`trtllm`]: the TensorRT-LLM entry mapping for the drop-in;
-//! - [`messages`]: Key, Result, Entry and the other answers as Python objects;
+//! - [`messages`]: Key, Result (with its Artifacts), Entry and the other answers as Python
+//!   objects;
 //! - [`errors`]: Rust client errors as the package's Python exceptions.
 
 use std::path::PathBuf;
@@ -94,6 +96,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<messages::Key>()?;
     module.add_class::<messages::TunedResult>()?;
     module.add_class::<messages::Entry>()?;
+    module.add_class::<messages::Artifact>()?;
     module.add_function(wrap_pyfunction!(default_socket_path, module)?)?;
     module.add_function(wrap_pyfunction!(check_default_socket, module)?)?;
     module.add_function(wrap_pyfunction!(check_daemon_uid, module)?)?;

@@ -9,6 +9,9 @@
 //! made they are kept, so `entry.key.device = d` changes the entry, as with protobuf. Rarely used messages (Stats, Devices, Snapshot) are a
 //! generic [`Message`] over a dict.
 //!
+//! A Result's `artifacts` (the files beside it) are [`Artifact`] objects, both ways: read from
+//! every answer and sent with every Result a caller passes.
+//!
 //! Arguments are taken duck-typed: these classes, a mapping of their fields, or anything with
 //! those attributes (a generated `tunecache.v1` message from the `[grpc]` extra included).
 
@@ -159,7 +162,104 @@ impl Key {
     }
 }
 
-/// A tuned result: its config (JSON text), measured time and provenance.
+/// One file of a result: its name within the entry, and its content's digest and size.
+#[pyclass(module = "tunecache._native", name = "Artifact")]
+#[derive(Clone, Default, PartialEq)]
+pub struct Artifact {
+    #[pyo3(get, set)]
+    pub name: String,
+    #[pyo3(get, set)]
+    pub sha256: String,
+    #[pyo3(get, set)]
+    pub size: u64,
+}
+
+#[pymethods]
+impl Artifact {
+    #[new]
+    #[pyo3(signature = (*, name=String::new(), sha256=String::new(), size=0))]
+    fn new(name: String, sha256: String, size: u64) -> Self {
+        Artifact { name, sha256, size }
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .extract::<PyRef<Artifact>>()
+            .is_ok_and(|other| *self == *other)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Artifact(name={}, sha256={}, size={})",
+            quoted(&self.name),
+            quoted(&self.sha256),
+            self.size
+        )
+    }
+
+    /// Pickling (multiprocessing): `__new__` takes the fields as keywords.
+    fn __getnewargs_ex__(slf: &Bound<'_, Self>) -> PyResult<((), Py<PyDict>)> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let fields = PyDict::new(py);
+        fields.set_item("name", &this.name)?;
+        fields.set_item("sha256", &this.sha256)?;
+        fields.set_item("size", this.size)?;
+        Ok(((), fields.unbind()))
+    }
+}
+
+impl Artifact {
+    pub fn from_proto(artifact: v1::Artifact) -> Self {
+        Artifact {
+            name: artifact.name,
+            sha256: artifact.sha256,
+            size: artifact.size,
+        }
+    }
+
+    pub fn to_proto(&self) -> v1::Artifact {
+        v1::Artifact {
+            name: self.name.clone(),
+            sha256: self.sha256.clone(),
+            size: self.size,
+        }
+    }
+
+    /// An Artifact from this class, a mapping of its fields, or an object with its attributes.
+    pub fn extract_any(value: &Bound<'_, PyAny>) -> PyResult<v1::Artifact> {
+        if let Ok(artifact) = value.cast::<Artifact>() {
+            return Ok(artifact.borrow().to_proto());
+        }
+        let fields = Fields::of(value, &["name", "sha256", "size"])?;
+        Ok(v1::Artifact {
+            name: fields.string("name")?,
+            sha256: fields.string("sha256")?,
+            size: fields.optional("size")?.unwrap_or(0),
+        })
+    }
+
+    /// Artifacts from any iterable of what [`Artifact::extract_any`] takes.
+    pub fn extract_list(values: &Bound<'_, PyAny>) -> PyResult<Vec<v1::Artifact>> {
+        values
+            .try_iter()?
+            .map(|artifact| Artifact::extract_any(&artifact?))
+            .collect()
+    }
+
+    pub fn list_to_py(
+        py: Python<'_>,
+        artifacts: &[v1::Artifact],
+    ) -> PyResult<Py<pyo3::types::PyList>> {
+        let objects = artifacts
+            .iter()
+            .map(|artifact| Py::new(py, Artifact::from_proto(artifact.clone())))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(pyo3::types::PyList::new(py, objects)?.unbind())
+    }
+}
+
+/// A tuned result: its config (JSON text), measured time, provenance and the files beside it.
 #[pyclass(module = "tunecache._native", name = "Result")]
 #[derive(Clone, Default, PartialEq)]
 pub struct TunedResult {
@@ -173,26 +273,48 @@ pub struct TunedResult {
     pub tuned_at_unix_ms: i64,
     #[pyo3(get, set)]
     pub forget_epoch: u64,
+    /// The files beside the result, as the contract's messages (a new list of Artifact objects
+    /// on each read: assign a list to change them).
+    pub artifacts: Vec<v1::Artifact>,
 }
 
 #[pymethods]
 impl TunedResult {
     #[new]
-    #[pyo3(signature = (*, config=String::new(), time_us=0.0, tuned_by=String::new(), tuned_at_unix_ms=0, forget_epoch=0))]
+    #[pyo3(signature = (*, config=String::new(), time_us=0.0, tuned_by=String::new(), tuned_at_unix_ms=0, forget_epoch=0, artifacts=None))]
     fn new(
         config: String,
         time_us: f64,
         tuned_by: String,
         tuned_at_unix_ms: i64,
         forget_epoch: u64,
-    ) -> Self {
-        TunedResult {
+        artifacts: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        Ok(TunedResult {
             config,
             time_us,
             tuned_by,
             tuned_at_unix_ms,
             forget_epoch,
-        }
+            artifacts: match artifacts {
+                Some(artifacts) => Artifact::extract_list(artifacts)?,
+                None => Vec::new(),
+            },
+        })
+    }
+
+    /// The files beside the result: a list of Artifact (name, sha256, size), in name order as
+    /// the daemon keeps them.
+    #[getter]
+    fn artifacts(&self, py: Python<'_>) -> PyResult<Py<pyo3::types::PyList>> {
+        Artifact::list_to_py(py, &self.artifacts)
+    }
+
+    /// Any iterable of Artifact, or of mappings or objects with its fields.
+    #[setter]
+    fn set_artifacts(&mut self, artifacts: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.artifacts = Artifact::extract_list(artifacts)?;
+        Ok(())
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
@@ -202,8 +324,18 @@ impl TunedResult {
     }
 
     fn __repr__(&self) -> String {
+        let artifacts = if self.artifacts.is_empty() {
+            String::new()
+        } else {
+            let listed: Vec<String> = self
+                .artifacts
+                .iter()
+                .map(|artifact| Artifact::from_proto(artifact.clone()).__repr__())
+                .collect();
+            format!(", artifacts=[{}]", listed.join(", "))
+        };
         format!(
-            "Result(config={}, time_us={}, tuned_by={}, tuned_at_unix_ms={}, forget_epoch={})",
+            "Result(config={}, time_us={}, tuned_by={}, tuned_at_unix_ms={}, forget_epoch={}{artifacts})",
             quoted(&self.config),
             self.time_us,
             quoted(&self.tuned_by),
@@ -222,6 +354,7 @@ impl TunedResult {
         fields.set_item("tuned_by", &this.tuned_by)?;
         fields.set_item("tuned_at_unix_ms", this.tuned_at_unix_ms)?;
         fields.set_item("forget_epoch", this.forget_epoch)?;
+        fields.set_item("artifacts", Artifact::list_to_py(py, &this.artifacts)?)?;
         Ok(((), fields.unbind()))
     }
 }
@@ -234,6 +367,7 @@ impl TunedResult {
             tuned_by: result.tuned_by,
             tuned_at_unix_ms: result.tuned_at_unix_ms,
             forget_epoch: result.forget_epoch,
+            artifacts: result.artifacts,
         }
     }
 
@@ -244,6 +378,7 @@ impl TunedResult {
             tuned_by: self.tuned_by.clone(),
             tuned_at_unix_ms: self.tuned_at_unix_ms,
             forget_epoch: self.forget_epoch,
+            artifacts: self.artifacts.clone(),
         }
     }
 
@@ -260,6 +395,7 @@ impl TunedResult {
                 "tuned_by",
                 "tuned_at_unix_ms",
                 "forget_epoch",
+                "artifacts",
             ],
         )?;
         Ok(v1::Result {
@@ -268,6 +404,10 @@ impl TunedResult {
             tuned_by: fields.string("tuned_by")?,
             tuned_at_unix_ms: fields.optional("tuned_at_unix_ms")?.unwrap_or(0),
             forget_epoch: fields.optional("forget_epoch")?.unwrap_or(0),
+            artifacts: match fields.get("artifacts")? {
+                Some(artifacts) => Artifact::extract_list(&artifacts)?,
+                None => Vec::new(),
+            },
         })
     }
 }

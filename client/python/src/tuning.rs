@@ -43,16 +43,37 @@ fn call_name(call: FlowCall) -> &'static str {
     }
 }
 
-/// `tune()`'s answer `(config_text, time_us, tuned_by, tuned_at_unix_ms)` as a Result.
+/// `tune()`'s answer `(config_text, time_us, tuned_by, tuned_at_unix_ms)`, or with a fifth
+/// element, the artifacts the result names (uploaded already: `Client.put_artifacts`), as a
+/// Result.
 fn tuned_result(answer: &Bound<'_, PyAny>) -> PyResult<v1::Result> {
-    let (config, time_us, tuned_by, tuned_at_unix_ms): (String, f64, String, i64) =
-        answer.extract()?;
+    let (config, time_us, tuned_by, tuned_at_unix_ms, artifacts) =
+        match answer.extract::<(String, f64, String, i64)>() {
+            Ok((config, time_us, tuned_by, at)) => (config, time_us, tuned_by, at, Vec::new()),
+            Err(_) => {
+                let (config, time_us, tuned_by, at, artifacts): (
+                    String,
+                    f64,
+                    String,
+                    i64,
+                    Bound<'_, PyAny>,
+                ) = answer.extract()?;
+                (
+                    config,
+                    time_us,
+                    tuned_by,
+                    at,
+                    crate::messages::Artifact::extract_list(&artifacts)?,
+                )
+            }
+        };
     Ok(v1::Result {
         config,
         time_us,
         tuned_by,
         tuned_at_unix_ms,
         forget_epoch: 0,
+        artifacts,
     })
 }
 

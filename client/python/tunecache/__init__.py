@@ -11,6 +11,8 @@ from tunecache.client import (
     DEFAULT_WAIT_MS,
     SOCKET_ENV,
     TRUST_UID_ENV,
+    Artifact,
+    ArtifactError,
     Client,
     Entry,
     Key,
@@ -28,6 +30,8 @@ from tunecache.errors import RpcError, StatusCode
 from tunecache.view import VIEW_ENV, resolve_view
 
 __all__ = [
+    "Artifact",
+    "ArtifactError",
     "Autotuner",
     "CHANNEL_OPTIONS",
     "DEFAULT_TIMEOUT_S",

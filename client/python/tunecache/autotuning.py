@@ -1,7 +1,8 @@
 # Owns the generic autotuning helper for Python kernel launchers (BitBLAS, Triton-style kernels,
 # hand-written CUDA): one Resolve per problem, timing of every config by the one process that
-# holds the node-wide lease, Record of the best with its statistics, an in-process memo, and the
-# Forget of a cached config the kernel raises for.
+# holds the node-wide lease, Record of the best with its statistics (and the files beside it,
+# uploaded as artifacts), an in-process memo, and the Forget of a cached config the kernel raises
+# for.
 """``tunecache.autotune``: tune a problem once per node, reuse it everywhere.
 
 As a decorator, the wrapped function receives the chosen config as ``config=``::
@@ -45,6 +46,14 @@ about the arguments or the device (bad inputs, out of memory), not the config, a
 it is: forgetting it would send every process on every node to tune the problem again for
 nothing. A call retries at most once, so the config of its retry is not forgotten in that call.
 With ``.best()`` the caller runs the kernel, so the helper cannot see it fail and forgets nothing.
+
+Files beside a config (a compiled kernel, a module): ``artifacts={name: path}``, or a callable
+``artifacts(config, *args, **kwargs) -> {name: path}`` called with the best config, names files
+that the process that tuned uploads to the node's artifact store (``Client.put_artifacts``) and
+names in the Record. ``.fetch_artifacts(dir, *args, **kwargs)`` writes the files of the stored
+result for those arguments into ``dir``, each verified against its digest. If the files cannot
+be uploaded (one missing, a name refused, the daemon failing), the holder gives its lease up,
+logs why, and uses its own config.
 """
 
 from __future__ import annotations
@@ -145,6 +154,7 @@ class Autotuner:
         wait_ms: int = DEFAULT_WAIT_MS,
         lease_ms: int = 0,
         client: Optional[Client] = None,
+        artifacts: Any = None,
     ):
         if not configs:
             raise ValueError("autotune needs at least one config")
@@ -161,6 +171,7 @@ class Autotuner:
         self.wait_ms = wait_ms
         self.lease_ms = lease_ms
         self._client = client
+        self.artifacts = artifacts
         self._config_json = [_config_json(config) for config in self.configs]
         self._memo: Dict[str, Choice] = {}
         self._locks: Dict[str, threading.Lock] = {}
@@ -188,6 +199,33 @@ class Autotuner:
     def best(self, *args: Any, **kwargs: Any) -> Any:
         """The config for the problem of these arguments (tuned at most once per node)."""
         return self._choose(problem_text(self.key_fn(*args, **kwargs)), args, kwargs)[0]
+
+    def fetch_artifacts(self, dir: Any, *args: Any, **kwargs: Any) -> List[str]:
+        """Writes the files the stored result for the problem of these arguments names into the
+        existing directory ``dir`` (``Client.fetch_artifacts``: each verified against its
+        digest); answers the paths written, [] when nothing is stored for it."""
+        key = self._key(problem_text(self.key_fn(*args, **kwargs)))
+        daemon = self._daemon()
+        hits = daemon.lookup([key])
+        return daemon.fetch_artifacts(hits[0], dir) if hits else []
+
+    def _attach_artifacts(self, daemon: Client, key: Key, config: Any, result: Result,
+                          args: Sequence[Any], kwargs: Dict[str, Any]) -> bool:
+        """Uploads the files ``artifacts`` names for ``config`` and names them in ``result``;
+        False (logged) when they cannot be: the caller then records nothing."""
+        if self.artifacts is None:
+            return True
+        try:
+            files = self.artifacts(config, *args, **kwargs) if callable(self.artifacts) else self.artifacts
+            if files:
+                result.artifacts = daemon.put_artifacts(files)
+            return True
+        except RpcError as err:
+            daemon._report_failures([("PutArtifact", err)], key, OWN_CONFIG)
+        except Exception as err:  # a missing file or a refused name must not stop the kernel
+            logger.warning("tunecache: the artifacts of %s cannot be stored (%s); %s",
+                           client_module.describe_key(key), err, OWN_CONFIG)
+        return False
 
     def _lock(self, problem: str) -> threading.Lock:
         with self._locks_guard:
@@ -284,7 +322,8 @@ class Autotuner:
                 # A result this helper cannot read, or the broken one still: tune and let the
                 # faster one win.
                 config, result = self._tune(key, args, kwargs)
-                self._record(daemon, key, result)
+                if self._attach_artifacts(daemon, key, config, result, args, kwargs):
+                    self._record(daemon, key, result)
                 return config, None
             # miss: the wait ran out (the tuner is slow) or the lease was given up; ask again.
             logger.debug("tunecache: %s: %s; resolving again", client_module.describe_key(key), start.reason)
@@ -303,6 +342,12 @@ class Autotuner:
             except RpcError as err:
                 daemon._report_failures([("Record (giving the lease up)", err)], key, OWN_CONFIG)
             raise
+        if not self._attach_artifacts(daemon, key, config, result, args, kwargs):
+            try:
+                daemon.abandon(lease)
+            except RpcError as err:
+                daemon._report_failures([("Record (giving the lease up)", err)], key, OWN_CONFIG)
+            return config
         try:
             finished = daemon.finish_tune(lease, result)
         except RpcError as err:
@@ -428,5 +473,6 @@ def autotune(
 ) -> Autotuner:
     """An :class:`Autotuner`: decorate a function with it, or call ``.best(*args)``. Options:
     ``device`` (default :func:`default_device`), ``warmup`` (3), ``repeats`` (10), ``wait_ms``,
-    ``lease_ms``, ``client``."""
+    ``lease_ms``, ``client``, ``artifacts`` ({name: path}, or a callable of the best config and
+    the arguments answering one: files stored beside the config)."""
     return Autotuner(namespace, op, key_fn, configs, bench, **options)

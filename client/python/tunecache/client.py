@@ -2,8 +2,9 @@
 # native binding of tunecache-client (tunecache._native, built from client/python/src), and the
 # once-per-process warnings that turn every cache problem into "use the fallback" so that
 # nothing here can stop or crash a model. Socket discovery and trust, auto-start, the connection,
-# the rank flow (Resolve, tune, Record, giving the lease up) and error details are the Rust
-# client's; this module only presents them (logging, JSON decoding of configs).
+# the rank flow (Resolve, tune, Record, giving the lease up), artifacts (upload, verified fetch,
+# the name and digest rules) and error details are the Rust client's; this module only presents
+# them (logging, JSON decoding of configs).
 """Client for tunecached, the per-node GPU autotuning cache daemon."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
 from tunecache import _native
-from tunecache.errors import RpcError, StatusCode, UntrustedDaemonError, UntrustedSocketError
+from tunecache.errors import ArtifactError, RpcError, StatusCode, UntrustedDaemonError, UntrustedSocketError
 
 logger = logging.getLogger("tunecache")
 
@@ -48,15 +49,19 @@ CHANNEL_OPTIONS = (("grpc.default_authority", "localhost"),)
 Key = _native.Key
 Result = _native.Result
 Entry = _native.Entry
+Artifact = _native.Artifact
 KeyLike = Union[Key, Mapping[str, Any]]
 EntryLike = Union[Entry, Mapping[str, Any]]
 # A Result, or a mapping with its fields (Forget's only_if reads config and time_us).
 ResultLike = Union[Result, Mapping[str, Any]]
 # What a tune function returns: the winning config (JSON text, or a JSON-serializable value)
 # and its measured time in microseconds.
+# Or, with files to store beside the config, (config, time_us, {name: path}).
 TuneOutput = Tuple[Union[str, Any], float]
+# Files to store beside a result: {name: path}, or (name, path) pairs.
+ArtifactFiles = Union[Mapping[str, Union[str, os.PathLike]], Iterable[Tuple[str, Union[str, os.PathLike]]]]
 
-__all__ = ["UntrustedDaemonError", "UntrustedSocketError", "RpcError", "StatusCode"]
+__all__ = ["ArtifactError", "UntrustedDaemonError", "UntrustedSocketError", "RpcError", "StatusCode"]
 
 
 def default_socket_path(environ: Optional[Mapping[str, str]] = None, uid: Optional[int] = None) -> str:
@@ -299,6 +304,38 @@ class Client:
         was ended already (nothing is sent)."""
         return self._native.abandon(lease, timeout)
 
+    # --- artifacts: the files beside a result (a compiled kernel, a module) ------------------------
+
+    def put_artifact(self, path: Union[str, os.PathLike], timeout: Optional[float] = None):
+        """Uploads the file at ``path`` to the node's artifact store (hashed, then streamed in
+        1 MiB chunks; never read whole into memory). Answers ``sha256``, ``size`` and
+        ``already_held``; a Result names it with ``Artifact(name=..., sha256=..., size=...)``
+        (or use put_artifacts). The daemon collects a blob no entry names after its grace
+        period, so Record the result naming it soon after."""
+        return self._native.put_artifact(os.fspath(path), timeout)
+
+    def put_artifacts(self, files: ArtifactFiles, timeout: Optional[float] = None) -> list:
+        """Uploads each file of ``files`` ({name: path}, or (name, path) pairs) and answers the
+        list of Artifact naming them, for ``Result(artifacts=...)``. Names are 1-128 bytes of
+        [A-Za-z0-9._-], not "." or "..", unique, at most 64 (checked before anything is
+        uploaded: ArtifactError)."""
+        if isinstance(files, Mapping):
+            files = files.items()
+        return self._native.put_artifacts([(name, os.fspath(path)) for name, path in files], timeout)
+
+    def fetch_artifacts(self, entry: Any, dir: Union[str, os.PathLike], timeout: Optional[float] = None) -> list:
+        """Writes each file ``entry`` (an Entry, or its Result) names into the existing
+        directory ``dir`` as ``dir/<name>``, each verified against its digest as it is written
+        to a temporary file, then renamed; answers the paths written (str). Raises ArtifactError
+        for a name or digest refused or bytes that are not the blob named (its temporary file is
+        deleted), RpcError when the daemon cannot serve a blob (NOT_FOUND), OSError for the
+        directory."""
+        return [os.fspath(path) for path in self._native.fetch_artifacts(entry, os.fspath(dir), timeout)]
+
+    def stat_artifacts(self, digests: Iterable[str], timeout: Optional[float] = None) -> list:
+        """Which of ``digests`` (lowercase hex SHA-256) this node cannot serve."""
+        return self._native.stat_artifacts(list(digests), timeout)
+
     def record_keeping_valid(self, entries: Iterable[EntryLike], timeout: Optional[float] = None):
         """Records ``entries`` keeping every valid one (the Rust client's rule: an entry the
         daemon refuses is set aside, a batch over its message size is halved). Answers
@@ -315,7 +352,9 @@ class Client:
         lease_ms: int = 0,
     ) -> Any:
         """The rank helper. Resolves key; on a hit returns the cached config decoded from JSON;
-        when told to tune, runs tune_fn() -> (config, time_us), records it under the lease and
+        when told to tune, runs tune_fn() -> (config, time_us), or (config, time_us, files) to
+        store files beside it ({name: path}: uploaded with put_artifacts, then named in the
+        result; a rank reads them with lookup and fetch_artifacts), records it under the lease and
         returns the config decoded from JSON (so the tuning rank gets what the others get); if
         tune_fn raises or returns something unusable, or the daemon refuses the result (a config
         over 64 KiB or not strict JSON; one warning with the daemon's reason), gives the lease up
@@ -332,7 +371,12 @@ class Client:
 
         def tune() -> tuple:
             try:
-                config, time_us = tune_fn()
+                answer = tune_fn()
+                files = None
+                if len(answer) == 3:
+                    config, time_us, files = answer
+                else:
+                    config, time_us = answer
                 config_text = config if isinstance(config, str) else json.dumps(config)
                 decoded = json.loads(config_text)
                 time_us = float(time_us)
@@ -346,7 +390,19 @@ class Client:
                 )
                 raise _TuningFailed() from None
             tuned["config"] = decoded
-            return config_text, time_us, _tuned_by(key_message), int(time.time() * 1000)
+            tuned_at = int(time.time() * 1000)
+            if files:
+                try:
+                    artifacts = self.put_artifacts(files)
+                except Exception:
+                    logger.warning(
+                        "tunecache: uploading the artifacts of %s failed; giving the lease up and using the fallback",
+                        describe_key(key_message),
+                        exc_info=True,
+                    )
+                    raise _TuningFailed() from None
+                return config_text, time_us, _tuned_by(key_message), tuned_at, artifacts
+            return config_text, time_us, _tuned_by(key_message), tuned_at
 
         try:
             outcome = self._rank_flow(key_message, tune, wait_ms, can_tune, lease_ms, "using the fallback")

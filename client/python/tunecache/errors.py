@@ -1,5 +1,6 @@
 # Owns the exceptions of the tunecache package: RpcError (a failed daemon call, with grpcio's
-# code()/details()), StatusCode, and the refusals of an untrusted socket or daemon. The native
+# code()/details()), StatusCode, the refusals of an untrusted socket or daemon, and
+# ArtifactError (an artifact the client refused). The native
 # module (src/errors.rs) raises them, filled from the Rust client's structured errors.
 """Exceptions raised by the tunecache package."""
 
@@ -15,6 +16,12 @@ class UntrustedSocketError(ConnectionError):
 
 class UntrustedDaemonError(UntrustedSocketError):
     """The daemon answering on the socket runs as a uid the caller does not trust."""
+
+
+class ArtifactError(ValueError):
+    """An artifact the client refused: a name or digest the contract does not allow, or bytes
+    the daemon sent that are not the blob named (nothing of them is kept). The rules are the
+    Rust client's (tunecache_proto::artifact)."""
 
 
 class StatusCode:

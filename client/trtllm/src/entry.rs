@@ -100,6 +100,7 @@ pub fn entry_from_file(
             tuned_by: context.tuned_by.to_owned(),
             tuned_at_unix_ms: context.tuned_at_unix_ms,
             forget_epoch: 0,
+            artifacts: Default::default(),
         }),
     })
 }

@@ -80,6 +80,7 @@ pub(crate) fn native_entry(
             tuned_by: "rank 0".to_owned(),
             tuned_at_unix_ms: 0,
             forget_epoch: 0,
+            artifacts: Default::default(),
         }),
     }
 }

@@ -121,6 +121,7 @@ pub fn make_result(backend: &str, config: serde_json::Value, time_us: f64) -> v1
         tuned_by: tuned_by(backend),
         tuned_at_unix_ms: tunecache_proto::unix_now_ms(),
         forget_epoch: 0,
+        artifacts: Default::default(),
     }
 }
 

@@ -275,6 +275,7 @@ mod tests {
                     tuned_by: "a".into(),
                     tuned_at_unix_ms: 1_700_000_000_000,
                     forget_epoch: 0,
+                    artifacts: Default::default(),
                 };
                 (text, encode_result(&result))
             })

@@ -19,6 +19,7 @@
 //! - view pins `<prefix>view:{vNN}<view name>`: key text → pin, the first pin of each key in
 //!   a job's view (`cluster::views`), expiring after the view's idle time.
 
+use crate::model::artifacts::ArtifactsView;
 use crate::model::entry::{CacheKey, TunedResult};
 
 /// Shards of the key space: streams a node follows, digests the audit compares.
@@ -251,8 +252,35 @@ pub fn encode_result(result: &TunedResult) -> [String; 4] {
         encode_epoch_time(result.forget_epoch, result.time_us),
         result.config.clone(),
         result.tuned_by.clone(),
-        encode_at(result.tuned_at_unix_ms),
+        encode_at_artifacts(result.tuned_at_unix_ms, result.artifacts.view()),
     ]
+}
+
+/// The `a` field: `tuned_at_unix_ms` (`encode_at`), then the result's artifacts, their
+/// canonical bytes (`model::artifacts`) in lowercase hex. The merge rule compares the
+/// artifacts right after the time, and hex keeps byte order, so the field's byte order is
+/// still the rule's; a result without artifacts is the 16 digits it always was.
+pub fn encode_at_artifacts(at: i64, artifacts: ArtifactsView<'_>) -> String {
+    use std::fmt::Write as _;
+    let mut text = encode_at(at);
+    for byte in artifacts.encoded() {
+        let _ = write!(text, "{byte:02x}");
+    }
+    text
+}
+
+/// Reads an `a` field back: the time, and the artifacts' bytes (not yet validated).
+pub fn decode_at_artifacts(text: &str) -> Option<(i64, Vec<u8>)> {
+    let at = decode_at(text.get(..16)?)?;
+    let hex = text.get(16..)?;
+    if hex.len() % 2 != 0 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    Some((at, bytes))
 }
 
 /// The `t` field: the epoch inverted (a higher epoch sorts first), then the time.
@@ -295,6 +323,7 @@ mod tests {
             tuned_by: by.into(),
             tuned_at_unix_ms: at,
             forget_epoch: 0,
+            artifacts: Default::default(),
         }
     }
 
@@ -316,6 +345,26 @@ mod tests {
         }
     }
 
+    /// Lists whose canonical bytes differ early, late, by a prefix, and not at all.
+    fn artifact_lists() -> Vec<crate::model::artifacts::ArtifactList> {
+        let artifact = |name: &str, digit: char, size: u64| tunecache_proto::v1::Artifact {
+            name: name.into(),
+            sha256: digit.to_string().repeat(64),
+            size,
+        };
+        [
+            vec![],
+            vec![artifact("a.so", 'a', 1)],
+            vec![artifact("a.so", 'a', 300)],
+            vec![artifact("a.so", 'b', 1)],
+            vec![artifact("b.so", 'a', 1)],
+            vec![artifact("a.so", 'a', 1), artifact("b.cu", 'c', 0)],
+        ]
+        .into_iter()
+        .map(crate::model::artifacts::ArtifactList::from_wire)
+        .collect()
+    }
+
     #[test]
     fn encoded_byte_order_is_the_merge_order() {
         let times = [0.0, 1e-300, 0.1, 0.2, 1.0, 1.5, 2.0, 10.0, 1e10, f64::MAX];
@@ -328,6 +377,12 @@ mod tests {
                     for b in ["", "a", "B", "ä"] {
                         all.push(result(t, c, b, at));
                     }
+                }
+                for artifacts in artifact_lists() {
+                    all.push(TunedResult {
+                        artifacts,
+                        ..result(t, "{}", "a", at)
+                    });
                 }
             }
         }
@@ -347,6 +402,13 @@ mod tests {
         }
         for at in [i64::MIN, -5, 0, 1_700_000_000_123, i64::MAX] {
             assert_eq!(decode_at(&encode_at(at)), Some(at));
+            for list in artifact_lists() {
+                let text = encode_at_artifacts(at, list.view());
+                assert_eq!(
+                    decode_at_artifacts(&text),
+                    Some((at, list.view().encoded().to_vec()))
+                );
+            }
         }
         let layout = Layout::new("tc:");
         let key = CacheKey {

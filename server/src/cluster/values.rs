@@ -18,7 +18,8 @@ use std::sync::Mutex;
 use redis::Value;
 use tunecache_proto::v1;
 
-use super::keys::{decode_at, decode_epoch_time, decode_stamp};
+use super::keys::{decode_at_artifacts, decode_epoch_time, decode_stamp};
+use crate::model::artifacts::ArtifactsView;
 use crate::model::entry::{CacheKey, TunedResult};
 use crate::model::forget::{ForgetScope, RankScope, Tombstone};
 use crate::model::validate::{self, MAX_KEY_FIELD_BYTES};
@@ -218,15 +219,25 @@ pub fn key_text(text: &str) -> Result<CacheKey, String> {
 pub fn result(t: &str, c: &str, b: &str, a: &str) -> Result<TunedResult, String> {
     let (forget_epoch, time_us) =
         decode_epoch_time(t).ok_or_else(|| "t: not 16 or 32 hex digits".to_owned())?;
-    let tuned_at_unix_ms = decode_at(a).ok_or_else(|| "a: not 16 hex digits".to_owned())?;
+    let (tuned_at_unix_ms, artifact_bytes) = decode_at_artifacts(a)
+        .ok_or_else(|| "a: not 16 hex digits, then an even run of lowercase hex".to_owned())?;
+    let artifacts = ArtifactsView::parse(&artifact_bytes)
+        .ok_or_else(|| "a: the artifacts after the time are not Artifact records".to_owned())?;
     let result = v1::Result {
         time_us,
         config: c.to_owned(),
         tuned_by: b.to_owned(),
         tuned_at_unix_ms,
         forget_epoch,
+        artifacts: artifacts.to_wire(),
     };
-    validate::learned_result("result", result).map_err(|e| e.to_string())
+    let result = validate::learned_result("result", result).map_err(|e| e.to_string())?;
+    // One spelling per result: bytes that are not the canonical form would sit elsewhere in
+    // Redis's order than the rule puts the result.
+    if result.artifacts.view().encoded() != artifact_bytes.as_slice() {
+        return Err("a: the artifacts are not in their canonical form (name order)".to_owned());
+    }
+    Ok(result)
 }
 
 /// A result from four Redis values (a script's reply, an entry hash's fields).
@@ -407,6 +418,7 @@ mod tests {
             tuned_by: "node-a".into(),
             tuned_at_unix_ms: 1_700_000_000_000,
             forget_epoch: 0,
+            artifacts: Default::default(),
         }
     }
 

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::keys::{decode_result, encode_at, encode_epoch_time, Layout};
+use super::keys::{decode_result, encode_at_artifacts, encode_epoch_time, Layout};
 use super::scripts;
 use super::Cluster;
 use crate::wire::stored::StoredEntry;
@@ -44,7 +44,7 @@ fn encode_pin(entry: &StoredEntry) -> String {
         encode_epoch_time(result.forget_epoch, result.time_us),
         result.config,
         result.tuned_by,
-        encode_at(result.tuned_at_unix_ms),
+        encode_at_artifacts(result.tuned_at_unix_ms, result.artifacts),
     );
     // A JSON array of four strings: serializing it cannot fail.
     serde_json::to_string(&fields).unwrap_or_default()

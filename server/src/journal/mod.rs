@@ -184,6 +184,7 @@ mod test_support {
                 tuned_by: "t".into(),
                 tuned_at_unix_ms: 0,
                 forget_epoch: 0,
+                artifacts: Default::default(),
             },
             if i.is_multiple_of(2) {
                 Origin::Own

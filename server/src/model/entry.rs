@@ -7,6 +7,8 @@
 
 use tunecache_proto::v1;
 
+use crate::model::artifacts::{ArtifactList, ArtifactsView};
+
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct CacheKey {
     pub namespace: String,
@@ -27,6 +29,8 @@ pub struct TunedResult {
     /// The stamp of the newest Forget of this key the recording node knew (`model::forget`):
     /// the first thing the merge rule compares. Assigned by the daemon, never by a client.
     pub forget_epoch: u64,
+    /// The files the tuner built, in their canonical form (`model::artifacts`).
+    pub artifacts: ArtifactList,
 }
 
 /// Where an entry came from: the provenance the store and the journal keep per entry.
@@ -58,6 +62,7 @@ pub struct ResultView<'a> {
     pub tuned_by: &'a str,
     pub tuned_at_unix_ms: i64,
     pub forget_epoch: u64,
+    pub artifacts: ArtifactsView<'a>,
 }
 
 impl<'a> KeyView<'a> {
@@ -101,7 +106,7 @@ impl<'a> KeyView<'a> {
 
 impl ResultView<'_> {
     pub fn encoded_len_estimate(&self) -> usize {
-        self.config.len() + self.tuned_by.len() + 24
+        self.config.len() + self.tuned_by.len() + self.artifacts.encoded().len() + 24
     }
 
     pub fn to_result(&self) -> TunedResult {
@@ -111,6 +116,7 @@ impl ResultView<'_> {
             tuned_by: self.tuned_by.to_owned(),
             tuned_at_unix_ms: self.tuned_at_unix_ms,
             forget_epoch: self.forget_epoch,
+            artifacts: self.artifacts.to_list(),
         }
     }
 }
@@ -160,6 +166,7 @@ impl TunedResult {
             tuned_by: &self.tuned_by,
             tuned_at_unix_ms: self.tuned_at_unix_ms,
             forget_epoch: self.forget_epoch,
+            artifacts: self.artifacts.view(),
         }
     }
 
@@ -200,6 +207,7 @@ impl From<v1::Result> for TunedResult {
             tuned_by: result.tuned_by,
             tuned_at_unix_ms: result.tuned_at_unix_ms,
             forget_epoch: result.forget_epoch,
+            artifacts: ArtifactList::from_wire(result.artifacts),
         }
     }
 }
@@ -212,6 +220,7 @@ impl From<TunedResult> for v1::Result {
             tuned_by: result.tuned_by,
             tuned_at_unix_ms: result.tuned_at_unix_ms,
             forget_epoch: result.forget_epoch,
+            artifacts: result.artifacts.view().to_wire(),
         }
     }
 }

@@ -5,7 +5,8 @@
 //! The rule is a total order on results: the higher `forget_epoch` wins (a result recorded
 //! after a Forget of its key beats every result recorded before it: `model::forget`), then
 //! lower `time_us`, and ties are broken on the config text, then `tuned_by`, then
-//! `tuned_at_unix_ms` (earlier wins). A tombstone removes the results of its scope whose
+//! `tuned_at_unix_ms` (earlier wins), then the artifacts' canonical bytes (`model::artifacts`),
+//! so two results that differ only in their files still compare the same way on every node. A tombstone removes the results of its scope whose
 //! epoch is below its stamp (`forget::drops`), which, with epochs compared first, never
 //! removes a result while keeping one it beat. So merging the same results and forgets in
 //! any order, on any node, ends with the same winner and therefore the same bytes.
@@ -36,6 +37,7 @@ pub fn rank_views(a: ResultView<'_>, b: ResultView<'_>) -> Ordering {
         .then_with(|| a.config.cmp(b.config))
         .then_with(|| a.tuned_by.cmp(b.tuned_by))
         .then_with(|| a.tuned_at_unix_ms.cmp(&b.tuned_at_unix_ms))
+        .then_with(|| a.artifacts.cmp(&b.artifacts))
 }
 
 /// Decides whether `incoming` replaces `current`. Equal results keep the current one, so a
@@ -64,6 +66,7 @@ mod tests {
             tuned_by: tuned_by.to_owned(),
             tuned_at_unix_ms: at,
             forget_epoch: 0,
+            artifacts: Default::default(),
         }
     }
 

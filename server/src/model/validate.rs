@@ -198,12 +198,43 @@ pub fn result(path: &str, result: Option<v1::Result>) -> Result<TunedResult, Inv
             ),
         ));
     }
+    check_artifacts(path, &result.artifacts)?;
     let mut result = TunedResult::from(result);
     // -0.0 passes the check above; store +0.0 so equal times compare and encode equal.
     if result.time_us == 0.0 {
         result.time_us = 0.0;
     }
     Ok(result)
+}
+
+/// The artifacts of one result: at most `artifact::MAX_PER_RESULT`, each a valid name and
+/// digest, no name twice. Whether this node can serve them is the artifact store's check.
+fn check_artifacts(path: &str, artifacts: &[v1::Artifact]) -> Result<(), InvalidField> {
+    use tunecache_proto::artifact;
+    if artifacts.len() > artifact::MAX_PER_RESULT {
+        return Err(InvalidField::new(
+            format!("{path}.artifacts"),
+            format!(
+                "{} artifacts, at most {}",
+                artifacts.len(),
+                artifact::MAX_PER_RESULT
+            ),
+        ));
+    }
+    for (index, item) in artifacts.iter().enumerate() {
+        let at = |field: &str| format!("{path}.artifacts[{index}].{field}");
+        artifact::check_name(&item.name)
+            .map_err(|refusal| InvalidField::new(at("name"), refusal.to_string()))?;
+        artifact::check_digest(&item.sha256)
+            .map_err(|refusal| InvalidField::new(at("sha256"), refusal.to_string()))?;
+        if let Some(first) = artifacts[..index].iter().position(|a| a.name == item.name) {
+            return Err(InvalidField::new(
+                at("name"),
+                format!("\"{}\" is also artifacts[{first}]'s name", item.name),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `result` for a result learned from another node (a shared-directory file, Redis): its
@@ -384,8 +415,63 @@ mod tests {
                 tuned_by: "t".into(),
                 tuned_at_unix_ms: 1,
                 forget_epoch: 0,
+                artifacts: Default::default(),
             }),
         }
+    }
+
+    #[test]
+    fn artifacts_are_checked_and_kept_in_name_order() {
+        let digest = |c: char| c.to_string().repeat(64);
+        let artifact = |name: &str, c: char| v1::Artifact {
+            name: name.into(),
+            sha256: digest(c),
+            size: 3,
+        };
+        let with = |artifacts: Vec<v1::Artifact>| {
+            let mut entry = wire_entry("ns", "{}", 1.0);
+            entry.result.as_mut().unwrap().artifacts = artifacts;
+            vec![wire_entry("ns", "{}", 1.0), entry]
+        };
+        let refused = |artifacts: Vec<v1::Artifact>| {
+            let error = entries(with(artifacts)).unwrap_err();
+            (error.path, error.reason)
+        };
+        let long = "n".repeat(129);
+        for (bad, field) in [
+            ("../x", "name"),
+            (long.as_str(), "name"),
+            ("", "name"),
+            ("..", "name"),
+        ] {
+            let (path, _) = refused(vec![artifact("ok", 'a'), artifact(bad, 'b')]);
+            assert_eq!(
+                path,
+                format!("entries[1].result.artifacts[1].{field}"),
+                "{bad:?}"
+            );
+        }
+        let (path, reason) = refused(vec![artifact("a.so", 'a'), artifact("a.so", 'b')]);
+        assert_eq!(path, "entries[1].result.artifacts[1].name");
+        assert!(reason.contains("artifacts[0]"), "{reason}");
+        let mut upper = artifact("a", 'a');
+        upper.sha256 = "A".repeat(64);
+        assert_eq!(
+            refused(vec![upper]).0,
+            "entries[1].result.artifacts[0].sha256"
+        );
+        let too_many = (0..65).map(|i| artifact(&format!("f{i}"), 'a')).collect();
+        assert_eq!(refused(too_many).0, "entries[1].result.artifacts");
+
+        let checked = entries(with(vec![artifact("z.so", 'a'), artifact("a.cu", 'b')])).unwrap();
+        let names: Vec<&str> = checked[1]
+            .1
+            .artifacts
+            .view()
+            .iter()
+            .map(|a| a.name)
+            .collect();
+        assert_eq!(names, ["a.cu", "z.so"]);
     }
 
     #[test]

@@ -200,6 +200,9 @@ impl Drop for Grant {
     }
 }
 
+/// Client-streaming methods: each message is decoded and handled before the next is read.
+const STREAMING_REQUEST_PATHS: &[&str] = &["/tunecache.v1.TuneCache/PutArtifact"];
+
 /// The grants of one call, shared by its request body (which takes them as headers arrive)
 /// and its response future (which keeps them until the answer is ready).
 type CallGrants = Arc<Mutex<Vec<Grant>>>;
@@ -244,11 +247,13 @@ where
         let grants = CallGrants::default();
         let body_grants = grants.clone();
         let limits = self.limits.clone();
+        let streaming = STREAMING_REQUEST_PATHS.contains(&request.uri().path());
         let request = request.map(|body| LimitedBody {
             inner: body,
             limits,
             uid,
             grants: body_grants,
+            streaming,
             header: [0; GRPC_FRAME_HEADER_BYTES],
             header_read: 0,
             body_left: 0,
@@ -271,6 +276,10 @@ pub struct LimitedBody<B> {
     limits: Arc<RequestLimits>,
     uid: Option<u32>,
     grants: CallGrants,
+    /// A client-streaming call: a message's bytes are free once the next one's header
+    /// arrives (the handler has taken it), not at the answer, so a long upload holds one
+    /// chunk against its uid, never the whole blob.
+    streaming: bool,
     /// The current message's header, while it is read.
     header: [u8; GRPC_FRAME_HEADER_BYTES],
     header_read: usize,
@@ -299,7 +308,11 @@ impl<B> LimitedBody<B> {
             let [_, length @ ..] = self.header;
             let len = u32::from_be_bytes(length) as usize;
             let grant = self.limits.admit(self.uid, len)?;
-            crate::sync::lock(&self.grants).push(grant);
+            let mut grants = crate::sync::lock(&self.grants);
+            if self.streaming {
+                grants.clear();
+            }
+            grants.push(grant);
             self.body_left = len;
         }
         Ok(())
@@ -356,10 +369,29 @@ mod tests {
             limits: limits.clone(),
             uid: Some(uid),
             grants: CallGrants::default(),
+            streaming: false,
             header: [0; GRPC_FRAME_HEADER_BYTES],
             header_read: 0,
             body_left: 0,
         }
+    }
+
+    #[test]
+    fn a_streaming_upload_holds_one_message_against_its_uid_not_the_whole_stream() {
+        let limits = limits(100, 250);
+        let mut upload = body(&limits, 1);
+        upload.streaming = true;
+        for _ in 0..10 {
+            upload.observe(&framed(100)).unwrap();
+            assert_eq!(stats(&limits).request_bytes_in_flight, 100);
+        }
+        assert_eq!(stats(&limits).requests_refused_per_uid, 0);
+        // The same ten messages on a unary-style call would pass the bound at the third.
+        let mut unary = body(&limits, 2);
+        unary.observe(&framed(100)).unwrap();
+        unary.observe(&framed(100)).unwrap();
+        assert!(unary.observe(&framed(100)).is_err());
+        assert!(STREAMING_REQUEST_PATHS.contains(&"/tunecache.v1.TuneCache/PutArtifact"));
     }
 
     fn framed(len: usize) -> Vec<u8> {

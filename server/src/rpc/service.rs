@@ -13,6 +13,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use tunecache_proto::v1::{self, tune_cache_server::TuneCache};
 
+use crate::artifacts::Artifacts;
 use crate::coord::{Coordinator, ResolveCall, DEFAULT_LEASE, MAX_LEASE, MAX_WAIT};
 use crate::error::Error;
 use crate::model::entry::CacheKey;
@@ -78,6 +79,8 @@ pub struct TuneCacheService {
     exact_forgets: crate::ops::forget_budget::ExactForgets,
     /// Every read goes through the node's job views, with or without a view.
     views: Arc<Views>,
+    /// The node's blob store: PutArtifact, GetArtifact, StatArtifacts and the Record check.
+    artifacts: Arc<Artifacts>,
 }
 
 impl TuneCacheService {
@@ -87,9 +90,11 @@ impl TuneCacheService {
         tuner: TunerHandle,
         node_name: String,
         views: Arc<Views>,
+        artifacts: Arc<Artifacts>,
     ) -> Self {
         TuneCacheService {
             views,
+            artifacts,
             store,
             coordinator,
             tuner,
@@ -226,6 +231,8 @@ impl TuneCacheService {
     /// Record of validated entries, through the coordinator (it completes the lease named).
     async fn record_checked(&self, record: CheckedRecord) -> Result<v1::RecordResponse, Status> {
         count(&self.counters.records, 1);
+        // Every blob the batch names must be servable here before any of it is applied.
+        self.artifacts.check_record(&record.entries)?;
         let outcome = self
             .coordinator
             .record(record.entries, &record.lease_id)
@@ -272,7 +279,8 @@ impl TuneCacheService {
             uptime_ms: self.started.elapsed().as_millis() as u64,
             ..Default::default()
         };
-        let owners: [&dyn FillStats; 10] = [
+        let owners: [&dyn FillStats; 11] = [
+            &*self.artifacts,
             &self.counters,
             &self.store,
             &self.coordinator,
@@ -320,6 +328,7 @@ fn count(counter: &AtomicU64, n: usize) {
 }
 
 type ScanStream = Pin<Box<dyn Stream<Item = Result<v1::ScanResponse, Status>> + Send>>;
+type ArtifactStream = Pin<Box<dyn Stream<Item = Result<v1::ArtifactChunk, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl TuneCache for TuneCacheService {
@@ -493,5 +502,36 @@ impl TuneCache for TuneCacheService {
             self.exact_forgets.forgotten(budget_uid, forgotten);
         }
         Ok(Response::new(v1::ForgetResponse { forgotten }))
+    }
+
+    async fn put_artifact(
+        &self,
+        request: Request<tonic::Streaming<v1::ArtifactChunk>>,
+    ) -> Result<Response<v1::PutArtifactResponse>, Status> {
+        let uid = caller_uid(&request);
+        self.artifacts
+            .put(uid, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type GetArtifactStream = ArtifactStream;
+
+    async fn get_artifact(
+        &self,
+        request: Request<v1::GetArtifactRequest>,
+    ) -> Result<Response<Self::GetArtifactStream>, Status> {
+        self.artifacts
+            .get(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn stat_artifacts(
+        &self,
+        request: Request<v1::StatArtifactsRequest>,
+    ) -> Result<Response<v1::StatArtifactsResponse>, Status> {
+        let missing = self.artifacts.missing(&request.into_inner().sha256)?;
+        Ok(Response::new(v1::StatArtifactsResponse { missing }))
     }
 }

@@ -23,10 +23,13 @@
 //!   settings to what to read, trust, publish and compact; `io` carries out what it decides.
 //! - `segments`: the version-2 names and the rule for what a reader takes next.
 //! - `format`: the bytes of a shared-directory file; `shared_file`: opening one safely.
+//! - `blobs`: the artifact blobs under `v2/artifacts/`, published before the segments that
+//!   name them and fetched lazily as a tier of the artifact store.
 //! - `SnapshotHandle::start_background`: the periodic load-then-publish loop, a task of the
 //!   daemon's (`tasks`) that ends when the daemon stops. Shutdown never waits for the I/O
 //!   thread: if it is stuck in the kernel, the process exits around it.
 
+mod blobs;
 pub mod format;
 mod io;
 mod plan;
@@ -150,6 +153,8 @@ struct Shared {
     /// publish with the count unchanged since the last one has nothing to write.
     own_changes: AtomicU64,
     settings: SnapshotSettings,
+    /// The node's artifact store: the blobs a publish links in before its segment.
+    artifacts: Option<Arc<crate::artifacts::Artifacts>>,
     counters: SnapshotCounters,
     last_error: Mutex<String>,
     in_flight: Mutex<Option<InFlight>>,
@@ -274,7 +279,12 @@ struct Written {
 impl SnapshotHandle {
     /// Starts the I/O thread. Makes no filesystem call itself, so a hung shared directory
     /// cannot delay the daemon's start.
-    pub fn start(settings: SnapshotSettings, store: Store, tasks: &Tasks) -> Result<Self> {
+    pub fn start(
+        settings: SnapshotSettings,
+        store: Store,
+        artifacts: Option<Arc<crate::artifacts::Artifacts>>,
+        tasks: &Tasks,
+    ) -> Result<Self> {
         if let Err(why) = crate::model::names::check_node_name(&settings.node) {
             return Err(Error::InvalidNodeName(why));
         }
@@ -289,9 +299,16 @@ impl SnapshotHandle {
                 "shared directory: no --shared-dir-key-file; only files owned by these uids (this daemon's and --shared-dir-writer-uid) count"
             ),
         }
+        if let Some(artifacts) = &artifacts {
+            // Blobs a held entry names and this node lacks are fetched from `v2/artifacts/`.
+            artifacts.add_source(Arc::new(blobs::SharedDirBlobs::new(
+                &settings.dir.join(segments::SEGMENT_DIR),
+            )));
+        }
         let shared = Arc::new(Shared {
             own_changes: AtomicU64::new(0),
             settings,
+            artifacts,
             counters: SnapshotCounters::default(),
             last_error: Mutex::new(String::new()),
             in_flight: Mutex::new(None),

@@ -297,6 +297,7 @@ mod tests {
             tuned_by: "t".into(),
             tuned_at_unix_ms: 1,
             forget_epoch: 0,
+            artifacts: Default::default(),
         };
         {
             let (guard, _) = Store::open(dir.path(), crate::journal::FsyncPolicy::Never).unwrap();
@@ -375,6 +376,7 @@ mod tests {
             tuned_by: "t".into(),
             tuned_at_unix_ms: 1,
             forget_epoch: 0,
+            artifacts: Default::default(),
         };
         let refused = store
             .try_apply(vec![(key.clone(), result.clone())], None)

@@ -270,6 +270,7 @@ mod tests {
             tuned_by: "t".into(),
             tuned_at_unix_ms: 1,
             forget_epoch: 0,
+            artifacts: Default::default(),
         };
         (key, result)
     }

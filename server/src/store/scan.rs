@@ -212,6 +212,7 @@ mod tests {
             tuned_by: "t".to_owned(),
             tuned_at_unix_ms: 0,
             forget_epoch: 0,
+            artifacts: Default::default(),
         }
     }
 

@@ -538,6 +538,7 @@ mod tests {
             tuned_by: "r".into(),
             tuned_at_unix_ms: 0,
             forget_epoch: 0,
+            artifacts: Default::default(),
         };
         Change {
             entry: StoredEntry::new(&key(problem), &result),

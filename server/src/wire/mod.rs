@@ -42,6 +42,7 @@ mod tests {
             tuned_by: "node-a/rank-3".into(),
             tuned_at_unix_ms: tuned_at,
             forget_epoch: 0,
+            artifacts: Default::default(),
         }
     }
 

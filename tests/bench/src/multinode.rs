@@ -184,6 +184,7 @@ async fn run_rank(
                     tuned_by: tuned_by.clone(),
                     tuned_at_unix_ms: 0,
                     forget_epoch: 0,
+                    artifacts: Default::default(),
                 })
             })
             .await;

@@ -64,6 +64,7 @@ pub fn daemon_entry(key: &str, entry: &CacheEntry, rank: Option<u32>) -> v1::Ent
             },
             tuned_at_unix_ms: TUNED_AT_UNIX_MS,
             forget_epoch: 0,
+            artifacts: Default::default(),
         }),
     }
 }

@@ -13,6 +13,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tunecache_client::proto;
 
+pub mod blobs;
 pub mod daemon;
 pub mod raw_grpc;
 pub mod redis;
@@ -66,6 +67,7 @@ pub fn entry(key: proto::Key, config: &str, time_us: f64, tuned_by: &str) -> pro
             tuned_by: tuned_by.to_owned(),
             tuned_at_unix_ms: 1_700_000_000_000,
             forget_epoch: 0,
+            artifacts: Default::default(),
         }),
     }
 }

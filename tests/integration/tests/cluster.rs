@@ -428,6 +428,7 @@ fn result(config: &str, time_us: f64, by: &str, at: i64) -> proto::Result {
         tuned_by: by.to_owned(),
         tuned_at_unix_ms: at,
         forget_epoch: 0,
+        artifacts: Default::default(),
     }
 }
 

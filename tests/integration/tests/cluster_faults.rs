@@ -410,6 +410,7 @@ async fn random_pauses_kills_and_restarts_end_with_the_same_winners_everywhere()
                 tuned_by: format!("node{node}"),
                 tuned_at_unix_ms: 1_700_000_000_000 + step,
                 forget_epoch: 0,
+                artifacts: Default::default(),
             };
             let e = proto::Entry {
                 key: Some(test_key("random", &format!("k{key}"))),

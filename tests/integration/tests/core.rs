@@ -139,6 +139,7 @@ async fn concurrent_conflicting_records_end_as_the_sequential_merge() {
         tuned_by: format!("rank{}", (client * 3 + k) % 5),
         tuned_at_unix_ms: ((client + k) % 3) as i64,
         forget_epoch: 0,
+        artifacts: Default::default(),
     };
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {

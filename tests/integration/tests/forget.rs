@@ -42,6 +42,7 @@ fn result(config: &str, time_us: f64, by: &str) -> proto::Result {
         tuned_by: by.to_owned(),
         tuned_at_unix_ms: 1_700_000_000_000,
         forget_epoch: 0,
+        artifacts: Default::default(),
     }
 }
 

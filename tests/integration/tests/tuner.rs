@@ -279,6 +279,7 @@ async fn a_malformed_problem_is_invalid_argument() {
                 tuned_by: "t".into(),
                 tuned_at_unix_ms: 0,
                 forget_epoch: 0,
+                artifacts: Default::default(),
             }),
         };
         let error = client.record(vec![entry]).await.unwrap_err();

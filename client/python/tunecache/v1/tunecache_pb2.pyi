@@ -21,18 +21,30 @@ class Key(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., op: _Optional[str] = ..., device: _Optional[str] = ..., problem: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("config", "time_us", "tuned_by", "tuned_at_unix_ms", "forget_epoch")
+    __slots__ = ("config", "time_us", "tuned_by", "tuned_at_unix_ms", "forget_epoch", "artifacts")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     TIME_US_FIELD_NUMBER: _ClassVar[int]
     TUNED_BY_FIELD_NUMBER: _ClassVar[int]
     TUNED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     FORGET_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     config: str
     time_us: float
     tuned_by: str
     tuned_at_unix_ms: int
     forget_epoch: int
-    def __init__(self, config: _Optional[str] = ..., time_us: _Optional[float] = ..., tuned_by: _Optional[str] = ..., tuned_at_unix_ms: _Optional[int] = ..., forget_epoch: _Optional[int] = ...) -> None: ...
+    artifacts: _containers.RepeatedCompositeFieldContainer[Artifact]
+    def __init__(self, config: _Optional[str] = ..., time_us: _Optional[float] = ..., tuned_by: _Optional[str] = ..., tuned_at_unix_ms: _Optional[int] = ..., forget_epoch: _Optional[int] = ..., artifacts: _Optional[_Iterable[_Union[Artifact, _Mapping]]] = ...) -> None: ...
+
+class Artifact(_message.Message):
+    __slots__ = ("name", "sha256", "size")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    sha256: str
+    size: int
+    def __init__(self, name: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
 
 class Entry(_message.Message):
     __slots__ = ("key", "result")
@@ -95,7 +107,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("node_name", "version", "uptime_ms", "entries", "lookups", "hits", "misses", "records", "entries_stored", "entries_unchanged", "journal_bytes", "journal_live_bytes", "journal_compactions", "fsync_policy", "journal_compaction_failures", "journal_write_failures", "journal_unwritable_episodes", "journal_unwritable", "journal_unwritable_since_unix_ms", "resolves", "leases_granted", "leases_expired", "leases_released_dead", "leases_given_up", "waits_satisfied", "waits_timed_out", "waiters", "leases_active", "shared_dir", "last_snapshot_unix_ms", "snapshots_written", "snapshots_skipped_unchanged", "snapshot_errors", "peer_files_loaded", "peer_files_skipped", "stuck_operation", "stuck_since_unix_ms", "last_snapshot_error", "snapshot_passes", "snapshot_pass_bytes_read", "snapshot_pass_bytes_written", "snapshot_bytes_read", "snapshot_bytes_written", "peer_segments_loaded", "segment_compactions", "own_entries_published", "snapshot_format_version", "snapshot_untrusted_files", "snapshot_name_conflicts", "snapshot_invalid_entries", "previous_shutdown_publish", "daemon_pid", "daemon_uid", "forgets_received", "forget_entries_dropped", "tombstones_held", "forgets_refused", "cluster_forgets_published", "cluster_forgets_learned", "max_exact_forgets_per_uid", "exact_forgets_refused", "oversize_records_dropped", "views_active", "view_pins", "max_view_pins", "view_idle_secs", "view_pins_made", "view_pin_conflicts", "view_pin_fallbacks", "view_pins_from_cluster", "view_pins_evicted", "views_ended_idle", "view_pins_forgotten", "views_ended", "view_pins_over_cap", "tuner_backend", "tuner_state", "tuner_queue_depth", "tuner_jobs_done", "tuner_jobs_failed", "tuner_restarts", "nofile_soft_limit", "nofile_hard_limit", "connections_open", "max_connections_per_uid", "connections_refused_per_uid", "preface_timeouts", "accept_errors", "max_leases_per_pid", "leases_refused_per_pid", "write_queue_bytes", "write_queue_limit_bytes", "writes_shed", "tuner_queue_refusals", "max_message_bytes", "max_request_bytes_per_uid", "request_bytes_in_flight", "requests_refused_too_large", "requests_refused_per_uid", "cluster_state", "cluster_url", "cluster_bootstrapped", "cluster_published", "cluster_publish_queue", "cluster_publish_dropped", "cluster_received", "cluster_bootstrap_entries", "cluster_leases_acquired", "cluster_leases_held_elsewhere", "cluster_lease_fallbacks", "cluster_takeovers", "cluster_republished", "cluster_reconnects", "cluster_errors", "cluster_publish_already", "cluster_audits", "cluster_audit_repaired", "cluster_stream_gaps", "cluster_resync_entries", "cluster_publish_queue_limit", "cluster_name_conflicts", "cluster_audit_differing", "max_view_pins_per_uid", "max_views_per_uid", "views_evicted", "cluster_refused_stream", "cluster_refused_entries", "cluster_refused_tombstones", "cluster_wrong_type_keys", "cluster_clock_skew_ms", "cluster_prune_paused", "cluster_places_restored", "cluster_shards_resumed", "cluster_shards_reread", "cluster_checkpoints_built", "cluster_checkpoints_loaded", "cluster_checkpoints_rejected", "cluster_startup_commands", "cluster_startup_bytes", "cluster_startup_ms", "peer_nodes_resumed")
+    __slots__ = ("node_name", "version", "uptime_ms", "entries", "lookups", "hits", "misses", "records", "entries_stored", "entries_unchanged", "journal_bytes", "journal_live_bytes", "journal_compactions", "fsync_policy", "journal_compaction_failures", "journal_write_failures", "journal_unwritable_episodes", "journal_unwritable", "journal_unwritable_since_unix_ms", "resolves", "leases_granted", "leases_expired", "leases_released_dead", "leases_given_up", "waits_satisfied", "waits_timed_out", "waiters", "leases_active", "shared_dir", "last_snapshot_unix_ms", "snapshots_written", "snapshots_skipped_unchanged", "snapshot_errors", "peer_files_loaded", "peer_files_skipped", "stuck_operation", "stuck_since_unix_ms", "last_snapshot_error", "snapshot_passes", "snapshot_pass_bytes_read", "snapshot_pass_bytes_written", "snapshot_bytes_read", "snapshot_bytes_written", "peer_segments_loaded", "segment_compactions", "own_entries_published", "snapshot_format_version", "snapshot_untrusted_files", "snapshot_name_conflicts", "snapshot_invalid_entries", "previous_shutdown_publish", "daemon_pid", "daemon_uid", "forgets_received", "forget_entries_dropped", "tombstones_held", "forgets_refused", "cluster_forgets_published", "cluster_forgets_learned", "max_exact_forgets_per_uid", "exact_forgets_refused", "oversize_records_dropped", "views_active", "view_pins", "max_view_pins", "view_idle_secs", "view_pins_made", "view_pin_conflicts", "view_pin_fallbacks", "view_pins_from_cluster", "view_pins_evicted", "views_ended_idle", "view_pins_forgotten", "views_ended", "view_pins_over_cap", "tuner_backend", "tuner_state", "tuner_queue_depth", "tuner_jobs_done", "tuner_jobs_failed", "tuner_restarts", "nofile_soft_limit", "nofile_hard_limit", "connections_open", "max_connections_per_uid", "connections_refused_per_uid", "preface_timeouts", "accept_errors", "max_leases_per_pid", "leases_refused_per_pid", "write_queue_bytes", "write_queue_limit_bytes", "writes_shed", "tuner_queue_refusals", "max_message_bytes", "max_request_bytes_per_uid", "request_bytes_in_flight", "requests_refused_too_large", "requests_refused_per_uid", "cluster_state", "cluster_url", "cluster_bootstrapped", "cluster_published", "cluster_publish_queue", "cluster_publish_dropped", "cluster_received", "cluster_bootstrap_entries", "cluster_leases_acquired", "cluster_leases_held_elsewhere", "cluster_lease_fallbacks", "cluster_takeovers", "cluster_republished", "cluster_reconnects", "cluster_errors", "cluster_publish_already", "cluster_audits", "cluster_audit_repaired", "cluster_stream_gaps", "cluster_resync_entries", "cluster_publish_queue_limit", "cluster_name_conflicts", "cluster_audit_differing", "max_view_pins_per_uid", "max_views_per_uid", "views_evicted", "cluster_refused_stream", "cluster_refused_entries", "cluster_refused_tombstones", "cluster_wrong_type_keys", "cluster_clock_skew_ms", "cluster_prune_paused", "cluster_places_restored", "cluster_shards_resumed", "cluster_shards_reread", "cluster_checkpoints_built", "cluster_checkpoints_loaded", "cluster_checkpoints_rejected", "cluster_startup_commands", "cluster_startup_bytes", "cluster_startup_ms", "peer_nodes_resumed", "artifact_blobs_held", "artifact_bytes_held", "artifact_uploads", "artifact_uploads_already_held", "artifact_uploads_refused", "artifact_digest_failures", "artifact_fetches_local", "artifact_fetches_shared_dir", "artifact_fetches_cluster", "artifact_fetches_missing", "artifact_bytes_served", "artifact_bytes_read_from_tiers", "artifact_collections", "artifact_bytes_over_blob_limit", "artifact_bytes_over_store_limit", "artifact_bytes_over_uid_limit", "max_artifact_bytes", "artifact_store_bytes", "artifact_records_refused", "artifact_bytes_over_cluster_limit")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPTIME_MS_FIELD_NUMBER: _ClassVar[int]
@@ -237,6 +249,26 @@ class StatsResponse(_message.Message):
     CLUSTER_STARTUP_BYTES_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_STARTUP_MS_FIELD_NUMBER: _ClassVar[int]
     PEER_NODES_RESUMED_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_BLOBS_HELD_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_BYTES_HELD_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_UPLOADS_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_UPLOADS_ALREADY_HELD_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_UPLOADS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_DIGEST_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_FETCHES_LOCAL_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_FETCHES_SHARED_DIR_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_FETCHES_CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_FETCHES_MISSING_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_BYTES_SERVED_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_BYTES_READ_FROM_TIERS_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_COLLECTIONS_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_BYTES_OVER_BLOB_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_BYTES_OVER_STORE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_BYTES_OVER_UID_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MAX_ARTIFACT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_STORE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_RECORDS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_BYTES_OVER_CLUSTER_LIMIT_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     version: str
     uptime_ms: int
@@ -378,7 +410,27 @@ class StatsResponse(_message.Message):
     cluster_startup_bytes: int
     cluster_startup_ms: int
     peer_nodes_resumed: int
-    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., uptime_ms: _Optional[int] = ..., entries: _Optional[int] = ..., lookups: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., records: _Optional[int] = ..., entries_stored: _Optional[int] = ..., entries_unchanged: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., journal_live_bytes: _Optional[int] = ..., journal_compactions: _Optional[int] = ..., fsync_policy: _Optional[str] = ..., journal_compaction_failures: _Optional[int] = ..., journal_write_failures: _Optional[int] = ..., journal_unwritable_episodes: _Optional[int] = ..., journal_unwritable: _Optional[str] = ..., journal_unwritable_since_unix_ms: _Optional[int] = ..., resolves: _Optional[int] = ..., leases_granted: _Optional[int] = ..., leases_expired: _Optional[int] = ..., leases_released_dead: _Optional[int] = ..., leases_given_up: _Optional[int] = ..., waits_satisfied: _Optional[int] = ..., waits_timed_out: _Optional[int] = ..., waiters: _Optional[int] = ..., leases_active: _Optional[int] = ..., shared_dir: _Optional[str] = ..., last_snapshot_unix_ms: _Optional[int] = ..., snapshots_written: _Optional[int] = ..., snapshots_skipped_unchanged: _Optional[int] = ..., snapshot_errors: _Optional[int] = ..., peer_files_loaded: _Optional[int] = ..., peer_files_skipped: _Optional[int] = ..., stuck_operation: _Optional[str] = ..., stuck_since_unix_ms: _Optional[int] = ..., last_snapshot_error: _Optional[str] = ..., snapshot_passes: _Optional[int] = ..., snapshot_pass_bytes_read: _Optional[int] = ..., snapshot_pass_bytes_written: _Optional[int] = ..., snapshot_bytes_read: _Optional[int] = ..., snapshot_bytes_written: _Optional[int] = ..., peer_segments_loaded: _Optional[int] = ..., segment_compactions: _Optional[int] = ..., own_entries_published: _Optional[int] = ..., snapshot_format_version: _Optional[int] = ..., snapshot_untrusted_files: _Optional[int] = ..., snapshot_name_conflicts: _Optional[int] = ..., snapshot_invalid_entries: _Optional[int] = ..., previous_shutdown_publish: _Optional[str] = ..., daemon_pid: _Optional[int] = ..., daemon_uid: _Optional[int] = ..., forgets_received: _Optional[int] = ..., forget_entries_dropped: _Optional[int] = ..., tombstones_held: _Optional[int] = ..., forgets_refused: _Optional[int] = ..., cluster_forgets_published: _Optional[int] = ..., cluster_forgets_learned: _Optional[int] = ..., max_exact_forgets_per_uid: _Optional[int] = ..., exact_forgets_refused: _Optional[int] = ..., oversize_records_dropped: _Optional[int] = ..., views_active: _Optional[int] = ..., view_pins: _Optional[int] = ..., max_view_pins: _Optional[int] = ..., view_idle_secs: _Optional[int] = ..., view_pins_made: _Optional[int] = ..., view_pin_conflicts: _Optional[int] = ..., view_pin_fallbacks: _Optional[int] = ..., view_pins_from_cluster: _Optional[int] = ..., view_pins_evicted: _Optional[int] = ..., views_ended_idle: _Optional[int] = ..., view_pins_forgotten: _Optional[int] = ..., views_ended: _Optional[int] = ..., view_pins_over_cap: _Optional[int] = ..., tuner_backend: _Optional[str] = ..., tuner_state: _Optional[str] = ..., tuner_queue_depth: _Optional[int] = ..., tuner_jobs_done: _Optional[int] = ..., tuner_jobs_failed: _Optional[int] = ..., tuner_restarts: _Optional[int] = ..., nofile_soft_limit: _Optional[int] = ..., nofile_hard_limit: _Optional[int] = ..., connections_open: _Optional[int] = ..., max_connections_per_uid: _Optional[int] = ..., connections_refused_per_uid: _Optional[int] = ..., preface_timeouts: _Optional[int] = ..., accept_errors: _Optional[int] = ..., max_leases_per_pid: _Optional[int] = ..., leases_refused_per_pid: _Optional[int] = ..., write_queue_bytes: _Optional[int] = ..., write_queue_limit_bytes: _Optional[int] = ..., writes_shed: _Optional[int] = ..., tuner_queue_refusals: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_request_bytes_per_uid: _Optional[int] = ..., request_bytes_in_flight: _Optional[int] = ..., requests_refused_too_large: _Optional[int] = ..., requests_refused_per_uid: _Optional[int] = ..., cluster_state: _Optional[str] = ..., cluster_url: _Optional[str] = ..., cluster_bootstrapped: _Optional[bool] = ..., cluster_published: _Optional[int] = ..., cluster_publish_queue: _Optional[int] = ..., cluster_publish_dropped: _Optional[int] = ..., cluster_received: _Optional[int] = ..., cluster_bootstrap_entries: _Optional[int] = ..., cluster_leases_acquired: _Optional[int] = ..., cluster_leases_held_elsewhere: _Optional[int] = ..., cluster_lease_fallbacks: _Optional[int] = ..., cluster_takeovers: _Optional[int] = ..., cluster_republished: _Optional[int] = ..., cluster_reconnects: _Optional[int] = ..., cluster_errors: _Optional[int] = ..., cluster_publish_already: _Optional[int] = ..., cluster_audits: _Optional[int] = ..., cluster_audit_repaired: _Optional[int] = ..., cluster_stream_gaps: _Optional[int] = ..., cluster_resync_entries: _Optional[int] = ..., cluster_publish_queue_limit: _Optional[int] = ..., cluster_name_conflicts: _Optional[int] = ..., cluster_audit_differing: _Optional[int] = ..., max_view_pins_per_uid: _Optional[int] = ..., max_views_per_uid: _Optional[int] = ..., views_evicted: _Optional[int] = ..., cluster_refused_stream: _Optional[int] = ..., cluster_refused_entries: _Optional[int] = ..., cluster_refused_tombstones: _Optional[int] = ..., cluster_wrong_type_keys: _Optional[str] = ..., cluster_clock_skew_ms: _Optional[int] = ..., cluster_prune_paused: _Optional[bool] = ..., cluster_places_restored: _Optional[int] = ..., cluster_shards_resumed: _Optional[int] = ..., cluster_shards_reread: _Optional[int] = ..., cluster_checkpoints_built: _Optional[int] = ..., cluster_checkpoints_loaded: _Optional[int] = ..., cluster_checkpoints_rejected: _Optional[int] = ..., cluster_startup_commands: _Optional[int] = ..., cluster_startup_bytes: _Optional[int] = ..., cluster_startup_ms: _Optional[int] = ..., peer_nodes_resumed: _Optional[int] = ...) -> None: ...
+    artifact_blobs_held: int
+    artifact_bytes_held: int
+    artifact_uploads: int
+    artifact_uploads_already_held: int
+    artifact_uploads_refused: int
+    artifact_digest_failures: int
+    artifact_fetches_local: int
+    artifact_fetches_shared_dir: int
+    artifact_fetches_cluster: int
+    artifact_fetches_missing: int
+    artifact_bytes_served: int
+    artifact_bytes_read_from_tiers: int
+    artifact_collections: int
+    artifact_bytes_over_blob_limit: int
+    artifact_bytes_over_store_limit: int
+    artifact_bytes_over_uid_limit: int
+    max_artifact_bytes: int
+    artifact_store_bytes: int
+    artifact_records_refused: int
+    artifact_bytes_over_cluster_limit: int
+    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., uptime_ms: _Optional[int] = ..., entries: _Optional[int] = ..., lookups: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., records: _Optional[int] = ..., entries_stored: _Optional[int] = ..., entries_unchanged: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., journal_live_bytes: _Optional[int] = ..., journal_compactions: _Optional[int] = ..., fsync_policy: _Optional[str] = ..., journal_compaction_failures: _Optional[int] = ..., journal_write_failures: _Optional[int] = ..., journal_unwritable_episodes: _Optional[int] = ..., journal_unwritable: _Optional[str] = ..., journal_unwritable_since_unix_ms: _Optional[int] = ..., resolves: _Optional[int] = ..., leases_granted: _Optional[int] = ..., leases_expired: _Optional[int] = ..., leases_released_dead: _Optional[int] = ..., leases_given_up: _Optional[int] = ..., waits_satisfied: _Optional[int] = ..., waits_timed_out: _Optional[int] = ..., waiters: _Optional[int] = ..., leases_active: _Optional[int] = ..., shared_dir: _Optional[str] = ..., last_snapshot_unix_ms: _Optional[int] = ..., snapshots_written: _Optional[int] = ..., snapshots_skipped_unchanged: _Optional[int] = ..., snapshot_errors: _Optional[int] = ..., peer_files_loaded: _Optional[int] = ..., peer_files_skipped: _Optional[int] = ..., stuck_operation: _Optional[str] = ..., stuck_since_unix_ms: _Optional[int] = ..., last_snapshot_error: _Optional[str] = ..., snapshot_passes: _Optional[int] = ..., snapshot_pass_bytes_read: _Optional[int] = ..., snapshot_pass_bytes_written: _Optional[int] = ..., snapshot_bytes_read: _Optional[int] = ..., snapshot_bytes_written: _Optional[int] = ..., peer_segments_loaded: _Optional[int] = ..., segment_compactions: _Optional[int] = ..., own_entries_published: _Optional[int] = ..., snapshot_format_version: _Optional[int] = ..., snapshot_untrusted_files: _Optional[int] = ..., snapshot_name_conflicts: _Optional[int] = ..., snapshot_invalid_entries: _Optional[int] = ..., previous_shutdown_publish: _Optional[str] = ..., daemon_pid: _Optional[int] = ..., daemon_uid: _Optional[int] = ..., forgets_received: _Optional[int] = ..., forget_entries_dropped: _Optional[int] = ..., tombstones_held: _Optional[int] = ..., forgets_refused: _Optional[int] = ..., cluster_forgets_published: _Optional[int] = ..., cluster_forgets_learned: _Optional[int] = ..., max_exact_forgets_per_uid: _Optional[int] = ..., exact_forgets_refused: _Optional[int] = ..., oversize_records_dropped: _Optional[int] = ..., views_active: _Optional[int] = ..., view_pins: _Optional[int] = ..., max_view_pins: _Optional[int] = ..., view_idle_secs: _Optional[int] = ..., view_pins_made: _Optional[int] = ..., view_pin_conflicts: _Optional[int] = ..., view_pin_fallbacks: _Optional[int] = ..., view_pins_from_cluster: _Optional[int] = ..., view_pins_evicted: _Optional[int] = ..., views_ended_idle: _Optional[int] = ..., view_pins_forgotten: _Optional[int] = ..., views_ended: _Optional[int] = ..., view_pins_over_cap: _Optional[int] = ..., tuner_backend: _Optional[str] = ..., tuner_state: _Optional[str] = ..., tuner_queue_depth: _Optional[int] = ..., tuner_jobs_done: _Optional[int] = ..., tuner_jobs_failed: _Optional[int] = ..., tuner_restarts: _Optional[int] = ..., nofile_soft_limit: _Optional[int] = ..., nofile_hard_limit: _Optional[int] = ..., connections_open: _Optional[int] = ..., max_connections_per_uid: _Optional[int] = ..., connections_refused_per_uid: _Optional[int] = ..., preface_timeouts: _Optional[int] = ..., accept_errors: _Optional[int] = ..., max_leases_per_pid: _Optional[int] = ..., leases_refused_per_pid: _Optional[int] = ..., write_queue_bytes: _Optional[int] = ..., write_queue_limit_bytes: _Optional[int] = ..., writes_shed: _Optional[int] = ..., tuner_queue_refusals: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_request_bytes_per_uid: _Optional[int] = ..., request_bytes_in_flight: _Optional[int] = ..., requests_refused_too_large: _Optional[int] = ..., requests_refused_per_uid: _Optional[int] = ..., cluster_state: _Optional[str] = ..., cluster_url: _Optional[str] = ..., cluster_bootstrapped: _Optional[bool] = ..., cluster_published: _Optional[int] = ..., cluster_publish_queue: _Optional[int] = ..., cluster_publish_dropped: _Optional[int] = ..., cluster_received: _Optional[int] = ..., cluster_bootstrap_entries: _Optional[int] = ..., cluster_leases_acquired: _Optional[int] = ..., cluster_leases_held_elsewhere: _Optional[int] = ..., cluster_lease_fallbacks: _Optional[int] = ..., cluster_takeovers: _Optional[int] = ..., cluster_republished: _Optional[int] = ..., cluster_reconnects: _Optional[int] = ..., cluster_errors: _Optional[int] = ..., cluster_publish_already: _Optional[int] = ..., cluster_audits: _Optional[int] = ..., cluster_audit_repaired: _Optional[int] = ..., cluster_stream_gaps: _Optional[int] = ..., cluster_resync_entries: _Optional[int] = ..., cluster_publish_queue_limit: _Optional[int] = ..., cluster_name_conflicts: _Optional[int] = ..., cluster_audit_differing: _Optional[int] = ..., max_view_pins_per_uid: _Optional[int] = ..., max_views_per_uid: _Optional[int] = ..., views_evicted: _Optional[int] = ..., cluster_refused_stream: _Optional[int] = ..., cluster_refused_entries: _Optional[int] = ..., cluster_refused_tombstones: _Optional[int] = ..., cluster_wrong_type_keys: _Optional[str] = ..., cluster_clock_skew_ms: _Optional[int] = ..., cluster_prune_paused: _Optional[bool] = ..., cluster_places_restored: _Optional[int] = ..., cluster_shards_resumed: _Optional[int] = ..., cluster_shards_reread: _Optional[int] = ..., cluster_checkpoints_built: _Optional[int] = ..., cluster_checkpoints_loaded: _Optional[int] = ..., cluster_checkpoints_rejected: _Optional[int] = ..., cluster_startup_commands: _Optional[int] = ..., cluster_startup_bytes: _Optional[int] = ..., cluster_startup_ms: _Optional[int] = ..., peer_nodes_resumed: _Optional[int] = ..., artifact_blobs_held: _Optional[int] = ..., artifact_bytes_held: _Optional[int] = ..., artifact_uploads: _Optional[int] = ..., artifact_uploads_already_held: _Optional[int] = ..., artifact_uploads_refused: _Optional[int] = ..., artifact_digest_failures: _Optional[int] = ..., artifact_fetches_local: _Optional[int] = ..., artifact_fetches_shared_dir: _Optional[int] = ..., artifact_fetches_cluster: _Optional[int] = ..., artifact_fetches_missing: _Optional[int] = ..., artifact_bytes_served: _Optional[int] = ..., artifact_bytes_read_from_tiers: _Optional[int] = ..., artifact_collections: _Optional[int] = ..., artifact_bytes_over_blob_limit: _Optional[int] = ..., artifact_bytes_over_store_limit: _Optional[int] = ..., artifact_bytes_over_uid_limit: _Optional[int] = ..., max_artifact_bytes: _Optional[int] = ..., artifact_store_bytes: _Optional[int] = ..., artifact_records_refused: _Optional[int] = ..., artifact_bytes_over_cluster_limit: _Optional[int] = ...) -> None: ...
 
 class ResolveRequest(_message.Message):
     __slots__ = ("key", "wait_ms", "can_tune", "lease_ms", "view")
@@ -499,6 +551,42 @@ class EndViewResponse(_message.Message):
     ended: bool
     pins_dropped: int
     def __init__(self, ended: _Optional[bool] = ..., pins_dropped: _Optional[int] = ...) -> None: ...
+
+class ArtifactChunk(_message.Message):
+    __slots__ = ("sha256", "size", "data")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    size: int
+    data: bytes
+    def __init__(self, sha256: _Optional[str] = ..., size: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PutArtifactResponse(_message.Message):
+    __slots__ = ("already_held",)
+    ALREADY_HELD_FIELD_NUMBER: _ClassVar[int]
+    already_held: bool
+    def __init__(self, already_held: _Optional[bool] = ...) -> None: ...
+
+class GetArtifactRequest(_message.Message):
+    __slots__ = ("sha256", "wait_ms")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    wait_ms: int
+    def __init__(self, sha256: _Optional[str] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class StatArtifactsRequest(_message.Message):
+    __slots__ = ("sha256",)
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    sha256: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, sha256: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StatArtifactsResponse(_message.Message):
+    __slots__ = ("missing",)
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    missing: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, missing: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DevicesRequest(_message.Message):
     __slots__ = ()

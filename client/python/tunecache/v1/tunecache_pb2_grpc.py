@@ -84,6 +84,21 @@ class TuneCacheStub:
                 request_serializer=tunecache_dot_v1_dot_tunecache__pb2.EndViewRequest.SerializeToString,
                 response_deserializer=tunecache_dot_v1_dot_tunecache__pb2.EndViewResponse.FromString,
                 _registered_method=True)
+        self.PutArtifact = channel.stream_unary(
+                '/tunecache.v1.TuneCache/PutArtifact',
+                request_serializer=tunecache_dot_v1_dot_tunecache__pb2.ArtifactChunk.SerializeToString,
+                response_deserializer=tunecache_dot_v1_dot_tunecache__pb2.PutArtifactResponse.FromString,
+                _registered_method=True)
+        self.GetArtifact = channel.unary_stream(
+                '/tunecache.v1.TuneCache/GetArtifact',
+                request_serializer=tunecache_dot_v1_dot_tunecache__pb2.GetArtifactRequest.SerializeToString,
+                response_deserializer=tunecache_dot_v1_dot_tunecache__pb2.ArtifactChunk.FromString,
+                _registered_method=True)
+        self.StatArtifacts = channel.unary_unary(
+                '/tunecache.v1.TuneCache/StatArtifacts',
+                request_serializer=tunecache_dot_v1_dot_tunecache__pb2.StatArtifactsRequest.SerializeToString,
+                response_deserializer=tunecache_dot_v1_dot_tunecache__pb2.StatArtifactsResponse.FromString,
+                _registered_method=True)
 
 
 class TuneCacheServicer:
@@ -149,6 +164,24 @@ class TuneCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutArtifact(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetArtifact(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StatArtifacts(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TuneCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +234,21 @@ def add_TuneCacheServicer_to_server(servicer, server):
                     servicer.EndView,
                     request_deserializer=tunecache_dot_v1_dot_tunecache__pb2.EndViewRequest.FromString,
                     response_serializer=tunecache_dot_v1_dot_tunecache__pb2.EndViewResponse.SerializeToString,
+            ),
+            'PutArtifact': grpc.stream_unary_rpc_method_handler(
+                    servicer.PutArtifact,
+                    request_deserializer=tunecache_dot_v1_dot_tunecache__pb2.ArtifactChunk.FromString,
+                    response_serializer=tunecache_dot_v1_dot_tunecache__pb2.PutArtifactResponse.SerializeToString,
+            ),
+            'GetArtifact': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetArtifact,
+                    request_deserializer=tunecache_dot_v1_dot_tunecache__pb2.GetArtifactRequest.FromString,
+                    response_serializer=tunecache_dot_v1_dot_tunecache__pb2.ArtifactChunk.SerializeToString,
+            ),
+            'StatArtifacts': grpc.unary_unary_rpc_method_handler(
+                    servicer.StatArtifacts,
+                    request_deserializer=tunecache_dot_v1_dot_tunecache__pb2.StatArtifactsRequest.FromString,
+                    response_serializer=tunecache_dot_v1_dot_tunecache__pb2.StatArtifactsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -473,6 +521,87 @@ class TuneCache:
             '/tunecache.v1.TuneCache/EndView',
             tunecache_dot_v1_dot_tunecache__pb2.EndViewRequest.SerializeToString,
             tunecache_dot_v1_dot_tunecache__pb2.EndViewResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutArtifact(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/tunecache.v1.TuneCache/PutArtifact',
+            tunecache_dot_v1_dot_tunecache__pb2.ArtifactChunk.SerializeToString,
+            tunecache_dot_v1_dot_tunecache__pb2.PutArtifactResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetArtifact(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tunecache.v1.TuneCache/GetArtifact',
+            tunecache_dot_v1_dot_tunecache__pb2.GetArtifactRequest.SerializeToString,
+            tunecache_dot_v1_dot_tunecache__pb2.ArtifactChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StatArtifacts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tunecache.v1.TuneCache/StatArtifacts',
+            tunecache_dot_v1_dot_tunecache__pb2.StatArtifactsRequest.SerializeToString,
+            tunecache_dot_v1_dot_tunecache__pb2.StatArtifactsResponse.FromString,
             options,
             channel_credentials,
             insecure,

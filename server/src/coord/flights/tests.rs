@@ -147,6 +147,7 @@ fn result(time_us: f64) -> TunedResult {
         tuned_by: "t".into(),
         tuned_at_unix_ms: 1,
         forget_epoch: 0,
+        artifacts: Default::default(),
     }
 }
 

@@ -65,8 +65,10 @@ struct EntryRef<'a> {
 
 impl Serialize for EntryRef<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let fields =
-            8 + usize::from(self.key.rank.is_some()) + usize::from(self.result.forget_epoch != 0);
+        let fields = 8
+            + usize::from(self.key.rank.is_some())
+            + usize::from(self.result.forget_epoch != 0)
+            + usize::from(!self.result.artifacts.is_empty());
         let mut object = serializer.serialize_map(Some(fields))?;
         object.serialize_entry("namespace", &self.key.namespace)?;
         object.serialize_entry("op", &self.key.op)?;
@@ -83,6 +85,21 @@ impl Serialize for EntryRef<'_> {
         // bytes they always were.
         if self.result.forget_epoch != 0 {
             object.serialize_entry("forget_epoch", &self.result.forget_epoch)?;
+        }
+        // Likewise only for results that name files: `[{"name","sha256","size"}]`, in the
+        // canonical (name) order.
+        if !self.result.artifacts.is_empty() {
+            let artifacts: Vec<ArtifactJson<'_>> = self
+                .result
+                .artifacts
+                .iter()
+                .map(|a| ArtifactJson {
+                    name: a.name,
+                    sha256: a.sha256,
+                    size: a.size,
+                })
+                .collect();
+            object.serialize_entry("artifacts", &artifacts)?;
         }
         object.end()
     }
@@ -222,6 +239,21 @@ pub fn write_v1_snapshot(
     serde_json::to_writer(out, &document)
 }
 
+/// One artifact of an entry, as a segment holds it (written from a view, read owned).
+#[derive(Serialize)]
+struct ArtifactJson<'a> {
+    name: &'a str,
+    sha256: &'a str,
+    size: u64,
+}
+
+#[derive(Deserialize)]
+struct ArtifactIn {
+    name: String,
+    sha256: String,
+    size: u64,
+}
+
 #[derive(Deserialize)]
 struct EntryIn {
     namespace: String,
@@ -240,6 +272,8 @@ struct EntryIn {
     tuned_at_unix_ms: i64,
     #[serde(default)]
     forget_epoch: u64,
+    #[serde(default)]
+    artifacts: Vec<ArtifactIn>,
 }
 
 /// A snapshot read back: who wrote it, when, and its valid entries.
@@ -499,6 +533,15 @@ fn validated(entry: EntryIn) -> Option<StoredEntry> {
         tuned_by: entry.tuned_by,
         tuned_at_unix_ms: entry.tuned_at_unix_ms,
         forget_epoch: entry.forget_epoch,
+        artifacts: entry
+            .artifacts
+            .into_iter()
+            .map(|a| v1::Artifact {
+                name: a.name,
+                sha256: a.sha256,
+                size: a.size,
+            })
+            .collect(),
     };
     let key = validate::key("snapshot entry key", Some(key)).ok()?;
     let result = validate::learned_result("snapshot entry result", result).ok()?;
@@ -528,6 +571,7 @@ mod tests {
                     tuned_by: "node-a/rank0".into(),
                     tuned_at_unix_ms: 1_700_000_000_000 + i as i64,
                     forget_epoch: 0,
+                    artifacts: Default::default(),
                 };
                 (key, result)
             })

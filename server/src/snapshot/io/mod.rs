@@ -129,6 +129,8 @@ pub(super) struct IoWorker {
     merged: MergedPlaces,
     /// The state directory's record was read (at the first load).
     merged_record_read: bool,
+    /// Blob digests known to be in `v2/artifacts/` (`blobs::publish_named`).
+    blobs_published: std::collections::HashSet<String>,
 }
 
 impl IoWorker {
@@ -145,6 +147,7 @@ impl IoWorker {
             own_vanished: false,
             merged: MergedPlaces::default(),
             merged_record_read: false,
+            blobs_published: Default::default(),
         }
     }
 

@@ -48,6 +48,35 @@ impl IoWorker {
             });
         };
         let path = self.segment_dir().join(plan.segment.file_name());
+        // The blobs its entries name go in first: a reader that finds the segment can fetch
+        // them.
+        let names_blobs = plan
+            .entries
+            .iter()
+            .any(|e| !e.result().artifacts.is_empty());
+        if let Some(artifacts) = self.shared.artifacts.clone().filter(|_| names_blobs) {
+            if let Err(error) = self.check_segment_dir(super::Operation::Write) {
+                self.own.unreserve();
+                return Err(error);
+            }
+            let fsync = self.shared.settings.fsync;
+            let node = self.node().to_owned();
+            if let Err(error) = crate::snapshot::blobs::publish_named(
+                &self.segment_dir(),
+                &plan.entries,
+                &artifacts,
+                &mut self.blobs_published,
+                fsync,
+                &node,
+            ) {
+                self.own.unreserve();
+                return Err(Error::io(
+                    "publishing artifact blobs",
+                    self.segment_dir(),
+                    error,
+                ));
+            }
+        }
         // Recorded before it exists, so a crash between the two never leaves a segment of
         // this node that its record does not know.
         if let Err(error) = self.write_own_record() {

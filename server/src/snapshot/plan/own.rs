@@ -299,6 +299,7 @@ pub(super) mod tests {
             tuned_by: "me/rank0".into(),
             tuned_at_unix_ms: 1,
             forget_epoch: 0,
+            artifacts: Default::default(),
         };
         StoredEntry::new(&key, &result)
     }

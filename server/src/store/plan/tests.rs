@@ -23,6 +23,7 @@ fn result(time_us: f64, epoch: u64) -> TunedResult {
         tuned_by: "t".into(),
         tuned_at_unix_ms: 1,
         forget_epoch: epoch,
+        artifacts: Default::default(),
     }
 }
 

@@ -27,6 +27,7 @@ fn entry_at(problem: &str, time_us: f64, forget_epoch: u64) -> StoredEntry {
             tuned_by: "x".into(),
             tuned_at_unix_ms: 1,
             forget_epoch,
+            artifacts: Default::default(),
         },
     )
 }

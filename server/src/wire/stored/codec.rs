@@ -6,6 +6,7 @@ use prost::encoding::{
     self, decode_key, decode_varint, encode_key, encode_varint, encoded_len_varint, WireType,
 };
 
+use crate::model::artifacts::{ArtifactsView, ARTIFACTS_FIELD};
 use crate::model::entry::{KeyView, ResultView};
 
 /// Field number of the repeated `Entry` in `LookupResponse.hits`, `ScanResponse.entries` and
@@ -56,6 +57,7 @@ pub(super) fn result_body_len(result: &ResultView<'_>) -> usize {
         } else {
             0
         }
+        + result.artifacts.encoded().len()
 }
 
 /// A length-delimited field of a field number below 16 (one tag byte).
@@ -97,6 +99,8 @@ pub(super) fn put_record(key: &KeyView<'_>, result: &ResultView<'_>, buf: &mut V
     if result.forget_epoch != 0 {
         encoding::uint64::encode(5, &result.forget_epoch, buf);
     }
+    // Already field-6 records, in their canonical order: the last fields, as prost writes them.
+    buf.put_slice(result.artifacts.encoded());
     problem_at
 }
 
@@ -148,8 +152,14 @@ pub(super) fn parse_result(mut body: &[u8]) -> Option<ResultView<'_>> {
         tuned_by: "",
         tuned_at_unix_ms: 0,
         forget_epoch: 0,
+        artifacts: ArtifactsView::default(),
     };
     while !body.is_empty() {
+        // `put_record` writes the artifacts last, as one run of field-6 records.
+        if body[0] == ((ARTIFACTS_FIELD << 3) | WireType::LengthDelimited as u32) as u8 {
+            result.artifacts = ArtifactsView::parse(body)?;
+            break;
+        }
         match decode_key(&mut body).ok()? {
             (1, WireType::LengthDelimited) => result.config = take_str(&mut body)?,
             (2, WireType::SixtyFourBit) => {
@@ -199,4 +209,5 @@ pub(super) const EMPTY_RESULT: ResultView<'static> = ResultView {
     tuned_by: "",
     tuned_at_unix_ms: 0,
     forget_epoch: 0,
+    artifacts: ArtifactsView::new_empty(),
 };

@@ -53,6 +53,7 @@ mod tests {
             tuned_by: tuned_by.into(),
             tuned_at_unix_ms: at,
             forget_epoch: 0,
+            artifacts: Default::default(),
         }
     }
 
@@ -95,6 +96,25 @@ mod tests {
             (
                 key("n", "o", "d", &"p".repeat(5000), Some(u32::MAX)),
                 result(&"c".repeat(70_000), f64::MAX, "t", i64::MAX),
+            ),
+            (
+                key("bitblas", "matmul", "H200|sm_90", "m=1", None),
+                TunedResult {
+                    forget_epoch: 9,
+                    artifacts: crate::model::artifacts::ArtifactList::from_wire(vec![
+                        v1::Artifact {
+                            name: "wrapper_compiled.so".into(),
+                            sha256: "ab".repeat(32),
+                            size: 1 << 30,
+                        },
+                        v1::Artifact {
+                            name: "source.cu".into(),
+                            sha256: "cd".repeat(32),
+                            size: 0,
+                        },
+                    ]),
+                    ..result("{}", 2.0, "t", 1)
+                },
             ),
         ];
         for (key, result) in &pairs {

@@ -168,6 +168,7 @@ fn entry(problem: &str, time_us: f64, node: &str) -> proto::Entry {
             tuned_by: node.to_owned(),
             tuned_at_unix_ms: 1_700_000_000_000,
             forget_epoch: 0,
+            artifacts: Default::default(),
         }),
     }
 }

@@ -66,6 +66,7 @@ fn result(time_us: f64) -> v1::Result {
         tuned_by: "bench".to_owned(),
         tuned_at_unix_ms: 1_700_000_000_000,
         forget_epoch: 0,
+        artifacts: Default::default(),
     }
 }
 

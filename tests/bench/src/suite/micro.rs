@@ -535,6 +535,7 @@ async fn measure_pickup(
                 tuned_by: "bench/pickup".to_owned(),
                 tuned_at_unix_ms: 1_700_000_000_000,
                 forget_epoch: 0,
+                artifacts: Default::default(),
             }),
         };
         let recorded = Instant::now();

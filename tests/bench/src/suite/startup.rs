@@ -99,6 +99,7 @@ fn entry(i: usize, tag: &str) -> proto::Entry {
             tuned_by: "writer/rank0".to_owned(),
             tuned_at_unix_ms: 1_700_000_000_000 + i as i64,
             forget_epoch: 0,
+            artifacts: Default::default(),
         }),
     }
 }

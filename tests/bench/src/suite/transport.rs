@@ -396,6 +396,7 @@ async fn measure_rust(
                 tuned_by: "bench/record".to_owned(),
                 tuned_at_unix_ms: 1_700_000_000_000,
                 forget_epoch: 0,
+                artifacts: Default::default(),
             }),
         };
         async move {

@@ -108,6 +108,7 @@ pub async fn run(options: &MicroOptions) -> Result<ViewsHostile> {
                 tuned_by: "bench".into(),
                 tuned_at_unix_ms: 1,
                 forget_epoch: 0,
+                artifacts: Default::default(),
             }),
         })
         .collect();

@@ -89,6 +89,7 @@ async fn main() -> anyhow::Result<()> {
                     tuned_by: format!("rank-pid-{pid}"),
                     tuned_at_unix_ms: 0,
                     forget_epoch: 0,
+                    artifacts: Default::default(),
                 })
             })
             .await;

@@ -1,0 +1,307 @@
+//! The node's artifact store: the files a tuner built for a result (a compiled kernel, a
+//! module), each held once under its SHA-256 digest, served by GetArtifact and fetched
+//! lazily from the tiers below (the shared directory, Redis) when a held entry names a blob
+//! this node lacks.
+//!
+//! [`Artifacts`] is the handle every caller shares. Its rules are one pure type
+//! (`index::Index`: what is held, what a live entry names, what fits, what may be
+//! collected); its files are `disk`, always run on the blocking pool with a bounded wait, so
+//! no request waits on the disk beyond it; uploads and downloads stream (`put`, `get`), and
+//! neither ever holds a blob in memory. `upkeep` verifies what a previous run left and
+//! deletes blobs no live entry has named for `--artifact-grace-secs`.
+
+mod disk;
+mod get;
+pub mod index;
+mod put;
+pub mod tiers;
+mod upkeep;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use tunecache_proto::v1;
+
+use crate::error::Error;
+use crate::model::entry::{CacheKey, TunedResult};
+use crate::model::validate::InvalidField;
+use crate::report::{FillStats, LogOnce};
+use crate::store::{Change, ChangeListener};
+
+#[cfg(test)]
+pub use disk::BlobDir;
+pub use disk::Partial;
+pub use index::Limits;
+pub use tiers::{BlobSource, Tier};
+
+/// How long one blocking file operation (a chunk written or read, an fsync, a rename) may
+/// take before the request it serves is answered UNAVAILABLE.
+const IO_WAIT: Duration = Duration::from_secs(60);
+
+/// The store's typed settings (`config::Config::artifact_settings`).
+#[derive(Clone, Debug)]
+pub struct ArtifactSettings {
+    pub state_dir: PathBuf,
+    pub limits: Limits,
+}
+
+/// What the store counted, for Stats.
+#[derive(Default)]
+struct Counters {
+    uploads: AtomicU64,
+    uploads_already_held: AtomicU64,
+    uploads_refused: AtomicU64,
+    digest_failures: AtomicU64,
+    fetches_local: AtomicU64,
+    fetches_shared_dir: AtomicU64,
+    fetches_cluster: AtomicU64,
+    fetches_missing: AtomicU64,
+    bytes_served: AtomicU64,
+    bytes_read_from_tiers: AtomicU64,
+    collections: AtomicU64,
+    bytes_over_blob_limit: AtomicU64,
+    bytes_over_store_limit: AtomicU64,
+    bytes_over_uid_limit: AtomicU64,
+    records_refused: AtomicU64,
+}
+
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// The handle over the node's blob store.
+pub struct Artifacts {
+    dir: disk::BlobDir,
+    index: Mutex<index::Index>,
+    /// The index's clock: milliseconds since this handle was made.
+    started: Instant,
+    counters: Counters,
+    /// The tiers below, asked in order (`tiers`).
+    sources: RwLock<Vec<Arc<dyn BlobSource>>>,
+    /// Fetches from the tiers in progress, one per digest: later callers wait on the first's.
+    fetches: Mutex<HashMap<String, tiers::FlightReceiver>>,
+    logged: LogOnce,
+    /// Where fetches from the tiers and the upkeep run.
+    tasks: crate::tasks::Tasks,
+}
+
+impl Artifacts {
+    /// Opens the store's directories (blocking: call off the runtime). Blobs a previous run
+    /// left are held unverified until `upkeep` hashes them; none is served before it is.
+    pub fn open(
+        settings: &ArtifactSettings,
+        tasks: &crate::tasks::Tasks,
+    ) -> Result<Arc<Artifacts>, Error> {
+        let (dir, found) = disk::BlobDir::open(&settings.state_dir)
+            .map_err(|e| Error::io("opening the artifact store", &settings.state_dir, e))?;
+        let mut index = index::Index::new(settings.limits);
+        for (digest, size) in found {
+            index.found(digest, size, 0);
+        }
+        let limits = settings.limits;
+        tracing::info!(
+            max_artifact_bytes = limits.max_blob_bytes,
+            artifact_store_bytes = limits.store_bytes,
+            artifact_unreferenced_bytes_per_uid = limits.unreferenced_bytes_per_uid,
+            artifact_grace_secs = limits.grace_ms / 1000,
+            blobs = index.len(),
+            bytes = index.held_bytes(),
+            "artifact store: one blob is at most --max-artifact-bytes, the store at most \
+             --artifact-store-mib, one uid's unreferenced uploads at most \
+             --artifact-unreferenced-mib-per-uid; unreferenced blobs go after \
+             --artifact-grace-secs"
+        );
+        Ok(Arc::new(Artifacts {
+            dir,
+            index: Mutex::new(index),
+            started: Instant::now(),
+            counters: Counters::default(),
+            sources: RwLock::new(Vec::new()),
+            fetches: Mutex::new(HashMap::new()),
+            logged: LogOnce::default(),
+            tasks: tasks.clone(),
+        }))
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Adds a tier below this node, asked after those added before it.
+    pub fn add_source(&self, source: Arc<dyn BlobSource>) {
+        if let Ok(mut sources) = self.sources.write() {
+            sources.push(source);
+        }
+    }
+
+    fn sources(&self) -> Vec<Arc<dyn BlobSource>> {
+        self.sources.read().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// The file of a held blob, for a tier that publishes it (the shared directory). `None`
+    /// when this node does not hold it.
+    pub fn held_path(&self, digest: &str) -> Option<PathBuf> {
+        crate::sync::lock(&self.index)
+            .blob(digest)
+            .map(|_| self.dir.path_of(digest))
+    }
+
+    /// Refuses a Record that names a blob this node cannot serve (FAILED_PRECONDITION naming
+    /// the entry, the artifact and the digest) or names it with another size
+    /// (INVALID_ARGUMENT); otherwise keeps every blob it names for the grace period from now.
+    /// Checked before anything of the batch is applied.
+    pub fn check_record(&self, entries: &[(CacheKey, TunedResult)]) -> Result<(), Error> {
+        if entries
+            .iter()
+            .all(|(_, result)| result.artifacts.is_empty())
+        {
+            return Ok(());
+        }
+        let now = self.now_ms();
+        let mut index = crate::sync::lock(&self.index);
+        for (i, (_, result)) in entries.iter().enumerate() {
+            for (j, artifact) in result.artifacts.view().iter().enumerate() {
+                let path = format!("entries[{i}].result.artifacts[{j}]");
+                let refusal = match index.blob(artifact.sha256) {
+                    None => Error::ArtifactNotHeld {
+                        path,
+                        digest: artifact.sha256.to_owned(),
+                    },
+                    Some(blob) if blob.size != artifact.size => InvalidField::new(
+                        format!("{path}.size"),
+                        format!(
+                            "{}, but blob {} is {} bytes",
+                            artifact.size, artifact.sha256, blob.size
+                        ),
+                    )
+                    .into(),
+                    Some(_) => continue,
+                };
+                add(&self.counters.records_refused, 1);
+                return Err(refusal);
+            }
+        }
+        for (_, result) in entries {
+            for artifact in result.artifacts.view().iter() {
+                index.name(artifact.sha256, artifact.size, now);
+            }
+        }
+        Ok(())
+    }
+
+    /// StatArtifacts: the digests this node cannot serve now (it would fetch them).
+    pub fn missing(&self, digests: &[String]) -> Result<Vec<String>, Error> {
+        if digests.len() > crate::model::validate::MAX_BATCH {
+            return Err(crate::model::validate::too_many("sha256").into());
+        }
+        for (i, digest) in digests.iter().enumerate() {
+            tunecache_proto::artifact::check_digest(digest)
+                .map_err(|r| InvalidField::new(format!("sha256[{i}]"), r.to_string()))?;
+        }
+        let index = crate::sync::lock(&self.index);
+        Ok(digests
+            .iter()
+            .filter(|digest| index.blob(digest).is_none())
+            .cloned()
+            .collect())
+    }
+
+    /// Runs a blocking file operation off the runtime, answering UNAVAILABLE if it does not
+    /// return within `IO_WAIT` (a hung disk).
+    async fn blocking<T: Send + 'static>(
+        what: &'static str,
+        op: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+    ) -> Result<T, Error> {
+        let path = Path::new("artifacts");
+        match tokio::time::timeout(IO_WAIT, tokio::task::spawn_blocking(op)).await {
+            Ok(Ok(Ok(value))) => Ok(value),
+            Ok(Ok(Err(error))) => Err(Error::io(what, path, error)),
+            Ok(Err(join)) => Err(Error::io(what, path, std::io::Error::other(join))),
+            Err(_) => Err(Error::io(
+                what,
+                path,
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer from the disk within {IO_WAIT:?}"),
+                ),
+            )),
+        }
+    }
+
+    /// A held blob whose bytes do not hash to its digest: dropped and counted, never served.
+    async fn drop_corrupt(&self, digest: &str) {
+        add(&self.counters.digest_failures, 1);
+        if self.logged.first(format!("corrupt {digest}")) {
+            tracing::warn!(
+                digest,
+                "a held blob's bytes do not hash to its digest: dropped (fetched again from \
+                 the tiers when asked; logged once per blob, Stats counts \
+                 artifact_digest_failures)"
+            );
+        }
+        if crate::sync::lock(&self.index)
+            .begin_delete(digest)
+            .is_none()
+        {
+            return;
+        }
+        let (dir, name) = (self.dir.clone(), digest.to_owned());
+        if Self::blocking("removing a corrupt blob", move || dir.remove(&name))
+            .await
+            .is_ok()
+        {
+            crate::sync::lock(&self.index).deleted(digest);
+        }
+    }
+}
+
+impl FillStats for Artifacts {
+    fn fill_stats(&self, stats: &mut v1::StatsResponse) {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let c = &self.counters;
+        {
+            let index = crate::sync::lock(&self.index);
+            stats.artifact_blobs_held = index.len() as u64;
+            stats.artifact_bytes_held = index.held_bytes();
+            let limits = index.limits();
+            stats.max_artifact_bytes = limits.max_blob_bytes;
+            stats.artifact_store_bytes = limits.store_bytes;
+        }
+        stats.artifact_uploads = load(&c.uploads);
+        stats.artifact_uploads_already_held = load(&c.uploads_already_held);
+        stats.artifact_uploads_refused = load(&c.uploads_refused);
+        stats.artifact_digest_failures = load(&c.digest_failures);
+        stats.artifact_fetches_local = load(&c.fetches_local);
+        stats.artifact_fetches_shared_dir = load(&c.fetches_shared_dir);
+        stats.artifact_fetches_cluster = load(&c.fetches_cluster);
+        stats.artifact_fetches_missing = load(&c.fetches_missing);
+        stats.artifact_bytes_served = load(&c.bytes_served);
+        stats.artifact_bytes_read_from_tiers = load(&c.bytes_read_from_tiers);
+        stats.artifact_collections = load(&c.collections);
+        stats.artifact_bytes_over_blob_limit = load(&c.bytes_over_blob_limit);
+        stats.artifact_bytes_over_store_limit = load(&c.bytes_over_store_limit);
+        stats.artifact_bytes_over_uid_limit = load(&c.bytes_over_uid_limit);
+        stats.artifact_records_refused = load(&c.records_refused);
+    }
+}
+
+/// The change feed names the blobs of every entry that reaches the cache (a Record, a peer's
+/// segment, Redis), so a GetArtifact of one this node lacks is fetched, and collection keeps
+/// it.
+impl ChangeListener for Artifacts {
+    fn entries_changed(&self, changes: &[Change]) {
+        let mut index = None;
+        let now = self.now_ms();
+        for change in changes.iter().filter(|c| c.in_cache) {
+            let result = change.entry.result();
+            for artifact in result.artifacts.iter() {
+                index
+                    .get_or_insert_with(|| crate::sync::lock(&self.index))
+                    .name(artifact.sha256, artifact.size, now);
+            }
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The tiers below the node's store (the shared directory, Redis): what a tier must do to
+//! supply a blob ([`BlobSource`]), and the one fetch per digest that every GetArtifact of a
+//! missing blob waits on. A tier's bytes are trusted only once they hash to the digest a
+//! held entry names; a tier whose bytes do not is counted and the next one asked.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::{add, disk::Partial, Artifacts};
+use crate::error::Error;
+
+/// How long one fetch from the tiers may run, whoever waits on it.
+const FETCH_LIMIT: Duration = Duration::from_secs(300);
+
+/// Which tier supplied a blob (counted per tier in Stats).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    SharedDir,
+    Cluster,
+}
+
+/// What a tier's fetch answers: `Ok(Some(partial))` with the bytes written into it,
+/// `Ok(None)` when the tier does not have the blob, `Err` when it could not tell.
+pub type FetchFuture = Pin<Box<dyn Future<Output = Result<Option<Partial>, String>> + Send>>;
+
+/// A tier that can supply blobs by digest.
+pub trait BlobSource: Send + Sync {
+    fn tier(&self) -> Tier;
+    /// Writes blob `digest` of `size` bytes into `into` (no more than `size` bytes: a tier
+    /// holding more is wrong, and the digest check refuses it).
+    fn fetch(&self, digest: String, size: u64, into: Partial) -> FetchFuture;
+}
+
+/// How a fetch ended, as its waiters see it.
+#[derive(Clone, Debug)]
+pub(super) enum FetchEnd {
+    Held,
+    NotFound,
+    Unavailable(String),
+}
+
+pub(super) type FlightReceiver = watch::Receiver<Option<FetchEnd>>;
+
+impl Artifacts {
+    /// Makes sure the node holds `digest`, fetching it from the tiers if a held entry names
+    /// it, waiting at most `wait`.
+    pub(super) async fn ensure_held(
+        self: &Arc<Self>,
+        digest: &str,
+        wait: Duration,
+    ) -> Result<(), Error> {
+        if crate::sync::lock(&self.index).blob(digest).is_some() {
+            return Ok(());
+        }
+        let Some(size) = crate::sync::lock(&self.index).named_size(digest) else {
+            add(&self.counters.fetches_missing, 1);
+            return Err(Error::ArtifactNotFound {
+                digest: digest.to_owned(),
+            });
+        };
+        let mut flight = self.flight(digest, size);
+        let ended = tokio::time::timeout(wait, flight.wait_for(Option::is_some)).await;
+        let end = match ended {
+            Ok(Ok(end)) => end.clone(),
+            Ok(Err(_)) => Some(FetchEnd::Unavailable("the fetch stopped".into())),
+            Err(_) => {
+                add(&self.counters.fetches_missing, 1);
+                return Err(Error::ArtifactUnavailable {
+                    digest: digest.to_owned(),
+                    reason: format!(
+                        "no tier supplied it within {} ms (wait_ms); the fetch goes on",
+                        wait.as_millis()
+                    ),
+                });
+            }
+        };
+        match end {
+            Some(FetchEnd::Held) => Ok(()),
+            Some(FetchEnd::NotFound) | None => {
+                add(&self.counters.fetches_missing, 1);
+                Err(Error::ArtifactNotFound {
+                    digest: digest.to_owned(),
+                })
+            }
+            Some(FetchEnd::Unavailable(reason)) => {
+                add(&self.counters.fetches_missing, 1);
+                Err(Error::ArtifactUnavailable {
+                    digest: digest.to_owned(),
+                    reason,
+                })
+            }
+        }
+    }
+
+    /// The fetch of `digest` in progress, started if there is none.
+    fn flight(self: &Arc<Self>, digest: &str, size: u64) -> FlightReceiver {
+        let mut fetches = crate::sync::lock(&self.fetches);
+        if let Some(flight) = fetches.get(digest) {
+            return flight.clone();
+        }
+        let (send, receive) = watch::channel(None);
+        fetches.insert(digest.to_owned(), receive.clone());
+        drop(fetches);
+        let this = self.clone();
+        let digest = digest.to_owned();
+        self.tasks.spawn(async move {
+            let end = match tokio::time::timeout(FETCH_LIMIT, this.fetch(&digest, size)).await {
+                Ok(end) => end,
+                Err(_) => FetchEnd::Unavailable(format!("the tiers took over {FETCH_LIMIT:?}")),
+            };
+            crate::sync::lock(&this.fetches).remove(&digest);
+            let _ = send.send(Some(end));
+        });
+        receive
+    }
+
+    /// Asks each tier in turn; the first whose bytes hash to `digest` supplies it.
+    async fn fetch(self: &Arc<Self>, digest: &str, size: u64) -> FetchEnd {
+        let mut unavailable = Vec::new();
+        for source in self.sources() {
+            let dir = self.dir.clone();
+            let partial = match Self::blocking("creating a blob", move || dir.partial()).await {
+                Ok(partial) => partial,
+                Err(error) => return FetchEnd::Unavailable(error.to_string()),
+            };
+            let tier = source.tier();
+            let partial = match source.fetch(digest.to_owned(), size, partial).await {
+                Ok(Some(partial)) => partial,
+                Ok(None) => continue,
+                Err(reason) => {
+                    unavailable.push(format!("{tier:?}: {reason}"));
+                    continue;
+                }
+            };
+            add(&self.counters.bytes_read_from_tiers, partial.written);
+            let received = partial.digest();
+            if received != digest || partial.written != size {
+                add(&self.counters.digest_failures, 1);
+                if self.logged.first(format!("tier {tier:?} {digest}")) {
+                    tracing::warn!(
+                        ?tier,
+                        digest,
+                        received,
+                        bytes = partial.written,
+                        size,
+                        "a tier's copy of a blob does not hash to its digest: refused, the \
+                         next tier asked (logged once per tier and blob)"
+                    );
+                }
+                continue;
+            }
+            if crate::sync::lock(&self.index).is_deleting(digest) {
+                return FetchEnd::Unavailable("an older copy is being removed".into());
+            }
+            let (dir, name) = (self.dir.clone(), digest.to_owned());
+            if let Err(error) =
+                Self::blocking("storing a blob", move || partial.finish(&dir, &name)).await
+            {
+                return FetchEnd::Unavailable(error.to_string());
+            }
+            crate::sync::lock(&self.index).insert(digest.to_owned(), size, None, self.now_ms());
+            add(
+                match tier {
+                    Tier::SharedDir => &self.counters.fetches_shared_dir,
+                    Tier::Cluster => &self.counters.fetches_cluster,
+                },
+                1,
+            );
+            return FetchEnd::Held;
+        }
+        if unavailable.is_empty() {
+            FetchEnd::NotFound
+        } else {
+            FetchEnd::Unavailable(unavailable.join("; "))
+        }
+    }
+}
