@@ -342,6 +342,16 @@ pub struct Config {
     )]
     pub artifact_unreferenced_mib_per_uid: Option<u64>,
 
+    /// Largest artifact blob the Redis tier carries, in bytes; a larger one stays on this
+    /// node and the shared directory (its entry is still published).
+    #[arg(
+        long,
+        env = "TUNECACHE_CLUSTER_MAX_ARTIFACT_BYTES",
+        default_value_t = tunecache_proto::artifact::DEFAULT_CLUSTER_MAX_ARTIFACT_BYTES,
+        value_name = "BYTES"
+    )]
+    pub cluster_max_artifact_bytes: u64,
+
     /// Seconds a blob no live entry names is kept (an upload waiting for its Record, an
     /// entry beaten or forgotten) before it is deleted.
     #[arg(

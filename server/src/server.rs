@@ -230,6 +230,11 @@ async fn serve(
     if let Some(snapshots) = &snapshots {
         service = service.with_snapshots(snapshots.clone());
     }
+    // The tiers a missing blob is fetched from, in order: the shared directory (registered
+    // by its handle above), then Redis.
+    if let Some(cluster) = &cluster {
+        cluster.attach_artifacts(artifacts.clone(), config.cluster_max_artifact_bytes);
+    }
     let service = Arc::new(service);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter

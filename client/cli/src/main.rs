@@ -591,6 +591,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     // whose files are not there.
                     let written = match &artifacts_to {
                         Some(dir) => {
+                            // Made if missing, as `mkdir -p` would: a new directory is the usual ask.
+                            tokio::fs::create_dir_all(dir)
+                                .await
+                                .with_context(|| format!("making {}", dir.display()))?;
                             client.fetch_artifacts(entry, dir).await.with_context(|| {
                                 format!("fetching artifacts into {}", dir.display())
                             })?

@@ -216,13 +216,15 @@ fn put_uploads_artifacts_and_get_writes_them_verified() {
     left.sort();
     assert_eq!(left, ["kernel.cubin", "notes.txt"]);
 
-    // A directory that does not exist fails the command.
-    let missing = daemon.dir.join("no-such-dir").display().to_string();
+    // A directory that does not exist yet is made, as `mkdir -p` would.
+    let missing = daemon.dir.join("no-such-dir/below");
+    let missing_arg = missing.display().to_string();
     assert!(
-        !cli(&daemon, &with_key("get", &["--artifacts-to", &missing]))
+        cli(&daemon, &with_key("get", &["--artifacts-to", &missing_arg]))
             .status
             .success()
     );
+    assert!(missing.join("kernel.cubin").is_file());
 }
 
 /// The Rust client's own calls against the same daemon: an upload from a reader, a stream into

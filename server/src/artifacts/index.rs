@@ -127,6 +127,12 @@ impl Index {
         self.named.get(digest).copied()
     }
 
+    pub fn named(&self) -> impl Iterator<Item = (String, u64)> + '_ {
+        self.named
+            .iter()
+            .map(|(digest, size)| (digest.clone(), *size))
+    }
+
     /// A blob found on disk at start: held, not yet verified.
     pub fn found(&mut self, digest: String, size: u64, now_ms: u64) {
         self.put(

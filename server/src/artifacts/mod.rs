@@ -130,6 +130,16 @@ impl Artifacts {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// `--artifact-grace-secs`, in milliseconds.
+    pub fn grace_ms(&self) -> u64 {
+        crate::sync::lock(&self.index).limits().grace_ms
+    }
+
+    /// The digests (and sizes) the live entries name, as the index knows them.
+    pub fn named_digests(&self) -> Vec<(String, u64)> {
+        crate::sync::lock(&self.index).named().collect()
+    }
+
     /// Adds a tier below this node, asked after those added before it.
     pub fn add_source(&self, source: Arc<dyn BlobSource>) {
         if let Ok(mut sources) = self.sources.write() {

@@ -92,6 +92,12 @@ impl Layout {
         self.named("e", text)
     }
 
+    /// The Redis string holding an artifact blob, tagged with its digest's own shard (one
+    /// copy however many entries name it).
+    pub fn blob(&self, digest: &str) -> String {
+        self.named("b", digest)
+    }
+
     /// `lease` from a key text already made.
     pub fn lease_of_text(&self, text: &str) -> String {
         self.named("l", text)

@@ -9,6 +9,7 @@
 //! Resolve fall back to node-local coordination after the cluster timeout.
 
 mod backoff;
+mod blobs;
 mod checkpoint;
 mod follow;
 mod forget;
@@ -160,6 +161,8 @@ fn read_password(path: &Path) -> Result<String, String> {
 #[derive(Default)]
 pub struct ClusterCounters {
     pub published: AtomicU64,
+    /// Bytes of blobs kept out of Redis by `--cluster-max-artifact-bytes`.
+    pub artifact_bytes_over_limit: AtomicU64,
     pub publish_dropped: AtomicU64,
     pub received: AtomicU64,
     pub bootstrap_entries: AtomicU64,
@@ -252,6 +255,8 @@ pub struct Cluster {
     prune_paused: AtomicBool,
     /// Where its tasks run (renewals, releases), also when started off the runtime.
     pub(crate) tasks: Tasks,
+    /// Artifact blobs in Redis (`blobs`), once the node's store is attached.
+    blobs: std::sync::OnceLock<blobs::BlobTier>,
 }
 
 /// A random number from the OS (`getrandom`), for ids, tokens and jitter; time and pid if
@@ -307,6 +312,7 @@ impl Cluster {
             clock_skew_ms: AtomicI64::new(0),
             prune_paused: AtomicBool::new(false),
             tasks: tasks.clone(),
+            blobs: std::sync::OnceLock::new(),
         });
         store.add_change_listener(Arc::new(ChangeFeed(Arc::downgrade(&cluster))));
         tracing::info!(
@@ -323,6 +329,29 @@ impl Cluster {
         tasks.spawn(forget::run(Arc::clone(&cluster), tasks.stop_token()));
         tasks.spawn(follow::run(Arc::clone(&cluster), tasks.stop_token()));
         cluster
+    }
+
+    /// Carries the blobs of the node's artifact store: those up to `max_bytes` are written
+    /// to Redis before the entries naming them are announced, and Redis becomes a tier the
+    /// store fetches from.
+    pub fn attach_artifacts(
+        self: &Arc<Self>,
+        artifacts: Arc<crate::artifacts::Artifacts>,
+        max_bytes: u64,
+    ) {
+        artifacts.add_source(Arc::new(blobs::ClusterBlobs(Arc::downgrade(self))));
+        if self
+            .blobs
+            .set(blobs::BlobTier::new(artifacts, max_bytes))
+            .is_ok()
+        {
+            tracing::info!(
+                cluster_max_artifact_bytes = max_bytes,
+                "cluster tier: blobs up to --cluster-max-artifact-bytes go to Redis"
+            );
+            self.tasks
+                .spawn(blobs::run_keeper(Arc::clone(self), self.tasks.stop_token()));
+        }
     }
 
     pub fn state(&self) -> LinkState {
@@ -527,6 +556,7 @@ impl crate::report::FillStats for Cluster {
         stats.cluster_url = self.link_url();
         stats.cluster_bootstrapped = self.bootstrapped.load(Ordering::Relaxed);
         stats.cluster_published = load(&c.published);
+        stats.artifact_bytes_over_cluster_limit = load(&c.artifact_bytes_over_limit);
         stats.cluster_publish_dropped = load(&c.publish_dropped);
         stats.cluster_publish_queue = self.lock_pending().entries.len() as u64;
         stats.cluster_received = load(&c.received);

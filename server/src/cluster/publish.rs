@@ -129,6 +129,10 @@ async fn republish_all(cluster: &Arc<Cluster>, conn: Conn) -> Result<(), String>
     if !tombstones.is_empty() {
         super::forget::publish(cluster, &conn, &tombstones).await?;
     }
+    if let Some(blobs) = cluster.blobs.get() {
+        // Redis may have lost them with the entries.
+        crate::sync::lock(&blobs.published).clear();
+    }
     let map = cluster.store.current();
     tracing::info!(
         entries = map.len(),
@@ -161,6 +165,16 @@ async fn publish_batch(
     conn: Conn,
     batch: &[(CacheKey, TunedResult)],
 ) -> Result<(), String> {
+    // The blobs first: a node that learns an entry can fetch what it names.
+    let named = batch.iter().flat_map(|(_, result)| {
+        result
+            .artifacts
+            .view()
+            .iter()
+            .map(|a| (a.sha256.to_owned(), a.size))
+            .collect::<Vec<_>>()
+    });
+    super::blobs::publish_named(cluster, &conn, named).await?;
     let layout: &Layout = &cluster.layout;
     let node = cluster.node_id();
     let max_len = cluster.stream_max_len;

@@ -1,8 +1,9 @@
 //! The `tunecache-bench` binary: command-line front of the benchmark harness. `peer` runs a
 //! multi-rank file-lock scenario and prints its JSON result; `generate` writes an initial
 //! cache file; `suite` runs the whole benchmark (scenario matrix and daemon
-//! micro-benchmarks) and writes its JSON, Markdown and SVG outputs; `report` regenerates the
-//! tables of BENCHMARKS.md from those outputs.
+//! micro-benchmarks) and writes its JSON, Markdown and SVG outputs; `artifacts` measures
+//! GetArtifact against its floors; `report` regenerates the tables of BENCHMARKS.md from those
+//! outputs.
 
 mod suite;
 
@@ -169,6 +170,48 @@ enum Commands {
         #[arg(long)]
         quick: bool,
     },
+    /// GetArtifact against its floors, side by side in one run: one large blob (256 MiB)
+    /// streamed into a sink against a plain Unix-socket copy of the same bytes (MiB/s), and R
+    /// rank processes each fetching B small blobs (8 x 100 x 2 MiB) against R processes
+    /// reading the same files from a local directory (wall), with fetch_artifact_list into a
+    /// per-rank directory as a third row; writes artifacts.json and artifacts.md.
+    Artifacts {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        /// Timed rounds; each measures every path once, in alternating order.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Size of the large blob, MiB (the daemon's default --max-artifact-bytes is 256 MiB).
+        #[arg(long, default_value_t = 256)]
+        big_mib: u64,
+        /// Rank processes of the small-blob case.
+        #[arg(long, default_value_t = 8)]
+        ranks: usize,
+        /// Distinct small blobs each rank fetches.
+        #[arg(long, default_value_t = 100)]
+        blobs: usize,
+        /// Size of each small blob, KiB.
+        #[arg(long, default_value_t = 2048)]
+        blob_kib: u64,
+        /// Leave out the fetch_artifact_list row (files written, synced, verified).
+        #[arg(long)]
+        skip_fetch: bool,
+    },
+    /// One rank of `artifacts` (started by it): connects, says `ready`, waits for a line on
+    /// stdin, fetches or reads every blob of --list, answers one JSON line.
+    #[command(hide = true)]
+    ArtifactsRank {
+        #[arg(long, value_enum)]
+        mode: suite::artifacts::RankMode,
+        #[arg(long)]
+        socket: PathBuf,
+        /// One `sha256 size path` line per blob.
+        #[arg(long)]
+        list: PathBuf,
+        /// Where `--mode fetch` writes the blobs.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Run only some daemon micro-benchmarks; print their results and target ratios as JSON.
     Micro {
         /// Comma-separated: lookup (with the echo floor), pyscan, memory, pickup, transport
@@ -224,8 +267,8 @@ enum Commands {
         #[arg(long)]
         check: bool,
         /// Print the table of this kind (single-node, shared-filesystem, peer-pickup,
-        /// cluster, multinode, segments, data-path, transport, python-ranks, memory, views) from
-        /// --source, instead of updating a file.
+        /// cluster, multinode, segments, data-path, transport, python-ranks, memory, views,
+        /// artifacts) from --source, instead of updating a file.
         #[arg(long, requires = "source")]
         table: Option<String>,
         /// The raw output to render --table from.
@@ -398,6 +441,41 @@ fn main() -> Result<()> {
             };
             suite::python_client::run(&options)?;
             println!("{}", serde_json::json!({ "out": out }));
+        }
+        Commands::Artifacts {
+            out,
+            rounds,
+            big_mib,
+            ranks,
+            blobs,
+            blob_kib,
+            skip_fetch,
+        } => {
+            let options = suite::artifacts::ArtifactsOptions {
+                out_dir: out.clone(),
+                rounds,
+                big_mib,
+                ranks,
+                blobs,
+                blob_kib,
+                skip_fetch,
+                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+            };
+            suite::artifacts::run_artifacts(&options)?;
+            println!("{}", serde_json::json!({ "out": out }));
+        }
+        Commands::ArtifactsRank {
+            mode,
+            socket,
+            list,
+            dir,
+        } => {
+            suite::artifacts::run_rank(&suite::artifacts::RankOptions {
+                mode,
+                socket,
+                list,
+                dir,
+            })?;
         }
         Commands::Micro {
             only,

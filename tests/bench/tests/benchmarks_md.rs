@@ -25,6 +25,7 @@ fn benchmarks_md_tables_match_their_sources() {
         "python-ranks",
         "memory",
         "views",
+        "artifacts",
     ] {
         assert!(
             stderr.contains(&format!("{kind} <- ")),

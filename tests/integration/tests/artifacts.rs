@@ -585,7 +585,7 @@ async fn a_second_node_gets_the_blob_from_the_shared_directory_only_when_asked()
 
     // A blob replaced in the shared directory with other bytes is refused, counted, and
     // never served.
-    let other = Content::new(8, 1 * MIB);
+    let other = Content::new(8, MIB);
     blobs::put(&ca, other).await.unwrap();
     ca.record(vec![entry_naming(
         "tampered",
@@ -682,4 +682,184 @@ where
     Fut: std::future::Future<Output = bool>,
 {
     tunecache_integration::eventually(tunecache_integration::FACT_LIMIT, what, check).await;
+}
+
+/// Two nodes on the Redis tier alone: the entry is a hit on the second, nothing of its blob
+/// is read there until GetArtifact, which fetches it from Redis; a blob over
+/// --cluster-max-artifact-bytes stays out of Redis while its entry is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_node_gets_the_blob_from_redis_only_when_asked() {
+    use tunecache_integration::redis::{
+        cluster_node, free_port, wait_connected, wait_for_hit, Redis,
+    };
+    if Redis::server().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let redis = Redis::start(dir.path(), free_port(), &[]);
+    let flags = [
+        "--cluster-max-artifact-bytes",
+        "4194304",
+        "--artifact-grace-secs",
+        "2",
+    ];
+    let a = cluster_node(dir.path(), "a", &redis.url(), &flags)
+        .in_process()
+        .await;
+    let b = cluster_node(dir.path(), "b", &redis.url(), &flags)
+        .in_process()
+        .await;
+    wait_connected(&a).await;
+    wait_connected(&b).await;
+    let (ca, cb) = (a.client().await, b.client().await);
+    let small = Content::new(50, 3 * MIB + 5);
+    let large = Content::new(51, 5 * MIB);
+    blobs::put(&ca, small).await.unwrap();
+    blobs::put(&ca, large).await.unwrap();
+    ca.record(vec![
+        entry_naming("redis-small", 1.0, vec![small.artifact("k.so")]),
+        entry_naming("redis-large", 1.0, vec![large.artifact("k.so")]),
+    ])
+    .await
+    .unwrap();
+    for problem in ["redis-small", "redis-large"] {
+        wait_for_hit(
+            &b,
+            &test_key("matmul", problem),
+            None,
+            tunecache_integration::FACT_LIMIT,
+        )
+        .await;
+    }
+    let hits = cb
+        .lookup(vec![test_key("matmul", "redis-small")])
+        .await
+        .unwrap();
+    assert_eq!(
+        hits[0].result.as_ref().unwrap().artifacts,
+        vec![small.artifact("k.so")]
+    );
+    let before = b.stats().await;
+    assert_eq!(
+        (
+            before.artifact_blobs_held,
+            before.artifact_bytes_read_from_tiers
+        ),
+        (0, 0)
+    );
+    let blob_keys = redis.keys_matching("*b:{s*");
+    assert_eq!(
+        blob_keys.len(),
+        1,
+        "only the small blob is in Redis: {blob_keys:?}"
+    );
+    assert_eq!(
+        a.stats().await.artifact_bytes_over_cluster_limit,
+        large.size
+    );
+    let got = blobs::get_digest(&cb, &small.digest(), 0)
+        .await
+        .expect("from Redis");
+    assert_eq!(got, (small.digest(), small.size));
+    let after = b.stats().await;
+    assert_eq!(
+        (
+            after.artifact_fetches_cluster,
+            after.artifact_bytes_read_from_tiers
+        ),
+        (1, small.size)
+    );
+    // The large one is in no tier b can reach.
+    let refused = blobs::get_digest(&cb, &large.digest(), 2000)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+
+    // Lost from Redis (an eviction, a careless writer): the node that holds it writes it again.
+    redis.cli(&["DEL", &blob_keys[0]]);
+    wait_until("the lost blob is written again", || {
+        let keys = redis.keys_matching("*b:{s*");
+        async move { keys.len() == 1 }
+    })
+    .await;
+
+    // Forgotten on every node: the blob goes from both nodes and from Redis after the grace
+    // period (its TTL is no longer renewed by any node).
+    forget(&ca, "redis-small").await;
+    wait_until("the blob is gone from Redis", || {
+        let keys = redis.keys_matching("*b:{s*");
+        async move { keys.is_empty() }
+    })
+    .await;
+    for (node, client) in [("a", &ca), ("b", &cb)] {
+        let client = client.clone();
+        wait_until(&format!("the blob is collected on {node}"), || {
+            let client = client.clone();
+            async move { blobs::missing(&client, &[small.digest()]).await.len() == 1 }
+        })
+        .await;
+    }
+}
+
+/// Both tiers: a blob replaced in the shared directory with other bytes is refused when
+/// fetched, counted, and taken from Redis instead; the bad bytes are never served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_shared_blob_is_refused_and_fetched_from_redis() {
+    use tunecache_integration::redis::{
+        cluster_node, free_port, wait_connected, wait_for_hit, Redis,
+    };
+    if Redis::server().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let redis = Redis::start(dir.path(), free_port(), &[]);
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    let shared_arg = shared.display().to_string();
+    let flags = ["--shared-dir", &shared_arg, "--snapshot-interval", "3600"];
+    let a = cluster_node(dir.path(), "a", &redis.url(), &flags)
+        .in_process()
+        .await;
+    let b = cluster_node(dir.path(), "b", &redis.url(), &flags)
+        .in_process()
+        .await;
+    wait_connected(&a).await;
+    wait_connected(&b).await;
+    let (ca, cb) = (a.client().await, b.client().await);
+    let content = Content::new(60, 2 * MIB + 1);
+    blobs::put(&ca, content).await.unwrap();
+    ca.record(vec![entry_naming(
+        "both",
+        1.0,
+        vec![content.artifact("k.so")],
+    )])
+    .await
+    .unwrap();
+    ca.snapshot().await.unwrap();
+    wait_for_hit(
+        &b,
+        &test_key("matmul", "both"),
+        None,
+        tunecache_integration::FACT_LIMIT,
+    )
+    .await;
+    let in_shared = shared.join("v2/artifacts").join(content.digest());
+    let mut bytes = std::fs::read(&in_shared).unwrap();
+    bytes[7] ^= 0x80;
+    let aside = shared.join("v2/artifacts/.replacement");
+    std::fs::write(&aside, &bytes).unwrap();
+    std::fs::rename(&aside, &in_shared).unwrap();
+    let got = blobs::get_digest(&cb, &content.digest(), 0)
+        .await
+        .expect("from Redis");
+    assert_eq!(got, (content.digest(), content.size));
+    let stats = b.stats().await;
+    assert_eq!(
+        (
+            stats.artifact_digest_failures,
+            stats.artifact_fetches_shared_dir,
+            stats.artifact_fetches_cluster
+        ),
+        (1, 0, 1)
+    );
 }

@@ -28,6 +28,10 @@ async fn the_readme_cli_quick_start_works() {
     let release = dir.path().join("checkout/target/release");
     std::fs::create_dir_all(&release).unwrap();
     std::os::unix::fs::symlink(bin("tunecache"), release.join("tunecache")).unwrap();
+    // The file the quick start puts beside a result.
+    let kernel = b"a compiled kernel, as the quick start's ./build/matmul.cubin".repeat(1000);
+    std::fs::create_dir_all(dir.path().join("checkout/build")).unwrap();
+    std::fs::write(dir.path().join("checkout/build/matmul.cubin"), &kernel).unwrap();
 
     // Each command's output after a marker line, so every one is checked on its own.
     let mut script = String::from("set -euo pipefail\nshopt -s expand_aliases\n");
@@ -54,11 +58,18 @@ async fn the_readme_cli_quick_start_works() {
         r#""problem":"M=1,N=1024,K=1024,f16,nt""#,
         "tune here: lease ",
         "cpu|",
-        "entries                      1",
+        "entries                      2",
+        "artifacts: kernel.cubin",
     ] {
         assert!(
             stdout.contains(expected),
             "`{expected}` missing from the quick start's output:\n{stdout}"
         );
     }
+    // `get --artifacts-to ./kernels` wrote the file, byte for byte.
+    let fetched = std::fs::read(dir.path().join("checkout/kernels/kernel.cubin")).unwrap();
+    assert!(
+        fetched == kernel,
+        "the fetched kernel differs from the one put"
+    );
 }

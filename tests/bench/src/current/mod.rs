@@ -1,6 +1,6 @@
 //! Owns the tables of BENCHMARKS.md: each one is rendered from the raw output of the run that
 //! measured it (a `suite` results.json, a `micro` JSON, `cluster.json`, `multinode.json`,
-//! `segments.json`), so the report is regenerated, never hand-copied.
+//! `segments.json`, `artifacts.json`), so the report is regenerated, never hand-copied.
 //!
 //! A table sits between two marker comments that name its kind and its source file (relative
 //! to the Markdown file):
@@ -19,8 +19,10 @@
 //! names, fields added since) still renders.
 //!
 //! `blocks` finds and rewrites the marked blocks; [`render`] picks the table of a kind,
-//! written by `suite`, `cluster`, `micro` or `python`, in the figures' formats of `format`.
+//! written by `suite`, `cluster`, `micro`, `python` or `artifacts`, in the figures' formats of
+//! `format`.
 
+mod artifacts;
 mod blocks;
 mod cluster;
 mod format;
@@ -35,7 +37,7 @@ pub use self::blocks::{check, read_source, regenerate, update, Block, Outcome};
 pub use self::format::{bytes, ms, times};
 
 /// The kinds of table, with the source each reads.
-pub const KINDS: [(&str, &str); 14] = [
+pub const KINDS: [(&str, &str); 15] = [
     (
         "single-node",
         "suite results.json: the local-disk rows of the matrix",
@@ -71,6 +73,10 @@ pub const KINDS: [(&str, &str); 14] = [
         "micro JSON (`micro --only memory`) or a suite results.json",
     ),
     ("views", "micro JSON (`micro --only views`)"),
+    (
+        "artifacts",
+        "artifacts.json (`tunecache-bench artifacts`): GetArtifact against its floors",
+    ),
 ];
 
 /// Renders one table of `kind` from a parsed source.
@@ -90,6 +96,7 @@ pub fn render(kind: &str, source: &Value) -> Result<String> {
         "python-cold-start" => python::python_cold_start(source),
         "memory" => micro::memory(source),
         "views" => micro::views(source),
+        "artifacts" => artifacts::artifacts(source),
         other => bail!(
             "unknown table kind {other:?}; known: {}",
             KINDS.map(|(kind, _)| kind).join(", ")

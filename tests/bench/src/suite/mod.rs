@@ -5,6 +5,7 @@
 //! micro-benchmarks (`micro`), and writes the JSON results, the Markdown tables and the plot
 //! (`report`).
 
+pub mod artifacts;
 pub mod cluster;
 mod forget_flood;
 mod micro;
