@@ -551,20 +551,7 @@ async fn a_second_node_gets_the_blob_from_the_shared_directory_only_when_asked()
     let blob_file = shared.join("v2/artifacts").join(content.digest());
     assert_eq!(std::fs::metadata(&blob_file).unwrap().len(), content.size);
     cb.snapshot().await.expect("b loads");
-    let hits = cb.lookup(vec![test_key("matmul", "shared")]).await.unwrap();
-    assert_eq!(
-        hits[0].result.as_ref().unwrap().artifacts,
-        vec![content.artifact("mod.tar")]
-    );
-    // The entry is a hit on b, and nothing of its blob was read there yet.
-    let before = b.stats().await;
-    assert_eq!(
-        (
-            before.artifact_blobs_held,
-            before.artifact_bytes_read_from_tiers
-        ),
-        (0, 0)
-    );
+    hit_names_and_nothing_was_read(&b, "shared", vec![content.artifact("mod.tar")]).await;
     assert_eq!(
         blobs::missing(&cb, &[content.digest()]).await,
         vec![content.digest()]
@@ -659,6 +646,47 @@ async fn blobs_no_live_entry_names_are_collected_after_the_grace_period() {
     assert_eq!(store_files(&daemon.state_dir), (vec![], vec![]));
 }
 
+/// `problem` is a hit on `node` naming `artifacts`, and nothing of any blob was read there.
+async fn hit_names_and_nothing_was_read(
+    node: &TestDaemon,
+    problem: &str,
+    artifacts: Vec<proto::Artifact>,
+) {
+    let hits = node
+        .client()
+        .await
+        .lookup(vec![test_key("matmul", problem)])
+        .await
+        .unwrap();
+    assert_eq!(hits[0].result.as_ref().unwrap().artifacts, artifacts);
+    let stats = node.stats().await;
+    assert_eq!(
+        (
+            stats.artifact_blobs_held,
+            stats.artifact_bytes_read_from_tiers
+        ),
+        (0, 0)
+    );
+}
+
+/// Nodes a and b (in-process) on the Redis tier at `redis`, connected.
+async fn redis_pair(
+    dir: &Path,
+    redis: &tunecache_integration::redis::Redis,
+    flags: &[&str],
+) -> (TestDaemon, TestDaemon) {
+    use tunecache_integration::redis::{cluster_node, wait_connected};
+    let a = cluster_node(dir, "a", &redis.url(), flags)
+        .in_process()
+        .await;
+    let b = cluster_node(dir, "b", &redis.url(), flags)
+        .in_process()
+        .await;
+    wait_connected(&a).await;
+    wait_connected(&b).await;
+    (a, b)
+}
+
 async fn forget(client: &Client, problem: &str) {
     let key = test_key("matmul", problem);
     let hit = client.lookup(vec![key.clone()]).await.unwrap();
@@ -689,9 +717,7 @@ where
 /// --cluster-max-artifact-bytes stays out of Redis while its entry is published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_node_gets_the_blob_from_redis_only_when_asked() {
-    use tunecache_integration::redis::{
-        cluster_node, free_port, wait_connected, wait_for_hit, Redis,
-    };
+    use tunecache_integration::redis::{free_port, wait_for_hit, Redis};
     if Redis::server().is_none() {
         return;
     }
@@ -703,14 +729,7 @@ async fn a_second_node_gets_the_blob_from_redis_only_when_asked() {
         "--artifact-grace-secs",
         "2",
     ];
-    let a = cluster_node(dir.path(), "a", &redis.url(), &flags)
-        .in_process()
-        .await;
-    let b = cluster_node(dir.path(), "b", &redis.url(), &flags)
-        .in_process()
-        .await;
-    wait_connected(&a).await;
-    wait_connected(&b).await;
+    let (a, b) = redis_pair(dir.path(), &redis, &flags).await;
     let (ca, cb) = (a.client().await, b.client().await);
     let small = Content::new(50, 3 * MIB + 5);
     let large = Content::new(51, 5 * MIB);
@@ -731,22 +750,7 @@ async fn a_second_node_gets_the_blob_from_redis_only_when_asked() {
         )
         .await;
     }
-    let hits = cb
-        .lookup(vec![test_key("matmul", "redis-small")])
-        .await
-        .unwrap();
-    assert_eq!(
-        hits[0].result.as_ref().unwrap().artifacts,
-        vec![small.artifact("k.so")]
-    );
-    let before = b.stats().await;
-    assert_eq!(
-        (
-            before.artifact_blobs_held,
-            before.artifact_bytes_read_from_tiers
-        ),
-        (0, 0)
-    );
+    hit_names_and_nothing_was_read(&b, "redis-small", vec![small.artifact("k.so")]).await;
     let blob_keys = redis.keys_matching("*b:{s*");
     assert_eq!(
         blob_keys.len(),
@@ -805,9 +809,7 @@ async fn a_second_node_gets_the_blob_from_redis_only_when_asked() {
 /// fetched, counted, and taken from Redis instead; the bad bytes are never served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tampered_shared_blob_is_refused_and_fetched_from_redis() {
-    use tunecache_integration::redis::{
-        cluster_node, free_port, wait_connected, wait_for_hit, Redis,
-    };
+    use tunecache_integration::redis::{free_port, wait_for_hit, Redis};
     if Redis::server().is_none() {
         return;
     }
@@ -817,14 +819,7 @@ async fn a_tampered_shared_blob_is_refused_and_fetched_from_redis() {
     std::fs::create_dir_all(&shared).unwrap();
     let shared_arg = shared.display().to_string();
     let flags = ["--shared-dir", &shared_arg, "--snapshot-interval", "3600"];
-    let a = cluster_node(dir.path(), "a", &redis.url(), &flags)
-        .in_process()
-        .await;
-    let b = cluster_node(dir.path(), "b", &redis.url(), &flags)
-        .in_process()
-        .await;
-    wait_connected(&a).await;
-    wait_connected(&b).await;
+    let (a, b) = redis_pair(dir.path(), &redis, &flags).await;
     let (ca, cb) = (a.client().await, b.client().await);
     let content = Content::new(60, 2 * MIB + 1);
     blobs::put(&ca, content).await.unwrap();
