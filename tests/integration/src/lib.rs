@@ -72,6 +72,36 @@ pub fn entry(key: proto::Key, config: &str, time_us: f64, tuned_by: &str) -> pro
     }
 }
 
+/// SIGSTOPs `pid` and waits until every one of its threads is stopped. `kill` returns once the
+/// signal is queued; the group stop completes only when a thread of the process has run to
+/// take it, and until then the other threads go on serving (seen: a Record answered after
+/// `kill` returned, on a loaded 2-core machine).
+pub fn stop_process(pid: Pid) {
+    kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
+    let deadline = Instant::now() + FACT_LIMIT;
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process's threads");
+        let running = tasks
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("stat")).ok())
+            .filter(|stat| {
+                // The state follows the command's closing parenthesis: "pid (comm) S ...".
+                let state = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.trim_start().chars().next());
+                !matches!(state, Some('T' | 't'))
+            })
+            .count();
+        if running == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{pid}: {running} threads not stopped"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Every process id in /proc.
 fn proc_pids() -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {

@@ -189,7 +189,7 @@ async fn a_record_past_its_deadline_keeps_the_lease() {
         panic!("a fresh key is this caller's to tune");
     };
     // The daemon hangs while the rank tunes: its Record runs past the deadline.
-    kill(daemon.pid(), Signal::SIGSTOP).unwrap();
+    tunecache_integration::stop_process(daemon.pid());
     let started = Instant::now();
     let finished = client
         .finish_tune(lease, result("{\"tile\": 64}", 5.0))
