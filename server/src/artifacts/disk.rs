@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use super::index::FileStamp;
+
 /// Bytes read at a time when hashing a file.
 const READ_BYTES: usize = 1024 * 1024;
 
@@ -156,6 +158,18 @@ pub fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
         }
         hasher.update(&buf[..n]);
         len += n as u64;
+    }
+}
+
+/// The identity of an open file's bytes, for `Index::must_hash`.
+pub fn stamp_of(metadata: &std::fs::Metadata) -> FileStamp {
+    use std::os::unix::fs::MetadataExt;
+    FileStamp {
+        dev: metadata.dev(),
+        ino: metadata.ino(),
+        len: metadata.len(),
+        mtime_ns: i128::from(metadata.mtime()) * 1_000_000_000 + i128::from(metadata.mtime_nsec()),
+        ctime_ns: i128::from(metadata.ctime()) * 1_000_000_000 + i128::from(metadata.ctime_nsec()),
     }
 }
 

@@ -14,7 +14,7 @@ use tonic::Status;
 use tunecache_proto::artifact::{self, CHUNK_BYTES};
 use tunecache_proto::v1;
 
-use super::index::Check;
+use super::index::{Check, FileStamp};
 use super::{add, disk, Artifacts};
 use crate::error::Error;
 use crate::model::validate::InvalidField;
@@ -28,7 +28,9 @@ struct Serving {
     digest: String,
     size: u64,
     file: Option<std::fs::File>,
-    hasher: Sha256,
+    /// Hashing what is sent, unless this very file was hashed whole by an earlier serve and is
+    /// unchanged since (`Index::must_hash`); with the stamp recorded when it matches.
+    hashing: Option<(Sha256, FileStamp)>,
     sent: u64,
     first: bool,
     done: bool,
@@ -72,22 +74,28 @@ impl Artifacts {
                     }
                 }
             }
-            let file =
-                match Self::blocking("opening a blob", move || std::fs::File::open(&path)).await {
-                    Ok(file) => file,
-                    Err(_) => {
-                        // Gone from the disk under the index: drop it, fetch it again.
-                        self.drop_corrupt(&digest).await;
-                        continue;
-                    }
-                };
+            let opened = Self::blocking("opening a blob", move || {
+                let file = std::fs::File::open(&path)?;
+                let stamp = disk::stamp_of(&file.metadata()?);
+                Ok((file, stamp))
+            })
+            .await;
+            let (file, stamp) = match opened {
+                Ok(opened) => opened,
+                Err(_) => {
+                    // Gone from the disk under the index: drop it, fetch it again.
+                    self.drop_corrupt(&digest).await;
+                    continue;
+                }
+            };
             add(&self.counters.fetches_local, 1);
+            let must_hash = crate::sync::lock(&self.index).must_hash(&digest, &stamp);
             let serving = Serving {
                 artifacts: self.clone(),
                 digest,
                 size: blob.size,
                 file: Some(file),
-                hasher: Sha256::new(),
+                hashing: must_hash.then(|| (Sha256::new(), stamp)),
                 sent: 0,
                 first: true,
                 done: false,
@@ -130,13 +138,25 @@ impl Serving {
                 return Some((Err(error.into()), self));
             }
         };
-        self.hasher.update(&buf);
+        if let Some((hasher, _)) = &mut self.hashing {
+            hasher.update(&buf);
+        }
         self.sent += buf.len() as u64;
         let last = self.sent >= self.size || buf.len() < want || past_end;
         if last {
             self.done = true;
-            let received = disk::hex(self.hasher.clone().finalize().as_slice());
-            if buf.len() < want || past_end || received != self.digest {
+            let whole = buf.len() == want && !past_end;
+            let matches = match self.hashing.take() {
+                Some((hasher, stamp)) => {
+                    let matches = disk::hex(hasher.finalize().as_slice()) == self.digest;
+                    if matches && whole {
+                        crate::sync::lock(&self.artifacts.index).served_whole(&self.digest, stamp);
+                    }
+                    matches
+                }
+                None => true,
+            };
+            if !whole || !matches {
                 self.artifacts.drop_corrupt(&self.digest).await;
                 let error = Error::ArtifactCorrupt {
                     digest: self.digest.clone(),

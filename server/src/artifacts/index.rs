@@ -25,6 +25,24 @@ pub struct Blob {
     /// Whose upload it was, while no live entry names it (it counts against that uid's
     /// unreferenced bytes); `None` once named, or for a blob found at start or fetched.
     pub uploader: Option<u32>,
+    /// The file's identity when a GetArtifact last hashed all of it to its digest. A serve
+    /// that finds the file still so skips hashing it again; any write to the file, a
+    /// replacement or a new inode changes the stamp, so those are hashed again before the
+    /// stream ends.
+    pub served: Option<FileStamp>,
+}
+
+/// What identifies a file's bytes without reading them: its inode and size, and its
+/// modification and change times to the nanosecond. Every write changes the ctime, which no
+/// call can set back, so an unchanged stamp means bytes unchanged since it was taken (bit rot
+/// aside, which the clients' own digest check catches).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileStamp {
+    pub dev: u64,
+    pub ino: u64,
+    pub len: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
 }
 
 /// The limits the index enforces.
@@ -142,6 +160,7 @@ impl Index {
                 check: Check::Unverified,
                 touched_ms: now_ms,
                 uploader: None,
+                served: None,
             },
         );
     }
@@ -150,6 +169,22 @@ impl Index {
         if let Some(blob) = self.blobs.get_mut(digest) {
             blob.check = Check::Verified;
         }
+    }
+
+    /// A serve hashed all of `digest`'s file, found with `stamp`, to its digest.
+    pub fn served_whole(&mut self, digest: &str, stamp: FileStamp) {
+        if let Some(blob) = self.blobs.get_mut(digest) {
+            blob.check = Check::Verified;
+            blob.served = Some(stamp);
+        }
+    }
+
+    /// Whether a serve of `digest` from a file found with `stamp` must hash it: unless the
+    /// blob is verified and a serve hashed this very file, unchanged since.
+    pub fn must_hash(&self, digest: &str, stamp: &FileStamp) -> bool {
+        self.blobs
+            .get(digest)
+            .is_none_or(|blob| blob.check != Check::Verified || blob.served.as_ref() != Some(stamp))
     }
 
     /// Whether an upload of `size` bytes from `uid` fits; reserves it if so.
@@ -236,6 +271,7 @@ impl Index {
                 check: Check::Verified,
                 touched_ms: now_ms,
                 uploader,
+                served: None,
             },
         );
         true
@@ -453,5 +489,37 @@ mod tests {
         assert_eq!(index.held_bytes(), MIB);
         assert_eq!(index.unreferenced_bytes_of(2), 0);
         assert_eq!(index.blob(&digest(1)).map(|b| b.touched_ms), Some(10));
+    }
+
+    fn stamp(ino: u64, ctime_ns: i128) -> FileStamp {
+        FileStamp {
+            dev: 1,
+            ino,
+            len: MIB,
+            mtime_ns: 5,
+            ctime_ns,
+        }
+    }
+
+    #[test]
+    fn a_serve_skips_the_hash_only_for_the_verified_file_it_hashed_unchanged() {
+        let mut index = Index::new(limits());
+        index.found(digest(1), MIB, 0);
+        // Found at start: hashed on its first serve, whatever its stamp.
+        assert!(index.must_hash(&digest(1), &stamp(7, 9)));
+        index.served_whole(&digest(1), stamp(7, 9));
+        assert_eq!(
+            index.blob(&digest(1)).map(|b| b.check),
+            Some(Check::Verified)
+        );
+        assert!(!index.must_hash(&digest(1), &stamp(7, 9)));
+        // Written to (a new ctime), or replaced (a new inode): hashed again.
+        assert!(index.must_hash(&digest(1), &stamp(7, 10)));
+        assert!(index.must_hash(&digest(1), &stamp(8, 9)));
+        // An upload just verified its bytes, but not this file as served: hashed once.
+        upload(&mut index, 2, 2, MIB, 0);
+        assert!(index.must_hash(&digest(2), &stamp(3, 1)));
+        // Not held at all.
+        assert!(index.must_hash(&digest(3), &stamp(7, 9)));
     }
 }

@@ -601,6 +601,54 @@ async fn a_second_node_gets_the_blob_from_the_shared_directory_only_when_asked()
 }
 
 #[tokio::test]
+async fn a_held_blob_changed_on_disk_after_it_was_served_is_hashed_again_and_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = TestDaemon::builder(dir.path()).in_process().await;
+    let client = daemon.client().await;
+    let content = Content::new(31, 3 * MIB + 17);
+    blobs::put(&client, content).await.unwrap();
+    client
+        .record(vec![entry_naming(
+            "served",
+            1.0,
+            vec![content.artifact("k.so")],
+        )])
+        .await
+        .unwrap();
+    // Served twice: the first serve hashes the file whole and stamps it, the second skips
+    // the hash (the stamp matches).
+    for _ in 0..2 {
+        let got = blobs::get_digest(&client, &content.digest(), 0)
+            .await
+            .unwrap();
+        assert_eq!(got, (content.digest(), content.size));
+    }
+    // The same length, one byte flipped, written in place: the inode stays, its change time
+    // does not, so the next serve hashes it again and ends DATA_LOSS instead of passing it on.
+    let path = daemon
+        .state_dir
+        .join("artifacts/blobs")
+        .join(content.digest());
+    let mut bytes = content.bytes();
+    bytes[MIB as usize + 5] ^= 0x40;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|mut file| std::io::Write::write_all(&mut file, &bytes))
+        .unwrap();
+    let refused = blobs::get_digest(&client, &content.digest(), 0)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::DataLoss, "{refused:?}");
+    let stats = daemon.stats().await;
+    assert_eq!(
+        (stats.artifact_digest_failures, stats.artifact_blobs_held),
+        (1, 0)
+    );
+    assert!(!path.exists(), "the changed blob is dropped from the store");
+}
+
+#[tokio::test]
 async fn blobs_no_live_entry_names_are_collected_after_the_grace_period() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = TestDaemon::builder(dir.path())
