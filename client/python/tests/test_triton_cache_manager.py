@@ -1,5 +1,6 @@
-# Owns the tests of the Triton drop-in (TRITON_CACHE_MANAGER=tunecache.integrations.triton:
-# CacheManager) against the real daemon and the real triton package: processes (triton_worker.py)
+# Owns the tests of the Triton drop-in's autotune results (TRITON_CACHE_MANAGER=tunecache.
+# integrations.triton:CacheManager; its compiled kernels: test_triton_compiled_kernels.py)
+# against the real daemon and the real triton package: processes (triton_worker.py)
 # run a real @triton.autotune kernel with Triton's own Autotuner, compiler and cache code; only
 # the active driver is a stand-in (triton_standin.py), as the machine has no GPU. A forwarding
 # proxy (conftest.holding_records) holds a Record past its deadline to see the lease kept.
@@ -110,6 +111,9 @@ def test_eight_processes_benchmark_once_and_a_second_round_not_at_all(daemon, tm
 
     with daemon.client() as client:
         entries = [entry for chunk in client.scan(namespace="triton") for entry in chunk]
+    # The three configs' compiled kernels are entries of their own (test_triton_compiled_kernels.py).
+    assert sum(entry.key.op == "compiled-kernel" for entry in entries) == 3
+    entries = [entry for entry in entries if entry.key.op != "compiled-kernel"]
     assert len(entries) == 1
     entry = entries[0]
     assert entry.key.op == "scale_kernel" and entry.key.device == "cuda|90|warp32"
@@ -188,6 +192,8 @@ def test_a_record_past_its_deadline_keeps_the_lease_as_every_client_does(daemon,
     drop-in gave the lease up after any failed Record."""
     with holding_records(daemon, tmp_path) as proxy:
         environment, _cache_dir = worker_env(tmp_path, "late", proxy.socket_path)
+        # Compiled kernels stay local, so that the one Record under a lease is the autotune one.
+        environment["TRITON_ALWAYS_COMPILE"] = "1"
         spec = {"bench_log": str(tmp_path / "bench.log"), "client_timeout_s": 0.5}
         code, out, err = finish(start(environment, spec))
         assert code == 0, err

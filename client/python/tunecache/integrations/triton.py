@@ -1,29 +1,48 @@
-# Owns the Triton drop-in: a TRITON_CACHE_MANAGER whose `<kernel>.autotune.json` files come from
-# tunecached, so that one process on the node benchmarks each @triton.autotune kernel and key
-# while the others wait for its result; every other file (compiled kernels, groups, overrides,
-# dumps) goes to Triton's own FileCacheManager unchanged. Without a daemon, or past the wait
-# bound, it is Triton's default manager, with one warning per process.
+# Owns the Triton drop-in: a TRITON_CACHE_MANAGER that shares two kinds of Triton cache files
+# through tunecached. `<kernel>.autotune.json`: one process on the node benchmarks each
+# @triton.autotune kernel and key while the others wait for its result. Compiled-kernel groups
+# (`__grp__<name>.json` and the files it names): one process compiles each kernel key while the
+# others wait, then fetch its files (artifacts, verified) into their own TRITON_CACHE_DIR, laid out
+# as Triton's FileCacheManager lays them out. The override and dump managers are Triton's own
+# FileCacheManager unchanged. Without a daemon, or past the wait bound, it is Triton's default
+# manager, with one warning per process.
 """Triton drop-in: ``TRITON_CACHE_MANAGER=tunecache.integrations.triton:CacheManager``.
 
-With autotune caching on (``TRITON_CACHE_AUTOTUNING=1``, or ``cache_results=True`` in
-``@triton.autotune``), Triton's ``Autotuner.check_disk_cache`` asks its cache manager for
-``<kernel>.autotune.json`` before it benchmarks, and puts that file after. This manager:
+Triton builds one manager per cache key (``get_cache_manager(hash)``) and calls it from two
+places; this manager serves both through the daemon, keyed ``namespace="triton"``,
+``device=<backend>|<arch>|warp<warp_size>`` (Triton's current target), ``problem=<the key Triton
+gave the manager>``:
 
-* ``get_file("<kernel>.autotune.json")`` returns the file from ``TRITON_CACHE_DIR`` when it is
-  there (as the default manager does); else it Resolves the key ``namespace="triton"``,
-  ``op=<kernel>``, ``device=<backend>|<arch>|warp<warp_size>`` (Triton's current target),
-  ``problem=<the key Triton gave the manager>``. On a hit it writes the result into the cache
-  directory and returns that path; when told to tune it returns None, so Triton benchmarks, and
-  the ``put`` that follows Records the file's text under the lease, ``time_us`` the best config's
-  time (Triton's milliseconds times 1000). Every other process waits in Resolve for that result.
-  The lease is the Rust client's split lease (``begin_tune``, ``finish_tune``, ``abandon``): a
-  Record that fails gives it up at once, except one past its deadline, which may still land.
-* Everything else (``put``/``get_file`` of compiled kernels, ``get_group``/``put_group``, the
-  override and dump managers) is Triton's ``FileCacheManager``: same directory, same files.
+* **Autotune results** (``TRITON_CACHE_AUTOTUNING=1``, or ``cache_results=True``):
+  ``Autotuner.check_disk_cache`` asks for ``<kernel>.autotune.json`` before it benchmarks, and
+  puts that file after. ``get_file`` returns the file from ``TRITON_CACHE_DIR`` when it is there;
+  else it Resolves ``op=<kernel>``. On a hit it writes the result into the cache directory and
+  returns that path; when told to tune it returns None, so Triton benchmarks, and the ``put`` that
+  follows Records the file's text under the lease, ``time_us`` the best config's time (Triton's
+  milliseconds times 1000).
+* **Compiled kernels**: ``compiler.compile`` asks ``get_group("<name>.json")`` first; on a miss
+  it compiles, ``put``s each stage's file (``.source``, ``.ttir`` ... ``.cubin``, then the
+  metadata ``.json``) and ends with ``put_group("<name>.json", {file: path})``, which writes
+  ``__grp__<name>.json``. ``get_group`` returns the local group when every file is there; else it
+  Resolves ``op="compiled-kernel"`` (no kernel name can be spelled so). When told to compile it
+  returns None, so Triton compiles, and the final ``put_group`` uploads every file of the group
+  as an artifact and Records them under the lease (``config`` names the group and its files in
+  order). Every other process waits in Resolve, then fetches the files into a temporary
+  directory of its cache directory, verified, renames each to its name there and writes its own
+  ``__grp__`` file last, byte for byte what ``FileCacheManager.put_group`` writes. An entry whose
+  files cannot be fetched is compiled here, as on a miss. A process with ``TRITON_KERNEL_OVERRIDE``,
+  ``TRITON_KERNEL_DUMP`` or ``TRITON_ALWAYS_COMPILE`` on compiles with its own files only: its
+  kernels reach no other process, and its dumps are written as stock Triton writes them.
+* The lease is the Rust client's split lease (``begin_tune``, ``finish_tune``, ``abandon``): a
+  Record that fails gives it up at once, except one past its deadline, which may still land. A
+  holder that dies (even SIGKILL) hands the lease on (the daemon watches its pid); one whose
+  benchmark or compilation raises gives it up when Triton drops the manager.
+* The override and dump managers (``override=True``/``dump=True``) are Triton's
+  ``FileCacheManager``: same directory, same files, nothing sent to the daemon. With
+  ``TRITON_KERNEL_OVERRIDE`` on, autotune results stay local too.
 * When the daemon cannot be reached, or nobody has a result within the wait bound
   (``$TUNECACHE_TRITON_WAIT_MS``, default 120000), it behaves as the default manager with one
-  warning per process. A holder that dies (even SIGKILL) hands the lease on: the daemon watches
-  its pid, and one of the waiting processes tunes instead.
+  warning per process.
 """
 
 from __future__ import annotations
@@ -33,15 +52,18 @@ import logging
 import math
 import os
 import platform
+import shutil
 import sys
 import time
-from typing import Any, Dict, Optional
+import uuid
+from typing import Any, Dict, List, Optional, Tuple
 
+from triton import knobs
 from triton.runtime.cache import CacheManager as _TritonCacheManager
 from triton.runtime.cache import FileCacheManager
 
 from tunecache.client import Key, ProcessClient, Result, UntrustedSocketError, describe_problem
-from tunecache.errors import RpcError
+from tunecache.errors import ArtifactError, RpcError
 
 logger = logging.getLogger("tunecache.triton")
 
@@ -54,6 +76,19 @@ DEFAULT_WAIT_MS = 120_000
 UNORDERED_TIME_US = sys.float_info.max
 # Result.config = {"format": CONFIG_FORMAT, "autotune_json": <the file's exact text>}.
 CONFIG_FORMAT = "triton-autotune-json-1"
+# The op of compiled-kernel groups: autotune entries use the kernel's name, a Python identifier,
+# which can never contain "-", so the two never share a key.
+GROUP_OP = "compiled-kernel"
+# Triton's FileCacheManager names a group's file "__grp__" + the name compile() gives it.
+GROUP_PREFIX = "__grp__"
+# Result.config = {"format": GROUP_FORMAT, "group": "<name>.json", "child_paths": [[file, artifact
+# name], ...]}: the group JSON in Triton's shape with artifact names for the paths, as a list so
+# that the order of the files (which is the order of the __grp__ file's keys) survives any
+# re-spelling of the JSON.
+GROUP_FORMAT = "triton-compiled-group-1"
+# Every compile of one key gives the same files, so no result is better than another: equal
+# times make the merge rule order them by config, the same on every node.
+GROUP_TIME_US = 0.0
 
 
 class _Daemon(ProcessClient):
@@ -63,8 +98,9 @@ class _Daemon(ProcessClient):
         problem = describe_problem(problem)
         if self.first_warning():
             logger.warning(
-                "tunecache: %s (%s); Triton's autotune cache uses its own files in this process "
-                "as it would without tunecache. Further fallbacks are logged at DEBUG.",
+                "tunecache: %s (%s); Triton's cache (autotune results, compiled kernels) uses its "
+                "own files in this process as it would without tunecache. Further fallbacks are "
+                "logged at DEBUG.",
                 what,
                 problem,
             )
@@ -104,16 +140,18 @@ def _best_time_us(text: str) -> float:
 
 
 class CacheManager(_TritonCacheManager):
-    """Triton's ``CacheManager`` with ``*.autotune.json`` shared through tunecached; see the
-    module doc. Constructed by Triton as ``CacheManager(key, override=False, dump=False)``."""
+    """Triton's ``CacheManager`` with ``*.autotune.json`` files and compiled-kernel groups
+    shared through tunecached; see the module doc. Constructed by Triton as
+    ``CacheManager(key, override=False, dump=False)``."""
 
     def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
         self.key = key
         self._files = FileCacheManager(key, override=override, dump=dump)
         # The override and dump managers are Triton's files only.
-        self._shares_autotune = not override and not dump
-        # filename -> the TuneLease this process holds for it, until its put.
-        self._leases: Dict[str, Any] = {}
+        self._shares = not override and not dump
+        # ("autotune", filename) or ("group", filename) -> the TuneLease this process holds for
+        # it, until its put (autotune) or put_group (group).
+        self._leases: Dict[Tuple[str, str], Any] = {}
 
     def __getattr__(self, name: str) -> Any:
         # cache_dir, lock_path, has_file, ... as the default manager has them.
@@ -140,15 +178,32 @@ class CacheManager(_TritonCacheManager):
         return path
 
     def get_group(self, filename: str) -> Optional[Dict[str, str]]:
-        return self._files.get_group(filename)
+        local = self._files.get_group(filename)
+        if local is not None or not self._shares_groups():
+            return local
+        try:
+            return self._resolve_group(filename)
+        except Exception as err:  # never worse than Triton: it compiles
+            _daemon.warn_once("tunecached could not be used", err)
+            return None
 
     def put_group(self, filename: str, group: Dict[str, str]) -> str:
-        return self._files.put_group(filename, group)
+        path = self._files.put_group(filename, group)
+        lease = self._leases.pop(("group", filename), None)
+        if lease is not None:
+            self._share_group(filename, group, lease)
+        return path
 
     # --- autotune files ---------------------------------------------------------------------------
 
     def _is_autotune(self, filename: str) -> bool:
-        return self._shares_autotune and filename.endswith(AUTOTUNE_SUFFIX) and len(filename) > len(AUTOTUNE_SUFFIX)
+        # Timings of overridden kernels (TRITON_KERNEL_OVERRIDE) are not the key's either.
+        return (
+            self._shares
+            and not getattr(knobs.compilation, "override", False)
+            and filename.endswith(AUTOTUNE_SUFFIX)
+            and len(filename) > len(AUTOTUNE_SUFFIX)
+        )
 
     def _key(self, filename: str) -> Any:
         return Key(
@@ -170,7 +225,7 @@ class CacheManager(_TritonCacheManager):
             return None
         if start.kind == "tune":
             # Triton benchmarks now; the put that follows Records under this lease.
-            self._leases[filename] = start.lease
+            self._leases[("autotune", filename)] = start.lease
             return None
         if start.kind == "hit":
             text = _autotune_text(start.result.config)
@@ -183,7 +238,7 @@ class CacheManager(_TritonCacheManager):
         return None
 
     def _record(self, filename: str, data: Any) -> None:
-        lease = self._leases.pop(filename, None)
+        lease = self._leases.pop(("autotune", filename), None)
         if lease is None:
             return  # tuned without a lease (daemon away, wait bound passed): files only
         try:
@@ -198,32 +253,186 @@ class CacheManager(_TritonCacheManager):
             logger.warning("tunecache: %s is not a Triton autotune file (%s); not shared", filename, err)
             self._abandon(lease)
             return
-        # The Rust client's finish_tune: a failed Record gives the lease up, except past its
-        # deadline (that Record may still land), the same for every caller.
+        _finish(lease, result, filename, "an autotune result")
+
+    # --- compiled-kernel groups -------------------------------------------------------------------
+
+    def _shares_groups(self) -> bool:
+        """Whether this compile goes through the daemon. Not in a process that overrides kernels
+        (TRITON_KERNEL_OVERRIDE: its kernels are not the key's, and must reach no other process)
+        or dumps them (TRITON_KERNEL_DUMP: compile() dumps only what it compiles, so a fetched
+        group would leave no dump where stock Triton writes one), nor with TRITON_ALWAYS_COMPILE
+        (compile() ignores the cache: nothing to wait for). Overrides and dumps are not in
+        Triton's cache key, so the daemon cannot tell these compiles apart."""
+        compilation = knobs.compilation
+        return self._shares and not (
+            getattr(compilation, "override", False)
+            or getattr(compilation, "dump_ir", False)
+            or getattr(compilation, "always_compile", False)
+        )
+
+    def _group_key(self) -> Any:
+        return Key(namespace=NAMESPACE, op=GROUP_OP, device=_device(), problem=self.key)
+
+    def _resolve_group(self, filename: str) -> Optional[Dict[str, str]]:
+        key = self._group_key()
         try:
-            finished = _daemon.client().finish_tune(lease, result)
-        except Exception as err:  # could not even reach the daemon; the lease ends with us
-            _daemon.warn_once("tunecached could not store an autotune result", err)
+            client = _daemon.client()
+            start = client.begin_tune(
+                key, wait_ms=_env_ms(WAIT_ENV, DEFAULT_WAIT_MS), can_tune=True, lease_ms=_env_ms(LEASE_ENV, 0)
+            )
+        except (UntrustedSocketError, OSError, ValueError, RpcError) as err:
+            _daemon.warn_once("tunecached unreachable", err)
+            return None
+        if start.kind == "tune":
+            # Triton compiles now; its final put_group Records the files under this lease.
+            self._leases[("group", filename)] = start.lease
+            return None
+        if start.kind == "hit":
+            # A process sharing this cache directory may have written the group while we waited.
+            local = self._files.get_group(filename)
+            if local is not None:
+                return local
+            try:
+                return self._materialize_group(filename, start.result)
+            except (ArtifactError, RpcError, OSError, ValueError) as err:
+                # The entry is there but its files are not to be had (collected, a tier down):
+                # compile here, as on a miss.
+                _daemon.warn_once(f"could not fetch the compiled kernel {filename}; compiling it here", err)
+                return None
+        _daemon.warn_once(f"no compiled kernel for {filename} within the wait bound", start.reason)
+        return None
+
+    def _materialize_group(self, filename: str, result: Any) -> Optional[Dict[str, str]]:
+        """Writes the group ``result`` names into this cache directory as FileCacheManager would
+        have: each file renamed into place from a temporary directory of the cache directory
+        (Triton's own ``tmp.pid_<pid>_<uuid>`` spelling), then the ``__grp__`` file last, so
+        that a reader never finds a group whose files are missing. None when the result is not
+        such a group (then Triton compiles)."""
+        children = _group_children(result.config, filename)
+        if children is None or sorted(name for _child, name in children) != sorted(a.name for a in result.artifacts):
+            logger.debug("tunecache: %s holds no Triton group for %s; compiling here", self.key, filename)
+            return None
+        temp_dir = os.path.join(self._files.cache_dir, f"tmp.pid_{os.getpid()}_{uuid.uuid4()}")
+        os.makedirs(temp_dir)
+        try:
+            _daemon.client().fetch_artifacts(result, temp_dir)
+            group = {}
+            for child, name in children:
+                path = self._files._make_path(child)
+                os.replace(os.path.join(temp_dir, name), path)
+                group[child] = path
+        finally:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        self._files.put_group(filename, group)
+        return self._files.get_group(filename)
+
+    def _share_group(self, filename: str, group: Dict[str, str], lease: Any) -> None:
+        """Uploads every file of the group compile() just put and Records them under ``lease``;
+        on any failure the lease is given up (a waiter compiles), the files stay local."""
+        children = list(group.items())
+        if not children or any(not _plain_file_name(child) for child, _path in children):
+            logger.warning("tunecache: the group %s names files outside its directory; not shared", filename)
+            self._abandon(lease)
             return
-        if finished.error is None:
+        try:
+            client = _daemon.client()
+            try:
+                artifacts = client.put_artifacts([(child, path) for child, path in children])
+                names = [child for child, _path in children]
+            except ArtifactError:
+                # A file name the artifact rules refuse (over 128 bytes, a byte outside
+                # [A-Za-z0-9._-]): numbered names instead; the config keeps the file names.
+                names = [str(index) for index in range(len(children))]
+                artifacts = client.put_artifacts([(name, path) for name, (_child, path) in zip(names, children)])
+        except (ArtifactError, RpcError, OSError, ValueError) as err:
+            _daemon.warn_once(f"could not upload the compiled kernel {filename}", err)
+            self._abandon(lease)
             return
-        if finished.refused:
-            logger.warning("tunecache: the daemon refused %s (%s); it stays local", filename, finished.error.details())
-        else:
-            _daemon.warn_once("tunecached could not store an autotune result", finished.error)
+        config = json.dumps(
+            {
+                "format": GROUP_FORMAT,
+                "group": filename,
+                "child_paths": [[child, name] for (child, _path), name in zip(children, names)],
+            }
+        )
+        result = Result(
+            config=config,
+            time_us=GROUP_TIME_US,
+            tuned_by=f"{platform.node()} pid {os.getpid()} (triton cache manager)",
+            tuned_at_unix_ms=int(time.time() * 1000),
+            artifacts=artifacts,
+        )
+        _finish(lease, result, filename, "a compiled kernel")
 
     def _abandon(self, lease: Any) -> None:
-        try:
-            _daemon.client().abandon(lease)
-        except Exception as err:
-            logger.debug("tunecache: could not give the lease up (%s); it expires", err)
+        _abandon(lease)
 
     def __del__(self) -> None:
-        # Triton never got to put (its benchmark raised): let a waiting process tune now.
+        # Triton never got to put or put_group (its benchmark or compilation raised, and the
+        # exception dropped this manager): let a waiting process tune or compile now.
         leases = self.__dict__.get("_leases") or {}
         for lease in list(leases.values()):
             self._abandon(lease)
         leases.clear()
+
+
+def _abandon(lease: Any) -> None:
+    try:
+        _daemon.client().abandon(lease)
+    except Exception as err:
+        logger.debug("tunecache: could not give the lease up (%s); it expires", err)
+
+
+def _finish(lease: Any, result: Any, filename: str, what: str) -> None:
+    """Records ``result`` under ``lease`` through the Rust client's finish_tune: a failed Record
+    gives the lease up, except past its deadline (that Record may still land), the same for
+    every caller."""
+    try:
+        finished = _daemon.client().finish_tune(lease, result)
+    except Exception as err:  # could not even reach the daemon; the lease ends with us
+        _daemon.warn_once(f"tunecached could not store {what}", err)
+        return
+    if finished.error is None:
+        return
+    if finished.refused:
+        logger.warning("tunecache: the daemon refused %s (%s); it stays local", filename, finished.error.details())
+    else:
+        _daemon.warn_once(f"tunecached could not store {what}", finished.error)
+
+
+def _plain_file_name(name: Any) -> bool:
+    """A name FileCacheManager keeps inside its directory (compile() names files
+    ``<kernel>.<ext>``): a waiter writes it there, so nothing else is accepted."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and "\0" not in name
+        and not name.startswith(GROUP_PREFIX)
+    )
+
+
+def _group_children(config: str, filename: str) -> Optional[List[Tuple[str, str]]]:
+    """The (file name, artifact name) pairs of a group Result.config for ``filename``, in the
+    order compile() put them; None when the config is not one."""
+    try:
+        document = json.loads(config)
+    except ValueError:
+        return None
+    if not isinstance(document, dict) or document.get("format") != GROUP_FORMAT or document.get("group") != filename:
+        return None
+    pairs = document.get("child_paths")
+    if not isinstance(pairs, list) or not pairs:
+        return None
+    children = []
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2 and _plain_file_name(pair[0]) and isinstance(pair[1], str)):
+            return None
+        children.append((pair[0], pair[1]))
+    if len({child for child, _name in children}) != len(children):
+        return None
+    return children
 
 
 def _autotune_text(config: str) -> Optional[str]:
