@@ -1,0 +1,233 @@
+# Owns the BitBLAS load benchmark (issue 37): RANKS rank processes loading a BitBLAS operator
+# database of OPS operators (each padded to FILE_MIB MiB of files: wrapper_compiled.so carries the
+# padding, which dlopen ignores) at once, side by side in one run:
+#   dropin      through tunecache.integrations.bitblas: each rank Scans the daemon and fetches
+#               every file, verified, into a directory of its own, then BitBLAS's loader runs there;
+#   local       stock BitBLAS, every rank loading the one database directory on the local disk;
+#   slowfs-Nms  stock BitBLAS loading it from a slowfs mount adding N ms per operation (a slow
+#               shared filesystem; needs /dev/fuse and target/*/slowfs; skipped without them).
+# BitBLAS is the stand-in of client/python/tests/bitblas_standin.py (their own cache code, real
+# builds; see docs/bitblas.md): the database is built with their own save, then Recorded into the
+# daemon as the drop-in Records it. Each mode: the barrier (every rank imported and ready, then
+# released at once), per-rank load seconds, the wall time until the last rank is done, and how
+# many operators each rank got with their runtime module and library. Prints one JSON object
+# (and a table on stderr).
+#
+# Run (with a Python where the tunecache wheel is installed, e.g. client/python/run_tests.sh's venv):
+#   VENV/bin/python tests/bench/python/bitblas_load.py [--ops 100] [--file-mib 2] [--ranks 8]
+#       [--slowfs-ms 5] [--runs 1]
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO_ROOT / "client" / "python" / "tests"))
+from bitblas_standin import write_standin  # noqa: E402
+
+RANK_SCRIPT = Path(__file__).resolve().parent / "bitblas_load_rank.py"
+TARGET = "nvidia/nvidia-h100"
+
+
+def binary(name: str) -> Path:
+    for profile in ("release", "debug"):
+        path = REPO_ROOT / "target" / profile / name
+        if path.is_file():
+            return path
+    raise SystemExit(f"{name} not built (cargo build --bins -p tunecache-server -p tunecache-slowfs)")
+
+
+BUILD_DATABASE = r"""
+import os, sys
+import bitblas
+from bitblas.cache import global_operator_cache
+database, count, pad = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for index in range(count):
+    config = bitblas.MatmulConfig(M=1, N=16 * (index + 1), K=1024, A_dtype="float16", out_dtype="float16",
+                                  accum_dtype="float16", layout="nt")
+    global_operator_cache.add(config, bitblas.Matmul(config, target=sys.argv[4], enable_tuning=False))
+global_operator_cache.save_into_database(database, sys.argv[4])
+for root, _, files in os.walk(database):
+    for name in files:
+        if name == "wrapper_compiled.so":
+            path = os.path.join(root, name)
+            missing = pad - sum(os.path.getsize(os.path.join(root, f)) for f in files)
+            if missing > 0:
+                with open(path, "ab") as f:
+                    f.write(os.urandom(missing))
+"""
+
+# Records every operator directory of the database as the drop-in's save Records it (the key,
+# Result.config and artifacts of tunecache.integrations.bitblas), without building anything again.
+SEED_DAEMON = r"""
+import json, os, sys, time
+import bitblas
+import tunecache
+import tunecache.integrations.bitblas as tb
+database, target, socket = sys.argv[1], sys.argv[2], sys.argv[3]
+arch_path = os.path.join(database, target)
+client = tunecache.Client(socket, timeout=120)
+entries = []
+for hash_dir in sorted(os.listdir(arch_path)):
+    path = os.path.join(arch_path, hash_dir)
+    mapping = json.load(open(os.path.join(path, "mapping.json")))
+    config_json = json.load(open(os.path.join(path, mapping["config_type"] + ".json")))
+    config = getattr(bitblas, mapping["config_type"])(**config_json)
+    files = [(name, os.path.join(path, name)) for name in sorted(os.listdir(path))
+             if os.path.isfile(os.path.join(path, name)) and not name.endswith(".tar.so")]
+    key = tb._key(config, target)
+    document = {"mapping": mapping, "config": config_json, "dir": hash_dir}
+    result = tunecache.Result(config=json.dumps(document, sort_keys=True, separators=(",", ":")),
+                              time_us=tb.FIXED_TIME_US, tuned_by="bitblas_load.py",
+                              tuned_at_unix_ms=int(time.time() * 1000), artifacts=client.put_artifacts(files))
+    entries.append(tunecache.Entry(key=key, result=result))
+print(client.record(entries).stored)
+"""
+
+
+def wait_answering(python: str, socket: str, process: subprocess.Popen) -> None:
+    probe = "import sys, tunecache; tunecache.Client(sys.argv[1], timeout=1).stats()"
+    deadline = time.monotonic() + 30
+    while subprocess.run([python, "-c", probe, socket], capture_output=True).returncode != 0:
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("tunecached did not start")
+        time.sleep(0.05)
+
+
+def run_mode(python: str, environment: dict, mode: str, path: str, ranks: int) -> dict:
+    processes = [subprocess.Popen([python, str(RANK_SCRIPT), mode, path, TARGET], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+                 for _ in range(ranks)]
+    for process in processes:  # the barrier: every rank imported and ready
+        line = process.stdout.readline()
+        if line.strip() != "ready":
+            raise SystemExit(f"{mode} rank not ready: {line!r} {process.stderr.read()[-2000:]}")
+    released = time.time()
+    for process in processes:
+        process.stdin.close()
+        process.stdin = None  # communicate() below must not flush it
+    reports = []
+    for process in processes:
+        out, err = process.communicate(timeout=600)
+        if process.returncode != 0:
+            raise SystemExit(f"{mode} rank failed: {err[-2000:]}")
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    loads = [report["load_s"] for report in reports]
+    return {
+        "mode": mode,
+        "ranks": ranks,
+        "wall_s": max(report["ended"] for report in reports) - released,
+        "load_s_median": statistics.median(loads),
+        "load_s_max": max(loads),
+        "ops_min": min(report["ops"] for report in reports),
+        "with_rt_mod_min": min(report["with_rt_mod"] for report in reports),
+        "with_rt_mod_total": sum(report["with_rt_mod"] for report in reports),
+        "with_lib_min": min(report["with_lib"] for report in reports),
+        "ranks_failed": sum(1 for report in reports if report["error"]),
+        "errors": sorted({report["error"] for report in reports if report["error"]}),
+    }
+
+
+def clean_stock_leftovers(database: Path) -> None:
+    """TVM's load_module leaves tvm_rt_mod.tar.so (and, after a collision, tvm_rt_mod/) next to
+    the tar: removed between runs, so each stock run starts from what their save wrote."""
+    for root, dirs, files in os.walk(database):
+        for name in files:
+            if name.endswith(".tar.so"):
+                os.unlink(os.path.join(root, name))
+        for name in list(dirs):
+            if name == "tvm_rt_mod":
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+                dirs.remove(name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ops", type=int, default=100)
+    parser.add_argument("--file-mib", type=float, default=2.0)
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--slowfs-ms", type=int, default=5, help="0: no slowfs run")
+    parser.add_argument("--runs", type=int, default=1)
+    args = parser.parse_args()
+    python = sys.executable
+    work = Path(tempfile.mkdtemp(prefix="bb-load-", dir="/tmp"))
+    daemon = None
+    slowfs_pid = None
+    mountpoint = work / "slow" / "mnt"
+    try:
+        standin = write_standin(work / "standin")
+        environment = {k: v for k, v in os.environ.items() if k not in ("TUNECACHE_BITBLAS",)}
+        environment.update(PYTHONPATH=str(standin), PYTHONDONTWRITEBYTECODE="1", HOME=str(work / "home"),
+                           TMPDIR=str(work / "tmp"), TUNECACHE_VIEW="", TUNECACHE_BITBLAS_DIR=str(work / "dropin"))
+        (work / "tmp").mkdir()
+        socket = str(work / "s.sock")
+        environment["TUNECACHE_SOCKET"] = socket
+        database = work / "db"
+        started = time.monotonic()
+        subprocess.run([python, "-c", BUILD_DATABASE, str(database), str(args.ops),
+                        str(int(args.file_mib * 1024 * 1024)), TARGET], check=True, env=environment)
+        print(f"database: {args.ops} operators built in {time.monotonic() - started:.1f} s", file=sys.stderr)
+        clean_stock_leftovers(database)
+
+        log = open(work / "daemon.log", "wb")
+        daemon = subprocess.Popen([str(binary("tunecached")), "--socket", socket, "--state-dir", str(work / "state"),
+                                   "--tuner", "off"], stdout=log, stderr=subprocess.STDOUT)
+        wait_answering(python, socket, daemon)
+        subprocess.run([python, "-c", SEED_DAEMON, str(database), TARGET, socket], check=True, env=environment)
+
+        paths = {"dropin": "unused", "local": str(database)}
+        if args.slowfs_ms and Path("/dev/fuse").exists():
+            backing = work / "slow" / "backing"
+            shutil.copytree(database, backing)
+            mountpoint.mkdir(parents=True)
+            # The detached slowfs keeps stderr for its log: a pipe there would never reach EOF.
+            with open(work / "slowfs.log", "wb") as slowfs_log:
+                mounted = subprocess.run([str(binary("slowfs")), str(backing), str(mountpoint), "--latency-ms",
+                                          str(args.slowfs_ms), "--threads", "64"], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=slowfs_log, text=True)
+            if mounted.returncode == 0:
+                slowfs_pid = int(mounted.stdout.strip())
+                paths[f"slowfs-{args.slowfs_ms}ms"] = str(mountpoint)
+            else:
+                print(f"slowfs skipped: {(work / 'slowfs.log').read_text().strip()}", file=sys.stderr)
+
+        results = []
+        for run in range(args.runs):
+            for mode, path in paths.items():
+                if mode != "dropin":
+                    clean_stock_leftovers(Path(path))
+                rank_mode = "dropin" if mode == "dropin" else "stock"
+                result = run_mode(python, environment, rank_mode, path, args.ranks)
+                result.update(mode=mode, run=run)
+                results.append(result)
+        report = {"ops": args.ops, "file_mib": args.file_mib, "ranks": args.ranks, "results": results}
+        print(json.dumps(report, indent=2))
+        print(f"{'mode':<14}{'wall s':>9}{'load s med':>12}{'load s max':>12}{'rt_mod ok (min/rank)':>22}{'ranks failed':>14}",
+              file=sys.stderr)
+        for result in results:
+            print(f"{result['mode']:<14}{result['wall_s']:>9.2f}{result['load_s_median']:>12.2f}"
+                  f"{result['load_s_max']:>12.2f}{result['with_rt_mod_min']:>18}/{args.ops}"
+                  f"{result['ranks_failed']:>14}", file=sys.stderr)
+    finally:
+        if slowfs_pid is not None:
+            os.kill(slowfs_pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and str(mountpoint) in open("/proc/self/mounts").read():
+                time.sleep(0.02)
+        if daemon is not None:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(timeout=15)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
