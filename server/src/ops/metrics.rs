@@ -283,6 +283,7 @@ const METRICS: &[Metric] = &[
     row("artifact_store_bytes", "The artifact store's bound in bytes (--artifact-store-mib).", Gauge(|s| s.artifact_store_bytes)),
     row("artifact_records_refused", "Records refused for naming a blob this node cannot serve.", Counter(|s| s.artifact_records_refused)),
     row("artifact_bytes_over_cluster_limit", "Bytes of blobs kept out of Redis by --cluster-max-artifact-bytes.", Counter(|s| s.artifact_bytes_over_cluster_limit)),
+    row("artifact_shared_dir_collections", "Blobs of the shared directory no entry named, deleted by this node's sweeps.", Counter(|s| s.artifact_shared_dir_collections)),
 ];
 
 /// -1 until the first snapshot, so "never" is not mistaken for "just now".
@@ -517,6 +518,7 @@ mod tests {
             artifact_store_bytes: 1124,
             artifact_records_refused: 1125,
             artifact_bytes_over_cluster_limit: 1126,
+            artifact_shared_dir_collections: 1127,
             ..Default::default()
         }
     }

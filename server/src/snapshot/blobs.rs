@@ -7,17 +7,25 @@
 //! asks for one it lacks ([`SharedDirBlobs`], a tier of the artifact store), so the shared
 //! filesystem never carries nodes × store bytes. A blob needs no MAC: a reader takes it only
 //! because an entry from a trusted segment (or Redis) names its digest, and the store keeps
-//! the bytes only if they hash to it. No blob is ever deleted here, so compaction can never
-//! remove one a live segment names.
+//! the bytes only if they hash to it.
+//!
+//! Blobs no live entry names are collected by [`sweep`], in the two steps of
+//! `plan::blob_sweep` (renamed to this node's trash, then deleted one pass later unless named
+//! again), only after a load that read every trusted segment; after each segment it links in,
+//! a publisher links in afresh any blob the segment names that is missing
+//! ([`relink_missing`]). So a blob a live segment names is never left deleted.
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use crate::artifacts::{Artifacts, BlobSource, Partial, Tier};
+use crate::snapshot::plan::blob_sweep::{self, BlobName, SweepStep};
 use crate::wire::stored::EntryMap;
 
 /// The blobs' directory under `v2/`.
@@ -124,6 +132,122 @@ pub(super) fn publish_named(
         }
     }
     Ok(linked)
+}
+
+/// After a segment naming `entries` is linked in: links in, from this node's store, every
+/// blob they name that the shared directory lacks (a sweep renamed it while the segment was
+/// being written). Answers how many it linked.
+pub(super) fn relink_missing(
+    segment_dir: &Path,
+    entries: &EntryMap,
+    artifacts: &Arc<Artifacts>,
+    fsync: bool,
+    node: &str,
+) -> io::Result<usize> {
+    publish_named(
+        segment_dir,
+        entries,
+        artifacts,
+        &mut HashSet::new(),
+        fsync,
+        node,
+    )
+}
+
+/// What one sweep did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SweepReport {
+    /// Blobs renamed to this node's trash.
+    pub trashed: usize,
+    /// Trash files linked back under their digest.
+    pub restored: usize,
+    /// Trash files deleted: blobs collected.
+    pub deleted: usize,
+    pub deleted_bytes: u64,
+    /// Publishers' temporary files deleted.
+    pub temps_deleted: usize,
+}
+
+/// How long ago the file was last written or renamed (the later of its mtime and ctime).
+fn age_of(metadata: &fs::Metadata, now: SystemTime) -> Option<Duration> {
+    let at = |seconds: i64, nanos: i64| {
+        let since_epoch = Duration::new(u64::try_from(seconds).ok()?, u32::try_from(nanos).ok()?);
+        SystemTime::UNIX_EPOCH.checked_add(since_epoch)
+    };
+    let modified = at(metadata.mtime(), metadata.mtime_nsec())?;
+    let changed = at(metadata.ctime(), metadata.ctime_nsec())?;
+    now.duration_since(modified.max(changed)).ok()
+}
+
+/// One sweep of `segment_dir/artifacts/` (see `plan::blob_sweep`): `named` holds every digest
+/// an entry of this node's cache names, read after a load that read every trusted segment.
+/// A file another user owns there (a sticky directory) cannot be renamed or removed: it is left,
+/// logged at debug.
+pub(super) fn sweep(
+    segment_dir: &Path,
+    named: &HashSet<String>,
+    grace: Duration,
+    node: &str,
+) -> io::Result<SweepReport> {
+    let dir = segment_dir.join(BLOB_DIR);
+    let listing = match fs::read_dir(&dir) {
+        Ok(listing) => listing,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(SweepReport::default()),
+        Err(error) => return Err(error),
+    };
+    let now = SystemTime::now();
+    let mut report = SweepReport::default();
+    for item in listing {
+        let item = item?;
+        let file_name = item.file_name();
+        let Some(name) = file_name.to_str() else {
+            continue;
+        };
+        let kind = blob_sweep::classify(name, node);
+        if kind == BlobName::Other {
+            continue;
+        }
+        let path = dir.join(name);
+        let Ok(metadata) = fs::symlink_metadata(&path) else {
+            continue; // gone meanwhile
+        };
+        if metadata.is_dir() {
+            continue;
+        }
+        let digest = match kind {
+            BlobName::Blob(digest) | BlobName::Trash { digest, .. } => Some(digest),
+            _ => None,
+        };
+        let is_named = digest.is_some_and(|digest| named.contains(digest));
+        let outcome = match blob_sweep::step(&kind, age_of(&metadata, now), is_named, grace) {
+            SweepStep::Keep => Ok(()),
+            SweepStep::Trash => {
+                let trash = dir.join(blob_sweep::trash_name(name, node));
+                fs::rename(&path, &trash).map(|()| report.trashed += 1)
+            }
+            SweepStep::Restore => {
+                let target = dir.join(digest.unwrap_or_default());
+                match fs::hard_link(&path, &target) {
+                    Err(error) if error.kind() != io::ErrorKind::AlreadyExists => Err(error),
+                    _ => fs::remove_file(&path).map(|()| report.restored += 1),
+                }
+            }
+            SweepStep::Delete => fs::remove_file(&path).map(|()| {
+                if kind == BlobName::Temp {
+                    report.temps_deleted += 1;
+                } else {
+                    report.deleted += 1;
+                    report.deleted_bytes += metadata.len();
+                }
+            }),
+        };
+        if let Err(error) = outcome {
+            if error.kind() != io::ErrorKind::NotFound {
+                tracing::debug!(path = %path.display(), %error, "a shared blob was left as it is");
+            }
+        }
+    }
+    Ok(report)
 }
 
 /// `v2/artifacts/`, made with the mode `v2/` has (shared by every user, sticky, or the

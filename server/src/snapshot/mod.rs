@@ -145,6 +145,8 @@ struct SnapshotCounters {
     invalid_entries: AtomicU64,
     /// Other nodes read on from the place the state directory recorded, not from the start.
     peers_resumed: AtomicU64,
+    /// Blobs of `v2/artifacts/` no entry named, deleted by this node's sweeps.
+    blobs_collected: AtomicU64,
 }
 
 /// State shared by the handle, the background task and the I/O thread.
@@ -256,6 +258,10 @@ struct IoSlot {
     /// may never have taken, so none is recorded again until the daemon restarts (and then
     /// reads on from the last record, written before it).
     places_unsafe: bool,
+    /// The last load read every trusted node's segments through, and the store took them.
+    caught_up: bool,
+    /// When the shared directory's blobs were last swept.
+    last_sweep: Option<Instant>,
 }
 
 /// Cheap, cloneable handle to the snapshot machinery.
@@ -336,6 +342,8 @@ impl SnapshotHandle {
             unsaved_places: None,
             merging: false,
             places_unsafe: false,
+            caught_up: false,
+            last_sweep: None,
         };
         store.add_change_listener(Arc::new(OwnChanges(Arc::downgrade(&shared))));
         Ok(SnapshotHandle {
@@ -468,7 +476,11 @@ impl SnapshotHandle {
         let outcome = match self.load_and_apply(slot).await {
             Ok(()) => {
                 slot.last_load_error = None;
-                self.publish_if_changed(slot).await
+                let published = self.publish_if_changed(slot).await;
+                if published.is_ok() {
+                    self.sweep_blobs_if_due(slot).await;
+                }
+                published
             }
             Err(error) => {
                 slot.last_load_error = Some(error.to_string());
@@ -486,6 +498,49 @@ impl SnapshotHandle {
             counters.passes.fetch_add(1, Ordering::Relaxed);
         }
         outcome
+    }
+
+    /// Collects the shared directory's blobs no entry names (`blobs::sweep`), at most every
+    /// quarter of `--artifact-grace-secs` (within 100 ms and 60 s), and only after a load that
+    /// caught up: then the store holds every live entry of the directory. A failure is logged;
+    /// the pass goes on.
+    async fn sweep_blobs_if_due(&self, slot: &mut IoSlot) {
+        let Some(artifacts) = self.shared.artifacts.as_ref() else {
+            return;
+        };
+        let grace = Duration::from_millis(artifacts.grace_ms());
+        let interval = (grace / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+        if !slot.caught_up || slot.last_sweep.is_some_and(|at| at.elapsed() < interval) {
+            return;
+        }
+        slot.last_sweep = Some(Instant::now());
+        let entries = self.store.current();
+        match self
+            .run_job(slot, Operation::Write, |reply| IoJob::SweepBlobs {
+                entries,
+                grace,
+                reply,
+            })
+            .await
+        {
+            Ok(report) => {
+                let counters = &self.shared.counters;
+                counters
+                    .blobs_collected
+                    .fetch_add(report.deleted as u64, Ordering::Relaxed);
+                if report != blobs::SweepReport::default() {
+                    tracing::info!(
+                        trashed = report.trashed,
+                        restored = report.restored,
+                        deleted = report.deleted,
+                        deleted_bytes = report.deleted_bytes,
+                        temps_deleted = report.temps_deleted,
+                        "swept the shared directory's artifact blobs"
+                    );
+                }
+            }
+            Err(error) => tracing::debug!(%error, "sweeping the shared directory's blobs failed"),
+        }
     }
 
     /// Hands one job to the I/O thread and waits for it at most `IO_WAIT_BOUND`.
@@ -548,6 +603,9 @@ impl SnapshotHandle {
             })
             .await?;
         let read_elapsed = started.elapsed();
+        // Until the store has taken every file below, it does not hold every live entry.
+        slot.caught_up = false;
+        let caught_up = report.caught_up;
         if std::mem::replace(&mut slot.merging, true) && !slot.places_unsafe {
             slot.places_unsafe = true;
             tracing::warn!(
@@ -595,6 +653,7 @@ impl SnapshotHandle {
             );
         }
         slot.merging = false;
+        slot.caught_up = caught_up;
         if let Some(record) = report.merged {
             slot.unsaved_places = Some(record);
         }
@@ -753,6 +812,7 @@ impl crate::report::FillStats for SnapshotHandle {
         stats.snapshot_name_conflicts = load(&counters.name_conflicts);
         stats.snapshot_invalid_entries = load(&counters.invalid_entries);
         stats.peer_nodes_resumed = load(&counters.peers_resumed);
+        stats.artifact_shared_dir_collections = load(&counters.blobs_collected);
     }
 }
 

@@ -906,3 +906,253 @@ async fn a_tampered_shared_blob_is_refused_and_fetched_from_redis() {
         (1, 0, 1)
     );
 }
+
+/// Cross-node single-flight of an artifact-bearing entry: while a rank on node a holds the
+/// lease on a key, a rank on node b asking for it waits (one lease in the cluster); a's Record
+/// naming an uploaded blob ends b's wait with that entry, and b then fetches the blob, from
+/// Redis, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_on_another_node_gets_the_artifact_entry_of_the_lease_holder_and_then_its_blobs() {
+    use tunecache_client::tuning::TuneStart;
+    use tunecache_client::{Resolution, ResolveOptions};
+    use tunecache_integration::redis::{free_port, Redis};
+    if Redis::server().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let redis = Redis::start(dir.path(), free_port(), &[]);
+    let (a, b) = redis_pair(dir.path(), &redis, &[]).await;
+    let (ca, cb) = (a.client().await, b.client().await);
+    let problem = "single-flight-artifact";
+    let key = test_key("matmul", problem);
+    let options = ResolveOptions {
+        wait: tunecache_integration::FACT_LIMIT,
+        can_tune: true,
+        lease: Duration::from_secs(60),
+    };
+
+    // A rank on a takes the lease.
+    let lease = match ca.begin_tune(key.clone(), options).await.unwrap() {
+        TuneStart::Tune(lease) => lease,
+        other => panic!("the first Resolve in the cluster tunes, got {other:?}"),
+    };
+    // A rank on b asks while a holds it: it waits on a's cluster lease instead of tuning.
+    let waiting = {
+        let (cb, key) = (cb.clone(), key.clone());
+        tokio::spawn(async move { cb.resolve(key, options).await })
+    };
+    // (Or until it answered, which the assertion below refuses.)
+    wait_until("b's Resolve waits on a's cluster lease", || {
+        let (b, waiting) = (&b, &waiting);
+        async move {
+            let stats = b.stats().await;
+            waiting.is_finished()
+                || (stats.cluster_leases_held_elsewhere >= 1 && stats.waiters == 1)
+        }
+    })
+    .await;
+    assert!(
+        !waiting.is_finished(),
+        "b's Resolve answered before a's Record"
+    );
+    let (sa, sb) = (a.stats().await, b.stats().await);
+    assert_eq!(
+        (
+            sa.leases_granted,
+            sa.cluster_leases_acquired,
+            sb.leases_granted,
+            sb.cluster_leases_acquired
+        ),
+        (1, 1, 0, 0),
+        "exactly one lease in the cluster, a's"
+    );
+
+    // a uploads the blob and records the entry naming it under its lease.
+    let content = Content::new(70, 3 * MIB + 11);
+    let source = dir.path().join("kernel.cubin");
+    write_file(&source, content);
+    let stored = ca.put_artifact(&source).await.expect("PutArtifact on a");
+    assert_eq!(
+        (stored.sha256.as_str(), stored.size),
+        (content.digest().as_str(), content.size)
+    );
+    let artifact = stored.named("kernel.cubin").unwrap();
+    let result = entry_naming(problem, 3.5, vec![artifact.clone()])
+        .result
+        .unwrap();
+    ca.finish_tune(lease, result.clone())
+        .await
+        .expect("a's Record under its lease");
+
+    // b's wait ends with a's entry, naming the blob; nothing of it was read on b yet.
+    let answered = tokio::time::timeout(tunecache_integration::FACT_LIMIT, waiting)
+        .await
+        .expect("b's Resolve answers once a records")
+        .unwrap()
+        .expect("b's Resolve");
+    let Resolution::Hit(hit) = answered else {
+        panic!("b's waiting Resolve gets a's result, got {answered:?}");
+    };
+    assert_eq!(
+        (hit.config.as_str(), hit.time_us, &hit.artifacts),
+        (result.config.as_str(), result.time_us, &vec![artifact])
+    );
+    let before = b.stats().await;
+    assert_eq!(
+        (
+            before.waits_satisfied,
+            before.leases_granted,
+            before.artifact_fetches_cluster,
+            before.artifact_blobs_held,
+            before.artifact_bytes_read_from_tiers
+        ),
+        (1, 0, 0, 0, 0)
+    );
+
+    // b fetches the blob: from Redis, the bytes a uploaded.
+    let out = dir.path().join("out-b");
+    std::fs::create_dir(&out).unwrap();
+    let hit_entry = proto::Entry {
+        key: Some(key),
+        result: Some(hit),
+    };
+    let written = cb
+        .fetch_artifacts(&hit_entry, &out)
+        .await
+        .expect("b fetches the blob");
+    assert_eq!(written, vec![out.join("kernel.cubin")]);
+    assert!(
+        std::fs::read(&written[0]).unwrap() == std::fs::read(&source).unwrap(),
+        "the bytes b wrote differ from a's"
+    );
+    let after = b.stats().await;
+    assert_eq!(
+        (
+            after.artifact_fetches_cluster,
+            after.artifact_fetches_shared_dir,
+            after.artifact_bytes_read_from_tiers,
+            after.artifact_blobs_held
+        ),
+        (1, 0, content.size, 1)
+    );
+}
+
+/// Blobs in the shared directory that no live entry names are collected there too: a
+/// forgotten entry's blob goes after the grace period (renamed to the sweeping node's trash,
+/// then deleted one sweep later), a blob a live entry names stays and is served on the other
+/// node, a crashed publisher's temporary file goes, other names stay; and a blob recorded
+/// again after its collection is linked in again by the node that publishes it.
+#[tokio::test]
+async fn shared_blobs_no_live_entry_names_are_collected_and_named_ones_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    // Only b's grace period ends within the test, so b is the sweeper, and a (which published
+    // the blobs) keeps them in its own store.
+    let a = shared_node(
+        &dir.path().join("a"),
+        &shared,
+        "node-a",
+        3600,
+        &["--artifact-grace-secs", "3600"],
+    )
+    .in_process()
+    .await;
+    let b = shared_node(
+        &dir.path().join("b"),
+        &shared,
+        "node-b",
+        3600,
+        &["--artifact-grace-secs", "1"],
+    )
+    .in_process()
+    .await;
+    let (ca, cb) = (a.client().await, b.client().await);
+    let kept = Content::new(40, 2 * MIB + 1);
+    let gone = Content::new(41, MIB + 7);
+    for content in [kept, gone] {
+        blobs::put(&ca, content).await.unwrap();
+    }
+    ca.record(vec![
+        entry_naming("kept", 1.0, vec![kept.artifact("k.so")]),
+        entry_naming("gone", 1.0, vec![gone.artifact("g.so")]),
+    ])
+    .await
+    .unwrap();
+    ca.snapshot().await.expect("a publishes");
+    let blob_dir = shared.join("v2/artifacts");
+    let (kept_file, gone_file) = (blob_dir.join(kept.digest()), blob_dir.join(gone.digest()));
+    assert!(kept_file.is_file() && gone_file.is_file());
+    // A crashed publisher's temporary file, and a name no sweep owns.
+    let temp = blob_dir.join(format!(".{}.node-x.4242.tmp", gone.digest()));
+    std::fs::write(&temp, b"partial").unwrap();
+    let other = blob_dir.join("README");
+    std::fs::write(&other, b"not a blob").unwrap();
+    cb.snapshot().await.expect("b loads");
+
+    forget(&ca, "gone").await;
+    // After every pass, the blob a live entry names is in place: a sweep never takes it, not
+    // even for the pass between its two steps.
+    let pass = || async {
+        for client in [&ca, &cb] {
+            client.snapshot().await.expect("a pass");
+            assert!(
+                kept_file.is_file(),
+                "a blob a live entry names was taken away"
+            );
+        }
+    };
+    let swept = || async {
+        pass().await;
+        !gone_file.exists() && !temp.exists()
+    };
+    wait_until("the forgotten entry's blob is collected", swept).await;
+    // Collected: no trash left behind once the second step ran, and counted.
+    wait_until("the trash is deleted", || async {
+        pass().await;
+        std::fs::read_dir(&blob_dir).unwrap().all(|item| {
+            !item
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".trash")
+        })
+    })
+    .await;
+    assert_eq!(
+        (
+            a.stats().await.artifact_shared_dir_collections,
+            b.stats().await.artifact_shared_dir_collections
+        ),
+        (0, 1),
+        "one blob collected, once, by b"
+    );
+    assert!(kept_file.is_file(), "a blob a live entry names stays");
+    assert!(other.is_file(), "a name no sweep owns stays");
+    let got = blobs::get_digest(&cb, &kept.digest(), 0)
+        .await
+        .expect("b fetches the kept blob from the shared directory");
+    assert_eq!(got, (kept.digest(), kept.size));
+    assert_eq!(b.stats().await.artifact_fetches_shared_dir, 1);
+
+    // Recorded again on a, which still holds it and believes it published it: its check after
+    // the new segment is linked in finds the blob missing and links it in again.
+    ca.record(vec![entry_naming(
+        "again",
+        1.0,
+        vec![gone.artifact("g.so")],
+    )])
+    .await
+    .unwrap();
+    ca.snapshot().await.expect("a publishes again");
+    assert_eq!(
+        std::fs::metadata(&gone_file).map(|m| m.len()).ok(),
+        Some(gone.size),
+        "the blob a new segment names is in the shared directory again"
+    );
+    cb.snapshot().await.expect("b loads");
+    let got = blobs::get_digest(&cb, &gone.digest(), 0)
+        .await
+        .expect("b fetches the blob recorded again");
+    assert_eq!(got, (gone.digest(), gone.size));
+}

@@ -48,6 +48,7 @@ import json
 import logging
 import os
 import platform
+import random
 import re
 import shutil
 import stat
@@ -341,18 +342,7 @@ class _Bridge(ProcessClient):
         into ``config_path``."""
         try:
             store = self.dirs.store()
-            missing = [a for a in result.artifacts
-                       if not _held(os.path.join(store, a.sha256), a.size)]
-            if missing:
-                incoming = tempfile.mkdtemp(prefix="incoming-", dir=store)
-                try:
-                    # Each under its digest: one file per digest, whatever names the results give it.
-                    fetch = Result(artifacts=[Artifact(name=a.sha256, sha256=a.sha256, size=a.size)
-                                              for a in {a.sha256: a for a in missing}.values()])
-                    for path in client.fetch_artifacts(fetch, incoming):
-                        os.replace(path, os.path.join(store, os.path.basename(path)))
-                finally:
-                    shutil.rmtree(incoming, ignore_errors=True)
+            self.fill_store(client, store, result.artifacts)
             for artifact in result.artifacts:
                 os.link(os.path.join(store, artifact.sha256), os.path.join(config_path, artifact.name))
         except OSError as err:  # another filesystem, or a store file removed meanwhile
@@ -360,6 +350,45 @@ class _Bridge(ProcessClient):
             for name in os.listdir(config_path):
                 os.unlink(os.path.join(config_path, name))
             client.fetch_artifacts(result, config_path)
+
+    def fill_store(self, client: Client, store: str, artifacts: List[Any]) -> int:
+        """Fetches into the node's store each of ``artifacts`` it does not hold yet (each verified,
+        then renamed in under its digest) and answers how many this process fetched. Ranks that
+        load at once share the work: each visits the digests in an order of its own and checks
+        the store again right before each fetch, so a file another rank has just renamed in is
+        not fetched twice, and a file is fetched more than once only when two ranks reach it in
+        the same moment (each rename then puts the same verified bytes in). A file no tier has,
+        or whose bytes are refused, is skipped (the entries naming it are not laid out). Raises
+        OSError, and RpcError other than NOT_FOUND."""
+        wanted = {a.sha256: a for a in artifacts}
+        order = sorted(wanted)
+        random.Random(os.getpid() ^ time.monotonic_ns()).shuffle(order)
+        fetched = 0
+        incoming = None
+        try:
+            for digest in order:
+                artifact = wanted[digest]
+                if _held(os.path.join(store, digest), artifact.size):
+                    continue
+                if incoming is None:
+                    incoming = tempfile.mkdtemp(prefix="incoming-", dir=store)
+                # Under its digest: one file per digest, whatever names the results give it.
+                one = Result(artifacts=[Artifact(name=digest, sha256=digest, size=artifact.size)])
+                try:
+                    for path in client.fetch_artifacts(one, incoming):
+                        os.replace(path, os.path.join(store, digest))
+                except ArtifactError as err:  # not the bytes named: the entries naming it are skipped
+                    logger.debug("tunecache: BitBLAS file %s refused: %s", digest, err)
+                    continue
+                except RpcError as err:
+                    if err.code() != StatusCode.NOT_FOUND:
+                        raise
+                    continue  # gone from every tier: lay_out warns for the entries naming it
+                fetched += 1
+        finally:
+            if incoming is not None:
+                shutil.rmtree(incoming, ignore_errors=True)
+        return fetched
 
     # --- save --------------------------------------------------------------------------------------
 
@@ -417,6 +446,12 @@ class _Bridge(ProcessClient):
         client = self.client()
         entries = [entry for chunk in client.scan(namespace=NAMESPACE, device=device) for entry in chunk]
         root = self.dirs.new("load")
+        try:
+            fetched = self.fill_store(client, self.dirs.store(),
+                                      [a for entry in entries for a in entry.result.artifacts])
+            logger.debug("tunecache: fetched %d BitBLAS files into the node's store", fetched)
+        except OSError as err:  # each entry's lay_out below fetches what it still lacks
+            logger.debug("tunecache: the node's store could not be filled (%s)", err)
         laid = 0
         for entry in entries:
             if self.lay_out(client, entry.result, arch, root) is not None:

@@ -54,6 +54,13 @@ pub(super) enum IoJob {
         all_tombstones: Arc<Tombstones>,
         reply: tokio::sync::oneshot::Sender<Result<WriteReport>>,
     },
+    /// Collect the shared directory's blobs that no entry of `entries` (the whole cache,
+    /// after a load that caught up) names: `blobs::sweep`.
+    SweepBlobs {
+        entries: Arc<EntryMap>,
+        grace: Duration,
+        reply: tokio::sync::oneshot::Sender<Result<super::blobs::SweepReport>>,
+    },
     Load {
         /// The store is empty (a wiped node): read its own version-1 file too, and take up
         /// no remembered place (the journal that held what they claim is gone).
@@ -105,6 +112,9 @@ pub(super) struct LoadReport {
     /// load: for the state directory once the store has these files' entries and the journal
     /// is synced.
     pub merged: Option<MergedRecord>,
+    /// Every trusted node's segments listed were read through: once the store has taken
+    /// these files, it holds every live entry of the directory (what a blob sweep needs).
+    pub caught_up: bool,
 }
 
 /// The I/O thread's state.
@@ -166,6 +176,17 @@ impl IoWorker {
                     self.shared.end();
                     let _ = reply.send(outcome);
                 }
+                IoJob::SweepBlobs {
+                    entries,
+                    grace,
+                    reply,
+                } => {
+                    self.shared.begin(Operation::Write);
+                    let outcome = self.sweep_blobs(&entries, grace);
+                    drop(entries);
+                    self.shared.end();
+                    let _ = reply.send(outcome);
+                }
                 IoJob::Load {
                     include_own_v1,
                     reply,
@@ -187,6 +208,33 @@ impl IoWorker {
                 }
             }
         }
+    }
+
+    fn sweep_blobs(
+        &mut self,
+        entries: &EntryMap,
+        grace: Duration,
+    ) -> Result<super::blobs::SweepReport> {
+        let named: std::collections::HashSet<String> = entries
+            .iter()
+            .flat_map(|entry| {
+                entry
+                    .result()
+                    .artifacts
+                    .iter()
+                    .map(|artifact| artifact.sha256.to_owned())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let segment_dir = self.segment_dir();
+        let report = super::blobs::sweep(&segment_dir, &named, grace, self.node())
+            .map_err(|error| Error::io("sweeping artifact blobs", &segment_dir, error))?;
+        // What was renamed away is no longer known to be there: a later publish naming it
+        // links it in again.
+        if report.trashed > 0 {
+            self.blobs_published.clear();
+        }
+        Ok(report)
     }
 
     fn undo(&mut self, undo: Undo) {
@@ -273,13 +321,16 @@ impl IoWorker {
             self.reconcile_own(&own_listed);
             self.read_not_ours(&own_listed, report);
         }
+        let mut caught_up = true;
         for (node, listed) in by_node {
             if started.elapsed() > LOAD_BUDGET {
                 tracing::debug!("load budget spent; the rest is read next pass");
+                caught_up = false;
                 break;
             }
-            self.read_new_segments(&node, &listed, started, report);
+            caught_up &= self.read_new_segments(&node, &listed, started, report);
         }
+        report.caught_up = caught_up;
         Ok(())
     }
 }

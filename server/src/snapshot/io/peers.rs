@@ -15,14 +15,16 @@ use super::merged;
 use super::{IoWorker, LoadReport, LoadedFile, Operation, Undo, LOAD_BUDGET};
 
 impl IoWorker {
-    /// Reads the segments of `node` this reader has not read yet, in order.
+    /// Reads the segments of `node` this reader has not read yet, in order. Answers whether
+    /// it read through every one listed (no budget spent, no read failed).
     pub(super) fn read_new_segments(
         &mut self,
         node: &str,
         listed: &NodeSegments,
         started: Instant,
         report: &mut LoadReport,
-    ) {
+    ) -> bool {
+        let mut caught_up = false;
         let mut filtered = self.rejected.filter(listed);
         let mut cursor = match self.cursors.get(node) {
             Some(cursor) => *cursor,
@@ -38,7 +40,10 @@ impl IoWorker {
             let candidates = filtered.as_ref().unwrap_or(listed);
             let segment = match cursor.step(candidates) {
                 Step::Read(segment) => segment,
-                Step::Done => break,
+                Step::Done => {
+                    caught_up = true;
+                    break;
+                }
                 Step::Restarted { read_through } => {
                     self.merged.moved(node, cursor.read_through);
                     tracing::warn!(
@@ -112,5 +117,6 @@ impl IoWorker {
             }
         }
         self.cursors.insert(node.to_owned(), cursor);
+        caught_up
     }
 }

@@ -105,6 +105,28 @@ impl IoWorker {
                 return Err(error);
             }
         };
+        // A sweep may have renamed a blob away between the check above and the link: the
+        // segment now names it, so it goes in again.
+        if let Some(artifacts) = self.shared.artifacts.clone().filter(|_| names_blobs) {
+            match crate::snapshot::blobs::relink_missing(
+                &self.segment_dir(),
+                &plan.entries,
+                &artifacts,
+                self.shared.settings.fsync,
+                self.node(),
+            ) {
+                Ok(0) => {}
+                Ok(relinked) => {
+                    tracing::info!(
+                        relinked,
+                        "blobs a sweep had just collected are linked in again"
+                    )
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "the blobs of a segment just written could not be checked")
+                }
+            }
+        }
         let entries = plan.entries.len();
         self.own.written(plan);
         self.shared.wrote(&path);

@@ -14,7 +14,9 @@
 //! - `publish`: what a publish writes, when the own segments are compacted and into what.
 //! - `merged`: the places in other nodes' segments this reader has merged through, kept in
 //!   the state directory, and when a remembered place still holds after a restart.
+//! - `blob_sweep`: what a sweep of `v2/artifacts/` does with each name there.
 
+pub(super) mod blob_sweep;
 pub(super) mod listing;
 pub(super) mod merged;
 pub(super) mod own;
