@@ -1,17 +1,25 @@
 # Owns the BitBLAS load benchmark (issue 37): RANKS rank processes loading a BitBLAS operator
 # database of OPS operators (each padded to FILE_MIB MiB of files: wrapper_compiled.so carries the
 # padding, which dlopen ignores) at once, side by side in one run:
-#   dropin      through tunecache.integrations.bitblas: each rank Scans the daemon and fetches
-#               every file, verified, into a directory of its own, then BitBLAS's loader runs there;
-#   local       stock BitBLAS, every rank loading the one database directory on the local disk;
-#   slowfs-Nms  stock BitBLAS loading it from a slowfs mount adding N ms per operation (a slow
-#               shared filesystem; needs /dev/fuse and target/*/slowfs; skipped without them).
+#   dropin        through tunecache.integrations.bitblas on a node that holds none of the files:
+#                 each rank Scans the daemon, the ranks fetch the files (verified) into the node's
+#                 store between them, each rank links them into a directory of its own, and
+#                 BitBLAS's loader runs there;
+#   dropin-warm   the same again, the node's store holding the files the run before fetched;
+#   local         stock BitBLAS, every rank loading the one database directory on the local disk
+#                 (ranks meet each other's TVM unpacking there, and some runtime modules fail to
+#                 load: see with_rt_mod);
+#   local-copies  stock BitBLAS, each rank loading its own copy of it (hard links made before the
+#                 barrier): stock's cost of a load in which every runtime module loads;
+#   slowfs-Nms    stock BitBLAS loading it from a slowfs mount adding N ms per operation (a slow
+#                 shared filesystem; needs /dev/fuse and target/*/slowfs; skipped without them).
 # BitBLAS is the stand-in of client/python/tests/bitblas_standin.py (their own cache code, real
 # builds; see docs/bitblas.md): the database is built with their own save, then Recorded into the
 # daemon as the drop-in Records it. Each mode: the barrier (every rank imported and ready, then
 # released at once), per-rank load seconds, the wall time until the last rank is done, and how
-# many operators each rank got with their runtime module and library. Prints one JSON object
-# (and a table on stderr).
+# many operators each rank got with their runtime module and library, and the bytes the daemon
+# served (Stats). Prints one JSON object (and a table on stderr); `tunecache-bench bitblas` runs
+# it and keeps that object, with the machine, in bitblas.json.
 #
 # Run (with a Python where the tunecache wheel is installed, e.g. client/python/run_tests.sh's venv):
 #   VENV/bin/python tests/bench/python/bitblas_load.py [--ops 100] [--file-mib 2] [--ranks 8]
@@ -38,7 +46,12 @@ RANK_SCRIPT = Path(__file__).resolve().parent / "bitblas_load_rank.py"
 TARGET = "nvidia/nvidia-h100"
 
 
+BIN_DIR = None  # --bin-dir: where tunecached and slowfs are (tunecache-bench passes its own)
+
+
 def binary(name: str) -> Path:
+    if BIN_DIR is not None:
+        return Path(BIN_DIR) / name
     for profile in ("release", "debug"):
         path = REPO_ROOT / "target" / profile / name
         if path.is_file():
@@ -103,10 +116,17 @@ def wait_answering(python: str, socket: str, process: subprocess.Popen) -> None:
         time.sleep(0.05)
 
 
-def run_mode(python: str, environment: dict, mode: str, path: str, ranks: int) -> dict:
+def served_bytes(python: str, socket: str) -> int:
+    """The daemon's artifact_bytes_served (Stats): what the drop-in's ranks fetched."""
+    probe = "import sys, tunecache; print(tunecache.Client(sys.argv[1], timeout=10).stats().artifact_bytes_served)"
+    return int(subprocess.run([python, "-c", probe, socket], capture_output=True, text=True, check=True).stdout)
+
+
+def run_mode(python: str, environment: dict, mode: str, paths: list) -> dict:
     processes = [subprocess.Popen([python, str(RANK_SCRIPT), mode, path, TARGET], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
-                 for _ in range(ranks)]
+                 for path in paths]
+    ranks = len(paths)
     for process in processes:  # the barrier: every rank imported and ready
         line = process.stdout.readline()
         if line.strip() != "ready":
@@ -157,7 +177,10 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--slowfs-ms", type=int, default=5, help="0: no slowfs run")
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--bin-dir", help="where tunecached and slowfs are [default: target/release, then debug]")
     args = parser.parse_args()
+    global BIN_DIR
+    BIN_DIR = args.bin_dir
     python = sys.executable
     work = Path(tempfile.mkdtemp(prefix="bb-load-", dir="/tmp"))
     daemon = None
@@ -182,9 +205,12 @@ def main() -> None:
         daemon = subprocess.Popen([str(binary("tunecached")), "--socket", socket, "--state-dir", str(work / "state"),
                                    "--tuner", "off"], stdout=log, stderr=subprocess.STDOUT)
         wait_answering(python, socket, daemon)
-        subprocess.run([python, "-c", SEED_DAEMON, str(database), TARGET, socket], check=True, env=environment)
+        seeded = subprocess.run([python, "-c", SEED_DAEMON, str(database), TARGET, socket], check=True,
+                                env=environment, stdout=subprocess.PIPE, text=True)
+        print(f"daemon: {seeded.stdout.strip()} entries recorded", file=sys.stderr)  # stdout is the report's
 
-        paths = {"dropin": "unused", "local": str(database)}
+        paths = {"dropin": "unused", "dropin-warm": "unused", "local": str(database),
+                 "local-copies": str(work / "copies")}
         if args.slowfs_ms and Path("/dev/fuse").exists():
             backing = work / "slow" / "backing"
             shutil.copytree(database, backing)
@@ -203,10 +229,24 @@ def main() -> None:
         results = []
         for run in range(args.runs):
             for mode, path in paths.items():
-                if mode != "dropin":
-                    clean_stock_leftovers(Path(path))
-                rank_mode = "dropin" if mode == "dropin" else "stock"
-                result = run_mode(python, environment, rank_mode, path, args.ranks)
+                if mode == "local-copies":
+                    # Each rank its own copy (hard links, made before the barrier): no rank meets
+                    # another's unpacking, so every runtime module loads; stock's cost of a
+                    # correct load.
+                    shutil.rmtree(path, ignore_errors=True)
+                    rank_paths = [os.path.join(path, str(rank)) for rank in range(args.ranks)]
+                    for rank_path in rank_paths:
+                        shutil.copytree(database, rank_path, copy_function=os.link)
+                else:
+                    if mode == "dropin":  # a node that holds none of the files yet
+                        shutil.rmtree(environment["TUNECACHE_BITBLAS_DIR"], ignore_errors=True)
+                    elif mode != "dropin-warm":  # dropin-warm: the files the run before put in the node's store
+                        clean_stock_leftovers(Path(path))
+                    rank_paths = [path] * args.ranks
+                rank_mode = "dropin" if mode.startswith("dropin") else "stock"
+                served_before = served_bytes(python, socket)
+                result = run_mode(python, environment, rank_mode, rank_paths)
+                result["daemon_bytes_served"] = served_bytes(python, socket) - served_before
                 result.update(mode=mode, run=run)
                 results.append(result)
         report = {"ops": args.ops, "file_mib": args.file_mib, "ranks": args.ranks, "results": results}

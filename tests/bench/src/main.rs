@@ -197,6 +197,30 @@ enum Commands {
         #[arg(long)]
         skip_fetch: bool,
     },
+    /// Issue 37's BitBLAS benchmark: R rank processes loading a database of N operators (2 MiB
+    /// of files each) through the drop-in (a cold node, then a warm one), side by side with stock
+    /// BitBLAS from a local directory, from per-rank copies of it and from slowfs at
+    /// --slowfs-ms; writes bitblas.json and bitblas.md. Runs tests/bench/python/bitblas_load.py
+    /// on --python (the package's wheel installed; default client/python/.venv, made by
+    /// client/python/run_tests.sh) with the BitBLAS stand-in of client/python/tests.
+    Bitblas {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        #[arg(long)]
+        python: Option<PathBuf>,
+        #[arg(long, default_value_t = 100)]
+        ops: usize,
+        #[arg(long, default_value_t = 2.0)]
+        file_mib: f64,
+        #[arg(long, default_value_t = 8)]
+        ranks: usize,
+        /// 0: no slowfs mode.
+        #[arg(long, default_value_t = 5)]
+        slowfs_ms: u64,
+        /// Runs of every mode, interleaved (medians are reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
     /// One rank of `artifacts` (started by it): connects, says `ready`, waits for a line on
     /// stdin, fetches or reads every blob of --list, answers one JSON line.
     #[command(hide = true)]
@@ -462,6 +486,31 @@ fn main() -> Result<()> {
                 command_line: std::env::args().collect::<Vec<_>>().join(" "),
             };
             suite::artifacts::run_artifacts(&options)?;
+            println!("{}", serde_json::json!({ "out": out }));
+        }
+        Commands::Bitblas {
+            out,
+            python,
+            ops,
+            file_mib,
+            ranks,
+            slowfs_ms,
+            runs,
+        } => {
+            let options = suite::bitblas::BitblasOptions {
+                out_dir: out.clone(),
+                python: python.unwrap_or_else(|| {
+                    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                        .join("../../client/python/.venv/bin/python")
+                }),
+                ops,
+                file_mib,
+                ranks,
+                slowfs_ms,
+                runs,
+                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+            };
+            suite::bitblas::run(&options)?;
             println!("{}", serde_json::json!({ "out": out }));
         }
         Commands::ArtifactsRank {

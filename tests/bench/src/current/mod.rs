@@ -1,6 +1,6 @@
 //! Owns the tables of BENCHMARKS.md: each one is rendered from the raw output of the run that
 //! measured it (a `suite` results.json, a `micro` JSON, `cluster.json`, `multinode.json`,
-//! `segments.json`, `artifacts.json`), so the report is regenerated, never hand-copied.
+//! `segments.json`, `artifacts.json`, `bitblas.json`), so the report is regenerated, never hand-copied.
 //!
 //! A table sits between two marker comments that name its kind and its source file (relative
 //! to the Markdown file):
@@ -23,6 +23,7 @@
 //! `format`.
 
 mod artifacts;
+mod bitblas;
 mod blocks;
 mod cluster;
 mod format;
@@ -37,7 +38,7 @@ pub use self::blocks::{check, read_source, regenerate, update, Block, Outcome};
 pub use self::format::{bytes, ms, times};
 
 /// The kinds of table, with the source each reads.
-pub const KINDS: [(&str, &str); 15] = [
+pub const KINDS: [(&str, &str); 16] = [
     (
         "single-node",
         "suite results.json: the local-disk rows of the matrix",
@@ -77,6 +78,10 @@ pub const KINDS: [(&str, &str); 15] = [
         "artifacts",
         "artifacts.json (`tunecache-bench artifacts`): GetArtifact against its floors",
     ),
+    (
+        "bitblas",
+        "bitblas.json (`tunecache-bench bitblas`): BitBLAS ranks loading a database",
+    ),
 ];
 
 /// Renders one table of `kind` from a parsed source.
@@ -97,6 +102,7 @@ pub fn render(kind: &str, source: &Value) -> Result<String> {
         "memory" => micro::memory(source),
         "views" => micro::views(source),
         "artifacts" => artifacts::artifacts(source),
+        "bitblas" => bitblas::bitblas(source),
         other => bail!(
             "unknown table kind {other:?}; known: {}",
             KINDS.map(|(kind, _)| kind).join(", ")

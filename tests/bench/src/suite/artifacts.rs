@@ -40,7 +40,7 @@ use tunecache_bench::daemon::{workspace_binary, DaemonConfig, DaemonProcess};
 use tunecache_client::{proto, Client};
 
 use super::transport::cpu_ns;
-use super::{machine_info, median, MachineInfo};
+use super::{load_average, machine_info, median, MachineInfo};
 
 /// Every read and write of the floors: the daemon's chunk (`tunecache_proto::artifact::
 /// CHUNK_BYTES`, 1 MiB), which is also the most a GetArtifact message carries.
@@ -184,15 +184,6 @@ pub struct ArtifactsResults {
 
 fn progress(message: &str) {
     eprintln!("[artifacts] {message}");
-}
-
-fn load_average() -> Vec<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .filter_map(|figure| figure.parse().ok())
-        .collect()
 }
 
 /// Writes `bytes` pseudo-random bytes (xorshift64*, seeded) to `path`, a buffer at a time.

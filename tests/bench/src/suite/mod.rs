@@ -6,6 +6,7 @@
 //! (`report`).
 
 pub mod artifacts;
+pub mod bitblas;
 pub mod cluster;
 mod forget_flood;
 mod micro;
@@ -193,6 +194,16 @@ fn machine_info(command: &str) -> MachineInfo {
         .to_owned(),
         command: command.to_owned(),
     }
+}
+
+/// `/proc/loadavg`'s three figures (what ran beside a benchmark).
+fn load_average() -> Vec<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .filter_map(|figure| figure.parse().ok())
+        .collect()
 }
 
 pub fn cores() -> usize {
