@@ -500,16 +500,18 @@ impl SnapshotHandle {
         outcome
     }
 
-    /// Collects the shared directory's blobs no entry names (`blobs::sweep`), at most every
-    /// quarter of `--artifact-grace-secs` (within 100 ms and 60 s), and only after a load that
-    /// caught up: then the store holds every live entry of the directory. A failure is logged;
-    /// the pass goes on.
+    /// Collects the shared directory's blobs no entry names (`blobs::sweep`), at most once per
+    /// `--artifact-grace-secs` (and 100 ms), and only after a load that caught up: then the
+    /// store holds every live entry of the directory. A sweep lists the whole blob directory,
+    /// so it runs once per grace period rather than every pass: what every node's listing
+    /// costs the shared filesystem stays one listing per node per hour at the default. A
+    /// failure is logged; the pass goes on.
     async fn sweep_blobs_if_due(&self, slot: &mut IoSlot) {
         let Some(artifacts) = self.shared.artifacts.as_ref() else {
             return;
         };
         let grace = Duration::from_millis(artifacts.grace_ms());
-        let interval = (grace / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+        let interval = grace.max(Duration::from_millis(100));
         if !slot.caught_up || slot.last_sweep.is_some_and(|at| at.elapsed() < interval) {
             return;
         }

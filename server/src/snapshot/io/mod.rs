@@ -215,17 +215,12 @@ impl IoWorker {
         entries: &EntryMap,
         grace: Duration,
     ) -> Result<super::blobs::SweepReport> {
-        let named: std::collections::HashSet<String> = entries
-            .iter()
-            .flat_map(|entry| {
-                entry
-                    .result()
-                    .artifacts
-                    .iter()
-                    .map(|artifact| artifact.sha256.to_owned())
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let mut named = std::collections::HashSet::new();
+        for entry in entries.iter() {
+            for artifact in entry.result().artifacts.iter() {
+                named.insert(artifact.sha256.to_owned());
+            }
+        }
         let segment_dir = self.segment_dir();
         let report = super::blobs::sweep(&segment_dir, &named, grace, self.node())
             .map_err(|error| Error::io("sweeping artifact blobs", &segment_dir, error))?;
