@@ -34,6 +34,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tunecache_proto::artifact::{check_digest, check_name, CHUNK_BYTES, MAX_PER_RESULT};
 use tunecache_proto::v1;
 
+use crate::handoff::Handoff;
 use crate::{Client, ClientError, Result};
 
 /// Default deadline of one artifact's upload or download (after GetArtifact's `wait_ms` for
@@ -265,6 +266,71 @@ impl Expected {
     }
 }
 
+/// Asks `handoff` for blob `sha256` (of `size` bytes, when the entry names it): the file and
+/// its size if the daemon handed it, and the connection back for the next blob unless it
+/// failed. Whatever goes wrong, the caller streams the blob by GetArtifact instead.
+async fn hand_over(
+    handoff: Handoff,
+    sha256: &str,
+    size: Option<u64>,
+) -> (Option<Handoff>, Option<(std::fs::File, u64)>) {
+    let digest = sha256.to_owned();
+    let opened = tokio::task::spawn_blocking(move || {
+        let mut handoff = handoff;
+        let opened = handoff.open(&digest, size).and_then(|file| match file {
+            Some(file) => Ok(Some((file.metadata()?.len(), file))),
+            None => Ok(None),
+        });
+        match opened {
+            Ok(file) => (Some(handoff), file.map(|(len, file)| (file, len))),
+            Err(_) => (None, None),
+        }
+    })
+    .await;
+    opened.unwrap_or((None, None))
+}
+
+/// Copies a handed blob's file into `writer`, a chunk at a time, and answers its size.
+async fn copy_handed<W>(file: std::fs::File, size: u64, sha256: &str, writer: &mut W) -> Result<u64>
+where
+    W: AsyncWrite + Unpin,
+{
+    let what = format!("reading blob {sha256}");
+    // One buffer for the whole copy, moved to the blocking pool and back for each read.
+    let mut state = (file, vec![0u8; CHUNK_BYTES]);
+    let mut copied = 0u64;
+    loop {
+        let (mut file, mut buf) = state;
+        let (file, buf, n) = blocking(&what, move || loop {
+            match file.read(&mut buf) {
+                Ok(n) => return Ok((file, buf, n)),
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error),
+            }
+        })
+        .await?;
+        if n == 0 {
+            break;
+        }
+        copied += n as u64;
+        writer
+            .write_all(&buf[..n])
+            .await
+            .map_err(io_error(format!("writing blob {sha256}")))?;
+        state = (file, buf);
+    }
+    writer
+        .flush()
+        .await
+        .map_err(io_error(format!("writing blob {sha256}")))?;
+    if copied != size {
+        return Err(ClientError::Artifact(format!(
+            "blob {sha256}: {copied} bytes read of {size}"
+        )));
+    }
+    Ok(copied)
+}
+
 /// A temporary file in the destination directory, removed unless it was renamed to its name:
 /// on a refusal explicitly (on the blocking pool), on a cancelled fetch when dropped.
 struct Partial {
@@ -472,6 +538,19 @@ impl Client {
             .missing)
     }
 
+    /// A handoff connection ([`crate::handoff`]), when this client has the socket and a daemon
+    /// it trusts serves it.
+    async fn handoff(&self) -> Option<Handoff> {
+        let path = self.handoff.clone()?;
+        let timeout = self.timeout;
+        tokio::task::spawn_blocking(move || {
+            Handoff::connect(&path, &crate::trusted_daemon_uids(), timeout)
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
     async fn open_blob(&self, sha256: &str) -> Result<tonic::codec::Streaming<v1::ArtifactChunk>> {
         check_digest(sha256)
             .map_err(|refusal| ClientError::Artifact(format!("digest {sha256:?}: {refusal}")))?;
@@ -496,6 +575,11 @@ impl Client {
         let limit = Duration::from_millis(u64::from(tunecache_proto::artifact::DEFAULT_WAIT_MS))
             + DEFAULT_ARTIFACT_TIMEOUT;
         let copy = async {
+            if let Some(handoff) = self.handoff().await {
+                if let (_, Some((file, size))) = hand_over(handoff, sha256, None).await {
+                    return copy_handed(file, size, sha256, writer).await;
+                }
+            }
             let mut stream = self.open_blob(sha256).await?;
             let mut expected = Expected::new(sha256, None);
             let mut hasher = Sha256::new();
@@ -561,13 +645,19 @@ impl Client {
             }
         }
         let mut written = Vec::with_capacity(artifacts.len());
+        let mut handoff = self.handoff().await;
         for artifact in artifacts {
-            written.push(self.fetch_one(artifact, dir).await?);
+            written.push(self.fetch_one(artifact, dir, &mut handoff).await?);
         }
         Ok(written)
     }
 
-    async fn fetch_one(&self, artifact: &v1::Artifact, dir: &Path) -> Result<PathBuf> {
+    async fn fetch_one(
+        &self,
+        artifact: &v1::Artifact,
+        dir: &Path,
+        handoff: &mut Option<Handoff>,
+    ) -> Result<PathBuf> {
         let target = dir.join(&artifact.name);
         let path = partial_path(dir, &artifact.name);
         let what = format!("writing {}", target.display());
@@ -584,7 +674,34 @@ impl Client {
         let mut partial = Partial { path: Some(path) };
         let limit = Duration::from_millis(u64::from(tunecache_proto::artifact::DEFAULT_WAIT_MS))
             + DEFAULT_ARTIFACT_TIMEOUT;
+        let handed = match handoff.take() {
+            Some(connection) => {
+                let (back, handed) =
+                    hand_over(connection, &artifact.sha256, Some(artifact.size)).await;
+                *handoff = back;
+                handed
+            }
+            None => None,
+        };
         let receive = async {
+            if let Some((mut file, size)) = handed {
+                // Copied file to file (copy_file_range), then synced as a streamed one is.
+                let copied = blocking(&what, move || {
+                    let mut created = created;
+                    let copied = crate::handoff::copy_all(&mut file, &mut created)?;
+                    created.sync_all()?;
+                    Ok(copied)
+                })
+                .await?;
+                return if copied == size {
+                    Ok(())
+                } else {
+                    Err(ClientError::Artifact(format!(
+                        "blob {}: {copied} bytes read of {size}",
+                        artifact.sha256
+                    )))
+                };
+            }
             let mut stream = self.open_blob(&artifact.sha256).await?;
             let mut expected = Expected::new(&artifact.sha256, Some(artifact.size));
             let mut state = (created, Sha256::new());

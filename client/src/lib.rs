@@ -26,6 +26,7 @@ use tunecache_proto::v1::{self, tune_cache_client::TuneCacheClient};
 pub mod artifacts;
 pub mod autostart;
 pub mod encoded_scan;
+pub mod handoff;
 pub mod record;
 pub mod tuning;
 pub mod view;
@@ -83,7 +84,7 @@ pub enum ClientError {
 pub const TRUST_UID_ENV: &str = "TUNECACHE_TRUST_UID";
 
 /// The uids whose daemon this process talks to: its own, root, and `$TUNECACHE_TRUST_UID`.
-fn trusted_daemon_uids() -> Vec<u32> {
+pub(crate) fn trusted_daemon_uids() -> Vec<u32> {
     let mut uids = vec![nix::unistd::geteuid().as_raw(), 0];
     if let Ok(list) = std::env::var(TRUST_UID_ENV) {
         uids.extend(list.split(',').filter_map(|u| u.trim().parse::<u32>().ok()));
@@ -151,6 +152,8 @@ pub struct Client {
     timeout: Duration,
     /// Sent in every Lookup, Scan and Resolve; empty for none.
     view: String,
+    /// The descriptor handoff's socket, beside the gRPC socket ([`handoff`]); `None`: off.
+    handoff: Option<std::sync::Arc<PathBuf>>,
 }
 
 /// Opens a gRPC channel over the Unix socket at `path`. The `:authority` is `localhost`.
@@ -211,7 +214,14 @@ impl Client {
             channel,
             timeout: DEFAULT_TIMEOUT,
             view: view::view_from_env(None),
+            handoff: handoff::socket_for(path.as_ref()).map(std::sync::Arc::new),
         })
+    }
+
+    /// Streams every blob through GetArtifact, never taking a descriptor ([`handoff`]).
+    pub fn without_handoff(mut self) -> Client {
+        self.handoff = None;
+        self
     }
 
     /// Connects to the daemon at the default socket (`$TUNECACHE_SOCKET`, then

@@ -31,6 +31,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("tune
 pub const SERVICE_NAME: &str = "tunecache.v1.TuneCache";
 
 pub mod artifact;
+pub mod handoff;
 pub mod limits;
 pub mod socket_path;
 

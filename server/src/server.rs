@@ -279,6 +279,15 @@ async fn serve(
             () = idle_exit => {}
         }
     };
+    // Ranks on this node may take a held blob as a descriptor instead of a stream. A daemon
+    // that cannot bind that socket serves without it: clients then use GetArtifact.
+    let _handoff_guard = start_handoff(
+        socket_guard.path(),
+        &artifacts,
+        &connection_limits,
+        &peer_check,
+        tasks,
+    );
     // The peer check guards TuneCache only; health and reflection stay open (see `access`).
     // Admitted calls pass the request limits as their messages are read (`request_limits`);
     // tonic's own decoding limit, the same, stays as a backstop.
@@ -374,6 +383,38 @@ async fn serve(
     tracing::info!("tunecached stopped");
     drop(state_lock);
     Ok(())
+}
+
+/// Binds the descriptor handoff's socket beside `socket` and serves it on `tasks`; `None`
+/// (logged) when it cannot be bound.
+fn start_handoff(
+    socket: &std::path::Path,
+    artifacts: &Arc<crate::artifacts::Artifacts>,
+    limits: &Arc<ConnectionLimits>,
+    check: &crate::ops::access::PeerCheck,
+    tasks: &Tasks,
+) -> Option<crate::ops::listener::SocketGuard> {
+    let path = tunecache_proto::handoff::socket_path(socket);
+    match crate::ops::listener::bind_beside(socket, &path) {
+        Ok((listener, guard)) => {
+            tasks.spawn(crate::artifacts::handoff::serve(
+                artifacts.clone(),
+                listener,
+                limits.clone(),
+                check.clone(),
+                tasks.clone(),
+            ));
+            tracing::info!(socket = %path.display(), "serving the artifact descriptor handoff");
+            Some(guard)
+        }
+        Err(error) => {
+            tracing::warn!(
+                %error,
+                "no artifact descriptor handoff: ranks on this node stream blobs by GetArtifact"
+            );
+            None
+        }
+    }
 }
 
 /// Longest the last publish at shutdown may take, shared directory and cluster tier

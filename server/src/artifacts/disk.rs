@@ -147,7 +147,11 @@ impl Drop for Partial {
 
 /// The hex SHA-256 of a file's bytes and their count.
 pub fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
-    let mut file = File::open(path)?;
+    hash_open(&mut File::open(path)?)
+}
+
+/// The hex SHA-256 of the bytes left in an open file, and their count.
+pub fn hash_open(file: &mut File) -> std::io::Result<(String, u64)> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0; READ_BYTES];
     let mut len = 0u64;

@@ -7,11 +7,13 @@
 //! (`index::Index`: what is held, what a live entry names, what fits, what may be
 //! collected); its files are `disk`, always run on the blocking pool with a bounded wait, so
 //! no request waits on the disk beyond it; uploads and downloads stream (`put`, `get`), and
-//! neither ever holds a blob in memory. `upkeep` verifies what a previous run left and
+//! neither ever holds a blob in memory; a rank on this node can instead be handed a
+//! descriptor of a held blob's file (`handoff`). `upkeep` verifies what a previous run left and
 //! deletes blobs no live entry has named for `--artifact-grace-secs`.
 
 mod disk;
 mod get;
+pub mod handoff;
 pub mod index;
 mod put;
 pub mod tiers;
@@ -66,6 +68,7 @@ struct Counters {
     bytes_over_store_limit: AtomicU64,
     bytes_over_uid_limit: AtomicU64,
     records_refused: AtomicU64,
+    handoffs: AtomicU64,
 }
 
 fn add(counter: &AtomicU64, n: u64) {
@@ -295,6 +298,7 @@ impl FillStats for Artifacts {
         stats.artifact_bytes_over_store_limit = load(&c.bytes_over_store_limit);
         stats.artifact_bytes_over_uid_limit = load(&c.bytes_over_uid_limit);
         stats.artifact_records_refused = load(&c.records_refused);
+        stats.artifact_handoffs = load(&c.handoffs);
     }
 }
 

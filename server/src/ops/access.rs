@@ -187,6 +187,12 @@ impl PeerCheck {
         Checked { inner, check: self }
     }
 
+    /// Admits the peer of a connection that is not gRPC (the descriptor handoff), under the
+    /// same policy and logging as a call.
+    pub async fn admit_peer(&self, peer: &PeerInfo) -> Result<()> {
+        self.admit(Some(peer)).await
+    }
+
     /// Admits the caller of one call, or says why not.
     async fn admit(&self, peer: Option<&PeerInfo>) -> Result<()> {
         let Some((peer, credentials)) =

@@ -225,6 +225,14 @@ pub struct Connection {
     _slot: ConnectionSlot,
 }
 
+impl Connection {
+    /// The socket itself, for what goes around the byte stream (the descriptor handoff's
+    /// `SCM_RIGHTS`).
+    pub fn stream(&self) -> &UnixStream {
+        &self.stream
+    }
+}
+
 impl Connected for Connection {
     type ConnectInfo = crate::ops::access::PeerInfo;
 

@@ -148,6 +148,32 @@ pub fn bind(path: &Path) -> Result<(tokio::net::UnixListener, SocketGuard)> {
     Ok((listener, guard))
 }
 
+/// Binds a second socket at `path` beside the daemon's socket `main` (the descriptor
+/// handoff): the same mode and group as `main`, a stale one removed first, removed on exit.
+/// Call only once `main` is bound or adopted, so this daemon is the one serving there.
+pub fn bind_beside(main: &Path, path: &Path) -> Result<(tokio::net::UnixListener, SocketGuard)> {
+    use std::os::unix::fs::MetadataExt;
+    remove_stale_socket(path)?;
+    let listener = std::os::unix::net::UnixListener::bind(path)
+        .map_err(|e| Error::io("binding socket", path, e))?;
+    let guard = SocketGuard {
+        path: path.to_path_buf(),
+        _instance: None,
+        remove_on_drop: true,
+    };
+    let main_meta = std::fs::metadata(main).map_err(|e| Error::io("inspecting socket", main, e))?;
+    std::os::unix::fs::chown(path, None, Some(main_meta.gid()))
+        .map_err(|e| Error::io("setting the socket's group", path, e))?;
+    std::fs::set_permissions(path, Permissions::from_mode(main_meta.mode() & 0o777))
+        .map_err(|e| Error::io("setting socket permissions", path, e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::io("configuring socket", path, e))?;
+    let listener = tokio::net::UnixListener::from_std(listener)
+        .map_err(|e| Error::io("registering socket", path, e))?;
+    Ok((listener, guard))
+}
+
 /// Serves on a listening socket someone else bound and owns (socket activation): no guard, no
 /// permissions change, no removal on exit.
 pub fn adopt(

@@ -1,5 +1,6 @@
-//! The table of an `artifacts.json` (`tunecache-bench artifacts`): GetArtifact of one large
-//! blob against a plain Unix-socket copy of the same bytes, R ranks fetching B small blobs
+//! The table of an `artifacts.json` (`tunecache-bench artifacts`): `get_artifact` of one large
+//! blob (handed as a descriptor, and streamed with the handoff off) against a plain
+//! Unix-socket copy of the same bytes, R ranks fetching B small blobs (the same two ways)
 //! against R processes reading the same files, and the ranks' `fetch_artifact_list` into a
 //! directory against the same file reads; each with the goal where it states one.
 
@@ -49,7 +50,7 @@ pub(super) fn artifacts(results: &Value) -> Result<String> {
     let goal = num(big, "goal_at_least");
     let _ = writeln!(
         out,
-        "| GetArtifact of one {} blob into a sink (Rust client), MiB/s; floor: a plain Unix-socket copy of {}, {} reads and writes | {rounds} | {} | {} | {:.0}% of the floor's throughput | {} | >= {:.0}% | {} |",
+        "| `Client::get_artifact` of one {} blob held on the node into a sink (the Rust client, which takes it as a descriptor: the handoff), MiB/s; floor: a plain Unix-socket copy of {}, {} reads and writes | {rounds} | {} | {} | {:.0}% of the floor's throughput | {} | >= {:.0}% | {} |",
         bytes(uint(big, "bytes")),
         text(big, "floor_source"),
         bytes(uint(big, "copy_buffer_bytes")),
@@ -60,6 +61,16 @@ pub(super) fn artifacts(results: &Value) -> Result<String> {
         goal * 100.0,
         verdict(ratio >= goal)
     );
+    if let Some(stream) = big.get("stream_mib_s").filter(|s| !s.is_null()) {
+        let _ = writeln!(
+            out,
+            "| the same call with the handoff off (`TUNECACHE_HANDOFF=0`): the GetArtifact stream itself, hashed by the client; against the same floor | {rounds} | {} | {} | {:.0}% of the floor's throughput | {} | none | |",
+            spread(stream, mib_s, whole),
+            spread(&big["floor_mib_s"], mib_s, whole),
+            num(big, "stream_ratio") * 100.0,
+            cpu(big.get("stream_daemon_cpu_ms")),
+        );
+    }
     let (count, blobs) = (uint(ranks, "ranks"), grouped(uint(ranks, "blobs")));
     let blob = bytes(uint(ranks, "blob_bytes"));
     let files = spread(&ranks["files_wall_ms"], ms, ms);
@@ -67,17 +78,26 @@ pub(super) fn artifacts(results: &Value) -> Result<String> {
     let goal = num(ranks, "goal_at_most");
     let _ = writeln!(
         out,
-        "| {count} rank processes x {blobs} blobs of {blob}, GetArtifact into a sink, wall; floor: {count} processes reading the same blobs' files from a local directory | {rounds} | {} | {files} | {} the floor's wall | {} | <= {} | {} |",
+        "| {count} rank processes x {blobs} blobs of {blob}, `get_artifact` into a sink (handed), wall; floor: {count} processes reading the same blobs' files from a local directory | {rounds} | {} | {files} | {} the floor's wall | {} | <= {} | {} |",
         spread(&ranks["get_wall_ms"], ms, ms),
         times(ratio),
         cpu(ranks.get("get_daemon_cpu_ms")),
         times(goal),
         verdict(ratio <= goal)
     );
+    if let Some(stream) = ranks.get("stream_wall_ms").filter(|s| !s.is_null()) {
+        let _ = writeln!(
+            out,
+            "| the same {count} ranks with the handoff off: every blob a GetArtifact stream; against the same floor | {rounds} | {} | {files} | {} the floor's wall | {} | none | |",
+            spread(stream, ms, ms),
+            times(num(ranks, "stream_ratio")),
+            cpu(ranks.get("stream_daemon_cpu_ms")),
+        );
+    }
     if let Some(fetch) = ranks.get("fetch_wall_ms").filter(|fetch| !fetch.is_null()) {
         let _ = writeln!(
             out,
-            "| the same {count} ranks, `fetch_artifact_list` into a directory of their own (each file written, hashed, synced, renamed), wall; against the same floor | {rounds} | {} | {files} | {} the floor's wall | {} | none | |",
+            "| the same {count} ranks, `fetch_artifact_list` into a directory of their own (each file copied from its handed descriptor, synced, renamed), wall; against the same floor | {rounds} | {} | {files} | {} the floor's wall | {} | none | |",
             spread(fetch, ms, ms),
             times(num(ranks, "fetch_ratio")),
             cpu(ranks.get("fetch_daemon_cpu_ms")),

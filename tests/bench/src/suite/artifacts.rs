@@ -2,17 +2,21 @@
 //! the same bytes on the same node, measured side by side in one run against one release
 //! `tunecached` (the harness's [`DaemonProcess`]):
 //!
-//! * **one large blob** (256 MiB of random bytes by default, put once): GetArtifact streamed
-//!   through the Rust client into a counting sink (nothing holds more than a chunk), against
+//! * **one large blob** (256 MiB of random bytes by default, put once): `Client::get_artifact`
+//!   into a counting sink (nothing holds more than a chunk), which takes a held blob as a
+//!   descriptor (the handoff), and the same call with the handoff off, the GetArtifact stream
+//!   itself; both against
 //!   the floor, a plain Unix-socket copy of the same bytes: a server thread reads the daemon's
 //!   own blob file in 1 MiB reads (the daemon's chunk) and writes each into a `UnixStream`, the
 //!   client reads it in 1 MiB reads into a sink. Throughput in MiB/s.
 //! * **R ranks x B small blobs** (8 x 100 distinct blobs of 2 MiB by default): R rank
 //!   processes (this binary re-executed as the hidden `artifacts-rank`), each with its own
-//!   client connection, GetArtifact every blob into a sink, against R processes reading the
+//!   client connection, `get_artifact` every blob into a sink (handed, then streamed with the
+//!   handoff off), against R processes reading the
 //!   same blobs' source files from a local directory in 1 MiB reads; with it, the third row,
 //!   the same ranks writing the blobs into a per-rank directory with `fetch_artifact_list` (what
-//!   `Client::fetch_artifacts` does: written to a temporary file, hashed, synced, renamed).
+//!   `Client::fetch_artifacts` does: each handed blob copied file to file into a temporary
+//!   file, synced, renamed).
 //!   Every rank connects and reads its list before a barrier; the wall is from its release
 //!   until the last rank has answered.
 //!
@@ -74,8 +78,10 @@ pub struct ArtifactsOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum RankMode {
-    /// GetArtifact every blob into a sink.
+    /// `Client::get_artifact` every blob into a sink: a descriptor handoff for a held blob.
     Get,
+    /// The same with the handoff off: every blob streamed by GetArtifact.
+    Stream,
     /// Read every blob's source file into a sink, in 1 MiB reads.
     Files,
     /// `fetch_artifact_list` every blob into `--dir` (written, synced, verified, renamed).
@@ -86,6 +92,7 @@ impl RankMode {
     fn name(self) -> &'static str {
         match self {
             RankMode::Get => "get",
+            RankMode::Stream => "stream",
             RankMode::Files => "files",
             RankMode::Fetch => "fetch",
         }
@@ -133,16 +140,23 @@ pub struct BigResult {
     /// What the floor's server read.
     pub floor_source: String,
     pub copy_buffer_bytes: usize,
+    /// `Client::get_artifact`: the descriptor handoff (the daemon holds the blob).
     pub get_mib_s: Series,
+    /// The same call with the handoff off: the GetArtifact stream itself.
+    pub stream_mib_s: Series,
     pub floor_mib_s: Series,
-    /// GetArtifact's median throughput over the floor's.
+    /// `get_artifact`'s median throughput over the floor's.
     pub ratio: f64,
+    /// The GetArtifact stream's median throughput over the floor's.
+    pub stream_ratio: f64,
     pub goal_at_least: f64,
     pub met: bool,
     /// CPU per round: the daemon's and this process's (the client) during GetArtifact; this
     /// process's (the floor's server thread and its client) during the copy.
     pub get_daemon_cpu_ms: Series,
     pub get_client_cpu_ms: Series,
+    pub stream_daemon_cpu_ms: Series,
+    pub stream_client_cpu_ms: Series,
     pub floor_cpu_ms: Series,
 }
 
@@ -154,15 +168,19 @@ pub struct RanksResult {
     pub blob_bytes: u64,
     pub copy_buffer_bytes: usize,
     pub get_wall_ms: Series,
+    /// The same ranks with the handoff off (GetArtifact streams).
+    pub stream_wall_ms: Series,
     pub files_wall_ms: Series,
     /// `None` with --skip-fetch.
     pub fetch_wall_ms: Option<Series>,
     /// GetArtifact's median wall over the file reads'.
     pub ratio: f64,
+    pub stream_ratio: f64,
     pub fetch_ratio: Option<f64>,
     pub goal_at_most: f64,
     pub met: bool,
     pub get_daemon_cpu_ms: Series,
+    pub stream_daemon_cpu_ms: Series,
     pub fetch_daemon_cpu_ms: Option<Series>,
 }
 
@@ -180,6 +198,7 @@ pub struct ArtifactsResults {
     pub daemon_fetches_local: u64,
     pub daemon_bytes_served: u64,
     pub daemon_digest_failures: u64,
+    pub daemon_handoffs: u64,
 }
 
 fn progress(message: &str) {
@@ -469,6 +488,11 @@ pub fn run_rank(options: &RankOptions) -> Result<()> {
         RankMode::Get | RankMode::Fetch => {
             Some(runtime.block_on(Client::connect(&options.socket))?)
         }
+        RankMode::Stream => Some(
+            runtime
+                .block_on(Client::connect(&options.socket))?
+                .without_handoff(),
+        ),
     };
     let artifacts: Vec<proto::Artifact> = blobs
         .iter()
@@ -495,7 +519,7 @@ pub fn run_rank(options: &RankOptions) -> Result<()> {
             }
             total
         }
-        (RankMode::Get, Some(client)) => runtime.block_on(async {
+        (RankMode::Get | RankMode::Stream, Some(client)) => runtime.block_on(async {
             let mut total = 0;
             for blob in &blobs {
                 total += get_once(client, &blob.sha256).await?;
@@ -576,20 +600,25 @@ fn measure_big(
     #[derive(Clone, Copy)]
     enum BigPath {
         Get,
+        Stream,
         Copy,
     }
+    let streaming = client.clone().without_handoff();
     // One of each untimed: the page cache warm, the blob verified.
     ensure!(runtime.block_on(get_once(client, &stored.sha256))? == bytes);
+    ensure!(runtime.block_on(get_once(&streaming, &stored.sha256))? == bytes);
     ensure!(copy_once(&socket, &mut buf)? == bytes);
-    let (mut get, mut copy) = (Vec::new(), Vec::new());
+    let (mut get, mut stream, mut copy) = (Vec::new(), Vec::new(), Vec::new());
     let (mut get_daemon_cpu, mut get_client_cpu, mut copy_cpu) =
         (Vec::new(), Vec::new(), Vec::new());
+    let (mut stream_daemon_cpu, mut stream_client_cpu) = (Vec::new(), Vec::new());
     for round in 0..options.rounds {
-        for path in ordered(&[BigPath::Get, BigPath::Copy], round) {
+        for path in ordered(&[BigPath::Get, BigPath::Stream, BigPath::Copy], round) {
             let (daemon_before, own_before) = (cpu_ms(daemon_pid)?, cpu_ms(own_pid)?);
             let started = Instant::now();
             let moved = match path {
                 BigPath::Get => runtime.block_on(get_once(client, &stored.sha256))?,
+                BigPath::Stream => runtime.block_on(get_once(&streaming, &stored.sha256))?,
                 BigPath::Copy => copy_once(&socket, &mut buf)?,
             };
             let secs = started.elapsed().as_secs_f64();
@@ -605,6 +634,11 @@ fn measure_big(
                     get_daemon_cpu.push(daemon_cpu);
                     get_client_cpu.push(own_cpu);
                 }
+                BigPath::Stream => {
+                    stream.push(mib_s);
+                    stream_daemon_cpu.push(daemon_cpu);
+                    stream_client_cpu.push(own_cpu);
+                }
                 BigPath::Copy => {
                     copy.push(mib_s);
                     copy_cpu.push(own_cpu);
@@ -612,14 +646,17 @@ fn measure_big(
             }
         }
         progress(&format!(
-            "large blob, round {}: GetArtifact {:.0} MiB/s, socket copy {:.0} MiB/s",
+            "large blob, round {}: get_artifact {:.0} MiB/s, GetArtifact stream {:.0} MiB/s, \
+             socket copy {:.0} MiB/s",
             round + 1,
             get.last().copied().unwrap_or(f64::NAN),
+            stream.last().copied().unwrap_or(f64::NAN),
             copy.last().copied().unwrap_or(f64::NAN)
         ));
     }
-    let (get, copy) = (Series::of(get), Series::of(copy));
+    let (get, stream, copy) = (Series::of(get), Series::of(stream), Series::of(copy));
     let ratio = get.median / copy.median;
+    let stream_ratio = stream.median / copy.median;
     Ok(BigResult {
         bytes,
         sha256: stored.sha256,
@@ -628,10 +665,14 @@ fn measure_big(
         ratio,
         goal_at_least: BIG_GOAL_AT_LEAST,
         met: ratio >= BIG_GOAL_AT_LEAST,
+        stream_ratio,
         get_mib_s: get,
+        stream_mib_s: stream,
         floor_mib_s: copy,
         get_daemon_cpu_ms: Series::of(get_daemon_cpu),
         get_client_cpu_ms: Series::of(get_client_cpu),
+        stream_daemon_cpu_ms: Series::of(stream_daemon_cpu),
+        stream_client_cpu_ms: Series::of(stream_client_cpu),
         floor_cpu_ms: Series::of(copy_cpu),
     })
 }
@@ -666,7 +707,7 @@ fn measure_ranks(
     let fetch_root = scratch.join("fetched");
     let expect = blob_bytes * options.blobs as u64;
     let daemon_pid = daemon.pid()?;
-    let mut modes = vec![RankMode::Get, RankMode::Files];
+    let mut modes = vec![RankMode::Get, RankMode::Stream, RankMode::Files];
     if !options.skip_fetch {
         modes.push(RankMode::Fetch);
     }
@@ -687,6 +728,7 @@ fn measure_ranks(
     }
     let (mut get, mut files, mut fetch) = (Vec::new(), Vec::new(), Vec::new());
     let (mut get_cpu, mut fetch_cpu) = (Vec::new(), Vec::new());
+    let (mut stream, mut stream_cpu) = (Vec::new(), Vec::new());
     for index in 0..options.rounds {
         for mode in ordered(&modes, index) {
             let (wall, cpu) = round(mode)?;
@@ -694,6 +736,10 @@ fn measure_ranks(
                 RankMode::Get => {
                     get.push(wall);
                     get_cpu.push(cpu);
+                }
+                RankMode::Stream => {
+                    stream.push(wall);
+                    stream_cpu.push(cpu);
                 }
                 RankMode::Files => files.push(wall),
                 RankMode::Fetch => {
@@ -703,11 +749,13 @@ fn measure_ranks(
             }
         }
         progress(&format!(
-            "{} ranks x {} blobs, round {}: GetArtifact {:.0} ms, file reads {:.0} ms{}",
+            "{} ranks x {} blobs, round {}: get_artifact {:.0} ms, GetArtifact stream {:.0} ms, \
+             file reads {:.0} ms{}",
             options.ranks,
             options.blobs,
             index + 1,
             get.last().copied().unwrap_or(f64::NAN),
+            stream.last().copied().unwrap_or(f64::NAN),
             files.last().copied().unwrap_or(f64::NAN),
             fetch
                 .last()
@@ -716,9 +764,10 @@ fn measure_ranks(
         ));
     }
     let _ = std::fs::remove_dir_all(&fetch_root);
-    let (get, files) = (Series::of(get), Series::of(files));
+    let (get, stream, files) = (Series::of(get), Series::of(stream), Series::of(files));
     let fetch = (!options.skip_fetch).then(|| Series::of(fetch));
     let ratio = get.median / files.median;
+    let stream_ratio = stream.median / files.median;
     Ok(RanksResult {
         ranks: options.ranks,
         blobs: options.blobs,
@@ -728,10 +777,13 @@ fn measure_ranks(
         fetch_ratio: fetch.as_ref().map(|fetch| fetch.median / files.median),
         goal_at_most: RANKS_GOAL_AT_MOST,
         met: ratio <= RANKS_GOAL_AT_MOST,
+        stream_ratio,
         get_wall_ms: get,
+        stream_wall_ms: stream,
         files_wall_ms: files,
         fetch_wall_ms: fetch,
         get_daemon_cpu_ms: Series::of(get_cpu),
+        stream_daemon_cpu_ms: Series::of(stream_cpu),
         fetch_daemon_cpu_ms: (!options.skip_fetch).then(|| Series::of(fetch_cpu)),
     })
 }
@@ -786,6 +838,7 @@ pub fn run_artifacts(options: &ArtifactsOptions) -> Result<ArtifactsResults> {
         daemon_fetches_local: stats.artifact_fetches_local,
         daemon_bytes_served: stats.artifact_bytes_served,
         daemon_digest_failures: stats.artifact_digest_failures,
+        daemon_handoffs: stats.artifact_handoffs,
     };
     let json = serde_json::to_value(&results)?;
     std::fs::write(

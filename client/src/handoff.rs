@@ -1,0 +1,142 @@
+//! The descriptor handoff, client side (the wire format is `tunecache_proto::handoff`): on the
+//! daemon's node a held blob is taken as a read-only descriptor of the daemon's file instead of
+//! a GetArtifact stream, so reading it costs what reading a local file costs.
+//!
+//! The daemon hands only a file it hashed whole to the digest as that very file, and writes
+//! blobs only by renaming new files in, so the client does not hash the bytes again: it checks
+//! the size the entry names against the file's. It trusts the answering daemon as it trusts
+//! its gRPC answers: the socket's peer must be a uid this client trusts (`SO_PEERCRED`, as for
+//! the gRPC socket). Anything but a descriptor (no such socket, an older daemon, a blob this
+//! node does not hold yet, a refusal, an error) leaves the caller on GetArtifact, which always
+//! works and fetches from the tiers. `TUNECACHE_HANDOFF=0` turns the handoff off.
+//!
+//! Blocking: run it on the blocking pool.
+
+use std::fs::File;
+use std::io::{self, IoSliceMut, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+use tunecache_proto::handoff::{request, Answer, MAX_ANSWER_BYTES};
+
+/// The environment variable that turns the handoff off when it is `0`.
+pub const HANDOFF_ENV: &str = "TUNECACHE_HANDOFF";
+
+/// The handoff socket beside the gRPC socket `socket`, unless `TUNECACHE_HANDOFF=0`.
+pub fn socket_for(socket: &Path) -> Option<PathBuf> {
+    match std::env::var(HANDOFF_ENV) {
+        Ok(value) if value.trim() == "0" => None,
+        _ => Some(tunecache_proto::handoff::socket_path(socket)),
+    }
+}
+
+/// One connection to the handoff socket.
+pub struct Handoff {
+    stream: UnixStream,
+}
+
+impl Handoff {
+    /// Connects to the handoff socket at `path`; `None` when nothing answers there, or a uid
+    /// not in `trusted` does.
+    pub fn connect(path: &Path, trusted: &[u32], timeout: Duration) -> Option<Handoff> {
+        let stream = UnixStream::connect(path).ok()?;
+        let uid = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+            .ok()?
+            .uid();
+        if !trusted.contains(&uid) {
+            return None;
+        }
+        stream.set_read_timeout(Some(timeout)).ok()?;
+        stream.set_write_timeout(Some(timeout)).ok()?;
+        Some(Handoff { stream })
+    }
+
+    /// Asks for blob `digest`: its file, positioned at its first byte, if the daemon holds it
+    /// and the file is `size` bytes. `Ok(None)`: use GetArtifact. An error means this
+    /// connection is done with.
+    pub fn open(&mut self, digest: &str, size: Option<u64>) -> io::Result<Option<File>> {
+        let line = request(digest).map_err(|refusal| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("digest: {refusal}"))
+        })?;
+        self.stream.write_all(&line)?;
+        let (answer, file) = self.receive()?;
+        match (answer, file) {
+            (Answer::Held { size: held }, Some(file)) => {
+                let on_disk = file.metadata()?.len();
+                if on_disk != held || size.is_some_and(|named| named != held) {
+                    // Not the blob the entry names: GetArtifact says what is wrong.
+                    return Ok(None);
+                }
+                Ok(Some(file))
+            }
+            (Answer::Held { .. }, None) => {
+                Err(io::Error::other("a held answer came without a descriptor"))
+            }
+            (Answer::NotHeld, _) => Ok(None),
+            (Answer::Refused(why), _) => Err(io::Error::other(format!("refused: {why}"))),
+        }
+    }
+
+    /// Reads one answer line and the descriptor that came with its first byte.
+    fn receive(&mut self) -> io::Result<(Answer, Option<File>)> {
+        let mut line = [0u8; MAX_ANSWER_BYTES];
+        let mut space = nix::cmsg_space!(std::os::fd::RawFd);
+        let (mut filled, file) = {
+            let mut iov = [IoSliceMut::new(&mut line)];
+            let message = recvmsg::<()>(
+                self.stream.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            )
+            .map_err(io::Error::from)?;
+            let mut file = None;
+            for cmsg in message.cmsgs().map_err(io::Error::from)? {
+                if let ControlMessageOwned::ScmRights(fds) = cmsg {
+                    for fd in fds {
+                        // SAFETY: the kernel just installed `fd` in this process for us, and
+                        // nothing else owns it; every one is closed unless kept.
+                        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                        if file.is_none() {
+                            file = Some(File::from(owned));
+                        }
+                    }
+                }
+            }
+            if message.flags.contains(MsgFlags::MSG_CTRUNC) {
+                return Err(io::Error::other("the descriptor was cut off"));
+            }
+            (message.bytes, file)
+        };
+        if filled == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        // The rest of the line, if it came in pieces.
+        while !line[..filled].contains(&b'\n') {
+            if filled == line.len() {
+                return Err(io::Error::other("an answer line too long"));
+            }
+            let n = self.stream.read(&mut line[filled..])?;
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            filled += n;
+        }
+        let end = line[..filled]
+            .iter()
+            .position(|&b| b == b'\n')
+            .unwrap_or(filled);
+        let answer = Answer::parse(&line[..end])
+            .ok_or_else(|| io::Error::other("an answer this client does not know"))?;
+        Ok((answer, file))
+    }
+}
+
+/// Copies all of `file` into `out` and answers the count: `copy_file_range` between files on
+/// Linux, so the bytes need not enter this process.
+pub fn copy_all(file: &mut File, out: &mut File) -> io::Result<u64> {
+    io::copy(file, out)
+}

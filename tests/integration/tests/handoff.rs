@@ -1,0 +1,328 @@
+//! The artifact descriptor handoff against real daemons: a rank on the node is handed a
+//! read-only descriptor of a held blob and gets its exact bytes without a GetArtifact stream;
+//! a blob whose file changed is hashed again and never handed; the socket admits whom
+//! GetArtifact admits, bounds each uid's connections, and names what is wrong with a request.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use tunecache_client::handoff::Handoff;
+use tunecache_client::{proto, Client};
+use tunecache_integration::blobs::{self, Content};
+use tunecache_integration::{entry, require_root, require_tool, test_key, TestDaemon};
+use tunecache_proto::handoff::socket_path;
+
+const MIB: u64 = 1024 * 1024;
+
+/// Puts `content` and records an entry of `problem` naming it as `name`; answers the entry.
+async fn held_entry(client: &Client, problem: &str, content: Content, name: &str) -> proto::Entry {
+    blobs::put(client, content).await.expect("PutArtifact");
+    let mut entry = entry(test_key("matmul", problem), "{\"block\":64}", 1.0, "test");
+    if let Some(result) = entry.result.as_mut() {
+        result.artifacts = vec![content.artifact(name)];
+    }
+    client.record(vec![entry.clone()]).await.expect("Record");
+    entry
+}
+
+/// One raw exchange on the handoff socket: the answer line, as sent.
+fn exchange(stream: &mut UnixStream, request: &[u8]) -> String {
+    stream.write_all(request).unwrap();
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while stream.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
+        line.push(byte[0]);
+    }
+    String::from_utf8(line).unwrap()
+}
+
+#[tokio::test]
+async fn a_rank_on_the_node_is_handed_a_held_blob_and_gets_its_exact_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = TestDaemon::builder(dir.path()).in_process().await;
+    let client = daemon.client().await;
+    let content = Content::new(51, 5 * MIB + 3);
+    let entry = held_entry(&client, "handed", content, "kernel.so").await;
+
+    // fetch_artifacts: the file is the blob, byte for byte, and it came as a descriptor.
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let written = client.fetch_artifacts(&entry, &out).await.unwrap();
+    assert_eq!(written, vec![out.join("kernel.so")]);
+    assert!(
+        std::fs::read(&written[0]).unwrap() == content.bytes(),
+        "the bytes differ"
+    );
+    let stats = daemon.stats().await;
+    assert_eq!(
+        (
+            stats.artifact_handoffs,
+            stats.artifact_fetches_local,
+            stats.artifact_bytes_served
+        ),
+        (1, 1, content.size)
+    );
+
+    // get_artifact into a writer: the same, a second handoff.
+    let mut got = Vec::new();
+    let size = client
+        .get_artifact(&content.digest(), &mut got)
+        .await
+        .unwrap();
+    assert_eq!(size, content.size);
+    assert!(got == content.bytes(), "the bytes differ");
+    // Turned off, the same call streams it: no new handoff, one more local fetch.
+    let mut streamed = Vec::new();
+    client
+        .clone()
+        .without_handoff()
+        .get_artifact(&content.digest(), &mut streamed)
+        .await
+        .unwrap();
+    assert!(streamed == got, "the streamed bytes differ");
+    let stats = daemon.stats().await;
+    assert_eq!(
+        (stats.artifact_handoffs, stats.artifact_fetches_local),
+        (2, 3)
+    );
+
+    // The descriptor is read-only and starts at the blob's first byte, every time.
+    let mut handoff = Handoff::connect(
+        &socket_path(&daemon.socket),
+        &[nix::unistd::geteuid().as_raw()],
+        Duration::from_secs(5),
+    )
+    .expect("the handoff socket answers");
+    for _ in 0..2 {
+        let mut file = handoff
+            .open(&content.digest(), Some(content.size))
+            .unwrap()
+            .expect("held");
+        let mut head = vec![0u8; 4096];
+        file.read_exact(&mut head).unwrap();
+        assert!(head[..] == content.bytes()[..4096]);
+        assert!(file.write_all(b"x").is_err(), "the descriptor is writable");
+    }
+    // A size other than the entry's is not taken: the caller streams and hears why.
+    assert!(handoff
+        .open(&content.digest(), Some(content.size + 1))
+        .unwrap()
+        .is_none());
+}
+
+#[tokio::test]
+async fn a_blob_changed_in_place_is_hashed_again_and_never_handed() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = TestDaemon::builder(dir.path()).in_process().await;
+    let client = daemon.client().await;
+    let content = Content::new(52, 3 * MIB + 1);
+    held_entry(&client, "changed", content, "k.so").await;
+    // Handed twice: the first hashes the file whole and stamps it, the second trusts the stamp.
+    for _ in 0..2 {
+        let mut got = Vec::new();
+        client
+            .get_artifact(&content.digest(), &mut got)
+            .await
+            .unwrap();
+        assert!(got == content.bytes());
+    }
+    assert_eq!(daemon.stats().await.artifact_handoffs, 2);
+    // One byte flipped in place: same inode and length, a new change time.
+    let path = daemon
+        .state_dir
+        .join("artifacts/blobs")
+        .join(content.digest());
+    let mut bytes = content.bytes();
+    bytes[2 * MIB as usize] ^= 0x01;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|mut file| file.write_all(&bytes))
+        .unwrap();
+    let mut got = Vec::new();
+    let refused = client.get_artifact(&content.digest(), &mut got).await;
+    assert!(refused.is_err(), "a changed blob was served");
+    assert!(
+        got.is_empty(),
+        "{} bytes of a changed blob reached the caller",
+        got.len()
+    );
+    let stats = daemon.stats().await;
+    assert_eq!(
+        (
+            stats.artifact_handoffs,
+            stats.artifact_digest_failures,
+            stats.artifact_blobs_held
+        ),
+        (2, 1, 0)
+    );
+    assert!(!path.exists(), "the changed blob is dropped from the store");
+}
+
+#[tokio::test]
+async fn a_bad_request_is_named_a_blob_not_held_is_said_and_each_uid_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = TestDaemon::builder(dir.path())
+        .args(["--max-connections-per-uid", "4"])
+        .in_process()
+        .await;
+    let client = daemon.client().await;
+    let content = Content::new(53, MIB);
+    held_entry(&client, "raw", content, "k.so").await;
+    let handoff = socket_path(&daemon.socket);
+
+    let mut first = UnixStream::connect(&handoff).unwrap();
+    let unknown = "0".repeat(64);
+    assert_eq!(
+        exchange(&mut first, format!("{unknown}\n").as_bytes()),
+        "not-held"
+    );
+    // The connection stays for the next exchange.
+    assert_eq!(
+        exchange(&mut first, format!("{}\n", content.digest()).as_bytes()),
+        format!("held {}", content.size)
+    );
+    let upper = content.digest().to_uppercase();
+    assert_eq!(
+        exchange(&mut first, format!("{upper}\n").as_bytes()),
+        format!(
+            "refused request: digest: byte {:#04x} at {}: a digest is lowercase hex",
+            upper.bytes().find(|b| b.is_ascii_uppercase()).unwrap(),
+            upper.find(|c: char| c.is_ascii_uppercase()).unwrap()
+        )
+    );
+    // Refused: the daemon closed it.
+    let mut rest = Vec::new();
+    first.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    drop(first);
+
+    // Four handoff connections of this uid are held; a fifth is closed at once and counted,
+    // while gRPC, a socket of its own, still answers.
+    let refused_before = client.stats().await.unwrap().connections_refused_per_uid;
+    let mut held: Vec<UnixStream> = (0..4)
+        .map(|_| UnixStream::connect(&handoff).unwrap())
+        .collect();
+    for stream in &mut held {
+        assert_eq!(
+            exchange(stream, format!("{}\n", content.digest()).as_bytes()),
+            format!("held {}", content.size)
+        );
+    }
+    let mut fifth = UnixStream::connect(&handoff).unwrap();
+    fifth
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _ = fifth.write_all(format!("{}\n", content.digest()).as_bytes());
+    let mut answer = Vec::new();
+    let _ = fifth.read_to_end(&mut answer);
+    assert!(
+        answer.is_empty(),
+        "the fifth connection was served: {answer:?}"
+    );
+    let stats = client.stats().await.unwrap();
+    assert_eq!(stats.connections_refused_per_uid, refused_before + 1);
+    assert_eq!(stats.artifact_handoffs, 5);
+}
+
+/// A raw handoff exchange as uid 65534, in Python's own `socket.recv_fds`: the answer line,
+/// how many descriptors came, the first 16 bytes read through one, and whether it could write.
+const PYTHON_PEER: &str = r#"
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall((sys.argv[2] + "\n").encode())
+msg, fds, _, _ = socket.recv_fds(s, 256, 4)
+print(msg.decode().strip())
+print(len(fds))
+if fds:
+    print(os.read(fds[0], 16).hex())
+    try:
+        os.write(fds[0], b"x")
+        print("writable")
+    except OSError:
+        print("read-only")
+"#;
+
+fn handoff_as_nobody(setpriv: &Path, python: &Path, socket: &Path, digest: &str) -> Vec<String> {
+    let output = std::process::Command::new(setpriv)
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(python)
+        .args(["-c", PYTHON_PEER])
+        .arg(socket_path(socket))
+        .arg(digest)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn the_handoff_admits_whom_get_artifact_admits() {
+    if !require_root("acting as uid 65534") {
+        return;
+    }
+    let Some(setpriv) = require_tool("setpriv", None) else {
+        return;
+    };
+    // The system's Python: one that uid 65534 can run (not a shim under /root).
+    let python = Path::new("/usr/bin/python3");
+    if !python.is_file() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "/usr/bin/python3 is required under CI"
+        );
+        eprintln!("SKIPPED: no /usr/bin/python3");
+        return;
+    }
+    let content = Content::new(54, 2 * MIB);
+    let head: String = content.bytes()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    for (allowed, args) in [(false, vec![]), (true, vec!["--allow-uid", "65534"])] {
+        let node = dir.path().join(if allowed { "allowed" } else { "denied" });
+        std::fs::create_dir(&node).unwrap();
+        let daemon = TestDaemon::builder(&node).args(args).process().await;
+        use std::os::unix::fs::PermissionsExt;
+        for open in [dir.path(), node.as_path()] {
+            std::fs::set_permissions(open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let handoff = socket_path(&daemon.socket);
+        std::fs::set_permissions(&handoff, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let client = daemon.client().await;
+        held_entry(&client, "access", content, "k.so").await;
+        let lines = handoff_as_nobody(&setpriv, python, &daemon.socket, &content.digest());
+        if allowed {
+            assert_eq!(
+                lines,
+                [
+                    format!("held {}", content.size),
+                    "1".to_owned(),
+                    head.clone(),
+                    "read-only".to_owned()
+                ]
+            );
+            assert_eq!(daemon.stats().await.artifact_handoffs, 1);
+        } else {
+            assert_eq!(lines.len(), 2, "{lines:?}");
+            assert!(
+                lines[0].starts_with("refused uid 65534 may not use this tunecached"),
+                "{lines:?}"
+            );
+            assert_eq!(lines[1], "0", "a descriptor was handed to a refused uid");
+            assert_eq!(daemon.stats().await.artifact_handoffs, 0);
+        }
+    }
+}
