@@ -541,14 +541,8 @@ impl Client {
     /// A handoff connection ([`crate::handoff`]), when this client has the socket and a daemon
     /// it trusts serves it.
     async fn handoff(&self) -> Option<Handoff> {
-        let path = self.handoff.clone()?;
-        let timeout = self.timeout;
-        tokio::task::spawn_blocking(move || {
-            Handoff::connect(&path, &crate::trusted_daemon_uids(), timeout)
-        })
-        .await
-        .ok()
-        .flatten()
+        let path = self.handoff.as_ref()?;
+        Handoff::connect_async(path, &crate::trusted_daemon_uids(), self.timeout).await
     }
 
     async fn open_blob(&self, sha256: &str) -> Result<tonic::codec::Streaming<v1::ArtifactChunk>> {

@@ -40,9 +40,22 @@ pub struct Handoff {
 
 impl Handoff {
     /// Connects to the handoff socket at `path`; `None` when nothing answers there, or a uid
-    /// not in `trusted` does.
+    /// not in `trusted` does. Blocking: a daemon whose backlog is full may hold the connect
+    /// (async callers use [`Handoff::connect_async`]).
     pub fn connect(path: &Path, trusted: &[u32], timeout: Duration) -> Option<Handoff> {
-        let stream = UnixStream::connect(path).ok()?;
+        Handoff::over(UnixStream::connect(path).ok()?, trusted, timeout)
+    }
+
+    /// [`Handoff::connect`] within `timeout`: a daemon that does not accept in time (stopped,
+    /// its backlog full) is `None`, and the caller streams instead.
+    pub async fn connect_async(path: &Path, trusted: &[u32], timeout: Duration) -> Option<Handoff> {
+        let connected = tokio::time::timeout(timeout, tokio::net::UnixStream::connect(path)).await;
+        let stream = connected.ok()?.ok()?.into_std().ok()?;
+        stream.set_nonblocking(false).ok()?;
+        Handoff::over(stream, trusted, timeout)
+    }
+
+    fn over(stream: UnixStream, trusted: &[u32], timeout: Duration) -> Option<Handoff> {
         let uid = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
             .ok()?
             .uid();

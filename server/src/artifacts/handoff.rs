@@ -12,8 +12,11 @@
 //! - **Who** may ask: the callers GetArtifact admits (`ops::access`, checked at a
 //!   connection's first request), each uid holding at most `--max-connections-per-uid` handoff connections
 //!   (`ops::incoming`, counted and logged as for gRPC). A connection has one exchange at a time,
-//!   so the daemon holds at most one descriptor per connection, only while it is sent; one
-//!   that sends nothing for `--preface-timeout` is closed.
+//!   and a request sent before the previous answer was read is refused: a descriptor in flight
+//!   is charged to the daemon's uid until its receiver takes it, so a caller that sends
+//!   requests and never reads could otherwise pile up the daemon's descriptors in its socket.
+//!   So each connection has at most one descriptor in flight; one that sends nothing for
+//!   `--preface-timeout` is closed.
 //! - **Nothing waits on the runtime**: opening and hashing run on the blocking pool with the
 //!   store's bounded wait.
 
@@ -152,6 +155,11 @@ async fn serve_connection(
             }
             admitted = true;
         }
+        if unread_bytes(connection.stream()) != 0 {
+            let answer =
+                Answer::Refused("a request came before the previous answer was read".to_owned());
+            return send(connection.stream(), &answer, None).await;
+        }
         let digest = match parse_request(&line) {
             Ok(digest) => digest.to_owned(),
             Err(bad) => {
@@ -175,6 +183,19 @@ async fn serve_connection(
                 return send(connection.stream(), &answer, None).await;
             }
         }
+    }
+}
+
+/// The bytes this side sent that the peer has not read yet (`SIOCOUTQ`: on a Unix socket they
+/// stay charged to the sender until the receiver takes them). An error counts as unread.
+fn unread_bytes(stream: &UnixStream) -> libc::c_int {
+    let mut unread: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one c_int through the pointer, which points at one.
+    let done = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCOUTQ, &mut unread) };
+    if done == 0 {
+        unread
+    } else {
+        libc::c_int::MAX
     }
 }
 

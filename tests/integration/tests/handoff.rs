@@ -161,6 +161,21 @@ async fn a_blob_changed_in_place_is_hashed_again_and_never_handed() {
     assert!(!path.exists(), "the changed blob is dropped from the store");
 }
 
+/// The bytes waiting in `stream`'s receive queue (FIONREAD).
+fn queued_bytes(stream: &UnixStream) -> usize {
+    let mut queued: nix::libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer, which points at one.
+    let done = unsafe {
+        nix::libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(stream),
+            nix::libc::FIONREAD,
+            &mut queued,
+        )
+    };
+    assert_eq!(done, 0, "FIONREAD");
+    usize::try_from(queued).unwrap_or(0)
+}
+
 #[tokio::test]
 async fn a_bad_request_is_named_a_blob_not_held_is_said_and_each_uid_is_bounded() {
     let dir = tempfile::tempdir().unwrap();
@@ -199,6 +214,41 @@ async fn a_bad_request_is_named_a_blob_not_held_is_said_and_each_uid_is_bounded(
     assert!(rest.is_empty());
     drop(first);
 
+    // A second request sent before the first answer is read (only peeked at: it is there, its
+    // descriptor in flight) is refused, so no caller piles up descriptors it never takes.
+    let mut piling = UnixStream::connect(&handoff).unwrap();
+    let request = format!("{}\n", content.digest());
+    piling.write_all(request.as_bytes()).unwrap();
+    let mut peeked = [0u8; 1];
+    nix::sys::socket::recv(
+        std::os::fd::AsRawFd::as_raw_fd(&piling),
+        &mut peeked,
+        nix::sys::socket::MsgFlags::MSG_PEEK,
+    )
+    .unwrap();
+    piling.write_all(request.as_bytes()).unwrap();
+    // Reading now could take the first answer before the daemon looks: wait until the second
+    // answer is queued behind it (FIONREAD counts both; a peek stops at the descriptor).
+    let first_answer = format!("held {}\n", content.size).len();
+    let waited = std::time::Instant::now();
+    while queued_bytes(&piling) <= first_answer {
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "no second answer"
+        );
+        std::thread::yield_now();
+    }
+    let mut answers = String::new();
+    piling.read_to_string(&mut answers).unwrap();
+    assert_eq!(
+        answers,
+        format!(
+            "held {}\nrefused a request came before the previous answer was read\n",
+            content.size
+        )
+    );
+    drop(piling);
+
     // Four handoff connections of this uid are held; a fifth is closed at once and counted,
     // while gRPC, a socket of its own, still answers.
     let refused_before = client.stats().await.unwrap().connections_refused_per_uid;
@@ -224,7 +274,7 @@ async fn a_bad_request_is_named_a_blob_not_held_is_said_and_each_uid_is_bounded(
     );
     let stats = client.stats().await.unwrap();
     assert_eq!(stats.connections_refused_per_uid, refused_before + 1);
-    assert_eq!(stats.artifact_handoffs, 5);
+    assert_eq!(stats.artifact_handoffs, 6);
 }
 
 /// A raw handoff exchange as uid 65534, in Python's own `socket.recv_fds`: the answer line,
