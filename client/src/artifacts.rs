@@ -277,17 +277,24 @@ async fn hand_over(
     let digest = sha256.to_owned();
     let opened = tokio::task::spawn_blocking(move || {
         let mut handoff = handoff;
-        let opened = handoff.open(&digest, size).and_then(|file| match file {
-            Some(file) => Ok(Some((file.metadata()?.len(), file))),
-            None => Ok(None),
-        });
-        match opened {
-            Ok(file) => (Some(handoff), file.map(|(len, file)| (file, len))),
+        match handoff.open(&digest, size) {
+            Ok(handed) => (Some(handoff), handed),
             Err(_) => (None, None),
         }
     })
     .await;
     opened.unwrap_or((None, None))
+}
+
+/// A handed blob's copy is whole: `copied` bytes of the `size` its daemon answered.
+fn copied_whole(sha256: &str, copied: u64, size: u64) -> Result<u64> {
+    if copied == size {
+        Ok(copied)
+    } else {
+        Err(ClientError::Artifact(format!(
+            "blob {sha256}: {copied} bytes read of {size}"
+        )))
+    }
 }
 
 /// Copies a handed blob's file into `writer`, a chunk at a time, and answers its size.
@@ -323,12 +330,7 @@ where
         .flush()
         .await
         .map_err(io_error(format!("writing blob {sha256}")))?;
-    if copied != size {
-        return Err(ClientError::Artifact(format!(
-            "blob {sha256}: {copied} bytes read of {size}"
-        )));
-    }
-    Ok(copied)
+    copied_whole(sha256, copied, size)
 }
 
 /// A temporary file in the destination directory, removed unless it was renamed to its name:
@@ -542,7 +544,7 @@ impl Client {
     /// it trusts serves it.
     async fn handoff(&self) -> Option<Handoff> {
         let path = self.handoff.as_ref()?;
-        Handoff::connect_async(path, &crate::trusted_daemon_uids(), self.timeout).await
+        Handoff::connect(path, &crate::trusted_daemon_uids(), self.timeout).await
     }
 
     async fn open_blob(&self, sha256: &str) -> Result<tonic::codec::Streaming<v1::ArtifactChunk>> {
@@ -679,22 +681,16 @@ impl Client {
         };
         let receive = async {
             if let Some((mut file, size)) = handed {
-                // Copied file to file (copy_file_range), then synced as a streamed one is.
+                // File to file: `io::copy` between files is copy_file_range, so the bytes
+                // need not enter this process. Then synced as a streamed one is.
                 let copied = blocking(&what, move || {
                     let mut created = created;
-                    let copied = crate::handoff::copy_all(&mut file, &mut created)?;
+                    let copied = std::io::copy(&mut file, &mut created)?;
                     created.sync_all()?;
                     Ok(copied)
                 })
                 .await?;
-                return if copied == size {
-                    Ok(())
-                } else {
-                    Err(ClientError::Artifact(format!(
-                        "blob {}: {copied} bytes read of {size}",
-                        artifact.sha256
-                    )))
-                };
+                return copied_whole(&artifact.sha256, copied, size).map(drop);
             }
             let mut stream = self.open_blob(&artifact.sha256).await?;
             let mut expected = Expected::new(&artifact.sha256, Some(artifact.size));

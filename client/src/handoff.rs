@@ -10,7 +10,7 @@
 //! node does not hold yet, a refusal, an error) leaves the caller on GetArtifact, which always
 //! works and fetches from the tiers. `TUNECACHE_HANDOFF=0` turns the handoff off.
 //!
-//! Blocking: run it on the blocking pool.
+//! The exchanges block: run them on the blocking pool.
 
 use std::fs::File;
 use std::io::{self, IoSliceMut, Read, Write};
@@ -39,23 +39,14 @@ pub struct Handoff {
 }
 
 impl Handoff {
-    /// Connects to the handoff socket at `path`; `None` when nothing answers there, or a uid
-    /// not in `trusted` does. Blocking: a daemon whose backlog is full may hold the connect
-    /// (async callers use [`Handoff::connect_async`]).
-    pub fn connect(path: &Path, trusted: &[u32], timeout: Duration) -> Option<Handoff> {
-        Handoff::over(UnixStream::connect(path).ok()?, trusted, timeout)
-    }
-
-    /// [`Handoff::connect`] within `timeout`: a daemon that does not accept in time (stopped,
-    /// its backlog full) is `None`, and the caller streams instead.
-    pub async fn connect_async(path: &Path, trusted: &[u32], timeout: Duration) -> Option<Handoff> {
+    /// Connects to the handoff socket at `path` within `timeout`; `None` when nothing answers
+    /// there in time (no socket, a stopped daemon, a full backlog), or a uid not in `trusted`
+    /// answers. The caller then streams instead.
+    pub async fn connect(path: &Path, trusted: &[u32], timeout: Duration) -> Option<Handoff> {
         let connected = tokio::time::timeout(timeout, tokio::net::UnixStream::connect(path)).await;
         let stream = connected.ok()?.ok()?.into_std().ok()?;
+        // The exchanges block (on the blocking pool), each bounded by the timeouts below.
         stream.set_nonblocking(false).ok()?;
-        Handoff::over(stream, trusted, timeout)
-    }
-
-    fn over(stream: UnixStream, trusted: &[u32], timeout: Duration) -> Option<Handoff> {
         let uid = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
             .ok()?
             .uid();
@@ -67,10 +58,10 @@ impl Handoff {
         Some(Handoff { stream })
     }
 
-    /// Asks for blob `digest`: its file, positioned at its first byte, if the daemon holds it
-    /// and the file is `size` bytes. `Ok(None)`: use GetArtifact. An error means this
-    /// connection is done with.
-    pub fn open(&mut self, digest: &str, size: Option<u64>) -> io::Result<Option<File>> {
+    /// Asks for blob `digest`: its file, positioned at its first byte, and its size, if the
+    /// daemon holds it (and it is `size` bytes, when given). `Ok(None)`: use GetArtifact. An
+    /// error means this connection is done with. Blocking.
+    pub fn open(&mut self, digest: &str, size: Option<u64>) -> io::Result<Option<(File, u64)>> {
         let line = request(digest).map_err(|refusal| {
             io::Error::new(io::ErrorKind::InvalidInput, format!("digest: {refusal}"))
         })?;
@@ -83,7 +74,7 @@ impl Handoff {
                     // Not the blob the entry names: GetArtifact says what is wrong.
                     return Ok(None);
                 }
-                Ok(Some(file))
+                Ok(Some((file, held)))
             }
             (Answer::Held { .. }, None) => {
                 Err(io::Error::other("a held answer came without a descriptor"))
@@ -146,10 +137,4 @@ impl Handoff {
             .ok_or_else(|| io::Error::other("an answer this client does not know"))?;
         Ok((answer, file))
     }
-}
-
-/// Copies all of `file` into `out` and answers the count: `copy_file_range` between files on
-/// Linux, so the bytes need not enter this process.
-pub fn copy_all(file: &mut File, out: &mut File) -> io::Result<u64> {
-    io::copy(file, out)
 }

@@ -140,12 +140,19 @@ pub fn bind(path: &Path) -> Result<(tokio::net::UnixListener, SocketGuard)> {
     };
     std::fs::set_permissions(path, Permissions::from_mode(SOCKET_MODE))
         .map_err(|e| Error::io("setting socket permissions", path, e))?;
+    Ok((register(listener, path)?, guard))
+}
+
+/// Hands a bound listener to the runtime (non-blocking).
+fn register(
+    listener: std::os::unix::net::UnixListener,
+    path: &Path,
+) -> Result<tokio::net::UnixListener> {
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::io("configuring socket", path, e))?;
-    let listener = tokio::net::UnixListener::from_std(listener)
-        .map_err(|e| Error::io("registering socket", path, e))?;
-    Ok((listener, guard))
+    tokio::net::UnixListener::from_std(listener)
+        .map_err(|e| Error::io("registering socket", path, e))
 }
 
 /// Binds a second socket at `path` beside the daemon's socket `main` (the descriptor
@@ -166,12 +173,7 @@ pub fn bind_beside(main: &Path, path: &Path) -> Result<(tokio::net::UnixListener
         .map_err(|e| Error::io("setting the socket's group", path, e))?;
     std::fs::set_permissions(path, Permissions::from_mode(main_meta.mode() & 0o777))
         .map_err(|e| Error::io("setting socket permissions", path, e))?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| Error::io("configuring socket", path, e))?;
-    let listener = tokio::net::UnixListener::from_std(listener)
-        .map_err(|e| Error::io("registering socket", path, e))?;
-    Ok((listener, guard))
+    Ok((register(listener, path)?, guard))
 }
 
 /// Serves on a listening socket someone else bound and owns (socket activation): no guard, no

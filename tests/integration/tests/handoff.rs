@@ -94,12 +94,14 @@ async fn a_rank_on_the_node_is_handed_a_held_blob_and_gets_its_exact_bytes() {
         &[nix::unistd::geteuid().as_raw()],
         Duration::from_secs(5),
     )
+    .await
     .expect("the handoff socket answers");
     for _ in 0..2 {
-        let mut file = handoff
+        let (mut file, size) = handoff
             .open(&content.digest(), Some(content.size))
             .unwrap()
             .expect("held");
+        assert_eq!(size, content.size);
         let mut head = vec![0u8; 4096];
         file.read_exact(&mut head).unwrap();
         assert!(head[..] == content.bytes()[..4096]);
