@@ -34,6 +34,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tunecache_proto::artifact::{check_digest, check_name, CHUNK_BYTES, MAX_PER_RESULT};
 use tunecache_proto::v1;
 
+use crate::handed::{copied_whole, copy_to_file, copy_to_writer, hand_over, FileCopy};
 use crate::handoff::Handoff;
 use crate::{Client, ClientError, Result};
 
@@ -68,7 +69,7 @@ impl StoredArtifact {
 }
 
 /// Lowercase hex of a digest, the one spelling `check_digest` accepts.
-fn hex(digest: &[u8]) -> String {
+pub(crate) fn hex(digest: &[u8]) -> String {
     use std::fmt::Write as _;
     let mut text = String::with_capacity(digest.len() * 2);
     for byte in digest {
@@ -78,12 +79,12 @@ fn hex(digest: &[u8]) -> String {
 }
 
 /// An I/O error with what was being done.
-fn io_error(what: String) -> impl FnOnce(std::io::Error) -> ClientError {
+pub(crate) fn io_error(what: String) -> impl FnOnce(std::io::Error) -> ClientError {
     move |source| ClientError::Io { what, source }
 }
 
 /// Runs blocking file work on the blocking pool.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     what: &str,
     work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> Result<T> {
@@ -114,7 +115,7 @@ fn read_up_to(file: &mut impl Read, want: usize) -> std::io::Result<Vec<u8>> {
 
 /// The digest and length of everything `file` reads, one chunk in memory at a time; with
 /// `copy`, each chunk is also written there.
-fn hash_all(
+pub(crate) fn hash_all(
     file: &mut impl Read,
     mut copy: Option<&mut std::fs::File>,
 ) -> std::io::Result<(String, u64)> {
@@ -264,73 +265,6 @@ impl Expected {
         }
         Ok(size)
     }
-}
-
-/// Asks `handoff` for blob `sha256` (of `size` bytes, when the entry names it): the file and
-/// its size if the daemon handed it, and the connection back for the next blob unless it
-/// failed. Whatever goes wrong, the caller streams the blob by GetArtifact instead.
-async fn hand_over(
-    handoff: Handoff,
-    sha256: &str,
-    size: Option<u64>,
-) -> (Option<Handoff>, Option<(std::fs::File, u64)>) {
-    let digest = sha256.to_owned();
-    let opened = tokio::task::spawn_blocking(move || {
-        let mut handoff = handoff;
-        match handoff.open(&digest, size) {
-            Ok(handed) => (Some(handoff), handed),
-            Err(_) => (None, None),
-        }
-    })
-    .await;
-    opened.unwrap_or((None, None))
-}
-
-/// A handed blob's copy is whole: `copied` bytes of the `size` its daemon answered.
-fn copied_whole(sha256: &str, copied: u64, size: u64) -> Result<u64> {
-    if copied == size {
-        Ok(copied)
-    } else {
-        Err(ClientError::Artifact(format!(
-            "blob {sha256}: {copied} bytes read of {size}"
-        )))
-    }
-}
-
-/// Copies a handed blob's file into `writer`, a chunk at a time, and answers its size.
-async fn copy_handed<W>(file: std::fs::File, size: u64, sha256: &str, writer: &mut W) -> Result<u64>
-where
-    W: AsyncWrite + Unpin,
-{
-    let what = format!("reading blob {sha256}");
-    // One buffer for the whole copy, moved to the blocking pool and back for each read.
-    let mut state = (file, vec![0u8; CHUNK_BYTES]);
-    let mut copied = 0u64;
-    loop {
-        let (mut file, mut buf) = state;
-        let (file, buf, n) = blocking(&what, move || loop {
-            match file.read(&mut buf) {
-                Ok(n) => return Ok((file, buf, n)),
-                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(error) => return Err(error),
-            }
-        })
-        .await?;
-        if n == 0 {
-            break;
-        }
-        copied += n as u64;
-        writer
-            .write_all(&buf[..n])
-            .await
-            .map_err(io_error(format!("writing blob {sha256}")))?;
-        state = (file, buf);
-    }
-    writer
-        .flush()
-        .await
-        .map_err(io_error(format!("writing blob {sha256}")))?;
-    copied_whole(sha256, copied, size)
 }
 
 /// A temporary file in the destination directory, removed unless it was renamed to its name:
@@ -573,7 +507,8 @@ impl Client {
         let copy = async {
             if let Some(handoff) = self.handoff().await {
                 if let (_, Some((file, size))) = hand_over(handoff, sha256, None).await {
-                    return copy_handed(file, size, sha256, writer).await;
+                    let verify = self.verify_handoffs;
+                    return copy_to_writer(file, size, sha256, verify, writer).await;
                 }
             }
             let mut stream = self.open_blob(sha256).await?;
@@ -661,6 +596,7 @@ impl Client {
             let path = path.clone();
             blocking(&what, move || {
                 std::fs::OpenOptions::new()
+                    .read(true)
                     .write(true)
                     .create_new(true)
                     .open(path)
@@ -680,17 +616,17 @@ impl Client {
             None => None,
         };
         let receive = async {
-            if let Some((mut file, size)) = handed {
-                // File to file: `io::copy` between files is copy_file_range, so the bytes
-                // need not enter this process. Then synced as a streamed one is.
-                let copied = blocking(&what, move || {
-                    let mut created = created;
-                    let copied = std::io::copy(&mut file, &mut created)?;
-                    created.sync_all()?;
-                    Ok(copied)
-                })
-                .await?;
-                return copied_whole(&artifact.sha256, copied, size).map(drop);
+            let mut created = created;
+            if let Some((file, size)) = handed {
+                let (sha256, verify) = (artifact.sha256.clone(), self.verify_handoffs);
+                let copy = move || copy_to_file(file, created, &sha256, verify);
+                match blocking(&what, copy).await? {
+                    FileCopy::Synced { copied } => {
+                        return copied_whole(&artifact.sha256, copied, size).map(drop)
+                    }
+                    // Changed under the copy: streamed instead, into the emptied file.
+                    FileCopy::Changed { file } => created = file,
+                }
             }
             let mut stream = self.open_blob(&artifact.sha256).await?;
             let mut expected = Expected::new(&artifact.sha256, Some(artifact.size));

@@ -2,9 +2,11 @@
 //! daemon's node a held blob is taken as a read-only descriptor of the daemon's file instead of
 //! a GetArtifact stream, so reading it costs what reading a local file costs.
 //!
-//! The daemon hands only a file it hashed whole to the digest as that very file, and writes
-//! blobs only by renaming new files in, so the client does not hash the bytes again: it checks
-//! the size the entry names against the file's. It trusts the answering daemon as it trusts
+//! The daemon hands only a file it hashed whole to the digest as that very file, mode 0444
+//! and its own, and writes blobs only by renaming new files in, so the client does not hash
+//! the bytes again: it checks the size the entry names against the file's. A rank of the
+//! daemon's own uid can still change the file; `TUNECACHE_VERIFY=1` hashes every handed copy
+//! (`crate::handed`). It trusts the answering daemon as it trusts
 //! its gRPC answers: the socket's peer must be a uid this client trusts (`SO_PEERCRED`, as for
 //! the gRPC socket). Anything but a descriptor (no such socket, an older daemon, a blob this
 //! node does not hold yet, a refusal, an error) leaves the caller on GetArtifact, which always
@@ -24,6 +26,19 @@ use tunecache_proto::handoff::{request, Answer, MAX_ANSWER_BYTES};
 
 /// The environment variable that turns the handoff off when it is `0`.
 pub const HANDOFF_ENV: &str = "TUNECACHE_HANDOFF";
+
+/// The environment variable that makes the client hash every handed blob's copy when it is
+/// `1` ([`crate::Client::verify_handoffs`]).
+pub const VERIFY_ENV: &str = "TUNECACHE_VERIFY";
+
+/// Whether the environment asks for handed copies to be hashed (`TUNECACHE_VERIFY=1`).
+pub fn verify_from_env() -> bool {
+    verify_requested(std::env::var(VERIFY_ENV).ok().as_deref())
+}
+
+fn verify_requested(value: Option<&str>) -> bool {
+    value.is_some_and(|value| value.trim() == "1")
+}
 
 /// The handoff socket beside the gRPC socket `socket`, unless `TUNECACHE_HANDOFF=0`.
 pub fn socket_for(socket: &Path) -> Option<PathBuf> {
@@ -136,5 +151,17 @@ impl Handoff {
         let answer = Answer::parse(&line[..end])
             .ok_or_else(|| io::Error::other("an answer this client does not know"))?;
         Ok((answer, file))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_tunecache_verify_1_asks_for_verification() {
+        for (value, asked) in [(None, false), (Some("0"), false), (Some(""), false)] {
+            assert_eq!(super::verify_requested(value), asked, "{value:?}");
+        }
+        assert!(super::verify_requested(Some("1")));
+        assert!(super::verify_requested(Some(" 1\n")));
     }
 }

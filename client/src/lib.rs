@@ -26,6 +26,7 @@ use tunecache_proto::v1::{self, tune_cache_client::TuneCacheClient};
 pub mod artifacts;
 pub mod autostart;
 pub mod encoded_scan;
+mod handed;
 pub mod handoff;
 pub mod record;
 pub mod tuning;
@@ -154,6 +155,8 @@ pub struct Client {
     view: String,
     /// The descriptor handoff's socket, beside the gRPC socket ([`handoff`]); `None`: off.
     handoff: Option<std::sync::Arc<PathBuf>>,
+    /// Hash every handed blob's copy too (`TUNECACHE_VERIFY=1`, [`Client::verify_handoffs`]).
+    verify_handoffs: bool,
 }
 
 /// Opens a gRPC channel over the Unix socket at `path`. The `:authority` is `localhost`.
@@ -215,7 +218,16 @@ impl Client {
             timeout: DEFAULT_TIMEOUT,
             view: view::view_from_env(None),
             handoff: handoff::socket_for(path.as_ref()).map(std::sync::Arc::new),
+            verify_handoffs: handoff::verify_from_env(),
         })
+    }
+
+    /// Whether a blob handed as a descriptor is hashed as it is copied, and refused if its
+    /// bytes changed after the daemon checked them (which a rank of the daemon's own uid can
+    /// do). Off by default: the copy's size is checked. `TUNECACHE_VERIFY=1` turns it on.
+    pub fn verify_handoffs(mut self, on: bool) -> Client {
+        self.verify_handoffs = on;
+        self
     }
 
     /// Streams every blob through GetArtifact, never taking a descriptor ([`handoff`]).

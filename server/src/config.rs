@@ -12,6 +12,9 @@ use tunecache_proto::tuner::BackendChoice;
 
 use crate::journal::FsyncPolicy;
 
+mod artifacts;
+pub use artifacts::ArtifactFlags;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -311,36 +314,8 @@ pub struct Config {
     )]
     pub write_queue_mib: u64,
 
-    /// Largest artifact blob (PutArtifact) this node stores, in bytes; a larger one is
-    /// refused RESOURCE_EXHAUSTED from its first chunk.
-    #[arg(
-        long,
-        env = "TUNECACHE_MAX_ARTIFACT_BYTES",
-        default_value_t = tunecache_proto::artifact::DEFAULT_MAX_ARTIFACT_BYTES,
-        value_name = "BYTES"
-    )]
-    pub max_artifact_bytes: u64,
-
-    /// The node's artifact store, in MiB: an upload that would pass it first collects
-    /// unreferenced blobs past their grace period, else is refused RESOURCE_EXHAUSTED.
-    #[arg(
-        long,
-        env = "TUNECACHE_ARTIFACT_STORE_MIB",
-        default_value_t = tunecache_proto::artifact::DEFAULT_STORE_MIB,
-        value_name = "MIB",
-        value_parser = clap::value_parser!(u64).range(1..=1 << 30)
-    )]
-    pub artifact_store_mib: u64,
-
-    /// One uid's uploads that no live entry names yet, in MiB (default: a quarter of
-    /// --artifact-store-mib), so that no caller can fill the store for the others.
-    #[arg(
-        long,
-        env = "TUNECACHE_ARTIFACT_UNREFERENCED_MIB_PER_UID",
-        value_name = "MIB",
-        value_parser = clap::value_parser!(u64).range(1..=1 << 30)
-    )]
-    pub artifact_unreferenced_mib_per_uid: Option<u64>,
+    #[command(flatten)]
+    pub artifacts: ArtifactFlags,
 
     /// Largest artifact blob the Redis tier carries, in bytes; a larger one stays on this
     /// node and the shared directory (its entry is still published).
@@ -351,16 +326,6 @@ pub struct Config {
         value_name = "BYTES"
     )]
     pub cluster_max_artifact_bytes: u64,
-
-    /// Seconds a blob no live entry names is kept (an upload waiting for its Record, an
-    /// entry beaten or forgotten) before it is deleted.
-    #[arg(
-        long,
-        env = "TUNECACHE_ARTIFACT_GRACE_SECS",
-        default_value_t = tunecache_proto::artifact::DEFAULT_GRACE_SECS,
-        value_name = "SECS"
-    )]
-    pub artifact_grace_secs: u64,
 
     /// Largest request message read, in bytes: a larger one is refused RESOURCE_EXHAUSTED
     /// from its gRPC header, before any of it is buffered. The default holds a full batch of
@@ -575,21 +540,11 @@ impl Config {
             .unwrap_or_else(tunecache_proto::socket_path::fallback_socket_path)
     }
 
-    /// The artifact store's settings.
+    /// The artifact store's settings. One uid's share defaults to a quarter of the store
+    /// only when users other than the daemon's own and root may call it.
     pub fn artifact_settings(&self) -> crate::artifacts::ArtifactSettings {
-        const MIB: u64 = 1024 * 1024;
-        let store_bytes = self.artifact_store_mib.saturating_mul(MIB);
-        crate::artifacts::ArtifactSettings {
-            state_dir: self.state_dir(),
-            limits: crate::artifacts::Limits {
-                max_blob_bytes: self.max_artifact_bytes,
-                store_bytes,
-                unreferenced_bytes_per_uid: self
-                    .artifact_unreferenced_mib_per_uid
-                    .map_or(store_bytes / 4, |mib| mib.saturating_mul(MIB)),
-                grace_ms: self.artifact_grace_secs.saturating_mul(1000),
-            },
-        }
+        let others_allowed = !self.allow_uid.is_empty() || !self.allow_gid.is_empty();
+        self.artifacts.settings(self.state_dir(), others_allowed)
     }
 
     /// `--state-dir`/`$TUNECACHE_STATE_DIR`, then `$STATE_DIRECTORY` (systemd's

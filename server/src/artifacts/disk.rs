@@ -1,7 +1,9 @@
 //! The blob store's files, blocking (callers run these on the blocking pool): one file per
 //! digest under `<state-dir>/artifacts/blobs/`, each written as a temporary file under
 //! `tmp/`, fsynced, then renamed in and the directory fsynced, so a SIGKILL at any point
-//! leaves either the whole verified blob or nothing under its name.
+//! leaves either the whole verified blob or nothing under its name. A blob is mode 0444
+//! (`BLOB_MODE`), owned by the daemon: no uid but the daemon's (and root) may change its mode,
+//! and no descriptor of it handed to a rank can be reopened writable while it has that mode.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -13,6 +15,9 @@ use super::index::FileStamp;
 
 /// Bytes read at a time when hashing a file.
 const READ_BYTES: usize = 1024 * 1024;
+
+/// A blob's mode: readable, and writable by nobody.
+pub const BLOB_MODE: u32 = 0o444;
 
 /// The store's directories.
 #[derive(Clone, Debug)]
@@ -32,8 +37,8 @@ pub struct Partial {
 
 impl BlobDir {
     /// Makes the directories (private to the daemon's uid) and removes what a killed upload
-    /// left in `tmp/`. Returns the blobs found, each `(digest, size)`; a file whose name is
-    /// not a digest is removed.
+    /// left in `tmp/`. Returns the blobs found, each `(digest, size)`, each made `BLOB_MODE`
+    /// (an older daemon wrote them 0600); a file whose name is not a digest is removed.
     pub fn open(state_dir: &Path) -> std::io::Result<(BlobDir, Vec<(String, u64)>)> {
         use std::os::unix::fs::DirBuilderExt;
         let root = state_dir.join("artifacts");
@@ -60,6 +65,11 @@ impl BlobDir {
             if tunecache_proto::artifact::check_digest(digest).is_err() || !metadata.is_file() {
                 let _ = std::fs::remove_file(entry.path());
                 continue;
+            }
+            if !has_blob_mode(&metadata) {
+                use std::os::unix::fs::PermissionsExt;
+                let read_only = std::fs::Permissions::from_mode(BLOB_MODE);
+                std::fs::set_permissions(entry.path(), read_only)?;
             }
             found.push((digest.to_owned(), metadata.len()));
         }
@@ -125,9 +135,12 @@ impl Partial {
         hex(self.hasher.clone().finalize().as_slice())
     }
 
-    /// Makes the blob durable under `digest` (fsync, rename, fsync of the directory).
+    /// Makes the blob durable under `digest`, `BLOB_MODE` (fsync, rename, fsync of the
+    /// directory).
     pub fn finish(mut self, dir: &BlobDir, digest: &str) -> std::io::Result<()> {
         if let Some(file) = self.file.take() {
+            use std::os::unix::fs::PermissionsExt;
+            file.set_permissions(std::fs::Permissions::from_mode(BLOB_MODE))?;
             file.sync_all()?;
         }
         std::fs::rename(&self.path, dir.path_of(digest))?;
@@ -163,6 +176,12 @@ pub fn hash_open(file: &mut File) -> std::io::Result<(String, u64)> {
         hasher.update(&buf[..n]);
         len += n as u64;
     }
+}
+
+/// Whether a blob's file has `BLOB_MODE` and nothing more (no write bit, no set-id bit).
+pub fn has_blob_mode(metadata: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    metadata.permissions().mode() & 0o7777 == BLOB_MODE
 }
 
 /// The identity of an open file's bytes, for `Index::must_hash`.
@@ -207,6 +226,13 @@ mod tests {
             hash_file(&dir.path_of(&digest)).unwrap(),
             (digest.clone(), 11)
         );
+        // Writable by nobody; one an older daemon left writable is made so at open.
+        let metadata = || std::fs::metadata(dir.path_of(&digest)).unwrap();
+        assert!(has_blob_mode(&metadata()));
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path_of(&digest), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+        assert!(!has_blob_mode(&metadata()));
         // An upload dropped half-way leaves nothing.
         let mut dropped = dir.partial().unwrap();
         dropped.write(b"half").unwrap();
@@ -215,7 +241,8 @@ mod tests {
         std::fs::write(state.path().join("artifacts/tmp/blob-x.part"), b"x").unwrap();
         std::fs::write(state.path().join("artifacts/blobs/not-a-digest"), b"x").unwrap();
         let (_, found) = BlobDir::open(state.path()).unwrap();
-        assert_eq!(found, vec![(digest, 11)]);
+        assert_eq!(found, vec![(digest.clone(), 11)]);
+        assert!(has_blob_mode(&metadata()));
         assert_eq!(
             std::fs::read_dir(state.path().join("artifacts/tmp"))
                 .unwrap()

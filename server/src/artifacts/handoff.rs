@@ -9,6 +9,12 @@
 //!   here first otherwise. A file that does not match is dropped and answered `not-held`, and
 //!   the client's GetArtifact then fetches the blob again from the tiers. The daemon writes a
 //!   blob only by a rename of a new file, never in place, so a handed file stays as hashed.
+//! - **Read-only for its receiver**: the file is mode 0444 and the daemon's (`disk`), so a
+//!   rank of another uid can neither `fchmod` it nor reopen it writable through
+//!   `/proc/self/fd`. A rank of the daemon's own uid can change its mode, as it can change any
+//!   of that uid's files: a handed file found with another mode is set back to 0444 first
+//!   (which changes its ctime, so it is hashed again), and the clients check its size, and its
+//!   digest with `TUNECACHE_VERIFY=1` (docs/artifacts.md).
 //! - **Who** may ask: the callers GetArtifact admits (`ops::access`, checked at a
 //!   connection's first request), each uid holding at most `--max-connections-per-uid` handoff connections
 //!   (`ops::incoming`, counted and logged as for gRPC). A connection has one exchange at a time,
@@ -64,7 +70,13 @@ impl Artifacts {
             let Ok(mut file) = File::open(&path) else {
                 return Ok(Opened::Bad);
             };
-            let stamp = disk::stamp_of(&file.metadata()?);
+            let mut metadata = file.metadata()?;
+            if !disk::has_blob_mode(&metadata) {
+                use std::os::unix::fs::PermissionsExt;
+                file.set_permissions(std::fs::Permissions::from_mode(disk::BLOB_MODE))?;
+                metadata = file.metadata()?;
+            }
+            let stamp = disk::stamp_of(&metadata);
             if stamp.len != size {
                 return Ok(Opened::Bad);
             }

@@ -1,9 +1,12 @@
 //! The rules of the node's blob store, as one pure type: which blobs it holds, which of them a
-//! live entry names, what each uid's unreferenced uploads weigh, whether an upload fits under
-//! the limits, and which blobs collection may delete. No I/O and no clock: the adapter
-//! (`artifacts::Artifacts`) passes the time in and does what the answers say.
+//! live entry names, what each uid holds in it (its share: `charges` for the blobs its live
+//! entries name, plus its unreferenced uploads), whether an upload or a fetch from the tiers
+//! fits under the limits, and which blobs collection may delete. No I/O and no clock: the
+//! adapter (`artifacts::Artifacts`) passes the time in and does what the answers say.
 
 use std::collections::{HashMap, HashSet};
+
+use super::charges::Charges;
 
 /// A blob's life in the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,8 +53,11 @@ pub struct FileStamp {
 pub struct Limits {
     /// `--max-artifact-bytes`: one blob.
     pub max_blob_bytes: u64,
-    /// `--artifact-store-mib`, in bytes: everything held and being uploaded.
+    /// `--artifact-store-mib`, in bytes: everything held, being uploaded and being fetched.
     pub store_bytes: u64,
+    /// `--artifact-store-mib-per-uid`, in bytes: one uid's share, the blobs its live entries
+    /// name and its uploads no live entry names yet.
+    pub store_bytes_per_uid: u64,
     /// `--artifact-unreferenced-mib-per-uid`, in bytes: one uid's uploads no live entry names
     /// yet, held or being uploaded.
     pub unreferenced_bytes_per_uid: u64,
@@ -73,6 +79,25 @@ pub enum Refusal {
         held: u64,
         limit: u64,
     },
+    /// The uid's share would pass `--artifact-store-mib-per-uid`.
+    UidShare {
+        uid: u32,
+        size: u64,
+        held: u64,
+        limit: u64,
+    },
+}
+
+impl Refusal {
+    /// The bytes refused.
+    pub fn size(&self) -> u64 {
+        match *self {
+            Refusal::BlobTooLarge { size, .. }
+            | Refusal::StoreFull { size, .. }
+            | Refusal::UidUnreferenced { size, .. }
+            | Refusal::UidShare { size, .. } => size,
+        }
+    }
 }
 
 /// What `admit` decided.
@@ -98,12 +123,14 @@ pub struct Index {
     /// Named since the scan in progress began: kept when that scan's result replaces `named`.
     named_since_scan: HashSet<String>,
     held_bytes: u64,
-    /// Bytes reserved by uploads in progress, in all and per uid.
+    /// Bytes reserved by uploads and fetches in progress, in all, and by uploads per uid.
     reserved_bytes: u64,
     reserved_by_uid: HashMap<u32, u64>,
     /// Blobs out of the index whose files are being removed: an upload or fetch of one of
     /// them must not rename its file in until the removal is done (it would be removed).
     deleting: HashSet<String>,
+    /// Who is charged for the blobs live entries name.
+    charges: Charges,
 }
 
 impl Index {
@@ -117,11 +144,20 @@ impl Index {
             reserved_bytes: 0,
             reserved_by_uid: HashMap::new(),
             deleting: HashSet::new(),
+            charges: Charges::default(),
         }
     }
 
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    pub fn charges(&self) -> &Charges {
+        &self.charges
+    }
+
+    pub fn charges_mut(&mut self) -> &mut Charges {
+        &mut self.charges
     }
 
     pub fn blob(&self, digest: &str) -> Option<&Blob> {
@@ -187,8 +223,8 @@ impl Index {
             .is_none_or(|blob| blob.check != Check::Verified || blob.served.as_ref() != Some(stamp))
     }
 
-    /// Whether an upload of `size` bytes from `uid` fits; reserves it if so.
-    pub fn admit(&mut self, uid: u32, size: u64, now_ms: u64) -> Admit {
+    /// Whether an upload of blob `digest`, `size` bytes, from `uid` fits; reserves it if so.
+    pub fn admit(&mut self, uid: u32, digest: &str, size: u64, now_ms: u64) -> Admit {
         let limits = self.limits;
         if size > limits.max_blob_bytes {
             return Admit::Refused(Refusal::BlobTooLarge {
@@ -196,20 +232,57 @@ impl Index {
                 limit: limits.max_blob_bytes,
             });
         }
-        let uid_held = self.unreferenced_bytes_of(uid);
-        if uid_held.saturating_add(size) > limits.unreferenced_bytes_per_uid {
+        let unreferenced = self.unreferenced_bytes_of(uid);
+        if unreferenced.saturating_add(size) > limits.unreferenced_bytes_per_uid {
             return Admit::Refused(Refusal::UidUnreferenced {
                 uid,
                 size,
-                held: uid_held,
+                held: unreferenced,
                 limit: limits.unreferenced_bytes_per_uid,
             });
         }
+        // A blob the uid's live entries name already (and the store lost) costs its share
+        // nothing more.
+        let adds = if self.charges.names(uid, digest) {
+            0
+        } else {
+            size
+        };
+        let share = self.charges.bytes_of(uid) + unreferenced;
+        if share.saturating_add(adds) > limits.store_bytes_per_uid {
+            return Admit::Refused(Refusal::UidShare {
+                uid,
+                size,
+                held: share,
+                limit: limits.store_bytes_per_uid,
+            });
+        }
+        let admit = self.admit_to_store(size, now_ms);
+        if admit == Admit::Reserved {
+            *self.reserved_by_uid.entry(uid).or_default() += size;
+        }
+        admit
+    }
+
+    /// Whether a fetch of `size` bytes from the tiers fits in the store (it names no uid: an
+    /// entry from a tier is charged to nobody); reserves it if so. `release_fetch` ends it.
+    pub fn admit_fetch(&mut self, size: u64, now_ms: u64) -> Admit {
+        self.admit_to_store(size, now_ms)
+    }
+
+    pub fn release_fetch(&mut self, size: u64) {
+        self.reserved_bytes = self.reserved_bytes.saturating_sub(size);
+    }
+
+    /// The store's own bound: reserves `size` if it fits, else names what to collect first
+    /// (unreferenced blobs past their grace period, oldest first), else refuses.
+    fn admit_to_store(&mut self, size: u64, now_ms: u64) -> Admit {
+        let limits = self.limits;
         let used = self.held_bytes + self.reserved_bytes;
         if used.saturating_add(size) > limits.store_bytes {
             let over = used.saturating_add(size) - limits.store_bytes;
             let mut candidates = self.collectable(now_ms);
-            // Oldest first; collect only what the upload needs.
+            // Oldest first; collect only what is needed.
             candidates.sort_by_key(|digest| self.blobs[digest].touched_ms);
             let mut freed = 0;
             let mut chosen = Vec::new();
@@ -230,7 +303,6 @@ impl Index {
             });
         }
         self.reserved_bytes += size;
-        *self.reserved_by_uid.entry(uid).or_default() += size;
         Admit::Reserved
     }
 
@@ -320,15 +392,18 @@ impl Index {
         }
     }
 
-    /// A collection scan begins: what is named from now on is kept when it ends.
+    /// A collection scan begins: what is named or charged from now on is kept when it ends.
     pub fn scan_started(&mut self) {
         self.named_since_scan.clear();
+        self.charges.scan_started();
     }
 
-    /// A collection scan's result: the digests the live entries name now. Blobs no longer
-    /// named count against nobody (their uploader's upload was recorded); collection deletes
-    /// them after the grace period.
-    pub fn scan_finished(&mut self, named: HashMap<String, u64>) {
+    /// A collection scan's result: the digests the live entries name now, and those entries
+    /// (`charges::EntryIds`, key to result). Blobs no longer named count against nobody
+    /// (their uploader's upload was recorded); collection deletes them after the grace
+    /// period. Charges of entries no longer live end.
+    pub fn scan_finished(&mut self, named: HashMap<String, u64>, live: &HashMap<u64, u64>) {
+        self.charges.scan_finished(live);
         let mut named = named;
         for digest in self.named_since_scan.drain() {
             if let Some(size) = self.named.get(&digest) {
@@ -370,156 +445,4 @@ impl Index {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MIB: u64 = 1024 * 1024;
-
-    fn limits() -> Limits {
-        Limits {
-            max_blob_bytes: 8 * MIB,
-            store_bytes: 20 * MIB,
-            unreferenced_bytes_per_uid: 12 * MIB,
-            grace_ms: 1_000,
-        }
-    }
-
-    fn digest(n: u8) -> String {
-        format!("{n:02x}").repeat(32)
-    }
-
-    fn upload(index: &mut Index, uid: u32, n: u8, size: u64, now: u64) {
-        assert_eq!(index.admit(uid, size, now), Admit::Reserved);
-        index.release(uid, size);
-        assert!(index.insert(digest(n), size, Some(uid), now));
-    }
-
-    #[test]
-    fn a_blob_over_the_limit_is_refused() {
-        let mut index = Index::new(limits());
-        assert_eq!(
-            index.admit(1, 8 * MIB + 1, 0),
-            Admit::Refused(Refusal::BlobTooLarge {
-                size: 8 * MIB + 1,
-                limit: 8 * MIB
-            })
-        );
-        assert_eq!(index.admit(1, 8 * MIB, 0), Admit::Reserved);
-    }
-
-    #[test]
-    fn one_uid_cannot_fill_the_store_with_unreferenced_uploads() {
-        let mut index = Index::new(limits());
-        upload(&mut index, 1, 1, 8 * MIB, 0);
-        // In progress counts too.
-        assert_eq!(index.admit(1, 4 * MIB, 0), Admit::Reserved);
-        assert_eq!(
-            index.admit(1, 1, 0),
-            Admit::Refused(Refusal::UidUnreferenced {
-                uid: 1,
-                size: 1,
-                held: 12 * MIB,
-                limit: 12 * MIB
-            })
-        );
-        // Another uid is not held to uid 1's bytes.
-        assert_eq!(index.admit(2, 8 * MIB, 0), Admit::Reserved);
-        index.release(2, 8 * MIB);
-        index.release(1, 4 * MIB);
-        // Once a Record names it, it is no longer uid 1's.
-        index.name(&digest(1), 8 * MIB, 5);
-        assert_eq!(index.unreferenced_bytes_of(1), 0);
-        assert_eq!(index.admit(1, 8 * MIB, 5), Admit::Reserved);
-    }
-
-    #[test]
-    fn a_full_store_collects_only_unnamed_blobs_past_grace_then_refuses() {
-        let mut index = Index::new(limits());
-        upload(&mut index, 1, 1, 8 * MIB, 0);
-        upload(&mut index, 2, 2, 8 * MIB, 0);
-        index.name(&digest(2), 8 * MIB, 0);
-        // Within the grace period nothing may go: refused, naming the store.
-        assert_eq!(
-            index.admit(3, 8 * MIB, 500),
-            Admit::Refused(Refusal::StoreFull {
-                size: 8 * MIB,
-                held: 16 * MIB,
-                limit: 20 * MIB
-            })
-        );
-        // Past it, the unnamed blob is collected; the named one never.
-        assert_eq!(
-            index.admit(3, 8 * MIB, 1_000),
-            Admit::CollectFirst(vec![digest(1)])
-        );
-        assert_eq!(index.collectable(10_000), vec![digest(1)]);
-        index.forget_blob(&digest(1));
-        assert_eq!(index.admit(3, 8 * MIB, 1_000), Admit::Reserved);
-        assert_eq!(index.held_bytes(), 8 * MIB);
-    }
-
-    #[test]
-    fn a_scan_keeps_what_was_named_while_it_ran_and_drops_the_rest() {
-        let mut index = Index::new(limits());
-        upload(&mut index, 1, 1, MIB, 0);
-        upload(&mut index, 1, 2, MIB, 0);
-        index.name(&digest(1), MIB, 0);
-        index.scan_started();
-        // Named while the scan ran (from a version it did not read).
-        index.name(&digest(2), MIB, 0);
-        // The scan found neither: digest 1's entry was beaten.
-        index.scan_finished(HashMap::new());
-        assert_eq!(index.named_size(&digest(1)), None);
-        assert_eq!(index.named_size(&digest(2)), Some(MIB));
-        assert_eq!(index.collectable(2_000), vec![digest(1)]);
-        // The next scan that does not find digest 2 lets it go too.
-        index.scan_started();
-        index.scan_finished(HashMap::new());
-        let mut collectable = index.collectable(2_000);
-        collectable.sort();
-        assert_eq!(collectable, vec![digest(1), digest(2)]);
-    }
-
-    #[test]
-    fn a_second_upload_of_a_held_blob_changes_nothing() {
-        let mut index = Index::new(limits());
-        upload(&mut index, 1, 1, MIB, 0);
-        assert!(!index.insert(digest(1), MIB, Some(2), 10));
-        assert_eq!(index.len(), 1);
-        assert_eq!(index.held_bytes(), MIB);
-        assert_eq!(index.unreferenced_bytes_of(2), 0);
-        assert_eq!(index.blob(&digest(1)).map(|b| b.touched_ms), Some(10));
-    }
-
-    fn stamp(ino: u64, ctime_ns: i128) -> FileStamp {
-        FileStamp {
-            dev: 1,
-            ino,
-            len: MIB,
-            mtime_ns: 5,
-            ctime_ns,
-        }
-    }
-
-    #[test]
-    fn a_serve_skips_the_hash_only_for_the_verified_file_it_hashed_unchanged() {
-        let mut index = Index::new(limits());
-        index.found(digest(1), MIB, 0);
-        // Found at start: hashed on its first serve, whatever its stamp.
-        assert!(index.must_hash(&digest(1), &stamp(7, 9)));
-        index.served_whole(&digest(1), stamp(7, 9));
-        assert_eq!(
-            index.blob(&digest(1)).map(|b| b.check),
-            Some(Check::Verified)
-        );
-        assert!(!index.must_hash(&digest(1), &stamp(7, 9)));
-        // Written to (a new ctime), or replaced (a new inode): hashed again.
-        assert!(index.must_hash(&digest(1), &stamp(7, 10)));
-        assert!(index.must_hash(&digest(1), &stamp(8, 9)));
-        // An upload just verified its bytes, but not this file as served: hashed once.
-        upload(&mut index, 2, 2, MIB, 0);
-        assert!(index.must_hash(&digest(2), &stamp(3, 1)));
-        // Not held at all.
-        assert!(index.must_hash(&digest(3), &stamp(7, 9)));
-    }
-}
+mod tests;

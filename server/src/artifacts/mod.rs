@@ -5,12 +5,14 @@
 //!
 //! [`Artifacts`] is the handle every caller shares. Its rules are one pure type
 //! (`index::Index`: what is held, what a live entry names, what fits, what may be
-//! collected); its files are `disk`, always run on the blocking pool with a bounded wait, so
+//! collected; with `charges::Charges`, which uid each blob a live entry names is charged to);
+//! its files are `disk`, always run on the blocking pool with a bounded wait, so
 //! no request waits on the disk beyond it; uploads and downloads stream (`put`, `get`), and
 //! neither ever holds a blob in memory; a rank on this node can instead be handed a
 //! descriptor of a held blob's file (`handoff`). `upkeep` verifies what a previous run left and
 //! deletes blobs no live entry has named for `--artifact-grace-secs`.
 
+mod charges;
 mod disk;
 mod get;
 pub mod handoff;
@@ -67,6 +69,8 @@ struct Counters {
     bytes_over_blob_limit: AtomicU64,
     bytes_over_store_limit: AtomicU64,
     bytes_over_uid_limit: AtomicU64,
+    bytes_over_uid_share: AtomicU64,
+    fetches_over_store_limit: AtomicU64,
     records_refused: AtomicU64,
     handoffs: AtomicU64,
 }
@@ -89,6 +93,52 @@ pub struct Artifacts {
     logged: LogOnce,
     /// Where fetches from the tiers and the upkeep run.
     tasks: crate::tasks::Tasks,
+    /// Wakes the upkeep for a collection scan now (a Forget removed entries, whose charges
+    /// the scan ends).
+    rescan: tokio::sync::Notify,
+}
+
+/// A Record's entries that name blobs, charged to its uid by the change feed while this is
+/// held (`Artifacts::check_record`, `RecordCharges::hold_while`).
+pub struct RecordCharges {
+    artifacts: Arc<Artifacts>,
+    uid: u32,
+    entries: Vec<charges::EntryIds>,
+}
+
+impl RecordCharges {
+    /// Runs `apply` (the Record's write) to its end, holding the charges until then. A write
+    /// the store queued is applied whether or not its caller still waits, so when the Record
+    /// names blobs it runs on a task of its own: a caller that goes away must not leave its
+    /// entries live and charged to nobody.
+    pub async fn hold_while<T: Send + 'static>(
+        self,
+        apply: impl std::future::Future<Output = Result<T, Error>> + Send + 'static,
+    ) -> Result<T, Error> {
+        if self.entries.is_empty() {
+            return apply.await;
+        }
+        let (done, applied) = tokio::sync::oneshot::channel();
+        let tasks = self.artifacts.tasks.clone();
+        tasks.spawn(async move {
+            let _held = self;
+            let _ = done.send(apply.await);
+        });
+        // Dropped only when the daemon stops.
+        applied.await.unwrap_or(Err(Error::WriterGone))
+    }
+}
+
+impl Drop for RecordCharges {
+    fn drop(&mut self) {
+        if self.entries.is_empty() {
+            return;
+        }
+        let mut index = crate::sync::lock(&self.artifacts.index);
+        for ids in &self.entries {
+            index.charges_mut().answered(self.uid, *ids);
+        }
+    }
 }
 
 impl Artifacts {
@@ -108,12 +158,14 @@ impl Artifacts {
         tracing::info!(
             max_artifact_bytes = limits.max_blob_bytes,
             artifact_store_bytes = limits.store_bytes,
+            artifact_store_bytes_per_uid = limits.store_bytes_per_uid,
             artifact_unreferenced_bytes_per_uid = limits.unreferenced_bytes_per_uid,
             artifact_grace_secs = limits.grace_ms / 1000,
             blobs = index.len(),
             bytes = index.held_bytes(),
             "artifact store: one blob is at most --max-artifact-bytes, the store at most \
-             --artifact-store-mib, one uid's unreferenced uploads at most \
+             --artifact-store-mib, what one uid's live entries name and its uploads at most \
+             --artifact-store-mib-per-uid, of which its unreferenced uploads at most \
              --artifact-unreferenced-mib-per-uid; unreferenced blobs go after \
              --artifact-grace-secs"
         );
@@ -126,6 +178,7 @@ impl Artifacts {
             fetches: Mutex::new(HashMap::new()),
             logged: LogOnce::default(),
             tasks: tasks.clone(),
+            rescan: tokio::sync::Notify::new(),
         }))
     }
 
@@ -165,13 +218,25 @@ impl Artifacts {
     /// Refuses a Record that names a blob this node cannot serve (FAILED_PRECONDITION naming
     /// the entry, the artifact and the digest) or names it with another size
     /// (INVALID_ARGUMENT); otherwise keeps every blob it names for the grace period from now.
-    /// Checked before anything of the batch is applied.
-    pub fn check_record(&self, entries: &[(CacheKey, TunedResult)]) -> Result<(), Error> {
+    /// Checked before anything of the batch is applied. Apply the Record through the answer
+    /// (`RecordCharges::hold_while`): the entries it makes live are charged to `uid`. A
+    /// Record is never refused for `uid`'s share: the blobs it names are held already, so it
+    /// takes no room in the store (its uploads are what the share refuses).
+    pub fn check_record(
+        self: &Arc<Self>,
+        uid: u32,
+        entries: &[(CacheKey, TunedResult)],
+    ) -> Result<RecordCharges, Error> {
+        let mut charged = RecordCharges {
+            artifacts: Arc::clone(self),
+            uid,
+            entries: Vec::new(),
+        };
         if entries
             .iter()
             .all(|(_, result)| result.artifacts.is_empty())
         {
-            return Ok(());
+            return Ok(charged);
         }
         let now = self.now_ms();
         let mut index = crate::sync::lock(&self.index);
@@ -197,12 +262,17 @@ impl Artifacts {
                 return Err(refusal);
             }
         }
-        for (_, result) in entries {
+        for (key, result) in entries {
             for artifact in result.artifacts.view().iter() {
                 index.name(artifact.sha256, artifact.size, now);
             }
+            if !result.artifacts.is_empty() {
+                let ids = index.charges().hasher().ids(&key.view(), &result.view());
+                index.charges_mut().asked(uid, ids);
+                charged.entries.push(ids);
+            }
         }
-        Ok(())
+        Ok(charged)
     }
 
     /// StatArtifacts: the digests this node cannot serve now (it would fetch them).
@@ -282,6 +352,7 @@ impl FillStats for Artifacts {
             let limits = index.limits();
             stats.max_artifact_bytes = limits.max_blob_bytes;
             stats.artifact_store_bytes = limits.store_bytes;
+            stats.artifact_store_bytes_per_uid = limits.store_bytes_per_uid;
         }
         stats.artifact_uploads = load(&c.uploads);
         stats.artifact_uploads_already_held = load(&c.uploads_already_held);
@@ -299,23 +370,121 @@ impl FillStats for Artifacts {
         stats.artifact_bytes_over_uid_limit = load(&c.bytes_over_uid_limit);
         stats.artifact_records_refused = load(&c.records_refused);
         stats.artifact_handoffs = load(&c.handoffs);
+        stats.artifact_bytes_over_uid_store_limit = load(&c.bytes_over_uid_share);
+        stats.artifact_fetches_over_store_limit = load(&c.fetches_over_store_limit);
     }
 }
 
 /// The change feed names the blobs of every entry that reaches the cache (a Record, a peer's
 /// segment, Redis), so a GetArtifact of one this node lacks is fetched, and collection keeps
-/// it.
+/// it; and it tells the charges which entry is now its key's live one (charged to the uid
+/// whose Record asked for it, else to nobody).
 impl ChangeListener for Artifacts {
     fn entries_changed(&self, changes: &[Change]) {
-        let mut index = None;
         let now = self.now_ms();
+        let mut index = crate::sync::lock(&self.index);
         for change in changes.iter().filter(|c| c.in_cache) {
-            let result = change.entry.result();
+            let (key, result) = change.entry.views();
             for artifact in result.artifacts.iter() {
-                index
-                    .get_or_insert_with(|| crate::sync::lock(&self.index))
-                    .name(artifact.sha256, artifact.size, now);
+                index.name(artifact.sha256, artifact.size, now);
             }
+            if !index.charges().is_idle() {
+                let ids = index.charges().hasher().ids(&key, &result);
+                let named = result.artifacts.iter();
+                let digests = named.map(|artifact| (artifact.sha256.to_owned(), artifact.size));
+                index.charges_mut().live(ids, digests);
+            }
+        }
+    }
+
+    /// A Forget removed entries (the feed names no entry it removed): the next collection
+    /// scan, now, ends their charges.
+    fn forgotten(&self, _forgets: &[crate::store::ForgetChange]) {
+        self.rescan.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::model::artifacts::ArtifactList;
+    use crate::store::Source;
+    use crate::wire::stored::StoredEntry;
+
+    const MIB: u64 = 1024 * 1024;
+
+    /// A Record naming a held blob whose caller goes away before the store applies it (a
+    /// queued write is applied anyway) is still charged to its uid: otherwise a caller could
+    /// make its entries live and charged to nobody by hanging up.
+    #[tokio::test]
+    async fn a_record_whose_caller_went_away_is_still_charged_to_it() {
+        let state = tempfile::tempdir().unwrap();
+        let settings = ArtifactSettings {
+            state_dir: state.path().to_path_buf(),
+            limits: Limits {
+                max_blob_bytes: 8 * MIB,
+                store_bytes: 64 * MIB,
+                store_bytes_per_uid: 16 * MIB,
+                unreferenced_bytes_per_uid: 16 * MIB,
+                grace_ms: 1_000,
+            },
+        };
+        let tasks = crate::tasks::Tasks::new();
+        let artifacts = Artifacts::open(&settings, &tasks).unwrap();
+        let digest = "ab".repeat(32);
+        crate::sync::lock(&artifacts.index).insert(digest.clone(), 4 * MIB, Some(7), 0);
+        let key = CacheKey {
+            namespace: "ns".into(),
+            op: "op".into(),
+            device: "dev".into(),
+            problem: "p".into(),
+            rank: None,
+        };
+        let result = TunedResult {
+            config: "{}".into(),
+            time_us: 1.0,
+            tuned_by: "t".into(),
+            tuned_at_unix_ms: 1,
+            forget_epoch: 0,
+            artifacts: ArtifactList::from_wire(vec![v1::Artifact {
+                name: "k.so".into(),
+                sha256: digest,
+                size: 4 * MIB,
+            }]),
+        };
+        let charges = artifacts
+            .check_record(7, &[(key.clone(), result.clone())])
+            .unwrap();
+        // The store's writer, which applies the queued write once released (the change feed
+        // tells it) whether or not the Record still waits for it.
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let (applied, wait_applied) = tokio::sync::oneshot::channel::<()>();
+        let writer = Arc::clone(&artifacts);
+        tokio::spawn(async move {
+            let _ = released.await;
+            writer.entries_changed(&[Change {
+                entry: StoredEntry::new(&key, &result),
+                source: Source::Record { lease: None },
+                in_cache: true,
+                own: true,
+            }]);
+            let _ = applied.send(());
+        });
+        let apply = async move {
+            let _ = wait_applied.await;
+            Ok(())
+        };
+        // The caller goes away while the write waits in the queue.
+        let gone = tokio::time::timeout(Duration::from_millis(10), charges.hold_while(apply));
+        assert!(gone.await.is_err());
+        release.send(()).unwrap();
+        let charged = || crate::sync::lock(&artifacts.index).charges().bytes_of(7);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while charged() != 4 * MIB {
+            assert!(std::time::Instant::now() < deadline, "never charged");
+            tokio::task::yield_now().await;
         }
     }
 }

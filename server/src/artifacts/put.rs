@@ -14,16 +14,21 @@ use super::{add, disk, Artifacts};
 use crate::error::Error;
 use crate::model::validate::InvalidField;
 
-/// An upload's reservation in the index, released however the upload ends.
-struct Reservation<'a> {
+/// An upload's or a fetch's reservation in the index, released however it ends.
+pub(super) struct Reservation<'a> {
     artifacts: &'a Artifacts,
-    uid: u32,
+    /// The uploader; `None` for a fetch from the tiers.
+    uploader: Option<u32>,
     size: u64,
 }
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        crate::sync::lock(&self.artifacts.index).release(self.uid, self.size);
+        let mut index = crate::sync::lock(&self.artifacts.index);
+        match self.uploader {
+            Some(uid) => index.release(uid, self.size),
+            None => index.release_fetch(self.size),
+        }
     }
 }
 
@@ -54,7 +59,6 @@ impl Artifacts {
         artifact::check_digest(&digest)
             .map_err(|refusal| InvalidField::new("sha256", refusal.to_string()))?;
         let size = first.size;
-        let now = self.now_ms();
         if let Some(blob) = crate::sync::lock(&self.index).blob(&digest) {
             // Same digest, same bytes: the size must agree, or the caller is confused.
             if blob.size != size {
@@ -67,7 +71,10 @@ impl Artifacts {
             add(&self.counters.uploads_already_held, 1);
             return Ok(v1::PutArtifactResponse { already_held: true });
         }
-        let _reservation = self.reserve(uid, size, now).await?;
+        let _reservation = self
+            .reserve(Some(uid), &digest, size)
+            .await
+            .map_err(refusal_error)?;
         let dir = self.dir.clone();
         let mut partial = Self::blocking("creating a blob", move || dir.partial()).await?;
         let mut data = first.data;
@@ -142,83 +149,82 @@ impl Artifacts {
         }
     }
 
-    /// Reserves room for an upload, collecting unreferenced blobs past their grace period
-    /// first if that makes it fit; refuses it, naming the flag, if nothing does.
-    async fn reserve(&self, uid: u32, size: u64, now: u64) -> Result<Reservation<'_>, Error> {
+    /// Reserves room for an upload of blob `digest` by `uploader` (`None`: a fetch from the
+    /// tiers, held to the store's bound alone), collecting unreferenced blobs past their grace
+    /// period first if that makes it fit; refuses it, counted and logged, if nothing does.
+    pub(super) async fn reserve(
+        &self,
+        uploader: Option<u32>,
+        digest: &str,
+        size: u64,
+    ) -> Result<Reservation<'_>, Refusal> {
         for _ in 0..4 {
-            let decision = crate::sync::lock(&self.index).admit(uid, size, now);
+            let now = self.now_ms();
+            let decision = {
+                let mut index = crate::sync::lock(&self.index);
+                match uploader {
+                    Some(uid) => index.admit(uid, digest, size, now),
+                    None => index.admit_fetch(size, now),
+                }
+            };
             match decision {
                 Admit::Reserved => {
                     return Ok(Reservation {
                         artifacts: self,
-                        uid,
+                        uploader,
                         size,
                     })
                 }
                 Admit::CollectFirst(digests) => self.collect(digests).await,
-                Admit::Refused(refusal) => return Err(self.refused(uid, refusal)),
+                Admit::Refused(refusal) => {
+                    self.count_refusal(uploader, refusal);
+                    return Err(refusal);
+                }
             }
         }
-        Err(Error::ArtifactLimit {
-            flag: "--artifact-store-mib",
-            limit: crate::sync::lock(&self.index).limits().store_bytes,
-            message: format!("{size} bytes do not fit: the store kept filling while collecting"),
-        })
+        // The store kept filling while collecting.
+        let refusal = {
+            let index = crate::sync::lock(&self.index);
+            Refusal::StoreFull {
+                size,
+                held: index.held_bytes(),
+                limit: index.limits().store_bytes,
+            }
+        };
+        self.count_refusal(uploader, refusal);
+        Err(refusal)
     }
 
-    fn refused(&self, uid: u32, refusal: Refusal) -> Error {
-        let (counter, flag, limit, message) = match refusal {
-            Refusal::BlobTooLarge { size, limit } => (
-                &self.counters.bytes_over_blob_limit,
-                "--max-artifact-bytes",
-                limit,
-                format!("a blob of {size} bytes is over the largest this node stores"),
-            ),
-            Refusal::StoreFull { size, held, limit } => (
-                &self.counters.bytes_over_store_limit,
-                "--artifact-store-mib",
-                limit,
-                format!(
-                    "{size} more bytes do not fit in the artifact store, which holds {held} \
-                     bytes that live entries name or that are within their grace period"
-                ),
-            ),
-            Refusal::UidUnreferenced {
-                uid,
-                size,
-                held,
-                limit,
-            } => (
-                &self.counters.bytes_over_uid_limit,
-                "--artifact-unreferenced-mib-per-uid",
-                limit,
-                format!(
-                    "uid {uid} has {held} bytes of uploads no entry names yet; {size} more \
-                     would pass its bound (Record the entries that name them first)"
-                ),
-            ),
+    /// Counts a refusal, and logs it once per uploader (or once for the tiers) and limit.
+    fn count_refusal(&self, uploader: Option<u32>, refusal: Refusal) {
+        let (flag, limit, message) = refusal_text(refusal);
+        let c = &self.counters;
+        let (counter, n) = match (uploader, refusal) {
+            (None, _) => (&c.fetches_over_store_limit, 1),
+            (Some(_), Refusal::BlobTooLarge { .. }) => (&c.bytes_over_blob_limit, refusal.size()),
+            (Some(_), Refusal::StoreFull { .. }) => (&c.bytes_over_store_limit, refusal.size()),
+            (Some(_), Refusal::UidUnreferenced { .. }) => (&c.bytes_over_uid_limit, refusal.size()),
+            (Some(_), Refusal::UidShare { .. }) => (&c.bytes_over_uid_share, refusal.size()),
         };
-        add(
-            counter,
-            match refusal {
-                Refusal::BlobTooLarge { size, .. }
-                | Refusal::StoreFull { size, .. }
-                | Refusal::UidUnreferenced { size, .. } => size,
-            },
-        );
-        if self.logged.first(format!("{flag} {uid}")) {
-            tracing::warn!(
+        add(counter, n);
+        let who = uploader.map_or_else(|| "tiers".to_owned(), |uid| uid.to_string());
+        if !self.logged.first(format!("{flag} {who}")) {
+            return;
+        }
+        match uploader {
+            Some(uid) => tracing::warn!(
                 uid,
                 flag,
                 limit,
                 "refused an upload over {flag}: {message} (logged once per uid and limit; \
                  Stats counts the bytes refused)"
-            );
-        }
-        Error::ArtifactLimit {
-            flag,
-            limit,
-            message,
+            ),
+            None => tracing::warn!(
+                flag,
+                limit,
+                "refused a fetch from the tiers over {flag}: {message} (logged once; Stats \
+                 counts artifact_fetches_over_store_limit)"
+            ),
         }
     }
 
@@ -259,5 +265,61 @@ impl Artifacts {
                 index.deleted(digest);
             }
         }
+    }
+}
+
+/// The flag a refusal names, its limit and what the caller is told.
+fn refusal_text(refusal: Refusal) -> (&'static str, u64, String) {
+    match refusal {
+        Refusal::BlobTooLarge { size, limit } => (
+            "--max-artifact-bytes",
+            limit,
+            format!("a blob of {size} bytes is over the largest this node stores"),
+        ),
+        Refusal::StoreFull { size, held, limit } => (
+            "--artifact-store-mib",
+            limit,
+            format!(
+                "{size} more bytes do not fit in the artifact store, which holds {held} bytes \
+                 that live entries name or that are within their grace period"
+            ),
+        ),
+        Refusal::UidUnreferenced {
+            uid,
+            size,
+            held,
+            limit,
+        } => (
+            "--artifact-unreferenced-mib-per-uid",
+            limit,
+            format!(
+                "uid {uid} has {held} bytes of uploads no entry names yet; {size} more would \
+                 pass its bound (Record the entries that name them first)"
+            ),
+        ),
+        Refusal::UidShare {
+            uid,
+            size,
+            held,
+            limit,
+        } => (
+            "--artifact-store-mib-per-uid",
+            limit,
+            format!(
+                "uid {uid} holds {held} bytes in the artifact store (the blobs its live \
+                 entries name and its uploads no entry names yet); {size} more would pass its \
+                 share (Forget or beat its entries to free it)"
+            ),
+        ),
+    }
+}
+
+/// The error a refusal answers: RESOURCE_EXHAUSTED naming the flag.
+pub(super) fn refusal_error(refusal: Refusal) -> Error {
+    let (flag, limit, message) = refusal_text(refusal);
+    Error::ArtifactLimit {
+        flag,
+        limit,
+        message,
     }
 }

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::{add, disk::Partial, Artifacts};
+use super::index::Refusal;
+use super::{add, disk::Partial, put::refusal_error, Artifacts};
 use crate::error::Error;
 
 /// How long one fetch from the tiers may run, whoever waits on it.
@@ -41,6 +42,8 @@ pub(super) enum FetchEnd {
     Held,
     NotFound,
     Unavailable(String),
+    /// No room in the store (`--artifact-store-mib`) for it.
+    Refused(Refusal),
 }
 
 pub(super) type FlightReceiver = watch::Receiver<Option<FetchEnd>>;
@@ -80,6 +83,7 @@ impl Artifacts {
         };
         match end {
             Some(FetchEnd::Held) => Ok(()),
+            Some(FetchEnd::Refused(refusal)) => Err(refusal_error(refusal)),
             Some(FetchEnd::NotFound) | None => {
                 add(&self.counters.fetches_missing, 1);
                 Err(Error::ArtifactNotFound {
@@ -120,6 +124,11 @@ impl Artifacts {
 
     /// Asks each tier in turn; the first whose bytes hash to `digest` supplies it.
     async fn fetch(self: &Arc<Self>, digest: &str, size: u64) -> FetchEnd {
+        // Held within the store's bound, as an upload is: room first, or no fetch.
+        let _room = match self.reserve(None, digest, size).await {
+            Ok(room) => room,
+            Err(refusal) => return FetchEnd::Refused(refusal),
+        };
         let mut unavailable = Vec::new();
         for source in self.sources() {
             let dir = self.dir.clone();

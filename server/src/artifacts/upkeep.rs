@@ -1,6 +1,7 @@
 //! The store's background work: hashing the blobs a previous run left (a blob that does not
-//! hash to its name is dropped, to be fetched again), then, every so often, finding the
-//! digests the live entries name and deleting blobs no entry has named for the grace period.
+//! hash to its name is dropped, to be fetched again), then, every so often and after every
+//! Forget, finding the digests the live entries name (ending the charges of entries no longer
+//! live) and deleting blobs no entry has named for the grace period.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,6 +28,7 @@ impl Artifacts {
                 tokio::select! {
                     () = this.tasks.stopping() => return,
                     () = tokio::time::sleep(interval) => {}
+                    () = this.rescan.notified() => {}
                 }
             }
         });
@@ -59,26 +61,41 @@ impl Artifacts {
     }
 
     /// One collection pass: the digests the cache's entries name now replace what the index
-    /// knew, then what no entry names and is past its grace period is deleted.
+    /// knew, and the entries naming them what the charges knew; then what no entry names and
+    /// is past its grace period is deleted.
     pub(super) async fn scan_and_collect(&self, store: &Store) {
-        crate::sync::lock(&self.index).scan_started();
+        let hasher = {
+            let mut index = crate::sync::lock(&self.index);
+            index.scan_started();
+            // Nothing charged: no entry's ids are needed.
+            (!index.charges().is_idle()).then(|| index.charges().hasher().clone())
+        };
         let entries = store.current();
         let scanned = tokio::task::spawn_blocking(move || {
             let mut named = HashMap::new();
+            let mut live = HashMap::new();
             for entry in entries.iter() {
-                for artifact in entry.result().artifacts.iter() {
+                let (key, result) = entry.views();
+                if result.artifacts.is_empty() {
+                    continue;
+                }
+                for artifact in result.artifacts.iter() {
                     named.insert(artifact.sha256.to_owned(), artifact.size);
                 }
+                if let Some(hasher) = &hasher {
+                    let ids = hasher.ids(&key, &result);
+                    live.insert(ids.key, ids.result);
+                }
             }
-            named
+            (named, live)
         })
         .await;
-        let Ok(named) = scanned else {
+        let Ok((named, live)) = scanned else {
             return;
         };
         let collectable = {
             let mut index = crate::sync::lock(&self.index);
-            index.scan_finished(named);
+            index.scan_finished(named, &live);
             index.collectable(self.now_ms())
         };
         if !collectable.is_empty() {

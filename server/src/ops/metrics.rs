@@ -285,6 +285,9 @@ const METRICS: &[Metric] = &[
     row("artifact_bytes_over_cluster_limit", "Bytes of blobs kept out of Redis by --cluster-max-artifact-bytes.", Counter(|s| s.artifact_bytes_over_cluster_limit)),
     row("artifact_shared_dir_collections", "Blobs of the shared directory no entry named, deleted by this node's sweeps.", Counter(|s| s.artifact_shared_dir_collections)),
     row("artifact_handoffs", "Blobs handed to a rank on this node as a read-only descriptor (the handoff socket).", Counter(|s| s.artifact_handoffs)),
+    row("artifact_store_bytes_per_uid", "One uid's share of the artifact store in bytes (--artifact-store-mib-per-uid).", Gauge(|s| s.artifact_store_bytes_per_uid)),
+    row("artifact_bytes_over_uid_store_limit", "Bytes of uploads refused by --artifact-store-mib-per-uid.", Counter(|s| s.artifact_bytes_over_uid_store_limit)),
+    row("artifact_fetches_over_store_limit", "Fetches from the tiers refused by --artifact-store-mib.", Counter(|s| s.artifact_fetches_over_store_limit)),
 ];
 
 /// -1 until the first snapshot, so "never" is not mistaken for "just now".
@@ -521,6 +524,9 @@ mod tests {
             artifact_bytes_over_cluster_limit: 1126,
             artifact_shared_dir_collections: 1127,
             artifact_handoffs: 1128,
+            artifact_store_bytes_per_uid: 1410,
+            artifact_bytes_over_uid_store_limit: 1411,
+            artifact_fetches_over_store_limit: 1412,
             ..Default::default()
         }
     }

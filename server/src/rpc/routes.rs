@@ -237,9 +237,10 @@ impl tonic::server::UnaryService<RecordRequestBytes> for RecordMethod {
 
     fn call(&mut self, request: Request<RecordRequestBytes>) -> Self::Future {
         let service = Arc::clone(&self.0);
+        let uid = crate::rpc::service::caller_uid(&request);
         Box::pin(async move {
             service
-                .record_bytes(request.into_inner().0)
+                .record_bytes(uid, request.into_inner().0)
                 .await
                 .map(Response::new)
         })

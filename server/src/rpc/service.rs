@@ -222,20 +222,30 @@ impl TuneCacheService {
         Ok(hits)
     }
 
-    /// Record, from the request's bytes.
-    pub async fn record_bytes(&self, request: Bytes) -> Result<v1::RecordResponse, Status> {
+    /// Record by `uid`, from the request's bytes.
+    pub async fn record_bytes(
+        &self,
+        uid: u32,
+        request: Bytes,
+    ) -> Result<v1::RecordResponse, Status> {
         let record = off_runtime_if_large(request, record_request::checked).await?;
-        self.record_checked(record).await
+        self.record_checked(uid, record).await
     }
 
     /// Record of validated entries, through the coordinator (it completes the lease named).
-    async fn record_checked(&self, record: CheckedRecord) -> Result<v1::RecordResponse, Status> {
+    async fn record_checked(
+        &self,
+        uid: u32,
+        record: CheckedRecord,
+    ) -> Result<v1::RecordResponse, Status> {
         count(&self.counters.records, 1);
-        // Every blob the batch names must be servable here before any of it is applied.
-        self.artifacts.check_record(&record.entries)?;
-        let outcome = self
-            .coordinator
-            .record(record.entries, &record.lease_id)
+        // Every blob the batch names must be servable here before any of it is applied; the
+        // entries it makes live are charged to `uid` (docs/artifacts.md, "Who is charged").
+        let charges = self.artifacts.check_record(uid, &record.entries)?;
+        let coordinator = Arc::clone(&self.coordinator);
+        let CheckedRecord { entries, lease_id } = record;
+        let outcome = charges
+            .hold_while(async move { coordinator.record(entries, &lease_id).await })
             .await?;
         count(&self.counters.entries_stored, outcome.stored as usize);
         count(&self.counters.entries_unchanged, outcome.unchanged as usize);
@@ -351,8 +361,9 @@ impl TuneCache for TuneCacheService {
         request: Request<v1::RecordRequest>,
     ) -> Result<Response<v1::RecordResponse>, Status> {
         // Served by `routes::WireRoutes`; the same door here.
+        let uid = caller_uid(&request);
         let bytes = Bytes::from(request.into_inner().encode_to_vec());
-        self.record_bytes(bytes).await.map(Response::new)
+        self.record_bytes(uid, bytes).await.map(Response::new)
     }
 
     type ScanStream = ScanStream;

@@ -170,3 +170,24 @@ pub async fn missing(client: &Client, digests: &[String]) -> Vec<String> {
         .into_inner()
         .missing
 }
+
+/// Puts `content` and records an entry of `problem` naming it as `name`; answers the entry.
+pub async fn held_entry(
+    client: &Client,
+    problem: &str,
+    content: Content,
+    name: &str,
+) -> proto::Entry {
+    put(client, content).await.expect("PutArtifact");
+    let mut entry = crate::entry(
+        crate::test_key("matmul", problem),
+        "{\"block\":64}",
+        1.0,
+        "test",
+    );
+    if let Some(result) = entry.result.as_mut() {
+        result.artifacts = vec![content.artifact(name)];
+    }
+    client.record(vec![entry.clone()]).await.expect("Record");
+    entry
+}

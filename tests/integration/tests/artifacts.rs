@@ -181,6 +181,10 @@ async fn a_user_filling_the_store_is_refused_and_live_entries_keep_their_blobs()
             "8",
             "--artifact-unreferenced-mib-per-uid",
             "8",
+            // One uid's share is past the store here: this test is of the store's bound
+            // (artifact_quotas.rs has the share's).
+            "--artifact-store-mib-per-uid",
+            "16",
         ])
         .process()
         .await;

@@ -9,23 +9,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use tunecache_client::handoff::Handoff;
-use tunecache_client::{proto, Client};
 use tunecache_integration::blobs::{self, Content};
-use tunecache_integration::{entry, require_root, require_tool, test_key, TestDaemon};
+use tunecache_integration::{require_root, require_tool, TestDaemon};
 use tunecache_proto::handoff::socket_path;
 
 const MIB: u64 = 1024 * 1024;
-
-/// Puts `content` and records an entry of `problem` naming it as `name`; answers the entry.
-async fn held_entry(client: &Client, problem: &str, content: Content, name: &str) -> proto::Entry {
-    blobs::put(client, content).await.expect("PutArtifact");
-    let mut entry = entry(test_key("matmul", problem), "{\"block\":64}", 1.0, "test");
-    if let Some(result) = entry.result.as_mut() {
-        result.artifacts = vec![content.artifact(name)];
-    }
-    client.record(vec![entry.clone()]).await.expect("Record");
-    entry
-}
 
 /// One raw exchange on the handoff socket: the answer line, as sent.
 fn exchange(stream: &mut UnixStream, request: &[u8]) -> String {
@@ -44,7 +32,7 @@ async fn a_rank_on_the_node_is_handed_a_held_blob_and_gets_its_exact_bytes() {
     let daemon = TestDaemon::builder(dir.path()).in_process().await;
     let client = daemon.client().await;
     let content = Content::new(51, 5 * MIB + 3);
-    let entry = held_entry(&client, "handed", content, "kernel.so").await;
+    let entry = blobs::held_entry(&client, "handed", content, "kernel.so").await;
 
     // fetch_artifacts: the file is the blob, byte for byte, and it came as a descriptor.
     let out = dir.path().join("out");
@@ -120,7 +108,7 @@ async fn a_blob_changed_in_place_is_hashed_again_and_never_handed() {
     let daemon = TestDaemon::builder(dir.path()).in_process().await;
     let client = daemon.client().await;
     let content = Content::new(52, 3 * MIB + 1);
-    held_entry(&client, "changed", content, "k.so").await;
+    blobs::held_entry(&client, "changed", content, "k.so").await;
     // Handed twice: the first hashes the file whole and stamps it, the second trusts the stamp.
     for _ in 0..2 {
         let mut got = Vec::new();
@@ -187,7 +175,7 @@ async fn a_bad_request_is_named_a_blob_not_held_is_said_and_each_uid_is_bounded(
         .await;
     let client = daemon.client().await;
     let content = Content::new(53, MIB);
-    held_entry(&client, "raw", content, "k.so").await;
+    blobs::held_entry(&client, "raw", content, "k.so").await;
     let handoff = socket_path(&daemon.socket);
 
     let mut first = UnixStream::connect(&handoff).unwrap();
@@ -354,7 +342,7 @@ async fn the_handoff_admits_whom_get_artifact_admits() {
         let handoff = socket_path(&daemon.socket);
         std::fs::set_permissions(&handoff, std::fs::Permissions::from_mode(0o666)).unwrap();
         let client = daemon.client().await;
-        held_entry(&client, "access", content, "k.so").await;
+        blobs::held_entry(&client, "access", content, "k.so").await;
         let lines = handoff_as_nobody(&setpriv, python, &daemon.socket, &content.digest());
         if allowed {
             assert_eq!(
