@@ -11,6 +11,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .file_descriptor_set_path(out_dir.join("tunecache_descriptor.bin"))
         // Stats is printed as JSON and as a table by the CLI, field by field, in proto order.
         .type_attribute("tunecache.v1.StatsResponse", "#[derive(serde::Serialize)]")
+        // The Python binding presents these answers as objects of their fields, by name.
+        .type_attribute("tunecache.v1.Device", "#[derive(serde::Serialize)]")
+        .type_attribute(
+            "tunecache.v1.SnapshotResponse",
+            "#[derive(serde::Serialize)]",
+        )
+        .type_attribute("tunecache.v1.ViewInfo", "#[derive(serde::Serialize)]")
+        .type_attribute(
+            "tunecache.v1.EndViewResponse",
+            "#[derive(serde::Serialize)]",
+        )
         // Artifact chunks are split off the received buffer and handed on without a copy.
         .bytes(".tunecache.v1.ArtifactChunk.data")
         .compile_protos(

@@ -1,25 +1,31 @@
-//! `tunecache._native.Client`: one daemon connection of `tunecache-client`, made on the first
-//! call (creating a client only resolves and checks the socket), shared by every thread of the
-//! process, and made anew in a forked child (the parent's is left untouched, see
-//! [`crate::runtime`]). Each method runs one Rust client call on the process runtime with the
-//! GIL released and converts its answer into the package's Python objects.
+//! `tunecache._native.Client`, the package's `tunecache.Client` (`tunecache/client.py` adds
+//! only what is Python by nature: the context manager and `get_or_tune`'s logging): one daemon
+//! connection of `tunecache-client`, made on the first call (creating a client only resolves
+//! and checks the socket), shared by every thread of the process, and made anew in a forked
+//! child (the parent's is left untouched, see [`crate::runtime`]). Each call is declared here
+//! once, with its Python signature, defaults and documentation: it reads its arguments
+//! ([`crate::args`]), runs one Rust client call on the process runtime with the GIL released,
+//! and converts the answer into the package's Python objects. A Scan's streaming is
+//! [`crate::scan`]'s.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use tokio::sync::OnceCell;
 use tunecache_client::{proto as v1, Client as RustClient, ClientError};
 
+use crate::answers::{Message, RecordResponse, ResolveResponse};
+use crate::args::{self, seconds, WholeMs, DEFAULT_SCAN_TIMEOUT_S, DEFAULT_WAIT_MS};
 use crate::errors::client_error;
 use crate::leases::{lease_to_finish, KeptRecord, TuneFinish, TuneLease, TuneStart};
-use crate::messages::{
-    Artifact, Entry, Key, Message, RecordResponse, ResolveResponse, TunedResult,
-};
-use crate::runtime::{run, run_serving, Event};
+use crate::messages::{Artifact, TunedResult};
+use crate::runtime::run;
+use crate::scan::Scan;
 use crate::tuning;
 
 /// The connection of one process: made once, by whichever call comes first.
@@ -28,7 +34,31 @@ struct Connection {
     cell: Arc<OnceCell<RustClient>>,
 }
 
-#[pyclass(module = "tunecache._native", name = "Client", frozen)]
+impl Connection {
+    fn new() -> Self {
+        Connection {
+            pid: std::process::id(),
+            cell: Arc::new(OnceCell::new()),
+        }
+    }
+}
+
+/// One connection to tunecached, made on the first call. Thread-safe and fork-safe: a forked
+/// child (a DataLoader worker, a multiprocessing fork) gets its own connection on its first
+/// call. Every call releases the GIL while it waits, and Ctrl-C interrupts it. Every call has a
+/// deadline: `timeout` seconds unless the call says otherwise.
+///
+/// `Client(socket=None, timeout=5.0, view=None)`. `socket`: the daemon's socket; by default
+/// $TUNECACHE_SOCKET, else the default path, whose directory is checked first
+/// (UntrustedSocketError). On every path the daemon, if one answers, must run as the caller,
+/// root or a uid in $TUNECACHE_TRUST_UID (UntrustedDaemonError); nothing answering is not an
+/// error until a call is made.
+///
+/// `view`: the job's view, used only when the environment names none ($TUNECACHE_VIEW, then
+/// Slurm's job and step, then torchrun's run id; see tunecache.view). Within a view the first
+/// answer for a key is pinned: every rank of the job reads the same result. The resolved name is
+/// `client.view` (empty: no view); Lookup, Scan and Resolve read in it.
+#[pyclass(module = "tunecache._native", name = "Client", frozen, subclass)]
 pub struct NativeClient {
     path: PathBuf,
     timeout: Duration,
@@ -63,75 +93,28 @@ impl CallContext {
     }
 }
 
-fn seconds(timeout: Option<f64>) -> PyResult<Option<Duration>> {
-    match timeout {
-        None => Ok(None),
-        Some(seconds) => Duration::try_from_secs_f64(seconds)
-            .map(Some)
-            .map_err(|_| PyValueError::new_err(format!("timeout must be >= 0, got {seconds}"))),
-    }
-}
-
-/// A deadline for what the Rust client gives no deadline of its own (a whole Scan).
-async fn within<T>(
-    limit: Option<Duration>,
-    call: impl std::future::Future<Output = Result<T, ClientError>>,
-) -> Result<T, ClientError> {
-    match limit {
-        None => call.await,
-        Some(limit) => match tokio::time::timeout(limit, call).await {
-            Ok(answer) => answer,
-            Err(_) => Err(ClientError::Rpc(tonic::Status::deadline_exceeded(
-                "Deadline Exceeded",
-            ))),
-        },
-    }
-}
-
-/// A Scan chunk on its way to the calling thread: as it arrived, or decoded by the runtime
-/// thread (see `scan`).
-enum ScanChunk {
-    Encoded(tonic::codegen::Bytes),
-    Decoded(Vec<v1::Entry>),
-}
-
-fn decode_chunk(chunk: tonic::codegen::Bytes) -> Result<Vec<v1::Entry>, ClientError> {
-    <v1::ScanResponse as prost::Message>::decode(chunk)
-        .map(|response| response.entries)
-        .map_err(|error| {
-            ClientError::Rpc(tonic::Status::internal(format!(
-                "a Scan chunk does not decode: {error}"
-            )))
-        })
-}
-
 pub fn entries_to_py(py: Python<'_>, entries: Vec<v1::Entry>) -> PyResult<Bound<'_, PyList>> {
     let converted = entries
         .into_iter()
-        .map(|entry| Entry::from_proto(py, entry))
+        .map(|entry| crate::entry::Entry::from_proto(py, entry))
         .collect::<PyResult<Vec<_>>>()?;
     PyList::new(py, converted)
 }
 
 impl NativeClient {
-    pub fn context(&self, _py: Python<'_>) -> PyResult<CallContext> {
+    fn connection(&self) -> PyResult<std::sync::MutexGuard<'_, Connection>> {
         // Taken with the GIL held and never across a release of it: a fork cannot find it held.
-        let mut connection = self
-            .connection
+        self.connection
             .lock()
-            .map_err(|_| PyRuntimeError::new_err("tunecache: the client's state is poisoned"))?;
-        let pid = std::process::id();
-        if connection.pid != pid {
+            .map_err(|_| PyRuntimeError::new_err("tunecache: the client's state is poisoned"))
+    }
+
+    pub fn context(&self, _py: Python<'_>) -> PyResult<CallContext> {
+        let mut connection = self.connection()?;
+        if connection.pid != std::process::id() {
             // A forked child: the parent's connection belongs to a runtime that does not exist
             // here. Leave it untouched and connect afresh.
-            let inherited = std::mem::replace(
-                &mut *connection,
-                Connection {
-                    pid,
-                    cell: Arc::new(OnceCell::new()),
-                },
-            );
-            std::mem::forget(inherited);
+            std::mem::forget(std::mem::replace(&mut *connection, Connection::new()));
         }
         Ok(CallContext {
             path: self.path.clone(),
@@ -141,24 +124,26 @@ impl NativeClient {
         })
     }
 
-    fn call<T, F, Fut>(&self, py: Python<'_>, call: F) -> PyResult<T>
+    /// Runs `call` with this process's client (deadline `timeout`, else the client's) on the
+    /// process runtime, the GIL released; its error as the package's exception.
+    fn call<T, F, Fut>(&self, py: Python<'_>, timeout: Option<f64>, call: F) -> PyResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(CallContext) -> Fut,
+        F: FnOnce(RustClient) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<T, ClientError>> + Send + 'static,
     {
+        let timeout = seconds(timeout)?;
         let context = self.context(py)?;
-        run(py, call(context))?.map_err(|error| client_error(py, error))
+        run(
+            py,
+            async move { call(context.client(timeout).await?).await },
+        )?
+        .map_err(|error| client_error(py, error))
     }
 }
 
 #[pymethods]
 impl NativeClient {
-    /// `socket`: a path (trusted as given); None: `$TUNECACHE_SOCKET`, else the default path,
-    /// which is refused when another user could have planted it (UntrustedSocketError). A
-    /// daemon answering there as an untrusted uid is refused at once (UntrustedDaemonError);
-    /// nothing answering is not an error until a call is made. `view`: the view's last resort
-    /// (see `tunecache_client::view`); Lookup, Scan and Resolve read in the resolved view.
     #[new]
     #[pyo3(signature = (socket=None, timeout=tunecache_client::DEFAULT_TIMEOUT.as_secs_f64(), view=None))]
     fn new(
@@ -180,10 +165,7 @@ impl NativeClient {
             path,
             timeout,
             view,
-            connection: Mutex::new(Connection {
-                pid: std::process::id(),
-                cell: Arc::new(OnceCell::new()),
-            }),
+            connection: Mutex::new(Connection::new()),
         })
     }
 
@@ -198,36 +180,25 @@ impl NativeClient {
         self.view.clone()
     }
 
+    /// The deadline of a call, in seconds, unless the call says otherwise.
     #[getter]
     fn timeout(&self) -> f64 {
         self.timeout.as_secs_f64()
     }
 
     /// Drops this process's connection; the next call connects again.
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let mut connection = self
-            .connection
-            .lock()
-            .map_err(|_| PyRuntimeError::new_err("tunecache: the client's state is poisoned"))?;
-        let pid = std::process::id();
-        let previous = std::mem::replace(
-            &mut *connection,
-            Connection {
-                pid,
-                cell: Arc::new(OnceCell::new()),
-            },
-        );
-        if previous.pid == pid {
+    fn close(&self) -> PyResult<()> {
+        let previous = std::mem::replace(&mut *self.connection()?, Connection::new());
+        if previous.pid == std::process::id() {
             // Dropped on this thread: the channel's worker task ends on the runtime.
             drop(previous);
         } else {
             std::mem::forget(previous);
         }
-        let _ = py;
         Ok(())
     }
 
-    /// The cached entries among `keys` (hits only, in request order).
+    /// The cached entries among `keys` (hits only, in request order), in the client's view.
     #[pyo3(signature = (keys, timeout=None))]
     fn lookup<'py>(
         &self,
@@ -235,18 +206,18 @@ impl NativeClient {
         keys: &Bound<'py, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let keys = keys
-            .try_iter()?
-            .map(|key| Key::extract_any(&key?))
-            .collect::<PyResult<Vec<_>>>()?;
-        let timeout = seconds(timeout)?;
-        let hits = self.call(py, move |context| async move {
-            context.client(timeout).await?.lookup(keys).await
-        })?;
+        let keys = args::keys(keys)?;
+        let hits = self.call(
+            py,
+            timeout,
+            |client| async move { client.lookup(keys).await },
+        )?;
         entries_to_py(py, hits)
     }
 
-    /// Stores entries; with a lease_id completes that lease (no entries: gives it up).
+    /// Stores entries (a lower time_us wins over what the cache holds). With the lease_id from
+    /// Resolve it completes that lease; with a lease_id and no entries it gives the lease up.
+    /// Answers a RecordResponse (`stored`, `unchanged`).
     #[pyo3(signature = (entries, lease_id=String::new(), timeout=None))]
     fn record(
         &self,
@@ -255,17 +226,9 @@ impl NativeClient {
         lease_id: String,
         timeout: Option<f64>,
     ) -> PyResult<RecordResponse> {
-        let entries = entries
-            .try_iter()?
-            .map(|entry| Entry::extract_any(&entry?))
-            .collect::<PyResult<Vec<_>>>()?;
-        let timeout = seconds(timeout)?;
-        let response = self.call(py, move |context| async move {
-            context
-                .client(timeout)
-                .await?
-                .record_with_lease(entries, lease_id)
-                .await
+        let entries = args::entries(entries)?;
+        let response = self.call(py, timeout, |client| async move {
+            client.record_with_lease(entries, lease_id).await
         })?;
         Ok(RecordResponse {
             stored: response.stored,
@@ -273,18 +236,18 @@ impl NativeClient {
         })
     }
 
-    /// Every matching entry, one list per chunk the daemon streamed; `timeout` covers the
-    /// whole stream.
-    #[pyo3(signature = (namespace=String::new(), device=String::new(), rank=None, timeout=None))]
-    fn scan<'py>(
-        &self,
-        py: Python<'py>,
+    /// Yields the matching entries chunk by chunk (a list of Entry per chunk), from the first
+    /// iteration on; empty filters match everything. With `rank`, only the entries shared by
+    /// all ranks and that rank's own (what a rank loads at start). In the client's view. The
+    /// deadline covers the whole stream.
+    #[pyo3(signature = (namespace=String::new(), device=String::new(), timeout=Some(DEFAULT_SCAN_TIMEOUT_S), rank=None))]
+    fn scan(
+        slf: &Bound<'_, Self>,
         namespace: String,
         device: String,
-        rank: Option<u32>,
         timeout: Option<f64>,
-    ) -> PyResult<Bound<'py, PyList>> {
-        let limit = seconds(timeout)?;
+        rank: Option<u32>,
+    ) -> PyResult<Scan> {
         let filter = v1::ScanRequest {
             namespace,
             device,
@@ -292,107 +255,40 @@ impl NativeClient {
             // The client's view (scan_stream fills it in).
             view: String::new(),
         };
-        // Each chunk arrives encoded and is decoded (without the GIL) and made into Python
-        // objects on this thread, while the runtime thread receives the next: the decoding, the
-        // larger part of a Scan's client work, overlaps the transfer instead of following it on
-        // the thread that reads the socket. A chunk that arrives while this thread still has
-        // one waiting is decoded by the runtime thread itself, so that when the daemon sends
-        // faster than one thread decodes, both threads decode.
-        let context = self.context(py)?;
-        let waiting = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let taken = Arc::clone(&waiting);
-        let mut converted: Vec<Py<PyList>> = Vec::new();
-        let streamed = run_serving(
-            py,
-            move |chunks| async move {
-                use std::sync::atomic::Ordering;
-                let stream_all = async {
-                    let client = context.client(None).await?;
-                    let mut stream = client.scan_encoded(filter).await?;
-                    while let Some(chunk) = stream.message().await? {
-                        let chunk = if waiting.load(Ordering::Acquire) > 0 {
-                            ScanChunk::Decoded(decode_chunk(chunk)?)
-                        } else {
-                            ScanChunk::Encoded(chunk)
-                        };
-                        waiting.fetch_add(1, Ordering::AcqRel);
-                        if chunks.send(Event::Request(chunk)).is_err() {
-                            break;
-                        }
-                    }
-                    Ok(())
-                };
-                within(limit, stream_all).await
-            },
-            |py, chunk: ScanChunk| {
-                let entries = match chunk {
-                    ScanChunk::Decoded(entries) => entries,
-                    ScanChunk::Encoded(bytes) => py
-                        .detach(move || decode_chunk(bytes))
-                        .map_err(|error| client_error(py, error))?,
-                };
-                converted.push(entries_to_py(py, entries)?.unbind());
-                taken.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-                Ok(())
-            },
-        )?;
-        streamed.map_err(|error| client_error(py, error))?;
-        PyList::new(py, converted)
+        Ok(Scan::new(slf.clone().unbind(), filter, seconds(timeout)?))
     }
 
-    /// The daemon's counters, as a Message with StatsResponse's field names.
+    /// The daemon's counters (the fields of tunecache.v1.StatsResponse as attributes).
     #[pyo3(signature = (timeout=None))]
     fn stats(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Message> {
-        let timeout = seconds(timeout)?;
-        let stats = self.call(py, move |context| async move {
-            context.client(timeout).await?.stats().await
-        })?;
-        let fields = pythonize::pythonize(py, &stats)
-            .map_err(|error| PyRuntimeError::new_err(format!("tunecache: stats: {error}")))?;
-        Ok(Message::new("StatsResponse", fields.cast_into::<PyDict>()?))
+        let stats = self.call(py, timeout, |client| async move { client.stats().await })?;
+        Message::of(py, "StatsResponse", &stats)
     }
 
-    /// The node tuner's devices.
+    /// The node tuner's devices (the fields of tunecache.v1.Device as attributes).
     #[pyo3(signature = (timeout=None))]
-    fn devices<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Vec<Message>> {
-        let timeout = seconds(timeout)?;
-        let devices = self.call(py, move |context| async move {
-            context.client(timeout).await?.devices().await
-        })?;
-        devices
-            .into_iter()
-            .map(|device| {
-                let fields = PyDict::new(py);
-                fields.set_item("backend", device.backend)?;
-                fields.set_item("name", device.name)?;
-                fields.set_item("compute_capability", device.compute_capability)?;
-                fields.set_item("memory_bytes", device.memory_bytes)?;
-                fields.set_item("driver_version", device.driver_version)?;
-                fields.set_item("cuda_version", device.cuda_version)?;
-                fields.set_item("fingerprint", device.fingerprint)?;
-                Ok(Message::new("Device", fields))
-            })
-            .collect()
+    fn devices(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Vec<Message>> {
+        let devices = self.call(py, timeout, |client| async move { client.devices().await })?;
+        Message::list_of(py, "Device", &devices)
     }
 
-    /// Publishes this node's new contributions to the shared directory now.
+    /// Publishes this node's new contributions to the shared directory now (the fields of
+    /// tunecache.v1.SnapshotResponse as attributes).
     #[pyo3(signature = (timeout=None))]
     fn snapshot(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Message> {
-        let timeout = seconds(timeout)?;
-        let snapshot = self.call(py, move |context| async move {
-            context.client(timeout).await?.snapshot().await
-        })?;
-        let fields = PyDict::new(py);
-        fields.set_item("path", snapshot.path)?;
-        fields.set_item("entries", snapshot.entries)?;
-        fields.set_item("bytes", snapshot.bytes)?;
-        fields.set_item("duration_ms", snapshot.duration_ms)?;
-        fields.set_item("skipped_unchanged", snapshot.skipped_unchanged)?;
-        Ok(Message::new("SnapshotResponse", fields))
+        let snapshot = self.call(py, timeout, |client| async move { client.snapshot().await })?;
+        Message::of(py, "SnapshotResponse", &snapshot)
     }
 
-    /// Forgets results on every node; answers how many entries this node dropped.
-    /// `only_if`: (config, time_us) of the winner the key must still have.
+    /// Forgets results on every node, for good; returns how many entries this node dropped.
+    /// Without `only_if`, every entry of `namespace` whose op, device and problem equal the
+    /// non-empty ones given (`rank=None`: the shared entries and every rank's own), which only
+    /// an administrator may do (root, the daemon's own uid, its --admin-uid / --admin-gid;
+    /// anyone else gets PERMISSION_DENIED). With `only_if` (a Result, or a mapping with its
+    /// `config` text and `time_us`), the one key named (op, device and problem all given;
+    /// `rank=None`: the shared entry), and only while its winner has exactly that config and
+    /// time_us: how a caller who may Record reports a config it found broken without dropping a
+    /// better result recorded since. Raises RpcError, like the other calls.
     #[pyo3(signature = (namespace, op=String::new(), device=String::new(), problem=String::new(), rank=None, only_if=None, timeout=None))]
     #[allow(clippy::too_many_arguments)]
     fn forget(
@@ -406,19 +302,16 @@ impl NativeClient {
         only_if: Option<&Bound<'_, PyAny>>,
         timeout: Option<f64>,
     ) -> PyResult<u32> {
-        let only_if = match only_if {
-            Some(result) => {
-                let result = TunedResult::extract_any(result)?;
-                // Only what the daemon compares: a Result read back (with its tuned_by and
-                // forget_epoch) can be passed as it is.
-                Some(v1::Result {
-                    config: result.config,
-                    time_us: result.time_us,
-                    ..Default::default()
-                })
-            }
-            None => None,
-        };
+        // Only what the daemon compares: a Result read back (with its tuned_by and
+        // forget_epoch) can be passed as it is.
+        let only_if = only_if
+            .map(TunedResult::extract_any)
+            .transpose()?
+            .map(|result| v1::Result {
+                config: result.config,
+                time_us: result.time_us,
+                ..Default::default()
+            });
         let request = v1::ForgetRequest {
             namespace,
             op,
@@ -427,140 +320,107 @@ impl NativeClient {
             rank,
             only_if,
         };
-        let timeout = seconds(timeout)?;
-        self.call(py, move |context| async move {
-            context.client(timeout).await?.forget(request).await
-        })
+        self.call(
+            py,
+            timeout,
+            |client| async move { client.forget(request).await },
+        )
     }
 
-    /// Resolve's answer (hit, tune_here or miss) in the client's view; the deadline is wait_ms
-    /// plus the timeout.
-    #[pyo3(signature = (key, wait_ms, can_tune=true, lease_ms=0, timeout=None))]
+    /// The views this node holds pins for (ViewInfo: name, pins, idle_ms, uid), most recently
+    /// read first.
+    #[pyo3(signature = (timeout=None))]
+    fn list_views(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Vec<Message>> {
+        let views = self.call(
+            py,
+            timeout,
+            |client| async move { client.list_views().await },
+        )?;
+        Message::list_of(py, "ViewInfo", &views)
+    }
+
+    /// Ends view `name` on this node (and, with the cluster tier, in Redis): its pins are
+    /// dropped and the next read in it pins afresh. An administrator's act, like a scope
+    /// Forget. Answers `ended` (the view existed on this node) and `pins_dropped`.
+    #[pyo3(signature = (name, timeout=None))]
+    fn end_view(&self, py: Python<'_>, name: String, timeout: Option<f64>) -> PyResult<Message> {
+        let ended = self.call(
+            py,
+            timeout,
+            |client| async move { client.end_view(&name).await },
+        )?;
+        Message::of(py, "EndViewResponse", &ended)
+    }
+
+    /// Asks for key's result in the client's view: `hit` (use it), `tune_here` (tune, then
+    /// record with tune_here.lease_id) or `miss` (use a fallback); `WhichOneof("outcome")` says
+    /// which. The daemon may hold the call up to wait_ms (at most 600000), so the deadline is
+    /// wait_ms plus the usual timeout.
+    #[pyo3(signature = (key, wait_ms=WholeMs(DEFAULT_WAIT_MS), can_tune=true, lease_ms=WholeMs(0), timeout=None))]
     fn resolve(
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
-        wait_ms: u64,
+        wait_ms: WholeMs,
         can_tune: bool,
-        lease_ms: u64,
+        lease_ms: WholeMs,
         timeout: Option<f64>,
     ) -> PyResult<ResolveResponse> {
-        use tunecache_client::Resolution;
-        let key = Key::extract_any(key)?;
-        let options = tunecache_client::ResolveOptions {
-            wait: Duration::from_millis(wait_ms),
-            can_tune,
-            lease: Duration::from_millis(lease_ms),
-        };
-        let timeout = seconds(timeout)?;
-        let resolution = self.call(py, move |context| async move {
-            context.client(timeout).await?.resolve(key, options).await
+        let (key, options) = args::resolve_request(key, wait_ms, can_tune, lease_ms)?;
+        let resolution = self.call(py, timeout, move |client| async move {
+            client.resolve(key, options).await
         })?;
-        use v1::resolve_response::Outcome;
-        let outcome = match resolution {
-            Resolution::Hit(result) => Outcome::Hit(result),
-            Resolution::TuneHere(lease) => Outcome::TuneHere(lease),
-            Resolution::Miss(reason) => Outcome::Miss(v1::Miss { reason }),
-        };
-        ResolveResponse::from_proto(
-            py,
-            v1::ResolveResponse {
-                outcome: Some(outcome),
-            },
-        )
-    }
-
-    /// The views this node holds pins for (name, pins, idle_ms), most recently read first.
-    #[pyo3(signature = (timeout=None))]
-    fn list_views(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Vec<Message>> {
-        let timeout = seconds(timeout)?;
-        let views = self.call(py, move |context| async move {
-            context.client(timeout).await?.list_views().await
-        })?;
-        views
-            .into_iter()
-            .map(|view| {
-                let fields = PyDict::new(py);
-                fields.set_item("name", view.name)?;
-                fields.set_item("uid", view.uid)?;
-                fields.set_item("pins", view.pins)?;
-                fields.set_item("idle_ms", view.idle_ms)?;
-                Ok(Message::new("ViewInfo", fields))
-            })
-            .collect()
-    }
-
-    /// Ends view `name` on this node (and in Redis with the cluster tier); answers `ended` and
-    /// `pins_dropped`.
-    #[pyo3(signature = (name, timeout=None))]
-    fn end_view(&self, py: Python<'_>, name: String, timeout: Option<f64>) -> PyResult<Message> {
-        let timeout = seconds(timeout)?;
-        let ended = self.call(py, move |context| async move {
-            context.client(timeout).await?.end_view(&name).await
-        })?;
-        let fields = PyDict::new(py);
-        fields.set_item("ended", ended.ended)?;
-        fields.set_item("pins_dropped", ended.pins_dropped)?;
-        Ok(Message::new("EndViewResponse", fields))
+        ResolveResponse::from_rust(py, resolution)
     }
 
     /// The rank flow of `tunecache-client` (`get_or_tune_traced`): Resolve; when told to tune,
     /// `tune()` runs here, on the calling thread, and returns `(config_text, time_us, tuned_by,
-    /// tuned_at_unix_ms)`, or with a fifth element the artifacts the result names; its result is Recorded with the lease, or the lease is given up when
-    /// it raises (the exception is raised again once the lease is given up). Answers a
-    /// `RankOutcome`.
-    #[pyo3(signature = (key, tune, wait_ms, can_tune=true, lease_ms=0))]
+    /// tuned_at_unix_ms)`, or with a fifth element the artifacts the result names; its result
+    /// is Recorded with the lease, or the lease is given up when it raises (the exception is
+    /// raised again once the lease is given up). Answers a `RankOutcome`.
+    #[pyo3(signature = (key, tune, wait_ms=WholeMs(DEFAULT_WAIT_MS), can_tune=true, lease_ms=WholeMs(0)))]
     fn resolve_tune_record(
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
         tune: Py<PyAny>,
-        wait_ms: u64,
+        wait_ms: WholeMs,
         can_tune: bool,
-        lease_ms: u64,
+        lease_ms: WholeMs,
     ) -> PyResult<tuning::RankOutcome> {
-        let key = Key::extract_any(key)?;
-        let options = tunecache_client::ResolveOptions {
-            wait: Duration::from_millis(wait_ms),
-            can_tune,
-            lease: Duration::from_millis(lease_ms),
-        };
-        let context = self.context(py)?;
-        tuning::resolve_tune_record(py, context, key, options, tune)
+        let (key, options) = args::resolve_request(key, wait_ms, can_tune, lease_ms)?;
+        tuning::resolve_tune_record(py, self.context(py)?, key, options, tune)
     }
 
-    /// Resolves `key` in the client's view: a TuneStart whose `kind` is "hit", "tune" (with the
-    /// lease to tune under) or "miss". The deadline is wait_ms plus the timeout.
-    #[pyo3(signature = (key, wait_ms, can_tune=true, lease_ms=0, timeout=None))]
+    // --- the split lease, for callers with a tuning loop of their own (the drop-ins' base) ----
+
+    /// Resolves key in the client's view, as the Rust client's `begin_tune`: a TuneStart whose
+    /// `kind` is "hit" (`result`), "tune" (`lease`: tune now, then end the lease with
+    /// finish_tune or abandon) or "miss" (`reason`). The deadline is wait_ms plus the timeout.
+    /// Raises RpcError when the daemon cannot be asked.
+    #[pyo3(signature = (key, wait_ms=WholeMs(DEFAULT_WAIT_MS), can_tune=true, lease_ms=WholeMs(0), timeout=None))]
     fn begin_tune(
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
-        wait_ms: u64,
+        wait_ms: WholeMs,
         can_tune: bool,
-        lease_ms: u64,
+        lease_ms: WholeMs,
         timeout: Option<f64>,
     ) -> PyResult<TuneStart> {
-        let key = Key::extract_any(key)?;
-        let options = tunecache_client::ResolveOptions {
-            wait: Duration::from_millis(wait_ms),
-            can_tune,
-            lease: Duration::from_millis(lease_ms),
-        };
-        let timeout = seconds(timeout)?;
-        let start = self.call(py, move |context| async move {
-            context
-                .client(timeout)
-                .await?
-                .begin_tune(key, options)
-                .await
+        let (key, options) = args::resolve_request(key, wait_ms, can_tune, lease_ms)?;
+        let start = self.call(py, timeout, move |client| async move {
+            client.begin_tune(key, options).await
         })?;
         TuneStart::from_rust(py, start)
     }
 
-    /// Records `result` (a Result, or a mapping of its fields) under `lease`, which ends it. A
-    /// failed Record gives the lease up, except past its deadline (the Rust client's rule);
-    /// the TuneFinish answered says what happened. Raises ValueError for a lease ended already.
+    /// Records `result` (a Result, or a mapping of its fields) under `lease` (from begin_tune),
+    /// which ends it. Answers a TuneFinish: `error` None when Recorded; else the RpcError,
+    /// `refused` (the daemon refused the result itself) and `lease` ("given_up", "kept" after a
+    /// deadline, when the Record may still land, or "give_up_failed"): the Rust client's rule,
+    /// the same for every caller. Raises RpcError only when the daemon cannot be reached at
+    /// all, ValueError for a lease ended already.
     #[pyo3(signature = (lease, result, timeout=None))]
     fn finish_tune(
         &self,
@@ -570,16 +430,10 @@ impl NativeClient {
         timeout: Option<f64>,
     ) -> PyResult<TuneFinish> {
         let result = TunedResult::extract_any(result)?;
-        let timeout = seconds(timeout)?;
         let held = lease_to_finish(lease.get())?;
-        let context = self.context(py)?;
-        let finished = run(py, async move {
-            match context.client(timeout).await {
-                Ok(client) => Ok(client.finish_tune(held, result).await),
-                Err(error) => Err(error),
-            }
-        })?
-        .map_err(|error| client_error(py, error))?;
+        let finished = self.call(py, timeout, |client| async move {
+            Ok::<_, ClientError>(client.finish_tune(held, result).await)
+        })?;
         Ok(TuneFinish::from_rust(py, finished))
     }
 
@@ -596,16 +450,21 @@ impl NativeClient {
         let Some(held) = lease.get().take()? else {
             return Ok(false);
         };
-        let timeout = seconds(timeout)?;
-        self.call(py, move |context| async move {
-            context.client(timeout).await?.abandon(held).await
-        })?;
+        self.call(
+            py,
+            timeout,
+            |client| async move { client.abandon(held).await },
+        )?;
         Ok(true)
     }
 
-    /// Uploads the file at `path` (PutArtifact; the Rust client's `put_artifact`: hashed, then
-    /// streamed in 1 MiB chunks). Answers a StoredArtifact Message: `sha256`, `size` and
-    /// `already_held`.
+    // --- artifacts: the files beside a result (a compiled kernel, a module) -------------------
+
+    /// Uploads the file at `path` to the node's artifact store (hashed, then streamed in 1 MiB
+    /// chunks; never read whole into memory). Answers `sha256`, `size` and `already_held`; a
+    /// Result names it with `Artifact(name=..., sha256=..., size=...)` (or use put_artifacts).
+    /// The daemon collects a blob no entry names after its grace period, so Record the result
+    /// naming it soon after.
     #[pyo3(signature = (path, timeout=None))]
     fn put_artifact(
         &self,
@@ -613,9 +472,8 @@ impl NativeClient {
         path: PathBuf,
         timeout: Option<f64>,
     ) -> PyResult<Message> {
-        let timeout = seconds(timeout)?;
-        let stored = self.call(py, move |context| async move {
-            context.client(timeout).await?.put_artifact(path).await
+        let stored = self.call(py, timeout, |client| async move {
+            client.put_artifact(path).await
         })?;
         let fields = PyDict::new(py);
         fields.set_item("sha256", stored.sha256)?;
@@ -624,10 +482,10 @@ impl NativeClient {
         Ok(Message::new("StoredArtifact", fields))
     }
 
-    /// Uploads each `(name, path)` of `files` (a mapping name -> path, or an iterable of
-    /// pairs) and answers the list of Artifact that name them, for a Result's `artifacts`
-    /// (the Rust client's `put_artifacts`: names checked, unique and at most 64 before
-    /// anything is uploaded).
+    /// Uploads each file of `files` ({name: path}, or (name, path) pairs) and answers the list
+    /// of Artifact naming them, for `Result(artifacts=...)`. Names are 1-128 bytes of
+    /// [A-Za-z0-9._-], not "." or "..", unique, at most 64 (checked before anything is
+    /// uploaded: ArtifactError).
     #[pyo3(signature = (files, timeout=None))]
     fn put_artifacts(
         &self,
@@ -635,26 +493,20 @@ impl NativeClient {
         files: &Bound<'_, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<Py<PyList>> {
-        let pairs = match files.cast::<pyo3::types::PyMapping>() {
-            Ok(mapping) => mapping.items()?.into_any(),
-            Err(_) => files.clone(),
-        };
-        let files = pairs
-            .try_iter()?
-            .map(|pair| pair?.extract::<(String, PathBuf)>())
-            .collect::<PyResult<Vec<_>>>()?;
-        let timeout = seconds(timeout)?;
-        let artifacts = self.call(py, move |context| async move {
-            context.client(timeout).await?.put_artifacts(files).await
+        let files = args::named_paths(files)?;
+        let artifacts = self.call(py, timeout, |client| async move {
+            client.put_artifacts(files).await
         })?;
         Artifact::list_to_py(py, &artifacts)
     }
 
-    /// Writes each file `entry` names (an Entry, or a Result, or their mappings) into the
-    /// existing directory `dir` as `dir/<name>`, verified against its digest, by a temporary
-    /// file and a rename (the Rust client's `fetch_artifacts`); answers the paths written.
-    /// Raises ArtifactError for a name or digest refused, or bytes that are not the blob
-    /// named (its temporary file is deleted).
+    /// Writes each file `entry` (an Entry, or its Result, or their mappings) names into the
+    /// existing directory `dir` as `dir/<name>`, each verified against its digest as it is
+    /// written to a temporary file, then renamed; answers the paths written (str). On the
+    /// daemon's node a held blob is copied from the descriptor the daemon hands over. Raises
+    /// ArtifactError for a name or digest refused or bytes that are not the blob named (its
+    /// temporary file is deleted), RpcError when the daemon cannot serve a blob (NOT_FOUND),
+    /// OSError for the directory.
     #[pyo3(signature = (entry, dir, timeout=None))]
     fn fetch_artifacts(
         &self,
@@ -662,56 +514,33 @@ impl NativeClient {
         entry: &Bound<'_, PyAny>,
         dir: PathBuf,
         timeout: Option<f64>,
-    ) -> PyResult<Vec<PathBuf>> {
-        let artifacts = if let Ok(result) = entry.cast::<TunedResult>() {
-            result.borrow().to_proto().artifacts
-        } else if let Ok(entry) = entry.cast::<Entry>() {
-            Entry::extract_any(entry.as_any())?
-                .result
-                .map(|result| result.artifacts)
-                .unwrap_or_default()
-        } else {
-            let is_entry = match entry.cast::<pyo3::types::PyMapping>() {
-                Ok(mapping) => mapping.contains("result")? || mapping.contains("key")?,
-                Err(_) => entry.hasattr("result")?,
-            };
-            if is_entry {
-                Entry::extract_any(entry)?
-                    .result
-                    .map(|result| result.artifacts)
-                    .unwrap_or_default()
-            } else {
-                TunedResult::extract_any(entry)?.artifacts
-            }
-        };
-        let timeout = seconds(timeout)?;
-        self.call(py, move |context| async move {
-            context
-                .client(timeout)
-                .await?
-                .fetch_artifact_list(&artifacts, dir)
-                .await
-        })
+    ) -> PyResult<Vec<OsString>> {
+        let artifacts = args::artifacts_of(entry)?;
+        let written = self.call(py, timeout, |client| async move {
+            client.fetch_artifact_list(&artifacts, dir).await
+        })?;
+        Ok(written.into_iter().map(PathBuf::into_os_string).collect())
     }
 
-    /// Which of `digests` this node cannot serve (StatArtifacts).
+    /// Which of `digests` (lowercase hex SHA-256) this node cannot serve (StatArtifacts).
     #[pyo3(signature = (digests, timeout=None))]
     fn stat_artifacts(
         &self,
         py: Python<'_>,
-        digests: Vec<String>,
+        digests: &Bound<'_, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<Vec<String>> {
-        let timeout = seconds(timeout)?;
-        self.call(py, move |context| async move {
-            context.client(timeout).await?.stat_artifacts(digests).await
+        let digests = args::strings(digests)?;
+        self.call(py, timeout, |client| async move {
+            client.stat_artifacts(digests).await
         })
     }
 
-    /// Records `entries`, keeping every valid one: an entry the daemon refuses is set aside
-    /// and the rest sent again, a batch over the daemon's message size is halved (the Rust
-    /// client's `record_keeping_valid`). Answers a KeptRecord; raises RpcError only for a
-    /// failure that is not the entries' (the daemon away).
+    /// Records `entries` keeping every valid one (the Rust client's rule: an entry the daemon
+    /// refuses is set aside and the rest sent again, a batch over its message size is halved).
+    /// Answers a KeptRecord: `stored`, `unchanged` and `refused`, a list of `(index, entry,
+    /// RpcError)`; raises RpcError only for a failure that is not the entries' (the daemon
+    /// away).
     #[pyo3(signature = (entries, timeout=None))]
     fn record_keeping_valid(
         &self,
@@ -719,17 +548,9 @@ impl NativeClient {
         entries: &Bound<'_, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<KeptRecord> {
-        let entries = entries
-            .try_iter()?
-            .map(|entry| Entry::extract_any(&entry?))
-            .collect::<PyResult<Vec<_>>>()?;
-        let timeout = seconds(timeout)?;
-        let kept = self.call(py, move |context| async move {
-            context
-                .client(timeout)
-                .await?
-                .record_keeping_valid(entries)
-                .await
+        let entries = args::entries(entries)?;
+        let kept = self.call(py, timeout, |client| async move {
+            client.record_keeping_valid(entries).await
         })?;
         KeptRecord::from_rust(py, kept)
     }

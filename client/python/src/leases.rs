@@ -11,8 +11,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 use tunecache_client::{proto as v1, LeaseAfterFailure};
 
+use crate::entry::Entry;
 use crate::errors::{client_error, status_error};
-use crate::messages::{Entry, Key, TunedResult};
+use crate::messages::{Key, TunedResult};
 
 /// A lease to tune one key under: end it once, with `Client.finish_tune` (Record the result) or
 /// `Client.abandon` (give it up). `open` says whether it is still to be ended.

@@ -2,30 +2,37 @@
 //! (stable ABI, CPython >= 3.10) of `tunecache-client` and `tunecache-trtllm`, so that socket
 //! discovery and trust, auto-start, the split lease (begin_tune, finish_tune, abandon) and the
 //! rank flow built on it, the batch Record that keeps every valid entry, artifacts (upload,
-//! verified fetch, the name and digest rules), the TensorRT-LLM entry
-//! mapping and structured error details exist once, in Rust. The Python modules of the package
-//! (client.py, autotuning.py, integrations/) are thin layers over it that keep the package's
-//! public API.
+//! verified fetch, the name and digest rules), the TensorRT-LLM entry mapping and structured
+//! error details exist once, in Rust. Each Python call and message class is declared here once,
+//! with its documentation; `tunecache/_native.pyi` gives their types, and the Python modules of
+//! the package (client.py, autotuning.py, integrations/) add only what is Python by nature.
 //!
 //! - [`runtime`]: the one background thread per process, waiting with the GIL released,
 //!   Ctrl-C, fork;
-//! - [`client`]: the `Client` class and its calls;
+//! - [`client`]: the `Client` class and its calls; [`args`]: their arguments and defaults;
+//!   [`scan`]: a Scan's streamed chunks;
 //! - [`leases`]: the split lease's and the batch Record's answers;
 //! - [`tuning`]: the rank flow with a Python `tune` callable;
 //! - [`trtllm`]: the TensorRT-LLM entry mapping for the drop-in;
-//! - [`messages`]: Key, Result (with its Artifacts), Entry and the other answers as Python
-//!   objects;
+//! - [`messages`] (Key, Result, Artifact), [`entry`] (Entry) and [`fields`] (arguments taken
+//!   duck-typed): the contract's data messages as Python objects; [`answers`]: Resolve's and
+//!   Record's answers and the other answers' [`answers::Message`];
 //! - [`errors`]: Rust client errors as the package's Python exceptions.
 
 use std::path::PathBuf;
 
 use pyo3::prelude::*;
 
+mod answers;
+mod args;
 mod client;
+mod entry;
 mod errors;
+mod fields;
 mod leases;
 mod messages;
 mod runtime;
+mod scan;
 mod trtllm;
 mod tuning;
 
@@ -67,6 +74,14 @@ fn resolve_view(environ: &Bound<'_, pyo3::types::PyMapping>, explicit: Option<St
     )
 }
 
+/// `value` (a Key, a mapping of its fields, or an object with its attributes) as a Key.
+#[pyfunction]
+fn as_key(value: &Bound<'_, PyAny>) -> PyResult<messages::Key> {
+    Ok(messages::Key::from_proto(messages::Key::extract_any(
+        value,
+    )?))
+}
+
 /// What a Scan does with its bytes once they arrived, alone: decodes `tunecache.v1.ScanResponse`
 /// messages and builds the Entry objects a Scan returns, one list per message. Not part of the
 /// package's API: the benchmarks time it as the Scan's floor (tests/bench, "Python ranks").
@@ -75,13 +90,12 @@ fn _decode_scan_chunks<'py>(
     py: Python<'py>,
     chunks: Vec<Bound<'py, pyo3::types::PyBytes>>,
 ) -> PyResult<Bound<'py, pyo3::types::PyList>> {
-    use prost::Message as _;
     let decoded = chunks
         .iter()
         .map(|chunk| {
-            let response = tunecache_client::proto::ScanResponse::decode(chunk.as_bytes())
+            let entries = scan::decode_chunk(chunk.as_bytes())
                 .map_err(|error| pyo3::exceptions::PyValueError::new_err(error.to_string()))?;
-            client::entries_to_py(py, response.entries)
+            client::entries_to_py(py, entries)
         })
         .collect::<PyResult<Vec<_>>>()?;
     pyo3::types::PyList::new(py, decoded)
@@ -90,17 +104,25 @@ fn _decode_scan_chunks<'py>(
 #[pymodule]
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     // Only the classes Python code names; the answers' classes (Lease, Miss, ResolveResponse,
-    // RecordResponse, Message, RankOutcome, TuneStart, TuneLease, TuneFinish, KeptRecord) are
-    // made on first use, so importing the package does not pay for them.
+    // RecordResponse, Message, Scan, RankOutcome, TuneStart, TuneLease, TuneFinish, KeptRecord)
+    // are made on first use, so importing the package does not pay for them.
     module.add_class::<client::NativeClient>()?;
     module.add_class::<messages::Key>()?;
     module.add_class::<messages::TunedResult>()?;
-    module.add_class::<messages::Entry>()?;
+    module.add_class::<entry::Entry>()?;
     module.add_class::<messages::Artifact>()?;
+    module.add(
+        "DEFAULT_TIMEOUT_S",
+        tunecache_client::DEFAULT_TIMEOUT.as_secs_f64(),
+    )?;
+    module.add("DEFAULT_SCAN_TIMEOUT_S", args::DEFAULT_SCAN_TIMEOUT_S)?;
+    module.add("DEFAULT_WAIT_MS", args::DEFAULT_WAIT_MS)?;
+    module.add("MAX_WAIT_MS", args::MAX_WAIT_MS)?;
     module.add_function(wrap_pyfunction!(default_socket_path, module)?)?;
     module.add_function(wrap_pyfunction!(check_default_socket, module)?)?;
     module.add_function(wrap_pyfunction!(check_daemon_uid, module)?)?;
     module.add_function(wrap_pyfunction!(resolve_view, module)?)?;
+    module.add_function(wrap_pyfunction!(as_key, module)?)?;
     module.add_function(wrap_pyfunction!(errors::refused_entry_index_of, module)?)?;
     module.add_function(wrap_pyfunction!(_decode_scan_chunks, module)?)?;
     module.add_function(wrap_pyfunction!(trtllm::trtllm_device, module)?)?;

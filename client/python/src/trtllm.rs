@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 use tunecache_trtllm::{entry_from_file, file_value_of, EntryContext, TrtllmMetadata};
 
-use crate::messages::Entry;
+use crate::entry::Entry;
 
 /// `(key_text, reason)` of each item or entry the mapping refused.
 type Refused = Vec<(String, String)>;

@@ -221,12 +221,15 @@ def check_one_tuning(ranks, results):
     assert "tuned" in ops[0]["build_id"]
     assert sorted(op["loaded_by_dropin"] for op in ops) == [False] + [True] * (len(ops) - 1)
     assert all(op["lib_initialized"] == 1 for op in ops)
-    # Each process loaded from its own copy (TVM's load_module unpacks next to the tar), linked
-    # from the node's one verified copy of each file.
+    # Each process loaded from its own copy (TVM's load_module unpacks next to the tar), fetched
+    # from the daemon (verified), the same files in every process.
     assert len({op["libpath"] for op in ops}) == len(ops)
-    waiter = next(op for op in ops if op["loaded_by_dropin"])
-    digests = {digest for name, digest in waiter["dir_files"].items() if name in SAVED_FILES}
-    assert sorted(os.listdir(ranks.dropin_dir / "blobs")) == sorted(digests)
+    waiters = [op for op in ops if op["loaded_by_dropin"]]
+    digests = [{name: digest for name, digest in op["dir_files"].items() if name in SAVED_FILES} for op in waiters]
+    assert all(sorted(files) == sorted(SAVED_FILES) and files == digests[0] for files in digests)
+    # The drop-in keeps no copy of its own on the node (the daemon's store is the one): once the
+    # ranks have exited, nothing of it is left.
+    assert os.listdir(ranks.dropin_dir) == []
     assert not ranks.database.exists(), "BitBLAS's database directory was written"
 
 

@@ -48,7 +48,7 @@ def main() -> int:
         # for TRITON_CACHE_MANAGER, loaded here first).
         import tunecache.integrations.triton as manager
 
-        manager._daemon = manager._Daemon(timeout=spec["client_timeout_s"])
+        manager._daemon = manager._make_daemon(timeout=spec["client_timeout_s"])
 
     @triton.autotune(configs=[triton.Config({"BLOCK": block}) for block in BLOCKS], key=["n"])
     @triton.jit

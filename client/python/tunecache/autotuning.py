@@ -1,8 +1,8 @@
 # Owns the generic autotuning helper for Python kernel launchers (BitBLAS, Triton-style kernels,
-# hand-written CUDA): one Resolve per problem, timing of every config by the one process that
-# holds the node-wide lease, Record of the best with its statistics (and the files beside it,
-# uploaded as artifacts), an in-process memo, and the Forget of a cached config the kernel raises
-# for.
+# hand-written CUDA): timing of every config by the one process that holds the node-wide lease
+# (the drop-ins' tune-once dispatch, integrations/_base.py), Record of the best with its
+# statistics (and the files beside it, uploaded as artifacts), an in-process memo, and the Forget
+# of a cached config the kernel raises for.
 """``tunecache.autotune``: tune a problem once per node, reuse it everywhere.
 
 As a decorator, the wrapped function receives the chosen config as ``config=``::
@@ -71,8 +71,9 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from tunecache import client as client_module
-from tunecache.client import Client, Entry, Key, Result
+from tunecache.client import Client, Entry, Key, Result, tuned_by
 from tunecache.errors import RpcError
+from tunecache.integrations._base import Daemon, DaemonUnreachable
 
 logger = logging.getLogger("tunecache.autotuning")
 
@@ -85,6 +86,8 @@ MAX_RESOLVE_ROUNDS = 10
 DEVICE_ENV = "TUNECACHE_DEVICE"
 # What a process does when the daemon cannot take its result (logged with the failure).
 OWN_CONFIG = "this process uses its own best config"
+# A result's provenance names the helper.
+TUNER = "tunecache.autotune"
 
 
 # A problem's config, and the Result of the daemon's it came from: None when this process tuned
@@ -136,6 +139,21 @@ def measure(bench: Callable[..., Any], config: Any, args: Sequence[Any], kwargs:
     return samples
 
 
+class _Daemon(Daemon):
+    """The helper's client, the one given or else the process's default one (get_or_tune's),
+    with the package's one daemon warning (tunecache.client's) instead of a drop-in's."""
+
+    def __init__(self, client: Optional[Client]):
+        # No warning of its own: report() says every problem as get_or_tune does.
+        super().__init__(logger, "", "", connect=lambda: client or client_module._process_client())
+
+    def report(self, call: str, problem: Any, key: Any) -> None:
+        if isinstance(problem, DaemonUnreachable):
+            client_module._warn_once_daemon_problem(client_module.default_socket_path(), "connect", problem)
+        else:
+            client_module.report_failures(self.socket_path, [(call, problem)], key, OWN_CONFIG)
+
+
 class Autotuner:
     """One tuned operation: ``best(*args, **kwargs)`` gives its config for the problem of those
     arguments; calling it on a function decorates that function. Thread- and fork-safe."""
@@ -170,7 +188,7 @@ class Autotuner:
         self.repeats = repeats
         self.wait_ms = wait_ms
         self.lease_ms = lease_ms
-        self._client = client
+        self._daemon = _Daemon(client)
         self.artifacts = artifacts
         self._config_json = [_config_json(config) for config in self.configs]
         self._memo: Dict[str, Choice] = {}
@@ -205,11 +223,14 @@ class Autotuner:
         existing directory ``dir`` (``Client.fetch_artifacts``: each verified against its
         digest); answers the paths written, [] when nothing is stored for it."""
         key = self._key(problem_text(self.key_fn(*args, **kwargs)))
-        daemon = self._daemon()
+        try:
+            daemon = self._daemon.client()
+        except DaemonUnreachable as err:  # the caller asked for the files: the client's own error
+            raise err.__cause__ from None
         hits = daemon.lookup([key])
         return daemon.fetch_artifacts(hits[0], dir) if hits else []
 
-    def _attach_artifacts(self, daemon: Client, key: Key, config: Any, result: Result,
+    def _attach_artifacts(self, key: Key, config: Any, result: Result,
                           args: Sequence[Any], kwargs: Dict[str, Any]) -> bool:
         """Uploads the files ``artifacts`` names for ``config`` and names them in ``result``;
         False (logged) when they cannot be: the caller then records nothing."""
@@ -218,10 +239,10 @@ class Autotuner:
         try:
             files = self.artifacts(config, *args, **kwargs) if callable(self.artifacts) else self.artifacts
             if files:
-                result.artifacts = daemon.put_artifacts(files)
+                result.artifacts = self._daemon.client().put_artifacts(files)
             return True
-        except RpcError as err:
-            daemon._report_failures([("PutArtifact", err)], key, OWN_CONFIG)
+        except (RpcError, DaemonUnreachable) as err:
+            self._daemon.report("PutArtifact", err, key)
         except Exception as err:  # a missing file or a refused name must not stop the kernel
             logger.warning("tunecache: the artifacts of %s cannot be stored (%s); %s",
                            client_module.describe_key(key), err, OWN_CONFIG)
@@ -268,14 +289,9 @@ class Autotuner:
         daemon without Forget, or none) is the once-per-process daemon warning: the caller tunes
         again regardless."""
         try:
-            daemon = self._daemon()
-        except Exception as err:
-            client_module._warn_once_daemon_problem(client_module.default_socket_path(), "connect", err)
-            return
-        try:
-            forgotten = daemon.forget(key.namespace, key.op, key.device, key.problem, only_if=result)
-        except RpcError as err:
-            client_module._warn_once_daemon_problem(daemon.socket_path, "Forget", err)
+            forgotten = self._daemon.client().forget(key.namespace, key.op, key.device, key.problem, only_if=result)
+        except (RpcError, DaemonUnreachable) as err:
+            self._daemon.report("Forget", err, key)
             return
         # 0: the winner is no longer that result (someone forgot it first, or recorded a better one).
         logger.debug("tunecache: Forget of %s dropped %d entries", client_module.describe_key(key), forgotten)
@@ -286,80 +302,42 @@ class Autotuner:
         device = self.device if self.device is not None else default_device()
         return Key(namespace=self.namespace, op=self.op, device=device, problem=problem)
 
-    def _daemon(self) -> Client:
-        return self._client if self._client is not None else client_module._process_client()
-
     def _resolve(
         self, problem: str, args: Sequence[Any], kwargs: Dict[str, Any], broken: Optional[Result] = None
     ) -> Choice:
-        """The problem's config from the daemon, or tuned here. ``broken``: a result just
-        forgotten; should the daemon still answer it (the Forget did not take), tune here.
-
-        Each round is the Rust client's split lease: ``begin_tune`` (Resolve); the lease holder
-        tunes and ``finish_tune``s (a failed Record gives the lease up, except past its
-        deadline), or ``abandon``s the lease if tuning raises. A miss (the wait ran out, or the
-        holder gave its lease up) asks again."""
+        """The problem's config from the daemon, or tuned here: the base's tune-once dispatch
+        (the Rust client's split lease). The lease holder times every config and Records the
+        best (a tuning that raises gives the lease up first, then propagates); a miss (the wait
+        ran out, or the holder gave its lease up) asks again, up to MAX_RESOLVE_ROUNDS times.
+        This process uses its own best config whatever the daemon says of it. ``broken``: a
+        result just forgotten; should the daemon still answer it (the Forget did not take),
+        tune here."""
         key = self._key(problem)
-        try:
-            daemon = self._daemon()
-        except Exception as err:
-            client_module._warn_once_daemon_problem(client_module.default_socket_path(), "connect", err)
-            return self._tune(key, args, kwargs)[0], None
-        for _ in range(MAX_RESOLVE_ROUNDS):
-            try:
-                start = daemon.begin_tune(key, wait_ms=self.wait_ms, can_tune=True, lease_ms=self.lease_ms)
-            except RpcError as err:
-                # The daemon is away or failing (warned once): tune for this process only.
-                daemon._report_failures([("Resolve", err)], key, OWN_CONFIG)
-                return self._tune(key, args, kwargs)[0], None
-            if start.kind == "tune":
-                return self._tune_under(daemon, key, start.lease, args, kwargs), None
-            if start.kind == "hit":
-                hit = start.result
-                found = self._config_from_result(hit)
-                if found is not None and not _same_result(hit, broken):
-                    return found[0], hit
-                # A result this helper cannot read, or the broken one still: tune and let the
-                # faster one win.
-                config, result = self._tune(key, args, kwargs)
-                if self._attach_artifacts(daemon, key, config, result, args, kwargs):
-                    self._record(daemon, key, result)
-                return config, None
-            # miss: the wait ran out (the tuner is slow) or the lease was given up; ask again.
-            logger.debug("tunecache: %s: %s; resolving again", client_module.describe_key(key), start.reason)
-        logger.warning("tunecache: no result for %s after %d waits; tuning here", client_module.describe_key(key), MAX_RESOLVE_ROUNDS)
-        return self._tune(key, args, kwargs)[0], None
 
-    def _tune_under(self, daemon: Client, key: Key, lease: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
-        """Times every config under ``lease`` and finishes it with the best; this process uses
-        its own best config whatever the daemon says. A tuning that raises gives the lease up
-        first, then propagates."""
-        try:
+        def tune() -> Tuple[Choice, Optional[Result]]:
             config, result = self._tune(key, args, kwargs)
-        except BaseException:
-            try:
-                daemon.abandon(lease)
-            except RpcError as err:
-                daemon._report_failures([("Record (giving the lease up)", err)], key, OWN_CONFIG)
-            raise
-        if not self._attach_artifacts(daemon, key, config, result, args, kwargs):
-            try:
-                daemon.abandon(lease)
-            except RpcError as err:
-                daemon._report_failures([("Record (giving the lease up)", err)], key, OWN_CONFIG)
-            return config
-        try:
-            finished = daemon.finish_tune(lease, result)
-        except RpcError as err:
-            daemon._report_failures([("Record", err)], key, OWN_CONFIG)
-            return config
-        failures = []
-        if finished.error is not None:
-            failures.append(("Record", finished.error))
-        if finished.give_up_error is not None:
-            failures.append(("Record (giving the lease up)", finished.give_up_error))
-        daemon._report_failures(failures, key, OWN_CONFIG)
-        return config
+            return (config, None), (result if self._attach_artifacts(key, config, result, args, kwargs) else None)
+
+        def hit(result: Result) -> Choice:
+            found = self._config_from_result(result)
+            if found is not None and not _same_result(result, broken):
+                return found[0], result
+            # A result this helper cannot read, or the broken one still: tune and let the faster
+            # one win.
+            config, tuned = self._tune(key, args, kwargs)
+            if self._attach_artifacts(key, config, tuned, args, kwargs):
+                self._record(key, tuned)
+            return config, None
+
+        def fall_back(reason: Optional[str]) -> Choice:
+            if reason is not None:
+                logger.warning("tunecache: no result for %s after %d waits; tuning here",
+                               client_module.describe_key(key), MAX_RESOLVE_ROUNDS)
+            # Else the daemon is away or failing (warned once): tune for this process only.
+            return self._tune(key, args, kwargs)[0], None
+
+        return self._daemon.tune_once(key, wait_ms=self.wait_ms, lease_ms=self.lease_ms, what=key, hit=hit,
+                                      tune=tune, fall_back=fall_back, rounds=MAX_RESOLVE_ROUNDS)
 
     def _tune(self, key: Key, args: Sequence[Any], kwargs: Dict[str, Any]):
         """Times every config; returns (best config, the Result to record)."""
@@ -402,7 +380,7 @@ class Autotuner:
         result = Result(
             config=json.dumps(stored),
             time_us=median,
-            tuned_by=f"{platform.node()} pid {os.getpid()} (tunecache.autotune)",
+            tuned_by=tuned_by(TUNER),
             tuned_at_unix_ms=int(time.time() * 1000),
         )
         return self.configs[best_index], result
@@ -424,13 +402,13 @@ class Autotuner:
                 return (self.configs[position],)
         return (config,)
 
-    def _record(self, daemon: Client, key: Key, result: Result) -> None:
+    def _record(self, key: Key, result: Result) -> None:
         """Records a result tuned without a lease (the faster one wins); a failure is the
         once-per-process daemon warning, and this process uses its own best config either way."""
         try:
-            daemon.record([Entry(key=key, result=result)])
-        except RpcError as err:
-            daemon._report_failures([("Record", err)], key, OWN_CONFIG)
+            self._daemon.client().record([Entry(key=key, result=result)])
+        except (RpcError, DaemonUnreachable) as err:
+            self._daemon.report("Record", err, key)
 
 
 def _same_result(result: Result, other: Optional[Result]) -> bool:

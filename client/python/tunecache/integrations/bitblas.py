@@ -24,10 +24,10 @@ daemon (``$TUNECACHE_SOCKET`` or the default socket) answers (docs/bitblas.md ha
   process, is not sent (again).
 * ``load_from_database(path, target)`` (and so ``load_global_ops_cache``) lays every entry the
   daemon holds for that target, read in the job's view, out in a directory of this process's own
-  (``<dir>/<arch>/<hash>/<files>``: hard links to the node's copy of each file, fetched from
-  the daemon and verified against its digest when the node lacks it), exactly as BitBLAS's database is, and runs
-  BitBLAS's own loader on it: the operators are BitBLAS's, built from the
-  same bytes on every rank. ``path`` is not read.
+  (``<dir>/<arch>/<hash>/<files>``: each file the client's verified artifact fetch, on the
+  daemon's node a copy of the daemon's own file handed over as a descriptor), exactly as
+  BitBLAS's database is, and runs BitBLAS's own loader on it: the operators are BitBLAS's, built
+  from the same bytes on every rank. ``path`` is not read.
 * ``Operator.hardware_aware_finetune`` runs in one rank per node (per cluster with the Redis
   tier) for a config: a Resolve lease around BitBLAS's tuning call. The holder tunes and Records
   the operator's files with the lease; every other rank waits, then builds its operator from
@@ -47,8 +47,6 @@ import importlib
 import json
 import logging
 import os
-import platform
-import random
 import re
 import shutil
 import stat
@@ -60,9 +58,9 @@ from dataclasses import asdict
 from hashlib import sha256
 from typing import Any, Dict, List, Optional, Tuple
 
-from tunecache.client import (Artifact, Client, Entry, Key, ProcessClient, Result, UntrustedSocketError,
-                              describe_problem)
+from tunecache.client import Entry, Key, Result
 from tunecache.errors import ArtifactError, RpcError, StatusCode
+from tunecache.integrations._base import Daemon, DaemonUnreachable, env_ms, tuned_by
 
 logger = logging.getLogger("tunecache.bitblas")
 
@@ -89,17 +87,6 @@ SENT_ATTR = "_tunecache_sent"
 TARGET_ATTR = "_tunecache_target"
 # Their save names each operator's directory sha256(repr(config)); a laid-out entry must name one.
 _HASH_DIR = re.compile(r"^[0-9a-f]{64}$")
-
-
-class _DaemonUnreachable(Exception):
-    """The daemon cannot be used for this call; BitBLAS's own method runs instead."""
-
-
-def _env_ms(name: str, default: int) -> int:
-    try:
-        return max(0, int(os.environ.get(name, "") or default))
-    except ValueError:
-        return default
 
 
 # --- keys ------------------------------------------------------------------------------------------
@@ -169,8 +156,8 @@ def _key_id(key: Key) -> Tuple[str, str, str, str]:
     return key.namespace, key.op, key.device, key.problem
 
 
-def _tuned_by() -> str:
-    return f"{platform.node()} pid {os.getpid()} (bitblas drop-in)"
+# A result's provenance names this drop-in.
+TUNER = "bitblas drop-in"
 
 
 # --- this process's directories --------------------------------------------------------------------
@@ -178,9 +165,10 @@ def _tuned_by() -> str:
 
 class _ProcessDirs:
     """Directories of this process under ``$TUNECACHE_BITBLAS_DIR`` (default
-    ``<tmp>/tunecache-bitblas-<uid>``): TVM's ``load_module`` unpacks a ``.tar`` next to it and
-    links a ``.tar.so`` there, so no two processes may load from one directory. Removed at exit;
-    those of processes that are gone are removed when a process makes its first one."""
+    ``<tmp>/tunecache-bitblas-<uid>``), into which the client fetches an entry's files: TVM's
+    ``load_module`` unpacks a ``.tar`` next to it and links a ``.tar.so`` there, so no two
+    processes may load from one directory. Removed at exit; those of processes that are gone
+    (killed) are removed when a process makes its first one."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -196,14 +184,6 @@ class _ProcessDirs:
             self._count += 1
             path = os.path.join(self._root, f"{what}-{self._count}")
         os.mkdir(path, 0o700)
-        return path
-
-    def store(self) -> str:
-        """The node-wide store of verified files, ``<base>/blobs/<sha256>``: fetched from the daemon
-        by the processes that find one missing, then hard-linked into each process's directory (no process writes into
-        its files: TVM adds its unpacking directory and ``.tar.so`` beside them)."""
-        path = os.path.join(_base_dir(), "blobs")
-        os.makedirs(path, mode=0o700, exist_ok=True)
         return path
 
     def _make_root(self) -> str:
@@ -222,16 +202,9 @@ def _base_dir() -> str:
     os.makedirs(base, mode=0o700, exist_ok=True)
     info = os.lstat(base)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-        raise _DaemonUnreachable(f"{base} is not a directory of this user's alone (mode {info.st_mode:o}, "
-                                 f"uid {info.st_uid}); set {DIR_ENV}")
+        raise DaemonUnreachable(f"{base} is not a directory of this user's alone (mode {info.st_mode:o}, "
+                                f"uid {info.st_uid}); set {DIR_ENV}")
     return base
-
-
-def _held(path: str, size: int) -> bool:
-    try:
-        return os.stat(path).st_size == size
-    except OSError:
-        return False
 
 
 def _sweep_dead(base: str) -> None:
@@ -250,38 +223,25 @@ def _sweep_dead(base: str) -> None:
 # --- the bridge ------------------------------------------------------------------------------------
 
 
-class _Bridge(ProcessClient):
+class _Bridge(Daemon):
     """The daemon side of the patched methods: one client, one warning, one set of directories
     per process."""
 
     def __init__(self, cache_module: Any, socket: Optional[str], timeout: float):
-        super().__init__(socket, timeout)
+        super().__init__(
+            logger,
+            "daemon at %(socket)s unreachable (%(what)s: %(problem)s); BitBLAS uses its own database "
+            "directory and tunes in every process. Further fallbacks in this process are logged at DEBUG.",
+            "%(what)s fell back to BitBLAS's own code: %(problem)s",
+            socket,
+            timeout,
+        )
         self.cache_module = cache_module
         self.dirs = _ProcessDirs()
 
-    def client(self) -> Client:
-        try:
-            return super().client()
-        except (UntrustedSocketError, OSError, ValueError) as err:
-            raise _DaemonUnreachable(str(err)) from err
-
-    def warn_once(self, call: str, problem: Any) -> None:
-        problem = describe_problem(problem)
-        if self.first_warning():
-            logger.warning(
-                "tunecache: daemon at %s unreachable (%s: %s); BitBLAS uses its own database directory "
-                "and tunes in every process. Further fallbacks in this process are logged at DEBUG.",
-                self.socket_path,
-                call,
-                problem,
-            )
-        else:
-            logger.debug("tunecache: %s fell back to BitBLAS's own code: %s", call, problem)
-
     # --- files: what their save writes for one operator --------------------------------------------
 
-    def built_entry(self, cache: Any, config: Any, op_inst: Any, arch: str, key: Key, client: Client,
-                    scratch: str) -> Entry:
+    def built_entry(self, cache: Any, config: Any, op_inst: Any, arch: str, key: Key, scratch: str) -> Entry:
         """The entry of one operator: their ``_save_operator_config_and_artifact`` writes its
         files into ``scratch/<arch>/<hash>``; each file is uploaded and named in the result."""
         hash_str = sha256(repr(config).encode()).hexdigest()  # as their save names the directory
@@ -296,20 +256,21 @@ class _Bridge(ProcessClient):
         with open(os.path.join(config_path, f"{mapping['config_type']}.json")) as f:
             config_json = json.load(f)
         document = {"mapping": mapping, "config": config_json, "dir": hash_str}
-        artifacts = client.put_artifacts(files)
+        artifacts = self.client().put_artifacts(files)
         result = Result(
             config=json.dumps(document, sort_keys=True, separators=(",", ":")),
             time_us=FIXED_TIME_US,
-            tuned_by=_tuned_by(),
+            tuned_by=tuned_by(TUNER),
             tuned_at_unix_ms=int(time.time() * 1000),
             artifacts=artifacts,
         )
         return Entry(key=key, result=result)
 
-    def lay_out(self, client: Client, result: Any, arch: str, root: str) -> Optional[str]:
-        """Writes the files of ``result`` into ``root/<arch>/<hash>/`` (verified); answers that
-        directory, or None (removed again, with a debug line) for an entry that cannot be laid
-        out. Raises RpcError when the daemon fails."""
+    def lay_out(self, result: Any, arch: str, root: str) -> Optional[str]:
+        """Writes the files of ``result`` into ``root/<arch>/<hash>/`` with the client's artifact
+        fetch (each verified; on the daemon's node copied from the daemon's own file); answers
+        that directory, or None (removed again, with a line saying why) for an entry that cannot
+        be laid out. Raises RpcError when the daemon fails."""
         try:
             document = json.loads(result.config)
             hash_dir = document["dir"]
@@ -322,7 +283,7 @@ class _Bridge(ProcessClient):
         config_path = os.path.join(root, arch, hash_dir)
         os.makedirs(config_path)
         try:
-            self.link_from_store(client, result, config_path)
+            self.client().fetch_artifacts(result, config_path)
         except RpcError as err:
             shutil.rmtree(config_path, ignore_errors=True)
             if err.code() == StatusCode.NOT_FOUND:
@@ -334,61 +295,6 @@ class _Bridge(ProcessClient):
             logger.warning("tunecache: the files of BitBLAS entry %s could not be laid out (%s); not loaded", hash_dir, err)
             return None
         return config_path
-
-    def link_from_store(self, client: Client, result: Any, config_path: str) -> None:
-        """Puts each file of ``result`` into ``config_path``: a hard link to the node's verified
-        copy, fetched (and verified against its digest) into the store first when it is not
-        there, or of the right size. Where links cannot be made, the files are fetched straight
-        into ``config_path``."""
-        try:
-            store = self.dirs.store()
-            self.fill_store(client, store, result.artifacts)
-            for artifact in result.artifacts:
-                os.link(os.path.join(store, artifact.sha256), os.path.join(config_path, artifact.name))
-        except OSError as err:  # another filesystem, or a store file removed meanwhile
-            logger.debug("tunecache: no hard links from the node's store (%s); fetching the files", err)
-            for name in os.listdir(config_path):
-                os.unlink(os.path.join(config_path, name))
-            client.fetch_artifacts(result, config_path)
-
-    def fill_store(self, client: Client, store: str, artifacts: List[Any]) -> int:
-        """Fetches into the node's store each of ``artifacts`` it does not hold yet (each verified,
-        then renamed in under its digest) and answers how many this process fetched. Ranks that
-        load at once share the work: each visits the digests in an order of its own and checks
-        the store again right before each fetch, so a file another rank has just renamed in is
-        not fetched twice, and a file is fetched more than once only when two ranks reach it in
-        the same moment (each rename then puts the same verified bytes in). A file no tier has,
-        or whose bytes are refused, is skipped (the entries naming it are not laid out). Raises
-        OSError, and RpcError other than NOT_FOUND."""
-        wanted = {a.sha256: a for a in artifacts}
-        order = sorted(wanted)
-        random.Random(os.getpid() ^ time.monotonic_ns()).shuffle(order)
-        fetched = 0
-        incoming = None
-        try:
-            for digest in order:
-                artifact = wanted[digest]
-                if _held(os.path.join(store, digest), artifact.size):
-                    continue
-                if incoming is None:
-                    incoming = tempfile.mkdtemp(prefix="incoming-", dir=store)
-                # Under its digest: one file per digest, whatever names the results give it.
-                one = Result(artifacts=[Artifact(name=digest, sha256=digest, size=artifact.size)])
-                try:
-                    for path in client.fetch_artifacts(one, incoming):
-                        os.replace(path, os.path.join(store, digest))
-                except ArtifactError as err:  # not the bytes named: the entries naming it are skipped
-                    logger.debug("tunecache: BitBLAS file %s refused: %s", digest, err)
-                    continue
-                except RpcError as err:
-                    if err.code() != StatusCode.NOT_FOUND:
-                        raise
-                    continue  # gone from every tier: lay_out warns for the entries naming it
-                fetched += 1
-        finally:
-            if incoming is not None:
-                shutil.rmtree(incoming, ignore_errors=True)
-        return fetched
 
     # --- save --------------------------------------------------------------------------------------
 
@@ -415,8 +321,8 @@ class _Bridge(ProcessClient):
                 if getattr(op_inst, SENT_ATTR, None) == _key_id(key):
                     continue
                 try:
-                    entry = self.built_entry(cache, config, op_inst, arch, key, client, scratch)
-                except (RpcError, _DaemonUnreachable):
+                    entry = self.built_entry(cache, config, op_inst, arch, key, scratch)
+                except (RpcError, DaemonUnreachable):
                     raise
                 except Exception as err:  # their save raised: as stock, the caller sees it
                     failure = err
@@ -446,16 +352,8 @@ class _Bridge(ProcessClient):
         client = self.client()
         entries = [entry for chunk in client.scan(namespace=NAMESPACE, device=device) for entry in chunk]
         root = self.dirs.new("load")
-        try:
-            fetched = self.fill_store(client, self.dirs.store(),
-                                      [a for entry in entries for a in entry.result.artifacts])
-            logger.debug("tunecache: fetched %d BitBLAS files into the node's store", fetched)
-        except OSError as err:  # each entry's lay_out below fetches what it still lacks
-            logger.debug("tunecache: the node's store could not be filled (%s)", err)
-        laid = 0
         for entry in entries:
-            if self.lay_out(client, entry.result, arch, root) is not None:
-                laid += 1
+            self.lay_out(entry.result, arch, root)
         before = {id(op) for op in cache.cache.values()}
         original_load(cache, root, target)
         added = 0
@@ -469,68 +367,62 @@ class _Bridge(ProcessClient):
     # --- tune --------------------------------------------------------------------------------------
 
     def tune(self, op_inst: Any, original: Any, args: tuple, kwargs: dict) -> Any:
+        """``hardware_aware_finetune`` tuned once per node (per cluster with the Redis tier)."""
         arch = _operator_arch(self.cache_module, op_inst)
         key = _key(op_inst.config, arch) if arch is not None and loadable(op_inst.config, op_inst) else None
         if key is None:
             return original(op_inst, *args, **kwargs)
-        try:
-            client = self.client()
-            start = client.begin_tune(
-                key, wait_ms=_env_ms(WAIT_ENV, DEFAULT_WAIT_MS), can_tune=True,
-                lease_ms=_env_ms(LEASE_ENV, DEFAULT_LEASE_MS),
-            )
-        except (_DaemonUnreachable, RpcError) as err:
-            self.warn_once("hardware_aware_finetune", err)
-            return original(op_inst, *args, **kwargs)
-        if start.kind == "hit":
+        described = key.problem[:200]
+
+        def hit(result: Any) -> Any:
             try:
-                if self.adopt(op_inst, client, start.result, arch):
+                if self.adopt(op_inst, result, arch):
                     return None
             except RpcError as err:
                 self.warn_once("hardware_aware_finetune", err)
             except Exception as err:  # their loader raised on these files: tuning is still possible
                 logger.debug("tunecache: loading the tuned BitBLAS operator raised", exc_info=err)
-            logger.warning("tunecache: the tuned BitBLAS operator for %s could not be loaded; tuning here", key.problem[:200])
+            logger.warning("tunecache: the tuned BitBLAS operator for %s could not be loaded; tuning here", described)
             return original(op_inst, *args, **kwargs)
-        if start.kind == "miss":
-            logger.warning("tunecache: no tuned BitBLAS operator for %s within the wait (%s); tuning here",
-                           key.problem[:200], start.reason)
-            return original(op_inst, *args, **kwargs)
-        lease = start.lease
-        try:
-            answer = original(op_inst, *args, **kwargs)
-        except BaseException:
-            _abandon(client, lease)
-            raise
-        scratch = tempfile.mkdtemp(prefix="tunecache-bitblas-tune-")
-        try:
-            entry = self.built_entry(self.cache_module.OperatorCache(), op_inst.config, op_inst, arch, key, client, scratch)
-        except Exception as err:
-            _abandon(client, lease)
-            logger.warning("tunecache: the tuned BitBLAS operator for %s could not be stored (%s); "
-                           "gave the lease up", key.problem[:200], err)
-            return answer
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        try:
-            finished = client.finish_tune(lease, entry.result)
-        except Exception as err:  # the daemon is gone; the lease ends with it
-            self.warn_once("hardware_aware_finetune", err)
-            return answer
-        if finished.error is None:
-            setattr(op_inst, SENT_ATTR, _key_id(key))
-        elif finished.refused:
-            logger.warning("tunecache: the daemon refused BitBLAS operator %s (%s)", key.problem[:200], finished.error.details())
-        else:
-            self.warn_once("hardware_aware_finetune", finished.error)
-        return answer
 
-    def adopt(self, op_inst: Any, client: Client, result: Any, arch: str) -> bool:
+        def tune_here() -> Tuple[Any, Optional[Any]]:
+            answer = original(op_inst, *args, **kwargs)
+            scratch = tempfile.mkdtemp(prefix="tunecache-bitblas-tune-")
+            try:
+                entry = self.built_entry(self.cache_module.OperatorCache(), op_inst.config, op_inst, arch, key, scratch)
+            except Exception as err:
+                logger.warning("tunecache: the tuned BitBLAS operator for %s could not be stored (%s); "
+                               "gave the lease up", described, err)
+                return answer, None
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            return answer, entry.result
+
+        def fall_back(reason: Optional[str]) -> Any:
+            if reason is not None:
+                logger.warning("tunecache: no tuned BitBLAS operator for %s within the wait (%s); tuning here",
+                               described, reason)
+            return original(op_inst, *args, **kwargs)
+
+        return self.tune_once(
+            key,
+            wait_ms=env_ms(WAIT_ENV, DEFAULT_WAIT_MS),
+            lease_ms=env_ms(LEASE_ENV, DEFAULT_LEASE_MS),
+            what="hardware_aware_finetune",
+            hit=hit,
+            tune=tune_here,
+            fall_back=fall_back,
+            refused=lambda error: logger.warning("tunecache: the daemon refused BitBLAS operator %s (%s)",
+                                                 described, error.details()),
+            recorded=lambda: setattr(op_inst, SENT_ATTR, _key_id(key)),
+        )
+
+    def adopt(self, op_inst: Any, result: Any, arch: str) -> bool:
         """Makes ``op_inst`` the operator BitBLAS's loader builds from ``result``'s files: they
         are laid out in a directory of this process, their ``_load_operator`` builds a new
         operator there, and ``op_inst`` takes its state. False when that built nothing."""
         root = self.dirs.new("tuned")
-        config_path = self.lay_out(client, result, arch, root)
+        config_path = self.lay_out(result, arch, root)
         if config_path is None:
             return False
         scratch = self.cache_module.OperatorCache()
@@ -560,13 +452,6 @@ def _operator_arch(cache_module: Any, op_inst: Any) -> Optional[str]:
         return cache_module.OperatorCache._determine_target_arch_str(None, target)
     except Exception:
         return None
-
-
-def _abandon(client: Client, lease: Any) -> None:
-    try:
-        client.abandon(lease)
-    except Exception as err:
-        logger.debug("tunecache: could not give the lease up (%s); it expires", err)
 
 
 # --- installing the patches ------------------------------------------------------------------------
@@ -599,24 +484,18 @@ def install(socket: Optional[str] = None, timeout: float = 5.0) -> None:
         @functools.wraps(original_save)
         def save_into_database(self: Any, database_path: Any = None, target: Any = None) -> None:
             with self.cache_locker:
-                try:
-                    bridge.save(self, target)
-                    return None
-                except (_DaemonUnreachable, RpcError) as err:
-                    bridge.warn_once("save_into_database", err)
-                return original_save(self, database_path, target)
+                if not bridge.through_daemon("save_into_database", lambda: bridge.save(self, target)):
+                    return original_save(self, database_path, target)
+                return None
 
         @functools.wraps(original_load)
         def load_from_database(self: Any, database_path: Any, target: Any = None) -> None:
             if target is None:  # their loader cannot name an arch either: as stock
                 return original_load(self, database_path, target)
             with self.cache_locker:
-                try:
-                    bridge.load(self, target, original_load)
-                    return None
-                except (_DaemonUnreachable, RpcError) as err:
-                    bridge.warn_once("load_from_database", err)
-                return original_load(self, database_path, target)
+                if not bridge.through_daemon("load_from_database", lambda: bridge.load(self, target, original_load)):
+                    return original_load(self, database_path, target)
+                return None
 
         @functools.wraps(original_tune)
         def hardware_aware_finetune(self: Any, *args: Any, **kwargs: Any) -> Any:

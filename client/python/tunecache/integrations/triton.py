@@ -51,7 +51,6 @@ import json
 import logging
 import math
 import os
-import platform
 import shutil
 import sys
 import time
@@ -62,8 +61,9 @@ from triton import knobs
 from triton.runtime.cache import CacheManager as _TritonCacheManager
 from triton.runtime.cache import FileCacheManager
 
-from tunecache.client import Key, ProcessClient, Result, UntrustedSocketError, describe_problem
+from tunecache.client import DEFAULT_TIMEOUT_S, Key, Result
 from tunecache.errors import ArtifactError, RpcError
+from tunecache.integrations._base import Daemon, DaemonUnreachable, env_ms, tuned_by
 
 logger = logging.getLogger("tunecache.triton")
 
@@ -89,33 +89,22 @@ GROUP_FORMAT = "triton-compiled-group-1"
 # Every compile of one key gives the same files, so no result is better than another: equal
 # times make the merge rule order them by config, the same on every node.
 GROUP_TIME_US = 0.0
+# A result's provenance names this drop-in.
+TUNER = "triton cache manager"
 
 
-class _Daemon(ProcessClient):
+def _make_daemon(timeout: float = DEFAULT_TIMEOUT_S) -> Daemon:
     """The default socket's client in this process, and its one warning."""
-
-    def warn_once(self, what: str, problem: Any) -> None:
-        problem = describe_problem(problem)
-        if self.first_warning():
-            logger.warning(
-                "tunecache: %s (%s); Triton's cache (autotune results, compiled kernels) uses its "
-                "own files in this process as it would without tunecache. Further fallbacks are "
-                "logged at DEBUG.",
-                what,
-                problem,
-            )
-        else:
-            logger.debug("tunecache: %s (%s)", what, problem)
+    return Daemon(
+        logger,
+        "%(what)s (%(problem)s); Triton's cache (autotune results, compiled kernels) uses its own "
+        "files in this process as it would without tunecache. Further fallbacks are logged at DEBUG.",
+        "%(what)s (%(problem)s)",
+        timeout=timeout,
+    )
 
 
-_daemon = _Daemon()
-
-
-def _env_ms(name: str, default: int) -> int:
-    try:
-        return max(0, int(os.environ.get(name, "") or default))
-    except ValueError:
-        return default
+_daemon = _make_daemon()
 
 
 def _device() -> str:
@@ -213,29 +202,35 @@ class CacheManager(_TritonCacheManager):
             problem=self.key,
         )
 
-    def _resolve(self, filename: str) -> Optional[str]:
-        key = self._key(filename)
-        try:
-            client = _daemon.client()
-            start = client.begin_tune(
-                key, wait_ms=_env_ms(WAIT_ENV, DEFAULT_WAIT_MS), can_tune=True, lease_ms=_env_ms(LEASE_ENV, 0)
-            )
-        except (UntrustedSocketError, OSError, ValueError, RpcError) as err:
-            _daemon.warn_once("tunecached unreachable", err)
+    def _begin(self, kind: str, key: Any, filename: str, missing: str) -> Any:
+        """Resolves ``key`` for ``filename``: the result of a hit, else None and Triton does the
+        work itself. When this process holds the lease, Triton benchmarks or compiles now and its
+        ``put`` (autotune) or ``put_group`` (group) that follows Records under the lease kept here;
+        when nobody has a result within the wait bound (``missing``), or the daemon cannot be
+        asked, it is warned."""
+        start = _daemon.begin(key, wait_ms=env_ms(WAIT_ENV, DEFAULT_WAIT_MS), lease_ms=env_ms(LEASE_ENV, 0),
+                              what="tunecached unreachable")
+        if start is None:
             return None
         if start.kind == "tune":
-            # Triton benchmarks now; the put that follows Records under this lease.
-            self._leases[("autotune", filename)] = start.lease
+            self._leases[(kind, filename)] = start.lease
             return None
-        if start.kind == "hit":
-            text = _autotune_text(start.result.config)
-            if text is None:
-                logger.debug("tunecache: %s holds no Triton autotune file; tuning here", key.problem)
-                return None
-            # Like a remote cache manager: the result becomes a file of this cache directory.
-            return self._files.put(text, filename, binary=False)
-        _daemon.warn_once(f"no tuned result for {filename} within the wait bound", start.reason)
-        return None
+        if start.kind == "miss":
+            _daemon.warn_once(f"no {missing} for {filename} within the wait bound", start.reason)
+            return None
+        return start.result
+
+    def _resolve(self, filename: str) -> Optional[str]:
+        key = self._key(filename)
+        result = self._begin("autotune", key, filename, "tuned result")
+        if result is None:
+            return None
+        text = _autotune_text(result.config)
+        if text is None:
+            logger.debug("tunecache: %s holds no Triton autotune file; tuning here", key.problem)
+            return None
+        # Like a remote cache manager: the result becomes a file of this cache directory.
+        return self._files.put(text, filename, binary=False)
 
     def _record(self, filename: str, data: Any) -> None:
         lease = self._leases.pop(("autotune", filename), None)
@@ -246,12 +241,12 @@ class CacheManager(_TritonCacheManager):
             result = Result(
                 config=json.dumps({"format": CONFIG_FORMAT, "autotune_json": text}),
                 time_us=_best_time_us(text),
-                tuned_by=f"{platform.node()} pid {os.getpid()} (triton cache manager)",
+                tuned_by=tuned_by(TUNER),
                 tuned_at_unix_ms=int(time.time() * 1000),
             )
         except (ValueError, TypeError, KeyError, IndexError) as err:
             logger.warning("tunecache: %s is not a Triton autotune file (%s); not shared", filename, err)
-            self._abandon(lease)
+            _daemon.give_up(lease)
             return
         _finish(lease, result, filename, "an autotune result")
 
@@ -275,33 +270,20 @@ class CacheManager(_TritonCacheManager):
         return Key(namespace=NAMESPACE, op=GROUP_OP, device=_device(), problem=self.key)
 
     def _resolve_group(self, filename: str) -> Optional[Dict[str, str]]:
-        key = self._group_key()
+        result = self._begin("group", self._group_key(), filename, "compiled kernel")
+        if result is None:
+            return None
+        # A process sharing this cache directory may have written the group while we waited.
+        local = self._files.get_group(filename)
+        if local is not None:
+            return local
         try:
-            client = _daemon.client()
-            start = client.begin_tune(
-                key, wait_ms=_env_ms(WAIT_ENV, DEFAULT_WAIT_MS), can_tune=True, lease_ms=_env_ms(LEASE_ENV, 0)
-            )
-        except (UntrustedSocketError, OSError, ValueError, RpcError) as err:
-            _daemon.warn_once("tunecached unreachable", err)
+            return self._materialize_group(filename, result)
+        except (ArtifactError, RpcError, OSError, ValueError) as err:
+            # The entry is there but its files are not to be had (collected, a tier down):
+            # compile here, as on a miss.
+            _daemon.warn_once(f"could not fetch the compiled kernel {filename}; compiling it here", err)
             return None
-        if start.kind == "tune":
-            # Triton compiles now; its final put_group Records the files under this lease.
-            self._leases[("group", filename)] = start.lease
-            return None
-        if start.kind == "hit":
-            # A process sharing this cache directory may have written the group while we waited.
-            local = self._files.get_group(filename)
-            if local is not None:
-                return local
-            try:
-                return self._materialize_group(filename, start.result)
-            except (ArtifactError, RpcError, OSError, ValueError) as err:
-                # The entry is there but its files are not to be had (collected, a tier down):
-                # compile here, as on a miss.
-                _daemon.warn_once(f"could not fetch the compiled kernel {filename}; compiling it here", err)
-                return None
-        _daemon.warn_once(f"no compiled kernel for {filename} within the wait bound", start.reason)
-        return None
 
     def _materialize_group(self, filename: str, result: Any) -> Optional[Dict[str, str]]:
         """Writes the group ``result`` names into this cache directory as FileCacheManager would
@@ -333,7 +315,7 @@ class CacheManager(_TritonCacheManager):
         children = list(group.items())
         if not children or any(not _plain_file_name(child) for child, _path in children):
             logger.warning("tunecache: the group %s names files outside its directory; not shared", filename)
-            self._abandon(lease)
+            _daemon.give_up(lease)
             return
         try:
             client = _daemon.client()
@@ -345,9 +327,9 @@ class CacheManager(_TritonCacheManager):
                 # [A-Za-z0-9._-]): numbered names instead; the config keeps the file names.
                 names = [str(index) for index in range(len(children))]
                 artifacts = client.put_artifacts([(name, path) for name, (_child, path) in zip(names, children)])
-        except (ArtifactError, RpcError, OSError, ValueError) as err:
+        except (ArtifactError, RpcError, OSError, ValueError, DaemonUnreachable) as err:
             _daemon.warn_once(f"could not upload the compiled kernel {filename}", err)
-            self._abandon(lease)
+            _daemon.give_up(lease)
             return
         config = json.dumps(
             {
@@ -359,46 +341,32 @@ class CacheManager(_TritonCacheManager):
         result = Result(
             config=config,
             time_us=GROUP_TIME_US,
-            tuned_by=f"{platform.node()} pid {os.getpid()} (triton cache manager)",
+            tuned_by=tuned_by(TUNER),
             tuned_at_unix_ms=int(time.time() * 1000),
             artifacts=artifacts,
         )
         _finish(lease, result, filename, "a compiled kernel")
-
-    def _abandon(self, lease: Any) -> None:
-        _abandon(lease)
 
     def __del__(self) -> None:
         # Triton never got to put or put_group (its benchmark or compilation raised, and the
         # exception dropped this manager): let a waiting process tune or compile now.
         leases = self.__dict__.get("_leases") or {}
         for lease in list(leases.values()):
-            self._abandon(lease)
+            _daemon.give_up(lease)
         leases.clear()
 
 
-def _abandon(lease: Any) -> None:
-    try:
-        _daemon.client().abandon(lease)
-    except Exception as err:
-        logger.debug("tunecache: could not give the lease up (%s); it expires", err)
-
-
 def _finish(lease: Any, result: Any, filename: str, what: str) -> None:
-    """Records ``result`` under ``lease`` through the Rust client's finish_tune: a failed Record
-    gives the lease up, except past its deadline (that Record may still land), the same for
-    every caller."""
-    try:
-        finished = _daemon.client().finish_tune(lease, result)
-    except Exception as err:  # could not even reach the daemon; the lease ends with us
-        _daemon.warn_once(f"tunecached could not store {what}", err)
-        return
-    if finished.error is None:
-        return
-    if finished.refused:
-        logger.warning("tunecache: the daemon refused %s (%s); it stays local", filename, finished.error.details())
-    else:
-        _daemon.warn_once(f"tunecached could not store {what}", finished.error)
+    """Records ``result`` under ``lease`` with the base's finish (the Rust client's finish_tune:
+    a failed Record gives the lease up, except past its deadline, when it may still land)."""
+    _daemon.finish(
+        lease,
+        result,
+        what=f"tunecached could not store {what}",
+        refused=lambda error: logger.warning(
+            "tunecache: the daemon refused %s (%s); it stays local", filename, error.details()
+        ),
+    )
 
 
 def _plain_file_name(name: Any) -> bool:

@@ -50,14 +50,13 @@ import inspect
 import json
 import logging
 import os
-import platform
 import threading
 import time
 from typing import Any, Dict, Optional, Tuple
 
 from tunecache import _native
-from tunecache.client import Client, ProcessClient, UntrustedSocketError, describe_problem
 from tunecache.errors import RpcError
+from tunecache.integrations._base import Daemon, DaemonUnreachable, tuned_by
 
 logger = logging.getLogger("tunecache.trtllm")
 
@@ -65,10 +64,6 @@ AUTOTUNER_MODULE = "tensorrt_llm._torch.autotuner"
 NAMESPACE = "trtllm"
 # Strategies whose results every rank of a tuning group shares (DistributedTuningStrategy values).
 INDEPENDENT_STRATEGY = "independent"
-
-
-class _DaemonUnreachable(Exception):
-    """The daemon cannot be used for this call; the original method runs instead."""
 
 
 def device_key(metadata: Dict[str, Any]) -> str:
@@ -95,31 +90,19 @@ def _metadata_of(profiling_cache: Any) -> Dict[str, Any]:
     }
 
 
-class _Bridge(ProcessClient):
+class _Bridge(Daemon):
     """The daemon side of the patched methods: one client per process, one warning per process."""
 
     def __init__(self, module: Any, socket: Optional[str], timeout: float):
-        super().__init__(socket, timeout)
+        super().__init__(
+            logger,
+            "daemon at %(socket)s unreachable (%(what)s: %(problem)s); TensorRT-LLM's autotuner cache "
+            "uses its file instead. Further fallbacks in this process are logged at DEBUG.",
+            "%(what)s fell back to the file: %(problem)s",
+            socket,
+            timeout,
+        )
         self.module = module
-
-    def client(self) -> Client:
-        try:
-            return super().client()
-        except (UntrustedSocketError, OSError, ValueError) as err:
-            raise _DaemonUnreachable(str(err)) from err
-
-    def warn_once(self, call: str, problem: Any) -> None:
-        problem = describe_problem(problem)
-        if self.first_warning():
-            logger.warning(
-                "tunecache: daemon at %s unreachable (%s: %s); TensorRT-LLM's autotuner cache uses "
-                "its file instead. Further fallbacks in this process are logged at DEBUG.",
-                self.socket_path,
-                call,
-                problem,
-            )
-        else:
-            logger.debug("tunecache: %s fell back to the file: %s", call, problem)
 
     # --- strategy: which ops go to the shared section ------------------------------------------
 
@@ -144,11 +127,11 @@ class _Bridge(ProcessClient):
             item = _file_item(key, value, rank, shared_ops, excluded_ops)
             if item is not None:
                 items.append(item)
-        tuned_by = f"{platform.node()} pid {os.getpid()} rank {rank} (tensorrt_llm drop-in)"
+        provenance = tuned_by("tensorrt_llm drop-in", rank)
         try:
-            entries, refused = _native.trtllm_entries(metadata_json, items, tuned_by, int(time.time() * 1000))
+            entries, refused = _native.trtllm_entries(metadata_json, items, provenance, int(time.time() * 1000))
         except ValueError as err:  # metadata without a device: the file is the place for it
-            raise _DaemonUnreachable(str(err)) from err
+            raise DaemonUnreachable(str(err)) from err
         for key_text, reason in refused:
             logger.debug("tunecache: not recording %s: %s", key_text[:200], reason)
         # Every valid entry is stored: the Rust client sets aside what the daemon refuses and
@@ -170,7 +153,7 @@ class _Bridge(ProcessClient):
         try:
             device = device_key(_metadata_of(profiling_cache))
         except ValueError as err:
-            raise _DaemonUnreachable(str(err)) from err
+            raise DaemonUnreachable(str(err)) from err
         client = self.client()
         scanned = [entry for chunk in client.scan(namespace=NAMESPACE, device=device, rank=int(rank)) for entry in chunk]
         # What a file exported from these entries would hold, by the CLI's export rule.
@@ -280,22 +263,16 @@ def install(socket: Optional[str] = None, timeout: float = 5.0) -> None:
 
         @functools.wraps(original_save)
         def save_cache(self: Any, file_path: Any, rank: int) -> None:
-            try:
-                bridge.save(self, rank)
-                return None
-            except (_DaemonUnreachable, RpcError) as err:
-                # Any daemon failure: the file is the safe place for this save.
-                bridge.warn_once("save_cache", err)
-            return original_save(self, file_path, rank)
+            # Any daemon failure: the file is the safe place for this save.
+            if not bridge.through_daemon("save_cache", lambda: bridge.save(self, rank)):
+                return original_save(self, file_path, rank)
+            return None
 
         @functools.wraps(original_load)
         def load_cache(self: Any, file_path: Any, rank: int) -> None:
-            try:
-                bridge.load(self, rank)
-                return None
-            except (_DaemonUnreachable, RpcError) as err:
-                bridge.warn_once("load_cache", err)
-            return original_load(self, file_path, rank)
+            if not bridge.through_daemon("load_cache", lambda: bridge.load(self, rank)):
+                return original_load(self, file_path, rank)
+            return None
 
         cache_class.save_cache = save_cache
         cache_class.load_cache = load_cache
@@ -366,6 +343,6 @@ def _load_without_file(module: Any, bridge: _Bridge, arguments: Dict[str, Any]) 
         # nothing either.
         loaded = bridge.load(tuner.profiling_cache, rank, keep_when_empty=True)
         logger.info("tunecache: loaded %d autotuner cache entries for rank %s from the daemon", loaded, rank)
-    except (_DaemonUnreachable, RpcError) as err:
+    except (DaemonUnreachable, RpcError) as err:
         # No file either: TensorRT-LLM tunes as it would without a cache.
         bridge.warn_once("autotune", err)
