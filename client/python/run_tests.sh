@@ -40,8 +40,10 @@ fi
 # at install, as a site's pip install does (PYTHONDONTWRITEBYTECODE would skip that).
 env -u PYTHONDONTWRITEBYTECODE "${pip[@]}" --force-reinstall --no-deps "$wheel"
 # Test dependencies: grpcio-tools pulls in the grpcio and protobuf it generates code for (the
-# tests' own gRPC client and the stub check), as the `[grpc]` extra pins them.
-"${pip[@]}" grpcio protobuf grpcio-tools pytest googleapis-common-protos
+# tests' own gRPC client and the stub check), as the `[grpc]` extra pins them. Pinned to the
+# version that generated the committed stubs: a newer grpcio-tools writes other bytes, and
+# tests/test_stubs.py would fail on a release of grpcio-tools, not on a change of ours.
+"${pip[@]}" grpcio protobuf grpcio-tools==1.85.1 pytest googleapis-common-protos
 # The real triton package for tests/test_triton_cache_manager.py (about 1 GB installed, once:
 # pip finds it satisfied in a reused venv). It has no dependencies of its own to pull in.
 triton_requirement="${TUNECACHE_TRITON:-triton==3.9.0}"
