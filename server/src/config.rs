@@ -11,6 +11,7 @@ use clap::{Parser, ValueEnum};
 use tunecache_proto::tuner::BackendChoice;
 
 use crate::journal::FsyncPolicy;
+use crate::model::shared_key::SharedKey;
 
 mod artifacts;
 pub use artifacts::ArtifactFlags;
@@ -390,6 +391,14 @@ pub struct Config {
     #[arg(long, env = "TUNECACHE_SHARED_DIR_KEY_FILE", value_name = "PATH")]
     pub shared_dir_key_file: Option<PathBuf>,
 
+    /// File holding the key every node of the Redis tier shares (one line, at least 16
+    /// bytes; the same rules as --shared-dir-key-file, and it may be the same file): then
+    /// every shard checkpoint a node builds carries an HMAC-SHA256 under it, and a checkpoint
+    /// without one that verifies is rejected (the shard is read from its entries). Refused at
+    /// start unless private: owned by this daemon's uid or root, no access for group or others.
+    #[arg(long, env = "TUNECACHE_CLUSTER_KEY_FILE", value_name = "PATH")]
+    pub cluster_key_file: Option<PathBuf>,
+
     /// Uids whose files in the shared directory count when no key is set, besides this
     /// daemon's own (e.g. a site-wide daemon's account), and who may own its `v2/`.
     #[arg(
@@ -472,18 +481,12 @@ impl Config {
         };
         let key = match &self.shared_dir_key_file {
             None => None,
-            Some(path) => {
-                let bad = |why: String| {
-                    crate::Error::SharedDirUnsafe(format!(
-                        "--shared-dir-key-file {}: {why}",
-                        path.display()
-                    ))
-                };
-                let text = read_private_file(path).map_err(bad)?;
-                let trimmed = text.strip_suffix(b"\n").unwrap_or(&text);
-                let trimmed = trimmed.strip_suffix(b"\r").unwrap_or(trimmed);
-                Some(crate::snapshot::format::SharedKey::new(trimmed).map_err(bad)?)
-            }
+            Some(path) => Some(read_shared_key(path).map_err(|why| {
+                crate::Error::SharedDirUnsafe(format!(
+                    "--shared-dir-key-file {}: {why}",
+                    path.display()
+                ))
+            })?),
         };
         // This daemon's own files always count: it reads its own segments back at start.
         let mut writer_uids = vec![nix::unistd::geteuid().as_raw()];
@@ -528,6 +531,11 @@ impl Config {
         settings.state_dir = Some(self.state_dir());
         settings.checkpoint_every = self.cluster_checkpoint_every;
         settings.checkpoint_check = Duration::from_millis(self.cluster_checkpoint_check_ms.max(10));
+        if let Some(path) = &self.cluster_key_file {
+            settings.key = Some(read_shared_key(path).map_err(|why| {
+                crate::Error::ClusterConfig(format!("--cluster-key-file {}: {why}", path.display()))
+            })?);
+        }
         Ok(Some(settings))
     }
 
@@ -724,6 +732,15 @@ fn runtime_directory() -> Option<PathBuf> {
 /// file (`fstat`, so no rename can slip another file in between) must be owned by this
 /// process's uid or root and give group and others no access. A key that other users can read
 /// is no secret: any of them could MAC, and so forge, files every node accepts.
+/// A shared key from its file: private (`read_private_file`), one line (the line end is not
+/// part of the key), long enough.
+fn read_shared_key(path: &std::path::Path) -> Result<SharedKey, String> {
+    let text = read_private_file(path)?;
+    let trimmed = text.strip_suffix(b"\n").unwrap_or(&text);
+    let trimmed = trimmed.strip_suffix(b"\r").unwrap_or(trimmed);
+    SharedKey::new(trimmed)
+}
+
 pub(crate) fn read_private_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
     use std::io::Read;
     use std::os::unix::fs::MetadataExt;

@@ -14,6 +14,10 @@
 //!   node renews the TTL of the blobs its live entries name every half grace period, and
 //!   writes again those Redis lost that it holds, so a blob no entry on any node names
 //!   (beaten, forgotten) expires from Redis after the grace period, and a lost one returns.
+//! - A blob key of another type than a string (a hostile or careless writer) is never taken
+//!   for the blob: every path that meets it (upload, fetch, renewal) lists it in Stats
+//!   `cluster_wrong_type_keys` and names it once in the log, and takes it off the list once
+//!   it reads as a blob (or as nothing) again.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -33,8 +37,14 @@ const TEMP_TTL_MS: u64 = 600_000;
 
 /// KEYS: the temporary key, the blob key. ARGV: the TTL in ms. Renames the upload in unless a
 /// blob is there already (same digest, same bytes): then drops the upload and renews the TTL.
+/// A blob key of another type is left alone (-1).
 const FINISH: &str = r"
-if redis.call('EXISTS', KEYS[2]) == 1 then
+local kind = redis.call('TYPE', KEYS[2])['ok']
+if kind ~= 'none' and kind ~= 'string' then
+  redis.call('DEL', KEYS[1])
+  return -1
+end
+if kind == 'string' then
   redis.call('DEL', KEYS[1])
   redis.call('PEXPIRE', KEYS[2], ARGV[1])
   return 0
@@ -70,6 +80,31 @@ impl BlobTier {
 
 fn blob_key(cluster: &Cluster, digest: &str) -> String {
     cluster.layout.blob(digest)
+}
+
+/// A blob key's type as `TYPE` names it: a string (the blob), none, or another, which is
+/// listed as wrong-typed (and a string or none takes it off the list). Whether it holds the
+/// blob, or `None` when it holds another type.
+fn blob_type(cluster: &Cluster, key: &str, kind: &str) -> Option<bool> {
+    match kind {
+        "string" | "none" => {
+            cluster.wrong_types.fixed(key);
+            Some(kind == "string")
+        }
+        _ => {
+            cluster.wrong_types.found(key);
+            None
+        }
+    }
+}
+
+/// A failed command on a blob key: a wrong type lists the key.
+fn failed(cluster: &Cluster, key: &str, error: &redis::RedisError) -> String {
+    if super::values::is_wrong_type(error) {
+        cluster.wrong_types.found(key);
+        return format!("{key} holds the wrong type");
+    }
+    error.to_string()
 }
 
 /// Writes every blob `artifacts` names that Redis does not hold yet, before the entries
@@ -123,13 +158,23 @@ async fn upload(
     size: u64,
 ) -> Result<(), String> {
     let key = blob_key(cluster, digest);
-    let exists: bool = conn.exists(&key).await.map_err(|e| e.to_string())?;
-    if exists {
-        let _: bool = conn
-            .pexpire(&key, tier.ttl.as_millis() as i64)
-            .await
-            .map_err(|e| e.to_string())?;
-        return Ok(());
+    let kind: String = redis::cmd("TYPE")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    match blob_type(cluster, &key, &kind) {
+        // Another type: the blob stays on this node (and the shared directory) until the key
+        // is repaired; the renewal then finds it lost and writes it.
+        None => return Ok(()),
+        Some(true) => {
+            let _: bool = conn
+                .pexpire(&key, tier.ttl.as_millis() as i64)
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(());
+        }
+        Some(false) => {}
     }
     let temp = format!("{key}.{:016x}", cluster.instance);
     let _: () = conn.del(&temp).await.map_err(|e| e.to_string())?;
@@ -175,6 +220,9 @@ async fn upload(
         .invoke_async(&mut conn)
         .await
         .map_err(|e| e.to_string())?;
+    if stored < 0 {
+        cluster.wrong_types.found(&key);
+    }
     tracing::debug!(digest, size, stored, "cluster tier: blob written to Redis");
     Ok(())
 }
@@ -189,16 +237,23 @@ pub(super) async fn keep_named(cluster: &Cluster, conn: &Conn) -> Result<(), Str
     let ttl = tier.ttl.as_millis() as i64;
     let mut lost = Vec::new();
     for batch in named.chunks(512) {
+        // Each blob's type with its renewal, in one round trip.
         let mut pipe = redis::pipe();
         for (digest, _) in batch {
-            pipe.pexpire(blob_key(cluster, digest), ttl);
+            let key = blob_key(cluster, digest);
+            pipe.cmd("TYPE").arg(&key).pexpire(&key, ttl);
         }
-        let renewed: Vec<i64> = pipe
+        let replies: Vec<redis::Value> = pipe
             .query_async(&mut conn.clone())
             .await
             .map_err(|e| e.to_string())?;
-        for ((digest, size), renewed) in batch.iter().zip(renewed) {
-            if renewed == 0 && *size <= tier.max_bytes {
+        for ((digest, size), reply) in batch.iter().zip(replies.chunks_exact(2)) {
+            let kind = match &reply[0] {
+                redis::Value::SimpleString(kind) => kind.as_str(),
+                _ => "none",
+            };
+            let holds = blob_type(cluster, &blob_key(cluster, digest), kind);
+            if holds == Some(false) && *size <= tier.max_bytes {
                 lost.push((digest.clone(), *size));
             }
         }
@@ -273,7 +328,11 @@ async fn fetch(
     into: Partial,
 ) -> Result<Option<Partial>, String> {
     let key = blob_key(cluster, digest);
-    let held: u64 = conn.strlen(&key).await.map_err(|e| e.to_string())?;
+    let held: u64 = conn
+        .strlen(&key)
+        .await
+        .map_err(|e| failed(cluster, &key, &e))?;
+    cluster.wrong_types.fixed(&key);
     if held == 0 && size > 0 {
         return Ok(None);
     }
@@ -286,7 +345,7 @@ async fn fetch(
         let piece: Vec<u8> = conn
             .getrange(&key, at as isize, end as isize)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| failed(cluster, &key, &e))?;
         if piece.is_empty() {
             break;
         }

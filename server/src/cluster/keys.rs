@@ -66,6 +66,7 @@ impl Layout {
         (hash % SHARDS as u64) as usize
     }
 
+    #[cfg(test)]
     pub fn shard_of(key: &CacheKey) -> usize {
         Self::shard_of_text(&Self::key_text(key))
     }

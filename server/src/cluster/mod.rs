@@ -73,6 +73,8 @@ pub struct ClusterSettings {
     pub checkpoint_every: u64,
     /// How often a node looks for checkpoints to rebuild (jittered by half).
     pub checkpoint_check: Duration,
+    /// `--cluster-key-file`: checkpoints carry MACs under it, and need them to be loaded.
+    pub key: Option<crate::model::shared_key::SharedKey>,
 }
 
 /// The defaults of the settings above that have one.
@@ -133,6 +135,7 @@ impl ClusterSettings {
             places_trusted: true,
             checkpoint_every: 0,
             checkpoint_check: Duration::from_millis(DEFAULT_CHECKPOINT_CHECK_MS),
+            key: None,
         })
     }
 }
@@ -194,6 +197,9 @@ pub struct ClusterCounters {
     pub checkpoints_built: AtomicU64,
     pub checkpoints_loaded: AtomicU64,
     pub checkpoints_rejected: AtomicU64,
+    /// Results the audit did not publish back because this node had them only from a
+    /// checkpoint that Redis's entries do not bear out.
+    pub checkpoint_results_withheld: AtomicU64,
     /// Redis commands and reply bytes of this node's start, and how long it took.
     pub startup_commands: AtomicU64,
     pub startup_bytes: AtomicU64,
@@ -226,6 +232,9 @@ pub struct Cluster {
     pub(crate) places_trusted: bool,
     pub(crate) checkpoint_every: u64,
     pub(crate) checkpoint_check: Duration,
+    /// The cluster's key (`--cluster-key-file`): checkpoints are built with MACs under it and
+    /// loaded only with MACs that verify.
+    pub(crate) key: Option<crate::model::shared_key::SharedKey>,
     /// A learned batch the store refused (a full disk): no place is saved this run.
     pub(crate) places_unsafe: AtomicBool,
     /// The follower's newest places whose entries are all applied: saved at shutdown.
@@ -295,6 +304,7 @@ impl Cluster {
             places_trusted: settings.places_trusted,
             checkpoint_every: settings.checkpoint_every,
             checkpoint_check: settings.checkpoint_check,
+            key: settings.key.clone(),
             places_unsafe: AtomicBool::new(false),
             latest_places: Mutex::default(),
             publishing: AtomicUsize::new(0),
@@ -322,6 +332,7 @@ impl Cluster {
             publish_queue_limit = settings.publish_queue,
             stream_max_len = settings.stream_max_len,
             audit_secs = settings.audit_interval.as_secs(),
+            checkpoint_macs = settings.key.is_some(),
             "cluster tier on"
         );
         tasks.spawn(link.run(tasks.stop_token()));
@@ -590,6 +601,7 @@ impl crate::report::FillStats for Cluster {
         stats.cluster_checkpoints_built = load(&c.checkpoints_built);
         stats.cluster_checkpoints_loaded = load(&c.checkpoints_loaded);
         stats.cluster_checkpoints_rejected = load(&c.checkpoints_rejected);
+        stats.cluster_checkpoint_results_withheld = load(&c.checkpoint_results_withheld);
         let (commands, bytes) = link::startup_io();
         stats.cluster_startup_commands = load(&c.startup_commands).max(commands);
         stats.cluster_startup_bytes = load(&c.startup_bytes).max(bytes);

@@ -258,38 +258,78 @@ return out
     )
 });
 
-/// KEYS: a shard's checkpoint header, the shard's checkpoint lease, then the new parts.
-/// ARGV: lease token, the new sequence number, its part count, the header JSON, the parts'
-/// name stem (`<prefix>cp:{sNN}:`), the shard's sequence number in Redis now.
+/// KEYS: a shard's checkpoint header, the shard's checkpoint lease, the shard's meta, then
+/// the new parts. ARGV: lease token, the new sequence number, its part count, the header
+/// JSON, the parts' name stem (`<prefix>cp:{sNN}:`), the shard's sequence number in Redis
+/// now, the header's entry count and digest.
 ///
 /// Swaps in a new checkpoint with compare-and-set on the sequence number: only while the
 /// caller still holds the lease (-2 otherwise), and only over an older one (-1 when the one
 /// there is as new or newer, unless its number is past the shard's own, which no real one
-/// is). The new parts stop expiring; the old ones expire a minute later, so a node reading
-/// them now still can. Returns 1 when swapped.
+/// is). The count and digest must be Redis's own at that sequence number: the meta's live
+/// ones while the shard is still there, and never a number the shard has not reached (-3).
+/// In the same step the meta records the checkpoint (`cs`, `cn`, `cx`): what readers compare
+/// the header with (`checkpoint::check_record`). The new parts stop expiring; the old ones
+/// expire a minute later, so a node reading them now still can. Returns 1 when swapped.
 pub static CHECKPOINT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{TYPES}
-local bad = wrong(KEYS[1], 'hash') or wrong(KEYS[2], 'string')
+local bad = wrong(KEYS[1], 'hash') or wrong(KEYS[2], 'string') or wrong(KEYS[3], 'hash')
 if bad then return redis.error_reply('WRONGTYPE ' .. bad) end
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -2 end
 local cur = redis.call('HMGET', KEYS[1], 'seq', 'n')
 local cur_seq = tonumber(cur[1] or '') or -1
 local new_seq = tonumber(ARGV[2])
 if cur_seq >= new_seq and cur_seq <= tonumber(ARGV[6]) then return -1 end
-for i = 3, #KEYS do redis.call('PERSIST', KEYS[i]) end
+local m = redis.call('HMGET', KEYS[3], 's', 'n', 'x')
+local live_seq = tonumber(m[1] or '0') or 0
+if live_seq < new_seq then return -3 end
+if live_seq == new_seq and ((m[2] or '0') ~= ARGV[7] or (m[3] or '0000000000000000') ~= ARGV[8]) then
+  return -3
+end
+for i = 4, #KEYS do redis.call('PERSIST', KEYS[i]) end
 if cur[1] then
   local n = math.min(tonumber(cur[2] or '0') or 0, 64)
   for i = 0, n - 1 do redis.call('PEXPIRE', ARGV[5] .. cur[1] .. ':' .. i, 60000) end
 end
+redis.call('HSET', KEYS[3], 'cs', ARGV[2], 'cn', ARGV[7], 'cx', ARGV[8])
 redis.call('HSET', KEYS[1], 'seq', ARGV[2], 'n', ARGV[3], 'h', ARGV[4])
 return 1
 "
     ))
 });
 
+/// KEYS: a shard's checkpoint header, the shard's meta. The header hash's `seq`, `n` and
+/// `h`, the meta's live `s`, `n`, `x` and its record of the checkpoint, `cs`, `cn`, `cx`, in
+/// one step (nil for a field that is not there), so a swap in between cannot make them
+/// disagree.
+pub static CHECKPOINT_HEAD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{TYPES}
+local bad = wrong(KEYS[1], 'hash') or wrong(KEYS[2], 'hash')
+if bad then return redis.error_reply('WRONGTYPE ' .. bad) end
+local h = redis.call('HMGET', KEYS[1], 'seq', 'n', 'h')
+local m = redis.call('HMGET', KEYS[2], 's', 'n', 'x', 'cs', 'cn', 'cx')
+return {{h[1], h[2], h[3], m[1], m[2], m[3], m[4], m[5], m[6]}}
+"
+    ))
+});
+
+/// KEYS: a shard's checkpoint lease. ARGV: token, ttl ms. `SET NX PX` on a string: 1 when
+/// taken, 0 when another builder holds it; a key of another type fails, named.
+pub static CHECKPOINT_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{TYPES}
+local bad = wrong(KEYS[1], 'string')
+if bad then return redis.error_reply('WRONGTYPE ' .. bad) end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"
+    ))
+});
+
 /// How many scripts `load_all` loads.
-pub const COUNT: usize = 11;
+pub const COUNT: usize = 13;
 
 /// Loads every script, so the first call on a new connection is one round trip (EVALSHA),
 /// not three (EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA).
@@ -306,6 +346,8 @@ pub async fn load_all<C: redis::aio::ConnectionLike>(conn: &mut C) -> redis::Red
         &*FORGET_EXPIRE,
         &*PIN,
         &*CHECKPOINT,
+        &*CHECKPOINT_HEAD,
+        &*CHECKPOINT_LEASE,
     ] {
         script.load_async(conn).await?;
     }

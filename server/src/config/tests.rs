@@ -208,6 +208,44 @@ fn a_key_file_is_used_only_when_private_as_ssh_requires() {
     assert!(why.contains("owned by root, chmod 600"), "{why}");
 }
 
+#[test]
+fn a_cluster_key_file_follows_the_shared_dir_key_files_rules() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.key");
+    let with_key = |path: &std::path::Path| {
+        config(&[
+            "--cluster-url",
+            "redis://127.0.0.1:6379",
+            "--cluster-key-file",
+            path.to_str().unwrap(),
+        ])
+        .cluster_settings()
+    };
+    std::fs::write(&path, "0123456789abcdef-cluster-key\n").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let refused = with_key(&path).err().expect("a readable key is refused");
+    assert!(
+        refused.to_string().contains("--cluster-key-file"),
+        "{refused}"
+    );
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let settings = with_key(&path).unwrap().unwrap();
+    let key = settings.key.expect("the key");
+    // The line end is not part of the key.
+    let tag = key.sign(&[b"x"]);
+    let same = crate::model::shared_key::SharedKey::new(b"0123456789abcdef-cluster-key").unwrap();
+    assert!(same.verifies(&[b"x"], &tag));
+    std::fs::write(&path, "short\n").unwrap();
+    assert!(with_key(&path).is_err());
+    assert!(config(&["--cluster-url", "redis://127.0.0.1:6379"])
+        .cluster_settings()
+        .unwrap()
+        .unwrap()
+        .key
+        .is_none());
+}
+
 fn config_in(dir: &std::path::Path) -> Config {
     config(&["--state-dir", dir.to_str().unwrap()])
 }

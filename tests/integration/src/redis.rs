@@ -209,6 +209,39 @@ impl Redis {
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
     }
 
+    /// A string value's bytes as Redis holds them (`redis-cli --raw`, which ends the value
+    /// with one newline); `None` when the key is missing or empty.
+    pub fn get_bytes(&self, key: &str) -> Option<Vec<u8>> {
+        let output = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "--raw", "GET", key])
+            .output()
+            .expect("redis-cli");
+        let mut bytes = output.stdout;
+        if bytes.last() == Some(&b'\n') {
+            bytes.pop();
+        }
+        (!bytes.is_empty()).then_some(bytes)
+    }
+
+    /// `SET key <bytes>`, the bytes passed on stdin (`redis-cli -x`), so any bytes go.
+    pub fn set_bytes(&self, key: &str, bytes: &[u8]) {
+        use std::io::Write;
+        let mut child = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "-x", "SET", key])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("redis-cli");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(bytes)
+            .expect("write to redis-cli");
+        let output = child.wait_with_output().expect("redis-cli");
+        assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "OK");
+    }
+
     /// How many of process `pid`'s connections to this server Redis holds blocked (a stream
     /// read waiting for news), from CLIENT LIST: the connections are told apart by their local
     /// ports, which /proc names for `pid`'s sockets. `None` when `pid` has no connection here.
@@ -480,5 +513,45 @@ pub async fn wait_for_all(
             return Err(hits);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits (at most 20 s) until `daemon` serves every one of `expected` with its result;
+/// fails with how many it had and the daemon's log.
+pub async fn holds_all(daemon: &TestDaemon, expected: &[proto::Entry]) {
+    if let Err(got) = wait_for_all(daemon, expected, Duration::from_secs(20)).await {
+        panic!(
+            "{got} of {} on {}; log:\n{}",
+            expected.len(),
+            daemon.socket.display(),
+            daemon.log()
+        );
+    }
+}
+
+/// Flags that make a node build checkpoints after every write, checking five times a
+/// second.
+pub const BUILD_CHECKPOINTS_OFTEN: [&str; 4] = [
+    "--cluster-checkpoint-every",
+    "1",
+    "--cluster-checkpoint-check-ms",
+    "200",
+];
+
+/// Waits until every shard of Redis (default prefix) has a checkpoint at its current
+/// sequence number.
+pub async fn wait_checkpoints_current(redis: &Redis) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let current = (0..16).all(|s| {
+            let cp = redis.cli(&["HGET", &format!("tunecache:cp:{{s{s:02}}}"), "seq"]);
+            let meta = redis.cli(&["HGET", &format!("tunecache:m:{{s{s:02}}}"), "s"]);
+            !cp.is_empty() && cp == meta
+        });
+        if current {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the checkpoints never caught up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

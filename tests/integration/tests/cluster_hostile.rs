@@ -491,3 +491,74 @@ async fn a_node_with_a_clock_100_days_fast_deletes_no_tombstone() {
     let served = hits.iter().filter(|h| h.result.is_some()).count();
     assert_eq!(served, 0, "node b served forgotten entries");
 }
+
+/// A blob key of the wrong type (issue 50, finding 8): the node that fetches the blob and
+/// the node that keeps it alive in Redis both list it in `cluster_wrong_type_keys` and name
+/// it once in their logs; the keeping node takes it off the list once it reads as a blob
+/// again, which it writes itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_typed_blob_key_is_listed_and_named_once() {
+    use tunecache_integration::blobs::{self, Content};
+    if Redis::server().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let redis = Redis::start(dir.path(), free_port(), &[]);
+    // Blob TTLs renewed every half second.
+    let flags = ["--artifact-grace-secs", "1"];
+    let a = cluster_node(dir.path(), "a", &redis.url(), &flags)
+        .process()
+        .await;
+    let b = cluster_node(dir.path(), "b", &redis.url(), &flags)
+        .process()
+        .await;
+    wait_connected(&a).await;
+    wait_connected(&b).await;
+    let content = Content::new(77, 100_000);
+    let (ca, cb) = (a.client().await, b.client().await);
+    blobs::put(&ca, content).await.unwrap();
+    let mut named = entry(test_key("blobs", "wrong-type"), "{}", 1.0, "a");
+    if let Some(result) = named.result.as_mut() {
+        result.artifacts = vec![content.artifact("k.so")];
+    }
+    ca.record(vec![named.clone()]).await.unwrap();
+    let key = named.key.clone().unwrap();
+    wait_for_hit(&b, &key, None, Duration::from_secs(20)).await;
+    let blob_keys = redis.keys_matching("tunecache:b:{s*");
+    assert_eq!(blob_keys.len(), 1, "{blob_keys:?}");
+    let blob = blob_keys[0].clone();
+    // Replaced by a hash.
+    redis.cli(&["DEL", &blob]);
+    redis.cli(&["HSET", &blob, "not", "a blob"]);
+
+    // b fetches it: refused, listed, named once.
+    assert!(blobs::get_digest(&cb, &content.digest(), 0).await.is_err());
+    // a keeps it alive: listed too.
+    for node in [&a, &b] {
+        node.wait_for_stats("the blob key listed", |s| {
+            s.cluster_wrong_type_keys.contains(&blob)
+        })
+        .await;
+    }
+    assert!(blobs::get_digest(&cb, &content.digest(), 0).await.is_err());
+    for node in [&a, &b] {
+        let log = node.log();
+        let named = log
+            .lines()
+            .filter(|line| line.contains("wrong type") && line.contains(&blob))
+            .count();
+        assert_eq!(named, 1, "named once:\n{log}");
+    }
+    // Deleted: a writes the blob again and takes it off its list; b then fetches it.
+    redis.cli(&["DEL", &blob]);
+    a.wait_for_stats("the blob key off the list", |s| {
+        !s.cluster_wrong_type_keys.contains(&blob)
+    })
+    .await;
+    let got = blobs::get_digest(&cb, &content.digest(), 0).await.unwrap();
+    assert_eq!(got, (content.digest(), content.size));
+    b.wait_for_stats("the blob key off b's list", |s| {
+        !s.cluster_wrong_type_keys.contains(&blob)
+    })
+    .await;
+}

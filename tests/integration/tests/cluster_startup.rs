@@ -7,7 +7,10 @@
 use std::time::{Duration, Instant};
 
 use tunecache_client::proto;
-use tunecache_integration::redis::{cluster_node, free_port, wait_connected, wait_for_all, Redis};
+use tunecache_integration::redis::{
+    cluster_node, free_port, holds_all, wait_checkpoints_current, wait_connected, Redis,
+    BUILD_CHECKPOINTS_OFTEN,
+};
 use tunecache_integration::{entry, shared_node, test_key, TestDaemon};
 
 /// The shard of a key text, as the daemon computes it (FNV-1a, mod 16).
@@ -74,17 +77,6 @@ async fn wait_places_saved(daemon: &TestDaemon, redis: &Redis) {
         }
         assert!(Instant::now() < deadline, "places never saved: {saved}");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn holds_all(daemon: &TestDaemon, expected: &[proto::Entry]) {
-    if let Err(got) = wait_for_all(daemon, expected, Duration::from_secs(20)).await {
-        panic!(
-            "{got} of {} on {}; log:\n{}",
-            expected.len(),
-            daemon.socket.display(),
-            daemon.log()
-        );
     }
 }
 
@@ -228,32 +220,6 @@ async fn a_restart_after_redis_was_flushed_republishes_and_loses_nothing() {
     holds_all(&fresh, &recorded).await;
 }
 
-/// Flags that make a node build checkpoints after every write, checking five times a
-/// second.
-const BUILD_OFTEN: [&str; 4] = [
-    "--cluster-checkpoint-every",
-    "1",
-    "--cluster-checkpoint-check-ms",
-    "200",
-];
-
-/// Waits until every shard of Redis has a checkpoint at its current sequence number.
-async fn wait_checkpoints_current(redis: &Redis) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let current = (0..16).all(|s| {
-            let cp = redis.cli(&["HGET", &format!("tunecache:cp:{{s{s:02}}}"), "seq"]);
-            let meta = redis.cli(&["HGET", &format!("tunecache:m:{{s{s:02}}}"), "s"]);
-            !cp.is_empty() && cp == meta
-        });
-        if current {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the checkpoints never caught up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_node_joining_while_another_writes_1000_records_holds_them_all() {
     if Redis::server().is_none() {
@@ -261,7 +227,7 @@ async fn a_fresh_node_joining_while_another_writes_1000_records_holds_them_all()
     }
     let dir = tempfile::tempdir().unwrap();
     let redis = Redis::start(dir.path(), free_port(), &[]);
-    let writer = cluster_node(dir.path(), "w", &redis.url(), &BUILD_OFTEN)
+    let writer = cluster_node(dir.path(), "w", &redis.url(), &BUILD_CHECKPOINTS_OFTEN)
         .process()
         .await;
     wait_connected(&writer).await;
@@ -319,11 +285,15 @@ async fn a_damaged_or_foreign_checkpoint_is_rejected_and_its_shard_read_from_its
     }
     let dir = tempfile::tempdir().unwrap();
     let redis = Redis::start(dir.path(), free_port(), &[]);
-    let writer = cluster_node(dir.path(), "w", &redis.url(), &BUILD_OFTEN)
+    let writer = cluster_node(dir.path(), "w", &redis.url(), &BUILD_CHECKPOINTS_OFTEN)
         .process()
         .await;
     // Another deployment on the same server, with its own prefix and entries.
-    let other_flags = [BUILD_OFTEN.as_slice(), &["--cluster-prefix", "other:"]].concat();
+    let other_flags = [
+        BUILD_CHECKPOINTS_OFTEN.as_slice(),
+        &["--cluster-prefix", "other:"],
+    ]
+    .concat();
     let other = cluster_node(dir.path(), "x", &redis.url(), &other_flags)
         .process()
         .await;
@@ -462,7 +432,7 @@ async fn a_forget_after_a_checkpoint_is_never_served_by_a_node_that_loads_it() {
     }
     let dir = tempfile::tempdir().unwrap();
     let redis = Redis::start(dir.path(), free_port(), &[]);
-    let writer = cluster_node(dir.path(), "w", &redis.url(), &BUILD_OFTEN)
+    let writer = cluster_node(dir.path(), "w", &redis.url(), &BUILD_CHECKPOINTS_OFTEN)
         .process()
         .await;
     wait_connected(&writer).await;

@@ -100,7 +100,12 @@ impl Follower {
                         shard,
                         known_through: meta.seq,
                     });
-                } else if let Some(place) = self
+                    continue;
+                }
+                // Equal to Redis's record of its entries: what a checkpoint brought is borne
+                // out.
+                self.unconfirmed.confirm(shard);
+                if let Some(place) = self
                     .places
                     .as_ref()
                     .and_then(|places| places.get(shard))

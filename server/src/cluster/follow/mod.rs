@@ -33,6 +33,7 @@ use crate::model::entry::{CacheKey, TunedResult};
 use crate::model::merge::{merge, MergeOutcome};
 
 mod audit;
+mod checkpoints;
 mod start;
 
 /// How long one blocking stream read waits for news (single server).
@@ -130,6 +131,8 @@ struct Follower {
     saved_at: Instant,
     /// Each shard's checkpoint as last seen: sequence number and entry count.
     checkpoints: [Option<(u64, u64)>; SHARDS],
+    /// What loaded checkpoints brought that no audit has borne out yet (`checkpoints`).
+    unconfirmed: checkpoints::Unconfirmed,
     next_checkpoint_check: Instant,
 }
 
@@ -151,6 +154,7 @@ type Failure = String;
 
 pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
     let cluster_checkpoint_check = cluster.checkpoint_check;
+    let unconfirmed = checkpoints::Unconfirmed::new(cluster.layout.clone());
     let logs: Vec<String> = (0..SHARDS).map(|s| cluster.layout.log(s)).collect();
     let shard_of_log = logs.iter().cloned().zip(0..).collect();
     let mut follower = Follower {
@@ -168,6 +172,7 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
         saved: None,
         saved_at: Instant::now(),
         checkpoints: [None; SHARDS],
+        unconfirmed,
         next_checkpoint_check: Instant::now() + jittered(cluster_checkpoint_check),
     };
     follower.restore_places().await;
@@ -349,7 +354,7 @@ impl Follower {
         super::forget::load_all(&self.cluster, conn).await?;
         let all: Vec<usize> = (0..SHARDS).collect();
         let mut places = self.positions(conn, &all).await?;
-        let (from_checkpoints, loaded) = self.load_checkpoints(conn, &places).await?;
+        let (from_checkpoints, loaded) = self.load_checkpoints(conn).await?;
         let mut everything = Vec::new();
         for shard in 0..SHARDS {
             match &from_checkpoints[shard] {
@@ -486,22 +491,32 @@ impl Follower {
         if republish {
             let wanted: Vec<bool> = known_through.iter().map(Option::is_some).collect();
             let current = self.cluster.store.current();
-            let missing = tokio::task::spawn_blocking(move || {
-                current
+            let unconfirmed = self.unconfirmed.clone();
+            let (missing, withheld) = tokio::task::spawn_blocking(move || {
+                let mut withheld = 0u64;
+                let missing = current
                     .iter()
                     .filter_map(|entry| {
                         let (key, result) = entry.to_pair();
-                        if !wanted[Layout::shard_of(&key)] {
+                        let text = Layout::key_text(&key);
+                        let shard = Layout::shard_of_text(&text);
+                        if !wanted[shard]
+                            || merge(in_redis.get(&key), &result) != MergeOutcome::Replace
+                        {
                             return None;
                         }
-                        let beats_redis =
-                            merge(in_redis.get(&key), &result) == MergeOutcome::Replace;
-                        beats_redis.then_some((key, result))
+                        if unconfirmed.brought(shard, &text, &result) {
+                            withheld += 1;
+                            return None;
+                        }
+                        Some((key, result))
                     })
-                    .collect::<Vec<_>>()
+                    .collect::<Vec<_>>();
+                (missing, withheld)
             })
             .await
             .map_err(|e| format!("comparing with redis: {e}"))?;
+            self.withheld(withheld);
             if !missing.is_empty() {
                 tracing::warn!(
                     entries = missing.len(),

@@ -8,49 +8,15 @@
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use hmac::Mac;
+
+use crate::model::shared_key::HmacSha256;
+pub use crate::model::shared_key::SharedKey;
 
 /// The MAC member that ends an authenticated file, up to the hex digest.
 const MAC_PREFIX: &[u8] = b",\"mac\":\"hmac-sha256:";
 /// `MAC_PREFIX`, 64 hex digits, `"}`.
 const MAC_TRAILER_LEN: usize = MAC_PREFIX.len() + 64 + 2;
-
-type HmacSha256 = Hmac<Sha256>;
-
-/// The key every node of a cluster shares to authenticate shared-directory files.
-#[derive(Clone)]
-pub struct SharedKey(std::sync::Arc<[u8]>);
-
-impl SharedKey {
-    /// Keys shorter than this are refused: HMAC's strength is the key's.
-    pub const MIN_BYTES: usize = 16;
-
-    pub fn new(bytes: &[u8]) -> std::result::Result<SharedKey, String> {
-        if bytes.len() < Self::MIN_BYTES {
-            return Err(format!(
-                "is {} bytes; a shared key needs at least {}",
-                bytes.len(),
-                Self::MIN_BYTES
-            ));
-        }
-        Ok(SharedKey(bytes.into()))
-    }
-
-    fn mac(&self) -> HmacSha256 {
-        // HMAC takes a key of any length, so this cannot fail.
-        match HmacSha256::new_from_slice(&self.0) {
-            Ok(mac) => mac,
-            Err(_) => unreachable!("HMAC accepts keys of any length"),
-        }
-    }
-}
-
-impl std::fmt::Debug for SharedKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SharedKey(..)")
-    }
-}
 
 /// Writes through to `inner`, MACing every byte, and holds back the last one (the
 /// document's closing brace) so the MAC member can go before it.
