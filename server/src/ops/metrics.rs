@@ -285,6 +285,7 @@ const METRICS: &[Metric] = &[
     row("artifact_bytes_over_cluster_limit", "Bytes of blobs kept out of Redis by --cluster-max-artifact-bytes.", Counter(|s| s.artifact_bytes_over_cluster_limit)),
     row("artifact_shared_dir_collections", "Blobs of the shared directory no entry named, deleted by this node's sweeps.", Counter(|s| s.artifact_shared_dir_collections)),
     row("artifact_handoffs", "Blobs handed to a rank on this node as a read-only descriptor (the handoff socket).", Counter(|s| s.artifact_handoffs)),
+    row("artifact_shared_dir_squatted", "Names in the shared blob directory held by an untrusted owner where blobs go or are looked for; each reported once, never used.", Counter(|s| s.artifact_shared_dir_squatted)),
 ];
 
 /// -1 until the first snapshot, so "never" is not mistaken for "just now".
@@ -521,6 +522,7 @@ mod tests {
             artifact_bytes_over_cluster_limit: 1126,
             artifact_shared_dir_collections: 1127,
             artifact_handoffs: 1128,
+            artifact_shared_dir_squatted: 1129,
             ..Default::default()
         }
     }
