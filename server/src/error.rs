@@ -201,9 +201,10 @@ pub enum Error {
     #[error("{path}: blob {digest} is not held on this node; PutArtifact it before the Record")]
     ArtifactNotHeld { path: String, digest: String },
 
-    /// No tier below this node has the blob.
-    #[error("blob {digest} is held by no entry on this node and no tier has it")]
-    ArtifactNotFound { digest: String },
+    /// This node cannot get the blob: no entry here names it, or no tier gave a copy that
+    /// hashes to it (the reason says which, tier by tier).
+    #[error("blob {digest}: {reason}")]
+    ArtifactNotFound { digest: String, reason: String },
 
     /// A tier below did not supply the blob within the caller's wait.
     #[error("blob {digest}: {reason}")]

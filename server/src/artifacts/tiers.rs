@@ -24,6 +24,15 @@ pub enum Tier {
     Cluster,
 }
 
+impl Tier {
+    fn name(self) -> &'static str {
+        match self {
+            Tier::SharedDir => "the shared directory",
+            Tier::Cluster => "Redis",
+        }
+    }
+}
+
 /// What a tier's fetch answers: `Ok(Some(partial))` with the bytes written into it,
 /// `Ok(None)` when the tier does not have the blob, `Err` when it could not tell.
 pub type FetchFuture = Pin<Box<dyn Future<Output = Result<Option<Partial>, String>> + Send>>;
@@ -40,7 +49,8 @@ pub trait BlobSource: Send + Sync {
 #[derive(Clone, Debug)]
 pub(super) enum FetchEnd {
     Held,
-    NotFound,
+    /// What each tier answered.
+    NotFound(String),
     Unavailable(String),
     /// No room in the store (`--artifact-store-mib`) for it.
     Refused(Refusal),
@@ -63,6 +73,7 @@ impl Artifacts {
             add(&self.counters.fetches_missing, 1);
             return Err(Error::ArtifactNotFound {
                 digest: digest.to_owned(),
+                reason: "no entry on this node names it, so no tier was asked".to_owned(),
             });
         };
         let mut flight = self.flight(digest, size);
@@ -84,10 +95,18 @@ impl Artifacts {
         match end {
             Some(FetchEnd::Held) => Ok(()),
             Some(FetchEnd::Refused(refusal)) => Err(refusal_error(refusal)),
-            Some(FetchEnd::NotFound) | None => {
+            Some(FetchEnd::NotFound(answers)) => {
                 add(&self.counters.fetches_missing, 1);
                 Err(Error::ArtifactNotFound {
                     digest: digest.to_owned(),
+                    reason: format!("no tier could give a blob with this digest: {answers}"),
+                })
+            }
+            None => {
+                add(&self.counters.fetches_missing, 1);
+                Err(Error::ArtifactUnavailable {
+                    digest: digest.to_owned(),
+                    reason: "the fetch ended without an answer".to_owned(),
                 })
             }
             Some(FetchEnd::Unavailable(reason)) => {
@@ -130,6 +149,7 @@ impl Artifacts {
             Err(refusal) => return FetchEnd::Refused(refusal),
         };
         let mut unavailable = Vec::new();
+        let mut answers = Vec::new();
         for source in self.sources() {
             let dir = self.dir.clone();
             let partial = match Self::blocking("creating a blob", move || dir.partial()).await {
@@ -139,7 +159,10 @@ impl Artifacts {
             let tier = source.tier();
             let partial = match source.fetch(digest.to_owned(), size, partial).await {
                 Ok(Some(partial)) => partial,
-                Ok(None) => continue,
+                Ok(None) => {
+                    answers.push(format!("{} has no copy", tier.name()));
+                    continue;
+                }
                 Err(reason) => {
                     unavailable.push(format!("{tier:?}: {reason}"));
                     continue;
@@ -160,6 +183,10 @@ impl Artifacts {
                          next tier asked (logged once per tier and blob)"
                     );
                 }
+                answers.push(format!(
+                    "{}'s copy does not hash to it (refused, artifact_digest_failures)",
+                    tier.name()
+                ));
                 continue;
             }
             if crate::sync::lock(&self.index).is_deleting(digest) {
@@ -182,7 +209,10 @@ impl Artifacts {
             return FetchEnd::Held;
         }
         if unavailable.is_empty() {
-            FetchEnd::NotFound
+            if answers.is_empty() {
+                answers.push("this node has no tier below it".to_owned());
+            }
+            FetchEnd::NotFound(answers.join("; "))
         } else {
             FetchEnd::Unavailable(unavailable.join("; "))
         }

@@ -289,6 +289,7 @@ const METRICS: &[Metric] = &[
     row("artifact_store_bytes_per_uid", "One uid's share of the artifact store in bytes (--artifact-store-mib-per-uid).", Gauge(|s| s.artifact_store_bytes_per_uid)),
     row("artifact_bytes_over_uid_store_limit", "Bytes of uploads refused by --artifact-store-mib-per-uid.", Counter(|s| s.artifact_bytes_over_uid_store_limit)),
     row("artifact_fetches_over_store_limit", "Fetches from the tiers refused by --artifact-store-mib.", Counter(|s| s.artifact_fetches_over_store_limit)),
+    row("artifact_shared_dir_squatted", "Names in the shared blob directory held by an untrusted owner where blobs go or are looked for; each reported once, never used.", Counter(|s| s.artifact_shared_dir_squatted)),
 ];
 
 /// -1 until the first snapshot, so "never" is not mistaken for "just now".
@@ -529,6 +530,7 @@ mod tests {
             artifact_store_bytes_per_uid: 1410,
             artifact_bytes_over_uid_store_limit: 1411,
             artifact_fetches_over_store_limit: 1412,
+            artifact_shared_dir_squatted: 1129,
             ..Default::default()
         }
     }

@@ -166,6 +166,11 @@ struct Shared {
     last_write_ok: AtomicBool,
     /// "operation:error kind" pairs already logged, so each kind is logged once.
     logged_failures: Mutex<HashSet<String>>,
+    /// Names squatted in `v2/artifacts/` (shared with the tier that reads blobs).
+    squats: Arc<blobs::Squats>,
+    /// Blobs a publish could not link in are waiting for the next pass; drives health, and a
+    /// pass with nothing new still runs a publish for them.
+    blobs_failing: AtomicBool,
     /// What the last publish at shutdown did (empty before shutdown).
     shutdown_publish: Mutex<String>,
     /// Held while the record of merged places is written (`io::merged::write`).
@@ -220,6 +225,31 @@ impl Shared {
         self.last_write_ok.store(false, Ordering::Relaxed);
         if lock(&self.logged_failures).insert(format!("unsafe:{message}")) {
             tracing::error!("{message}");
+        }
+    }
+
+    /// Reports blobs that could not be published (the entries naming them were): counted,
+    /// kept as the last error, logged once per cause, and the snapshots health is down until
+    /// a later pass publishes them.
+    fn blobs_failed(&self, message: &str, cause: &str) {
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        *lock(&self.last_error) = message.to_owned();
+        self.blobs_failing.store(true, Ordering::Release);
+        if lock(&self.logged_failures).insert(format!("blobs:{cause}")) {
+            tracing::warn!(
+                "{message} (logged once per cause; the entries naming it are published, the \
+                 blob is retried every pass)"
+            );
+        } else {
+            tracing::debug!("{message}");
+        }
+    }
+
+    /// No blob is held back any more: each was published, or no entry names it now.
+    fn blobs_all_published(&self) {
+        if self.blobs_failing.swap(false, Ordering::AcqRel) {
+            tracing::info!("no artifact blob is held back any more");
+            lock(&self.logged_failures).retain(|cause| !cause.starts_with("blobs:"));
         }
     }
 
@@ -305,10 +335,14 @@ impl SnapshotHandle {
                 "shared directory: no --shared-dir-key-file; only files owned by these uids (this daemon's and --shared-dir-writer-uid) count"
             ),
         }
+        let squats = Arc::new(blobs::Squats::default());
         if let Some(artifacts) = &artifacts {
             // Blobs a held entry names and this node lacks are fetched from `v2/artifacts/`.
             artifacts.add_source(Arc::new(blobs::SharedDirBlobs::new(
                 &settings.dir.join(segments::SEGMENT_DIR),
+                &settings.writer_uids,
+                settings.key.is_some(),
+                Arc::clone(&squats),
             )));
         }
         let shared = Arc::new(Shared {
@@ -321,6 +355,8 @@ impl SnapshotHandle {
             job_outstanding: AtomicBool::new(false),
             last_write_ok: AtomicBool::new(true),
             logged_failures: Mutex::new(HashSet::new()),
+            squats,
+            blobs_failing: AtomicBool::new(false),
             shutdown_publish: Mutex::new(String::new()),
             merged_write: Mutex::new(()),
         });
@@ -719,7 +755,9 @@ impl SnapshotHandle {
         // Count before map: a change landing in between is published next time.
         let changes = self.shared.own_changes.load(Ordering::Acquire);
         let published = self.shared.counters.published.load(Ordering::Relaxed) as usize;
-        if slot.last_published_changes == Some(changes) {
+        // Blobs held back by an earlier publish go out as soon as they can.
+        let blobs_failing = self.shared.blobs_failing.load(Ordering::Acquire);
+        if slot.last_published_changes == Some(changes) && !blobs_failing {
             self.shared
                 .counters
                 .skipped_unchanged
@@ -778,7 +816,9 @@ impl SnapshotHandle {
                 _ => {}
             }
             reported_stuck = stuck.is_some();
-            stuck.is_none() && self.shared.last_write_ok.load(Ordering::Relaxed)
+            stuck.is_none()
+                && self.shared.last_write_ok.load(Ordering::Relaxed)
+                && !self.shared.blobs_failing.load(Ordering::Acquire)
         })
         .await;
     }
@@ -815,6 +855,7 @@ impl crate::report::FillStats for SnapshotHandle {
         stats.snapshot_invalid_entries = load(&counters.invalid_entries);
         stats.peer_nodes_resumed = load(&counters.peers_resumed);
         stats.artifact_shared_dir_collections = load(&counters.blobs_collected);
+        stats.artifact_shared_dir_squatted = self.shared.squats.count();
     }
 }
 

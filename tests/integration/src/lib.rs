@@ -18,6 +18,7 @@ pub mod daemon;
 pub mod raw_grpc;
 pub mod redis;
 pub mod slurm;
+pub mod users;
 
 pub use daemon::{DaemonOptions, Kind, TestDaemon, FACT_LIMIT};
 

@@ -552,7 +552,7 @@ async fn a_second_node_gets_the_blob_from_the_shared_directory_only_when_asked()
     .await
     .unwrap();
     ca.snapshot().await.expect("a publishes");
-    let blob_file = shared.join("v2/artifacts").join(content.digest());
+    let blob_file = own_blob_dir(&shared).join(content.digest());
     assert_eq!(std::fs::metadata(&blob_file).unwrap().len(), content.size);
     cb.snapshot().await.expect("b loads");
     hit_names_and_nothing_was_read(&b, "shared", vec![content.artifact("mod.tar")]).await;
@@ -586,10 +586,10 @@ async fn a_second_node_gets_the_blob_from_the_shared_directory_only_when_asked()
     .await
     .unwrap();
     ca.snapshot().await.unwrap();
-    let tampered = shared.join("v2/artifacts").join(other.digest());
+    let tampered = own_blob_dir(&shared).join(other.digest());
     let mut bytes = other.bytes();
     bytes[12345] ^= 1;
-    let aside = shared.join("v2/artifacts/.replacement");
+    let aside = own_blob_dir(&shared).join(".replacement");
     std::fs::write(&aside, &bytes).unwrap();
     std::fs::rename(&aside, &tampered).unwrap();
     cb.snapshot().await.unwrap();
@@ -696,6 +696,13 @@ async fn blobs_no_live_entry_names_are_collected_after_the_grace_period() {
         (3, 0)
     );
     assert_eq!(store_files(&daemon.state_dir), (vec![], vec![]));
+}
+
+/// Where this test process's daemons (its uid) link their blobs in the shared directory.
+fn own_blob_dir(shared: &Path) -> std::path::PathBuf {
+    shared
+        .join("v2/artifacts")
+        .join(nix::unistd::geteuid().to_string())
 }
 
 /// `problem` is a hit on `node` naming `artifacts`, and nothing of any blob was read there.
@@ -890,10 +897,10 @@ async fn a_tampered_shared_blob_is_refused_and_fetched_from_redis() {
         tunecache_integration::FACT_LIMIT,
     )
     .await;
-    let in_shared = shared.join("v2/artifacts").join(content.digest());
+    let in_shared = own_blob_dir(&shared).join(content.digest());
     let mut bytes = std::fs::read(&in_shared).unwrap();
     bytes[7] ^= 0x80;
-    let aside = shared.join("v2/artifacts/.replacement");
+    let aside = own_blob_dir(&shared).join(".replacement");
     std::fs::write(&aside, &bytes).unwrap();
     std::fs::rename(&aside, &in_shared).unwrap();
     let got = blobs::get_digest(&cb, &content.digest(), 0)
@@ -1084,7 +1091,7 @@ async fn shared_blobs_no_live_entry_names_are_collected_and_named_ones_stay() {
     .await
     .unwrap();
     ca.snapshot().await.expect("a publishes");
-    let blob_dir = shared.join("v2/artifacts");
+    let blob_dir = own_blob_dir(&shared);
     let (kept_file, gone_file) = (blob_dir.join(kept.digest()), blob_dir.join(gone.digest()));
     assert!(kept_file.is_file() && gone_file.is_file());
     // A crashed publisher's temporary file, and a name no sweep owns.

@@ -5,6 +5,7 @@
 //! first block's locations set to temporary ones (its variables take what is set before it);
 //! the last block, the first job, runs as `nobody`, as any user would run it.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -72,6 +73,15 @@ fn the_slurm_steps_of_the_launchers_doc_take_a_new_node_to_its_first_job() {
         text(&output)
     );
     wait_for_prolog(&slurm, root, reads_before);
+    // Every user's v2/ and blob directory are root's and sticky: no user's daemon makes either.
+    for dir in ["v2", "v2/artifacts"] {
+        let made = std::fs::metadata(shared.join(dir)).unwrap();
+        assert_eq!(
+            (made.uid(), made.mode() & 0o7777),
+            (0, 0o1777),
+            "{dir} as the steps made it"
+        );
+    }
 
     // The first job, as a user.
     let output = Command::new("setpriv")

@@ -8,7 +8,8 @@
 //!   (`read`).
 //! - Publish (`publish`): one new segment holding the own contributions not yet published,
 //!   by temp file and link; then, past the bound, compaction of this node's segments into
-//!   one, linked in before the segments it replaces are removed.
+//!   one, linked in before the segments it replaces are removed. The blobs its entries name
+//!   go in before it (`publish_blobs`); one that cannot is reported and retried every pass.
 //! - `dir`: `v2/` checked before it is used (and made when missing), listings, stale temp
 //!   files removed.
 //! - `merged`: the record of the places merged through in other nodes' segments, in the
@@ -22,6 +23,7 @@ pub(super) mod merged;
 mod own;
 mod peers;
 mod publish;
+mod publish_blobs;
 mod read;
 
 use std::cell::Cell;
@@ -139,8 +141,12 @@ pub(super) struct IoWorker {
     merged: MergedPlaces,
     /// The state directory's record was read (at the first load).
     merged_record_read: bool,
-    /// Blob digests known to be in `v2/artifacts/` (`blobs::publish_named`).
+    /// Blob digests known to be in this uid's directory of `v2/artifacts/`.
     blobs_published: std::collections::HashSet<String>,
+    /// Blobs a publish could not link in: retried every pass until they are.
+    blobs_pending: std::collections::BTreeSet<String>,
+    /// This run has looked at every blob this node's contributions name.
+    blobs_seeded: bool,
 }
 
 impl IoWorker {
@@ -158,6 +164,8 @@ impl IoWorker {
             merged: MergedPlaces::default(),
             merged_record_read: false,
             blobs_published: Default::default(),
+            blobs_pending: Default::default(),
+            blobs_seeded: false,
         }
     }
 
@@ -222,7 +230,7 @@ impl IoWorker {
             }
         }
         let segment_dir = self.segment_dir();
-        let report = super::blobs::sweep(&segment_dir, &named, grace, self.node())
+        let report = super::blobs::sweep(&segment_dir, &named, grace, self.node(), self.writers())
             .map_err(|error| Error::io("sweeping artifact blobs", &segment_dir, error))?;
         // What was renamed away is no longer known to be there: a later publish naming it
         // links it in again.

@@ -35,11 +35,18 @@ impl IoWorker {
         }
         let started = Instant::now();
         self.own.prune(all_tombstones);
+        self.prune_pending_blobs(own);
         let node = self.node().to_owned();
         let Some(plan) = self
             .own
             .plan_publish(&node, own, own_tombstones, &self.not_ours)
         else {
+            // No segment is due, but blobs may be: pending ones, or (first in a run) any
+            // this node's contributions name that the shared directory lacks.
+            if self.blobs_due() {
+                self.check_segment_dir(Operation::Write)?;
+                self.publish_blobs(own, false);
+            }
             return Ok(WriteReport {
                 path: self.segment_dir(),
                 wrote: false,
@@ -49,33 +56,22 @@ impl IoWorker {
         };
         let path = self.segment_dir().join(plan.segment.file_name());
         // The blobs its entries name go in first: a reader that finds the segment can fetch
-        // them.
+        // them. One that cannot be published is reported and retried; the segment goes out.
         let names_blobs = plan
             .entries
             .iter()
             .any(|e| !e.result().artifacts.is_empty());
-        if let Some(artifacts) = self.shared.artifacts.clone().filter(|_| names_blobs) {
-            if let Err(error) = self.check_segment_dir(super::Operation::Write) {
+        if names_blobs || self.blobs_due() {
+            if let Err(error) = self.check_segment_dir(Operation::Write) {
                 self.own.unreserve();
                 return Err(error);
             }
-            let fsync = self.shared.settings.fsync;
-            let node = self.node().to_owned();
-            if let Err(error) = crate::snapshot::blobs::publish_named(
-                &self.segment_dir(),
-                &plan.entries,
-                &artifacts,
-                &mut self.blobs_published,
-                fsync,
-                &node,
-            ) {
-                self.own.unreserve();
-                return Err(Error::io(
-                    "publishing artifact blobs",
-                    self.segment_dir(),
-                    error,
-                ));
-            }
+            let entries = if self.blobs_seeded {
+                &plan.entries
+            } else {
+                own
+            };
+            self.publish_blobs(entries, false);
         }
         // Recorded before it exists, so a crash between the two never leaves a segment of
         // this node that its record does not know.
@@ -107,24 +103,12 @@ impl IoWorker {
         };
         // A sweep may have renamed a blob away between the check above and the link: the
         // segment now names it, so it goes in again.
-        if let Some(artifacts) = self.shared.artifacts.clone().filter(|_| names_blobs) {
-            match crate::snapshot::blobs::relink_missing(
-                &self.segment_dir(),
-                &plan.entries,
-                &artifacts,
-                self.shared.settings.fsync,
-                self.node(),
-            ) {
-                Ok(0) => {}
-                Ok(relinked) => {
-                    tracing::info!(
-                        relinked,
-                        "blobs a sweep had just collected are linked in again"
-                    )
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "the blobs of a segment just written could not be checked")
-                }
+        if names_blobs {
+            if let Some(relinked @ 1..) = self.publish_blobs(&plan.entries, true) {
+                tracing::info!(
+                    relinked,
+                    "blobs a sweep had just collected are linked in again"
+                );
             }
         }
         let entries = plan.entries.len();

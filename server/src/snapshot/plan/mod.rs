@@ -14,8 +14,11 @@
 //! - `publish`: what a publish writes, when the own segments are compacted and into what.
 //! - `merged`: the places in other nodes' segments this reader has merged through, kept in
 //!   the state directory, and when a remembered place still holds after a restart.
+//! - `blob_layout`: where blobs live under `v2/artifacts/` (a directory per writer uid) and
+//!   which file there a reader may take.
 //! - `blob_sweep`: what a sweep of `v2/artifacts/` does with each name there.
 
+pub(super) mod blob_layout;
 pub(super) mod blob_sweep;
 pub(super) mod listing;
 pub(super) mod merged;

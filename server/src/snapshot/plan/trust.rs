@@ -11,6 +11,7 @@
 //! alone; the sticky bit stops anyone but a file's owner from removing or renaming it). There,
 //! files of uids this daemon does not trust are other users' caches and are skipped quietly,
 //! except under a name it trusts: that is name squatting, refused like a forgery.
+//! `v2/artifacts/` is judged and made by these same rules (`blob_layout`).
 
 use std::path::Path;
 
@@ -65,7 +66,7 @@ pub fn judge_segment_dir(facts: DirFacts, writers: Writers<'_>) -> DirVerdict {
     } else if mode & 0o022 != 0 && !writers.keyed && !root_and_sticky {
         format!(
             "is writable by group or others (mode {mode:04o}), and neither the sticky bit \
-             on a root-owned v2/ (mode 1777) nor --shared-dir-key-file protects its files"
+             on a root-owned directory (mode 1777) nor --shared-dir-key-file protects its files"
         )
     } else {
         return DirVerdict::Usable {
@@ -98,14 +99,15 @@ pub fn missing_segment_dir(euid_is_root: bool, top_mode: Option<u32>) -> Missing
     }
 }
 
-/// What a daemon that must leave `v2/` to the administrator says.
-pub fn left_to_admin_message(segment_dir: &Path, top: &Path, top_mode: u32) -> String {
+/// What a daemon that must leave `dir` (`v2/`, or `v2/artifacts/` in it) to the administrator
+/// says; `parent` is the directory it would be made in.
+pub fn left_to_admin_message(dir: &Path, parent: &Path, parent_mode: u32) -> String {
     format!(
-        "not creating {segment_dir:?}: group or others may write {top:?} (mode {:04o}), so a \
-         v2/ made by this daemon would be this user's alone; as root, create it for every \
-         user with `install -d -m 1777 -o root -g root {}`",
-        top_mode & 0o7777,
-        segment_dir.display()
+        "not creating {dir:?}: group or others may write {parent:?} (mode {:04o}), so a \
+         directory made there by this daemon would be this user's alone; as root, create it \
+         for every user with `install -d -m 1777 -o root -g root {}`",
+        parent_mode & 0o7777,
+        dir.display()
     )
 }
 

@@ -1,0 +1,130 @@
+//! Linking this node's blobs into its writer directory (`dirs::writer_dir`), one file per
+//! digest: a temporary file, then a link, which never replaces what another node of the same
+//! uid linked in first. Each blob succeeds or fails on its own; a failure is handed back, never
+//! stops the others.
+
+use std::collections::HashSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::artifacts::Artifacts;
+
+/// Why one blob was not published.
+#[derive(Debug)]
+pub(crate) enum BlobTrouble {
+    /// An entry names it and this node's store no longer holds it.
+    NotHeld,
+    Io {
+        path: PathBuf,
+        error: io::Error,
+    },
+}
+
+impl BlobTrouble {
+    pub(crate) fn message(&self, digest: &str) -> String {
+        match self {
+            BlobTrouble::NotHeld => format!(
+                "publishing artifact blob {digest}: a published entry names it and this node no \
+                 longer holds it"
+            ),
+            BlobTrouble::Io { path, error } => {
+                format!("publishing artifact blob {digest} failed: writing {path:?}: {error}")
+            }
+        }
+    }
+
+    /// What makes two failures the same, for logging each once.
+    pub(crate) fn cause(&self) -> String {
+        match self {
+            BlobTrouble::NotHeld => "not held".to_owned(),
+            BlobTrouble::Io { error, .. } => format!("writing:{:?}", error.kind()),
+        }
+    }
+}
+
+/// What one publish of blobs did.
+#[derive(Debug, Default)]
+pub(crate) struct Linked {
+    pub linked: usize,
+    pub failed: Vec<(String, BlobTrouble)>,
+}
+
+/// Links every blob of `digests` that `dir` lacks into it, from this node's store.
+/// `published` remembers the digests known to be there, so each is looked at once per daemon
+/// (a fresh set looks at every one again).
+pub(crate) fn link_missing<'a>(
+    dir: &Path,
+    digests: impl IntoIterator<Item = &'a str>,
+    artifacts: &Artifacts,
+    published: &mut HashSet<String>,
+    fsync: bool,
+    node: &str,
+) -> Linked {
+    let mut outcome = Linked::default();
+    for digest in digests {
+        if published.contains(digest) {
+            continue;
+        }
+        // Only this uid writes here: what has the name is a copy of its nodes'.
+        let target = dir.join(digest);
+        if fs::symlink_metadata(&target).is_ok() {
+            published.insert(digest.to_owned());
+            continue;
+        }
+        let Some(source) = artifacts.held_path(digest) else {
+            outcome
+                .failed
+                .push((digest.to_owned(), BlobTrouble::NotHeld));
+            continue;
+        };
+        match link_copy(&source, dir, &target, digest, fsync, node) {
+            Ok(()) => {
+                published.insert(digest.to_owned());
+                outcome.linked += 1;
+            }
+            Err(error) => outcome.failed.push((
+                digest.to_owned(),
+                BlobTrouble::Io {
+                    path: target,
+                    error,
+                },
+            )),
+        }
+    }
+    outcome
+}
+
+/// Copies `source` to a temporary file in `dir` and links it in as `target`; a target that
+/// appeared meanwhile (another node's copy) is left as it is.
+fn link_copy(
+    source: &Path,
+    dir: &Path,
+    target: &Path,
+    digest: &str,
+    fsync: bool,
+    node: &str,
+) -> io::Result<()> {
+    let temp = dir.join(format!(".{digest}.{node}.{}.tmp", std::process::id()));
+    let _ = fs::remove_file(&temp);
+    let result = (|| {
+        let mut out = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&temp)?;
+        io::copy(&mut File::open(source)?, &mut out)?;
+        out.flush()?;
+        if fsync {
+            out.sync_all()?;
+        }
+        match fs::hard_link(&temp, target) {
+            Err(error) if error.kind() != io::ErrorKind::AlreadyExists => Err(error),
+            _ => Ok(()),
+        }
+    })();
+    let _ = fs::remove_file(&temp);
+    result
+}
