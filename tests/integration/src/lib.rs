@@ -17,6 +17,7 @@ pub mod blobs;
 pub mod daemon;
 pub mod raw_grpc;
 pub mod redis;
+pub mod shared_users;
 pub mod slurm;
 
 pub use daemon::{DaemonOptions, Kind, TestDaemon, FACT_LIMIT};
