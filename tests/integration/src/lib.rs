@@ -19,6 +19,7 @@ pub mod raw_grpc;
 pub mod redis;
 pub mod shared_users;
 pub mod slurm;
+pub mod slurm_jobs;
 
 pub use daemon::{DaemonOptions, Kind, TestDaemon, FACT_LIMIT};
 
