@@ -14,7 +14,9 @@
 #
 # A problem here never fails the job or drains the node: the script logs why (LOG, syslog,
 # stderr) and exits 0, and the ranks run with untuned defaults (the clients fall back when no
-# daemon answers). The daemon logs to $STATE_ROOT/<user>/tunecached.log.
+# daemon answers). Once a daemon answers, what it reports wrong (`tunecache stats --problems`:
+# no v2/, squatting, snapshot errors, ...) goes to LOG too, each cause once an hour. The
+# daemon logs to $STATE_ROOT/<user>/tunecached.log.
 set -uo pipefail
 here="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 TUNECACHE_SCRIPT=tunecache-prolog
@@ -25,26 +27,29 @@ tunecache_job_paths
 
 for program in "$BIN" "$CLI"; do
     if [[ ! -x "$program" ]]; then
-        tunecache_log "$program is missing or not executable (BIN= and CLI= in $TUNECACHE_CONF); the job runs without tunecache"
+        tunecache_log err "$program is missing or not executable (BIN= and CLI= in $TUNECACHE_CONF); the job runs without tunecache"
         exit 0
     fi
 done
-for dir in "$SOCKET_ROOT" "$STATE_ROOT" "$jobs_dir" "$socket_dir" "$state_dir"; do
+for dir in "$SOCKET_ROOT" "$STATE_ROOT" "$jobs_dir" "$marker_dir" "$socket_dir" "$state_dir"; do
     if [[ -L "$dir" ]]; then
-        tunecache_log "$dir is a symbolic link; refusing it, the job runs without tunecache"
+        tunecache_log err "$dir is a symbolic link; refusing it, the job runs without tunecache"
         exit 0
     fi
 done
-# The roots are root's, so no user can take another user's directory inside them.
-if ! install -d -m 0755 -o root -g root "$SOCKET_ROOT" "$STATE_ROOT" "$jobs_dir" ||
+# The roots and the marker directories are root's, so no user can take another user's
+# directory inside them; the user's own are the user's alone (0700: journal, log, socket).
+if ! install -d -m 0755 -o root -g root "$SOCKET_ROOT" "$STATE_ROOT" "$jobs_dir" "$marker_dir" ||
     ! install -d -m 0700 -o "$job_uid" -g "$job_gid" "$socket_dir" "$state_dir"; then
-    tunecache_log "cannot create $socket_dir or $state_dir; the job runs without tunecache"
+    tunecache_log err "cannot create $socket_dir or $state_dir; the job runs without tunecache"
     exit 0
 fi
 
-tunecache_lock_user || { tunecache_log "the user's lock is busy for 30 s; the job runs without tunecache"; exit 0; }
-# This job's marker: the epilog stops the daemon when the user's last job on the node ends.
-: >"$jobs_dir/$job_user.$SLURM_JOB_ID"
+tunecache_lock_user || { tunecache_log err "the user's lock is busy for 30 s; the job runs without tunecache"; exit 0; }
+tunecache_move_old_markers
+# This job's marker: the epilog stops the daemon when the user's last job on the node ends,
+# and the daemon counts no idle time while a marked job runs here (--job-markers).
+: >"$marker_dir/$SLURM_JOB_ID"
 
 # The daemon's log is the user's file, so it is handled as the user, never as root (the user
 # may have made it a symbolic link). Bounded: copied to .1 and emptied once over the limit
@@ -54,11 +59,21 @@ as_job_user /bin/sh -c 'log=$1 max=$2
     size=$(stat -c %s -- "$log" 2>/dev/null) || exit 0
     [ "$size" -le "$max" ] || { cp -f -- "$log" "$log.1" && : >"$log"; }' \
     tunecache-log "$daemon_log" "$DAEMON_LOG_MAX_BYTES" 2>/dev/null
-if as_job_user "$CLI" --socket "$socket" stats >/dev/null 2>&1; then
+
+# serving_with_problems: whether the user's daemon answers; its problems (if any) go to LOG.
+# One Stats call either way.
+serving_with_problems() {
+    local problems
+    problems="$(as_job_user "$CLI" --socket "$socket" stats --problems 2>/dev/null)" || return 1
+    [[ -z "$problems" ]] || tunecache_report_problems <<<"$problems"
+    return 0
+}
+if serving_with_problems; then
     exit 0                                             # already serving
 fi
 
-args=(--socket "$socket" --state-dir "$state_dir" --exit-when-idle "$IDLE_SECS" --log-format json)
+args=(--socket "$socket" --state-dir "$state_dir" --exit-when-idle "$IDLE_SECS"
+      --job-markers "$marker_dir" --log-format json)
 [[ -n "$SHARED_DIR" ]] && args+=(--shared-dir "$SHARED_DIR")
 [[ -n "$CLUSTER_URL" ]] && args+=(--cluster-url "$CLUSTER_URL")
 # shellcheck disable=SC2206  # EXTRA_FLAGS is split on spaces, as its comment says
@@ -86,18 +101,18 @@ daemon_pid=$!
 # the job about that, not the whole wait.
 deadline=$(( ${EPOCHREALTIME/./} + 10000000 ))
 while (( ${EPOCHREALTIME/./} < deadline )); do
-    if [[ -S "$socket" ]] && as_job_user "$CLI" --socket "$socket" stats >/dev/null 2>&1; then
+    if [[ -S "$socket" ]] && serving_with_problems; then
         exit 0
     fi
     if ! tunecache_alive "$daemon_pid"; then
         wait "$daemon_pid"
         status=$?
-        tunecache_log "tunecached exited with status $status before it answered on $socket; the job runs without it. Its last lines ($daemon_log):
+        tunecache_log err "tunecached exited with status $status before it answered on $socket; the job runs without it. Its last lines ($daemon_log):
 $(daemon_log_tail)"
         exit 0
     fi
     sleep 0.05
 done
-tunecache_log "tunecached (pid $daemon_pid) did not answer on $socket within 10 s; the job runs without it (the daemon goes on starting). Its last lines ($daemon_log):
+tunecache_log err "tunecached (pid $daemon_pid) did not answer on $socket within 10 s; the job runs without it (the daemon goes on starting). Its last lines ($daemon_log):
 $(daemon_log_tail)"
 exit 0

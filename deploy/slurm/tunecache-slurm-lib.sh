@@ -1,7 +1,12 @@
 # shellcheck shell=bash disable=SC2034  # the variables set here are the sourcing script's
 # Sourced by tunecache-prolog.sh, tunecache-epilog.sh and tunecache-task-prolog.sh: their
 # settings file, the per-user paths, the per-user lock that orders a prolog against an epilog,
-# the log, which process is the user's daemon, and which job markers are stale.
+# the log, which process is the user's daemon, which job markers are stale, and what of the
+# daemon's health reaches LOG.
+#
+# Job markers and the lock live in a directory per uid, $SOCKET_ROOT/.jobs/<uid>/ (root's,
+# 0755, so the user's daemon can read it: --job-markers), one file per job named by its id.
+# Keyed by uid and compared whole, no user name can reach another user's markers or lock.
 #
 # Slurm gives a prolog or epilog only SLURM_* variables (no PATH), so nothing here is read from
 # the environment: the settings come from tunecache-slurm.conf beside the scripts, else
@@ -19,23 +24,24 @@ SHARED_DIR=
 CLUSTER_URL=
 EXTRA_FLAGS=
 IDLE_SECS=900
-LOG=/var/log/tunecache-slurm.log
+LOG=/var/log/tunecache/tunecache-slurm.log
 # The daemon's own log ($STATE_ROOT/<user>/tunecached.log) is copied to tunecached.log.1 and
 # emptied by the prolog once it is larger than this: at most twice this, plus what one
 # daemon writes between two of the user's jobs.
 DAEMON_LOG_MAX_BYTES=1048576
 
-# tunecache_log MESSAGE: to the log file (its directory made if missing), to syslog when the
-# node has one, and to stderr (slurmd keeps a failed script's).
+# tunecache_log LEVEL MESSAGE: to the log file (its directory made if missing), to syslog
+# when the node has one, at that priority (err, warning, notice, info), and to stderr.
 tunecache_log() {
-    local line
+    local level=$1 line
+    shift
     line="$(date '+%F %T') ${TUNECACHE_SCRIPT:-tunecache} job ${SLURM_JOB_ID:-?} user ${SLURM_JOB_USER:-?}: $*"
     if [[ -n "$LOG" ]]; then
         [[ -d "${LOG%/*}" ]] || install -d -m 0755 -- "${LOG%/*}" 2>/dev/null
         printf '%s\n' "$line" 2>/dev/null >>"$LOG"
     fi
     if [[ -S /dev/log ]] && command -v logger >/dev/null 2>&1; then
-        logger -t tunecache-slurm -- "$line" 2>/dev/null
+        logger -t tunecache-slurm -p "user.$level" -- "$line" 2>/dev/null
     fi
     printf '%s\n' "$line" >&2
 }
@@ -52,12 +58,12 @@ tunecache_load_settings() {
     TUNECACHE_CONF="${conf:-(none: built-in defaults)}"
     [[ -n "$conf" ]] || return 0
     if [[ -L "$conf" || ! -f "$conf" ]]; then
-        tunecache_log "settings $conf: not a regular file (or a symlink); ignored"
+        tunecache_log err "settings $conf: not a regular file (or a symlink); ignored"
         return 1
     fi
     read -r owner mode < <(stat -c '%u %a' -- "$conf")
     if [[ "$owner" != 0 ]] || (( 8#$mode & 8#022 )); then
-        tunecache_log "settings $conf: owned by uid $owner with mode $mode; it must be root's, writable by root only"
+        tunecache_log err "settings $conf: owned by uid $owner with mode $mode; it must be root's, writable by root only"
         return 1
     fi
     while IFS= read -r line || [[ -n "$line" ]]; do
@@ -80,14 +86,14 @@ tunecache_load_settings() {
         esac
     done <"$conf"
     if [[ -n "$refused" ]]; then
-        tunecache_log "settings $conf: $refused; the job runs without tunecache"
+        tunecache_log err "settings $conf: $refused; the job runs without tunecache"
         return 1
     fi
     [[ -n "$CLI" ]] || CLI="$(dirname -- "$BIN")/tunecache"
 }
 
-# tunecache_job_paths: the job user's socket and state directories, the marker directory and
-# the per-user lock (a root-owned file outside the user's reach).
+# tunecache_job_paths: the job user's socket and state directories, and the directory of the
+# user's job markers and lock (root's, outside the user's reach), keyed by uid.
 tunecache_job_paths() {
     job_user="${SLURM_JOB_USER:?must run under slurmd}"
     job_uid="${SLURM_JOB_UID:-$(id -u -- "$job_user")}"
@@ -97,12 +103,36 @@ tunecache_job_paths() {
     state_dir="$STATE_ROOT/$job_user"
     daemon_log="$state_dir/tunecached.log"
     jobs_dir="$SOCKET_ROOT/.jobs"
+    marker_dir="$jobs_dir/$job_uid"
+}
+
+# tunecache_move_old_markers: markers of the layout before per-uid directories
+# ($SOCKET_ROOT/.jobs/<user>.<jobid>), of exactly this user, are moved into the user's
+# directory, so a job that started before an upgrade keeps its daemon. Only names whose part
+# after "<user>." is all digits are this user's ("bob.7.94" is user bob.7's, not bob's).
+tunecache_move_old_markers() {
+    local old rest
+    shopt -s nullglob
+    for old in "$jobs_dir/$job_user".*; do
+        rest="${old#"$jobs_dir/$job_user."}"
+        [[ "$rest" =~ ^[0-9]+$ && -f "$old" && ! -L "$old" ]] && mv -f -- "$old" "$marker_dir/$rest"
+    done
+}
+
+# tunecache_marked_jobs: the ids of the user's job markers on this node, one a line.
+tunecache_marked_jobs() {
+    local marker
+    shopt -s nullglob
+    for marker in "$marker_dir"/*; do
+        marker="${marker##*/}"
+        [[ "$marker" =~ ^[0-9]+$ ]] && printf '%s\n' "$marker"
+    done
 }
 
 # tunecache_lock_user: holds the user's lock on fd 9 until the script exits, so a prolog never
 # finds the daemon alive just before an epilog stops it. Bounded: 30 s.
 tunecache_lock_user() {
-    exec 9>>"$jobs_dir/$job_user.lock"
+    exec 9>>"$marker_dir/lock"
     flock -w 30 9
 }
 
@@ -141,32 +171,49 @@ tunecache_daemon_pid() {
 }
 
 # tunecache_running_jobs: the ids of the jobs with a step on this node (`scontrol listpids`,
-# which asks this node's slurmstepds, not the controller), one a line.
+# which asks this node's slurmstepds, not the controller), one a line. Bounded: 2 s.
 tunecache_running_jobs() {
-    scontrol listpids 2>/dev/null | awk 'NR > 1 && $2 ~ /^[0-9]+$/ { print $2 }' | sort -u
+    timeout 2 scontrol listpids 2>/dev/null | awk 'NR > 1 && $2 ~ /^[0-9]+$/ { print $2 }' | sort -u
 }
 
 # tunecache_reconcile_markers: removes (and logs) the user's markers whose job is gone from
 # this node. A job with a step here (scontrol listpids) is running; for the rest (a job between
 # steps, or one whose epilog never ran) the controller is asked once (squeue, the user's jobs
-# on this node that are not finished). When it does not answer, every marker is kept.
+# on this node that are not finished, bounded: 2 s). When it does not answer, every marker is
+# kept.
 tunecache_reconcile_markers() {
-    local marker job here listed suspects=()
-    shopt -s nullglob
+    local job here listed suspects=()
     here="$(tunecache_running_jobs)"
-    for marker in "$jobs_dir/$job_user".[0-9]*; do
-        job="${marker##*.}"
+    while IFS= read -r job; do
+        [[ -n "$job" ]] || continue
         grep -qx -- "$job" <<<"$here" || suspects+=("$job")
-    done
+    done < <(tunecache_marked_jobs)
     (( ${#suspects[@]} )) || return 0
-    if ! listed="$(squeue -h -u "$job_user" -w "${SLURMD_NODENAME:-$(hostname -s)}" \
+    if ! listed="$(timeout 2 squeue -h -u "$job_uid" -w "${SLURMD_NODENAME:-$(hostname -s)}" \
         -t CONFIGURING,RUNNING,SUSPENDED,COMPLETING,STOPPED -o %A 2>/dev/null)"; then
-        tunecache_log "squeue did not answer; the markers of jobs ${suspects[*]} are kept"
+        tunecache_log warning "squeue did not answer within 2 s; the markers of jobs ${suspects[*]} are kept"
         return 0
     fi
     for job in "${suspects[@]}"; do
         grep -qx -- "$job" <<<"$listed" && continue
-        rm -f -- "$jobs_dir/$job_user.$job"
-        tunecache_log "removed the stale marker of job $job (no step on this node, and squeue lists it nowhere here: its epilog never ran)"
+        rm -f -- "$marker_dir/$job"
+        tunecache_log notice "removed the stale marker of job $job (no step on this node, and squeue lists it nowhere here: its epilog never ran)"
+    done
+}
+
+# tunecache_report_problems: the daemon's problems (`tunecache stats --problems` lines, CAUSE
+# TAB MESSAGE, on stdin) to LOG, each cause at most once an hour for this user (a stamp file
+# per cause in the user's marker directory).
+tunecache_report_problems() {
+    local cause message stamp said
+    while IFS=$'\t' read -r cause message; do
+        [[ "$cause" =~ ^[a-z][a-z-]{0,31}$ ]] || continue
+        stamp="$marker_dir/logged.$cause"
+        said="$(stat -c %Y -- "$stamp" 2>/dev/null)" || said=0
+        (( EPOCHSECONDS - said < 3600 )) && continue
+        : >"$stamp"
+        # The message is the daemon's, which the user runs: cut short, control characters out.
+        message="$(printf '%s' "$message" | tr -d '\000-\037' | cut -c 1-600)"
+        tunecache_log warning "tunecached ($socket) reports $cause: $message (said once an hour; tunecache stats shows the rest)"
     done
 }

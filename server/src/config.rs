@@ -203,6 +203,12 @@ pub struct Config {
     #[arg(long, env = "TUNECACHE_EXIT_WHEN_IDLE", value_name = "SECS")]
     pub exit_when_idle: Option<u64>,
 
+    /// Directory of this user's job markers on this node, one file per job named by its id
+    /// (the Slurm prolog's `$SOCKET_ROOT/.jobs/<uid>`): while a job named there has a process
+    /// on this node, --exit-when-idle counts no idle time.
+    #[arg(long, env = "TUNECACHE_JOB_MARKERS", value_name = "DIR")]
+    pub job_markers: Option<PathBuf>,
+
     /// Serve Prometheus metrics on http://ADDR/metrics: PORT (loopback only) or HOST:PORT.
     /// Off by default.
     #[arg(long, env = "TUNECACHE_METRICS_ADDR", value_name = "ADDR")]
@@ -409,6 +415,12 @@ pub struct Config {
     )]
     pub shared_dir_writer_uid: Vec<u32>,
 
+    /// In a `v2/` every user shares (root's, mode 1777), write segments every user may read
+    /// (0644): a site-wide daemon's, whose results every user's daemon reads. Without it a
+    /// daemon's segments there are its own uid's alone (0600).
+    #[arg(long, env = "TUNECACHE_SHARED_DIR_PUBLIC")]
+    pub shared_dir_public: bool,
+
     /// Longest a Resolve waits for Redis before coordinating node-locally.
     #[arg(long, env = "TUNECACHE_CLUSTER_TIMEOUT_MS", default_value_t = 20)]
     pub cluster_timeout_ms: u64,
@@ -505,6 +517,7 @@ impl Config {
             fsync: self.snapshot_fsync,
             max_file_bytes: self.snapshot_max_file_bytes,
             compact_segments: self.snapshot_compact_segments.max(1),
+            public: self.shared_dir_public,
         }))
     }
 

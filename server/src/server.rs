@@ -271,8 +271,15 @@ async fn serve(
             tasks.clone(),
         ));
     }
-    let idle_exit =
-        crate::ops::idle::exit_when_idle(config.exit_when_idle(), activity.clone(), probe.clone());
+    let idle_exit = crate::ops::idle::exit_when_idle(
+        config.exit_when_idle(),
+        activity.clone(),
+        probe.clone(),
+        config
+            .job_markers
+            .clone()
+            .map(crate::ops::jobs_here::JobMarkers::new),
+    );
     let shutdown = async move {
         tokio::select! {
             () = shutdown => {}

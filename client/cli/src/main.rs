@@ -12,6 +12,9 @@ use serde_json::{json, Value};
 use tunecache_client::{key, proto, Client, TuneLease, TuneStart};
 use tunecache_trtllm as trtllm;
 
+mod error_text;
+mod stats;
+
 #[derive(Parser)]
 #[command(
     name = "tunecache",
@@ -106,8 +109,16 @@ enum Command {
         #[arg(long)]
         rank: Option<u32>,
     },
-    /// Show the daemon's counters.
-    Stats,
+    /// Show how the daemon is doing: a short summary (health first), every counter with
+    /// --all (or --json), or one line per problem with --problems.
+    Stats {
+        /// Every counter, one a line.
+        #[arg(long)]
+        all: bool,
+        /// Only what is wrong, one `CAUSE<TAB>MESSAGE` line per cause; nothing when healthy.
+        #[arg(long, conflicts_with = "all")]
+        problems: bool,
+    },
     /// List the node's tuning devices and their fingerprints.
     Devices,
     /// Resolve one key: print the hit, the lease granted to tune it, or the miss. A lease is
@@ -534,27 +545,6 @@ fn print_views(views: &[proto::ViewInfo], as_json: bool) {
     }
 }
 
-fn print_stats(stats: &proto::StatsResponse, as_json: bool) -> anyhow::Result<()> {
-    if as_json {
-        // Straight from the struct: the fields in proto order.
-        println!(
-            "{}",
-            serde_json::to_string(stats).context("encoding stats")?
-        );
-        return Ok(());
-    }
-    let Value::Object(figures) = serde_json::to_value(stats).context("encoding stats")? else {
-        anyhow::bail!("stats did not encode as an object");
-    };
-    for (name, value) in figures {
-        match value {
-            Value::String(text) => println!("{name:<28} {text}"),
-            other => println!("{name:<28} {other}"),
-        }
-    }
-    Ok(())
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
     // Like other Unix filters: `tunecache scan | head` ends quietly when the reader goes away
@@ -565,7 +555,7 @@ async fn main() -> std::process::ExitCode {
     match run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("tunecache: {error:#}");
+            eprintln!("tunecache: {}", error_text::one_line(&error));
             std::process::ExitCode::from(2)
         }
     }
@@ -712,7 +702,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Stats => print_stats(&client.stats().await?, cli.json)?,
+        Command::Stats { all, problems } => {
+            stats::print(&client.stats().await?, cli.json, all, problems)?
+        }
         Command::Devices => {
             for device in client.devices().await? {
                 if cli.json {

@@ -6,7 +6,8 @@
 //! Only TuneCache calls count: health checks and reflection (monitoring) do not keep the daemon
 //! alive. A Resolve that is still waiting, or a lease a rank is still tuning under, counts as
 //! activity (read from Stats' `waiters` and `leases_active`), so the daemon never quits under a
-//! rank that is between calls.
+//! rank that is between calls. With `--job-markers`, neither does it while a job of its user
+//! runs on the node (`jobs_here`), however long the job goes without a call.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,6 +17,8 @@ use std::time::{Duration, Instant};
 use tonic::server::NamedService;
 
 use crate::report::StatsProbe;
+
+use super::jobs_here::JobMarkers;
 
 /// Longest pause between two idleness checks.
 const MAX_CHECK_INTERVAL: Duration = Duration::from_secs(5);
@@ -84,18 +87,55 @@ impl<S: NamedService> NamedService for Touching<S> {
     const NAME: &'static str = S::NAME;
 }
 
-/// Resolves once no call has arrived for `idle`, no Resolve is waiting and no lease is held;
-/// never resolves when `idle` is `None`.
-pub async fn exit_when_idle(idle: Option<Duration>, clock: ActivityClock, probe: StatsProbe) {
+/// Longest the idle timer waits for one look at the job markers (`jobs_here`); a look that
+/// takes longer counts as "a job may run".
+const JOBS_CHECK_BOUND: Duration = Duration::from_secs(5);
+
+/// Resolves once no call has arrived for `idle`, no Resolve is waiting, no lease is held and,
+/// with `jobs`, no job marked there has run on this node for `idle` either; never resolves
+/// when `idle` is `None`. While no call arrives the markers are looked at every check, so the
+/// daemon exits within `idle` and one check of its user's last job here ending.
+pub async fn exit_when_idle(
+    idle: Option<Duration>,
+    clock: ActivityClock,
+    probe: StatsProbe,
+    jobs: Option<JobMarkers>,
+) {
     let Some(idle) = idle else {
         return std::future::pending().await;
     };
     let check_interval = (idle / 4).clamp(Duration::from_millis(100), MAX_CHECK_INTERVAL);
+    // When a job was last seen running here; the start counts as one (its prolog ran).
+    let mut job_seen = Instant::now();
+    let mut holding: Vec<String> = Vec::new();
     loop {
         let quiet_for = clock.idle_for();
         if quiet_for < idle {
             tokio::time::sleep((idle - quiet_for).min(check_interval)).await;
             continue;
+        }
+        if let Some(jobs) = &jobs {
+            let running = jobs_running(jobs).await;
+            if !running.is_empty() {
+                if running != holding {
+                    tracing::info!(
+                        jobs = ?running,
+                        idle_secs = idle.as_secs(),
+                        "no client called for --exit-when-idle, but jobs of this user still run \
+                         on this node; staying until they end"
+                    );
+                    holding = running;
+                }
+                job_seen = Instant::now();
+                tokio::time::sleep(check_interval).await;
+                continue;
+            }
+            holding.clear();
+            let since_job = job_seen.elapsed();
+            if since_job < idle {
+                tokio::time::sleep((idle - since_job).min(check_interval)).await;
+                continue;
+            }
         }
         let busy = probe
             .read()
@@ -109,5 +149,19 @@ pub async fn exit_when_idle(idle: Option<Duration>, clock: ActivityClock, probe:
             return;
         }
         tokio::time::sleep(check_interval).await;
+    }
+}
+
+/// The marked jobs running here, looked at off the runtime and bounded; a look that fails or
+/// takes too long answers "unknown", which holds the daemon like a running job.
+async fn jobs_running(jobs: &JobMarkers) -> Vec<String> {
+    let markers = jobs.clone();
+    let look = tokio::task::spawn_blocking(move || markers.running());
+    match tokio::time::timeout(JOBS_CHECK_BOUND, look).await {
+        Ok(Ok(Ok(running))) => running,
+        outcome => {
+            tracing::debug!(dir = ?jobs.dir(), ?outcome, "the job markers could not be looked at; staying");
+            vec!["unknown".to_owned()]
+        }
     }
 }

@@ -218,6 +218,7 @@ const METRICS: &[Metric] = &[
     row("cluster_publish_already", "Publishes Redis already had (retries of a batch it ran): no-ops.", Counter(|s| s.cluster_publish_already)),
     row("cluster_audits", "Comparisons of this node's shard digests with Redis's.", Counter(|s| s.cluster_audits)),
     row("snapshot_untrusted_files", "Shared-directory files skipped: no valid MAC, an owner not allowed, or content that disagrees with the name.", Counter(|s| s.snapshot_untrusted_files)),
+    row("snapshot_squatted_files", "Of the untrusted files, other users' files named after a node whose segments this daemon trusts (name squatting).", Counter(|s| s.snapshot_squatted_files)),
     row("snapshot_name_conflicts", "Segments under this node's name that it did not write.", Counter(|s| s.snapshot_name_conflicts)),
     row("cluster_name_conflicts", "Cluster messages from another daemon using this node's name.", Counter(|s| s.cluster_name_conflicts)),
     row("cluster_audit_differing", "Shards an audit found differing from Redis (then read again).", Counter(|s| s.cluster_audit_differing)),
@@ -531,6 +532,7 @@ mod tests {
             artifact_bytes_over_uid_store_limit: 1411,
             artifact_fetches_over_store_limit: 1412,
             artifact_shared_dir_squatted: 1129,
+            snapshot_squatted_files: 1440,
             ..Default::default()
         }
     }

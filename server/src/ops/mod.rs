@@ -1,7 +1,7 @@
 //! Deployment and operations: the socket and its guard (`listener`), accepted connections
 //! (`incoming`), who may call (`access`), what callers may hold (`limits`,
 //! `request_limits`, `forget_budget`), life under systemd (`systemd`), Prometheus text (`metrics`), the idle
-//! exit (`idle`), the allocator's free pages (`heap`),
+//! exit (`idle`) and the jobs that hold it (`jobs_here`), the allocator's free pages (`heap`),
 //! and one daemon per state directory (`state_lock`).
 
 pub(crate) mod access;
@@ -9,6 +9,7 @@ pub(crate) mod forget_budget;
 pub(crate) mod heap;
 pub(crate) mod idle;
 pub(crate) mod incoming;
+pub(crate) mod jobs_here;
 pub(crate) mod limits;
 pub(crate) mod listener;
 pub(crate) mod metrics;

@@ -93,6 +93,9 @@ pub struct SnapshotSettings {
     /// Without a key, only files owned by these uids count (this daemon's own first, then
     /// `--shared-dir-writer-uid`), and `v2/` must be owned by one of them or root.
     pub writer_uids: Vec<u32>,
+    /// `--shared-dir-public`: in the `v2/` every user shares, this daemon's segments are
+    /// readable by every user (a site-wide daemon's), not by its own uid alone.
+    pub public: bool,
 }
 
 /// The two kinds of shared-filesystem job.
@@ -139,6 +142,8 @@ struct SnapshotCounters {
     published: AtomicU64,
     /// Files skipped because they do not prove who wrote them.
     untrusted_files: AtomicU64,
+    /// Of those, other users' files under a name this daemon trusts (name squatting).
+    squatted_files: AtomicU64,
     /// Segments under this node's name that it did not write.
     name_conflicts: AtomicU64,
     /// Entries dropped from loaded files (a Record would refuse them).
@@ -851,6 +856,7 @@ impl crate::report::FillStats for SnapshotHandle {
         stats.own_entries_published = load(&counters.published);
         stats.snapshot_format_version = crate::snapshot::format::FORMAT_VERSION as u32;
         stats.snapshot_untrusted_files = load(&counters.untrusted_files);
+        stats.snapshot_squatted_files = load(&counters.squatted_files);
         stats.snapshot_name_conflicts = load(&counters.name_conflicts);
         stats.snapshot_invalid_entries = load(&counters.invalid_entries);
         stats.peer_nodes_resumed = load(&counters.peers_resumed);

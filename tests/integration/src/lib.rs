@@ -17,8 +17,9 @@ pub mod blobs;
 pub mod daemon;
 pub mod raw_grpc;
 pub mod redis;
+pub mod shared_users;
 pub mod slurm;
-pub mod users;
+pub mod slurm_jobs;
 
 pub use daemon::{DaemonOptions, Kind, TestDaemon, FACT_LIMIT};
 

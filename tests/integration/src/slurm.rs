@@ -48,6 +48,11 @@ pub struct SlurmOptions {
     pub prolog_and_epilog: bool,
     /// Also wire the task prolog (`TaskProlog=`), which exports `TUNECACHE_SOCKET`.
     pub task_prolog: bool,
+    /// With `prolog_and_epilog`, leave the epilog out: every job ends as one whose epilog
+    /// never ran (slurmd died with it).
+    pub without_epilog: bool,
+    /// More lines for slurm.conf (e.g. a site's own `PrologFlags=Contain`).
+    pub slurm_conf_lines: Vec<String>,
 }
 
 /// One running Slurm; everything is stopped and removed on drop.
@@ -216,10 +221,12 @@ impl Slurm {
                 "Prolog={}",
                 scripts.join("tunecache-prolog.sh").display()
             ));
-            lines.push(format!(
-                "Epilog={}",
-                scripts.join("tunecache-epilog.sh").display()
-            ));
+            if !options.without_epilog {
+                lines.push(format!(
+                    "Epilog={}",
+                    scripts.join("tunecache-epilog.sh").display()
+                ));
+            }
             lines.push("PrologFlags=Alloc".to_owned());
         }
         if options.task_prolog {
@@ -228,6 +235,7 @@ impl Slurm {
                 scripts.join("tunecache-task-prolog.sh").display()
             ));
         }
+        lines.extend(options.slurm_conf_lines);
         std::fs::write(&conf, lines.join("\n") + "\n").expect("write slurm.conf");
 
         let slurmctld = Command::new(&paths[1])
@@ -295,6 +303,12 @@ impl Slurm {
     /// home), removed when the cluster is dropped.
     pub fn add_user(&mut self) -> JobUser {
         let name = format!("tcs{}", self.node.trim_start_matches("tc"));
+        self.add_user_named(&name)
+    }
+
+    /// [`Slurm::add_user`] with the name `name` (which `useradd` allows to hold a dot).
+    pub fn add_user_named(&mut self, name: &str) -> JobUser {
+        let name = name.to_owned();
         let output = Command::new("useradd")
             .args(["--system", "--user-group", "--no-create-home"])
             .args(["--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin"])
@@ -403,18 +417,29 @@ impl Slurm {
         self.socket_root.join(&user.name).join("tunecache.sock")
     }
 
-    /// When slurmctld allocated `job` (its log's `sched: Allocate JobId=<job>` line), in
+    /// When slurmctld allocated `job` (its log's `sched: Allocate JobId=<job>` line, or the
+    /// backfill scheduler's `_start_job: Started JobId=<job>`), in
     /// seconds since the epoch: what a job's start is measured from, since the scheduler
     /// itself only allocates on its tick (about once a second here).
     pub fn allocated_at(&self, job: u32) -> f64 {
         let log = std::fs::read_to_string(self.dir.path().join("log/slurmctld.log"))
             .expect("slurmctld's log");
-        let needle = format!("] sched: Allocate JobId={job} ");
+        // The main scheduler says "sched: Allocate", the backfill scheduler "_start_job: Started".
+        let needles = [
+            format!("] sched: Allocate JobId={job} "),
+            format!("] sched/backfill: _start_job: Started JobId={job} "),
+        ];
         let stamp = log
             .lines()
-            .find(|line| line.contains(&needle))
+            .find(|line| needles.iter().any(|needle| line.contains(needle)))
             .and_then(|line| line.strip_prefix('[')?.split(']').next())
-            .unwrap_or_else(|| panic!("no allocation of job {job} in slurmctld's log"))
+            .unwrap_or_else(|| {
+                let about: Vec<&str> = log
+                    .lines()
+                    .filter(|line| line.contains(&format!("JobId={job} ")))
+                    .collect();
+                panic!("no allocation of job {job} in slurmctld's log: {about:#?}")
+            })
             .to_owned();
         // slurmctld logs local time with milliseconds; date(1) reads it the same way.
         let output = Command::new("date")

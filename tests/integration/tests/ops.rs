@@ -1,5 +1,5 @@
 //! Operator-facing surfaces against the real CLI: the Prometheus endpoint (a real HTTP GET),
-//! `tunecache stats` as table and JSON, and the TensorRT-LLM cache file round trip through the
+//! `tunecache stats` as a summary, a table of every counter and JSON, and the TensorRT-LLM cache file round trip through the
 //! CLI and the daemon. The daemon runs in-process except where its log is read.
 
 use serde_json::Value;
@@ -87,7 +87,7 @@ async fn metrics_are_off_by_default_and_a_bare_port_is_loopback() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stats_prints_a_table_and_raw_json() {
+async fn stats_prints_a_summary_every_counter_and_raw_json() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = TestDaemon::in_process(dir.path()).await;
     daemon
@@ -96,7 +96,25 @@ async fn stats_prints_a_table_and_raw_json() {
         .record(vec![entry(test_key("gemm", "s"), "{}", 1.0, "t")])
         .await
         .unwrap();
-    let table = cli(&daemon.socket, &["stats"]);
+    // A short summary first, health on top; every counter with --all.
+    let summary = cli(&daemon.socket, &["stats"]);
+    assert!(summary.status.success());
+    let summary = String::from_utf8_lossy(&summary.stdout);
+    let lines: Vec<&str> = summary.lines().collect();
+    assert!(
+        lines.len() <= 12 && lines[0].split_whitespace().collect::<Vec<_>>() == ["health", "OK"],
+        "{summary}"
+    );
+    assert!(
+        summary.contains("1 (lookups 0: 0 hits, 0 misses; 1 records)"),
+        "{summary}"
+    );
+    let problems = cli(&daemon.socket, &["stats", "--problems"]);
+    assert!(
+        problems.status.success() && problems.stdout.is_empty(),
+        "{problems:?}"
+    );
+    let table = cli(&daemon.socket, &["stats", "--all"]);
     assert!(table.status.success());
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(
@@ -105,6 +123,7 @@ async fn stats_prints_a_table_and_raw_json() {
             .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["entries", "1"]),
         "{table}"
     );
+    assert!(table.lines().count() > 100, "{table}");
     let json = cli(&daemon.socket, &["--json", "stats"]);
     let stats: Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(stats["entries"], 1);

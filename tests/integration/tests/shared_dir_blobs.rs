@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use tonic_health::pb::health_check_response::ServingStatus;
 use tunecache_integration::blobs::Content;
-use tunecache_integration::users::{
-    as_user, eventually, make_roots, make_sticky_v2, setup, UserDaemon,
+use tunecache_integration::shared_users::{
+    as_user, eventually, make_roots, make_sticky_v2, setup, UserDaemon, SITE,
 };
 
 /// The daemon's user, an attacker and a bystander: allowed, non-admin uids.
@@ -282,6 +282,15 @@ fn no_users_daemon_owns_the_blob_directory_of_every_user() {
         bob_file.is_file() && dave_file.is_file()
     });
     assert_eq!(std::fs::metadata(&bob_file).unwrap().uid(), BOB);
+    // Private by default: bob's blobs are bob's alone to read (issue 56, finding 5).
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().mode() & 0o7777;
+    assert_eq!(
+        (mode(&blobs.join(BOB.to_string())), mode(&bob_file)),
+        (0o700, 0o600),
+        "bob's blob directory and blob"
+    );
+    let read = as_user(DAVE, "cat", &[bob_file.to_str().unwrap()]);
+    assert!(!read.status.success(), "dave read bob's blob: {read:?}");
     let removed = as_user(DAVE, "rm", &["-f", bob_file.to_str().unwrap()]);
     let renamed = as_user(
         DAVE,
@@ -300,4 +309,23 @@ fn no_users_daemon_owns_the_blob_directory_of_every_user() {
         bob_next.holds("bob-blob")
             && fetched(&bob_next, root, "bob-blob", &[("b.so", bob_blob)]).is_ok()
     });
+
+    // A site-wide daemon (`--shared-dir-public`) publishes for every user to read.
+    let site = UserDaemon::start(root, SITE, "site-1", &shared, &["--shared-dir-public"]);
+    let site_blob = Content::new(72, 10_000);
+    site.put_with("site-blob", &[artifact_file(root, "s.so", site_blob)]);
+    let site_file = blobs.join(SITE.to_string()).join(site_blob.digest());
+    eventually("the site daemon's blob is published", || {
+        site_file.is_file()
+    });
+    assert_eq!(
+        (mode(&blobs.join(SITE.to_string())), mode(&site_file)),
+        (0o755, 0o644),
+        "the site daemon's blob directory and blob"
+    );
+    let read = as_user(BOB, "cat", &[site_file.to_str().unwrap()]);
+    assert!(
+        read.status.success(),
+        "bob could not read the site's blob: {read:?}"
+    );
 }

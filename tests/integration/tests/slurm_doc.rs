@@ -1,9 +1,12 @@
 //! docs/launchers.md's Slurm steps stay true: the ```sh blocks between its `slurm-steps`
 //! markers run in order, as written, on a real single-node Slurm (see
-//! `tunecache_integration::slurm`) that starts without any tunecache line in its slurm.conf.
-//! The admin's blocks run as root in one bash session from the repository's root, with the
-//! first block's locations set to temporary ones (its variables take what is set before it);
-//! the last block, the first job, runs as `nobody`, as any user would run it.
+//! `tunecache_integration::slurm`) that starts without any tunecache line in its slurm.conf
+//! but with a site's own `PrologFlags=Contain`. The admin's blocks run as root in one bash
+//! session from the repository's root, with the first block's locations set to temporary ones
+//! (its variables take what is set before it), and then again, as an administrator does after
+//! an upgrade, with edits to the settings file in between: both flags are in force, each
+//! script is named once, and the edits are kept. The last block, the first job, runs as
+//! `nobody`, as any user would run it.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -32,13 +35,16 @@ fn the_slurm_steps_of_the_launchers_doc_take_a_new_node_to_its_first_job() {
         steps.len() >= 5,
         "expected the admin's steps and a first job: {steps:?}"
     );
-    let Some(slurm) = Slurm::start(SlurmOptions::default()) else {
+    let Some(slurm) = Slurm::start(SlurmOptions {
+        slurm_conf_lines: vec!["PrologFlags=Contain".to_owned()],
+        ..Default::default()
+    }) else {
         return;
     };
     let conf_text = std::fs::read_to_string(&slurm.conf).unwrap();
     assert!(
-        !conf_text.contains("Prolog"),
-        "the cluster starts without a prolog"
+        !conf_text.contains("Prolog=") && conf_text.contains("PrologFlags=Contain"),
+        "the cluster starts without a prolog, with the site's PrologFlags"
     );
     let root = slurm.dir.path();
     let prefix = root.join("prefix");
@@ -47,32 +53,71 @@ fn the_slurm_steps_of_the_launchers_doc_take_a_new_node_to_its_first_job() {
     let slurm_etc = slurm.conf.parent().unwrap().to_path_buf();
     let (first_job, admin) = steps.split_last().unwrap();
 
-    // The admin's steps, as root.
-    let reads_before = slurmd_config_reads(root);
+    // The admin's steps, as root; then again, after the admin edited the settings file.
     let mut script = String::from("set -euo pipefail\n");
     for block in admin {
         script.push_str(block);
     }
-    let output = Command::new("bash")
-        .arg("-c")
-        .arg(&script)
-        .current_dir(repo_root())
-        .env("PREFIX", &prefix)
-        .env("BUILD", bin_dir())
-        .env("SLURM_ETC", &slurm_etc)
-        .env("SOCKET_ROOT", &slurm.socket_root)
-        .env("STATE_ROOT", &slurm.state_root)
-        .env("LOG", &log)
-        .env("SHARED_DIR", &shared)
-        .env("SLURM_CONF", &slurm.conf)
+    let run_steps = || {
+        let reads_before = slurmd_config_reads(root);
+        let output = Command::new("bash")
+            .arg("-c")
+            .arg(&script)
+            .current_dir(repo_root())
+            .env("PREFIX", &prefix)
+            .env("BUILD", bin_dir())
+            .env("SLURM_ETC", &slurm_etc)
+            .env("SOCKET_ROOT", &slurm.socket_root)
+            .env("STATE_ROOT", &slurm.state_root)
+            .env("LOG", &log)
+            .env("SHARED_DIR", &shared)
+            .env("SLURM_CONF", &slurm.conf)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success() && output.stderr.is_empty(),
+            "the admin's steps failed or complained: {}",
+            text(&output)
+        );
+        wait_for_prolog(&slurm, root, reads_before);
+    };
+    run_steps();
+    let settings = slurm_etc.join("tunecache-slurm.conf");
+    let edited = std::fs::read_to_string(&settings)
+        .unwrap()
+        .replace("IDLE_SECS=900", "IDLE_SECS=600")
+        .replace(
+            "#EXTRA_FLAGS=--shared-dir-writer-uid 990",
+            "EXTRA_FLAGS=--snapshot-interval 5",
+        );
+    std::fs::write(&settings, &edited).unwrap();
+    run_steps();
+    let kept = std::fs::read_to_string(&settings).unwrap();
+    for line in ["IDLE_SECS=600", "EXTRA_FLAGS=--snapshot-interval 5"] {
+        assert!(
+            kept.lines().any(|l| l == line),
+            "running the steps again lost {line:?}:\n{kept}"
+        );
+    }
+    let conf_text = std::fs::read_to_string(&slurm.conf).unwrap();
+    for key in ["Prolog=", "Epilog=", "TaskProlog=", "PrologFlags="] {
+        let lines: Vec<&str> = conf_text.lines().filter(|l| l.starts_with(key)).collect();
+        assert_eq!(lines.len(), 1, "{key} in slurm.conf:\n{conf_text}");
+    }
+    let in_force = slurm
+        .command("scontrol")
+        .args(["show", "config"])
         .output()
         .unwrap();
+    let in_force = String::from_utf8_lossy(&in_force.stdout);
+    let flags = in_force
+        .lines()
+        .find(|l| l.starts_with("PrologFlags"))
+        .unwrap_or_default();
     assert!(
-        output.status.success(),
-        "the admin's steps failed: {}",
-        text(&output)
+        flags.contains("Alloc") && flags.contains("Contain"),
+        "PrologFlags in force: {flags:?}"
     );
-    wait_for_prolog(&slurm, root, reads_before);
     // Every user's v2/ and blob directory are root's and sticky: no user's daemon makes either.
     for dir in ["v2", "v2/artifacts"] {
         let made = std::fs::metadata(shared.join(dir)).unwrap();

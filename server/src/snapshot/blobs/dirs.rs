@@ -13,8 +13,6 @@ use crate::snapshot::plan::trust::{self, DirFacts, DirVerdict, MissingDir, Write
 
 use super::{Squats, BLOB_DIR};
 
-/// Mode of a writer's own directory: only it may add, replace or remove a blob there.
-const WRITER_DIR_MODE: u32 = 0o755;
 /// Fallback names tried before giving up (each is new: a taken one means a race or an attack).
 const FALLBACK_TRIES: usize = 8;
 
@@ -127,17 +125,21 @@ pub(crate) fn check_blob_dir(
 }
 
 /// The directory `uid`'s blobs go into: `blob_dir/<uid>/`, made if missing; when another user
-/// took that name (reported), a directory `<uid>.<hex>/` of `uid`'s, found or made.
+/// took that name (reported), a directory `<uid>.<hex>/` of `uid`'s, found or made. It has
+/// mode `mode` (`trust::written_modes`: only its uid may add, replace or remove a blob there,
+/// and in the `v2/` every user shares only its uid reads them unless the daemon is public);
+/// one an older daemon made with another mode is set to it.
 pub(crate) fn writer_dir(
     blob_dir: &Path,
     uid: u32,
+    mode: u32,
     squats: &Squats,
 ) -> Result<PathBuf, DirTrouble> {
     let own = blob_dir.join(blob_layout::own_dir_name(uid));
     for _ in 0..2 {
         match fs::symlink_metadata(&own) {
             Ok(metadata) => match blob_layout::judge_writer_dir(dir_facts(&metadata), uid) {
-                WriterDir::Usable => return Ok(own),
+                WriterDir::Usable => return with_mode(own, &metadata, mode),
                 WriterDir::Squatted { owner } => {
                     squats.report(&own, owner);
                     break;
@@ -145,7 +147,7 @@ pub(crate) fn writer_dir(
                 WriterDir::NotADirectory => break,
             },
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                if make_dir(&own, WRITER_DIR_MODE).map_err(io_trouble("creating", &own))? {
+                if make_dir(&own, mode).map_err(io_trouble("creating", &own))? {
                     return Ok(own);
                 }
             }
@@ -154,7 +156,8 @@ pub(crate) fn writer_dir(
     }
     let listed = fallback_dirs(blob_dir).map_err(io_trouble("listing", blob_dir))?;
     if let Some((_, dir)) = listed.into_iter().find(|(owner, _)| *owner == uid) {
-        return Ok(dir);
+        let metadata = fs::symlink_metadata(&dir).map_err(io_trouble("checking", &dir))?;
+        return with_mode(dir, &metadata, mode);
     }
     for _ in 0..FALLBACK_TRIES {
         let mut nonce = [0u8; 8];
@@ -163,7 +166,7 @@ pub(crate) fn writer_dir(
         })?;
         let name = blob_layout::fallback_dir_name(uid, u64::from_le_bytes(nonce));
         let dir = blob_dir.join(name);
-        if make_dir(&dir, WRITER_DIR_MODE).map_err(io_trouble("creating", &dir))? {
+        if make_dir(&dir, mode).map_err(io_trouble("creating", &dir))? {
             tracing::info!(dir = ?dir, "another user took this uid's blob directory; its blobs go to a new one of its own");
             return Ok(dir);
         }
@@ -171,6 +174,15 @@ pub(crate) fn writer_dir(
     Err(DirTrouble::Refused(format!(
         "no directory of uid {uid} could be made in {blob_dir:?}: every name tried was taken"
     )))
+}
+
+/// `dir` (this uid's own, as `metadata` saw it) with mode `mode`, set if it has another.
+fn with_mode(dir: PathBuf, metadata: &fs::Metadata, mode: u32) -> Result<PathBuf, DirTrouble> {
+    if metadata.mode() & 0o7777 != mode {
+        fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
+            .map_err(io_trouble("setting the mode of", &dir))?;
+    }
+    Ok(dir)
 }
 
 /// Every usable fallback directory in `blob_dir` (`<uid>.<hex>/` that `uid` owns), with its

@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::artifacts::Artifacts;
@@ -59,6 +59,7 @@ pub(crate) fn link_missing<'a>(
     digests: impl IntoIterator<Item = &'a str>,
     artifacts: &Artifacts,
     published: &mut HashSet<String>,
+    file_mode: u32,
     fsync: bool,
     node: &str,
 ) -> Linked {
@@ -79,7 +80,7 @@ pub(crate) fn link_missing<'a>(
                 .push((digest.to_owned(), BlobTrouble::NotHeld));
             continue;
         };
-        match link_copy(&source, dir, &target, digest, fsync, node) {
+        match link_copy(&source, dir, &target, digest, file_mode, fsync, node) {
             Ok(()) => {
                 published.insert(digest.to_owned());
                 outcome.linked += 1;
@@ -96,13 +97,14 @@ pub(crate) fn link_missing<'a>(
     outcome
 }
 
-/// Copies `source` to a temporary file in `dir` and links it in as `target`; a target that
-/// appeared meanwhile (another node's copy) is left as it is.
+/// Copies `source` to a temporary file (mode `mode`, whatever the umask) in `dir` and links it
+/// in as `target`; a target that appeared meanwhile (another node's copy) is left as it is.
 fn link_copy(
     source: &Path,
     dir: &Path,
     target: &Path,
     digest: &str,
+    mode: u32,
     fsync: bool,
     node: &str,
 ) -> io::Result<()> {
@@ -112,9 +114,10 @@ fn link_copy(
         let mut out = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o644)
+            .mode(mode)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&temp)?;
+        out.set_permissions(fs::Permissions::from_mode(mode))?;
         io::copy(&mut File::open(source)?, &mut out)?;
         out.flush()?;
         if fsync {

@@ -36,8 +36,10 @@ use crate::model::entry::Origin;
 use crate::model::forget::{Tombstone, Tombstones};
 use crate::snapshot::plan::listing::SeenV1;
 use crate::snapshot::plan::merged::{MergedPeer, MergedPlaces, MergedRecord};
-use crate::snapshot::plan::own::{NotOurs, OwnSegments};
+use crate::snapshot::plan::not_ours::NotOurs;
+use crate::snapshot::plan::own::OwnSegments;
 use crate::snapshot::plan::peers::{NodeCursor, Rejected};
+use crate::snapshot::plan::trust::OwnerNotices;
 use crate::wire::stored::{EntryMap, StoredEntry};
 
 use super::segments::SEGMENT_DIR;
@@ -130,6 +132,10 @@ pub(super) struct IoWorker {
     warned_gaps: std::collections::HashSet<String>,
     /// Segments under this node's name that it did not write, already read (or refused).
     not_ours: NotOurs,
+    /// A trusted writer's segment under this node's name was warned about (once a run).
+    warned_not_ours: bool,
+    /// When other users' files were last said, per owner (`trust::OwnerNotices`).
+    owner_notices: OwnerNotices,
     /// Segments that did not prove their writer or disagree with their name.
     rejected: Rejected,
     /// `v2/` was, at its last check, the one every user shares (root's, sticky): files of
@@ -158,6 +164,8 @@ impl IoWorker {
             own: OwnSegments::default(),
             warned_gaps: Default::default(),
             not_ours: NotOurs::default(),
+            warned_not_ours: false,
+            owner_notices: OwnerNotices::default(),
             rejected: Rejected::default(),
             shared_by_users: Cell::new(false),
             own_vanished: false,

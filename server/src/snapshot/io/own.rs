@@ -4,6 +4,7 @@
 //! the segments under this node's name it did not write, read like another node's. What
 //! counts as its own is `plan::own`'s to say.
 
+use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -13,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::model::entry::Origin;
 use crate::snapshot::plan::own::{OwnRead, OwnRecord, OwnSegments};
 use crate::snapshot::plan::trust;
-use crate::snapshot::segments::{Next, NodeSegments, SEGMENT_DIR};
+use crate::snapshot::segments::{NodeSegments, SegmentName, SEGMENT_DIR};
 
 use super::{IoWorker, LoadReport, LoadedFile, Operation, Undo};
 
@@ -21,8 +22,8 @@ use super::{IoWorker, LoadReport, LoadedFile, Operation, Undo};
 const OWN_RECORD_FILE: &str = "shared-segments.json";
 
 impl IoWorker {
-    /// At the first load: what this node has published (the segments its state directory
-    /// records), and its own contributions back.
+    /// At the first load: what this node has published (every segment its state directory
+    /// records that is listed, whatever lies between them), and its own contributions back.
     pub(super) fn load_own_segments(
         &mut self,
         listed: NodeSegments,
@@ -30,25 +31,28 @@ impl IoWorker {
     ) -> Result<()> {
         let record = self.read_own_record();
         let mine = record.recorded_among(&listed);
+        // Leftovers of an interrupted compaction hold nothing the compaction does not.
+        let covered: HashSet<&SegmentName> = mine.covered().into_iter().collect();
         let mut read = OwnRead::default();
-        let mut read_through = 0;
-        while let Next::Read(segment) = mine.next_to_read(read_through) {
+        for segment in mine.as_slice().iter().filter(|s| !covered.contains(s)) {
             let path = self.segment_dir().join(segment.file_name());
             let (version, parsed) = match self.read_segment(segment) {
-                Ok(Some((version, parsed))) => (version, trust::squatting(parsed, &segment.node)),
+                Ok(Some(read)) => read,
                 // Removed since the listing: look again next pass.
                 Ok(None) => return Ok(()),
                 // Without every own segment the writer cannot know what it published, and
                 // a compaction could drop what it did not read: fail, retry with backoff.
                 Err(error) => return Err(self.failed(Operation::Load, "reading", &path, &error)),
             };
-            if let Some(parsed) = self.accept(&path, version, parsed) {
+            if let Some(parsed) = self.accept(&path, version, parsed, true) {
                 read.absorb(parsed.entries, parsed.tombstones);
             }
-            read_through = segment.last;
         }
-        let (own, entries, tombstones) = OwnSegments::first_load(&record, &mine, &listed, read);
+        let (own, entries, tombstones) = OwnSegments::first_load(&record, &mine, read);
         self.own = own;
+        // Before the record is written: its numbering goes past trusted writers' segments
+        // under this name, and past nobody else's.
+        self.read_not_ours(&listed, report);
         self.write_own_record()?;
         if !entries.is_empty() || !tombstones.is_empty() {
             tracing::info!(
@@ -65,7 +69,6 @@ impl IoWorker {
                 undo: Undo::OwnSegments,
             });
         }
-        self.read_not_ours(&listed, report);
         Ok(())
     }
 
@@ -106,31 +109,20 @@ impl IoWorker {
     }
 
     /// Segments under this node's name that its record does not list: read once each like
-    /// another node's (if they prove their writer), warned about once, counted; never
-    /// deleted, adopted or numbered from.
+    /// another node's (if they prove their writer), counted; never deleted, adopted or
+    /// renumbered from. A trusted writer's (a second daemon with this name, an earlier state
+    /// directory) is warned about once and numbering goes past it; another user's is
+    /// squatting, reported as such (`skipped`), and only its name is not taken again.
     pub(super) fn read_not_ours(&mut self, listed: &NodeSegments, report: &mut LoadReport) {
         for segment in self.not_ours.take_unread(&self.own, listed) {
             let name = segment.file_name();
-            let earlier = self
-                .shared
+            self.shared
                 .counters
                 .name_conflicts
                 .fetch_add(1, Ordering::Relaxed);
-            if earlier > 0 {
-                tracing::debug!(file = ?name, "another segment under this node's name it did not write");
-            } else {
-                tracing::warn!(
-                    file = ?name,
-                    node = self.node(),
-                    "a segment under this node's name that this node did not write (an earlier \
-                     state directory, an impostor, or a second daemon with the same --node-name); \
-                     read like another node's, never taken as this node's own (logged once; \
-                     Stats snapshot_name_conflicts counts them)"
-                );
-            }
             let path = self.segment_dir().join(&name);
             let (version, parsed) = match self.read_segment(segment) {
-                Ok(Some((version, parsed))) => (version, trust::squatting(parsed, &segment.node)),
+                Ok(Some(read)) => read,
                 Ok(None) => continue,
                 Err(error) => {
                     let _ = self.failed(Operation::Load, "reading", &path, &error);
@@ -138,7 +130,21 @@ impl IoWorker {
                     continue;
                 }
             };
-            if let Some(parsed) = self.accept(&path, version, parsed) {
+            let trusted = !trust::proves_no_writer(&parsed);
+            self.not_ours.judged(&name, trusted);
+            if trusted && !std::mem::replace(&mut self.warned_not_ours, true) {
+                tracing::warn!(
+                    file = ?name,
+                    node = self.node(),
+                    "a segment under this node's name that this node did not write (an earlier \
+                     state directory, or a second daemon with the same --node-name); read like \
+                     another node's, never taken as this node's own (logged once; Stats \
+                     snapshot_name_conflicts counts them)"
+                );
+            } else if trusted {
+                tracing::debug!(file = ?name, "another segment under this node's name it did not write");
+            }
+            if let Some(parsed) = self.accept(&path, version, parsed, true) {
                 report.files.push(LoadedFile {
                     name: name.clone(),
                     node: self.node().to_owned(),
@@ -148,6 +154,12 @@ impl IoWorker {
                     undo: Undo::NotOurs(name),
                 });
             }
+        }
+        if self.own.go_past(self.not_ours.trusted_last()) {
+            tracing::info!(
+                next_seq = self.own.next_seq,
+                "this node numbers its segments past another writer's under its name"
+            );
         }
     }
 

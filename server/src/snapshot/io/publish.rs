@@ -5,7 +5,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::model::entry::unix_now_ms;
 use crate::model::forget::{Tombstone, Tombstones};
 use crate::snapshot::format;
-use crate::snapshot::plan::trust::MissingDir;
+use crate::snapshot::plan::trust::{self, MissingDir, WrittenModes};
 use crate::snapshot::segments::{SegmentName, SEGMENT_TEMP_MARKER};
 use crate::wire::stored::EntryMap;
 
@@ -82,7 +82,10 @@ impl IoWorker {
         let bytes = match self.write_segment(&plan.segment, &plan.entries, &plan.tombstones) {
             Ok(bytes) => bytes,
             Err(error) => {
-                let name_taken = matches!(&error, Error::SegmentNameTaken(_));
+                // Another user's file of that name is no other writer of this node: the next
+                // listing has it, and the next publish takes another name.
+                let name_taken = matches!(&error, Error::SegmentNameTaken(_))
+                    && !self.held_by_another_user(&plan.segment);
                 if name_taken {
                     self.shared
                         .counters
@@ -140,7 +143,7 @@ impl IoWorker {
     /// finds every sequence number it has not read in some segment.
     fn compact(&mut self) {
         let node = self.node().to_owned();
-        let Some(plan) = self.own.plan_compaction(&node) else {
+        let Some(plan) = self.own.plan_compaction(&node, &self.not_ours) else {
             return;
         };
         if let Err(error) = self.write_own_record() {
@@ -222,13 +225,19 @@ impl IoWorker {
         write: impl FnOnce(&mut dyn Write) -> serde_json::Result<()>,
     ) -> Result<u64, (&'static str, io::Error)> {
         let fsync = self.shared.settings.fsync;
+        let mode = self.segment_mode();
         let create = || {
-            OpenOptions::new()
+            let file = OpenOptions::new()
                 .write(true)
                 .create_new(true)
-                .mode(0o644)
+                .mode(mode.unwrap_or(0o644))
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(temp_path)
+                .open(temp_path)?;
+            if let Some(mode) = mode {
+                // Exactly this mode, whatever the umask.
+                file.set_permissions(fs::Permissions::from_mode(mode))?;
+            }
+            Ok::<File, io::Error>(file)
         };
         let file = match create() {
             // The segment directory is made by the first load; it may not have been
@@ -281,6 +290,28 @@ impl IoWorker {
                 .map_err(|e| ("syncing the directory of", e))?;
         }
         Ok(bytes)
+    }
+}
+
+impl IoWorker {
+    /// The modes of what this daemon writes into the shared directory (`trust::written_modes`).
+    pub(super) fn written_modes(&self) -> Option<WrittenModes> {
+        trust::written_modes(self.shared_by_users.get(), self.shared.settings.public)
+    }
+
+    /// The mode of a new segment: see `written_modes`; `None`, 0644 under the umask.
+    fn segment_mode(&self) -> Option<u32> {
+        self.written_modes().map(|modes| modes.file)
+    }
+
+    /// Whether the file that took `segment`'s name is another user's (by its owner, `lstat`).
+    fn held_by_another_user(&self, segment: &SegmentName) -> bool {
+        matches!(
+            self.judge_segment_owner(segment),
+            Ok(Some(Err(
+                Error::OtherUsersFile(_) | Error::Unauthenticated(_)
+            )))
+        )
     }
 }
 

@@ -38,8 +38,10 @@ impl IoWorker {
         }
         let uid = nix::unistd::geteuid().as_raw();
         let squats = &self.shared.squats;
+        let modes = self.written_modes();
+        let (dir_mode, file_mode) = modes.map_or((0o755, 0o644), |m| (m.dir, m.file));
         let dir = match blobs::check_blob_dir(&self.segment_dir(), self.writers(), squats)
-            .and_then(|blob_dir| blobs::writer_dir(&blob_dir, uid, squats))
+            .and_then(|blob_dir| blobs::writer_dir(&blob_dir, uid, dir_mode, squats))
         {
             Ok(dir) => dir,
             Err(trouble) => {
@@ -66,6 +68,7 @@ impl IoWorker {
             digests.iter().map(String::as_str),
             &artifacts,
             published,
+            file_mode,
             fsync,
             &node,
         );

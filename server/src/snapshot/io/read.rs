@@ -3,11 +3,13 @@
 //! and each outcome counted and warned about once per file version. Also the version-1
 //! whole-cache files of older daemons, read again only when their version changes.
 
+use std::fs;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::model::entry::Origin;
@@ -53,7 +55,7 @@ impl IoWorker {
         };
         // Either way this version is done with: loaded now, or warned about once.
         self.seen.mark(name.to_owned(), version);
-        let parsed = self.accept(path, version, parsed)?;
+        let parsed = self.accept(path, version, parsed, false)?;
         Some(LoadedFile {
             name: name.to_owned(),
             node: parsed.node,
@@ -64,13 +66,15 @@ impl IoWorker {
         })
     }
 
-    /// Counts a file read as loaded or skipped (`trust::skip`), and warns about a skipped
-    /// one.
+    /// Counts a file read as loaded or skipped (`skipped`). `name_trusted`: the file is named
+    /// after a node whose segments this daemon trusts (its own, or one it read a trusted
+    /// writer's segment of), so another user's file there is squatting.
     pub(super) fn accept(
-        &self,
+        &mut self,
         path: &Path,
         version: FileVersion,
         parsed: Result<ParsedSnapshot>,
+        name_trusted: bool,
     ) -> Option<ParsedSnapshot> {
         let counters = &self.shared.counters;
         // Paths are logged escaped (`?`): a file name may hold a newline or a fake log line.
@@ -91,10 +95,31 @@ impl IoWorker {
             }
             Err(reason) => reason,
         };
-        match trust::skip(&reason) {
-            Skip::Quietly { uid } => {
-                tracing::debug!(path = ?path, uid, "another user's file in the shared v2/; not read");
-            }
+        let node = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .and_then(SegmentName::parse)
+            .map(|segment| segment.node)
+            .unwrap_or_default();
+        self.skipped(path, &node, name_trusted, &reason, Some(version.size));
+        None
+    }
+
+    /// Counts and reports a file that is not read (`trust::skip`): another user's files once
+    /// per owner per hour (at info, or as squatting under a trusted name), anything else once
+    /// per file version.
+    pub(super) fn skipped(
+        &mut self,
+        path: &Path,
+        node: &str,
+        name_trusted: bool,
+        reason: &Error,
+        bytes: Option<u64>,
+    ) {
+        let counters = &self.shared.counters;
+        let squatting = match trust::skip(reason, name_trusted) {
+            Skip::OtherUser { uid } => (uid, false),
+            Skip::Squatting { uid } => (uid, true),
             Skip::Warned { untrusted } => {
                 counters.peer_files_skipped.fetch_add(1, Ordering::Relaxed);
                 if untrusted {
@@ -102,12 +127,58 @@ impl IoWorker {
                 }
                 tracing::warn!(
                     path = ?path,
-                    bytes = version.size,
+                    bytes = bytes.unwrap_or(0),
                     "{reason}; skipped until the file changes"
                 );
+                return;
             }
+        };
+        let (uid, squatting) = squatting;
+        counters.untrusted_files.fetch_add(1, Ordering::Relaxed);
+        if squatting {
+            counters.squatted_files.fetch_add(1, Ordering::Relaxed);
         }
-        None
+        let Some(files) = self.owner_notices.skipped(uid, squatting, Instant::now()) else {
+            tracing::debug!(path = ?path, uid, squatting, "another user's file in the shared v2/; not read");
+            return;
+        };
+        if squatting {
+            tracing::warn!(
+                uid,
+                node,
+                files,
+                example = ?path,
+                "files owned by uid {uid}, not an allowed writer, are named after node {node:?}, \
+                 whose segments this daemon trusts: name squatting, never read (Stats \
+                 snapshot_squatted_files counts them; said once per owner an hour)"
+            );
+        } else {
+            tracing::info!(
+                uid,
+                files,
+                "files of uid {uid} in the shared v2/ are another user's cache; not read \
+                 (Stats snapshot_untrusted_files counts them; said once per owner an hour)"
+            );
+        }
+    }
+
+    /// Who owns a segment, as `lstat` sees it, judged (`trust::judge_owner`) without opening
+    /// it: another user's file may not even be readable (mode 0600). `Ok(None)` when it is
+    /// gone.
+    pub(super) fn judge_segment_owner(
+        &self,
+        segment: &SegmentName,
+    ) -> io::Result<Option<Result<()>>> {
+        let path = self.segment_dir().join(segment.file_name());
+        match fs::symlink_metadata(&path) {
+            Ok(metadata) => Ok(Some(trust::judge_owner(
+                metadata.uid(),
+                self.writers(),
+                self.shared_by_users.get(),
+            ))),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(error),
+        }
     }
 
     /// Reads a file, retrying when a replacement raced the read (ENOENT, or ESTALE on NFS).
@@ -137,9 +208,17 @@ impl IoWorker {
         seen: Option<FileVersion>,
     ) -> io::Result<Option<FileRead>> {
         // lstat: a symlink's version is the link's own, so it is refused once, not per pass.
-        let version = shared_file::version_of(path)?;
+        let metadata = fs::symlink_metadata(path)?;
+        let version = FileVersion::of(&metadata);
         if seen == Some(version) {
             return Ok(None);
+        }
+        // Another user's file is judged before it is opened: it may be theirs alone (0600).
+        // The owner is judged again on the opened file (it may have been replaced since).
+        if let Err(refused) =
+            trust::judge_owner(metadata.uid(), self.writers(), self.shared_by_users.get())
+        {
+            return Ok(Some((version, Err(refused))));
         }
         let settings = &self.shared.settings;
         let max_bytes = settings.max_file_bytes;

@@ -154,9 +154,11 @@ pub fn resume(
         bytes: remembered.segment.bytes,
         mtime_ns: remembered.segment.mtime_ns,
     };
+    // The record holds only places reached by reading a trusted writer's segment.
     (now == then).then_some(NodeCursor {
         read_through: remembered.read_through,
         gap_passes: 0,
+        trusted_name: true,
     })
 }
 

@@ -10,7 +10,8 @@
 //!   a segment whose contents disagree with its name, on a squatter under a trusted name.
 //! - `peers`: where this reader stands with each other node's segments, what it reads next.
 //! - `own`: what this node knows of its own segments: its record, the first load, each later
-//!   listing reconciled with it, the segments under its name it did not write.
+//!   listing reconciled with it, the name of each segment it writes.
+//! - `not_ours`: the segments under this node's name it did not write, and who wrote each.
 //! - `publish`: what a publish writes, when the own segments are compacted and into what.
 //! - `merged`: the places in other nodes' segments this reader has merged through, kept in
 //!   the state directory, and when a remembered place still holds after a restart.
@@ -22,6 +23,7 @@ pub(super) mod blob_layout;
 pub(super) mod blob_sweep;
 pub(super) mod listing;
 pub(super) mod merged;
+pub(super) mod not_ours;
 pub(super) mod own;
 pub(super) mod peers;
 pub(super) mod publish;

@@ -6,17 +6,26 @@
 //! node's, warned about once and counted (`NotOurs`), and never deleted, adopted or
 //! renumbered from.
 //!
+//! Another user's file under this node's name (in the `v2/` every user shares) is never read
+//! and never numbered from: the node's numbering goes past every segment a trusted writer
+//! put under its name, and past another user's only by name (`take_name`: a segment that
+//! would take a name someone holds ends one number further), so nobody can push its numbers
+//! out of range or make it leave a hole. What it published is every recorded segment's,
+//! whatever lies between them: a restart publishes nothing again.
+//!
 //! Here: the record, the first load's view of what this node published, and each later
 //! listing reconciled with it (recorded segments that vanished, leftovers of an interrupted
-//! compaction, segments under this name it did not write). Publishing and compaction are
-//! `publish`.
+//! compaction), and the name of each segment it writes. The segments under this name it did
+//! not write are `not_ours`; publishing and compaction are `publish`.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::model::forget::{Tombstone, Tombstones};
 use crate::model::merge::{merge_views, MergeOutcome};
-use crate::snapshot::segments::{NodeSegments, SegmentName};
+use crate::snapshot::segments::{NodeSegments, SegmentName, MAX_SEQ};
+
+use super::not_ours::NotOurs;
 use crate::wire::stored::{EntryMap, StoredEntry};
 
 /// What this node wrote to the shared directory, kept in its own state directory: the only
@@ -110,16 +119,17 @@ pub struct OwnSegments {
     /// Segments this node wrote vanished: the next publish holds everything and covers the
     /// numbers from this one on (`plan_publish`).
     pub republish_from: Option<u64>,
+    /// `next_seq` before the last name was taken, for `unreserve`.
+    pub before_reserve: u64,
 }
 
-/// The number this node publishes next: after everything its record says it used, after
-/// every segment it wrote, and after everything listed under its name, so no segment of
-/// another writer of the name is overwritten (names past `MAX_SEQ` never parse). Never 0.
-pub fn next_seq(record_next_seq: u64, mine: &NodeSegments, listed: &NodeSegments) -> u64 {
+/// The number this node publishes next: after everything its record says it used and after
+/// every segment it wrote. Never 0. Segments of other writers under its name are gone past
+/// once they are judged (`OwnSegments::go_past`).
+pub fn next_seq(record_next_seq: u64, mine: &NodeSegments) -> u64 {
     [
         record_next_seq,
         mine.max_last().map_or(0, |last| last + 1),
-        listed.max_last().map_or(0, |last| last + 1),
         1,
     ]
     .into_iter()
@@ -133,12 +143,13 @@ impl OwnSegments {
     pub fn first_load(
         record: &OwnRecord,
         mine: &NodeSegments,
-        listed: &NodeSegments,
         read: OwnRead,
     ) -> (OwnSegments, Vec<StoredEntry>, Vec<Tombstone>) {
+        let next_seq = next_seq(record.next_seq, mine);
         let own = OwnSegments {
             loaded: true,
-            next_seq: next_seq(record.next_seq, mine, listed),
+            next_seq,
+            before_reserve: next_seq,
             segments: mine.as_slice().to_vec(),
             published: read.published,
             published_tombstones: read.published_tombstones,
@@ -157,6 +168,54 @@ impl OwnSegments {
             shared_dir: shared_dir.to_owned(),
             next_seq: self.next_seq,
             segments: self.segments.iter().map(SegmentName::file_name).collect(),
+        }
+    }
+
+    /// Numbering goes on after `last`, the end of a trusted writer's segment under this
+    /// node's name (an earlier state directory, a second daemon given the same name), so
+    /// readers that read that far read what this node writes next. Returns whether it moved.
+    pub fn go_past(&mut self, last: Option<u64>) -> bool {
+        match last {
+            Some(last) if last >= self.next_seq => {
+                self.next_seq = last + 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Takes the name of a segment starting at `first` and ending at `min_last` or, where a
+    /// file already holds that name (another user's in the `v2/` every user shares: readers
+    /// set it aside), at the first number from `next_seq` on whose name is free; `next_seq`
+    /// moves past it. A reader takes the longest segment starting where it stands, so this
+    /// node's numbering keeps no hole. `None` past `MAX_SEQ` (a name no reader takes).
+    pub fn take_name(
+        &mut self,
+        node: &str,
+        first: u64,
+        min_last: u64,
+        not_ours: &NotOurs,
+    ) -> Option<SegmentName> {
+        self.before_reserve = self.next_seq;
+        let mut last = min_last;
+        loop {
+            if last > MAX_SEQ {
+                return None;
+            }
+            let name = SegmentName {
+                node: node.to_owned(),
+                first,
+                last,
+            };
+            if !not_ours.holds(&name) && !self.segments.contains(&name) {
+                self.next_seq = self.next_seq.max(last + 1);
+                return Some(name);
+            }
+            last = if last < self.next_seq {
+                self.next_seq
+            } else {
+                last + 1
+            };
         }
     }
 
@@ -215,55 +274,6 @@ impl OwnSegments {
             self.segments.iter().map(|s| s.first).min()?,
             self.segments.iter().map(|s| s.last).max()?,
         ))
-    }
-}
-
-/// Segments under this node's name that its record does not list, already read (or being
-/// read) like another node's.
-#[derive(Debug, Default)]
-pub struct NotOurs {
-    names: HashSet<String>,
-}
-
-impl NotOurs {
-    /// Of `listed`, the segments under this node's name that `own` does not record and that
-    /// were not read yet: read once each (and remembered from now on). Names no longer
-    /// listed are forgotten, so the set stays as small as the listing.
-    pub fn take_unread<'a>(
-        &mut self,
-        own: &OwnSegments,
-        listed: &'a NodeSegments,
-    ) -> Vec<&'a SegmentName> {
-        let recorded: HashSet<String> = own.segments.iter().map(SegmentName::file_name).collect();
-        let listed_names: HashSet<String> = listed
-            .as_slice()
-            .iter()
-            .map(SegmentName::file_name)
-            .collect();
-        self.names.retain(|name| listed_names.contains(name));
-        listed
-            .as_slice()
-            .iter()
-            .filter(|segment| {
-                let name = segment.file_name();
-                !recorded.contains(&name) && self.names.insert(name)
-            })
-            .collect()
-    }
-
-    /// Read it again next time (its read failed, or nobody took its entries).
-    pub fn forget(&mut self, name: &str) {
-        self.names.remove(name);
-    }
-
-    /// Whether one of them lies inside `first..=last`, which a compaction (or a republish)
-    /// of this node's own segments covering that range would hide from readers. Those of an
-    /// earlier state directory lie before it: numbering went on after them.
-    pub fn within(&self, (first, last): (u64, u64)) -> bool {
-        self.names
-            .iter()
-            .filter_map(|name| SegmentName::parse(name))
-            .any(|other| other.first <= last && first <= other.last)
     }
 }
 
@@ -349,19 +359,22 @@ pub(super) mod tests {
         let listed = listing(&[(1, 1), (2, 2), (7, 7)]);
         let mine = record.recorded_among(&listed);
         assert_eq!(mine.as_slice(), &[seg(1, 1), seg(2, 2)]);
-        assert_eq!(next_seq(record.next_seq, &mine, &listed), 8);
-        assert_eq!(next_seq(4, &mine, &listing(&[(1, 1), (2, 2)])), 4);
-        assert_eq!(next_seq(0, &mine, &mine), 3);
-        assert_eq!(next_seq(0, &listing(&[]), &listing(&[])), 1, "never 0");
+        assert_eq!(next_seq(record.next_seq, &mine), 4);
+        assert_eq!(next_seq(0, &mine), 3);
+        assert_eq!(next_seq(0, &listing(&[])), 1, "never 0");
 
         let mut read = OwnRead::default();
         // p1 three times: the second is faster than the first, the third slower.
         read.absorb(vec![entry("p1", 5.0), entry("p2", 1.0)], vec![]);
         read.absorb(vec![entry("p1", 2.0)], vec![forget_all(9)]);
         read.absorb(vec![entry("p1", 3.0)], vec![]);
-        let (own, entries, tombstones) = OwnSegments::first_load(&record, &mine, &listed, read);
+        let (mut own, entries, tombstones) = OwnSegments::first_load(&record, &mine, read);
         assert!(own.loaded);
-        assert_eq!((own.next_seq, own.segments.len()), (8, 2));
+        assert_eq!((own.next_seq, own.segments.len()), (4, 2));
+        // 7 proved a trusted writer: numbering goes past it.
+        assert!(own.go_past(Some(7)));
+        assert!(!own.go_past(Some(7)) && !own.go_past(None));
+        assert_eq!(own.next_seq, 8);
         assert_eq!(own.entries_in_segments, 4);
         assert_eq!(own.published.len(), 2, "the best entry per key");
         let p1 = own
@@ -437,25 +450,50 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn segments_under_this_name_it_did_not_write_are_read_once_each() {
-        let own = OwnSegments {
-            segments: vec![seg(1, 1)],
+    fn another_users_names_are_only_not_taken_again_and_leave_no_hole() {
+        let mut own = OwnSegments {
+            loaded: true,
+            segments: vec![seg(1, 1), seg(2, 2)],
+            next_seq: 3,
             ..OwnSegments::default()
         };
         let mut not_ours = NotOurs::default();
-        let listed = listing(&[(1, 1), (2, 2), (3, 3)]);
+        // Another user holds 3-3, and a name reaching the last number there is.
+        let listed = listing(&[(1, 1), (2, 2), (3, 3), (4, MAX_SEQ)]);
+        for segment in not_ours.take_unread(&own, &listed) {
+            let name = segment.file_name();
+            not_ours.judged(&name, false);
+        }
+        assert!(not_ours.take_unread(&own, &listed).is_empty());
         assert_eq!(
-            not_ours.take_unread(&own, &listed),
-            vec![&seg(2, 2), &seg(3, 3)]
+            not_ours.trusted_last(),
+            None,
+            "never numbered from, listed again or not"
         );
-        assert!(not_ours.take_unread(&own, &listed).is_empty(), "read once");
-        not_ours.forget(&seg(3, 3).file_name());
-        assert_eq!(not_ours.take_unread(&own, &listed), vec![&seg(3, 3)]);
-        assert!(not_ours.within((3, 9)) && not_ours.within((1, 2)));
-        assert!(!not_ours.within((4, 9)));
-        // Gone from the listing: forgotten, and read again should it come back.
-        assert!(not_ours.take_unread(&own, &listing(&[(1, 1)])).is_empty());
-        assert!(!not_ours.within((1, 9)));
-        assert_eq!(not_ours.take_unread(&own, &listed).len(), 2);
+        assert!(!not_ours.within((1, MAX_SEQ)), "no compaction is held back");
+        assert!(!own.go_past(not_ours.trusted_last()));
+        // 3-3 is held: the segment starting at 3 ends at 4, which a reader at 2 takes first.
+        assert_eq!(own.take_name("me", 3, 3, &not_ours), Some(seg(3, 4)));
+        assert_eq!((own.next_seq, own.before_reserve), (5, 3));
+        assert_eq!(own.take_name("me", 5, 5, &not_ours), Some(seg(5, 5)));
+        // A compaction whose name is held ends at the next free number.
+        own.segments = vec![seg(3, 4), seg(5, 5), seg(1, 1), seg(2, 2)];
+        let mut held = NotOurs::default();
+        let listed = listing(&[(1, 1), (2, 2), (3, 4), (5, 5), (1, 5)]);
+        for segment in held.take_unread(&own, &listed) {
+            held.judged(&segment.file_name(), false);
+        }
+        assert_eq!(own.take_name("me", 1, 5, &held), Some(seg(1, 6)));
+        assert_eq!(own.next_seq, 7);
+        // Nothing past MAX_SEQ.
+        let mut full = OwnSegments {
+            next_seq: MAX_SEQ,
+            ..OwnSegments::default()
+        };
+        let mut last = NotOurs::default();
+        for segment in last.take_unread(&full, &listing(&[(MAX_SEQ, MAX_SEQ)])) {
+            last.judged(&segment.file_name(), false);
+        }
+        assert_eq!(full.take_name("me", MAX_SEQ, MAX_SEQ, &last), None);
     }
 }

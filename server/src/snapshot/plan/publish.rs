@@ -15,7 +15,8 @@ use crate::model::forget::{Tombstone, Tombstones};
 use crate::snapshot::segments::SegmentName;
 use crate::wire::stored::EntryMap;
 
-use super::own::{NotOurs, OwnSegments};
+use super::not_ours::NotOurs;
+use super::own::OwnSegments;
 
 /// Compaction also runs when the own segments hold more than twice the live entries, once
 /// they hold at least this many.
@@ -79,12 +80,7 @@ impl OwnSegments {
             .republish_from
             .filter(|&from| !self.name_conflict && !not_ours.within((from, self.next_seq)))
             .unwrap_or(self.next_seq);
-        let segment = SegmentName {
-            node: node.to_owned(),
-            first,
-            last: self.next_seq,
-        };
-        self.next_seq += 1;
+        let segment = self.take_name(node, first, self.next_seq, not_ours)?;
         self.segments.push(segment.clone());
         Some(SegmentPlan {
             segment,
@@ -95,7 +91,7 @@ impl OwnSegments {
 
     /// The record could not be written: the name is not taken after all.
     pub fn unreserve(&mut self) {
-        self.next_seq -= 1;
+        self.next_seq = self.before_reserve;
         self.segments.pop();
     }
 
@@ -107,7 +103,7 @@ impl OwnSegments {
     pub fn not_written(&mut self, name_taken: bool) -> bool {
         self.segments.pop();
         if !name_taken {
-            self.next_seq -= 1;
+            self.next_seq = self.before_reserve;
             return false;
         }
         !std::mem::replace(&mut self.name_conflict, true)
@@ -141,16 +137,23 @@ impl OwnSegments {
     /// The compaction: one segment covering every number of the own segments, holding what
     /// is published. Its name is taken (`segments` lists it) for the record written next;
     /// then `compaction_unrecorded` or, once it is in place, `compacted`.
-    pub fn plan_compaction(&mut self, node: &str) -> Option<SegmentPlan> {
+    pub fn plan_compaction(&mut self, node: &str, not_ours: &NotOurs) -> Option<SegmentPlan> {
         let (first, last) = self.range()?;
         let segment = SegmentName {
             node: node.to_owned(),
             first,
             last,
         };
-        if !self.segments.contains(&segment) {
+        // Already recorded (a compaction whose removals were cut short) it is this node's
+        // own; otherwise a name another user holds is not taken.
+        let segment = if self.segments.contains(&segment) {
+            self.before_reserve = self.next_seq;
+            segment
+        } else {
+            let segment = self.take_name(node, first, last, not_ours)?;
             self.segments.push(segment.clone());
-        }
+            segment
+        };
         Some(SegmentPlan {
             segment,
             entries: self.published.clone(),
@@ -161,6 +164,7 @@ impl OwnSegments {
     /// The compaction could not be recorded: the segments stay as they are.
     pub fn compaction_unrecorded(&mut self, plan: &SegmentPlan) {
         self.segments.retain(|s| *s != plan.segment);
+        self.next_seq = self.before_reserve;
     }
 
     /// The compacted segment is in place: it is the only own segment now. Returns the ones it
@@ -373,7 +377,7 @@ mod tests {
         own.published = [entry("p1", 1.0), entry("p2", 1.0)].into_iter().collect();
         own.published_tombstones.insert(forget_all(7));
         own.entries_in_segments = 9;
-        let plan = own.plan_compaction("me").unwrap();
+        let plan = own.plan_compaction("me", &NotOurs::default()).unwrap();
         assert_eq!(plan.segment, seg(1, 4));
         assert_eq!(problems(&plan.entries), vec!["p1", "p2"]);
         assert_eq!(plan.tombstones, vec![forget_all(7)]);
@@ -384,13 +388,15 @@ mod tests {
         own.compaction_unrecorded(&plan);
         assert_eq!(own.segments, vec![seg(2, 2), seg(1, 1), seg(3, 4)]);
 
-        let plan = own.plan_compaction("me").unwrap();
+        let plan = own.plan_compaction("me", &NotOurs::default()).unwrap();
         let mut replaced = own.compacted(&plan);
         replaced.sort();
         assert_eq!(replaced, vec![seg(1, 1), seg(2, 2), seg(3, 4)]);
         assert_eq!(own.segments, vec![seg(1, 4)]);
         assert_eq!(own.entries_in_segments, 2);
         assert_eq!(own.next_seq, 5);
-        assert!(OwnSegments::default().plan_compaction("me").is_none());
+        assert!(OwnSegments::default()
+            .plan_compaction("me", &NotOurs::default())
+            .is_none());
     }
 }

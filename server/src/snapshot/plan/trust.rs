@@ -9,11 +9,14 @@
 //! writer or root, and not writable by group or others unless a key is set or it is root's
 //! and sticky (mode 1777: one `v2/` for every user, each file trusted by its owner's uid
 //! alone; the sticky bit stops anyone but a file's owner from removing or renaming it). There,
-//! files of uids this daemon does not trust are other users' caches and are skipped quietly,
-//! except under a name it trusts: that is name squatting, refused like a forgery.
+//! files of uids this daemon does not trust are other users' caches: skipped, counted and
+//! said once per owner per hour, never read; under a name it trusts (its own, or one it has
+//! read a segment of from a trusted owner) that is name squatting, warned about the same way.
 //! `v2/artifacts/` is judged and made by these same rules (`blob_layout`).
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::snapshot::format::{ParsedSnapshot, FORMAT_VERSION};
@@ -76,6 +79,34 @@ pub fn judge_segment_dir(facts: DirFacts, writers: Writers<'_>) -> DirVerdict {
     DirVerdict::Unsafe(why)
 }
 
+/// The modes this daemon gives what it writes into the shared directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WrittenModes {
+    /// A segment, or a blob file.
+    pub file: u32,
+    /// A writer uid's blob directory under `v2/artifacts/`.
+    pub dir: u32,
+}
+
+/// In the `v2/` every user shares, what a user's daemon writes is its owner's alone (files
+/// 0600, its blob directory 0700): other users see names and sizes in the listing, nothing
+/// else. A site-wide daemon (`--shared-dir-public`) writes for every user to read (0644,
+/// 0755). Elsewhere (a `v2/` of one user or of trusted writers) `None`: files are created 0644
+/// under the umask and blob directories 0755, so the other trusted writers read them.
+pub fn written_modes(shared_by_users: bool, public: bool) -> Option<WrittenModes> {
+    shared_by_users.then_some(if public {
+        WrittenModes {
+            file: 0o644,
+            dir: 0o755,
+        }
+    } else {
+        WrittenModes {
+            file: 0o600,
+            dir: 0o700,
+        }
+    })
+}
+
 /// What to do about a `v2/` that does not exist.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MissingDir {
@@ -113,7 +144,7 @@ pub fn left_to_admin_message(dir: &Path, parent: &Path, parent_mode: u32) -> Str
 
 /// Whether a file owned by `owner` may be read. Without a key, only an allowed writer's
 /// file counts; in the `v2/` every user shares, another uid's file is that user's cache
-/// (`Error::OtherUsersFile`, skipped quietly), elsewhere it is a forgery
+/// (`Error::OtherUsersFile`, skipped and counted, see `skip`), elsewhere it is a forgery
 /// (`Error::Unauthenticated`, warned about and counted).
 pub fn judge_owner(owner: u32, writers: Writers<'_>, shared_by_users: bool) -> Result<()> {
     if writers.keyed || writers.uids.contains(&owner) {
@@ -145,19 +176,6 @@ pub fn agrees_with_name(parsed: ParsedSnapshot, segment: &SegmentName) -> Result
     }
 }
 
-/// Another user's file under a name this daemon trusts (its own, or one whose trusted
-/// segments it has read) is name squatting: refused like a forgery, so it is warned about
-/// and counted (`snapshot_untrusted_files`), never read.
-pub fn squatting(parsed: Result<ParsedSnapshot>, node: &str) -> Result<ParsedSnapshot> {
-    match parsed {
-        Err(Error::OtherUsersFile(uid)) => Err(Error::Unauthenticated(format!(
-            "owned by uid {uid}, not an allowed writer, yet named as node {node:?}, whose \
-             segments this daemon trusts: name squatting, never read"
-        ))),
-        other => other,
-    }
-}
-
 /// Whether a read proved nothing about its writer (a forgery, another user's file, one that
 /// disagrees with its name): such a segment is treated as absent, so a forged name can never
 /// make a reader skip the real segments it claims to cover.
@@ -171,19 +189,78 @@ pub fn proves_no_writer(parsed: &Result<ParsedSnapshot>) -> bool {
 /// How a file that is not read counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Skip {
-    /// Another user's file in the `v2/` every user shares: not counted, not warned about.
-    Quietly { uid: u32 },
+    /// Another user's cache in the `v2/` every user shares, under a name no trusted writer
+    /// was read from: counted (`snapshot_untrusted_files`) and said at info, once per owner
+    /// per hour (`OwnerNotices`).
+    OtherUser { uid: u32 },
+    /// Another user's file under a name this daemon trusts (its own, or one it has read a
+    /// segment of from a trusted owner): name squatting, never read. Counted
+    /// (`snapshot_untrusted_files`, `snapshot_squatted_files`) and warned about once per owner
+    /// per hour.
+    Squatting { uid: u32 },
     /// Counted (`peer_files_skipped`) and warned about, once per file version; `untrusted`
     /// when it did not prove its writer (`snapshot_untrusted_files` too).
     Warned { untrusted: bool },
 }
 
-pub fn skip(reason: &Error) -> Skip {
+/// How a file not read counts: `name_trusted` when its name is one this daemon trusts.
+pub fn skip(reason: &Error, name_trusted: bool) -> Skip {
     match reason {
-        Error::OtherUsersFile(uid) => Skip::Quietly { uid: *uid },
+        Error::OtherUsersFile(uid) if name_trusted => Skip::Squatting { uid: *uid },
+        Error::OtherUsersFile(uid) => Skip::OtherUser { uid: *uid },
         other => Skip::Warned {
             untrusted: matches!(other, Error::Unauthenticated(_)),
         },
+    }
+}
+
+/// How often the files of one other user are said again (of each kind: another user's
+/// cache, name squatting), however many there are: a directory of thousands of another
+/// user's files costs a line an hour, not a line a file.
+pub const OWNER_NOTICE_EVERY: Duration = Duration::from_secs(3600);
+/// Owners remembered at most; past it, owners not said for an hour are forgotten first.
+const MAX_OWNERS_REMEMBERED: usize = 4096;
+
+/// When the files of each other user were last said, and how many were skipped since.
+#[derive(Debug, Default)]
+pub struct OwnerNotices {
+    owners: HashMap<(u32, bool), Notice>,
+}
+
+#[derive(Debug)]
+struct Notice {
+    said_at: Instant,
+    skipped_since: u64,
+}
+
+impl OwnerNotices {
+    /// One more file of `uid` skipped (`squatting` or another user's cache). `Some(files)`
+    /// when it is to be said now, with the files of that owner and kind skipped since it was
+    /// last said (this one included).
+    pub fn skipped(&mut self, uid: u32, squatting: bool, now: Instant) -> Option<u64> {
+        let key = (uid, squatting);
+        if let Some(notice) = self.owners.get_mut(&key) {
+            notice.skipped_since += 1;
+            if now.saturating_duration_since(notice.said_at) < OWNER_NOTICE_EVERY {
+                return None;
+            }
+            let files = std::mem::take(&mut notice.skipped_since);
+            notice.said_at = now;
+            return Some(files);
+        }
+        if self.owners.len() >= MAX_OWNERS_REMEMBERED {
+            self.owners.retain(|_, notice| {
+                now.saturating_duration_since(notice.said_at) < OWNER_NOTICE_EVERY
+            });
+        }
+        if self.owners.len() < MAX_OWNERS_REMEMBERED {
+            let notice = Notice {
+                said_at: now,
+                skipped_since: 0,
+            };
+            self.owners.insert(key, notice);
+        }
+        Some(1)
     }
 }
 
@@ -375,23 +452,10 @@ mod tests {
     }
 
     #[test]
-    fn another_users_file_under_a_trusted_name_is_squatting_and_proves_nothing() {
-        let squatted = squatting(Err(Error::OtherUsersFile(STRANGER)), "a");
-        assert!(
-            matches!(&squatted, Err(Error::Unauthenticated(why)) if why.contains("name squatting")),
-            "{squatted:?}"
-        );
-        assert_eq!(
-            skip(&squatted.unwrap_err()),
-            Skip::Warned { untrusted: true }
-        );
-        // Anything else passes through as it was.
-        assert!(squatting(Ok(parsed("a", 2, Some(1), Some(1))), "a").is_ok());
-        assert!(matches!(
-            squatting(Err(Error::SnapshotFormat("damaged".into())), "a"),
-            Err(Error::SnapshotFormat(_))
-        ));
-
+    fn another_users_file_proves_nothing_and_is_squatting_only_under_a_trusted_name() {
+        let other = Error::OtherUsersFile(STRANGER);
+        assert_eq!(skip(&other, false), Skip::OtherUser { uid: STRANGER });
+        assert_eq!(skip(&other, true), Skip::Squatting { uid: STRANGER });
         assert!(proves_no_writer(&Err(Error::OtherUsersFile(STRANGER))));
         assert!(proves_no_writer(&Err(Error::Unauthenticated("x".into()))));
         // A damaged file of a trusted writer is its writer's: passed over, not treated as
@@ -402,17 +466,59 @@ mod tests {
 
     #[test]
     fn a_file_not_read_is_counted_by_what_it_failed_to_prove() {
+        for name_trusted in [false, true] {
+            assert_eq!(
+                skip(&Error::Unauthenticated("x".into()), name_trusted),
+                Skip::Warned { untrusted: true }
+            );
+            assert_eq!(
+                skip(&Error::SnapshotFormat("x".into()), name_trusted),
+                Skip::Warned { untrusted: false }
+            );
+        }
+    }
+
+    #[test]
+    fn another_users_files_are_said_once_per_owner_and_kind_per_hour() {
+        let mut notices = OwnerNotices::default();
+        let start = Instant::now();
+        assert_eq!(notices.skipped(STRANGER, false, start), Some(1));
+        for _ in 0..2999 {
+            assert_eq!(notices.skipped(STRANGER, false, start), None);
+        }
+        // Squatting is said apart from another user's cache; another owner apart too.
+        assert_eq!(notices.skipped(STRANGER, true, start), Some(1));
+        assert_eq!(notices.skipped(WRITER, false, start), Some(1));
+        let later = start + OWNER_NOTICE_EVERY - Duration::from_secs(1);
+        assert_eq!(notices.skipped(STRANGER, false, later), None);
+        // An hour on: said again, with every file skipped since.
+        let hour = start + OWNER_NOTICE_EVERY;
+        assert_eq!(notices.skipped(STRANGER, false, hour), Some(3001));
+        assert_eq!(notices.skipped(STRANGER, false, hour), None);
+
+        // Bounded: owners not said for an hour are forgotten first; past the bound an owner
+        // is said each time rather than remembered.
+        let mut many = OwnerNotices::default();
+        for uid in 0..MAX_OWNERS_REMEMBERED as u32 {
+            assert_eq!(many.skipped(uid, false, start), Some(1));
+        }
+        assert_eq!(many.skipped(u32::MAX, false, start), Some(1));
         assert_eq!(
-            skip(&Error::OtherUsersFile(STRANGER)),
-            Skip::Quietly { uid: STRANGER }
+            many.skipped(u32::MAX, false, start),
+            Some(1),
+            "not remembered"
         );
-        assert_eq!(
-            skip(&Error::Unauthenticated("x".into())),
-            Skip::Warned { untrusted: true }
-        );
-        assert_eq!(
-            skip(&Error::SnapshotFormat("x".into())),
-            Skip::Warned { untrusted: false }
-        );
+        assert_eq!(many.skipped(u32::MAX, false, hour), Some(1));
+        assert_eq!(many.skipped(u32::MAX, false, hour), None, "room again");
+    }
+
+    #[test]
+    fn what_a_users_daemon_writes_in_the_v2_of_every_user_is_its_own_alone() {
+        let private = written_modes(true, false).unwrap();
+        assert_eq!((private.file, private.dir), (0o600, 0o700));
+        let public = written_modes(true, true).unwrap();
+        assert_eq!((public.file, public.dir), (0o644, 0o755));
+        assert_eq!(written_modes(false, false), None);
+        assert_eq!(written_modes(false, true), None);
     }
 }

@@ -1,7 +1,7 @@
-//! Daemons of real users on one shared directory: a `tunecached` started through `setpriv` as
-//! a uid the test picks (no account needed), with its socket, state and log in a directory of
-//! its own, driven by root's CLI; and the shared directory those tests set up, as root, the
-//! way docs/launchers.md has the administrator do it.
+//! Daemons of several real users on one shared directory, for the tests of many users
+//! sharing it (`shared_dir_users`, `shared_dir_squatting`): each daemon runs as its uid
+//! through `setpriv`, in a home of its own; segments are planted as a user would, by copying
+//! a file in as that user.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 use crate::{bin, require_root, require_tool};
 
-/// How long a user-daemon test waits for a fact.
+/// The users of these tests: a site-wide daemon's account and two users.
+pub const SITE: u32 = 4300;
+pub const ALICE: u32 = 4301;
+pub const BOB: u32 = 4302;
 pub const LIMIT: Duration = Duration::from_secs(20);
 
 /// A daemon running as `uid`, with its socket, state and log in a directory of its own.
@@ -37,6 +40,12 @@ impl UserDaemon {
             .args(["--node-name", node, "--snapshot-interval", "1"])
             .args(extra)
             .env_remove("TUNECACHE_SOCKET")
+            // The site account's daemon is the site-wide one: its segments are every user's
+            // to read (set through the environment, which daemons before the flag ignore).
+            .env(
+                "TUNECACHE_SHARED_DIR_PUBLIC",
+                if uid == SITE { "true" } else { "false" },
+            )
             .env("RUST_LOG", "info")
             .stdin(Stdio::null());
         command
@@ -48,7 +57,21 @@ impl UserDaemon {
         std::fs::create_dir(&home).unwrap();
         std::os::unix::fs::chown(&home, Some(uid), Some(uid)).unwrap();
         std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let log = std::fs::File::create(home.join("daemon.log")).unwrap();
+        Self::start_in(home, uid, node, shared, extra)
+    }
+
+    /// Starts it again in the home (state directory, log) it had, once it has stopped.
+    pub fn restart(self, shared: &Path, extra: &[&str]) -> UserDaemon {
+        assert!(self.child.is_none(), "{} still runs", self.node);
+        Self::start_in(self.home.clone(), self.uid, &self.node, shared, extra)
+    }
+
+    fn start_in(home: PathBuf, uid: u32, node: &str, shared: &Path, extra: &[&str]) -> UserDaemon {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(home.join("daemon.log"))
+            .unwrap();
         let child = Self::command(uid, &home, shared, node, extra)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -181,7 +204,6 @@ impl Drop for UserDaemon {
     }
 }
 
-/// Waits until `check` holds, at most [`LIMIT`].
 pub fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + LIMIT;
     while !check() {
@@ -190,8 +212,7 @@ pub fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
-/// A temporary root every test uid may enter, with `shared/` (root's, `mode`) in it; `None`
-/// (the test is skipped) without root or `setpriv`.
+/// A temporary root every test uid may enter, with `shared/` (root's, `mode`) in it.
 pub fn setup(mode: u32) -> Option<(tempfile::TempDir, PathBuf)> {
     if !require_root("running daemons as other uids") || require_tool("setpriv", None).is_none() {
         return None;
@@ -227,4 +248,49 @@ pub fn as_user(uid: u32, program: &str, args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
+}
+
+/// `uid` puts a valid segment named as `node`'s (sequence `seq`) with one entry `problem`
+/// into `v2`, as that user: the file is really theirs.
+pub fn plant_segment(root: &Path, v2: &Path, uid: u32, node: &str, seq: u64, problem: &str) {
+    plant_segment_range(root, v2, uid, node, (seq, seq), problem);
+}
+
+/// [`plant_segment`] covering the sequence numbers `first..=last`.
+pub fn plant_segment_range(
+    root: &Path,
+    v2: &Path,
+    uid: u32,
+    node: &str,
+    (seq, last): (u64, u64),
+    problem: &str,
+) {
+    let document = serde_json::json!({
+        "format": "tunecache-snapshot", "version": 2, "node": node,
+        "first_seq": seq, "last_seq": last, "written_at_unix_ms": 0, "entry_count": 1,
+        "entries": [{"namespace": "users", "op": "gemm", "device": "d", "problem": problem,
+                     "config": "{\"planted\":1}", "time_us": 0.5, "tuned_by": "planted",
+                     "tuned_at_unix_ms": 1}]
+    });
+    let source = root.join(format!("planted-{node}-{seq}-{last}.json"));
+    std::fs::write(&source, serde_json::to_vec(&document).unwrap()).unwrap();
+    let target = v2.join(format!("{node}.{seq:016x}-{last:016x}.seg.json"));
+    let copied = as_user(
+        uid,
+        "cp",
+        &[source.to_str().unwrap(), target.to_str().unwrap()],
+    );
+    assert!(copied.status.success(), "cp as {uid}: {copied:?}");
+}
+
+pub fn segments_of(v2: &Path, node: &str) -> Vec<PathBuf> {
+    std::fs::read_dir(v2)
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{node}.")) && n.ends_with(".seg.json"))
+        })
+        .collect()
 }
