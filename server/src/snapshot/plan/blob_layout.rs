@@ -7,8 +7,8 @@
 //! root's and sticky, made by the administrator (or a daemon running as root), never by a
 //! user's daemon, which would own it and so could remove or rename every other user's blobs.
 //! Inside it each writer uid has a directory of its own, `<uid>/` (its mode:
-//! `trust::written_modes`), that only it can write: a blob there is its writer's file, and nobody else can plant, replace or remove a
-//! name in it. A `<uid>/` that another user made first (squatting) is reported and passed
+//! `trust::written_modes`), that only it can write: a blob there is its writer's file, and
+//! nobody else can plant, replace or remove a name in it. A `<uid>/` that another user made first (squatting) is reported and passed
 //! over: the writer makes a directory `<uid>.<16 hex>/` instead, which no one can take ahead
 //! of it (the name is new and `mkdir` fails on a taken one), and readers find it by listing
 //! `v2/artifacts/`. Blobs that older daemons linked straight into `v2/artifacts/<sha256>` are
