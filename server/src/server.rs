@@ -268,6 +268,7 @@ async fn serve(
         tasks.spawn(crate::ops::metrics::serve(
             metrics_listener,
             probe.clone(),
+            crate::rpc::service::stats_metrics(),
             tasks.clone(),
         ));
     }

@@ -27,12 +27,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use tunecache_proto::v1;
-
 use crate::error::Error;
 use crate::model::entry::{CacheKey, TunedResult};
 use crate::model::validate::InvalidField;
-use crate::report::{FillStats, LogOnce};
+use crate::report::LogOnce;
 use crate::store::{Change, ChangeListener};
 
 #[cfg(test)]
@@ -52,27 +50,51 @@ pub struct ArtifactSettings {
     pub limits: Limits,
 }
 
-/// What the store counted, for Stats.
-#[derive(Default)]
-struct Counters {
-    uploads: AtomicU64,
-    uploads_already_held: AtomicU64,
-    uploads_refused: AtomicU64,
-    digest_failures: AtomicU64,
-    fetches_local: AtomicU64,
-    fetches_shared_dir: AtomicU64,
-    fetches_cluster: AtomicU64,
-    fetches_missing: AtomicU64,
-    bytes_served: AtomicU64,
-    bytes_read_from_tiers: AtomicU64,
-    collections: AtomicU64,
-    bytes_over_blob_limit: AtomicU64,
-    bytes_over_store_limit: AtomicU64,
-    bytes_over_uid_limit: AtomicU64,
-    bytes_over_uid_share: AtomicU64,
-    fetches_over_store_limit: AtomicU64,
-    records_refused: AtomicU64,
-    handoffs: AtomicU64,
+crate::report::stats_registry! {
+    /// What the store counted, for Stats.
+    #[derive(Default)]
+    struct Counters {
+        uploads: AtomicU64 as artifact_uploads
+            => counter(113, "PutArtifact calls that stored a new blob."),
+        uploads_already_held: AtomicU64 as artifact_uploads_already_held
+            => counter(114, "PutArtifact calls answered already_held."),
+        uploads_refused: AtomicU64 as artifact_uploads_refused
+            => counter(115, "PutArtifact calls refused (digest, size or a limit)."),
+        digest_failures: AtomicU64 as artifact_digest_failures => counter(
+            116,
+            "Blobs whose bytes did not hash to their digest: uploads, this node's disk, the tiers.",
+        ),
+        fetches_local: AtomicU64 as artifact_fetches_local
+            => counter(117, "GetArtifact calls served from this node's store."),
+        fetches_shared_dir: AtomicU64 as artifact_fetches_shared_dir
+            => counter(118, "Blobs fetched from the shared directory into the store."),
+        fetches_cluster: AtomicU64 as artifact_fetches_cluster
+            => counter(119, "Blobs fetched from the Redis tier into the store."),
+        fetches_missing: AtomicU64 as artifact_fetches_missing
+            => counter(120, "GetArtifact calls answered NOT_FOUND or UNAVAILABLE."),
+        bytes_served: AtomicU64 as artifact_bytes_served
+            => counter(121, "Bytes GetArtifact streamed."),
+        bytes_read_from_tiers: AtomicU64 as artifact_bytes_read_from_tiers
+            => counter(122, "Bytes read from the shared directory or Redis for blobs."),
+        collections: AtomicU64 as artifact_collections
+            => counter(123, "Unreferenced blobs deleted after --artifact-grace-secs."),
+        bytes_over_blob_limit: AtomicU64 as artifact_bytes_over_blob_limit
+            => counter(124, "Announced bytes of uploads refused by --max-artifact-bytes."),
+        bytes_over_store_limit: AtomicU64 as artifact_bytes_over_store_limit
+            => counter(125, "Bytes of uploads refused by --artifact-store-mib."),
+        bytes_over_uid_limit: AtomicU64 as artifact_bytes_over_uid_limit
+            => counter(126, "Bytes of uploads refused by --artifact-unreferenced-mib-per-uid."),
+        bytes_over_uid_share: AtomicU64 as artifact_bytes_over_uid_store_limit
+            => counter(134, "Bytes of uploads refused by --artifact-store-mib-per-uid."),
+        fetches_over_store_limit: AtomicU64 as artifact_fetches_over_store_limit
+            => counter(135, "Fetches from the tiers refused by --artifact-store-mib."),
+        records_refused: AtomicU64 as artifact_records_refused
+            => counter(129, "Records refused for naming a blob this node cannot serve."),
+        handoffs: AtomicU64 as artifact_handoffs => counter(
+            132,
+            "Blobs handed to a rank on this node as a read-only descriptor (the handoff socket).",
+        ),
+    }
 }
 
 fn add(counter: &AtomicU64, n: u64) {
@@ -341,37 +363,28 @@ impl Artifacts {
     }
 }
 
-impl FillStats for Artifacts {
-    fn fill_stats(&self, stats: &mut v1::StatsResponse) {
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let c = &self.counters;
-        {
-            let index = crate::sync::lock(&self.index);
-            stats.artifact_blobs_held = index.len() as u64;
-            stats.artifact_bytes_held = index.held_bytes();
-            let limits = index.limits();
-            stats.max_artifact_bytes = limits.max_blob_bytes;
-            stats.artifact_store_bytes = limits.store_bytes;
-            stats.artifact_store_bytes_per_uid = limits.store_bytes_per_uid;
+crate::report::stats_registry! {
+    /// The store's Stats fields: what it holds, its bounds, and what it counted.
+    impl FillStats for Artifacts {
+        fn fill_stats(artifacts, stats) {
+            let (blobs, bytes, limits) = {
+                let index = crate::sync::lock(&artifacts.index);
+                (index.len() as u64, index.held_bytes(), index.limits())
+            };
         }
-        stats.artifact_uploads = load(&c.uploads);
-        stats.artifact_uploads_already_held = load(&c.uploads_already_held);
-        stats.artifact_uploads_refused = load(&c.uploads_refused);
-        stats.artifact_digest_failures = load(&c.digest_failures);
-        stats.artifact_fetches_local = load(&c.fetches_local);
-        stats.artifact_fetches_shared_dir = load(&c.fetches_shared_dir);
-        stats.artifact_fetches_cluster = load(&c.fetches_cluster);
-        stats.artifact_fetches_missing = load(&c.fetches_missing);
-        stats.artifact_bytes_served = load(&c.bytes_served);
-        stats.artifact_bytes_read_from_tiers = load(&c.bytes_read_from_tiers);
-        stats.artifact_collections = load(&c.collections);
-        stats.artifact_bytes_over_blob_limit = load(&c.bytes_over_blob_limit);
-        stats.artifact_bytes_over_store_limit = load(&c.bytes_over_store_limit);
-        stats.artifact_bytes_over_uid_limit = load(&c.bytes_over_uid_limit);
-        stats.artifact_records_refused = load(&c.records_refused);
-        stats.artifact_handoffs = load(&c.handoffs);
-        stats.artifact_bytes_over_uid_store_limit = load(&c.bytes_over_uid_share);
-        stats.artifact_fetches_over_store_limit = load(&c.fetches_over_store_limit);
+        include Counters = artifacts.counters;
+        fields {
+            artifact_blobs_held = blobs => gauge(111, "Artifact blobs held in this node's store."),
+            artifact_bytes_held = bytes => gauge(112, "Bytes of the artifact blobs held."),
+            max_artifact_bytes = limits.max_blob_bytes
+                => gauge(127, "The largest blob this node stores (--max-artifact-bytes)."),
+            artifact_store_bytes = limits.store_bytes
+                => gauge(128, "The artifact store's bound in bytes (--artifact-store-mib)."),
+            artifact_store_bytes_per_uid = limits.store_bytes_per_uid => gauge(
+                133,
+                "One uid's share of the artifact store in bytes (--artifact-store-mib-per-uid).",
+            ),
+        }
     }
 }
 
@@ -412,6 +425,7 @@ mod tests {
     use crate::model::artifacts::ArtifactList;
     use crate::store::Source;
     use crate::wire::stored::StoredEntry;
+    use tunecache_proto::v1;
 
     const MIB: u64 = 1024 * 1024;
 

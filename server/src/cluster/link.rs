@@ -254,8 +254,18 @@ pub struct Link {
     current: Mutex<Current>,
     /// Tells the connector to reconnect, and the followers that a new connection is up.
     changed: watch::Sender<u64>,
-    pub reconnects: AtomicU64,
-    pub errors: AtomicU64,
+    pub counters: LinkCounters,
+}
+
+crate::report::stats_registry! {
+    /// What the link counted.
+    #[derive(Default)]
+    pub struct LinkCounters {
+        pub reconnects: AtomicU64 as cluster_reconnects => counter(60, "Reconnections to Redis."),
+        /// Failed or timed-out Redis commands.
+        pub errors: AtomicU64 as cluster_errors
+            => counter(61, "Failed or timed-out Redis commands."),
+    }
 }
 
 impl Link {
@@ -273,8 +283,7 @@ impl Link {
                 backoff: Backoff::new(super::random_u64()),
             }),
             changed: watch::channel(0).0,
-            reconnects: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
+            counters: LinkCounters::default(),
         })
     }
 
@@ -317,7 +326,7 @@ impl Link {
     /// A command on connection `generation` failed or timed out: drop that connection (its
     /// queued requests go with it) and reconnect.
     pub fn failed(&self, generation: u64, why: &str) {
-        self.errors.fetch_add(1, Ordering::Relaxed);
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
         let mut current = self.lock();
         if current.generation != generation || current.conn.is_none() {
             return;
@@ -367,7 +376,7 @@ impl Link {
                             current.generation
                         };
                         if generation > 1 {
-                            self.reconnects.fetch_add(1, Ordering::Relaxed);
+                            self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
                         }
                         tracing::info!(url = %self.shown_url, cluster, "cluster tier: connected to redis");
                         self.changed.send_replace(generation);

@@ -19,6 +19,7 @@ mod link;
 mod places;
 mod publish;
 mod scripts;
+mod stats;
 mod values;
 pub(crate) mod views;
 
@@ -30,11 +31,11 @@ use std::time::Duration;
 
 use redis::IntoConnectionInfo;
 use tokio_util::sync::CancellationToken;
-use tunecache_proto::v1;
 
 use crate::model::entry::{CacheKey, TunedResult};
 use crate::store::{Change, ChangeListener, Source, Store};
 use crate::tasks::Tasks;
+pub use stats::ClusterCounters;
 
 pub use lease::{Claim, ClusterLease};
 pub use link::LinkState;
@@ -159,54 +160,6 @@ fn read_password(path: &Path) -> Result<String, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("--cluster-password-file {}: {e}", path.display()))?;
     Ok(text.trim_end_matches(['\r', '\n']).to_owned())
-}
-
-#[derive(Default)]
-pub struct ClusterCounters {
-    pub published: AtomicU64,
-    /// Bytes of blobs kept out of Redis by `--cluster-max-artifact-bytes`.
-    pub artifact_bytes_over_limit: AtomicU64,
-    pub publish_dropped: AtomicU64,
-    pub received: AtomicU64,
-    pub bootstrap_entries: AtomicU64,
-    pub leases_acquired: AtomicU64,
-    pub leases_held_elsewhere: AtomicU64,
-    pub lease_fallbacks: AtomicU64,
-    pub takeovers: AtomicU64,
-    pub republished: AtomicU64,
-    /// Publishes Redis already had (a retry of a batch it ran): nothing stored or announced.
-    pub publish_already: AtomicU64,
-    pub audits: AtomicU64,
-    /// Shards an audit found differing from Redis (and read again).
-    pub audit_differing: AtomicU64,
-    /// Results the audit or a stream gap found missing although their stream messages were
-    /// already behind this node: 0 while the tier is healthy.
-    pub audit_repaired: AtomicU64,
-    /// Shards whose stream skipped (trimmed past this node, or started over).
-    pub stream_gaps: AtomicU64,
-    /// Results learned by reading shards again (audits and gaps), repairs included.
-    pub resync_entries: AtomicU64,
-    /// Stream messages from another daemon that uses this node's name.
-    pub name_conflicts: AtomicU64,
-    /// Start-up (docs/cluster.md "Start-up"): shards whose saved place was read and matched
-    /// Redis's data lifetime; shards followed on from a saved place or a checkpoint without
-    /// reading their entries; shards read again from their entries.
-    pub places_restored: AtomicU64,
-    pub shards_resumed: AtomicU64,
-    pub shards_reread: AtomicU64,
-    pub checkpoints_built: AtomicU64,
-    pub checkpoints_loaded: AtomicU64,
-    pub checkpoints_rejected: AtomicU64,
-    /// Results the audit did not publish back because this node had them only from a
-    /// checkpoint that Redis's entries do not bear out.
-    pub checkpoint_results_withheld: AtomicU64,
-    /// Redis commands and reply bytes of this node's start, and how long it took.
-    pub startup_commands: AtomicU64,
-    pub startup_bytes: AtomicU64,
-    pub startup_ms: AtomicU64,
-    /// This node's Forgets Redis stored and announced; tombstones read from Redis.
-    pub forgets_published: AtomicU64,
-    pub forgets_learned: AtomicU64,
 }
 
 /// The publish queue: the newest changed result per key, bounded. On overflow it is cleared
@@ -556,60 +509,6 @@ impl Cluster {
                 && !self.prune_paused.load(Ordering::Relaxed)
         })
         .await;
-    }
-}
-
-impl crate::report::FillStats for Cluster {
-    fn fill_stats(&self, stats: &mut v1::StatsResponse) {
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let c = &self.counters;
-        stats.cluster_state = self.state().describe();
-        stats.cluster_url = self.link_url();
-        stats.cluster_bootstrapped = self.bootstrapped.load(Ordering::Relaxed);
-        stats.cluster_published = load(&c.published);
-        stats.artifact_bytes_over_cluster_limit = load(&c.artifact_bytes_over_limit);
-        stats.cluster_publish_dropped = load(&c.publish_dropped);
-        stats.cluster_publish_queue = self.lock_pending().entries.len() as u64;
-        stats.cluster_received = load(&c.received);
-        stats.cluster_bootstrap_entries = load(&c.bootstrap_entries);
-        stats.cluster_leases_acquired = load(&c.leases_acquired);
-        stats.cluster_leases_held_elsewhere = load(&c.leases_held_elsewhere);
-        stats.cluster_lease_fallbacks = load(&c.lease_fallbacks);
-        stats.cluster_takeovers = load(&c.takeovers);
-        stats.cluster_republished = load(&c.republished);
-        stats.cluster_reconnects = load(&self.link.reconnects);
-        stats.cluster_errors = load(&self.link.errors);
-        stats.cluster_publish_already = load(&c.publish_already);
-        stats.cluster_audits = load(&c.audits);
-        stats.cluster_audit_differing = load(&c.audit_differing);
-        stats.cluster_audit_repaired = load(&c.audit_repaired);
-        stats.cluster_stream_gaps = load(&c.stream_gaps);
-        stats.cluster_resync_entries = load(&c.resync_entries);
-        stats.cluster_publish_queue_limit = self.publish_queue_limit as u64;
-        stats.cluster_name_conflicts = load(&c.name_conflicts);
-        stats.cluster_forgets_published = load(&c.forgets_published);
-        stats.cluster_forgets_learned = load(&c.forgets_learned);
-        stats.cluster_refused_stream = load(&self.refusals.stream);
-        stats.cluster_refused_entries = load(&self.refusals.entries);
-        stats.cluster_refused_tombstones = load(&self.refusals.tombstones);
-        stats.cluster_wrong_type_keys = self.wrong_types.describe();
-        stats.cluster_clock_skew_ms = self.clock_skew_ms.load(Ordering::Relaxed);
-        stats.cluster_prune_paused = self.prune_paused.load(Ordering::Relaxed);
-        stats.cluster_places_restored = load(&c.places_restored);
-        stats.cluster_shards_resumed = load(&c.shards_resumed);
-        stats.cluster_shards_reread = load(&c.shards_reread);
-        stats.cluster_checkpoints_built = load(&c.checkpoints_built);
-        stats.cluster_checkpoints_loaded = load(&c.checkpoints_loaded);
-        stats.cluster_checkpoints_rejected = load(&c.checkpoints_rejected);
-        stats.cluster_checkpoint_results_withheld = load(&c.checkpoint_results_withheld);
-        let (commands, bytes) = link::startup_io();
-        stats.cluster_startup_commands = load(&c.startup_commands).max(commands);
-        stats.cluster_startup_bytes = load(&c.startup_bytes).max(bytes);
-        stats.cluster_startup_ms = load(&c.startup_ms);
-    }
-
-    fn fill_stats_absent(stats: &mut v1::StatsResponse) {
-        stats.cluster_state = "off".to_owned();
     }
 }
 

@@ -54,13 +54,22 @@ impl ReadFrom {
     }
 }
 
-/// Refusals per source, and the once-per-source log.
-#[derive(Default)]
-pub struct Refusals {
-    pub stream: AtomicU64,
-    pub entries: AtomicU64,
-    pub tombstones: AtomicU64,
-    logged: crate::report::LogOnce,
+crate::report::stats_registry! {
+    /// Refusals per source, and the once-per-source log.
+    #[derive(Default)]
+    pub struct Refusals {
+        pub stream: AtomicU64 as cluster_refused_stream => counter(
+            95,
+            "Announcements read from Redis streams that no client could send, refused.",
+        ),
+        pub entries: AtomicU64 as cluster_refused_entries => counter(
+            96,
+            "Entries read from Redis hashes or script replies that no client could send, refused.",
+        ),
+        pub tombstones: AtomicU64 as cluster_refused_tombstones
+            => counter(97, "Tombstones read from Redis that no Forget could make, refused."),
+        logged: crate::report::LogOnce => internal,
+    }
 }
 
 impl Refusals {

@@ -47,16 +47,28 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(120);
 /// Longest lease a caller may ask for.
 pub const MAX_LEASE: Duration = Duration::from_secs(3600);
 
-/// Resolve outcomes counted outside the rules (the lease outcomes are the rules' `Tally`).
-#[derive(Default)]
-struct CoordCounters {
-    resolves: AtomicU64,
-    waits_satisfied: AtomicU64,
-    waits_timed_out: AtomicU64,
-    /// Resolves refused because the caller's process held `max_leases_per_pid` leases.
-    leases_refused_per_pid: AtomicU64,
-    /// Resolves refused because the node's tuner queue was full.
-    tuner_queue_refusals: AtomicU64,
+crate::report::stats_registry! {
+    /// Resolve outcomes counted outside the rules (the lease outcomes are the rules' `Tally`).
+    #[derive(Default)]
+    struct CoordCounters {
+        resolves: AtomicU64 => counter(7, "Resolve calls."),
+        waits_satisfied: AtomicU64 => counter(
+            9,
+            "Resolve outcome: a waiting caller got someone else's result.",
+            named "resolve_waits_satisfied",
+        ),
+        waits_timed_out: AtomicU64 => counter(
+            10,
+            "Resolve outcome: a waiting caller gave up (miss).",
+            named "resolve_waits_timed_out",
+        ),
+        /// Resolves refused because the caller's process held `max_leases_per_pid` leases.
+        leases_refused_per_pid: AtomicU64
+            => counter(33, "Resolves refused: the process held --max-leases-per-pid leases."),
+        /// Resolves refused because the node's tuner queue was full.
+        tuner_queue_refusals: AtomicU64
+            => counter(34, "Resolves refused: the node's tuner queue was full."),
+    }
 }
 
 /// What a Resolve call ends with.
@@ -511,30 +523,26 @@ impl Drop for WaiterGuard<'_> {
     }
 }
 
-/// The coordinator's Stats fields: Resolve outcomes, leases and waiters.
-impl crate::report::FillStats for Coordinator {
-    fn fill_stats(&self, stats: &mut v1::StatsResponse) {
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let counters = &self.counters;
-        let (tally, (waiters, leases_active), max_leases_per_pid) = {
-            let inner = self.lock();
-            (
-                inner.flights.tally(),
-                inner.flights.gauges(),
-                inner.flights.max_leases_per_pid(),
-            )
-        };
-        stats.resolves = load(&counters.resolves);
-        stats.leases_granted = tally.leases_granted;
-        stats.leases_expired = tally.leases_expired;
-        stats.leases_released_dead = tally.leases_released_dead;
-        stats.leases_given_up = tally.leases_given_up;
-        stats.waits_satisfied = load(&counters.waits_satisfied);
-        stats.waits_timed_out = load(&counters.waits_timed_out);
-        stats.waiters = waiters;
-        stats.leases_active = leases_active;
-        stats.max_leases_per_pid = max_leases_per_pid as u64;
-        stats.leases_refused_per_pid = load(&counters.leases_refused_per_pid);
-        stats.tuner_queue_refusals = load(&counters.tuner_queue_refusals);
+crate::report::stats_registry! {
+    /// The coordinator's Stats fields: Resolve outcomes, leases and waiters.
+    impl FillStats for Coordinator {
+        fn fill_stats(coordinator, stats) {
+            let (tally, (waiting, in_flight), max_per_pid) = {
+                let inner = coordinator.lock();
+                (
+                    inner.flights.tally(),
+                    inner.flights.gauges(),
+                    inner.flights.max_leases_per_pid(),
+                )
+            };
+        }
+        include flights::Tally = tally;
+        include CoordCounters = coordinator.counters;
+        fields {
+            waiters = waiting
+                => gauge(43, "Resolve callers waiting right now.", named "resolve_waiters"),
+            leases_active = in_flight => gauge(44, "Tuning leases and tuner jobs in flight."),
+            max_leases_per_pid = max_per_pid as u64 => not_exported,
+        }
     }
 }

@@ -184,14 +184,26 @@ impl ExactForgetBudget {
 /// an await.
 pub struct ExactForgets {
     budget: Mutex<ExactForgetBudget>,
-    refused: AtomicU64,
+    counters: ExactForgetCounters,
+}
+
+crate::report::stats_registry! {
+    /// What the budget refused.
+    #[derive(Default)]
+    struct ExactForgetCounters {
+        /// Exact-key Forgets answered RESOURCE_EXHAUSTED: their uid was over its budget.
+        refused: AtomicU64 as exact_forgets_refused => counter(
+            78,
+            "Forgets of one key refused: their uid was over --max-exact-forgets-per-uid.",
+        ),
+    }
 }
 
 impl ExactForgets {
     pub fn new(per_minute: u32) -> Self {
         ExactForgets {
             budget: Mutex::new(ExactForgetBudget::new(per_minute)),
-            refused: AtomicU64::new(0),
+            counters: ExactForgetCounters::default(),
         }
     }
 
@@ -222,7 +234,7 @@ impl ExactForgets {
         if admission.admitted {
             return Ok(());
         }
-        self.refused.fetch_add(1, Ordering::Relaxed);
+        self.counters.refused.fetch_add(1, Ordering::Relaxed);
         Err(Error::ExactForgetsPerUid {
             uid,
             limit: per_minute,
@@ -245,11 +257,19 @@ fn log_minute(uid: u32, tally: &MinuteTally) {
     );
 }
 
-/// The budget's Stats fields.
-impl crate::report::FillStats for ExactForgets {
-    fn fill_stats(&self, stats: &mut tunecache_proto::v1::StatsResponse) {
-        stats.max_exact_forgets_per_uid = u64::from(crate::sync::lock(&self.budget).per_minute());
-        stats.exact_forgets_refused = self.refused.load(Ordering::Relaxed);
+crate::report::stats_registry! {
+    /// The budget's Stats fields.
+    impl FillStats for ExactForgets {
+        fn fill_stats(forgets, stats) {
+            let per_minute = crate::sync::lock(&forgets.budget).per_minute();
+        }
+        include ExactForgetCounters = forgets.counters;
+        fields {
+            max_exact_forgets_per_uid = u64::from(per_minute) => gauge(
+                77,
+                "Forgets of one key (only_if) one uid may ask per minute (--max-exact-forgets-per-uid).",
+            ),
+        }
     }
 }
 

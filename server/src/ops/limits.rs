@@ -5,10 +5,8 @@
 //! Each limit lives where its resource does (connections in `incoming`, leases in `coord`,
 //! the writer queue in `store`); this module owns what they share.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
-
-use tunecache_proto::v1;
 
 use crate::report::LogOnce;
 
@@ -69,17 +67,27 @@ pub fn raise_nofile_limit() -> NofileLimit {
     nofile
 }
 
-/// Counts of the connection limits hit, and the connections open now; reported by Stats.
-#[derive(Default)]
-pub struct ConnectionCounters {
-    /// Failed accept(2) calls (out of descriptors, typically); each is followed by a back-off.
-    pub accept_errors: AtomicU64,
-    /// Connections closed because their uid already held `--max-connections-per-uid`.
-    pub refused_per_uid: AtomicU64,
-    /// Connections closed because they sent no HTTP/2 preface within `--preface-timeout`.
-    pub preface_timeouts: AtomicU64,
-    /// Connections open right now.
-    pub open: AtomicU64,
+crate::report::stats_registry! {
+    /// Counts of the connection limits hit, and the connections open now; reported by Stats.
+    #[derive(Default)]
+    pub struct ConnectionCounters {
+        /// Failed accept(2) calls (out of descriptors, typically); each is followed by a
+        /// back-off.
+        pub accept_errors: AtomicU64 => counter(
+            30,
+            "Failed accepts (out of descriptors, typically), each followed by a back-off.",
+        ),
+        /// Connections closed because their uid already held `--max-connections-per-uid`.
+        pub refused_per_uid: AtomicU64 as connections_refused_per_uid
+            => counter(31, "Connections closed at accept: the uid held --max-connections-per-uid."),
+        /// Connections closed because they sent no HTTP/2 preface within `--preface-timeout`.
+        pub preface_timeouts: AtomicU64 => counter(
+            32,
+            "Connections closed for sending no HTTP/2 preface within --preface-timeout.",
+        ),
+        /// Connections open right now.
+        pub open: AtomicU64 as connections_open => gauge(38, "Client connections open."),
+    }
 }
 
 /// The connection limits in force, what they hit, and which causes were logged. One per
@@ -104,17 +112,17 @@ impl ConnectionLimits {
     }
 }
 
-/// The connection fields of Stats.
-impl crate::report::FillStats for ConnectionLimits {
-    fn fill_stats(&self, stats: &mut v1::StatsResponse) {
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        stats.nofile_soft_limit = self.nofile.soft;
-        stats.nofile_hard_limit = self.nofile.hard;
-        stats.max_connections_per_uid = self.max_per_uid as u64;
-        stats.connections_open = load(&self.counters.open);
-        stats.accept_errors = load(&self.counters.accept_errors);
-        stats.connections_refused_per_uid = load(&self.counters.refused_per_uid);
-        stats.preface_timeouts = load(&self.counters.preface_timeouts);
+crate::report::stats_registry! {
+    /// The connection fields of Stats.
+    impl FillStats for ConnectionLimits {
+        fn fill_stats(limits, stats) {}
+        include ConnectionCounters = limits.counters;
+        fields {
+            nofile_soft_limit = limits.nofile.soft
+                => gauge(41, "Open-file limit the daemon runs under."),
+            nofile_hard_limit = limits.nofile.hard => not_exported,
+            max_connections_per_uid = limits.max_per_uid as u64 => not_exported,
+        }
     }
 }
 

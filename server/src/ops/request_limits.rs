@@ -32,7 +32,6 @@ use tonic::codegen::{http, StdError};
 use tonic::server::NamedService;
 use tonic::Status;
 use tunecache_proto::limits::GRPC_FRAME_HEADER_BYTES;
-use tunecache_proto::v1;
 
 use crate::error::Error;
 use crate::report::LogOnce;
@@ -44,10 +43,26 @@ pub struct RequestLimits {
     /// The request bytes each uid holds now, as permits taken from its semaphore; a uid is
     /// removed when it holds none.
     per_uid: Mutex<HashMap<u32, Arc<Semaphore>>>,
-    in_flight: AtomicU64,
-    refused_too_large: AtomicU64,
-    refused_per_uid: AtomicU64,
+    counters: RequestCounters,
     logged: LogOnce,
+}
+
+crate::report::stats_registry! {
+    /// The request bytes held now, and the requests refused.
+    #[derive(Default)]
+    struct RequestCounters {
+        /// Bytes of request messages being read, decoded or served now, all uids.
+        in_flight: AtomicU64 as request_bytes_in_flight
+            => gauge(40, "Bytes of request messages being read, decoded or served."),
+        /// Requests over `--max-message-bytes`.
+        refused_too_large: AtomicU64 as requests_refused_too_large
+            => counter(36, "Requests refused from their header: over --max-message-bytes."),
+        /// Requests whose uid had `--max-request-bytes-per-uid` in flight.
+        refused_per_uid: AtomicU64 as requests_refused_per_uid => counter(
+            37,
+            "Requests refused from their header: the uid had --max-request-bytes-per-uid in flight.",
+        ),
+    }
 }
 
 impl RequestLimits {
@@ -70,9 +85,7 @@ impl RequestLimits {
             max_message_bytes,
             max_bytes_per_uid,
             per_uid: Mutex::default(),
-            in_flight: AtomicU64::new(0),
-            refused_too_large: AtomicU64::new(0),
-            refused_per_uid: AtomicU64::new(0),
+            counters: RequestCounters::default(),
             logged: LogOnce::default(),
         })
     }
@@ -100,7 +113,9 @@ impl RequestLimits {
     /// Admits a request message of `len` bytes from `uid`, or says why not.
     fn admit(self: &Arc<Self>, uid: Option<u32>, len: usize) -> Result<Grant, Error> {
         if len > self.max_message_bytes {
-            self.refused_too_large.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .refused_too_large
+                .fetch_add(1, Ordering::Relaxed);
             if self.logged.first("message too large") {
                 tracing::warn!(
                     uid,
@@ -120,7 +135,9 @@ impl RequestLimits {
             Some(uid) => Some(self.take_per_uid(uid, len)?),
             None => None,
         };
-        self.in_flight.fetch_add(len as u64, Ordering::Relaxed);
+        self.counters
+            .in_flight
+            .fetch_add(len as u64, Ordering::Relaxed);
         Ok(Grant {
             limits: self.clone(),
             uid,
@@ -140,7 +157,9 @@ impl RequestLimits {
             return Ok(permit);
         }
         drop(per_uid);
-        self.refused_per_uid.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .refused_per_uid
+            .fetch_add(1, Ordering::Relaxed);
         let in_flight = self.max_bytes_per_uid - available;
         if self.logged.first(format!("request bytes of uid {uid}")) {
             tracing::warn!(
@@ -161,15 +180,15 @@ impl RequestLimits {
     }
 }
 
-/// The request fields of Stats.
-impl crate::report::FillStats for RequestLimits {
-    fn fill_stats(&self, stats: &mut v1::StatsResponse) {
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        stats.max_message_bytes = self.max_message_bytes as u64;
-        stats.max_request_bytes_per_uid = self.max_bytes_per_uid as u64;
-        stats.request_bytes_in_flight = load(&self.in_flight);
-        stats.requests_refused_too_large = load(&self.refused_too_large);
-        stats.requests_refused_per_uid = load(&self.refused_per_uid);
+crate::report::stats_registry! {
+    /// The request fields of Stats.
+    impl FillStats for RequestLimits {
+        fn fill_stats(limits, stats) {}
+        include RequestCounters = limits.counters;
+        fields {
+            max_message_bytes = limits.max_message_bytes as u64 => not_exported,
+            max_request_bytes_per_uid = limits.max_bytes_per_uid as u64 => not_exported,
+        }
     }
 }
 
@@ -184,6 +203,7 @@ struct Grant {
 impl Drop for Grant {
     fn drop(&mut self) {
         self.limits
+            .counters
             .in_flight
             .fetch_sub(self.len as u64, Ordering::Relaxed);
         let (Some(uid), Some(permit)) = (self.uid, self.permit.take()) else {
@@ -358,6 +378,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tunecache_proto::v1;
 
     fn limits(max_message: usize, per_uid: usize) -> Arc<RequestLimits> {
         Arc::new(RequestLimits::new(max_message, per_uid).unwrap())

@@ -1,6 +1,6 @@
 //! Who fills the Stats response: each owner of a counter or gauge fills its own fields, and the
-//! Stats handler asks every owner in turn. A new counter is a proto field, one line in its
-//! owner's `fill_stats`, and (if it is exported) one row in the `metrics` table.
+//! Stats handler asks every owner in turn. The fills are written by each part's
+//! `stats_registry!` (`registry`): a new counter is a proto field and one entry there.
 
 use std::sync::Arc;
 

@@ -19,7 +19,6 @@ use crate::error::Error;
 use crate::model::entry::CacheKey;
 use crate::model::names::{self, ViewId};
 use crate::model::validate::{self, CheckedKey, InvalidField};
-use crate::report::FillStats;
 use crate::rpc::routes::off_runtime_if_large;
 use crate::snapshot::SnapshotHandle;
 use crate::store::Store;
@@ -32,28 +31,10 @@ use prost::bytes::Bytes;
 use prost::Message;
 use tokio_stream::StreamExt;
 
-/// Request counters reported by Stats.
-#[derive(Default)]
-pub struct RequestCounters {
-    pub lookups: AtomicU64,
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub records: AtomicU64,
-    pub entries_stored: AtomicU64,
-    pub entries_unchanged: AtomicU64,
-}
+mod stats;
 
-impl FillStats for RequestCounters {
-    fn fill_stats(&self, stats: &mut v1::StatsResponse) {
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        stats.lookups = load(&self.lookups);
-        stats.hits = load(&self.hits);
-        stats.misses = load(&self.misses);
-        stats.records = load(&self.records);
-        stats.entries_stored = load(&self.entries_stored);
-        stats.entries_unchanged = load(&self.entries_unchanged);
-    }
-}
+pub(crate) use stats::stats_metrics;
+use stats::RequestCounters;
 
 pub struct TuneCacheService {
     store: Store,
@@ -74,7 +55,6 @@ pub struct TuneCacheService {
     previous_shutdown: String,
     /// Who may run a scope Forget (`--admin-uid`, `--admin-gid`).
     admins: crate::ops::access::AccessPolicy,
-    forgets_refused: AtomicU64,
     /// The per-uid budget of exact-key Forgets (`--max-exact-forgets-per-uid`) and its log.
     exact_forgets: crate::ops::forget_budget::ExactForgets,
     /// Every read goes through the node's job views, with or without a view.
@@ -107,7 +87,6 @@ impl TuneCacheService {
             request_limits: None,
             previous_shutdown: String::new(),
             admins: crate::ops::access::AccessPolicy::owner_and_root(),
-            forgets_refused: AtomicU64::new(0),
             exact_forgets: crate::ops::forget_budget::ExactForgets::new(
                 crate::ops::forget_budget::DEFAULT_MAX_EXACT_FORGETS_PER_UID,
             ),
@@ -276,37 +255,6 @@ impl TuneCacheService {
             rank,
         };
         Ok(Box::pin(self.views.scan(filter, view)))
-    }
-
-    /// The daemon's Stats now: each owner fills its own fields (no I/O, short locks only).
-    pub fn stats_now(&self) -> v1::StatsResponse {
-        let mut stats = v1::StatsResponse {
-            node_name: self.node_name.clone(),
-            previous_shutdown_publish: self.previous_shutdown.clone(),
-            daemon_pid: std::process::id(),
-            daemon_uid: nix::unistd::geteuid().as_raw(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            uptime_ms: self.started.elapsed().as_millis() as u64,
-            ..Default::default()
-        };
-        let owners: [&dyn FillStats; 11] = [
-            &*self.artifacts,
-            &self.counters,
-            &self.store,
-            &self.coordinator,
-            &self.views,
-            &self.tuner,
-            &self.connection_limits,
-            &self.request_limits,
-            &self.snapshots,
-            &self.cluster,
-            &self.exact_forgets,
-        ];
-        for owner in owners {
-            owner.fill_stats(&mut stats);
-        }
-        stats.forgets_refused = self.forgets_refused.load(Ordering::Relaxed);
-        stats
     }
 }
 
@@ -495,7 +443,9 @@ impl TuneCache for TuneCacheService {
         let scope = ask.scope.to_string();
         let is_scope = ask.only_if.is_none();
         if is_scope && !admin {
-            self.forgets_refused.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .forgets_refused
+                .fetch_add(1, Ordering::Relaxed);
             return Err(self.not_admin(uid));
         }
         // Without credentials the access check has refused the call already.

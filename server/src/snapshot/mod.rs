@@ -13,7 +13,7 @@
 //!
 //! Pieces, mini-redis style:
 //! - `SnapshotHandle`: cheap, cloneable handle over the shared state, held by the gRPC service
-//!   (Snapshot RPC, Stats fields 40–59) and by the background task.
+//!   (Snapshot RPC, Stats fields 40–59, declared in `stats`) and by the background task.
 //! - one dedicated I/O thread (`tunecache-snapshot-io`, `io`) does every filesystem call. The
 //!   async side hands it one job at a time and waits at most `IO_WAIT_BOUND`; a job that does
 //!   not come back is abandoned (never joined), reported in Stats as the stuck operation and
@@ -35,10 +35,11 @@ mod io;
 mod plan;
 pub mod segments;
 pub(crate) mod shared_file;
+mod stats;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -56,6 +57,7 @@ use crate::tasks::Tasks;
 
 use io::{IoJob, IoWorker, WriteReport};
 use plan::merged::MergedRecord;
+use stats::SnapshotCounters;
 
 /// gRPC health service name that reports snapshot trouble. NOT_SERVING here means the
 /// shared directory is stuck or failing; the cache itself (`tunecache.v1.TuneCache`) keeps
@@ -119,39 +121,6 @@ struct InFlight {
     operation: Operation,
     since_unix_ms: i64,
     started: Instant,
-}
-
-#[derive(Default)]
-struct SnapshotCounters {
-    written: AtomicU64,
-    skipped_unchanged: AtomicU64,
-    errors: AtomicU64,
-    peer_files_loaded: AtomicU64,
-    peer_files_skipped: AtomicU64,
-    segments_loaded: AtomicU64,
-    compactions: AtomicU64,
-    last_snapshot_unix_ms: AtomicI64,
-    /// File bytes read from the shared directory (shared with the readers that count them).
-    bytes_read: Arc<AtomicU64>,
-    /// File bytes written to the shared directory.
-    bytes_written: AtomicU64,
-    passes: AtomicU64,
-    last_pass_bytes_read: AtomicU64,
-    last_pass_bytes_written: AtomicU64,
-    /// Own contributions published in all.
-    published: AtomicU64,
-    /// Files skipped because they do not prove who wrote them.
-    untrusted_files: AtomicU64,
-    /// Of those, other users' files under a name this daemon trusts (name squatting).
-    squatted_files: AtomicU64,
-    /// Segments under this node's name that it did not write.
-    name_conflicts: AtomicU64,
-    /// Entries dropped from loaded files (a Record would refuse them).
-    invalid_entries: AtomicU64,
-    /// Other nodes read on from the place the state directory recorded, not from the start.
-    peers_resumed: AtomicU64,
-    /// Blobs of `v2/artifacts/` no entry named, deleted by this node's sweeps.
-    blobs_collected: AtomicU64,
 }
 
 /// State shared by the handle, the background task and the I/O thread.
@@ -826,42 +795,6 @@ impl SnapshotHandle {
                 && !self.shared.blobs_failing.load(Ordering::Acquire)
         })
         .await;
-    }
-}
-
-/// Fills the snapshot fields (40–59) of a Stats response. Touches no filesystem.
-impl crate::report::FillStats for SnapshotHandle {
-    fn fill_stats(&self, stats: &mut v1::StatsResponse) {
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let counters = &self.shared.counters;
-        stats.shared_dir = self.shared.settings.dir.display().to_string();
-        stats.last_snapshot_unix_ms = counters.last_snapshot_unix_ms.load(Ordering::Relaxed);
-        stats.snapshots_written = load(&counters.written);
-        stats.snapshots_skipped_unchanged = load(&counters.skipped_unchanged);
-        stats.snapshot_errors = load(&counters.errors);
-        stats.peer_files_loaded = load(&counters.peer_files_loaded);
-        stats.peer_files_skipped = load(&counters.peer_files_skipped);
-        stats.last_snapshot_error = lock(&self.shared.last_error).clone();
-        if let Some((operation, since_unix_ms)) = self.stuck() {
-            stats.stuck_operation = operation.as_str().to_owned();
-            stats.stuck_since_unix_ms = since_unix_ms;
-        }
-        stats.snapshot_passes = load(&counters.passes);
-        stats.snapshot_pass_bytes_read = load(&counters.last_pass_bytes_read);
-        stats.snapshot_pass_bytes_written = load(&counters.last_pass_bytes_written);
-        stats.snapshot_bytes_read = load(&counters.bytes_read);
-        stats.snapshot_bytes_written = load(&counters.bytes_written);
-        stats.peer_segments_loaded = load(&counters.segments_loaded);
-        stats.segment_compactions = load(&counters.compactions);
-        stats.own_entries_published = load(&counters.published);
-        stats.snapshot_format_version = crate::snapshot::format::FORMAT_VERSION as u32;
-        stats.snapshot_untrusted_files = load(&counters.untrusted_files);
-        stats.snapshot_squatted_files = load(&counters.squatted_files);
-        stats.snapshot_name_conflicts = load(&counters.name_conflicts);
-        stats.snapshot_invalid_entries = load(&counters.invalid_entries);
-        stats.peer_nodes_resumed = load(&counters.peers_resumed);
-        stats.artifact_shared_dir_collections = load(&counters.blobs_collected);
-        stats.artifact_shared_dir_squatted = self.shared.squats.count();
     }
 }
 

@@ -57,30 +57,47 @@ pub type CacheMap = imbl::OrdMap<CacheKey, TunedResult>;
 /// Default of `--forget-retention-days`: how long a tombstone is kept (docs/forget.md).
 pub const DEFAULT_FORGET_RETENTION: Duration = Duration::from_secs(90 * 24 * 3600);
 
-#[derive(Default)]
-pub struct StoreCounters {
-    pub journal_bytes: AtomicU64,
-    pub journal_live_bytes: AtomicU64,
-    pub journal_compactions: AtomicU64,
-    /// Compactions and repair rewrites of the journal that failed (each cause logged once).
-    pub journal_compaction_failures: AtomicU64,
-    /// Appends or syncs that failed; the Records in them were refused.
-    pub journal_write_failures: AtomicU64,
-    /// Times the journal stopped taking appends until repaired.
-    pub journal_unwritable_episodes: AtomicU64,
-    /// Why the journal refuses appends right now; empty while it takes them.
-    pub journal_unwritable: Mutex<String>,
-    /// Since when (unix ms) the journal refuses appends; 0 while it takes them.
-    pub journal_unwritable_since_unix_ms: AtomicI64,
-    /// Records refused because the write queue was full.
-    pub writes_shed: AtomicU64,
-    /// Forgets applied (asked here or learned), entries they dropped, tombstones held now.
-    pub forgets_received: AtomicU64,
-    pub forget_entries_dropped: AtomicU64,
-    pub tombstones_held: AtomicU64,
-    /// Entries and tombstones from other nodes too big for a journal frame of their own
-    /// (`journal::MAX_RECORD_BYTES`): dropped before the writer, each logged once per source.
-    pub oversize_records_dropped: AtomicU64,
+crate::report::stats_registry! {
+    /// What the store and its journal writer counted, for Stats.
+    #[derive(Default)]
+    pub struct StoreCounters {
+        pub journal_bytes: AtomicU64 => gauge(46, "Size of the journal."),
+        pub journal_live_bytes: AtomicU64
+            => gauge(47, "Journal bytes still needed by live entries."),
+        pub journal_compactions: AtomicU64 => counter(14, "Journal compactions."),
+        /// Compactions and repair rewrites of the journal that failed (each cause logged once).
+        pub journal_compaction_failures: AtomicU64
+            => counter(15, "Journal compactions and repair rewrites that failed."),
+        /// Appends or syncs that failed; the Records in them were refused.
+        pub journal_write_failures: AtomicU64
+            => counter(16, "Journal appends or syncs that failed; their Records were refused."),
+        /// Times the journal stopped taking appends until repaired.
+        pub journal_unwritable_episodes: AtomicU64 => not_exported,
+        /// Why the journal refuses appends right now; empty while it takes them.
+        pub journal_unwritable: Mutex<String> => signed_gauge(
+            17,
+            "1 while the journal refuses Records until it is repaired.",
+            via |why: &String| i64::from(!why.is_empty()),
+        ),
+        /// Since when (unix ms) the journal refuses appends; 0 while it takes them.
+        pub journal_unwritable_since_unix_ms: AtomicI64 => not_exported,
+        /// Records refused because the write queue was full.
+        pub writes_shed: AtomicU64
+            => counter(35, "Records refused: the journal writer's queue was full."),
+        /// Forgets applied (asked here or learned), entries they dropped, tombstones held now.
+        pub forgets_received: AtomicU64
+            => counter(71, "Forgets applied: asked of this node, or learned from other nodes."),
+        pub forget_entries_dropped: AtomicU64
+            => counter(72, "Entries removed from this node's cache by Forgets."),
+        pub tombstones_held: AtomicU64
+            => gauge(74, "Forgets kept so that no replica brings their entries back."),
+        /// Entries and tombstones from other nodes too big for a journal frame of their own
+        /// (`journal::MAX_RECORD_BYTES`): dropped before the writer, each logged once per source.
+        pub oversize_records_dropped: AtomicU64 => counter(
+            79,
+            "Entries and tombstones from other nodes too big for a journal frame, dropped.",
+        ),
+    }
 }
 
 struct Shared {
@@ -182,30 +199,18 @@ impl Store {
     }
 }
 
-/// The store's Stats fields: the cache size, the journal writer and its queue.
-impl crate::report::FillStats for Store {
-    fn fill_stats(&self, stats: &mut tunecache_proto::v1::StatsResponse) {
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let counters = &self.shared.counters;
-        stats.entries = self.len() as u64;
-        stats.journal_bytes = load(&counters.journal_bytes);
-        stats.journal_live_bytes = load(&counters.journal_live_bytes);
-        stats.journal_compactions = load(&counters.journal_compactions);
-        stats.journal_compaction_failures = load(&counters.journal_compaction_failures);
-        stats.journal_write_failures = load(&counters.journal_write_failures);
-        stats.journal_unwritable_episodes = load(&counters.journal_unwritable_episodes);
-        stats.journal_unwritable = crate::sync::lock(&counters.journal_unwritable).clone();
-        stats.journal_unwritable_since_unix_ms = counters
-            .journal_unwritable_since_unix_ms
-            .load(Ordering::Relaxed);
-        stats.fsync_policy = self.fsync_policy().as_str().to_owned();
-        stats.write_queue_bytes = self.write_queue_bytes();
-        stats.write_queue_limit_bytes = self.write_queue_limit_bytes();
-        stats.writes_shed = load(&counters.writes_shed);
-        stats.forgets_received = load(&counters.forgets_received);
-        stats.forget_entries_dropped = load(&counters.forget_entries_dropped);
-        stats.tombstones_held = load(&counters.tombstones_held);
-        stats.oversize_records_dropped = load(&counters.oversize_records_dropped);
+crate::report::stats_registry! {
+    /// The store's Stats fields: the cache size, the journal writer and its queue.
+    impl FillStats for Store {
+        fn fill_stats(store, stats) {}
+        include StoreCounters = store.shared.counters;
+        fields {
+            entries = store.len() as u64 => gauge(42, "Entries in the cache."),
+            fsync_policy = store.fsync_policy().as_str().to_owned() => not_exported,
+            write_queue_bytes = store.write_queue_bytes()
+                => gauge(39, "Bytes of Records waiting for the journal writer."),
+            write_queue_limit_bytes = store.write_queue_limit_bytes() => not_exported,
+        }
     }
 }
 

@@ -11,10 +11,6 @@ pub use supervisor::{
     TunerHandle, MAX_DEATHS_PER_JOB, READY_TIMEOUT,
 };
 
-use tunecache_proto::v1::StatsResponse;
-
-use crate::report::FillStats;
-
 /// The tuner handle for this daemon, from its settings (`None`: `--tuner off`): running, or
 /// `off` with the reason (logged once).
 pub async fn start(settings: Option<SupervisorConfig>) -> TunerHandle {
@@ -41,15 +37,15 @@ pub async fn start(settings: Option<SupervisorConfig>) -> TunerHandle {
     }
 }
 
-impl FillStats for TunerHandle {
-    fn fill_stats(&self, stats: &mut StatsResponse) {
-        let counters = self.counters();
-        stats.tuner_backend = self.backend();
-        stats.tuner_state = state_with_note(self);
-        stats.tuner_queue_depth = counters.queue_depth;
-        stats.tuner_jobs_done = counters.jobs_done;
-        stats.tuner_jobs_failed = counters.jobs_failed;
-        stats.tuner_restarts = counters.restarts;
+crate::report::stats_registry! {
+    /// The tuner's Stats fields: its backend, its state and its jobs.
+    impl FillStats for TunerHandle {
+        fn fill_stats(tuner, stats) {}
+        include TunerCounters = tuner.counters();
+        fields {
+            tuner_backend = tuner.backend() => not_exported,
+            tuner_state = state_with_note(tuner) => not_exported,
+        }
     }
 }
 

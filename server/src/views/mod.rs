@@ -22,12 +22,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use tunecache_proto::v1;
 
 use crate::cluster::Cluster;
 use crate::coord::Coordinator;
 use crate::model::entry::{CacheKey, KeyView};
-use crate::report::{FillStats, LogOnce};
+use crate::report::LogOnce;
 use crate::store::{Change, ChangeListener, ForgetChange, Source, Store};
 use crate::tasks::Tasks;
 use crate::wire::stored::{EntryMap, StoredEntry};
@@ -72,11 +71,15 @@ fn removed(tombstones: &crate::model::forget::Tombstones, pin: &StoredEntry) -> 
     tombstones.drops_epoch(&pin.key(), || pin.result().forget_epoch)
 }
 
-/// Counters kept outside the rules.
-#[derive(Default)]
-struct ViewCounters {
-    fallbacks: AtomicU64,
-    from_cluster: AtomicU64,
+crate::report::stats_registry! {
+    /// Counters kept outside the rules.
+    #[derive(Default)]
+    struct ViewCounters {
+        fallbacks: AtomicU64 as view_pin_fallbacks
+            => counter(87, "Pins made node-locally because Redis did not answer in time."),
+        from_cluster: AtomicU64 as view_pins_from_cluster
+            => counter(88, "Pins another node made first, taken from Redis."),
+    }
 }
 
 /// A lease holder's result, to pin in the view its lease was granted in.
@@ -485,33 +488,34 @@ impl ChangeListener for ChangeFeed {
     }
 }
 
-impl FillStats for Views {
-    fn fill_stats(&self, stats: &mut v1::StatsResponse) {
-        let (counters, views, total, caps) = {
-            let pins = self.lock();
-            (
-                pins.counters(),
-                pins.view_count(),
-                pins.total_pins(),
-                pins.caps(),
-            )
-        };
-        stats.views_active = views as u64;
-        stats.view_pins = total as u64;
-        stats.max_view_pins = caps.max_pins as u64;
-        stats.max_view_pins_per_uid = caps.max_pins_per_uid as u64;
-        stats.max_views_per_uid = caps.max_views_per_uid as u64;
-        stats.views_evicted = counters.views_evicted;
-        stats.view_idle_secs = caps.idle.as_secs();
-        stats.view_pins_made = counters.pinned;
-        stats.view_pin_conflicts = counters.conflicts;
-        stats.view_pins_evicted = counters.evicted;
-        stats.views_ended_idle = counters.ended_idle;
-        stats.view_pins_forgotten = counters.forgotten;
-        stats.views_ended = counters.ended;
-        stats.view_pins_over_cap = counters.over_cap;
-        stats.view_pin_fallbacks = self.counters.fallbacks.load(Ordering::Relaxed);
-        stats.view_pins_from_cluster = self.counters.from_cluster.load(Ordering::Relaxed);
+crate::report::stats_registry! {
+    /// The views' Stats fields: views, pins, their caps and what the caps did.
+    impl FillStats for Views {
+        fn fill_stats(views, stats) {
+            let (counters, count, total, caps) = {
+                let pins = views.lock();
+                (
+                    pins.counters(),
+                    pins.view_count(),
+                    pins.total_pins(),
+                    pins.caps(),
+                )
+            };
+        }
+        include pins::PinCounters = counters;
+        include ViewCounters = views.counters;
+        fields {
+            views_active = count as u64
+                => gauge(80, "Job views on this node, empty ones included."),
+            view_pins = total as u64 => gauge(81, "Pins held now, all views."),
+            max_view_pins = caps.max_pins as u64
+                => gauge(82, "Most pins this node holds (--max-view-pins)."),
+            max_view_pins_per_uid = caps.max_pins_per_uid as u64
+                => gauge(83, "Most pins one uid's views hold (--max-view-pins-per-uid)."),
+            max_views_per_uid = caps.max_views_per_uid as u64
+                => gauge(84, "Most views one uid holds (--max-views-per-uid)."),
+            view_idle_secs = caps.idle.as_secs() => not_exported,
+        }
     }
 }
 

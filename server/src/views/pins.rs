@@ -33,25 +33,34 @@ use crate::model::merge::rank_views;
 pub use crate::model::names::ViewId;
 use crate::wire::stored::{EntryMap, StoredEntry};
 
-/// Counters the Stats and metrics report.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PinCounters {
-    /// Pins made (first answers of a key in a view).
-    pub pinned: u64,
-    /// Reads answered with a pin while the cache held a better result.
-    pub conflicts: u64,
-    /// Pins dropped with whole views to hold a uid's caps.
-    pub evicted: u64,
-    /// Whole views dropped to hold a uid's caps.
-    pub views_evicted: u64,
-    /// Views ended for being idle.
-    pub ended_idle: u64,
-    /// Views ended by an operator.
-    pub ended: u64,
-    /// Pins dropped by Forgets.
-    pub forgotten: u64,
-    /// Answers left unpinned: their view alone held its uid's cap, or the node its total.
-    pub over_cap: u64,
+crate::report::stats_registry! {
+    /// Counters the Stats and metrics report.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct PinCounters {
+        /// Pins made (first answers of a key in a view).
+        pub pinned: u64 as view_pins_made
+            => counter(85, "First answers pinned in a view (here, or taken from the cluster)."),
+        /// Reads answered with a pin while the cache held a better result.
+        pub conflicts: u64 as view_pin_conflicts
+            => counter(86, "View reads answered with a pin while a better result was stored."),
+        /// Pins dropped with whole views to hold a uid's caps.
+        pub evicted: u64 as view_pins_evicted
+            => counter(89, "Pins dropped with whole views to hold their uid's caps."),
+        /// Whole views dropped to hold a uid's caps.
+        pub views_evicted: u64 => counter(90, "Whole views dropped to hold their uid's caps."),
+        /// Views ended for being idle.
+        pub ended_idle: u64 as views_ended_idle
+            => counter(93, "Views ended after --view-idle-secs without a request."),
+        /// Views ended by an operator.
+        pub ended: u64 as views_ended => counter(94, "Views ended by an operator."),
+        /// Pins dropped by Forgets.
+        pub forgotten: u64 as view_pins_forgotten => counter(92, "Pins dropped by Forgets."),
+        /// Answers left unpinned: their view alone held its uid's cap, or the node its total.
+        pub over_cap: u64 as view_pins_over_cap => counter(
+            91,
+            "Answers left unpinned: their view alone held its uid's cap, or the node --max-view-pins.",
+        ),
+    }
 }
 
 /// The caps and the idle time.

@@ -122,13 +122,20 @@ pub enum TunerEnd {
     Stopped,
 }
 
-/// Lease outcomes, for Stats.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Tally {
-    pub leases_granted: u64,
-    pub leases_expired: u64,
-    pub leases_released_dead: u64,
-    pub leases_given_up: u64,
+crate::report::stats_registry! {
+    /// Lease outcomes, for Stats.
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    pub struct Tally {
+        pub leases_granted: u64 => counter(
+            8,
+            "Resolve outcome: the caller was told to tune (lease granted).",
+            named "resolve_leases_granted",
+        ),
+        pub leases_expired: u64 => counter(11, "Tuning leases that ran out before a Record."),
+        pub leases_released_dead: u64
+            => counter(12, "Tuning leases released because their holder died."),
+        pub leases_given_up: u64 => counter(13, "Tuning leases given up by an empty Record."),
+    }
 }
 
 /// Who is producing a flight's result.

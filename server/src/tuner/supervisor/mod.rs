@@ -113,17 +113,20 @@ pub enum SubmitError {
     Off(String),
 }
 
-/// Counters for the daemon's Stats.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TunerCounters {
-    /// Jobs accepted and not yet answered (waiting or running).
-    pub queue_depth: u64,
-    /// Jobs answered with a result.
-    pub jobs_done: u64,
-    /// Jobs answered with an error.
-    pub jobs_failed: u64,
-    /// Workers started after the first one.
-    pub restarts: u64,
+crate::report::stats_registry! {
+    /// Counters for the daemon's Stats.
+    #[derive(Debug, Default)]
+    pub struct TunerCounters {
+        /// Jobs accepted and not yet answered (waiting or running).
+        pub queue_depth: AtomicU64 as tuner_queue_depth
+            => gauge(45, "Jobs queued for the tuner worker."),
+        /// Jobs answered with a result.
+        pub jobs_done: AtomicU64 as tuner_jobs_done => counter(27, "Tuner worker jobs finished."),
+        /// Jobs answered with an error.
+        pub jobs_failed: AtomicU64 as tuner_jobs_failed => counter(28, "Tuner worker jobs failed."),
+        /// Workers started after the first one.
+        pub restarts: AtomicU64 as tuner_restarts => counter(29, "Tuner worker restarts."),
+    }
 }
 
 /// What the caller of [`TunerHandle::submit`] eventually receives: a result that passed
@@ -149,10 +152,7 @@ struct Status {
 #[derive(Debug)]
 struct Shared {
     status: Mutex<Status>,
-    queue_depth: AtomicU64,
-    jobs_done: AtomicU64,
-    jobs_failed: AtomicU64,
-    restarts: AtomicU64,
+    counters: TunerCounters,
     /// The supervisor's task and each worker's pipe readers: `shutdown` waits for them all.
     tasks: TaskTracker,
 }
@@ -168,10 +168,7 @@ impl Shared {
                 devices: Vec::new(),
                 worker_pid: None,
             }),
-            queue_depth: AtomicU64::new(0),
-            jobs_done: AtomicU64::new(0),
-            jobs_failed: AtomicU64::new(0),
-            restarts: AtomicU64::new(0),
+            counters: TunerCounters::default(),
             tasks: TaskTracker::new(),
         }
     }
@@ -195,12 +192,12 @@ impl Shared {
 
     fn answer(&self, job: QueuedJob, reply: JobReply) {
         let counter = if reply.is_ok() {
-            &self.jobs_done
+            &self.counters.jobs_done
         } else {
-            &self.jobs_failed
+            &self.counters.jobs_failed
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        self.queue_depth.fetch_sub(1, Ordering::Relaxed);
+        self.counters.queue_depth.fetch_sub(1, Ordering::Relaxed);
         // The caller may have stopped waiting; that is its business.
         let _ = job.reply.send(reply);
     }
@@ -354,14 +351,8 @@ impl TunerHandle {
         self.inner.shared.status().worker_pid
     }
 
-    pub fn counters(&self) -> TunerCounters {
-        let shared = &self.inner.shared;
-        TunerCounters {
-            queue_depth: shared.queue_depth.load(Ordering::Relaxed),
-            jobs_done: shared.jobs_done.load(Ordering::Relaxed),
-            jobs_failed: shared.jobs_failed.load(Ordering::Relaxed),
-            restarts: shared.restarts.load(Ordering::Relaxed),
-        }
+    pub fn counters(&self) -> &TunerCounters {
+        &self.inner.shared.counters
     }
 
     /// Queues a tuning job for `device_fingerprint`. `canonical_problem` is the key's problem
@@ -404,11 +395,11 @@ impl TunerHandle {
             reply,
         };
         let shared = &self.inner.shared;
-        shared.queue_depth.fetch_add(1, Ordering::Relaxed);
+        shared.counters.queue_depth.fetch_add(1, Ordering::Relaxed);
         match self.inner.jobs.try_send(job) {
             Ok(()) => Ok(receiver),
             Err(refused) => {
-                shared.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                shared.counters.queue_depth.fetch_sub(1, Ordering::Relaxed);
                 Err(match refused {
                     mpsc::error::TrySendError::Full(_) => SubmitError::QueueFull {
                         capacity: self.inner.capacity,
@@ -508,7 +499,7 @@ async fn supervise(
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 match spawn_worker(&config, &shared.tasks).await {
                     Ok((fresh, ready)) => {
-                        shared.restarts.fetch_add(1, Ordering::Relaxed);
+                        shared.counters.restarts.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(backend = %ready.backend, pid = ?fresh.pid, "tuner worker restarted");
                         shared.adopt(&ready, fresh.pid);
                         fresh
