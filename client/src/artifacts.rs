@@ -464,14 +464,12 @@ impl Client {
                 ClientError::Artifact(format!("digest {digest:?}: {refusal}"))
             })?;
         }
-        let request = self.request(v1::StatArtifactsRequest { sha256: digests }, self.timeout);
-        Ok(self
-            .inner
-            .clone()
-            .stat_artifacts(request)
-            .await?
-            .into_inner()
-            .missing)
+        let message = v1::StatArtifactsRequest { sha256: digests };
+        let answer = crate::opening::call(message, self.timeout, |request| {
+            let mut inner = self.inner.clone();
+            async move { inner.stat_artifacts(request).await }
+        });
+        Ok(answer.await?.into_inner().missing)
     }
 
     /// A handoff connection ([`crate::handoff`]), when this client has the socket and a daemon
@@ -490,8 +488,11 @@ impl Client {
             wait_ms,
         };
         let deadline = Duration::from_millis(u64::from(wait_ms)) + DEFAULT_ARTIFACT_TIMEOUT;
-        let request = self.request(message, deadline);
-        Ok(self.inner.clone().get_artifact(request).await?.into_inner())
+        let answer = crate::opening::call(message, deadline, |request| {
+            let mut inner = self.inner.clone();
+            async move { inner.get_artifact(request).await }
+        });
+        Ok(answer.await?.into_inner())
     }
 
     /// Streams blob `sha256` (GetArtifact) into `writer` and answers its size. The bytes are

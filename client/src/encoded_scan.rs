@@ -71,17 +71,19 @@ impl Client {
         if filter.view.is_empty() {
             filter.view.clone_from(&self.view);
         }
-        let mut grpc = tonic::client::Grpc::new(self.channel.clone())
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        grpc.ready()
-            .await
-            .map_err(|error| Status::unavailable(format!("tunecached is not ready: {error}")))?;
-        let request = self.request(filter, DEFAULT_SCAN_TIMEOUT);
-        let path = PathAndQuery::from_static(SCAN_PATH);
-        Ok(grpc
-            .server_streaming(request, path, EncodedResponses)
-            .await?
-            .into_inner())
+        let answer = crate::opening::call(filter, DEFAULT_SCAN_TIMEOUT, |request| {
+            let channel = self.channel.clone();
+            async move {
+                let mut grpc = tonic::client::Grpc::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+                grpc.ready().await.map_err(|error| {
+                    Status::unavailable(format!("tunecached is not ready: {error}"))
+                })?;
+                let path = PathAndQuery::from_static(SCAN_PATH);
+                grpc.server_streaming(request, path, EncodedResponses).await
+            }
+        });
+        Ok(answer.await?.into_inner())
     }
 }

@@ -28,6 +28,7 @@ pub mod autostart;
 pub mod encoded_scan;
 mod handed;
 pub mod handoff;
+pub mod opening;
 pub mod record;
 pub mod tuning;
 pub mod view;
@@ -307,14 +308,15 @@ impl Client {
 
     /// Looks keys up in this client's view; returns the hits only, in request order.
     pub async fn lookup(&self, keys: Vec<v1::Key>) -> Result<Vec<v1::Entry>> {
-        let request = self.request(
-            v1::LookupRequest {
-                keys,
-                view: self.view.clone(),
-            },
-            self.timeout,
-        );
-        Ok(self.inner.clone().lookup(request).await?.into_inner().hits)
+        let message = v1::LookupRequest {
+            keys,
+            view: self.view.clone(),
+        };
+        let answer = opening::call(message, self.timeout, |request| {
+            let mut inner = self.inner.clone();
+            async move { inner.lookup(request).await }
+        });
+        Ok(answer.await?.into_inner().hits)
     }
 
     /// Records results; the daemon keeps, per key, the best under its merge rule.
@@ -328,8 +330,12 @@ impl Client {
         entries: Vec<v1::Entry>,
         lease_id: String,
     ) -> Result<v1::RecordResponse> {
-        let request = self.request(v1::RecordRequest { entries, lease_id }, self.timeout);
-        Ok(self.inner.clone().record(request).await?.into_inner())
+        let message = v1::RecordRequest { entries, lease_id };
+        let answer = opening::call(message, self.timeout, |request| {
+            let mut inner = self.inner.clone();
+            async move { inner.record(request).await }
+        });
+        Ok(answer.await?.into_inner())
     }
 
     /// Every entry matching the filter (empty = everything), read chunk by chunk, in this
@@ -369,8 +375,11 @@ impl Client {
         if filter.view.is_empty() {
             filter.view.clone_from(&self.view);
         }
-        let request = self.request(filter, DEFAULT_SCAN_TIMEOUT);
-        let mut stream = self.inner.clone().scan(request).await?.into_inner();
+        let answer = opening::call(filter, DEFAULT_SCAN_TIMEOUT, |request| {
+            let mut inner = self.inner.clone();
+            async move { inner.scan(request).await }
+        });
+        let mut stream = answer.await?.into_inner();
         let mut entries = Vec::new();
         while let Some(chunk) = stream.message().await? {
             entries.extend(chunk.entries);
@@ -380,25 +389,28 @@ impl Client {
 
     /// The node's tuning devices; `fingerprint` is the `Key.device` the node tuner answers.
     pub async fn devices(&self) -> Result<Vec<v1::Device>> {
-        let request = self.request(v1::DevicesRequest {}, self.timeout);
-        Ok(self
-            .inner
-            .clone()
-            .devices(request)
-            .await?
-            .into_inner()
-            .devices)
+        let answer = opening::call(v1::DevicesRequest {}, self.timeout, |request| {
+            let mut inner = self.inner.clone();
+            async move { inner.devices(request).await }
+        });
+        Ok(answer.await?.into_inner().devices)
     }
 
     pub async fn stats(&self) -> Result<v1::StatsResponse> {
-        let request = self.request(v1::StatsRequest {}, self.timeout);
-        Ok(self.inner.clone().stats(request).await?.into_inner())
+        let answer = opening::call(v1::StatsRequest {}, self.timeout, |request| {
+            let mut inner = self.inner.clone();
+            async move { inner.stats(request).await }
+        });
+        Ok(answer.await?.into_inner())
     }
 
     /// Publishes this node's new contributions to the shared directory now.
     pub async fn snapshot(&self) -> Result<v1::SnapshotResponse> {
-        let request = self.request(v1::SnapshotRequest {}, self.timeout);
-        Ok(self.inner.clone().snapshot(request).await?.into_inner())
+        let answer = opening::call(v1::SnapshotRequest {}, self.timeout, |request| {
+            let mut inner = self.inner.clone();
+            async move { inner.snapshot(request).await }
+        });
+        Ok(answer.await?.into_inner())
     }
 
     /// Ends the lease `Resolve` handed out without a result (a Record with the lease and no
@@ -411,14 +423,11 @@ impl Client {
     /// or one exact key `only_if` its winner is still the given result. Answers how many
     /// entries this node dropped.
     pub async fn forget(&self, forget: v1::ForgetRequest) -> Result<u32> {
-        let request = self.request(forget, self.timeout);
-        Ok(self
-            .inner
-            .clone()
-            .forget(request)
-            .await?
-            .into_inner()
-            .forgotten)
+        let answer = opening::call(forget, self.timeout, |request| {
+            let mut inner = self.inner.clone();
+            async move { inner.forget(request).await }
+        });
+        Ok(answer.await?.into_inner().forgotten)
     }
 
     /// The views this node holds (every uid's for an administrator, else the caller's own),
@@ -427,8 +436,12 @@ impl Client {
         let mut views = Vec::new();
         let mut after = String::new();
         loop {
-            let request = self.request(v1::ListViewsRequest { limit: 0, after }, self.timeout);
-            let page = self.inner.clone().list_views(request).await?.into_inner();
+            let message = v1::ListViewsRequest { limit: 0, after };
+            let answer = opening::call(message, self.timeout, |request| {
+                let mut inner = self.inner.clone();
+                async move { inner.list_views(request).await }
+            });
+            let page = answer.await?.into_inner();
             views.extend(page.views);
             if page.next.is_empty() {
                 return Ok(views);
@@ -440,13 +453,14 @@ impl Client {
     /// Ends the view `name` on this node (and, with the cluster tier, in Redis): its pins are
     /// dropped and the next read in it pins afresh. An administrator's act.
     pub async fn end_view(&self, name: &str) -> Result<v1::EndViewResponse> {
-        let request = self.request(
-            v1::EndViewRequest {
-                name: name.to_owned(),
-            },
-            self.timeout,
-        );
-        Ok(self.inner.clone().end_view(request).await?.into_inner())
+        let message = v1::EndViewRequest {
+            name: name.to_owned(),
+        };
+        let answer = opening::call(message, self.timeout, |request| {
+            let mut inner = self.inner.clone();
+            async move { inner.end_view(request).await }
+        });
+        Ok(answer.await?.into_inner())
     }
 }
 
@@ -519,8 +533,11 @@ impl Client {
             lease_ms: millis_u32(options.lease),
             view: self.view.clone(),
         };
-        let request = self.request(message, options.wait + self.timeout);
-        let response = self.inner.clone().resolve(request).await?.into_inner();
+        let answer = opening::call(message, options.wait + self.timeout, |request| {
+            let mut inner = self.inner.clone();
+            async move { inner.resolve(request).await }
+        });
+        let response = answer.await?.into_inner();
         Ok(match response.outcome {
             Some(Outcome::Hit(result)) => Resolution::Hit(result),
             Some(Outcome::TuneHere(lease)) => Resolution::TuneHere(lease),

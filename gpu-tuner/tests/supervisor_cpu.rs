@@ -2,6 +2,7 @@
 //! tuning, worker deaths mid-job, timeouts, a full queue, and bad input.
 
 use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -182,10 +183,10 @@ async fn cpu_worker_tunes_a_small_gemm_and_reports_stats() {
     let counters = tuner.counters();
     assert_eq!(
         (
-            counters.jobs_done,
-            counters.jobs_failed,
-            counters.queue_depth,
-            counters.restarts
+            counters.jobs_done.load(Relaxed),
+            counters.jobs_failed.load(Relaxed),
+            counters.queue_depth.load(Relaxed),
+            counters.restarts.load(Relaxed)
         ),
         (1, 0, 0, 0)
     );
@@ -206,7 +207,7 @@ async fn sigkill_mid_job_restarts_the_worker_retries_once_then_fails_naming_the_
     })
     .await;
     assert_eq!(
-        tuner.counters().queue_depth,
+        tuner.counters().queue_depth.load(Relaxed),
         1,
         "the big job should be in flight"
     );
@@ -217,14 +218,14 @@ async fn sigkill_mid_job_restarts_the_worker_retries_once_then_fails_naming_the_
         tuner.worker_pid().is_some_and(|pid| pid != first_pid) && tuner.state() == "running"
     })
     .await;
-    assert_eq!(tuner.counters().restarts, 1);
+    assert_eq!(tuner.counters().restarts.load(Relaxed), 1);
     let second_pid = tuner.worker_pid().expect("a worker pid");
     eventually("the second worker taking the retried job", || {
         worker_took_a_job(second_pid)
     })
     .await;
     assert_eq!(
-        tuner.counters().queue_depth,
+        tuner.counters().queue_depth.load(Relaxed),
         1,
         "the job should be retried, not answered"
     );
@@ -244,9 +245,9 @@ async fn sigkill_mid_job_restarts_the_worker_retries_once_then_fails_naming_the_
     let counters = tuner.counters();
     assert_eq!(
         (
-            counters.restarts,
-            counters.jobs_failed,
-            counters.queue_depth
+            counters.restarts.load(Relaxed),
+            counters.jobs_failed.load(Relaxed),
+            counters.queue_depth.load(Relaxed)
         ),
         (2, 1, 0)
     );
@@ -269,7 +270,7 @@ async fn a_worker_killed_while_idle_is_restarted() {
         tuner.worker_pid().is_some_and(|pid| pid != first_pid) && tuner.state() == "running"
     })
     .await;
-    assert_eq!(tuner.counters().restarts, 1);
+    assert_eq!(tuner.counters().restarts.load(Relaxed), 1);
     let result = tuner
         .submit("gemm", SMALL_GEMM, &fingerprint(&tuner))
         .expect("accepted")
@@ -296,7 +297,13 @@ async fn a_job_past_its_timeout_kills_the_worker_and_fails_with_a_reason() {
     })
     .await;
     let counters = tuner.counters();
-    assert_eq!((counters.restarts, counters.jobs_failed), (1, 1));
+    assert_eq!(
+        (
+            counters.restarts.load(Relaxed),
+            counters.jobs_failed.load(Relaxed)
+        ),
+        (1, 1)
+    );
 }
 
 #[tokio::test]
@@ -325,7 +332,7 @@ async fn a_full_queue_refuses_jobs() {
         tuner.submit("gemm", SMALL_GEMM, &device).err(),
         Some(SubmitError::QueueFull { capacity: 1 })
     );
-    assert_eq!(tuner.counters().queue_depth, 2);
+    assert_eq!(tuner.counters().queue_depth.load(Relaxed), 2);
     let pid = tuner.worker_pid().expect("a worker pid");
     drop(tuner);
     // Dropping the last handle kills the worker.
@@ -401,7 +408,13 @@ async fn bad_problems_and_foreign_devices_are_refused() {
         .expect_err("f16 on cpu");
     assert!(error.contains("f32 only"), "{error}");
     let counters = tuner.counters();
-    assert_eq!((counters.jobs_failed, counters.restarts), (4, 0));
+    assert_eq!(
+        (
+            counters.jobs_failed.load(Relaxed),
+            counters.restarts.load(Relaxed)
+        ),
+        (4, 0)
+    );
 }
 
 #[tokio::test]
@@ -487,7 +500,11 @@ async fn a_candidate_that_kills_the_worker_is_excluded_and_the_job_finishes_with
     assert!(tuner.worker_pid().is_some_and(|pid| pid != first_pid));
     let counters = tuner.counters();
     assert_eq!(
-        (counters.restarts, counters.jobs_done, counters.jobs_failed),
+        (
+            counters.restarts.load(Relaxed),
+            counters.jobs_done.load(Relaxed),
+            counters.jobs_failed.load(Relaxed)
+        ),
         (1, 1, 0)
     );
 
@@ -495,7 +512,7 @@ async fn a_candidate_that_kills_the_worker_is_excluded_and_the_job_finishes_with
     // exclusions belong to a job, and is restarted).
     let config = tune_small(&tuner).await.expect("the next job succeeds");
     assert_ne!(config["candidate"], "64x64x64");
-    assert_eq!(tuner.counters().restarts, 2);
+    assert_eq!(tuner.counters().restarts.load(Relaxed), 2);
 }
 
 #[tokio::test]
@@ -534,7 +551,7 @@ async fn a_poisoned_context_and_a_crash_in_two_candidates_cost_only_those_two() 
         ["64x64x64", "128x256x256", "256x64x512"].contains(&winner),
         "{winner}"
     );
-    assert_eq!(tuner.counters().restarts, 2);
+    assert_eq!(tuner.counters().restarts.load(Relaxed), 2);
 }
 
 #[tokio::test]
@@ -555,9 +572,9 @@ async fn a_job_whose_candidates_keep_killing_workers_fails_after_the_limit_namin
         "{error}"
     );
     let counters = tuner.counters();
-    assert_eq!(counters.jobs_failed, 1);
+    assert_eq!(counters.jobs_failed.load(Relaxed), 1);
     eventually("a fresh worker after the last death", || {
-        tuner.counters().restarts == u64::from(limit) && tuner.state() == "running"
+        tuner.counters().restarts.load(Relaxed) == u64::from(limit) && tuner.state() == "running"
     })
     .await;
 }

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_util::task::AbortOnDropHandle;
 use tonic::transport::Server;
 use tunecache_proto::limits::MAX_MESSAGE_BYTES;
 use tunecache_proto::v1::tune_cache_server::TuneCacheServer;
@@ -52,7 +53,7 @@ pub fn bind(config: &Config) -> Result<BoundSocket> {
 /// A peer that does not answer an HTTP/2 ping within this is closed.
 const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
-fn log_replay(report: &crate::journal::ReplayReport, state_dir: &std::path::Path) {
+fn log_replay(report: &crate::journal::ReplayReport, state_dir: &std::path::Path, took: Duration) {
     if let Some((offset, len)) = report.torn_tail {
         tracing::warn!(
             offset,
@@ -77,8 +78,28 @@ fn log_replay(report: &crate::journal::ReplayReport, state_dir: &std::path::Path
     tracing::info!(
         frames = report.frames,
         entries = report.entries,
+        tombstones = report.tombstones.len(),
+        took_ms = took.as_millis() as u64,
         "journal replayed"
     );
+}
+
+/// The HTTP/2 server with the settings of `config`.
+fn server_builder(config: &Config) -> Server {
+    let mut builder = Server::builder()
+        .http2_keepalive_interval(config.http2_keepalive())
+        .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
+        .initial_stream_window_size(config.http2_window_bytes)
+        .initial_connection_window_size(config.http2_window_bytes)
+        .max_frame_size(config.http2_max_frame_bytes)
+        .http2_adaptive_window(Some(config.http2_adaptive_window));
+    if let Some(age) = config.max_connection_age() {
+        // The grace outlasts the longest Resolve wait, so no call in flight is cut.
+        builder = builder
+            .max_connection_age(age)
+            .max_connection_age_grace(crate::coord::MAX_WAIT + HTTP2_KEEPALIVE_TIMEOUT);
+    }
+    builder
 }
 
 /// Reflection over TuneCache and health, for both reflection versions grpcurl may ask.
@@ -111,13 +132,50 @@ async fn serve(
 ) -> Result<()> {
     let nofile = crate::ops::limits::raise_nofile_limit();
     let state_dir = config.state_dir();
+    // The socket is served before the state directory is touched: until the daemon is open,
+    // every TuneCache call is answered UNAVAILABLE at once with what it is doing (locking the
+    // state directory, then how far the replay has got: `opening`), and health says
+    // NOT_SERVING, so no caller waits on a connection nobody answers.
+    let progress = Arc::new(crate::journal::ReplayProgress::default());
+    let (opening, door) = crate::ops::opening::closed(Arc::clone(&progress));
+    let connection_limits = Arc::new(ConnectionLimits::new(
+        nofile,
+        usize::try_from(config.max_connections_per_uid).unwrap_or(usize::MAX),
+        config.preface_timeout(),
+    ));
+    let peer_check = crate::ops::access::PeerCheck::new(crate::ops::access::AccessPolicy::new(
+        &config.allow_uid,
+        &config.allow_gid,
+    )?);
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_not_serving::<TuneCacheServer<TuneCacheService>>()
+        .await;
+    let BoundSocket {
+        listener,
+        guard: socket_guard,
+    } = socket;
+    let mut server = AbortOnDropHandle::new(tokio::spawn(
+        server_builder(&config)
+            .add_service(health_service)
+            .add_service(reflection().build_v1()?)
+            .add_service(reflection().build_v1alpha()?)
+            // The peer check guards TuneCache only; health and reflection stay open (see
+            // `access`).
+            .add_service(peer_check.clone().guard(opening))
+            .serve_with_incoming_shutdown(
+                Incoming::new(listener, connection_limits.clone()),
+                tasks.stop_token().cancelled_owned(),
+            ),
+    ));
+
     // Before the journal is opened: a second daemon on this state directory stops here. The
     // node's name is settled here too, once (a default one reads or makes the state
     // directory's id), before anything uses it. Both touch the disk: off the runtime.
     let (state_lock, previous_shutdown, node_name) = {
         let (dir, socket_path, config) = (
             state_dir.clone(),
-            socket.guard.path().to_path_buf(),
+            socket_guard.path().to_path_buf(),
             config.clone(),
         );
         tokio::task::spawn_blocking(move || -> Result<_> {
@@ -131,21 +189,21 @@ async fn serve(
     };
     crate::model::names::check_node_name(&node_name).map_err(Error::InvalidNodeName)?;
     config.node_name = Some(node_name);
+
     let fsync = config.fsync;
     let open_dir = state_dir.clone();
     let write_queue_bytes = config.write_queue_mib * 1024 * 1024;
-    let (store_guard, report) = tokio::task::spawn_blocking(move || {
-        Store::open_with_queue(&open_dir, fsync, write_queue_bytes)
-    })
-    .await
-    .map_err(|e| Error::io("opening the store", &state_dir, std::io::Error::other(e)))??;
-    log_replay(&report, &state_dir);
+    let replay_started = std::time::Instant::now();
+    let (store_guard, report) = {
+        let progress = Arc::clone(&progress);
+        tokio::task::spawn_blocking(move || {
+            Store::open_reporting(&open_dir, fsync, write_queue_bytes, &progress)
+        })
+        .await
+        .map_err(|e| Error::io("opening the store", &state_dir, std::io::Error::other(e)))??
+    };
+    log_replay(&report, &state_dir, replay_started.elapsed());
     let store = store_guard.store();
-
-    let BoundSocket {
-        listener,
-        guard: socket_guard,
-    } = socket;
     let tuner = crate::tuner::start(config.tuner_settings()).await;
     // The cluster tier connects in the background: Redis being down delays nothing here.
     let cluster = config.cluster_settings()?.map(|mut settings| {
@@ -166,11 +224,6 @@ async fn serve(
     let request_limits = Arc::new(config.request_limits()?);
     request_limits.log();
     let max_request_bytes = request_limits.max_message_bytes();
-    let connection_limits = Arc::new(ConnectionLimits::new(
-        nofile,
-        usize::try_from(config.max_connections_per_uid).unwrap_or(usize::MAX),
-        config.preface_timeout(),
-    ));
     let views = crate::views::Views::new(
         config.view_settings(),
         store.clone(),
@@ -236,7 +289,24 @@ async fn serve(
         cluster.attach_artifacts(artifacts.clone(), config.cluster_max_artifact_bytes);
     }
     let service = Arc::new(service);
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    // Open: every call from now on reaches the service.
+    let activity = crate::ops::idle::ActivityClock::default();
+    // Admitted calls pass the request limits as their messages are read (`request_limits`);
+    // tonic's own decoding limit, the same, stays as a backstop.
+    door.open(crate::ops::idle::Touching::new(
+        crate::ops::request_limits::Limited::new(
+            crate::rpc::routes::WireRoutes::new(
+                TuneCacheServer::from_arc(Arc::clone(&service))
+                    .max_decoding_message_size(max_request_bytes)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                Arc::clone(&service),
+                max_request_bytes,
+                MAX_MESSAGE_BYTES,
+            ),
+            request_limits,
+        ),
+        activity.clone(),
+    ));
     health_reporter
         .set_serving::<TuneCacheServer<TuneCacheService>>()
         .await;
@@ -250,19 +320,11 @@ async fn serve(
     if let Some(snapshots) = &snapshots {
         snapshots.start_background(health_reporter.clone(), tasks);
     }
-    let reflection_v1 = reflection().build_v1()?;
-    let reflection_v1alpha = reflection().build_v1alpha()?;
-
     // --- Deployment: access check, idle timer, metrics, systemd. ---
     let probe = {
         let service = Arc::clone(&service);
         crate::report::StatsProbe::new(move || service.stats_now())
     };
-    let activity = crate::ops::idle::ActivityClock::default();
-    let peer_check = crate::ops::access::PeerCheck::new(crate::ops::access::AccessPolicy::new(
-        &config.allow_uid,
-        &config.allow_gid,
-    )?);
     if let Some(metrics_addr) = &config.metrics_addr {
         let metrics_listener = crate::ops::metrics::bind(metrics_addr).await?;
         tasks.spawn(crate::ops::metrics::serve(
@@ -296,46 +358,8 @@ async fn serve(
         &peer_check,
         tasks,
     );
-    // The peer check guards TuneCache only; health and reflection stay open (see `access`).
-    // Admitted calls pass the request limits as their messages are read (`request_limits`);
-    // tonic's own decoding limit, the same, stays as a backstop.
-    let tune_cache = peer_check.guard(crate::ops::idle::Touching::new(
-        crate::ops::request_limits::Limited::new(
-            crate::rpc::routes::WireRoutes::new(
-                TuneCacheServer::from_arc(Arc::clone(&service))
-                    .max_decoding_message_size(max_request_bytes)
-                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
-                service,
-                max_request_bytes,
-                MAX_MESSAGE_BYTES,
-            ),
-            request_limits,
-        ),
-        activity,
-    ));
     // --- end deployment block ---
 
-    let serve_stop = tasks.stop_token();
-    let mut builder = Server::builder()
-        .http2_keepalive_interval(config.http2_keepalive())
-        .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
-        .initial_stream_window_size(config.http2_window_bytes)
-        .initial_connection_window_size(config.http2_window_bytes)
-        .max_frame_size(config.http2_max_frame_bytes)
-        .http2_adaptive_window(Some(config.http2_adaptive_window));
-    if let Some(age) = config.max_connection_age() {
-        // The grace outlasts the longest Resolve wait, so no call in flight is cut.
-        builder = builder
-            .max_connection_age(age)
-            .max_connection_age_grace(crate::coord::MAX_WAIT + HTTP2_KEEPALIVE_TIMEOUT);
-    }
-    let incoming = Incoming::new(listener, connection_limits);
-    let server = builder
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(tune_cache)
-        .serve_with_incoming_shutdown(incoming, async move { serve_stop.cancelled().await });
     tracing::info!(
         socket = %socket_guard.path().display(),
         state_dir = %state_dir.display(),
@@ -343,7 +367,6 @@ async fn serve(
         "tunecached serving"
     );
 
-    let mut server = tokio::spawn(server);
     // The listener is bound and the server task accepting: tell systemd (no-op elsewhere).
     crate::ops::systemd::notify_ready(&probe).await;
     tasks.spawn(crate::ops::systemd::report_status(

@@ -10,7 +10,8 @@
 //! Only the store's writer thread touches a `Journal`, so nothing here locks.
 //!
 //! The parts: `frame` (the format and its codec), `replay` (reading it back at start),
-//! `append` (writing at the end, syncing, refusing appends), `replace` (the replacement
+//! `progress` (how far a replay has got, for callers meanwhile), `append` (writing at the
+//! end, syncing, refusing appends), `replace` (the replacement
 //! protocol: compaction and repair rewrites).
 //!
 //! Frame: magic `TCJ1` | payload length (u32 LE) | CRC-32 of payload (u32 LE) | payload, where
@@ -27,11 +28,13 @@ use crate::model::entry::{CacheKey, Origin, TunedResult};
 
 mod append;
 mod frame;
+mod progress;
 mod replace;
 mod replay;
 
 use frame::FrameLimits;
 pub use frame::MAX_RECORD_BYTES;
+pub use progress::ReplayProgress;
 pub use replay::{ReplayReport, SkippedRange};
 
 /// Under `--fsync batch`, data reaches the disk at most this long after it was acknowledged.

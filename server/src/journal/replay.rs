@@ -17,7 +17,7 @@ use super::frame::{
     check_frame, next_intact_frame, tombstone_from_record, FrameCheck, FrameLimits, HEADER_LEN,
 };
 use super::replace::{place_new_journal, sync_dir, ReplaceError};
-use super::{file_id, journal_path, FsyncPolicy, Journal};
+use super::{file_id, journal_path, FsyncPolicy, Journal, ReplayProgress};
 
 /// A stretch of the journal that replay could not read and skipped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,7 +79,17 @@ impl Journal {
         fsync: FsyncPolicy,
         apply: impl FnMut(CacheKey, TunedResult, Origin),
     ) -> Result<(Journal, ReplayReport)> {
-        Journal::open_with_limits(dir, fsync, FrameLimits::DEFAULT, apply)
+        Journal::open_reporting(dir, fsync, &ReplayProgress::default(), apply)
+    }
+
+    /// `open`, counting its frames into `progress` as it replays them.
+    pub fn open_reporting(
+        dir: &Path,
+        fsync: FsyncPolicy,
+        progress: &ReplayProgress,
+        apply: impl FnMut(CacheKey, TunedResult, Origin),
+    ) -> Result<(Journal, ReplayReport)> {
+        Journal::open_with_limits(dir, fsync, FrameLimits::DEFAULT, progress, apply)
     }
 
     /// `open`, with frames of `limits` (tests write many frames with little data).
@@ -87,6 +97,7 @@ impl Journal {
         dir: &Path,
         fsync: FsyncPolicy,
         limits: FrameLimits,
+        progress: &ReplayProgress,
         mut apply: impl FnMut(CacheKey, TunedResult, Origin),
     ) -> Result<(Journal, ReplayReport)> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("creating state directory", dir, e))?;
@@ -111,6 +122,7 @@ impl Journal {
         let mut buf = Vec::new();
         file.read_to_end(&mut buf)
             .map_err(|e| Error::io("reading journal", &path, e))?;
+        progress.count_frames(&buf, limits);
 
         let mut report = ReplayReport::default();
         let mut pos = 0;
@@ -120,6 +132,7 @@ impl Journal {
                     match JournalBatch::decode(&buf[pos + HEADER_LEN..payload_end]) {
                         Ok(batch) => {
                             report.frames += 1;
+                            progress.frame_done();
                             let own = batch.entries.into_iter().map(|e| (e, Origin::Own));
                             let learned = batch.learned.into_iter().map(|e| (e, Origin::Learned));
                             for (entry, origin) in own.chain(learned) {

@@ -152,7 +152,7 @@ proptest! {
         };
         {
             let (mut journal, _) =
-                Journal::open_with_limits(dir.path(), FsyncPolicy::Never, LIMITS, |_, _, _| {})
+                Journal::open_with_limits(dir.path(), FsyncPolicy::Never, LIMITS, &Default::default(), |_, _, _| {})
                     .unwrap();
             for write in writes {
                 match write {
@@ -190,7 +190,7 @@ proptest! {
         prop_assert!(lengths.iter().all(|&len| len <= LIMITS.max), "{lengths:?}");
         let mut seen = Held::default();
         let (_, report) =
-            Journal::open_with_limits(dir.path(), FsyncPolicy::Never, LIMITS, |k, r, o| {
+            Journal::open_with_limits(dir.path(), FsyncPolicy::Never, LIMITS, &Default::default(), |k, r, o| {
                 seen.add_entry((k, r, o))
             })
             .unwrap();
@@ -204,8 +204,14 @@ proptest! {
 #[test]
 fn a_record_bigger_than_a_frame_is_refused_and_nothing_is_written() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut journal, _) =
-        Journal::open_with_limits(dir.path(), FsyncPolicy::Never, LIMITS, |_, _, _| {}).unwrap();
+    let (mut journal, _) = Journal::open_with_limits(
+        dir.path(),
+        FsyncPolicy::Never,
+        LIMITS,
+        &Default::default(),
+        |_, _, _| {},
+    )
+    .unwrap();
     journal.append(&[entry(1)]).unwrap();
     let len = journal.len();
     let (key, mut result, origin) = entry(2);

@@ -21,6 +21,7 @@
 //! period (`--forget-retention-days`), documented in docs/forget.md.
 
 use crate::model::entry::{CacheKey, KeyView, ResultView};
+pub use crate::model::tombstones::Tombstones;
 
 /// What a Forget asked of this node removes.
 #[derive(Clone, Debug)]
@@ -121,6 +122,45 @@ impl ForgetScope {
             && field_includes(&self.device, &other.device)
             && field_includes(&self.problem, &other.problem)
             && self.rank.includes(other.rank)
+    }
+
+    /// The fields of this scope before its first wildcard (op, device, problem in key order):
+    /// every key it covers shares them, so the keys it covers lie in one range of the key
+    /// order, from `first_key` while `in_leading_range` holds.
+    fn leading_fields(&self) -> usize {
+        [&self.op, &self.device, &self.problem]
+            .iter()
+            .take_while(|field| !field.is_empty())
+            .count()
+    }
+
+    /// The smallest key of the range that holds every key this scope covers.
+    pub fn first_key(&self) -> KeyView<'_> {
+        let leading = self.leading_fields();
+        fn named(leading: usize, place: usize, value: &str) -> &str {
+            if leading > place {
+                value
+            } else {
+                ""
+            }
+        }
+        KeyView {
+            namespace: &self.namespace,
+            op: named(leading, 0, &self.op),
+            device: named(leading, 1, &self.device),
+            problem: named(leading, 2, &self.problem),
+            rank: None,
+        }
+    }
+
+    /// Whether `key` is in the range that holds every key this scope covers (its namespace
+    /// and leading fields): a walk from `first_key` stops at the first key that is not.
+    pub fn in_leading_range(&self, key: &KeyView<'_>) -> bool {
+        let leading = self.leading_fields();
+        self.namespace == key.namespace
+            && (leading < 1 || self.op == key.op)
+            && (leading < 2 || self.device == key.device)
+            && (leading < 3 || self.problem == key.problem)
     }
 
     /// The one key this scope covers, if it names one.
@@ -226,190 +266,6 @@ pub fn stamp_unix_ms(stamp: u64) -> i64 {
     i64::try_from(stamp >> 16).unwrap_or(i64::MAX)
 }
 
-/// A key as one byte string: each field length-prefixed (u32 LE), then the rank (0, or 1 and
-/// u32 LE). Unambiguous for any field contents.
-fn pack(key: &KeyView<'_>) -> Box<[u8]> {
-    let fields = [key.namespace, key.op, key.device, key.problem];
-    let len = fields.iter().map(|f| f.len() + 4).sum::<usize>() + 5;
-    let mut bytes = Vec::with_capacity(len);
-    for field in fields {
-        bytes.extend_from_slice(&(field.len() as u32).to_le_bytes());
-        bytes.extend_from_slice(field.as_bytes());
-    }
-    match key.rank {
-        None => bytes.push(0),
-        Some(rank) => {
-            bytes.push(1);
-            bytes.extend_from_slice(&rank.to_le_bytes());
-        }
-    }
-    bytes.into_boxed_slice()
-}
-
-fn unpack(mut bytes: &[u8]) -> Option<CacheKey> {
-    let mut field = || -> Option<String> {
-        let (len, rest) = bytes.split_first_chunk::<4>()?;
-        let (text, rest) = rest.split_at_checked(u32::from_le_bytes(*len) as usize)?;
-        bytes = rest;
-        String::from_utf8(text.to_vec()).ok()
-    };
-    let (namespace, op, device, problem) = (field()?, field()?, field()?, field()?);
-    let rank = match bytes {
-        [0] => None,
-        [1, rank @ ..] => Some(u32::from_le_bytes(rank.try_into().ok()?)),
-        _ => return None,
-    };
-    Some(CacheKey {
-        namespace,
-        op,
-        device,
-        problem,
-        rank,
-    })
-}
-
-/// The tombstones a replica holds, reduced: none is covered by another (a wider scope with a
-/// stamp at least as high), so their number is bounded by the distinct scopes forgotten, and
-/// exact-key ones cost no more than the entries they removed.
-///
-/// A persistent map (`imbl`): the writer makes each new version by copying one path of it,
-/// O(log n) per tombstone added, while readers keep the versions they loaded; a Forget never
-/// copies the whole set.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Tombstones {
-    /// Scopes that name one key, by key in packed form (`pack`: one allocation, no bigger
-    /// than the key's bytes in the entry it removed): looked up on every Record.
-    exact: imbl::HashMap<Box<[u8]>, u64>,
-    /// Wider scopes (few: each is an administrator's act, and one covering another is
-    /// dropped), copied whole with each version.
-    wide: Vec<Tombstone>,
-}
-
-impl Tombstones {
-    pub fn len(&self) -> usize {
-        self.exact.len() + self.wide.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The highest stamp of the tombstones covering `key`: results of it with a lower epoch
-    /// are gone, and a result recorded now gets at least this epoch. 0 when none covers it.
-    pub fn floor(&self, key: &KeyView<'_>) -> u64 {
-        let wide = self
-            .wide
-            .iter()
-            .filter(|t| t.scope.covers(key))
-            .map(|t| t.stamp)
-            .max()
-            .unwrap_or(0);
-        if self.exact.is_empty() {
-            return wide;
-        }
-        let exact = self.exact.get(&pack(key)).copied().unwrap_or(0);
-        wide.max(exact)
-    }
-
-    /// Whether a result of `key` is removed by a tombstone held here.
-    pub fn drops(&self, key: &KeyView<'_>, result: &ResultView<'_>) -> bool {
-        self.drops_epoch(key, || result.forget_epoch)
-    }
-
-    /// `drops`, asking for the result's epoch only when a tombstone covers `key` (reading a
-    /// stored result parses its record: a view's first read pins every key, mostly with no
-    /// tombstone in sight).
-    pub fn drops_epoch(&self, key: &KeyView<'_>, epoch: impl FnOnce() -> u64) -> bool {
-        if self.is_empty() {
-            return false;
-        }
-        let floor = self.floor(key);
-        floor > 0 && epoch() < floor
-    }
-
-    /// Whether the tombstones held already remove everything `tombstone` would.
-    pub fn subsumes(&self, tombstone: &Tombstone) -> bool {
-        if let Some(key) = tombstone.scope.exact_key() {
-            return self.floor(&key.view()) >= tombstone.stamp;
-        }
-        self.wide
-            .iter()
-            .any(|t| t.stamp >= tombstone.stamp && t.scope.includes(&tombstone.scope))
-    }
-
-    /// Whether this very tombstone (its scope, with its stamp) is held.
-    pub fn contains(&self, tombstone: &Tombstone) -> bool {
-        match tombstone.scope.exact_key() {
-            Some(key) => self.exact.get(&pack(&key.view())) == Some(&tombstone.stamp),
-            None => self.wide.contains(tombstone),
-        }
-    }
-
-    /// Adds `tombstone` unless it is subsumed, dropping those it subsumes. Returns whether it
-    /// was new knowledge (something a result could be dropped by).
-    pub fn insert(&mut self, tombstone: Tombstone) -> bool {
-        if self.subsumes(&tombstone) {
-            return false;
-        }
-        let Tombstone { scope, stamp } = tombstone;
-        if let Some(key) = scope.exact_key() {
-            self.exact.insert(pack(&key.view()), stamp);
-            return true;
-        }
-        self.wide
-            .retain(|t| !(t.stamp <= stamp && scope.includes(&t.scope)));
-        self.exact.retain(|packed, t| {
-            !(*t <= stamp && unpack(packed).is_some_and(|key| scope.covers(&key.view())))
-        });
-        self.wide.push(Tombstone { scope, stamp });
-        // A canonical order: replicas holding the same tombstones write the same bytes.
-        self.wide
-            .sort_by(|a, b| a.scope.cmp(&b.scope).then(a.stamp.cmp(&b.stamp)));
-        true
-    }
-
-    /// Drops exact-key tombstones whose key now holds a result at or above their stamp (the
-    /// result carries the floor from now on), and every tombstone issued before
-    /// `expire_before_unix_ms`. Returns how many went.
-    pub fn compact(
-        &mut self,
-        epoch_held: impl Fn(&CacheKey) -> Option<u64>,
-        expire_before_unix_ms: i64,
-    ) -> usize {
-        let before = self.len();
-        self.exact.retain(|packed, stamp| {
-            stamp_unix_ms(*stamp) >= expire_before_unix_ms
-                && unpack(packed)
-                    .is_some_and(|key| epoch_held(&key).is_none_or(|epoch| epoch < *stamp))
-        });
-        self.wide
-            .retain(|t| stamp_unix_ms(t.stamp) >= expire_before_unix_ms);
-        before - self.len()
-    }
-
-    /// Every tombstone, exact-key ones in key order, then the wide ones.
-    pub fn iter(&self) -> impl Iterator<Item = Tombstone> + '_ {
-        let mut exact: Vec<(CacheKey, u64)> = self
-            .exact
-            .iter()
-            .filter_map(|(packed, stamp)| Some((unpack(packed)?, *stamp)))
-            .collect();
-        exact.sort();
-        exact
-            .into_iter()
-            .map(|(key, stamp)| Tombstone {
-                scope: ForgetScope::exact(&key),
-                stamp,
-            })
-            .chain(self.wide.iter().cloned())
-    }
-
-    /// Approximate memory held, for the bound the issue states (no more than the entries).
-    pub fn encoded_len_estimate(&self) -> usize {
-        self.iter().map(|t| t.scope.encoded_len_estimate()).sum()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -432,18 +288,6 @@ mod tests {
             problem: problem.into(),
             rank,
         }
-    }
-
-    #[test]
-    fn packed_keys_read_back_whatever_their_fields_hold() {
-        for key in [
-            key("gemm", "p", None),
-            key("", "", Some(0)),
-            key("a\0b", "\u{e9}", Some(u32::MAX)),
-        ] {
-            assert_eq!(unpack(&pack(&key.view())), Some(key));
-        }
-        assert_eq!(unpack(&[1, 0, 0]), None);
     }
 
     #[test]
@@ -470,57 +314,5 @@ mod tests {
         let second = clock.tick(900);
         assert!(second > first + 500);
         assert!(clock.tick(900) > second);
-    }
-
-    #[test]
-    fn subsumed_tombstones_are_not_kept() {
-        let mut held = Tombstones::default();
-        let exact = Tombstone {
-            scope: ForgetScope::exact(&key("gemm", "p", None)),
-            stamp: 10,
-        };
-        assert!(held.insert(exact.clone()));
-        assert!(!held.insert(exact.clone()), "the same tombstone twice");
-        let wide = Tombstone {
-            scope: scope("gemm", "", RankScope::Every),
-            stamp: 20,
-        };
-        assert!(held.insert(wide.clone()));
-        assert_eq!(held.len(), 1, "the wide one covers the exact one");
-        assert!(!held.insert(exact), "older and narrower: nothing new");
-        assert_eq!(held.floor(&key("gemm", "p", Some(2)).view()), 20);
-        assert_eq!(held.floor(&key("conv", "p", None).view()), 0);
-        // An older wide one is kept beside a newer narrower one: it covers more keys.
-        assert!(held.insert(Tombstone {
-            scope: scope("", "", RankScope::Every),
-            stamp: 5,
-        }));
-        assert_eq!(held.len(), 2);
-        assert_eq!(held.floor(&key("conv", "p", None).view()), 5);
-    }
-
-    #[test]
-    fn compaction_drops_exact_tombstones_once_a_newer_result_carries_the_floor() {
-        let mut held = Tombstones::default();
-        let k = key("gemm", "p", None);
-        let stamp = 1_000 << 16;
-        held.insert(Tombstone {
-            scope: ForgetScope::exact(&k),
-            stamp,
-        });
-        assert_eq!(held.compact(|_| None, 0), 0, "no result: kept");
-        assert_eq!(
-            held.compact(|_| Some(stamp - 1), 0),
-            0,
-            "an older result: kept"
-        );
-        assert_eq!(held.compact(|_| Some(stamp), 0), 1);
-        assert!(held.is_empty());
-        held.insert(Tombstone {
-            scope: scope("gemm", "", RankScope::Every),
-            stamp,
-        });
-        assert_eq!(held.compact(|_| None, 999), 0);
-        assert_eq!(held.compact(|_| None, 1_001), 1, "past the retention");
     }
 }

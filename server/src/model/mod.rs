@@ -1,6 +1,6 @@
 //! The model of the cache, independent of how it is stored or sent: keys and results
 //! (`entry`) and the files a result names (`artifacts`), the one rule that decides which result wins (`merge`) and what a Forget removes
-//! (`forget`), the checks every request passes before anything is applied (`validate`), and
+//! (`forget`) and the tombstones it leaves (`tombstones`), the checks every request passes before anything is applied (`validate`), and
 //! the rules for the names the daemon writes where others read them (`names`), and the key
 //! nodes share to prove they wrote what others read (`shared_key`).
 
@@ -10,4 +10,5 @@ pub mod forget;
 pub mod merge;
 pub mod names;
 pub mod shared_key;
+pub mod tombstones;
 pub(crate) mod validate;

@@ -13,6 +13,7 @@ pub(crate) mod jobs_here;
 pub(crate) mod limits;
 pub(crate) mod listener;
 pub(crate) mod metrics;
+pub(crate) mod opening;
 pub(crate) mod request_limits;
 pub(crate) mod state_lock;
 pub(crate) mod systemd;

@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::Semaphore;
 
 use crate::error::{Error, Result};
-use crate::journal::{FsyncPolicy, Journal, ReplayReport};
+use crate::journal::{FsyncPolicy, Journal, ReplayProgress, ReplayReport};
 use crate::model::entry::Origin;
 use crate::model::forget::{ForgetClock, Tombstones};
 use crate::wire::stored::{EntryMap, StoredEntry};
@@ -39,23 +39,36 @@ impl Store {
         fsync: FsyncPolicy,
         queue_bytes: u64,
     ) -> Result<(StoreGuard, ReplayReport)> {
+        Store::open_reporting(state_dir, fsync, queue_bytes, &ReplayProgress::default())
+    }
+
+    /// `open_with_queue`, telling `progress` how far the replay has got.
+    pub fn open_reporting(
+        state_dir: &std::path::Path,
+        fsync: FsyncPolicy,
+        queue_bytes: u64,
+        progress: &ReplayProgress,
+    ) -> Result<(StoreGuard, ReplayReport)> {
         let queue_units = u32::try_from(queue_bytes.div_ceil(QUEUE_UNIT_BYTES))
             .unwrap_or(u32::MAX)
             .clamp(1, Semaphore::MAX_PERMITS as u32);
         let mut map = EntryMap::new();
         let mut own = EntryMap::new();
-        let (mut journal, mut report) = Journal::open(state_dir, fsync, |key, result, origin| {
-            let merged = merge_into(&map, &own, &key.view(), result.view(), origin);
-            if merged.in_cache || merged.own {
-                let entry = StoredEntry::new(&key, &result);
-                if merged.own {
-                    own.insert(entry.clone());
+        let replayed =
+            Journal::open_reporting(state_dir, fsync, progress, |key, result, origin| {
+                let merged = merge_into(&map, &own, &key.view(), result.view(), origin);
+                if merged.in_cache || merged.own {
+                    let entry = StoredEntry::new(&key, &result);
+                    if merged.own {
+                        own.insert(entry.clone());
+                    }
+                    if merged.in_cache {
+                        map.insert(entry);
+                    }
                 }
-                if merged.in_cache {
-                    map.insert(entry);
-                }
-            }
-        })?;
+            });
+        let (mut journal, mut report) = replayed?;
+        progress.applying_forgets();
         let mut clock = ForgetClock::default();
         let mut tombstones = Tombstones::default();
         let mut own_tombstones = Tombstones::default();
@@ -66,10 +79,8 @@ impl Store {
             }
             tombstones.insert(tombstone);
         }
-        for tombstone in tombstones.iter() {
-            map.remove_dropped_by(&tombstone);
-            own.remove_dropped_by(&tombstone);
-        }
+        map.remove_dropped_by_any(&tombstones);
+        own.remove_dropped_by_any(&tombstones);
         for entry in map.iter().chain(own.iter()) {
             clock.observe(entry.result().forget_epoch);
         }
@@ -88,7 +99,8 @@ impl Store {
         let live_bytes = map
             .iter()
             .map(|entry| entry.encoded_len_estimate() as u64)
-            .sum();
+            .sum::<u64>()
+            + tombstones.encoded_len_estimate() as u64;
         let shared = Arc::new(Shared {
             map: ArcSwap::from_pointee(map),
             own: ArcSwap::from_pointee(own),

@@ -258,37 +258,35 @@ pub(crate) struct ForgetPlan {
     pub dropped: u32,
     /// Estimated journal bytes of the entries dropped.
     pub freed_bytes: u64,
+    /// Per Forget planned, in order: the entries it dropped (its caller's answer).
+    pub answers: Vec<u32>,
+    /// Estimated journal bytes of the tombstones journalled: live until compacted away.
+    pub tombstone_bytes: u64,
 }
 
 /// Plans a Forget. A Forget asked here is stamped from `clock` at `now_unix_ms` (only when it
 /// applies); the clock moves past every stamp learned. `None`: nothing to do, answered 0 with
 /// nothing journalled (`only_if` no longer names the winner, or nothing new was learned).
+#[cfg(test)]
 pub(crate) fn plan_forget(
     state: ForgetState<'_>,
     clock: &mut ForgetClock,
     now_unix_ms: i64,
     forget: ForgetCommand,
 ) -> Option<ForgetPlan> {
-    let (new, source, origin) = match forget {
-        ForgetCommand::Ask(ask) => {
-            if let Some((config, time_us)) = &ask.only_if {
-                let winner = ask
-                    .scope
-                    .exact_key()
-                    .and_then(|key| state.map.get(&key).map(|entry| entry.result().to_result()));
-                let same = winner.is_some_and(|w| &w.config == config && w.time_us == *time_us);
-                if !same {
-                    return None;
-                }
-            }
-            let tombstone = Tombstone {
-                scope: ask.scope,
-                stamp: clock.tick(now_unix_ms),
-            };
-            (vec![tombstone], Source::Forget, Origin::Own)
-        }
-        ForgetCommand::Learned(learned, source, origin) => (learned, source, origin),
-    };
+    let plan = plan_forgets(state, clock, now_unix_ms, [forget]);
+    (!plan.records.is_empty()).then_some(plan)
+}
+
+/// Plans Forgets queued together as one: each applied after the ones before it (an
+/// `only_if` is checked against what they left), their tombstones journalled in one append.
+/// Each costs O(log n) plus what it matches (`Tombstones`, `EntryMap::remove_dropped_by`).
+pub(crate) fn plan_forgets(
+    state: ForgetState<'_>,
+    clock: &mut ForgetClock,
+    now_unix_ms: i64,
+    forgets: impl IntoIterator<Item = ForgetCommand>,
+) -> ForgetPlan {
     let mut plan = ForgetPlan {
         map: state.map.clone(),
         own: state.own.clone(),
@@ -298,30 +296,66 @@ pub(crate) fn plan_forget(
         told: Vec::new(),
         dropped: 0,
         freed_bytes: 0,
+        answers: Vec::new(),
+        tombstone_bytes: 0,
     };
-    for tombstone in new {
-        clock.observe(tombstone.stamp);
-        let own_new = origin == Origin::Own && plan.own_tombstones.insert(tombstone.clone());
-        // Nothing new (it, or a wider and newer one, is held): nothing to drop or tell.
-        if !plan.tombstones.insert(tombstone.clone()) && !own_new && source != Source::Forget {
-            continue;
-        }
-        let dropped = plan.map.remove_dropped_by(&tombstone);
-        plan.own.remove_dropped_by(&tombstone);
-        plan.freed_bytes += dropped
-            .iter()
-            .map(|entry| entry.encoded_len_estimate() as u64)
-            .sum::<u64>();
-        let dropped = u32::try_from(dropped.len()).unwrap_or(u32::MAX);
-        plan.dropped = plan.dropped.saturating_add(dropped);
-        plan.records.push((tombstone.clone(), origin));
-        plan.told.push(ForgetChange {
-            tombstone,
-            source: source.clone(),
-            dropped,
-        });
+    for forget in forgets {
+        let dropped = plan.add(clock, now_unix_ms, forget);
+        plan.answers.push(dropped);
     }
-    (!plan.records.is_empty()).then_some(plan)
+    plan
+}
+
+impl ForgetPlan {
+    /// Adds one Forget to the plan; returns the entries it dropped from the cache.
+    fn add(&mut self, clock: &mut ForgetClock, now_unix_ms: i64, forget: ForgetCommand) -> u32 {
+        let (new, source, origin) = match forget {
+            ForgetCommand::Ask(ask) => {
+                if let Some((config, time_us)) = &ask.only_if {
+                    let winner = ask
+                        .scope
+                        .exact_key()
+                        .and_then(|key| self.map.get(&key).map(|entry| entry.result().to_result()));
+                    let same = winner.is_some_and(|w| &w.config == config && w.time_us == *time_us);
+                    if !same {
+                        return 0;
+                    }
+                }
+                let tombstone = Tombstone {
+                    scope: ask.scope,
+                    stamp: clock.tick(now_unix_ms),
+                };
+                (vec![tombstone], Source::Forget, Origin::Own)
+            }
+            ForgetCommand::Learned(learned, source, origin) => (learned, source, origin),
+        };
+        let mut answer = 0u32;
+        for tombstone in new {
+            clock.observe(tombstone.stamp);
+            let own_new = origin == Origin::Own && self.own_tombstones.insert(tombstone.clone());
+            // Nothing new (it, or a wider and newer one, is held): nothing to drop or tell.
+            if !self.tombstones.insert(tombstone.clone()) && !own_new && source != Source::Forget {
+                continue;
+            }
+            let dropped = self.map.remove_dropped_by(&tombstone);
+            self.own.remove_dropped_by(&tombstone);
+            self.freed_bytes += dropped
+                .iter()
+                .map(|entry| entry.encoded_len_estimate() as u64)
+                .sum::<u64>();
+            let dropped = u32::try_from(dropped.len()).unwrap_or(u32::MAX);
+            answer = answer.saturating_add(dropped);
+            self.tombstone_bytes += tombstone.scope.encoded_len_estimate() as u64;
+            self.records.push((tombstone.clone(), origin));
+            self.told.push(ForgetChange {
+                tombstone,
+                source: source.clone(),
+                dropped,
+            });
+        }
+        self.dropped = self.dropped.saturating_add(answer);
+        answer
+    }
 }
 
 #[cfg(test)]

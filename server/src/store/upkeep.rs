@@ -76,6 +76,8 @@ impl Writer {
         let held = self.compact_tombstones(&map);
         match self.journal.rewrite(live_entries(&map, &own), &held) {
             Ok(()) => {
+                // What was just written is all live: entries and the tombstones kept.
+                self.live_bytes = self.journal.len();
                 self.shared
                     .counters
                     .journal_compactions

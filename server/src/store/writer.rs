@@ -20,13 +20,16 @@ use crate::model::entry::Origin;
 use crate::model::forget::ForgetClock;
 
 use super::plan::{
-    plan_forget, plan_group, ApplyOutcome, ForgetCommand, ForgetState, Incoming, Write,
+    plan_forgets, plan_group, ApplyOutcome, ForgetCommand, ForgetState, Incoming, Write,
 };
 use super::upkeep::COMPACT_RETRY_MIN;
 use super::{Shared, Source};
 
 /// Most write requests merged into one group commit.
 const MAX_GROUP: usize = 1024;
+/// Most Forgets planned and journalled together: a Record queued behind them waits for at
+/// most this many (each O(log n) plus what it matches).
+const MAX_FORGET_BATCH: usize = 256;
 
 pub(super) enum WriteCommand {
     Apply {
@@ -50,6 +53,7 @@ pub(super) enum WriteCommand {
 }
 
 type Reply = oneshot::Sender<Result<ApplyOutcome>>;
+type ForgetReply = oneshot::Sender<Result<u32>>;
 
 /// State of the writer thread: the journal and what it needs to decide on compaction.
 pub(super) struct Writer {
@@ -108,8 +112,10 @@ pub(super) fn run_writer(
                 Err(_) => break,
             }
         };
-        // Group commit: everything queued meanwhile goes into one version and one append.
+        // Group commit: everything queued meanwhile goes into one version and one append;
+        // a run of Forgets likewise, in order with the writes around it.
         let mut group = Vec::new();
+        let mut forgets = Vec::new();
         let mut stop = false;
         let mut next_command = Some(first);
         while let Some(command) = next_command.take() {
@@ -120,25 +126,24 @@ pub(super) fn run_writer(
                     source,
                     reply,
                     ..
-                } => group.push((
-                    Write {
-                        entries,
-                        origin,
-                        source,
-                    },
-                    reply,
-                )),
+                } => {
+                    writer.flush_forgets(&mut forgets);
+                    group.push((
+                        Write {
+                            entries,
+                            origin,
+                            source,
+                        },
+                        reply,
+                    ));
+                }
                 WriteCommand::Forget { forget, reply } => {
-                    // In order with the writes around it: what came before is applied first.
-                    if !group.is_empty() {
-                        writer.apply_group(std::mem::take(&mut group));
-                    }
-                    let _ = reply.send(writer.apply_forget(forget));
+                    writer.flush_group(&mut group);
+                    forgets.push((forget, reply));
                 }
                 WriteCommand::Sync { reply } => {
-                    if !group.is_empty() {
-                        writer.apply_group(std::mem::take(&mut group));
-                    }
+                    writer.flush_group(&mut group);
+                    writer.flush_forgets(&mut forgets);
                     let _ = reply.send(writer.journal.sync());
                 }
                 WriteCommand::Stop => {
@@ -146,10 +151,11 @@ pub(super) fn run_writer(
                     break;
                 }
             }
-            if group.len() < MAX_GROUP {
+            if group.len() < MAX_GROUP && forgets.len() < MAX_FORGET_BATCH {
                 next_command = commands.try_recv().ok();
             }
         }
+        writer.flush_forgets(&mut forgets);
         if !group.is_empty() {
             writer.apply_group(group);
             writer.compact_if_due();
@@ -213,11 +219,28 @@ impl Writer {
         self.publish_journal_sizes();
     }
 
-    /// Plans a Forget (asked here, or learned), journals its tombstones, then publishes and
-    /// tells the feed. Answers the entries dropped from the cache.
-    fn apply_forget(&mut self, forget: ForgetCommand) -> Result<u32> {
+    /// Applies the writes gathered so far, if any.
+    fn flush_group(&mut self, group: &mut Vec<(Write, Reply)>) {
+        if !group.is_empty() {
+            self.apply_group(std::mem::take(group));
+        }
+    }
+
+    /// Applies the Forgets gathered so far, if any.
+    fn flush_forgets(&mut self, forgets: &mut Vec<(ForgetCommand, ForgetReply)>) {
+        if !forgets.is_empty() {
+            self.apply_forgets(std::mem::take(forgets));
+        }
+    }
+
+    /// Plans a run of Forgets (asked here, or learned) as one, journals their tombstones in
+    /// one append, then publishes and tells the feed. Answers each caller the entries its
+    /// Forget dropped from the cache; when the append fails, each gets the error.
+    fn apply_forgets(&mut self, forgets: Vec<(ForgetCommand, ForgetReply)>) {
         self.journal.check_path();
         self.repair_if_needed();
+        let (commands, replies): (Vec<ForgetCommand>, Vec<ForgetReply>) =
+            forgets.into_iter().unzip();
         let map = self.shared.map.load_full();
         let own = self.shared.own.load_full();
         let tombstones = self.shared.tombstones.load_full();
@@ -229,16 +252,32 @@ impl Writer {
             own_tombstones: &own_tombstones,
         };
         let now = crate::model::entry::unix_now_ms();
-        let Some(plan) = plan_forget(state, &mut self.clock, now, forget) else {
-            return Ok(0);
-        };
+        let plan = plan_forgets(state, &mut self.clock, now, commands);
+        if plan.records.is_empty() {
+            for reply in replies {
+                let _ = reply.send(Ok(0));
+            }
+            return;
+        }
         if let Err(error) = self.journal.append_tombstones(&plan.records) {
             self.note_write_failure(&error);
             self.note_health();
-            return Err(error);
+            let cause = match error {
+                Error::JournalWrite(cause) => cause,
+                other => Arc::new(other),
+            };
+            for reply in replies {
+                let _ = reply.send(Err(Error::JournalWrite(Arc::clone(&cause))));
+            }
+            return;
         }
         self.note_health();
-        self.live_bytes = self.live_bytes.saturating_sub(plan.freed_bytes);
+        // The tombstones stay live (a compaction keeps them), or every Record after a flood
+        // of Forgets would find the journal twice its live data and rewrite it.
+        self.live_bytes = self
+            .live_bytes
+            .saturating_sub(plan.freed_bytes)
+            .saturating_add(plan.tombstone_bytes);
         let counters = &self.shared.counters;
         counters
             .forgets_received
@@ -260,7 +299,9 @@ impl Writer {
         for listener in listeners.iter() {
             listener.forgotten(&plan.told);
         }
-        Ok(plan.dropped)
+        for (reply, answer) in replies.into_iter().zip(plan.answers) {
+            let _ = reply.send(Ok(answer));
+        }
     }
 
     /// The journal's size and its live part, for Stats.

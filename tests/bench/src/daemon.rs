@@ -188,6 +188,14 @@ impl DaemonProcess {
         process_memory(self.pid()?)
     }
 
+    /// SIGKILL: no chance to flush; the state directory stays for the next spawn.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// SIGTERM, then SIGKILL if it has not exited within a few seconds.
     pub fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {

@@ -241,8 +241,11 @@ enum Commands {
         /// Comma-separated: lookup (with the echo floor), pyscan, memory, pickup, transport
         /// (daemon and client transport settings compared, interleaved), views (Lookup and
         /// Scan without a view, in a view, as a view's first read; one node and the Redis
-        /// tier, which needs redis-server), forget (a bystander's Record while another uid
-        /// sends 20,000 only_if Forgets, at two --max-exact-forgets-per-uid budgets).
+        /// tier, which needs redis-server), forget (a bystander's Record while an
+        /// administrator sends 20,000 scope Forgets, and while another uid sends 20,000
+        /// only_if Forgets at two --max-exact-forgets-per-uid budgets), replay (SIGKILL and
+        /// restart with 51,523 one-entry frames, 100,000 entries, 1,000,000 tombstones: when
+        /// the first answer and the first answered Lookup come).
         #[arg(long, value_delimiter = ',', default_value = "lookup,pyscan,memory")]
         only: Vec<String>,
         /// Small sizes, few iterations: checks the harness, judges nothing.

@@ -554,3 +554,111 @@ async fn a_damaged_journal_on_a_full_disk_still_starts() {
     );
     eprintln!("{}", tail(&daemon.log(), 30));
 }
+
+/// A restarted daemon answers at once while it opens (issue 50, finding 7): its state
+/// directory is on a FUSE mount whose server is stopped, so locking and replaying it hang,
+/// as on a stalled disk. Meanwhile every TuneCache call is answered UNAVAILABLE with what it
+/// is doing and a RetryInfo, and health says NOT_SERVING; the Rust client, which retries on
+/// that answer within its deadline, gets the entries acknowledged before SIGKILL once the
+/// mount answers again. (Before: the socket was bound and nobody answered it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarting_daemon_answers_unavailable_while_it_opens_never_a_silent_socket() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    use tonic_types::StatusExt;
+    use tunecache_client::proto::tune_cache_client::TuneCacheClient;
+    use tunecache_integration::TestMount;
+
+    if !require_root("a stopped FUSE mount") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("backing");
+    let mount_point = dir.path().join("mnt");
+    // Declared after `dir`: unmounted before the temp dir is removed.
+    let mount = TestMount::bindfs(&backing, &mount_point);
+    let mut daemon = DaemonOptions::new(dir.path())
+        .state_dir(&mount_point.join("state"))
+        .process()
+        .await;
+    let keys: Vec<_> = (0..20)
+        .map(|i| test_key("gemm", &format!("before-kill-{i}")))
+        .collect();
+    let entries = keys
+        .iter()
+        .map(|key| entry(key.clone(), r#"{"block":[64,1,1]}"#, 3.0, "rank"))
+        .collect();
+    daemon.client().await.record(entries).await.unwrap();
+    daemon.kill();
+    let socket = dir.path().join("tunecache.sock");
+
+    mount.signal_server(nix::sys::signal::Signal::SIGSTOP);
+    let while_opening = async {
+        // The first answer on the new socket (the old one, left by SIGKILL, refuses).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            assert!(Instant::now() < deadline, "no answer on the socket in 60 s");
+            let Ok(channel) = tunecache_client::connect_channel(&socket).await else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            };
+            let mut raw = TuneCacheClient::new(channel.clone());
+            let mut request = tonic::Request::new(tunecache_client::proto::StatsRequest {});
+            request.set_timeout(Duration::from_secs(5));
+            let started = Instant::now();
+            let answer = raw.stats(request).await;
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "Stats took {:?} on an opening daemon",
+                started.elapsed()
+            );
+            match answer {
+                Err(status) => break (status, channel),
+                Ok(stats) => panic!("served while its state directory hangs: {stats:?}"),
+            }
+        };
+        let (status, channel) = status;
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(
+            status.message().starts_with("opening") || status.message().starts_with("replaying"),
+            "{status:?}"
+        );
+        assert!(
+            status.get_details_retry_info().is_some(),
+            "no RetryInfo: {status:?}"
+        );
+        let health = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: "tunecache.v1.TuneCache".to_owned(),
+            })
+            .await
+            .expect("health answers while the daemon opens")
+            .into_inner();
+        assert_eq!(health.status(), ServingStatus::NotServing);
+        // A client call made now waits (retrying) and gets its answer once the mount answers.
+        let client = Client::connect(&socket)
+            .await
+            .unwrap()
+            .with_timeout(Duration::from_secs(120));
+        let lookup = tokio::spawn({
+            let keys = keys.clone();
+            async move { client.lookup(keys).await }
+        });
+        mount.signal_server(nix::sys::signal::Signal::SIGCONT);
+        let hits = lookup
+            .await
+            .unwrap()
+            .expect("the retried Lookup is answered");
+        assert_eq!(
+            hits.len(),
+            keys.len(),
+            "acknowledged before SIGKILL: {hits:?}"
+        );
+    };
+    tokio::join!(daemon.restart(), while_opening);
+    assert!(
+        daemon.log().contains("journal replayed"),
+        "{}",
+        daemon.log()
+    );
+}

@@ -490,3 +490,47 @@ fn learned_tombstones_drop_what_they_cover_and_only_what_is_new_is_journalled() 
     assert_eq!(plan.dropped, 2);
     assert!(plan.map.is_empty());
 }
+
+#[test]
+fn forgets_queued_together_apply_in_order_each_answered_its_own() {
+    let map: EntryMap = [stored("a", 5.0, 0), stored("b", 6.0, 0)]
+        .into_iter()
+        .collect();
+    let none = Tombstones::default();
+    let config = result(5.0, 0).config;
+    let mut clock = ForgetClock::default();
+    let every_problem = ForgetCommand::Ask(ForgetAsk {
+        scope: ForgetScope {
+            namespace: key("a").namespace,
+            op: key("a").op,
+            device: String::new(),
+            problem: String::new(),
+            rank: RankScope::Every,
+        },
+        only_if: None,
+    });
+    let plan = plan_forgets(
+        state(&map, &map, &none, &none),
+        &mut clock,
+        1_000,
+        [
+            ask("a", Some((&config, 5.0))),
+            // After the first: "a" is gone, so this one names no winner and does nothing.
+            ask("a", Some((&config, 5.0))),
+            every_problem,
+        ],
+    );
+    assert_eq!(plan.answers, vec![1, 0, 1]);
+    assert_eq!(plan.dropped, 2);
+    assert!(plan.map.is_empty());
+    assert_eq!(
+        plan.records.len(),
+        2,
+        "one tombstone per Forget that applied"
+    );
+    assert_eq!(
+        plan.tombstones.len(),
+        1,
+        "the scope covers the exact one before it"
+    );
+}

@@ -3,7 +3,7 @@
 use std::ops::Bound;
 
 use crate::model::entry::{CacheKey, EntryViews, KeyView, ResultView};
-use crate::model::forget::{drops, Tombstone};
+use crate::model::forget::{drops, Tombstone, Tombstones};
 
 use super::entry::*;
 use super::vocab::*;
@@ -112,10 +112,11 @@ impl EntryMap {
                 .cloned()
                 .into_iter()
                 .collect(),
+            // Only the range of the scope's leading fields: O(log n + what it holds).
             None => {
-                let namespace = tombstone.scope.namespace.as_str();
-                self.range_from(Bound::Included(KeyView::namespace_start(namespace)))
-                    .take_while(|entry| entry.namespace() == namespace)
+                let scope = &tombstone.scope;
+                self.range_from(Bound::Included(scope.first_key()))
+                    .take_while(|entry| scope.in_leading_range(&entry.key()))
                     .filter(dropped)
                     .cloned()
                     .collect()
@@ -125,6 +126,25 @@ impl EntryMap {
             self.index.remove(entry);
         }
         doomed
+    }
+
+    /// Removes the entries any of `tombstones` drops; returns how many. One floor lookup per
+    /// entry: what replay does once, cheaper than a walk per tombstone when they outnumber
+    /// the entries.
+    pub fn remove_dropped_by_any(&mut self, tombstones: &Tombstones) -> usize {
+        if tombstones.is_empty() {
+            return 0;
+        }
+        let doomed: Vec<StoredEntry> = self
+            .index
+            .keys()
+            .filter(|entry| tombstones.drops_epoch(&entry.key(), || entry.result().forget_epoch))
+            .cloned()
+            .collect();
+        for entry in &doomed {
+            self.index.remove(entry);
+        }
+        doomed.len()
     }
 
     /// The entries in key order.

@@ -1,8 +1,9 @@
 //! Owns the cost of a Forget flood to a bystander (`tunecache-bench micro --only forget`,
-//! issue 39 finding 5): one uid sends 20,000 exact-key Forgets, each `only_if` on its own
-//! entry's winner (what any allowed user can do to entries it can Scan), while another
-//! client records one entry at a time; the bystander's Record latency is compared with its
-//! latency without the flood.
+//! issue 39 finding 5, issue 50 finding 7): one uid sends 20,000 exact-key Forgets, each
+//! `only_if` on its own entry's winner (what any allowed user can do to entries it can
+//! Scan), or an administrator sends 20,000 scope Forgets (every rank of one problem each),
+//! while another client records one entry at a time; the bystander's Record latency is
+//! compared with its latency without the flood.
 //!
 //! Two budgets: `--max-exact-forgets-per-uid 20000` (the whole flood admitted: every
 //! Forget reaches the writer and adds a tombstone) and the default (600 a minute: the rest
@@ -30,9 +31,20 @@ const FLOOD_IN_FLIGHT: usize = 16;
 /// The default of `--max-exact-forgets-per-uid`.
 const DEFAULT_BUDGET: u32 = 600;
 
+/// Which Forgets flood the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum FloodKind {
+    /// Exact-key Forgets `only_if` on the entry's winner: any allowed uid may send them.
+    OnlyIf,
+    /// An administrator's scope Forgets, one per problem, every rank (`rank` unset, no
+    /// `only_if`): each leaves a wide tombstone (issue 50, finding 7).
+    Scope,
+}
+
 /// One budget's run.
 #[derive(Debug, Clone, Serialize)]
 pub struct FloodCase {
+    pub kind: FloodKind,
     pub budget_per_minute: u32,
     pub forgets_sent: usize,
     pub forgets_admitted: usize,
@@ -98,8 +110,13 @@ async fn bystander(
     Ok(micros)
 }
 
-async fn run_case(options: &MicroOptions, budget: u32, flood: usize) -> Result<FloodCase> {
-    let name = format!("forget-flood-{budget}");
+async fn run_case(
+    options: &MicroOptions,
+    kind: FloodKind,
+    budget: u32,
+    flood: usize,
+) -> Result<FloodCase> {
+    let name = format!("forget-flood-{kind:?}-{budget}");
     let mut config = daemon_config(options, &name, None, 3_600);
     config.extra_args = vec!["--max-exact-forgets-per-uid".to_owned(), budget.to_string()];
     let mut daemon = DaemonProcess::spawn(&config)?;
@@ -128,7 +145,7 @@ async fn run_case(options: &MicroOptions, budget: u32, flood: usize) -> Result<F
                         device: key.device,
                         problem: key.problem,
                         rank: key.rank,
-                        only_if: Some(result(1.0)),
+                        only_if: (kind == FloodKind::OnlyIf).then(|| result(1.0)),
                     };
                     attacker.forget(forget).await.is_ok()
                 }
@@ -148,6 +165,7 @@ async fn run_case(options: &MicroOptions, budget: u32, flood: usize) -> Result<F
     let stats = victim.stats().await?;
     daemon.stop();
     Ok(FloodCase {
+        kind,
         budget_per_minute: budget,
         forgets_sent: flood,
         forgets_admitted: admitted,
@@ -162,11 +180,16 @@ async fn run_case(options: &MicroOptions, budget: u32, flood: usize) -> Result<F
 pub async fn run(options: &MicroOptions) -> Result<ForgetFloodResults> {
     let flood = if options.quick { 2_000 } else { 20_000 };
     let mut cases = Vec::new();
-    for budget in [flood as u32, DEFAULT_BUDGET] {
+    let cases_to_run = [
+        (FloodKind::Scope, flood as u32),
+        (FloodKind::OnlyIf, flood as u32),
+        (FloodKind::OnlyIf, DEFAULT_BUDGET),
+    ];
+    for (kind, budget) in cases_to_run {
         progress(&format!(
-            "forget flood: {flood} only_if Forgets, --max-exact-forgets-per-uid {budget} ..."
+            "forget flood: {flood} {kind:?} Forgets, --max-exact-forgets-per-uid {budget} ..."
         ));
-        let case = run_case(options, budget, flood).await?;
+        let case = run_case(options, kind, budget, flood).await?;
         progress(&format!(
             "  {} admitted in {:.1} s; bystander Record p50/p99/max {:.0}/{:.0}/{:.0} us \
              (quiet {:.0}/{:.0}/{:.0})",

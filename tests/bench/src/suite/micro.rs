@@ -571,7 +571,8 @@ async fn measure_pickup(
 /// Runs only the named micro-benchmarks (`lookup`, `pyscan`, `memory` = snapshot scale at
 /// 100k and 1M entries, `pickup`, `transport` = the interleaved transport comparison, `views`
 /// = reads with and without a job view, `views-hostile` = a job's first view read beside
-/// another uid that churns views at its cap) and returns their results as JSON, with the ratios
+/// another uid that churns views at its cap, `forget` = a Forget flood beside a bystander,
+/// `replay` = the first answers after SIGKILL and restart) and returns their results as JSON, with the ratios
 /// the data-path targets are judged by.
 pub fn run_selected(options: &MicroOptions, only: &[String]) -> Result<serde_json::Value> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -644,6 +645,10 @@ pub fn run_selected(options: &MicroOptions, only: &[String]) -> Result<serde_jso
         if wants("forget") {
             let flood = super::forget_flood::run(options).await?;
             out.insert("forget_flood".into(), serde_json::to_value(flood)?);
+        }
+        if wants("replay") {
+            let replay = super::replay::run(options).await?;
+            out.insert("replay".into(), serde_json::to_value(replay)?);
         }
         if wants("pickup") {
             let local = options.scratch.join("pickup-local");

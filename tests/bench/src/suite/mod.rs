@@ -11,6 +11,7 @@ pub mod cluster;
 mod forget_flood;
 mod micro;
 pub mod python_client;
+mod replay;
 mod report;
 mod slowfs;
 pub mod startup;
