@@ -100,7 +100,7 @@ fn blob_type(cluster: &Cluster, key: &str, kind: &str) -> Option<bool> {
 
 /// A failed command on a blob key: a wrong type lists the key.
 fn failed(cluster: &Cluster, key: &str, error: &redis::RedisError) -> String {
-    if super::values::is_wrong_type(error) {
+    if super::refusals::is_wrong_type(error) {
         cluster.wrong_types.found(key);
         return format!("{key} holds the wrong type");
     }

@@ -18,10 +18,10 @@ use redis::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::backoff::{self, Backoff};
-use super::follow::timed;
 use super::keys::{encode_stamp, Layout};
-use super::link::{Conn, BACKGROUND_TIMEOUT};
-use super::values::{self, ReadFrom};
+use super::link::{timed, Conn, BACKGROUND_TIMEOUT};
+use super::refusals::{self, ReadFrom};
+use super::values;
 use super::{scripts, Cluster};
 use crate::model::entry::{CacheKey, Origin};
 use crate::model::forget::{stamp_unix_ms, ForgetScope, Tombstone};
@@ -91,13 +91,13 @@ pub(super) async fn publish(
     for reply in stored {
         match reply {
             Ok(n) => announced += u64::from(n == 1),
-            Err(error) if values::is_wrong_type(&error) => {
+            Err(error) if refusals::is_wrong_type(&error) => {
                 // Published again once the key reads as a hash (`load_all`).
                 let keys = [layout.forgets(), layout.forget_log()];
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 cluster
                     .wrong_types
-                    .found(values::wrong_typed_key(&error, &keys));
+                    .found(refusals::wrong_typed_key(&error, &keys));
             }
             Err(error) => return Err(format!("publishing forgets: {error}")),
         }
@@ -138,7 +138,7 @@ async fn sweep(cluster: &Cluster, conn: &Conn, tombstones: &[Tombstone]) -> Resu
         let mut pages = timed("listing cluster nodes", conn.scan_pages(pattern)).await?;
         while let Some(names) = timed("scanning entries", pages.next_page(&mut conn)).await? {
             for name in names {
-                let Ok((key, shard)) = layout.key_of_entry(&name) else {
+                let Ok((key, shard)) = values::key_of_entry(layout, &name) else {
                     continue; // refused where entries are read
                 };
                 let stamp = wide
@@ -207,11 +207,11 @@ async fn delete_entries(
         for ((name, shard, _), reply) in chunk.iter().zip(replies) {
             match reply {
                 Ok(n) => deleted += u64::from(n == 1),
-                Err(error) if values::is_wrong_type(&error) => {
+                Err(error) if refusals::is_wrong_type(&error) => {
                     let meta = layout.meta(*shard);
                     cluster
                         .wrong_types
-                        .found(values::wrong_typed_key(&error, &[name.as_str(), &meta]));
+                        .found(refusals::wrong_typed_key(&error, &[name.as_str(), &meta]));
                 }
                 Err(error) => return Err(format!("deleting forgotten entries: {error}")),
             }
@@ -296,7 +296,7 @@ pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, 
     .await
     {
         Ok(Ok(held)) => held,
-        Ok(Err(error)) if values::is_wrong_type(&error) => {
+        Ok(Err(error)) if refusals::is_wrong_type(&error) => {
             cluster.wrong_types.found(&forgets);
             return Ok(0);
         }
@@ -424,7 +424,7 @@ async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
             cluster.wrong_types.fixed(&forget_log);
             last
         }
-        Err(error) if values::is_wrong_type(&error) => {
+        Err(error) if refusals::is_wrong_type(&error) => {
             // Forgets still arrive with the whole hash on every start over.
             cluster.wrong_types.found(&forget_log);
             load_all(cluster, &mut conn).await?;
@@ -512,7 +512,7 @@ pub(super) async fn read_epoch(
     get.arg(&epoch);
     match tokio::time::timeout(BACKGROUND_TIMEOUT, get.query_async::<Option<String>>(conn)).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) if values::is_wrong_type(&error) => {
+        Ok(Err(error)) if refusals::is_wrong_type(&error) => {
             cluster.wrong_types.found(&epoch);
             Ok(None)
         }

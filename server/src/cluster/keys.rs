@@ -104,10 +104,10 @@ impl Layout {
         self.named("l", text)
     }
 
-    /// The cache key of an entry name found by SCAN, checked as a client's key is
-    /// (`values::key_text`), and its shard; why not for anything else (a name whose shard
-    /// tag disagrees with its key is not ours either).
-    pub fn key_of_entry(&self, name: &str) -> Result<(CacheKey, usize), String> {
+    /// The key text and shard of an entry name found by SCAN (`values::key_of_entry` checks
+    /// the text as a client's key is); why not for anything else (a name whose shard tag
+    /// disagrees with its key is not ours either).
+    pub fn entry_key_text<'n>(&self, name: &'n str) -> Result<(&'n str, usize), String> {
         let not_ours = || "not an entry name of this prefix".to_owned();
         let rest = name
             .strip_prefix(&self.prefix)
@@ -119,7 +119,7 @@ impl Layout {
         if shard != Self::shard_of_text(text) {
             return Err("its shard tag is not its key's shard".to_owned());
         }
-        Ok((super::values::key_text(text)?, shard))
+        Ok((text, shard))
     }
 
     /// SCAN pattern matching every entry name of `shard`, or of every shard (glob characters
@@ -313,11 +313,6 @@ pub fn decode_epoch_time(t: &str) -> Option<(u64, f64)> {
     Some((!parse_hex16(epoch)?, decode_time(time)?))
 }
 
-/// A result read back from Redis, checked like a Record (`values::result`).
-pub fn decode_result(t: &str, c: &str, b: &str, a: &str) -> Result<TunedResult, String> {
-    super::values::result(t, c, b, a)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,24 +326,6 @@ mod tests {
             tuned_at_unix_ms: at,
             forget_epoch: 0,
             artifacts: Default::default(),
-        }
-    }
-
-    #[test]
-    fn key_text_is_the_json_array_older_daemons_wrote() {
-        for rank in [None, Some(0), Some(u32::MAX)] {
-            let key = CacheKey {
-                namespace: "n\"s".into(),
-                op: "op\\/\u{e9}".into(),
-                device: "NVIDIA H200|sm_90".into(),
-                problem: "m=1,\n\u{1f600}\0".into(),
-                rank,
-            };
-            let older =
-                serde_json::json!([key.namespace, key.op, key.device, key.problem, key.rank])
-                    .to_string();
-            assert_eq!(Layout::key_text(&key), older);
-            assert_eq!(super::super::values::key_text(&older), Ok(key));
         }
     }
 
@@ -426,18 +403,19 @@ mod tests {
             rank: Some(3),
         };
         let shard = Layout::shard_of(&key);
+        let entry = layout.entry(&key);
         assert_eq!(
-            layout.key_of_entry(&layout.entry(&key)),
-            Ok((key.clone(), shard))
+            layout.entry_key_text(&entry),
+            Ok((Layout::key_text(&key).as_str(), shard))
         );
-        assert!(layout.key_of_entry(&layout.lease(&key)).is_err());
+        assert!(layout.entry_key_text(&layout.lease(&key)).is_err());
         // A name whose shard tag was altered is not taken for the key.
         let forged = layout.entry(&key).replacen(
             &format!("{{s{shard:02}}}"),
             &format!("{{s{:02}}}", (shard + 1) % SHARDS),
             1,
         );
-        assert!(layout.key_of_entry(&forged).is_err());
+        assert!(layout.entry_key_text(&forged).is_err());
         assert!(check_prefix("a{b").is_err());
         assert_eq!(Layout::new("a*b:").entry_pattern(None), "a\\*b:e:{s*");
         assert_eq!(Layout::new("p:").entry_pattern(Some(3)), "p:e:{s03}*");

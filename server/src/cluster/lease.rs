@@ -10,7 +10,8 @@ use std::time::Duration;
 use redis::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::keys::{decode_result, Layout};
+use super::keys::Layout;
+use super::refusals;
 use super::scripts;
 use super::values;
 use super::Cluster;
@@ -105,7 +106,7 @@ impl Cluster {
                     self.layout.lease_of_text(&text),
                 );
                 self.command_failed(generation, &error, &[&entry, &lease]);
-                return Claim::Unavailable(if values::is_wrong_type(&error) {
+                return Claim::Unavailable(if refusals::is_wrong_type(&error) {
                     "a key of this entry in redis holds the wrong type".to_owned()
                 } else {
                     error.to_string()
@@ -194,7 +195,7 @@ fn parse_claim(reply: Value) -> Option<ParsedClaim> {
             pttl_ms: redis::from_redis_value::<i64>(items.get(2)?).ok()?,
         }),
         "hit" => Some(ParsedClaim::Hit(
-            decode_result(
+            values::result(
                 &text(items.get(1)?)?,
                 &text(items.get(2)?)?,
                 &text(items.get(3)?)?,

@@ -21,6 +21,19 @@ use tokio_util::sync::CancellationToken;
 
 /// Longest wait for a background command (publish, catch-up, bootstrap).
 pub const BACKGROUND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A background command with the background bound; a failure or timeout names `what` (the
+/// follower's and the forget loop's commands alike).
+pub async fn timed<T>(
+    what: &str,
+    future: impl std::future::Future<Output = RedisResult<T>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(BACKGROUND_TIMEOUT, future).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(format!("{what}: {error}")),
+        Err(_) => Err(format!("{what}: no answer within {BACKGROUND_TIMEOUT:?}")),
+    }
+}
 use super::backoff::{self, Backoff, MAX as BACKOFF_MAX};
 
 /// A live connection: one server (through the connection manager) or a Redis Cluster.

@@ -18,6 +18,7 @@ mod lease;
 mod link;
 mod places;
 mod publish;
+mod refusals;
 mod scripts;
 mod stats;
 mod values;
@@ -208,9 +209,9 @@ pub struct Cluster {
     bootstrapped: AtomicBool,
     pub counters: ClusterCounters,
     /// Values read from Redis that a client's request could not carry, per source.
-    pub(crate) refusals: values::Refusals,
+    pub(crate) refusals: refusals::Refusals,
     /// Keys in Redis holding another type than the layout says.
-    pub(crate) wrong_types: values::WrongTypes,
+    pub(crate) wrong_types: refusals::WrongTypes,
     /// This node's clock minus Redis's `TIME` at the last reading (`forget::load_all`).
     clock_skew_ms: AtomicI64,
     /// The skew is over `forget::MAX_CLOCK_SKEW`: no tombstone is expired from Redis.
@@ -270,8 +271,8 @@ impl Cluster {
             republish_all: AtomicBool::new(false),
             bootstrapped: AtomicBool::new(false),
             counters: ClusterCounters::default(),
-            refusals: values::Refusals::default(),
-            wrong_types: values::WrongTypes::default(),
+            refusals: refusals::Refusals::default(),
+            wrong_types: refusals::WrongTypes::default(),
             clock_skew_ms: AtomicI64::new(0),
             prune_paused: AtomicBool::new(false),
             tasks: tasks.clone(),
@@ -355,8 +356,9 @@ impl Cluster {
     /// A command on connection `generation` failed: a key of the wrong type (one of `keys`)
     /// is named and gone on without; anything else drops the connection (and backs off).
     pub(crate) fn command_failed(&self, generation: u64, error: &redis::RedisError, keys: &[&str]) {
-        if values::is_wrong_type(error) {
-            self.wrong_types.found(values::wrong_typed_key(error, keys));
+        if refusals::is_wrong_type(error) {
+            self.wrong_types
+                .found(refusals::wrong_typed_key(error, keys));
         } else {
             self.link.failed(generation, &error.to_string());
         }

@@ -15,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::keys::{encode_result, Layout};
 use super::link::{Conn, BACKGROUND_TIMEOUT};
-use super::values::{self, ReadFrom};
+use super::refusals::{self, ReadFrom};
+use super::values;
 use super::{scripts, Cluster};
 use crate::model::entry::{CacheKey, TunedResult};
 
@@ -207,7 +208,7 @@ async fn publish_batch(
     for ((key, _), reply) in batch.iter().zip(replies) {
         let reply = match reply {
             Ok(reply) => reply,
-            Err(error) if values::is_wrong_type(&error) => {
+            Err(error) if refusals::is_wrong_type(&error) => {
                 // The entry, its shard's stream or meta holds another type: this result
                 // cannot go to Redis until it is repaired; the audit publishes it then.
                 let text = Layout::key_text(key);
@@ -220,7 +221,7 @@ async fn publish_batch(
                 let names: Vec<&str> = names.iter().map(String::as_str).collect();
                 cluster
                     .wrong_types
-                    .found(values::wrong_typed_key(&error, &names));
+                    .found(refusals::wrong_typed_key(&error, &names));
                 continue;
             }
             Err(error) => return Err(error.to_string()),

@@ -43,7 +43,7 @@ end
 ";
 
 /// A key of another type than the layout says fails the script before it writes anything,
-/// naming the key (`values::wrong_typed_key`): a script that stopped half way (Redis does
+/// naming the key (`refusals::wrong_typed_key`): a script that stopped half way (Redis does
 /// not roll back) could store a result and never announce it.
 const TYPES: &str = r"
 local function wrong(key, kind)

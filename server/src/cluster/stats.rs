@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{link, values, Cluster};
+use super::{link, refusals, Cluster};
 use crate::report::registry::StatsCell;
 
 crate::report::stats_registry! {
@@ -103,7 +103,7 @@ crate::report::stats_registry! {
         }
         include ClusterCounters = cluster.counters;
         include link::LinkCounters = cluster.link.counters;
-        include values::Refusals = cluster.refusals;
+        include refusals::Refusals = cluster.refusals;
         fields {
             cluster_state = cluster.state().describe(), absent "off".to_owned() => signed_gauge(
                 50,

@@ -5,20 +5,14 @@
 //! write to Redis is trusted no more than a rank: a value a Record or a Forget could not
 //! carry (an empty namespace, a 1 MiB problem, a 20 MiB op, a forged `t`, a 4 MiB scope) is
 //! refused, dropped alone, counted per source in Stats and logged once per source; it is
-//! never stored or journaled.
-//!
-//! Also the keys found holding the wrong type (`SET <prefix>forgets:{f} "not a hash"`): each
-//! is named once in the log and listed in Stats, and the tier goes on without it, never
-//! reconnecting over it.
+//! never stored or journaled (`refusals` counts and logs what is refused).
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::collections::HashMap;
 
 use redis::Value;
 use tunecache_proto::v1;
 
-use super::keys::{decode_at_artifacts, decode_epoch_time, decode_stamp};
+use super::keys::{decode_at_artifacts, decode_epoch_time, decode_stamp, Layout};
 use crate::model::artifacts::ArtifactsView;
 use crate::model::entry::{CacheKey, TunedResult};
 use crate::model::forget::{ForgetScope, RankScope, Tombstone};
@@ -30,157 +24,6 @@ use crate::model::validate::{self, MAX_KEY_FIELD_BYTES};
 const MAX_KEY_TEXT_BYTES: usize = 4 * (6 * MAX_KEY_FIELD_BYTES + 3) + 16;
 /// The longest scope text (four fields, a rank, a flag).
 const MAX_SCOPE_TEXT_BYTES: usize = MAX_KEY_TEXT_BYTES + 8;
-/// Most characters of a refused value's name that a log line shows.
-const SHOWN: usize = 120;
-
-/// Where a value was read from: each is counted on its own.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReadFrom {
-    /// A shard stream's announcement.
-    Stream,
-    /// An entry hash (bootstrap, reading a shard again) or a script's reply with its fields.
-    Entries,
-    /// The tombstone hash or the forget stream.
-    Tombstones,
-}
-
-impl ReadFrom {
-    fn name(self) -> &'static str {
-        match self {
-            ReadFrom::Stream => "a shard stream",
-            ReadFrom::Entries => "an entry hash",
-            ReadFrom::Tombstones => "the tombstones",
-        }
-    }
-}
-
-crate::report::stats_registry! {
-    /// Refusals per source, and the once-per-source log.
-    #[derive(Default)]
-    pub struct Refusals {
-        pub stream: AtomicU64 as cluster_refused_stream => counter(
-            95,
-            "Announcements read from Redis streams that no client could send, refused.",
-        ),
-        pub entries: AtomicU64 as cluster_refused_entries => counter(
-            96,
-            "Entries read from Redis hashes or script replies that no client could send, refused.",
-        ),
-        pub tombstones: AtomicU64 as cluster_refused_tombstones
-            => counter(97, "Tombstones read from Redis that no Forget could make, refused."),
-        logged: crate::report::LogOnce => internal,
-    }
-}
-
-impl Refusals {
-    /// Counts one refused value of `from`; logs the first of each source, naming what (cut
-    /// short: a hostile value may be megabytes) and why.
-    pub fn refuse(&self, from: ReadFrom, what: &str, why: &str) {
-        let counter = match from {
-            ReadFrom::Stream => &self.stream,
-            ReadFrom::Entries => &self.entries,
-            ReadFrom::Tombstones => &self.tombstones,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        if self.logged.first(from.name()) {
-            tracing::warn!(
-                source = from.name(),
-                value = %shown(what),
-                reason = %shown(why),
-                "cluster tier: refused a value read from redis that no client could send; \
-                 dropped alone (logged once per source; Stats cluster_refused_*)"
-            );
-        }
-    }
-}
-
-/// At most `SHOWN` characters of `text`, and how long it was.
-pub fn shown(text: &str) -> String {
-    if text.len() <= SHOWN {
-        return text.to_owned();
-    }
-    let mut end = SHOWN;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}... ({} bytes)", &text[..end], text.len())
-}
-
-/// Most wrong-typed keys listed; more are counted.
-const MAX_WRONG_TYPED: usize = 1024;
-
-/// Keys found holding another type than the tier's layout says.
-#[derive(Default)]
-pub struct WrongTypes {
-    keys: Mutex<BTreeSet<String>>,
-    /// Every key found (each named in the log the first time only).
-    pub found: AtomicU64,
-    logged: crate::report::LogOnce,
-}
-
-impl WrongTypes {
-    /// `key` holds the wrong type: named in the log the first time, listed in Stats.
-    pub fn found(&self, key: &str) {
-        let mut keys = crate::sync::lock(&self.keys);
-        if keys.contains(key) {
-            return;
-        }
-        self.found.fetch_add(1, Ordering::Relaxed);
-        if keys.len() < MAX_WRONG_TYPED {
-            keys.insert(key.to_owned());
-        }
-        drop(keys);
-        if self.logged.first(key) {
-            tracing::warn!(
-                key = %shown(key),
-                "cluster tier: a key in redis holds the wrong type; going on without it \
-                 (delete or repair it; Stats cluster_wrong_type_keys)"
-            );
-        }
-    }
-
-    /// `key` read as its type again (repaired, deleted): true if it was listed.
-    pub fn fixed(&self, key: &str) -> bool {
-        let removed = crate::sync::lock(&self.keys).remove(key);
-        if removed {
-            tracing::info!(key = %shown(key), "cluster tier: a key that held the wrong type reads again");
-        }
-        removed
-    }
-
-    pub fn is_empty(&self) -> bool {
-        crate::sync::lock(&self.keys).is_empty()
-    }
-
-    /// The listed keys for Stats, at most eight named.
-    pub fn describe(&self) -> String {
-        let keys = crate::sync::lock(&self.keys);
-        let mut named: Vec<String> = keys.iter().take(8).map(|k| shown(k)).collect();
-        if keys.len() > 8 {
-            named.push(format!("and {} more", keys.len() - 8));
-        }
-        named.join(", ")
-    }
-}
-
-/// Whether a command failed because a key holds the wrong type (Redis's `WRONGTYPE`, also
-/// from inside a script, or a script's own check).
-pub fn is_wrong_type(error: &redis::RedisError) -> bool {
-    error.code() == Some("WRONGTYPE")
-}
-
-/// Which of `keys` a wrong-type error names (the scripts' own checks name the key); the first
-/// when it names none (a plain `WRONGTYPE` names no key).
-pub fn wrong_typed_key<'a>(error: &redis::RedisError, keys: &[&'a str]) -> &'a str {
-    let text = error.to_string();
-    keys.iter()
-        .copied()
-        .filter(|key| text.contains(key))
-        .max_by_key(|key| key.len())
-        .or_else(|| keys.first().copied())
-        .unwrap_or_default()
-}
-
 /// A Redis value's bytes, if it is a string.
 pub fn bytes(value: &Value) -> Option<&[u8]> {
     match value {
@@ -221,6 +64,13 @@ pub fn key_text(text: &str) -> Result<CacheKey, String> {
         return Err("key.problem: not in canonical form".to_owned());
     }
     Ok(key)
+}
+
+/// The cache key of an entry name found by SCAN, checked as a client's key is
+/// (`key_text`), and its shard; why not for anything else (`Layout::entry_key_text`).
+pub fn key_of_entry(layout: &Layout, name: &str) -> Result<(CacheKey, usize), String> {
+    let (text, shard) = layout.entry_key_text(name)?;
+    Ok((key_text(text)?, shard))
 }
 
 /// A result's four fields as Redis holds them (`keys::encode_result`), checked as a learned
@@ -418,7 +268,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::cluster::keys::{encode_result, encode_stamp, Layout};
+    use crate::cluster::keys::{encode_result, encode_stamp, SHARDS};
 
     fn good_result() -> TunedResult {
         TunedResult {
@@ -629,5 +479,48 @@ mod tests {
             let read = stream_entry(&message(&Layout::key_text(&key), encode_result(&result)));
             prop_assert_eq!(read, Ok((key, result)));
         }
+    }
+
+    #[test]
+    fn key_text_is_the_json_array_older_daemons_wrote() {
+        for rank in [None, Some(0), Some(u32::MAX)] {
+            let key = CacheKey {
+                namespace: "n\"s".into(),
+                op: "op\\/\u{e9}".into(),
+                device: "NVIDIA H200|sm_90".into(),
+                problem: "m=1,\n\u{1f600}\0".into(),
+                rank,
+            };
+            let older =
+                serde_json::json!([key.namespace, key.op, key.device, key.problem, key.rank])
+                    .to_string();
+            assert_eq!(Layout::key_text(&key), older);
+            assert_eq!(key_text(&older), Ok(key));
+        }
+    }
+
+    #[test]
+    fn entry_names_give_back_their_checked_key() {
+        let layout = Layout::new("tc:");
+        let key = CacheKey {
+            namespace: "ns".into(),
+            op: "op}{".into(),
+            device: "d\"ev".into(),
+            problem: "{\"m\":1}".into(),
+            rank: Some(3),
+        };
+        let shard = Layout::shard_of(&key);
+        assert_eq!(
+            key_of_entry(&layout, &layout.entry(&key)),
+            Ok((key.clone(), shard))
+        );
+        assert!(key_of_entry(&layout, &layout.lease(&key)).is_err());
+        // A name whose shard tag was altered is not taken for the key.
+        let forged = layout.entry(&key).replacen(
+            &format!("{{s{shard:02}}}"),
+            &format!("{{s{:02}}}", (shard + 1) % SHARDS),
+            1,
+        );
+        assert!(key_of_entry(&layout, &forged).is_err());
     }
 }

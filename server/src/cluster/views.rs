@@ -10,8 +10,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::keys::{decode_result, encode_at_artifacts, encode_epoch_time, Layout};
+use super::keys::{encode_at_artifacts, encode_epoch_time, Layout};
 use super::scripts;
+use super::values;
 use super::Cluster;
 use crate::wire::stored::StoredEntry;
 
@@ -63,7 +64,7 @@ fn parse_reply(value: redis::Value) -> Result<Option<String>, String> {
 /// A pin read back from Redis, checked like a learned result; `None` if corrupt.
 fn decode_pin(entry: &StoredEntry, text: &str) -> Option<StoredEntry> {
     let [t, c, b, a]: [String; 4] = serde_json::from_str(text).ok()?;
-    let result = decode_result(&t, &c, &b, &a).ok()?;
+    let result = values::result(&t, &c, &b, &a).ok()?;
     Some(StoredEntry::from_views(&entry.key(), &result.view()))
 }
 

@@ -4,9 +4,10 @@
 //! [`WireRoutes`] answers these three itself: Lookup and Scan responses are written from the
 //! entries' stored wire form (`wire`), and Lookup and Record requests stay bytes
 //! ([`BytesCodec`]) until the service reads them within the entry limit
-//! (`wire::lookup_request`, `wire::record_request`). One larger than `OFF_RUNTIME_BYTES` is
-//! read and checked on the blocking pool, so that one caller's large request never holds a
-//! runtime worker (and the other callers' calls queued behind it) for its whole decode. The
+//! (`wire::lookup_request`, `wire::record_request`). One larger than
+//! `off_runtime::OFF_RUNTIME_BYTES` is read and checked on the blocking pool, so that one
+//! caller's large request never holds a runtime worker (and the other callers' calls queued
+//! behind it) for its whole decode. The
 //! generated service's own bodies of the three methods call the same functions
 //! (`service`), so each RPC has one door.
 //!
@@ -41,10 +42,6 @@ const RECORD_PATH: &str = "/tunecache.v1.TuneCache/Record";
 const SCAN_PATH: &str = "/tunecache.v1.TuneCache/Scan";
 const RESOLVE_PATH: &str = "/tunecache.v1.TuneCache/Resolve";
 const END_VIEW_PATH: &str = "/tunecache.v1.TuneCache/EndView";
-
-/// Requests larger than this are read and checked on the blocking pool. A 10,000-key Lookup
-/// of typical keys is about 1 MiB and 15 ms of decoding and validation.
-pub const OFF_RUNTIME_BYTES: usize = 256 * 1024;
 
 /// A route's codec that keeps the request message as bytes (`D` wraps them; no copy: the frame
 /// is split off tonic's buffer) and encodes responses `E` as the generated route's prost codec
@@ -86,19 +83,6 @@ impl<D: From<Bytes> + Send + 'static> Decoder for BytesDecoder<D> {
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Self::Error> {
         Ok(Some(D::from(buf.copy_to_bytes(buf.remaining()))))
     }
-}
-
-/// Runs `read` on the request's bytes: inline when small, else on the blocking pool.
-pub(crate) async fn off_runtime_if_large<T: Send + 'static>(
-    request: Bytes,
-    read: impl FnOnce(&Bytes) -> Result<T, Status> + Send + 'static,
-) -> Result<T, Status> {
-    if request.len() <= OFF_RUNTIME_BYTES {
-        return read(&request);
-    }
-    tokio::task::spawn_blocking(move || read(&request))
-        .await
-        .map_err(|error| Status::internal(format!("reading the request failed: {error}")))?
 }
 
 /// The generated `TuneCacheServer` with Lookup and Scan answered from the wire form, and

@@ -19,7 +19,7 @@ use crate::error::Error;
 use crate::model::entry::CacheKey;
 use crate::model::names::{self, ViewId};
 use crate::model::validate::{self, CheckedKey, InvalidField};
-use crate::rpc::routes::off_runtime_if_large;
+use crate::rpc::off_runtime::off_runtime_if_large;
 use crate::snapshot::SnapshotHandle;
 use crate::store::Store;
 use crate::tuner::TunerHandle;

@@ -36,6 +36,7 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 
 use super::keys::{entry_digest, format_digest, Layout};
+use super::refusals;
 use super::values::{self, Message};
 use crate::model::entry::{CacheKey, TunedResult};
 use crate::model::shared_key::SharedKey;
@@ -228,7 +229,7 @@ pub fn parse_header(
     if header.prefix != prefix {
         return Err(format!(
             "built under prefix {:?}",
-            values::shown(&header.prefix)
+            refusals::shown(&header.prefix)
         ));
     }
     if header.shard != shard {

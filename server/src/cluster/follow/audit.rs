@@ -177,7 +177,7 @@ impl Follower {
         for (&shard, reply) in shards.iter().zip(replies) {
             match reply {
                 Ok((seq, count, digest)) => metas.push(Meta { seq, count, digest }),
-                Err(error) if values::is_wrong_type(&error) => {
+                Err(error) if refusals::is_wrong_type(&error) => {
                     // Never equal to a real one: the shard stays unsettled this round.
                     self.cluster
                         .wrong_types

@@ -131,7 +131,7 @@ impl Follower {
             let shard = header.shard;
             let placed = match message {
                 Ok(reply) => checkpoint::check_place(&header, &values::messages_of(&reply)),
-                Err(error) if values::is_wrong_type(&error) => {
+                Err(error) if refusals::is_wrong_type(&error) => {
                     self.cluster.wrong_types.found(&layout.log(shard));
                     Err("its shard's stream holds the wrong type".to_owned())
                 }
@@ -216,11 +216,11 @@ impl Follower {
         for (shard, reply) in replies.into_iter().enumerate() {
             let reply = match reply {
                 Ok(reply) => reply,
-                Err(error) if values::is_wrong_type(&error) => {
+                Err(error) if refusals::is_wrong_type(&error) => {
                     let (header, meta) = (layout.checkpoint(shard), layout.meta(shard));
                     self.cluster
                         .wrong_types
-                        .found(values::wrong_typed_key(&error, &[&header, &meta]));
+                        .found(refusals::wrong_typed_key(&error, &[&header, &meta]));
                     continue;
                 }
                 Err(error) => return Err(format!("reading the checkpoints: {error}")),
@@ -295,7 +295,7 @@ impl Follower {
             .fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
             shard,
-            reason = %values::shown(why),
+            reason = %refusals::shown(why),
             "cluster tier: rejected a shard's checkpoint; reading the shard's entries instead"
         );
     }
@@ -340,7 +340,7 @@ impl Follower {
             .await
             {
                 Ok(Ok(fields)) => fields,
-                Ok(Err(error)) if values::is_wrong_type(&error) => {
+                Ok(Err(error)) if refusals::is_wrong_type(&error) => {
                     self.cluster.wrong_types.found(&layout.checkpoint(shard));
                     continue;
                 }
@@ -387,7 +387,7 @@ impl Follower {
                 Ok(Ok(_)) => {
                     self.cluster.wrong_types.fixed(&lease);
                 }
-                Ok(Err(error)) if values::is_wrong_type(&error) => {
+                Ok(Err(error)) if refusals::is_wrong_type(&error) => {
                     self.cluster.wrong_types.found(&lease);
                 }
                 Ok(Err(error)) => return Err(format!("taking a checkpoint lease: {error}")),

@@ -25,9 +25,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::checkpoint;
 use super::keys::{encode_result, entry_digest, format_digest, Layout, SHARDS};
-use super::link::{Conn, BACKGROUND_TIMEOUT};
+use super::link::{timed, Conn, BACKGROUND_TIMEOUT};
 use super::places::{self, SavedPlace, SavedPlaces};
-use super::values::{self, ReadFrom};
+use super::refusals::{self, ReadFrom};
+use super::values;
 use super::{scripts, Cluster};
 use crate::model::entry::{CacheKey, TunedResult};
 use crate::model::merge::{merge, MergeOutcome};
@@ -197,18 +198,6 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
                 () = stop.cancelled() => return,
             }
         }
-    }
-}
-
-/// A background command with the background bound; a failure or timeout names `what`.
-pub(super) async fn timed<T>(
-    what: &str,
-    future: impl std::future::Future<Output = redis::RedisResult<T>>,
-) -> Result<T, Failure> {
-    match tokio::time::timeout(BACKGROUND_TIMEOUT, future).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => Err(format!("{what}: {error}")),
-        Err(_) => Err(format!("{what}: no answer within {BACKGROUND_TIMEOUT:?}")),
     }
 }
 
@@ -409,11 +398,11 @@ impl Follower {
                     self.broken[shard] = false;
                     places.push(Place { id, seq });
                 }
-                Err(error) if values::is_wrong_type(&error) => {
+                Err(error) if refusals::is_wrong_type(&error) => {
                     let (log, meta) = (layout.log(shard), layout.meta(shard));
                     self.cluster
                         .wrong_types
-                        .found(values::wrong_typed_key(&error, &[&log, &meta]));
+                        .found(refusals::wrong_typed_key(&error, &[&log, &meta]));
                     self.broken[shard] = true;
                     places.push(Place::start());
                 }
@@ -448,13 +437,15 @@ impl Follower {
         while let Some(names) = timed("scanning entries", pages.next_page(conn)).await? {
             let names: Vec<(String, CacheKey, u64)> = names
                 .into_iter()
-                .filter_map(|name| match self.cluster.layout.key_of_entry(&name) {
-                    Ok((key, shard)) => Some((name, key, known_through[shard]?)),
-                    Err(why) => {
-                        self.cluster.refusals.refuse(ReadFrom::Entries, &name, &why);
-                        None
-                    }
-                })
+                .filter_map(
+                    |name| match values::key_of_entry(&self.cluster.layout, &name) {
+                        Ok((key, shard)) => Some((name, key, known_through[shard]?)),
+                        Err(why) => {
+                            self.cluster.refusals.refuse(ReadFrom::Entries, &name, &why);
+                            None
+                        }
+                    },
+                )
                 .collect();
             for chunk in names.chunks(READ_COUNT) {
                 let entries = read_entries(&self.cluster, conn, chunk).await?;
@@ -563,7 +554,7 @@ impl Follower {
                 let wait = block.unwrap_or_default() + BACKGROUND_TIMEOUT;
                 match tokio::time::timeout(wait, read.query_async::<Value>(conn)).await {
                     Ok(Ok(reply)) => vec![reply],
-                    Ok(Err(error)) if values::is_wrong_type(&error) => {
+                    Ok(Err(error)) if refusals::is_wrong_type(&error) => {
                         self.find_broken_streams(conn, &followed).await?;
                         return Ok(0);
                     }
@@ -589,7 +580,7 @@ impl Follower {
                 for (&shard, reply) in followed.iter().zip(replies) {
                     match reply {
                         Ok(reply) => read.push(reply),
-                        Err(error) if values::is_wrong_type(&error) => {
+                        Err(error) if refusals::is_wrong_type(&error) => {
                             self.cluster.wrong_types.found(&self.logs[shard]);
                             self.broken[shard] = true;
                         }
@@ -734,7 +725,7 @@ async fn read_entries(
     for ((name, key, through), reply) in names.iter().zip(replies) {
         let fields = match reply {
             Ok(fields) => fields,
-            Err(error) if values::is_wrong_type(&error) => {
+            Err(error) if refusals::is_wrong_type(&error) => {
                 cluster.wrong_types.found(name);
                 continue;
             }

@@ -114,7 +114,7 @@ impl IoWorker {
     /// directory) is warned about once and numbering goes past it; another user's is
     /// squatting, reported as such (`skipped`), and only its name is not taken again.
     pub(super) fn read_not_ours(&mut self, listed: &NodeSegments, report: &mut LoadReport) {
-        for segment in self.not_ours.take_unread(&self.own, listed) {
+        for segment in self.not_ours.take_unread(&self.own.segments, listed) {
             let name = segment.file_name();
             self.shared
                 .counters

@@ -8,8 +8,6 @@ use std::collections::{HashMap, HashSet};
 
 use crate::snapshot::segments::{NodeSegments, SegmentName};
 
-use super::own::OwnSegments;
-
 /// Who wrote a segment under this node's name that it did not write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Writer {
@@ -30,15 +28,16 @@ pub struct NotOurs {
 }
 
 impl NotOurs {
-    /// Of `listed`, the segments under this node's name that `own` does not record and that
+    /// Of `listed`, the segments under this node's name that are not `recorded` (the node's
+    /// own record, `OwnSegments::segments`) and that
     /// were not read yet: read once each (and remembered from now on). Names no longer
     /// listed are forgotten, so the set stays as small as the listing.
     pub fn take_unread<'a>(
         &mut self,
-        own: &OwnSegments,
+        recorded: &[SegmentName],
         listed: &'a NodeSegments,
     ) -> Vec<&'a SegmentName> {
-        let recorded: HashSet<String> = own.segments.iter().map(SegmentName::file_name).collect();
+        let recorded: HashSet<String> = recorded.iter().map(SegmentName::file_name).collect();
         let listed_names: HashSet<String> = listed
             .as_slice()
             .iter()
@@ -103,16 +102,24 @@ impl NotOurs {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::own::tests::{listing, seg};
+pub(super) mod tests {
     use super::*;
+
+    pub fn seg(first: u64, last: u64) -> SegmentName {
+        SegmentName {
+            node: "me".into(),
+            first,
+            last,
+        }
+    }
+
+    pub fn listing(ranges: &[(u64, u64)]) -> NodeSegments {
+        NodeSegments::new(ranges.iter().map(|&(f, l)| seg(f, l)).collect())
+    }
 
     #[test]
     fn segments_under_this_name_it_did_not_write_are_read_once_each() {
-        let own = OwnSegments {
-            segments: vec![seg(1, 1)],
-            ..OwnSegments::default()
-        };
+        let own = [seg(1, 1)];
         let mut not_ours = NotOurs::default();
         let listed = listing(&[(1, 1), (2, 2), (3, 3)]);
         assert_eq!(

@@ -283,17 +283,7 @@ pub(super) mod tests {
     use crate::model::entry::{CacheKey, TunedResult};
     use crate::model::forget::{ForgetScope, RankScope};
 
-    pub fn seg(first: u64, last: u64) -> SegmentName {
-        SegmentName {
-            node: "me".into(),
-            first,
-            last,
-        }
-    }
-
-    pub fn listing(ranges: &[(u64, u64)]) -> NodeSegments {
-        NodeSegments::new(ranges.iter().map(|&(f, l)| seg(f, l)).collect())
-    }
+    pub use super::super::not_ours::tests::{listing, seg};
 
     pub fn entry(problem: &str, time_us: f64) -> StoredEntry {
         let key = CacheKey {
@@ -460,11 +450,11 @@ pub(super) mod tests {
         let mut not_ours = NotOurs::default();
         // Another user holds 3-3, and a name reaching the last number there is.
         let listed = listing(&[(1, 1), (2, 2), (3, 3), (4, MAX_SEQ)]);
-        for segment in not_ours.take_unread(&own, &listed) {
+        for segment in not_ours.take_unread(&own.segments, &listed) {
             let name = segment.file_name();
             not_ours.judged(&name, false);
         }
-        assert!(not_ours.take_unread(&own, &listed).is_empty());
+        assert!(not_ours.take_unread(&own.segments, &listed).is_empty());
         assert_eq!(
             not_ours.trusted_last(),
             None,
@@ -480,7 +470,7 @@ pub(super) mod tests {
         own.segments = vec![seg(3, 4), seg(5, 5), seg(1, 1), seg(2, 2)];
         let mut held = NotOurs::default();
         let listed = listing(&[(1, 1), (2, 2), (3, 4), (5, 5), (1, 5)]);
-        for segment in held.take_unread(&own, &listed) {
+        for segment in held.take_unread(&own.segments, &listed) {
             held.judged(&segment.file_name(), false);
         }
         assert_eq!(own.take_name("me", 1, 5, &held), Some(seg(1, 6)));
@@ -491,7 +481,7 @@ pub(super) mod tests {
             ..OwnSegments::default()
         };
         let mut last = NotOurs::default();
-        for segment in last.take_unread(&full, &listing(&[(MAX_SEQ, MAX_SEQ)])) {
+        for segment in last.take_unread(&full.segments, &listing(&[(MAX_SEQ, MAX_SEQ)])) {
             last.judged(&segment.file_name(), false);
         }
         assert_eq!(full.take_name("me", MAX_SEQ, MAX_SEQ, &last), None);

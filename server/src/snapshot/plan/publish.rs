@@ -318,7 +318,7 @@ mod tests {
 
         // A segment under this name it did not write lies in the range: not hidden.
         let mut inside = NotOurs::default();
-        inside.take_unread(&OwnSegments::default(), &listing(&[(2, 2)]));
+        inside.take_unread(&[], &listing(&[(2, 2)]));
         let mut own = loaded(3);
         own.segments = vec![seg(1, 1)];
         own.forget_vanished(&listing(&[]));
@@ -361,9 +361,9 @@ mod tests {
         let mut own = loaded(9);
         own.segments = (5..=8).map(|n| seg(n, n)).collect();
         let mut before = NotOurs::default();
-        before.take_unread(&other, &listing(&[(2, 2)]));
+        before.take_unread(&other.segments, &listing(&[(2, 2)]));
         let mut inside = NotOurs::default();
-        inside.take_unread(&other, &listing(&[(6, 6)]));
+        inside.take_unread(&other.segments, &listing(&[(6, 6)]));
         assert!(own.compaction_due(3, &before));
         assert!(!own.compaction_due(3, &inside));
         own.name_conflict = true;

@@ -177,3 +177,26 @@ impl Comparable<StoredEntry> for KeyView<'_> {
         entry.cmp_view(self).reverse()
     }
 }
+
+/// A key whose (namespace, op, device) is already resolved to its interned `Vocab`: against
+/// an entry of the same vocabulary the comparison is a pointer test, then the problem.
+/// Orders exactly as `KeyView` (and `CacheKey`).
+pub(super) struct VocabKey<'a> {
+    pub(super) vocab: &'a Arc<Vocab>,
+    pub(super) problem: &'a str,
+    pub(super) rank: Option<u32>,
+}
+
+impl Equivalent<StoredEntry> for VocabKey<'_> {
+    fn equivalent(&self, entry: &StoredEntry) -> bool {
+        self.compare(entry) == Ordering::Equal
+    }
+}
+
+impl Comparable<StoredEntry> for VocabKey<'_> {
+    fn compare(&self, entry: &StoredEntry) -> Ordering {
+        cmp_vocab(self.vocab, &entry.vocab)
+            .then_with(|| self.problem.as_bytes().cmp(entry.problem_bytes()))
+            .then_with(|| self.rank.cmp(&entry.rank))
+    }
+}

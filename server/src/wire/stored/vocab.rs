@@ -6,11 +6,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use equivalent::{Comparable, Equivalent};
-
 use crate::model::entry::KeyView;
-
-use super::entry::*;
 
 /// One interned (namespace, op, device): shared by every entry that has it.
 #[derive(Debug)]
@@ -126,29 +122,6 @@ pub(super) fn find_vocab_runs<'k>(
         run_names = Some(names);
     }
     runs
-}
-
-/// A key whose (namespace, op, device) is already resolved to its interned `Vocab`: against
-/// an entry of the same vocabulary the comparison is a pointer test, then the problem.
-/// Orders exactly as `KeyView` (and `CacheKey`).
-pub(super) struct VocabKey<'a> {
-    pub(super) vocab: &'a Arc<Vocab>,
-    pub(super) problem: &'a str,
-    pub(super) rank: Option<u32>,
-}
-
-impl Equivalent<StoredEntry> for VocabKey<'_> {
-    fn equivalent(&self, entry: &StoredEntry) -> bool {
-        self.compare(entry) == Ordering::Equal
-    }
-}
-
-impl Comparable<StoredEntry> for VocabKey<'_> {
-    fn compare(&self, entry: &StoredEntry) -> Ordering {
-        cmp_vocab(self.vocab, &entry.vocab)
-            .then_with(|| self.problem.as_bytes().cmp(entry.problem_bytes()))
-            .then_with(|| self.rank.cmp(&entry.rank))
-    }
 }
 
 pub(super) fn cmp_vocab(a: &Arc<Vocab>, b: &Arc<Vocab>) -> Ordering {
