@@ -21,6 +21,7 @@ use super::backoff::{self, Backoff};
 use super::keys::{encode_stamp, Layout};
 use super::link::{timed, Conn, BACKGROUND_TIMEOUT};
 use super::refusals::{self, ReadFrom};
+use super::tombstone_expiry::{redis_now_ms, Expiry};
 use super::values;
 use super::{scripts, Cluster};
 use crate::model::entry::{CacheKey, Origin};
@@ -33,9 +34,6 @@ const BLOCK: Duration = Duration::from_millis(1000);
 const CLUSTER_POLL: Duration = Duration::from_millis(100);
 /// Messages per stream read.
 const READ_COUNT: usize = 512;
-/// Most a node's clock and Redis's may differ for this node to expire tombstones from
-/// Redis: past it, it logs the skew, shows it in Stats and health, and expires nothing.
-pub const MAX_CLOCK_SKEW_MS: i64 = 3600 * 1000;
 /// How often the follower checks that the server kept its data (the epoch marker).
 const EPOCH_CHECK: Duration = Duration::from_secs(2);
 
@@ -220,73 +218,12 @@ async fn delete_entries(
     Ok(deleted)
 }
 
-/// Which tombstones `load_all` expires from Redis: judged by Redis's own clock, never this
-/// node's, so one node's wrong clock cannot delete every node's tombstones; and none at all
-/// while the two clocks differ by more than `MAX_CLOCK_SKEW_MS` (a clock that far off may
-/// be Redis's as well as this node's).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Expiry {
-    /// Tombstones stamped before this (unix ms, Redis's clock) go.
-    Before(i64),
-    /// Nothing goes: the clocks differ by `skew_ms` (this node's minus Redis's).
-    Paused { skew_ms: i64 },
-}
-
-pub fn expiry(redis_now_ms: i64, node_now_ms: i64, retention_ms: i64) -> Expiry {
-    let skew_ms = node_now_ms.saturating_sub(redis_now_ms);
-    if skew_ms.saturating_abs() > MAX_CLOCK_SKEW_MS {
-        return Expiry::Paused { skew_ms };
-    }
-    Expiry::Before(redis_now_ms.saturating_sub(retention_ms))
-}
-
-/// Redis's clock (`TIME`), in unix ms.
-async fn redis_now_ms(conn: &mut Conn) -> Result<i64, Failure> {
-    let (secs, micros): (i64, i64) = timed(
-        "reading redis's clock",
-        redis::cmd("TIME").query_async(conn),
-    )
-    .await?;
-    Ok(secs.saturating_mul(1000).saturating_add(micros / 1000))
-}
-
-impl Cluster {
-    /// Records the skew between this node's clock and Redis's; returns what may expire.
-    fn judge_clock(&self, redis_now_ms: i64) -> Expiry {
-        let expiry = expiry(
-            redis_now_ms,
-            self.node_now_ms(),
-            self.store.forget_retention_ms(),
-        );
-        let skew_ms = self.node_now_ms().saturating_sub(redis_now_ms);
-        self.clock_skew_ms.store(skew_ms, Ordering::Relaxed);
-        let paused = matches!(expiry, Expiry::Paused { .. });
-        if self.prune_paused.swap(paused, Ordering::Relaxed) != paused {
-            if paused {
-                tracing::warn!(
-                    skew_ms,
-                    bound_ms = MAX_CLOCK_SKEW_MS,
-                    "cluster tier: this node's clock and redis's differ by more than the bound; \
-                     expiring no tombstone from redis until they agree (Stats \
-                     cluster_clock_skew_ms, health NOT_SERVING)"
-                );
-            } else {
-                tracing::info!(
-                    skew_ms,
-                    "cluster tier: this node's clock agrees with redis's again"
-                );
-            }
-        }
-        expiry
-    }
-}
-
 /// Reads every tombstone Redis holds and applies the new ones: at bootstrap, before any
 /// entry is read, and on every (re)connection of the forget follower. Those past the
-/// retention (`--forget-retention-days`, by Redis's clock: `expiry`) are deleted from Redis
-/// instead, so the hash, and what a connecting node reads, stays bounded as every node's
-/// own set is. Each field is checked like a Forget (`values::tombstone`); a hash of the wrong
-/// type is named and gone on without.
+/// retention (`--forget-retention-days`, by Redis's clock: `tombstone_expiry`) are deleted
+/// from Redis instead, so the hash, and what a connecting node reads, stays bounded as every
+/// node's own set is. Each field is checked like a Forget (`values::tombstone`); a hash of
+/// the wrong type is named and gone on without.
 pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, Failure> {
     let forgets = cluster.layout.forgets();
     let held: Value = match tokio::time::timeout(
@@ -582,28 +519,5 @@ mod tests {
             r#"["ns","","","",null,true]"#
         );
         assert!(values::tombstone_message(&forged).is_err());
-    }
-
-    #[test]
-    fn retention_is_judged_by_redis_clock_and_paused_when_the_clocks_disagree() {
-        let day = 86_400_000i64;
-        let redis = 1_800_000_000_000;
-        let retention = 90 * day;
-        // The node's clock plays no part while it is within the bound.
-        assert_eq!(
-            expiry(redis, redis + 59 * 60 * 1000, retention),
-            Expiry::Before(redis - retention)
-        );
-        assert_eq!(
-            expiry(redis, redis - 59 * 60 * 1000, retention),
-            Expiry::Before(redis - retention)
-        );
-        // A node 100 days fast (finding 9) or slow expires nothing.
-        for skew in [100 * day, -100 * day, MAX_CLOCK_SKEW_MS + 1] {
-            assert_eq!(
-                expiry(redis, redis + skew, retention),
-                Expiry::Paused { skew_ms: skew }
-            );
-        }
     }
 }

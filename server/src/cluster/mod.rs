@@ -21,6 +21,7 @@ mod publish;
 mod refusals;
 mod scripts;
 mod stats;
+mod tombstone_expiry;
 mod values;
 pub(crate) mod views;
 
