@@ -35,6 +35,7 @@ use crate::model::merge::{merge, MergeOutcome};
 
 mod audit;
 mod checkpoints;
+mod resync;
 mod start;
 
 /// How long one blocking stream read waits for news (single server).
@@ -412,113 +413,6 @@ impl Follower {
         Ok(places)
     }
 
-    /// Reads `shards` again from their entries in Redis and applies what beats this node's
-    /// results. With `republish`, also queues this node's results of those shards that Redis
-    /// lacks or holds worse.
-    async fn resync(
-        &self,
-        conn: &mut Conn,
-        shards: &[Resync],
-        republish: bool,
-    ) -> Result<Resynced, Failure> {
-        let mut known_through: [Option<u64>; SHARDS] = [None; SHARDS];
-        for r in shards {
-            let slot = &mut known_through[r.shard];
-            *slot = Some(slot.map_or(r.known_through, |k| k.min(r.known_through)));
-        }
-        // One SCAN pass: over one shard's names, or over every name when several shards go.
-        let pattern = match shards {
-            [only] => self.cluster.layout.entry_pattern(Some(only.shard)),
-            _ => self.cluster.layout.entry_pattern(None),
-        };
-        let mut pages = timed("listing cluster nodes", conn.scan_pages(pattern)).await?;
-        let mut outcome = Resynced::default();
-        let mut in_redis: HashMap<CacheKey, TunedResult> = HashMap::new();
-        while let Some(names) = timed("scanning entries", pages.next_page(conn)).await? {
-            let names: Vec<(String, CacheKey, u64)> = names
-                .into_iter()
-                .filter_map(
-                    |name| match values::key_of_entry(&self.cluster.layout, &name) {
-                        Ok((key, shard)) => Some((name, key, known_through[shard]?)),
-                        Err(why) => {
-                            self.cluster.refusals.refuse(ReadFrom::Entries, &name, &why);
-                            None
-                        }
-                    },
-                )
-                .collect();
-            for chunk in names.chunks(READ_COUNT) {
-                let entries = read_entries(&self.cluster, conn, chunk).await?;
-                let current = self.cluster.store.current();
-                let tombstones = self.cluster.store.tombstones();
-                let mut apply = Vec::new();
-                let mut forgotten = Vec::new();
-                for (key, result, seq, through) in entries {
-                    let floor = tombstones.floor(&key.view());
-                    if result.forget_epoch < floor {
-                        // Published before the Forget reached its node: neither learned
-                        // nor kept in Redis.
-                        forgotten.push((key, floor));
-                        continue;
-                    }
-                    if merge(current.get(&key).map(|e| e.to_pair().1).as_ref(), &result)
-                        == MergeOutcome::Replace
-                    {
-                        if through > 0 && seq <= through {
-                            outcome.repaired += 1;
-                        }
-                        apply.push((key.clone(), result.clone()));
-                    }
-                    if republish {
-                        in_redis.insert(key, result);
-                    }
-                }
-                outcome.learned += u64::from(self.cluster.apply_learned(apply).await);
-                if !forgotten.is_empty() {
-                    super::forget::delete_forgotten(&self.cluster, conn, forgotten).await?;
-                }
-            }
-        }
-        if republish {
-            let wanted: Vec<bool> = known_through.iter().map(Option::is_some).collect();
-            let current = self.cluster.store.current();
-            let unconfirmed = self.unconfirmed.clone();
-            let (missing, withheld) = tokio::task::spawn_blocking(move || {
-                let mut withheld = 0u64;
-                let missing = current
-                    .iter()
-                    .filter_map(|entry| {
-                        let (key, result) = entry.to_pair();
-                        let text = Layout::key_text(&key);
-                        let shard = Layout::shard_of_text(&text);
-                        if !wanted[shard]
-                            || merge(in_redis.get(&key), &result) != MergeOutcome::Replace
-                        {
-                            return None;
-                        }
-                        if unconfirmed.brought(shard, &text, &result) {
-                            withheld += 1;
-                            return None;
-                        }
-                        Some((key, result))
-                    })
-                    .collect::<Vec<_>>();
-                (missing, withheld)
-            })
-            .await
-            .map_err(|e| format!("comparing with redis: {e}"))?;
-            self.withheld(withheld);
-            if !missing.is_empty() {
-                tracing::warn!(
-                    entries = missing.len(),
-                    "cluster tier: redis lacks results this node holds; publishing them again"
-                );
-                self.cluster.queue_for_publish(missing);
-            }
-        }
-        Ok(outcome)
-    }
-
     /// One read of every followed shard's stream (blocking for at most `block` on a single
     /// server); applies what it brings, reads again the shards with a gap; returns the
     /// messages read. Each announcement is checked like a Record (`values::stream_entry`).
@@ -673,71 +567,4 @@ impl Follower {
         }
         Ok(())
     }
-
-    /// `resync`, counted in Stats; returns the repairs.
-    async fn resync_counted(
-        &mut self,
-        conn: &mut Conn,
-        shards: &[Resync],
-        republish: bool,
-    ) -> Result<u64, Failure> {
-        if !self.start_done {
-            for r in shards {
-                self.reread_at_start[r.shard] = true;
-            }
-        }
-        let outcome = self.resync(conn, shards, republish).await?;
-        let counters = &self.cluster.counters;
-        counters
-            .audit_repaired
-            .fetch_add(outcome.repaired, Ordering::Relaxed);
-        counters
-            .resync_entries
-            .fetch_add(outcome.learned, Ordering::Relaxed);
-        Ok(outcome.repaired)
-    }
-}
-
-/// Reads the named entries: (key, result, the sequence number it was written at, and the
-/// `known_through` handed in with its name). Each is checked like a Record's entry
-/// (`values::entry_fields`): a refused or wrong-typed one is skipped alone.
-async fn read_entries(
-    cluster: &Cluster,
-    conn: &Conn,
-    names: &[(String, CacheKey, u64)],
-) -> Result<Vec<(CacheKey, TunedResult, u64, u64)>, Failure> {
-    let reads = names.iter().map(|(name, _, _)| {
-        let mut conn = conn.clone();
-        async move {
-            redis::cmd("HMGET")
-                .arg(name)
-                .arg("t")
-                .arg("c")
-                .arg("b")
-                .arg("a")
-                .arg("s")
-                .query_async::<Vec<Value>>(&mut conn)
-                .await
-        }
-    });
-    let replies = timed("reading entries", async { Ok(join_all(reads).await) }).await?;
-    let mut entries = Vec::new();
-    for ((name, key, through), reply) in names.iter().zip(replies) {
-        let fields = match reply {
-            Ok(fields) => fields,
-            Err(error) if refusals::is_wrong_type(&error) => {
-                cluster.wrong_types.found(name);
-                continue;
-            }
-            Err(error) => return Err(format!("reading entries: {error}")),
-        };
-        if fields.first().is_some_and(|t| *t == Value::Nil) {
-            continue; // deleted since the scan (a Forget)
-        }
-        match values::entry_fields(&fields) {
-            Ok((result, seq)) => entries.push((key.clone(), result, seq, *through)),
-            Err(why) => cluster.refusals.refuse(ReadFrom::Entries, name, &why),
-        }
-    }
-    Ok(entries)
 }
