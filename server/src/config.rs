@@ -1,7 +1,10 @@
 //! Command-line flags of `tunecached`. Every flag has a `TUNECACHE_*` environment twin so a
 //! launcher can configure the daemon without building a command line. Defaults for the socket
 //! and state directory come from the directories systemd made for the service
-//! (`$RUNTIME_DIRECTORY`, `$STATE_DIRECTORY`) when it sets them.
+//! (`$RUNTIME_DIRECTORY`, `$STATE_DIRECTORY`) when it sets them (`places`).
+//!
+//! Here: the flags. The typed settings each part starts with are made from them in
+//! `settings`; key files are read in `secrets`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,9 +14,11 @@ use clap::{Parser, ValueEnum};
 use tunecache_proto::tuner::BackendChoice;
 
 use crate::journal::FsyncPolicy;
-use crate::model::shared_key::SharedKey;
 
 mod artifacts;
+mod places;
+mod secrets;
+mod settings;
 pub use artifacts::ArtifactFlags;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -472,9 +477,6 @@ pub struct Config {
     pub cluster_clock_offset_ms: i64,
 }
 
-/// `--max-request-bytes-per-uid` by default: this many messages of the largest size.
-const DEFAULT_UID_MESSAGES: usize = 4;
-
 /// Where the tuner worker comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TunerSetting {
@@ -483,176 +485,6 @@ pub enum TunerSetting {
 }
 
 impl Config {
-    /// The snapshot module's settings; `None` when the daemon runs without `--shared-dir`.
-    /// The key file is read here, so a missing or short key stops the start, naming the flag.
-    pub(crate) fn snapshot_settings(
-        &self,
-    ) -> crate::Result<Option<crate::snapshot::SnapshotSettings>> {
-        let Some(dir) = self.shared_dir.clone() else {
-            return Ok(None);
-        };
-        let key = match &self.shared_dir_key_file {
-            None => None,
-            Some(path) => Some(read_shared_key(path).map_err(|why| {
-                crate::Error::SharedDirUnsafe(format!(
-                    "--shared-dir-key-file {}: {why}",
-                    path.display()
-                ))
-            })?),
-        };
-        // This daemon's own files always count: it reads its own segments back at start.
-        let mut writer_uids = vec![nix::unistd::geteuid().as_raw()];
-        for uid in &self.shared_dir_writer_uid {
-            if !writer_uids.contains(uid) {
-                writer_uids.push(*uid);
-            }
-        }
-        Ok(Some(crate::snapshot::SnapshotSettings {
-            state_dir: self.state_dir(),
-            key,
-            writer_uids,
-            dir,
-            node: self.node_name(),
-            interval: self.snapshot_interval(),
-            fsync: self.snapshot_fsync,
-            max_file_bytes: self.snapshot_max_file_bytes,
-            compact_segments: self.snapshot_compact_segments.max(1),
-            public: self.shared_dir_public,
-        }))
-    }
-
-    /// The cluster tier's settings, checked; `None` without `--cluster-url`.
-    pub(crate) fn cluster_settings(
-        &self,
-    ) -> crate::Result<Option<crate::cluster::ClusterSettings>> {
-        let Some(url) = self.cluster_url.as_deref().filter(|u| !u.is_empty()) else {
-            return Ok(None);
-        };
-        let mut settings = crate::cluster::ClusterSettings::new(
-            url,
-            self.cluster_password_file.as_deref(),
-            self.cluster_tls_ca_file.as_deref(),
-            self.cluster_prefix.clone(),
-            Duration::from_millis(self.cluster_timeout_ms.max(1)),
-            Duration::from_millis(self.cluster_lease_ms.max(300)),
-            self.node_name(),
-        )?;
-        settings.publish_queue = self.cluster_publish_queue.max(1);
-        settings.stream_max_len = self.cluster_stream_max_len.max(1);
-        settings.audit_interval = Duration::from_secs(self.cluster_audit_secs.max(1));
-        settings.clock_offset_ms = self.cluster_clock_offset_ms;
-        settings.state_dir = Some(self.state_dir());
-        settings.checkpoint_every = self.cluster_checkpoint_every;
-        settings.checkpoint_check = Duration::from_millis(self.cluster_checkpoint_check_ms.max(10));
-        if let Some(path) = &self.cluster_key_file {
-            settings.key = Some(read_shared_key(path).map_err(|why| {
-                crate::Error::ClusterConfig(format!("--cluster-key-file {}: {why}", path.display()))
-            })?);
-        }
-        Ok(Some(settings))
-    }
-
-    /// `--socket`/`$TUNECACHE_SOCKET`, then `$RUNTIME_DIRECTORY/tunecache.sock` (systemd's
-    /// `RuntimeDirectory=`), then the XDG/tmp default every client uses.
-    pub fn socket_path(&self) -> PathBuf {
-        self.socket
-            .clone()
-            .or_else(|| runtime_directory().map(|dir| dir.join("tunecache.sock")))
-            .unwrap_or_else(tunecache_proto::socket_path::fallback_socket_path)
-    }
-
-    /// The artifact store's settings. One uid's share defaults to a quarter of the store
-    /// only when users other than the daemon's own and root may call it.
-    pub fn artifact_settings(&self) -> crate::artifacts::ArtifactSettings {
-        let others_allowed = !self.allow_uid.is_empty() || !self.allow_gid.is_empty();
-        self.artifacts.settings(self.state_dir(), others_allowed)
-    }
-
-    /// `--state-dir`/`$TUNECACHE_STATE_DIR`, then `$STATE_DIRECTORY` (systemd's
-    /// `StateDirectory=`), then the XDG default.
-    pub fn state_dir(&self) -> PathBuf {
-        if let Some(dir) = &self.state_dir {
-            return dir.clone();
-        }
-        if let Some(dir) = state_directory() {
-            return dir;
-        }
-        if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-            return PathBuf::from(dir).join("tunecache");
-        }
-        let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
-        match home {
-            Some(home) => PathBuf::from(home).join(".local/state/tunecache"),
-            // SAFETY: getuid has no preconditions and cannot fail.
-            None => PathBuf::from(format!("/tmp/tunecache-{}/state", unsafe {
-                libc::getuid()
-            })),
-        }
-    }
-
-    /// `--node-name`, else the hostname (cut to the name rule) and this state directory's
-    /// node id (`ensure_node_id` makes it at start).
-    pub fn node_name(&self) -> String {
-        if let Some(name) = &self.node_name {
-            return name.clone();
-        }
-        let host: String = nix::unistd::gethostname()
-            .ok()
-            .and_then(|name| name.into_string().ok())
-            .unwrap_or_else(|| "localhost".to_owned())
-            .chars()
-            .map(|c| {
-                if crate::model::names::node_name_char(c) {
-                    c
-                } else {
-                    '-'
-                }
-            })
-            .take(48)
-            .collect();
-        let host = host.trim_start_matches(['.', '-']);
-        let host = if host.is_empty() { "node" } else { host };
-        match std::fs::read_to_string(self.state_dir().join(NODE_ID_FILE)) {
-            Ok(id) if check_node_id(id.trim()) => format!("{host}-{}", id.trim()),
-            _ => host.to_owned(),
-        }
-    }
-
-    /// Without `--node-name`, makes sure the state directory has a node id (8 random hex
-    /// digits, made once), so two daemons on one host never share a default name.
-    pub fn ensure_node_id(&self) -> crate::Result<()> {
-        if self.node_name.is_some() {
-            return Ok(());
-        }
-        let path = self.state_dir().join(NODE_ID_FILE);
-        match std::fs::read_to_string(&path) {
-            Ok(id) if check_node_id(id.trim()) => return Ok(()),
-            _ => {}
-        }
-        let mut bytes = [0u8; 4];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
-            .map_err(|e| crate::Error::io("reading", std::path::Path::new("/dev/urandom"), e))?;
-        let id = format!("{:08x}\n", u32::from_le_bytes(bytes));
-        std::fs::write(&path, id).map_err(|e| crate::Error::io("writing the node id", &path, e))
-    }
-
-    /// The tuner's settings; `None` with `--tuner off`.
-    pub(crate) fn tuner_settings(&self) -> Option<crate::tuner::SupervisorConfig> {
-        let worker_path = match self.tuner_setting() {
-            TunerSetting::Off => return None,
-            TunerSetting::Worker(path) => path,
-        };
-        Some(crate::tuner::SupervisorConfig {
-            worker_path,
-            backend: self.tuner_backend,
-            job_timeout: std::time::Duration::from_secs(self.tuner_job_timeout.max(1)),
-            queue_capacity: self.tuner_queue.max(1),
-            device: self.tuner_device,
-            worker_args: Vec::new(),
-        })
-    }
-
     pub fn tuner_setting(&self) -> TunerSetting {
         match self.tuner.as_deref() {
             Some("off") => TunerSetting::Off,
@@ -670,17 +502,6 @@ impl Config {
         Duration::from_secs(self.snapshot_interval.max(1))
     }
 
-    /// `--view-idle-secs` and `--max-view-pins`.
-    pub(crate) fn view_settings(&self) -> crate::views::ViewSettings {
-        let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
-        crate::views::ViewSettings {
-            idle: Duration::from_secs(self.view_idle_secs.max(1)),
-            max_pins: count(self.max_view_pins),
-            max_pins_per_uid: count(self.max_view_pins_per_uid),
-            max_views_per_uid: count(self.max_views_per_uid),
-        }
-    }
-
     pub fn preface_timeout(&self) -> Duration {
         Duration::from_secs(self.preface_timeout.max(1))
     }
@@ -694,101 +515,10 @@ impl Config {
             .map(|secs| Duration::from_secs(secs.max(1)))
     }
 
-    /// The request limits of `--max-message-bytes` and `--max-request-bytes-per-uid`.
-    pub(crate) fn request_limits(
-        &self,
-    ) -> crate::Result<crate::ops::request_limits::RequestLimits> {
-        let max_message = usize::try_from(self.max_message_bytes).unwrap_or(usize::MAX);
-        let per_uid = self
-            .max_request_bytes_per_uid
-            .map_or(max_message.saturating_mul(DEFAULT_UID_MESSAGES), |bytes| {
-                usize::try_from(bytes).unwrap_or(usize::MAX)
-            });
-        crate::ops::request_limits::RequestLimits::new(max_message, per_uid)
-    }
-
     pub fn exit_when_idle(&self) -> Option<Duration> {
         self.exit_when_idle
             .map(|secs| Duration::from_secs(secs.max(1)))
     }
-}
-
-/// The first directory of a `$STATE_DIRECTORY`-style variable (systemd separates several
-/// `StateDirectory=` entries with colons).
-fn first_directory(variable: &str) -> Option<PathBuf> {
-    let value = std::env::var_os(variable)?;
-    let value = value.to_str()?;
-    value
-        .split(':')
-        .find(|dir| !dir.is_empty())
-        .map(PathBuf::from)
-}
-
-/// The state-directory file holding this daemon's node id.
-const NODE_ID_FILE: &str = "node-id";
-
-fn check_node_id(id: &str) -> bool {
-    id.len() == 8 && id.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-/// `StateDirectory=`'s directory, when the daemon runs as a systemd service that sets one.
-fn state_directory() -> Option<PathBuf> {
-    first_directory("STATE_DIRECTORY")
-}
-
-/// `RuntimeDirectory=`'s directory, when the daemon runs as a systemd service that sets one.
-fn runtime_directory() -> Option<PathBuf> {
-    first_directory("RUNTIME_DIRECTORY")
-}
-
-/// Reads a secret (a key file) only if it is private, as ssh reads a private key: the opened
-/// file (`fstat`, so no rename can slip another file in between) must be owned by this
-/// process's uid or root and give group and others no access. A key that other users can read
-/// is no secret: any of them could MAC, and so forge, files every node accepts.
-/// A shared key from its file: private (`read_private_file`), one line (the line end is not
-/// part of the key), long enough.
-fn read_shared_key(path: &std::path::Path) -> Result<SharedKey, String> {
-    let text = read_private_file(path)?;
-    let trimmed = text.strip_suffix(b"\n").unwrap_or(&text);
-    let trimmed = trimmed.strip_suffix(b"\r").unwrap_or(trimmed);
-    SharedKey::new(trimmed)
-}
-
-pub(crate) fn read_private_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    use std::os::unix::fs::MetadataExt;
-    let mut file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let metadata = file.metadata().map_err(|e| e.to_string())?;
-    let me = nix::unistd::geteuid().as_raw();
-    if let Some(why) = private_file_refusal(metadata.uid(), metadata.mode(), me) {
-        return Err(why);
-    }
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).map_err(|e| e.to_string())?;
-    Ok(bytes)
-}
-
-/// Why a secret file owned by `owner` with `mode` may not be used by uid `me`; `None` when it
-/// is private (ssh's rule for a private key).
-fn private_file_refusal(owner: u32, mode: u32, me: u32) -> Option<String> {
-    let mode = mode & 0o7777;
-    let problem = if owner != me && owner != 0 {
-        format!("it belongs to uid {owner}, not to this daemon's uid {me} or root")
-    } else if mode & 0o077 != 0 {
-        "group or others may access it".to_owned()
-    } else {
-        return None;
-    };
-    let owners = if me == 0 {
-        "root".to_owned()
-    } else {
-        format!("uid {me} or root")
-    };
-    Some(format!(
-        "owner uid {owner}, mode {mode:04o}: refused, {problem}; a key must be private \
-         (owned by {owners}, chmod 600), since anyone who can read it can forge files every \
-         node accepts"
-    ))
 }
 
 #[cfg(test)]

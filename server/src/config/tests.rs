@@ -1,5 +1,6 @@
 //! Unit tests of the settings: flags, their defaults and refusals.
 
+use super::secrets::private_file_refusal;
 use super::*;
 
 fn config(args: &[&str]) -> Config {
