@@ -1,0 +1,210 @@
+//! One pass over the shared directory: read what is new and merge it through the merge rule,
+//! record the places merged through once the journal holds them, then publish this node's
+//! new contributions unless nothing changed.
+
+use super::*;
+
+impl SnapshotHandle {
+    /// Load, then publish; counts the file bytes this pass read and wrote.
+    pub(super) async fn pass(&self, slot: &mut IoSlot) -> Result<Written> {
+        let counters = &self.shared.counters;
+        let read_before = counters.bytes_read.load(Ordering::Relaxed);
+        let written_before = counters.bytes_written.load(Ordering::Relaxed);
+        let outcome = match self.load_and_apply(slot).await {
+            Ok(()) => {
+                slot.last_load_error = None;
+                let published = self.publish_if_changed(slot).await;
+                if published.is_ok() {
+                    self.sweep_blobs_if_due(slot).await;
+                }
+                published
+            }
+            Err(error) => {
+                slot.last_load_error = Some(error.to_string());
+                Err(error)
+            }
+        };
+        // A stuck job has not finished: its bytes belong to the pass that sees it return.
+        if !matches!(outcome, Err(Error::SharedDirStuck { .. })) {
+            let read = counters.bytes_read.load(Ordering::Relaxed) - read_before;
+            let written = counters.bytes_written.load(Ordering::Relaxed) - written_before;
+            counters.last_pass_bytes_read.store(read, Ordering::Relaxed);
+            counters
+                .last_pass_bytes_written
+                .store(written, Ordering::Relaxed);
+            counters.passes.fetch_add(1, Ordering::Relaxed);
+        }
+        outcome
+    }
+
+    /// Reads what is new and merges it into the store through the merge rule: other nodes'
+    /// entries as learned, this node's own segments (first load) as its own again.
+    pub(super) async fn load_and_apply(&self, slot: &mut IoSlot) -> Result<()> {
+        // A wiped node (empty store) also starts from the version-1 file it published before.
+        let include_own_v1 = self.store.is_empty();
+        let started = Instant::now();
+        let report = self
+            .run_job(slot, Operation::Load, |reply| IoJob::Load {
+                include_own_v1,
+                reply,
+            })
+            .await?;
+        let read_elapsed = started.elapsed();
+        // Until the store has taken every file below, it does not hold every live entry.
+        slot.caught_up = false;
+        let caught_up = report.caught_up;
+        if std::mem::replace(&mut slot.merging, true) && !slot.places_unsafe {
+            slot.places_unsafe = true;
+            tracing::warn!(
+                "a merge from the shared directory was cut short; the segments merged are not \
+                 recorded again this run, so a restart reads on from the last record"
+            );
+        }
+        if report.own_vanished {
+            // What vanished has to go out again although nothing changed here.
+            slot.last_published_changes = None;
+        }
+        // Every file's tombstones before any file's entries: a forgotten entry in an older
+        // segment is never served, not even for the moment until a newer segment is merged.
+        let mut files = report.files;
+        for file in &mut files {
+            let tombstones = std::mem::take(&mut file.tombstones);
+            let forgotten = self
+                .store
+                .apply_tombstones(tombstones, Source::Snapshot, file.origin)
+                .await?;
+            if forgotten > 0 {
+                tracing::info!(file = %file.name, forgotten, "a Forget from the shared directory dropped entries");
+            }
+        }
+        for file in files {
+            let merge_started = Instant::now();
+            let total = file.entries.len();
+            let mut stored = 0;
+            let mut entries = file.entries.into_iter();
+            loop {
+                let batch: Vec<_> = entries.by_ref().take(APPLY_BATCH).collect();
+                if batch.is_empty() {
+                    break;
+                }
+                stored += self.store.apply_stored(batch, file.origin).await?.stored;
+            }
+            tracing::info!(
+                file = %file.name,
+                node = %file.node,
+                entries = total,
+                stored,
+                read = ?read_elapsed,
+                merge = ?merge_started.elapsed(),
+                "merged from the shared directory"
+            );
+        }
+        slot.merging = false;
+        slot.caught_up = caught_up;
+        if let Some(record) = report.merged {
+            slot.unsaved_places = Some(record);
+        }
+        self.save_places(slot).await;
+        slot.initial_load_done = true;
+        Ok(())
+    }
+
+    /// Records in the state directory the places merged through (`io::merged`), once the
+    /// journal holds what they claim: it is synced first, so after any crash the record is
+    /// at most as new as the journal. A failure is kept for the next pass and costs only
+    /// reading again after a restart.
+    pub(super) async fn save_places(&self, slot: &mut IoSlot) {
+        if slot.places_unsafe {
+            slot.unsaved_places = None;
+            return;
+        }
+        let Some(record) = slot.unsaved_places.take() else {
+            return;
+        };
+        let saved = async {
+            self.store
+                .sync_journal()
+                .await
+                .map_err(|e| format!("journal sync: {e}"))?;
+            let sync = self.store.fsync_policy() != FsyncPolicy::Never;
+            let shared = Arc::clone(&self.shared);
+            let written = record.clone();
+            tokio::task::spawn_blocking(move || io::merged::write(&shared, &written, sync))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())
+        };
+        if let Err(why) = saved.await {
+            slot.unsaved_places = Some(record);
+            if lock(&self.shared.logged_failures).insert("recording merged segments".to_owned()) {
+                tracing::warn!(
+                    dir = ?self.shared.settings.state_dir,
+                    "the segments merged are not recorded in the state directory ({why}); \
+                     retried each pass, a restart until then reads them again (logged once)"
+                );
+            } else {
+                tracing::debug!(%why, "the segments merged are not recorded yet");
+            }
+        }
+    }
+
+    /// Publishes the own contributions not yet published, unless nothing changed since the
+    /// last publish; then nothing touches the filesystem at all.
+    pub(super) async fn publish_if_changed(&self, slot: &mut IoSlot) -> Result<Written> {
+        if !slot.initial_load_done {
+            let why = match &slot.last_load_error {
+                Some(cause) => format!(
+                    "this node has not read what it published before, so it cannot tell what \
+                     is new: {cause}"
+                ),
+                None => "the first load of the shared directory has not finished".to_owned(),
+            };
+            return Err(Error::SharedDirUnavailable(why));
+        }
+        // Count before map: a change landing in between is published next time.
+        let changes = self.shared.own_changes.load(Ordering::Acquire);
+        let published = self.shared.counters.published.load(Ordering::Relaxed) as usize;
+        // Blobs held back by an earlier publish go out as soon as they can.
+        let blobs_failing = self.shared.blobs_failing.load(Ordering::Acquire);
+        if slot.last_published_changes == Some(changes) && !blobs_failing {
+            self.shared
+                .counters
+                .skipped_unchanged
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(Written {
+                path: self.shared.settings.dir.join(segments::SEGMENT_DIR),
+                entries: published,
+                bytes: 0,
+                skipped_unchanged: true,
+            });
+        }
+        let own = self.store.own_contributions();
+        let own_tombstones = self.store.own_tombstones();
+        let all_tombstones = self.store.tombstones();
+        let report: WriteReport = self
+            .run_job(slot, Operation::Write, |reply| IoJob::Write {
+                own,
+                own_tombstones,
+                all_tombstones,
+                reply,
+            })
+            .await?;
+        slot.last_published_changes = Some(changes);
+        self.shared
+            .counters
+            .published
+            .store(report.published as u64, Ordering::Relaxed);
+        if !report.wrote {
+            self.shared
+                .counters
+                .skipped_unchanged
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Written {
+            path: report.path,
+            entries: report.published,
+            bytes: report.bytes,
+            skipped_unchanged: !report.wrote,
+        })
+    }
+}
