@@ -48,17 +48,15 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
-use tonic_health::server::HealthReporter;
 use tunecache_proto::v1;
 
 use crate::error::{Error, Result};
-use crate::journal::FsyncPolicy;
 use crate::model::entry::unix_now_ms;
 use crate::store::{Source, Store};
 use crate::sync::lock;
 use crate::tasks::Tasks;
 
-use io::{IoJob, IoWorker, WriteReport};
+use io::{IoJob, IoWorker};
 use plan::merged::MergedRecord;
 use stats::SnapshotCounters;
 

@@ -2,7 +2,16 @@
 //! record the places merged through once the journal holds them, then publish this node's
 //! new contributions unless nothing changed.
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::io::{self, IoJob, WriteReport};
+use super::{segments, IoSlot, Operation, SnapshotHandle, Written, APPLY_BATCH};
+use crate::error::{Error, Result};
+use crate::journal::FsyncPolicy;
+use crate::store::Source;
+use crate::sync::lock;
 
 impl SnapshotHandle {
     /// Load, then publish; counts the file bytes this pass read and wrote.

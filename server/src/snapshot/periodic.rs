@@ -2,7 +2,17 @@
 //! pass), the sweep of unnamed blobs once per grace period, and the health status of
 //! `HEALTH_SERVICE_NAME`, kept current as jobs get stuck and return.
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tonic_health::server::HealthReporter;
+
+use super::io::IoJob;
+use super::{
+    blobs, IoSlot, Operation, SnapshotHandle, HEALTH_POLL, HEALTH_SERVICE_NAME, MAX_BACKOFF,
+};
+use crate::error::Error;
+use crate::tasks::Tasks;
 
 impl SnapshotHandle {
     /// Starts the periodic load-then-publish loop and keeps `HEALTH_SERVICE_NAME` up to date,

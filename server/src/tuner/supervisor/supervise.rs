@@ -3,8 +3,17 @@
 //! whether a job is retried, with its culprit candidate excluded, or failed
 //! (`after_death`).
 
-use super::worker::{run_job, JobOutcome, Worker};
-use super::*;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+use tunecache_proto::tuner::v1::ExcludedCandidate;
+
+use super::worker::{run_job, spawn_worker, JobOutcome, Worker};
+use super::{
+    Death, Phase, QueuedJob, Shared, SupervisorConfig, INITIAL_BACKOFF, MAX_BACKOFF,
+    MAX_DEATHS_PER_JOB,
+};
 
 /// Notes on `job` that its worker died running `candidate` (excluding the candidate when
 /// the death is its doing) and says whether to retry it: `None`, or the message to fail it
@@ -183,6 +192,8 @@ pub(super) async fn supervise(
 
 #[cfg(test)]
 mod tests {
+    use tokio::sync::oneshot;
+
     use super::*;
 
     #[test]
