@@ -19,7 +19,8 @@ use crate::{
 #[derive(Clone)]
 pub struct Client {
     pub(crate) inner: TuneCacheClient<Channel>,
-    /// The same channel, for calls with a codec of their own ([`encoded_scan`](crate::encoded_scan)).
+    /// The same channel, for calls with a codec of their own
+    /// ([`encoded_scan`](crate::encoded_scan)).
     pub(crate) channel: Channel,
     pub(crate) timeout: Duration,
     /// Sent in every Lookup, Scan and Resolve; empty for none.

@@ -16,7 +16,8 @@ pub enum ClientError {
     Rpc(tonic::Status),
     #[error("auto-start: {0}")]
     Autostart(#[from] autostart::AutostartError),
-    /// The default socket location is not private to the caller (see [`socket_path`](crate::socket_path)).
+    /// The default socket location is not private to the caller (see
+    /// [`socket_path`](crate::socket_path)).
     #[error(transparent)]
     UntrustedSocket(#[from] UntrustedSocket),
     /// The daemon answering on the socket runs as a uid the caller does not trust.
