@@ -12,12 +12,19 @@
 //! The backend supplies one [`Timed`] value (GPU events behind a delay kernel on CUDA,
 //! `Instant` on the CPU); everything statistical is here and pure enough to test on a CPU.
 
+mod device_sample;
+mod statistics;
+
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use crate::backend::SplitMix64;
 use crate::error::TuneError;
+
+pub use device_sample::{rotation_sets, DelayPolicy};
+use statistics::{median, relative_iqr};
+pub use statistics::{stats_of, Stats};
 
 /// Version of the policy below, recorded in every result: bump it when a change would make
 /// new times incomparable with old ones.
@@ -65,23 +72,6 @@ impl Default for MeasureConfig {
             prune_factor: 1.5,
         }
     }
-}
-
-/// The measurement of one candidate; serialised into the result's config JSON.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Stats {
-    /// Median over samples of the mean time of one run within a sample.
-    pub median_us: f64,
-    pub min_us: f64,
-    pub max_us: f64,
-    /// Interquartile range divided by the median.
-    pub spread: f64,
-    /// Samples taken (one per round the candidate took part in).
-    pub repeats: u32,
-    /// Back-to-back runs inside each sample.
-    pub runs_per_sample: u32,
-    pub backend: String,
-    pub flush_l2: bool,
 }
 
 /// How the times of a result were taken; written into the result beside `stats`.
@@ -274,114 +264,6 @@ fn checked(sample: f64) -> Result<f64, TuneError> {
     } else {
         Err(TuneError::BadSample(sample))
     }
-}
-
-/// Summary statistics of a candidate's samples.
-pub fn stats_of(
-    samples: &[f64],
-    runs_per_sample: u32,
-    backend: &str,
-    flush_l2: bool,
-) -> Result<Stats, TuneError> {
-    if samples.is_empty() {
-        return Err(TuneError::NothingRan(
-            "no sample was taken within the time budget".to_string(),
-        ));
-    }
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    Ok(Stats {
-        median_us: percentile(&sorted, 0.5),
-        min_us: sorted[0],
-        max_us: sorted[sorted.len() - 1],
-        spread: relative_iqr(samples),
-        repeats: samples.len() as u32,
-        runs_per_sample,
-        backend: backend.to_string(),
-        flush_l2,
-    })
-}
-
-/// Linear-interpolated percentile of sorted, non-empty samples.
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    let pos = q * (sorted.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
-}
-
-fn median(samples: &[f64]) -> f64 {
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    percentile(&sorted, 0.5)
-}
-
-/// Interquartile range over the median; infinite for no samples (never "stable").
-fn relative_iqr(samples: &[f64]) -> f64 {
-    if samples.is_empty() {
-        return f64::INFINITY;
-    }
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let median = percentile(&sorted, 0.5);
-    if median <= 0.0 {
-        return 0.0;
-    }
-    (percentile(&sorted, 0.75) - percentile(&sorted, 0.25)) / median
-}
-
-/// How long the spin kernel queued ahead of a sample keeps the device busy: long enough to
-/// cover the host's time to queue the sample's runs, so the device never waits for the host
-/// between the two timestamps.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DelayPolicy {
-    pub delay_us: f64,
-    pub min_us: f64,
-    pub max_us: f64,
-}
-
-impl Default for DelayPolicy {
-    fn default() -> Self {
-        DelayPolicy {
-            delay_us: 50.0,
-            min_us: 20.0,
-            max_us: 20_000.0,
-        }
-    }
-}
-
-impl DelayPolicy {
-    /// Notes that queueing the last sample took `enqueue_us` of host time. Returns whether
-    /// the delay may not have covered it (the sample may hold idle device time and should be
-    /// taken again) and sets the delay for the next sample to twice that time.
-    pub fn observe(&mut self, enqueue_us: f64) -> bool {
-        // 0.8: the spin kernel starts a little after it is queued, so a margin is kept.
-        let starved = enqueue_us > 0.8 * self.delay_us;
-        let wanted = (2.0 * enqueue_us).clamp(self.min_us, self.max_us);
-        if wanted > self.delay_us {
-            self.delay_us = wanted;
-        }
-        starved
-    }
-}
-
-/// Cold-L2 timing by rotation: how many copies of a run's buffers (`set_bytes` each) to
-/// cycle through so that a run never finds its inputs in an L2 of `l2_bytes`, within
-/// `budget_bytes` of device memory. Returns the number of sets (at least 1) and whether
-/// that many are enough.
-pub fn rotation_sets(
-    set_bytes: u64,
-    l2_bytes: u64,
-    budget_bytes: u64,
-    max_sets: u64,
-) -> (u64, bool) {
-    let set_bytes = set_bytes.max(1);
-    // What the other sets of one cycle touch must exceed twice the L2 size, so that nothing
-    // a run left in L2 survives until the same set comes round again.
-    let wanted = (2 * l2_bytes).div_ceil(set_bytes) + 1;
-    let wanted = wanted.max(2);
-    let affordable = (budget_bytes / set_bytes).max(1);
-    let sets = wanted.min(affordable).min(max_sets.max(1));
-    (sets, sets >= wanted)
 }
 
 #[cfg(test)]
@@ -594,30 +476,5 @@ mod tests {
             "{:?}",
             measured.outcomes
         );
-    }
-
-    #[test]
-    fn delay_grows_to_cover_the_host_enqueue_time() {
-        let mut delay = DelayPolicy::default();
-        assert!(!delay.observe(10.0), "10 us of enqueue fits a 50 us delay");
-        assert_eq!(delay.delay_us, 50.0);
-        assert!(delay.observe(45.0), "45 us is too close to 50 us");
-        assert_eq!(delay.delay_us, 90.0);
-        assert!(!delay.observe(30.0));
-        assert_eq!(delay.delay_us, 90.0, "the delay never shrinks");
-        delay.observe(1e9);
-        assert_eq!(delay.delay_us, delay.max_us);
-    }
-
-    #[test]
-    fn rotation_covers_twice_the_l2_when_memory_allows() {
-        let mib = 1u64 << 20;
-        // 50 MiB L2, 8 MiB sets: 13 + 1 sets.
-        assert_eq!(rotation_sets(8 * mib, 50 * mib, 1 << 40, 64), (14, true));
-        // A set bigger than twice the L2 still alternates between two copies.
-        assert_eq!(rotation_sets(512 * mib, 50 * mib, 1 << 40, 64), (2, true));
-        // Not enough memory for the copies: fewer sets, and it says so.
-        assert_eq!(rotation_sets(8 * mib, 50 * mib, 32 * mib, 64), (4, false));
-        assert_eq!(rotation_sets(8 * mib, 50 * mib, mib, 64), (1, false));
     }
 }

@@ -107,6 +107,24 @@ fn unpack(bytes: &[u8]) -> Option<CacheKey> {
     })
 }
 
+/// The one key `scope` names, borrowed from it, if it names one (`ForgetScope::exact_key`
+/// without its copy: replay asks this of every tombstone).
+fn exact_view(scope: &ForgetScope) -> Option<KeyView<'_>> {
+    let rank = match scope.rank {
+        RankScope::Every => return None,
+        RankScope::Shared => None,
+        RankScope::Rank(n) => Some(n),
+    };
+    let all_set = !(scope.op.is_empty() || scope.device.is_empty() || scope.problem.is_empty());
+    all_set.then_some(KeyView {
+        namespace: &scope.namespace,
+        op: &scope.op,
+        device: &scope.device,
+        problem: &scope.problem,
+        rank,
+    })
+}
+
 /// The packed prefix every scope and key within `scope` shares: its namespace and the fields
 /// it names before its first wildcard.
 fn leading_prefix(scope: &ForgetScope) -> Vec<u8> {
@@ -230,8 +248,8 @@ impl Tombstones {
 
     /// Whether the tombstones held already remove everything `tombstone` would.
     pub fn subsumes(&self, tombstone: &Tombstone) -> bool {
-        if let Some(key) = tombstone.scope.exact_key() {
-            return self.floor(&key.view()) >= tombstone.stamp;
+        if let Some(key) = exact_view(&tombstone.scope) {
+            return self.floor(&key) >= tombstone.stamp;
         }
         let scope = &tombstone.scope;
         self.highest_wide(covering_scopes(
@@ -242,10 +260,11 @@ impl Tombstones {
 
     /// Whether this very tombstone (its scope, with its stamp) is held.
     pub fn contains(&self, tombstone: &Tombstone) -> bool {
-        match tombstone.scope.exact_key() {
-            Some(key) => self.exact.get(&pack(&key.view())) == Some(&tombstone.stamp),
-            None => self.wide.get(&pack_scope(&tombstone.scope)) == Some(&tombstone.stamp),
-        }
+        let held = match exact_view(&tombstone.scope) {
+            Some(_) => &self.exact,
+            None => &self.wide,
+        };
+        held.get(&pack_scope(&tombstone.scope)) == Some(&tombstone.stamp)
     }
 
     /// Adds `tombstone` unless it is subsumed, dropping those it subsumes (found in its
@@ -256,8 +275,9 @@ impl Tombstones {
             return false;
         }
         let Tombstone { scope, stamp } = tombstone;
-        if let Some(key) = scope.exact_key() {
-            self.exact.insert(pack(&key.view()), stamp);
+        if exact_view(&scope).is_some() {
+            // An exact key packs as the scope naming only it.
+            self.exact.insert(pack_scope(&scope), stamp);
             return true;
         }
         let prefix = leading_prefix(&scope);

@@ -57,6 +57,8 @@ pub struct TuneCacheService {
     admins: crate::ops::access::AccessPolicy,
     /// The per-uid budget of exact-key Forgets (`--max-exact-forgets-per-uid`) and its log.
     exact_forgets: crate::ops::forget_budget::ExactForgets,
+    /// One Forget at a time per uid (`forget_turns`).
+    forget_turns: crate::ops::forget_turns::ForgetTurns,
     /// Every read goes through the node's job views, with or without a view.
     views: Arc<Views>,
     /// The node's blob store: PutArtifact, GetArtifact, StatArtifacts and the Record check.
@@ -87,6 +89,7 @@ impl TuneCacheService {
             request_limits: None,
             previous_shutdown: String::new(),
             admins: crate::ops::access::AccessPolicy::owner_and_root(),
+            forget_turns: Default::default(),
             exact_forgets: crate::ops::forget_budget::ExactForgets::new(
                 crate::ops::forget_budget::DEFAULT_MAX_EXACT_FORGETS_PER_UID,
             ),
@@ -455,7 +458,10 @@ impl TuneCache for TuneCacheService {
             // (`forget_budget`), not once per key.
             self.exact_forgets.admit(budget_uid, &scope)?;
         }
-        let forgotten = self.store.forget(ask).await?;
+        let forgotten = {
+            let _turn = self.forget_turns.take(budget_uid).await;
+            self.store.forget(ask).await?
+        };
         if is_scope {
             // An administrator's act: logged, with who asked, once per Forget.
             tracing::warn!(%scope, ?uid, ?pid, forgotten, "Forget of a scope");
