@@ -137,7 +137,10 @@ async fn serve(
     // state directory, then how far the replay has got: `opening`), and health says
     // NOT_SERVING, so no caller waits on a connection nobody answers.
     let progress = Arc::new(crate::journal::ReplayProgress::default());
-    let (opening, door) = crate::ops::opening::closed(Arc::clone(&progress));
+    let (opening, door) = crate::ops::opening::closed({
+        let progress = Arc::clone(&progress);
+        Arc::new(move || progress.describe())
+    });
     let connection_limits = Arc::new(ConnectionLimits::new(
         nofile,
         usize::try_from(config.max_connections_per_uid).unwrap_or(usize::MAX),

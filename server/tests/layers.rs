@@ -420,20 +420,7 @@ impl crate::report::FillStats for Store {}
 /// Loops left for now, each with its reason: (directory, its modules in the loop, sorted,
 /// reason). The test fails on any other loop, and on a listed one that is gone (take it off
 /// the list).
-const KNOWN_LOOPS: &[(&str, &[&str], &str)] = &[
-    (
-        "model",
-        &["forget", "tombstones"],
-        "model::forget re-exports Tombstones, which store/ imports from there; store/ and \
-         model/tombstones.rs were being changed elsewhere when issue 49 cut the loops",
-    ),
-    (
-        "store",
-        &["upkeep", "writer"],
-        "COMPACT_RETRY_MIN (upkeep) is used by the writer; store/ was being changed elsewhere \
-         when issue 49 cut the loops",
-    ),
-];
+const KNOWN_LOOPS: &[(&str, &[&str], &str)] = &[];
 
 /// `segments` (as written in a module at `at`, inline modules included) as a path from the
 /// crate root, or `None` for a path that does not start at `crate`, `super` or `self`.

@@ -15,13 +15,12 @@
 //! live everywhere, and a result recorded concurrently on a node that had not heard of it yet
 //! may be dropped with the old ones.
 //!
-//! Tombstones are bounded (`Tombstones`): one that a wider or newer one covers is dropped at
+//! Tombstones are bounded (`model::tombstones`): one that a wider or newer one covers is dropped at
 //! once; an exact-key one is dropped once the key holds a result with an epoch at or above its
 //! stamp (that result carries the floor from then on); the rest are kept for the retention
 //! period (`--forget-retention-days`), documented in docs/forget.md.
 
 use crate::model::entry::{CacheKey, KeyView, ResultView};
-pub use crate::model::tombstones::Tombstones;
 
 /// What a Forget asked of this node removes.
 #[derive(Clone, Debug)]

@@ -18,16 +18,18 @@ use tonic::Status;
 use tonic_types::{ErrorDetails, StatusExt};
 use tower::ServiceExt;
 
-use crate::journal::ReplayProgress;
-
 /// How long a caller is told to wait before it asks again.
 pub const RETRY_AFTER: Duration = Duration::from_millis(100);
 
+/// What the daemon is doing while it opens, asked at each call (the journal's replay
+/// progress: ops knows no journal).
+pub type Doing = Arc<dyn Fn() -> String + Send + Sync>;
+
 /// The answer to a call before the daemon is open.
-pub fn replaying(progress: &ReplayProgress) -> Status {
+pub fn not_open_yet(doing: &str) -> Status {
     Status::with_error_details(
         tonic::Code::Unavailable,
-        progress.describe(),
+        doing,
         ErrorDetails::with_retry_info(Some(RETRY_AFTER)),
     )
 }
@@ -35,14 +37,14 @@ pub fn replaying(progress: &ReplayProgress) -> Status {
 /// The service's place until it is open.
 pub struct Opening<S> {
     service: Arc<OnceLock<S>>,
-    progress: Arc<ReplayProgress>,
+    doing: Doing,
 }
 
 impl<S> Clone for Opening<S> {
     fn clone(&self) -> Self {
         Opening {
             service: Arc::clone(&self.service),
-            progress: Arc::clone(&self.progress),
+            doing: Arc::clone(&self.doing),
         }
     }
 }
@@ -60,13 +62,14 @@ impl<S> OpenDoor<S> {
     }
 }
 
-/// A closed door and the handle that opens it; closed, calls are answered with `progress`.
-pub fn closed<S>(progress: Arc<ReplayProgress>) -> (Opening<S>, OpenDoor<S>) {
+/// A closed door and the handle that opens it; closed, calls are answered with what `doing`
+/// says.
+pub fn closed<S>(doing: Doing) -> (Opening<S>, OpenDoor<S>) {
     let service = Arc::new(OnceLock::new());
     (
         Opening {
             service: Arc::clone(&service),
-            progress,
+            doing,
         },
         OpenDoor { service },
     )
@@ -97,7 +100,7 @@ where
         match self.service.get() {
             Some(service) => Box::pin(service.clone().oneshot(request)),
             None => {
-                let status = replaying(&self.progress);
+                let status = not_open_yet(&(self.doing)());
                 Box::pin(async move { Ok(status.into_http()) })
             }
         }

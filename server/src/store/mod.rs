@@ -41,7 +41,7 @@ use tokio::sync::Semaphore;
 
 use crate::journal::FsyncPolicy;
 use crate::model::entry::{CacheKey, TunedResult};
-use crate::model::forget::Tombstones;
+use crate::model::tombstones::Tombstones;
 pub use crate::wire::stored::{EntryMap, StoredEntry};
 
 pub use admission::DEFAULT_WRITE_QUEUE_BYTES;

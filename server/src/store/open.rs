@@ -14,7 +14,8 @@ use tokio::sync::Semaphore;
 use crate::error::{Error, Result};
 use crate::journal::{FsyncPolicy, Journal, ReplayProgress, ReplayReport};
 use crate::model::entry::Origin;
-use crate::model::forget::{ForgetClock, Tombstones};
+use crate::model::forget::ForgetClock;
+use crate::model::tombstones::Tombstones;
 use crate::wire::stored::{EntryMap, StoredEntry};
 
 use super::admission::{DEFAULT_WRITE_QUEUE_BYTES, QUEUE_UNIT_BYTES};

@@ -20,8 +20,9 @@
 //!   config and time; a learned tombstone that adds nothing is not journalled or told.
 
 use crate::model::entry::{CacheKey, KeyView, Origin, ResultView, TunedResult};
-use crate::model::forget::{record_epoch, ForgetAsk, ForgetClock, Tombstone, Tombstones};
+use crate::model::forget::{record_epoch, ForgetAsk, ForgetClock, Tombstone};
 use crate::model::merge::{merge_views, MergeOutcome};
+use crate::model::tombstones::Tombstones;
 use crate::wire::stored::{EntryMap, StoredEntry};
 
 use super::feed::{Change, ForgetChange, Source};

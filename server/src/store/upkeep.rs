@@ -13,16 +13,14 @@ use std::time::{Duration, Instant};
 use crate::error::Error;
 use crate::journal::BATCH_SYNC_INTERVAL;
 use crate::model::entry::{CacheKey, Origin};
-use crate::model::forget::{Tombstone, Tombstones};
+use crate::model::forget::Tombstone;
+use crate::model::tombstones::Tombstones;
 use crate::wire::stored::{EntryMap, StoredEntry};
 
-use super::writer::Writer;
+use super::writer::{Writer, COMPACT_RETRY_MIN};
 
 /// Compaction waits until the journal is at least this big, so small caches never churn.
 const MIN_COMPACT_BYTES: u64 = 1024 * 1024;
-/// After a failed compaction, wait this long before the first retry, doubling on each
-/// further failure up to `COMPACT_RETRY_MAX`.
-pub(super) const COMPACT_RETRY_MIN: Duration = Duration::from_secs(1);
 const COMPACT_RETRY_MAX: Duration = Duration::from_secs(60);
 /// While the journal refuses appends, try to repair it (rewrite from memory) this often.
 const REPAIR_RETRY: Duration = Duration::from_secs(1);

@@ -22,9 +22,11 @@ use crate::model::forget::ForgetClock;
 use super::plan::{
     plan_forgets, plan_group, ApplyOutcome, ForgetCommand, ForgetState, Incoming, Write,
 };
-use super::upkeep::COMPACT_RETRY_MIN;
 use super::{Shared, Source};
 
+/// After a failed compaction, wait this long before the first retry, doubling on each
+/// further failure up to `upkeep`'s `COMPACT_RETRY_MAX`.
+pub(super) const COMPACT_RETRY_MIN: Duration = Duration::from_secs(1);
 /// Most write requests merged into one group commit.
 const MAX_GROUP: usize = 1024;
 /// Most Forgets planned and journalled together: a Record queued behind them waits for at

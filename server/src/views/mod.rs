@@ -67,7 +67,7 @@ pub struct Plan {
 }
 
 /// Whether a tombstone held removes `pin` (its result parsed only under a covering one).
-fn removed(tombstones: &crate::model::forget::Tombstones, pin: &StoredEntry) -> bool {
+fn removed(tombstones: &crate::model::tombstones::Tombstones, pin: &StoredEntry) -> bool {
     tombstones.drops_epoch(&pin.key(), || pin.result().forget_epoch)
 }
 

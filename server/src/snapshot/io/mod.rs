@@ -33,7 +33,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::model::entry::Origin;
-use crate::model::forget::{Tombstone, Tombstones};
+use crate::model::forget::Tombstone;
+use crate::model::tombstones::Tombstones;
 use crate::snapshot::plan::listing::SeenV1;
 use crate::snapshot::plan::merged::{MergedPeer, MergedPlaces, MergedRecord};
 use crate::snapshot::plan::not_ours::NotOurs;

@@ -13,7 +13,8 @@ use std::time::{Instant, SystemTime};
 
 use crate::error::{Error, Result};
 use crate::model::entry::unix_now_ms;
-use crate::model::forget::{Tombstone, Tombstones};
+use crate::model::forget::Tombstone;
+use crate::model::tombstones::Tombstones;
 use crate::snapshot::format;
 use crate::snapshot::plan::trust::{self, MissingDir, WrittenModes};
 use crate::snapshot::segments::{SegmentName, SEGMENT_TEMP_MARKER};

@@ -21,8 +21,9 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::model::forget::{Tombstone, Tombstones};
+use crate::model::forget::Tombstone;
 use crate::model::merge::{merge_views, MergeOutcome};
+use crate::model::tombstones::Tombstones;
 use crate::snapshot::segments::{NodeSegments, SegmentName, MAX_SEQ};
 
 use super::not_ours::NotOurs;

@@ -11,7 +11,8 @@
 
 use std::sync::Arc;
 
-use crate::model::forget::{Tombstone, Tombstones};
+use crate::model::forget::Tombstone;
+use crate::model::tombstones::Tombstones;
 use crate::snapshot::segments::SegmentName;
 use crate::wire::stored::EntryMap;
 

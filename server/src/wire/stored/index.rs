@@ -3,7 +3,8 @@
 use std::ops::Bound;
 
 use crate::model::entry::{CacheKey, EntryViews, KeyView, ResultView};
-use crate::model::forget::{drops, Tombstone, Tombstones};
+use crate::model::forget::{drops, Tombstone};
+use crate::model::tombstones::Tombstones;
 
 use super::entry::*;
 use super::vocab::*;
