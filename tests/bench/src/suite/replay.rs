@@ -50,8 +50,9 @@ pub struct ReplayCase {
     pub first_lookup_ms: f64,
     /// Lookups answered UNAVAILABLE (the daemon replaying) before the first one answered.
     pub unavailable_answers: u64,
-    /// What the first UNAVAILABLE said.
+    /// What the first UNAVAILABLE said, and the last.
     pub unavailable_message: Option<String>,
+    pub last_unavailable_message: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -134,6 +135,7 @@ async fn first_answers(daemon: &DaemonProcess, probe: v1::Key) -> Result<ReplayC
     let mut first_answer = None;
     let mut unavailable = 0u64;
     let mut message = None;
+    let mut last_message = None;
     loop {
         if Instant::now() > deadline {
             bail!("no Lookup answered {RESTART_LIMIT:?} after the restart");
@@ -162,12 +164,14 @@ async fn first_answers(daemon: &DaemonProcess, probe: v1::Key) -> Result<ReplayC
                         first_lookup_ms: spawned.elapsed().as_secs_f64() * 1e3,
                         unavailable_answers: unavailable,
                         unavailable_message: message,
+                        last_unavailable_message: last_message,
                     });
                 }
                 Ok(_) => bail!("the probe key is missing after the restart"),
                 Err(status) if status.code() == tonic::Code::Unavailable => {
                     unavailable += 1;
                     message.get_or_insert_with(|| status.message().to_owned());
+                    last_message = Some(status.message().to_owned());
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 Err(status) => bail!("Lookup after the restart: {status}"),
@@ -225,7 +229,7 @@ pub async fn run(options: &MicroOptions) -> Result<ReplayResults> {
         let case = run_case(options, fill_with).await?;
         progress(&format!(
             "  filled in {:.1} s ({} journal bytes, {} tombstones); first answer {:.0} ms, \
-             first Lookup {:.0} ms after the spawn, {} UNAVAILABLE between ({:?})",
+             first Lookup {:.0} ms after the spawn, {} UNAVAILABLE between ({:?} .. {:?})",
             case.fill_secs,
             case.journal_bytes,
             case.tombstones_held,
@@ -233,6 +237,7 @@ pub async fn run(options: &MicroOptions) -> Result<ReplayResults> {
             case.first_lookup_ms,
             case.unavailable_answers,
             case.unavailable_message,
+            case.last_unavailable_message,
         ));
         cases.push(case);
     }
