@@ -17,7 +17,7 @@
 //!
 //! 1. `server`: assembles the daemon;
 //! 2. `config`: the flags, and each part's typed settings made from them;
-//! 3. `rpc`: the gRPC service and its routes;
+//! 3. `rpc`, `handoff`: the doors: the gRPC service and its routes, the descriptor handoff;
 //! 4. `views`: every read (Lookup, Scan, Resolve), with or without a job view;
 //! 5. `coord`: who tunes a missing key on this node;
 //! 6. `cluster`, `snapshot`, `tuner`: the Redis tier, the shared directory, the tuner worker;
@@ -36,6 +36,7 @@ pub mod server;
 
 pub mod config;
 
+pub(crate) mod handoff;
 pub(crate) mod rpc;
 
 pub(crate) mod views;

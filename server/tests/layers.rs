@@ -16,7 +16,7 @@ use syn::visit_mut::VisitMut;
 const LAYERS: &[&[&str]] = &[
     &["server"],
     &["config"],
-    &["rpc"],
+    &["rpc", "handoff"],
     &["views"],
     &["coord"],
     &["cluster", "snapshot", "tuner"],

@@ -9,13 +9,14 @@
 //! its files are `disk`, always run on the blocking pool with a bounded wait, so
 //! no request waits on the disk beyond it; uploads and downloads stream (`put`, `get`), and
 //! neither ever holds a blob in memory; a rank on this node can instead be handed a
-//! descriptor of a held blob's file (`handoff`). `upkeep` verifies what a previous run left and
+//! descriptor of a held blob's file (`handoff`: what is handed; the socket is
+//! `crate::handoff`). `upkeep` verifies what a previous run left and
 //! deletes blobs no live entry has named for `--artifact-grace-secs`.
 
 mod charges;
 mod disk;
 mod get;
-pub mod handoff;
+mod handoff;
 pub mod index;
 mod put;
 pub mod tiers;

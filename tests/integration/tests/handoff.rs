@@ -366,3 +366,47 @@ async fn the_handoff_admits_whom_get_artifact_admits() {
         }
     }
 }
+
+/// Handoff requests are calls like any other for `--exit-when-idle`: a daemon whose ranks only
+/// take descriptors stays while they do, and goes once they stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoff_requests_keep_an_idle_exiting_daemon_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = TestDaemon::builder(dir.path())
+        .args(["--exit-when-idle", "1"])
+        .process()
+        .await;
+    let content = Content::new(55, MIB);
+    {
+        let client = daemon.client().await;
+        blobs::held_entry(&client, "idle", content, "k.so").await;
+    }
+    let mut handoff = Handoff::connect(
+        &socket_path(&daemon.socket),
+        &[nix::unistd::geteuid().as_raw()],
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("the handoff socket answers");
+    // Three times the idle time of nothing but handoff requests: each one must be answered
+    // by a daemon still serving.
+    let busy = std::time::Instant::now();
+    let mut handed = 0u32;
+    while busy.elapsed() < Duration::from_secs(3) {
+        let answer = handoff.open(&content.digest(), Some(content.size));
+        assert!(
+            matches!(answer, Ok(Some(_))),
+            "handoff {handed} after {:?} was not answered ({answer:?}): the daemon quit under \
+             handoff traffic; log:\n{}",
+            busy.elapsed(),
+            daemon.log()
+        );
+        handed += 1;
+        // A rank's pace between blobs; the next request is the fact waited on.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(handoff);
+    // Once the ranks stop, the daemon goes as it would after its last gRPC call.
+    let status = daemon.wait_for_exit(Duration::from_secs(30));
+    assert!(status.success(), "{status}; log:\n{}", daemon.log());
+}
