@@ -8,9 +8,10 @@
 //! daemon's own uid can still change the file; `TUNECACHE_VERIFY=1` hashes every handed copy
 //! (`crate::handed`). It trusts the answering daemon as it trusts
 //! its gRPC answers: the socket's peer must be a uid this client trusts (`SO_PEERCRED`, as for
-//! the gRPC socket). Anything but a descriptor (no such socket, an older daemon, a blob this
-//! node does not hold yet, a refusal, an error) leaves the caller on GetArtifact, which always
-//! works and fetches from the tiers. `TUNECACHE_HANDOFF=0` turns the handoff off.
+//! the gRPC socket). A blob the node lacks but an entry there names is fetched from the tiers
+//! by the daemon before it answers. Anything but a descriptor (no such socket, an older daemon,
+//! a blob the node could not get, a refusal, an error) leaves the caller on GetArtifact, which
+//! always works and says why a blob cannot be had. `TUNECACHE_HANDOFF=0` turns the handoff off.
 //!
 //! The exchanges block: run them on the blocking pool.
 
@@ -68,7 +69,10 @@ impl Handoff {
         if !trusted.contains(&uid) {
             return None;
         }
-        stream.set_read_timeout(Some(timeout)).ok()?;
+        // An answer may wait on the daemon fetching a cold blob from the tiers (as long as a
+        // GetArtifact that names no wait); a write never waits on more than the socket.
+        let fetch = Duration::from_millis(u64::from(tunecache_proto::artifact::DEFAULT_WAIT_MS));
+        stream.set_read_timeout(Some(timeout + fetch)).ok()?;
         stream.set_write_timeout(Some(timeout)).ok()?;
         Some(Handoff { stream })
     }

@@ -12,6 +12,8 @@
 //!   connections (the same `ConnectionLimits`, counted and logged as for gRPC).
 //! - **Activity**: every admitted request touches the same `ActivityClock` a gRPC call does,
 //!   so ranks that only take descriptors keep `--exit-when-idle` from firing.
+//! - **A cold blob** is fetched from the tiers before it is handed (`artifacts::handoff`),
+//!   waiting at most `COLD_FETCH_WAIT`, as long as a GetArtifact that names no wait.
 //! - **One exchange at a time** per connection, and a request sent before the previous answer
 //!   was read is refused: a descriptor in flight is charged to the daemon's uid until its
 //!   receiver takes it, so a caller that sends requests and never reads could otherwise pile
@@ -31,6 +33,12 @@ use tonic::transport::server::Connected;
 use tunecache_proto::handoff::{parse_request, Answer, REQUEST_BYTES};
 
 use crate::artifacts::Artifacts;
+
+/// How long a request for a cold blob (a held entry names it, this node lacks it) waits for
+/// the tiers: a request carries no wait of its own, so the one GetArtifact takes when its
+/// caller names none. The clients' handoff reads wait longer (`tunecache_client::handoff`).
+const COLD_FETCH_WAIT: Duration =
+    Duration::from_millis(tunecache_proto::artifact::DEFAULT_WAIT_MS as u64);
 use crate::ops::admission::Admission;
 use crate::ops::incoming::Connection;
 use crate::tasks::Tasks;
@@ -112,7 +120,7 @@ async fn serve_connection(
         };
         // An admitted request is a call like a gRPC one: the daemon is not idle.
         admission.activity().touch();
-        match artifacts.open_for_handoff(&digest).await {
+        match artifacts.open_for_handoff(&digest, COLD_FETCH_WAIT).await {
             Ok(Some((file, size))) => {
                 send(
                     connection.stream(),

@@ -12,12 +12,16 @@
 //!   of that uid's files: a handed file found with another mode is set back to 0444 first
 //!   (which changes its ctime, so it is hashed again), and the clients check its size, and its
 //!   digest with `TUNECACHE_VERIFY=1` (docs/artifacts.md).
+//! - **A cold blob** (named by a held entry, not on this node yet) is fetched from the tiers
+//!   first, the one fetch per digest GetArtifact waits on (`tiers`), and then handed: a rank
+//!   gets a descriptor on its first fetch too, never a stream because it asked first.
 //! - **Nothing waits on the runtime**: opening and hashing run on the blocking pool with the
 //!   store's bounded wait.
 
 use std::fs::File;
 use std::io::Seek;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::{add, disk, Artifacts};
 use crate::error::Error;
@@ -30,13 +34,23 @@ enum Opened {
 }
 
 impl Artifacts {
-    /// Opens held blob `digest` to hand its descriptor over, with its size: `None` when this
-    /// node does not hold it now (the caller streams it instead, which fetches it), or its file
-    /// turned out not to be the blob (dropped, counted, fetched again by that stream).
+    /// Opens blob `digest` to hand its descriptor over, with its size. A blob this node lacks
+    /// but a held entry names (a cold blob) is fetched from the tiers first, as GetArtifact
+    /// fetches it, waiting at most `wait`. `None` when no entry here names it, the tiers did
+    /// not supply it within `wait` (the fetch goes on; the caller's GetArtifact waits on the
+    /// same one and hears why), or its file turned out not to be the blob (dropped, counted,
+    /// fetched again by that stream).
     pub async fn open_for_handoff(
         self: &Arc<Self>,
         digest: &str,
+        wait: Duration,
     ) -> Result<Option<(File, u64)>, Error> {
+        let named = crate::sync::lock(&self.index).named_size(digest).is_some();
+        let held = crate::sync::lock(&self.index).blob(digest).is_some();
+        // Not named, not held: asking the tiers would only count a miss GetArtifact counts.
+        if !held && (!named || self.fetch_if_named(digest, wait).await.is_err()) {
+            return Ok(None);
+        }
         let Some(blob) = crate::sync::lock(&self.index).blob(digest).cloned() else {
             return Ok(None);
         };

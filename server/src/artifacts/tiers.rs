@@ -60,8 +60,25 @@ pub(super) type FlightReceiver = watch::Receiver<Option<FetchEnd>>;
 
 impl Artifacts {
     /// Makes sure the node holds `digest`, fetching it from the tiers if a held entry names
-    /// it, waiting at most `wait`.
+    /// it, waiting at most `wait`; a blob it cannot get is counted as a GetArtifact miss.
     pub(super) async fn ensure_held(
+        self: &Arc<Self>,
+        digest: &str,
+        wait: Duration,
+    ) -> Result<(), Error> {
+        let held = self.fetch_if_named(digest, wait).await;
+        if matches!(
+            held,
+            Err(Error::ArtifactNotFound { .. } | Error::ArtifactUnavailable { .. })
+        ) {
+            add(&self.counters.fetches_missing, 1);
+        }
+        held
+    }
+
+    /// `ensure_held` without counting a miss: the descriptor handoff, whose miss is counted by
+    /// the GetArtifact its client falls back to.
+    pub(super) async fn fetch_if_named(
         self: &Arc<Self>,
         digest: &str,
         wait: Duration,
@@ -70,7 +87,6 @@ impl Artifacts {
             return Ok(());
         }
         let Some(size) = crate::sync::lock(&self.index).named_size(digest) else {
-            add(&self.counters.fetches_missing, 1);
             return Err(Error::ArtifactNotFound {
                 digest: digest.to_owned(),
                 reason: "no entry on this node names it, so no tier was asked".to_owned(),
@@ -82,7 +98,6 @@ impl Artifacts {
             Ok(Ok(end)) => end.clone(),
             Ok(Err(_)) => Some(FetchEnd::Unavailable("the fetch stopped".into())),
             Err(_) => {
-                add(&self.counters.fetches_missing, 1);
                 return Err(Error::ArtifactUnavailable {
                     digest: digest.to_owned(),
                     reason: format!(
@@ -95,27 +110,18 @@ impl Artifacts {
         match end {
             Some(FetchEnd::Held) => Ok(()),
             Some(FetchEnd::Refused(refusal)) => Err(refusal_error(refusal)),
-            Some(FetchEnd::NotFound(answers)) => {
-                add(&self.counters.fetches_missing, 1);
-                Err(Error::ArtifactNotFound {
-                    digest: digest.to_owned(),
-                    reason: format!("no tier could give a blob with this digest: {answers}"),
-                })
-            }
-            None => {
-                add(&self.counters.fetches_missing, 1);
-                Err(Error::ArtifactUnavailable {
-                    digest: digest.to_owned(),
-                    reason: "the fetch ended without an answer".to_owned(),
-                })
-            }
-            Some(FetchEnd::Unavailable(reason)) => {
-                add(&self.counters.fetches_missing, 1);
-                Err(Error::ArtifactUnavailable {
-                    digest: digest.to_owned(),
-                    reason,
-                })
-            }
+            Some(FetchEnd::NotFound(answers)) => Err(Error::ArtifactNotFound {
+                digest: digest.to_owned(),
+                reason: format!("no tier could give a blob with this digest: {answers}"),
+            }),
+            None => Err(Error::ArtifactUnavailable {
+                digest: digest.to_owned(),
+                reason: "the fetch ended without an answer".to_owned(),
+            }),
+            Some(FetchEnd::Unavailable(reason)) => Err(Error::ArtifactUnavailable {
+                digest: digest.to_owned(),
+                reason,
+            }),
         }
     }
 

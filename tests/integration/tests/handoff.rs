@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tunecache_client::handoff::Handoff;
 use tunecache_integration::blobs::{self, Content};
-use tunecache_integration::{require_root, require_tool, TestDaemon};
+use tunecache_integration::{require_root, require_tool, shared_node, TestDaemon};
 use tunecache_proto::handoff::socket_path;
 
 const MIB: u64 = 1024 * 1024;
@@ -409,4 +409,50 @@ async fn handoff_requests_keep_an_idle_exiting_daemon_serving() {
     // Once the ranks stop, the daemon goes as it would after its last gRPC call.
     let status = daemon.wait_for_exit(Duration::from_secs(30));
     assert!(status.success(), "{status}; log:\n{}", daemon.log());
+}
+
+/// A blob this node does not hold yet but a held entry names (a cold blob, here only in the
+/// shared directory) is fetched from the tiers by the handoff itself and then handed, on the
+/// first fetch: no GetArtifact stream.
+#[tokio::test]
+async fn a_cold_blob_is_fetched_from_the_tiers_and_handed_on_first_fetch() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    let a = shared_node(&dir.path().join("a"), &shared, "node-a", 3600, &[])
+        .in_process()
+        .await;
+    let b = shared_node(&dir.path().join("b"), &shared, "node-b", 3600, &[])
+        .in_process()
+        .await;
+    let (ca, cb) = (a.client().await, b.client().await);
+    let content = Content::new(56, 3 * MIB + 7);
+    let entry = blobs::held_entry(&ca, "cold", content, "cold.so").await;
+    ca.snapshot().await.expect("a publishes");
+    cb.snapshot().await.expect("b loads");
+    let before = b.stats().await;
+    assert_eq!(
+        (before.artifact_blobs_held, before.artifact_handoffs),
+        (0, 0),
+        "b holds the blob before it is asked for"
+    );
+
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let written = cb.fetch_artifacts(&entry, &out).await.unwrap();
+    assert!(
+        std::fs::read(&written[0]).unwrap() == content.bytes(),
+        "the bytes differ"
+    );
+    let stats = b.stats().await;
+    assert_eq!(
+        (
+            stats.artifact_fetches_shared_dir,
+            stats.artifact_handoffs,
+            stats.artifact_fetches_local,
+            stats.artifact_blobs_held
+        ),
+        (1, 1, 1, 1),
+        "the cold blob was not handed on its first fetch"
+    );
 }
