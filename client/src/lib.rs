@@ -26,6 +26,7 @@ use tunecache_proto::v1::{self, tune_cache_client::TuneCacheClient};
 pub mod artifacts;
 pub mod autostart;
 pub mod encoded_scan;
+mod fetch;
 mod handed;
 pub mod handoff;
 pub mod opening;

@@ -456,3 +456,96 @@ async fn a_cold_blob_is_fetched_from_the_tiers_and_handed_on_first_fetch() {
         "the cold blob was not handed on its first fetch"
     );
 }
+
+/// A handoff socket that hands `content` from a file of its own and counts the connections it
+/// accepted; it takes the place of the daemon's at `path`.
+struct CountingHandoff {
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl CountingHandoff {
+    fn serve(path: &Path, content: Content, file: &Path) -> CountingHandoff {
+        use std::os::fd::AsRawFd;
+        std::fs::write(file, content.bytes()).unwrap();
+        let _ = std::fs::remove_file(path);
+        let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (counted, file) = (accepted.clone(), file.to_path_buf());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let file = file.clone();
+                std::thread::spawn(move || {
+                    let mut request = [0u8; tunecache_proto::handoff::REQUEST_BYTES];
+                    while stream.read_exact(&mut request).is_ok() {
+                        let asked = std::str::from_utf8(&request[..64]).unwrap_or("");
+                        if asked != content.digest() {
+                            let _ = stream.write_all(b"not-held\n");
+                            continue;
+                        }
+                        let blob = std::fs::File::open(&file).unwrap();
+                        let line = format!("held {}\n", content.size);
+                        let fds = [blob.as_raw_fd()];
+                        let sent = nix::sys::socket::sendmsg::<()>(
+                            stream.as_raw_fd(),
+                            &[std::io::IoSlice::new(line.as_bytes())],
+                            &[nix::sys::socket::ControlMessage::ScmRights(&fds)],
+                            nix::sys::socket::MsgFlags::empty(),
+                            None,
+                        );
+                        if sent.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        CountingHandoff { accepted }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A process keeps one handoff connection per socket and takes every blob on it, whichever
+/// call, clone or client asks: no connection (and accept, and peer check) per blob.
+#[tokio::test]
+async fn a_process_takes_every_blob_on_one_handoff_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = TestDaemon::builder(dir.path()).in_process().await;
+    let client = daemon.client().await;
+    let content = Content::new(57, MIB + 5);
+    let entry = blobs::held_entry(&client, "reused", content, "k.so").await;
+    let counting = CountingHandoff::serve(
+        &socket_path(&daemon.socket),
+        content,
+        &dir.path().join("handed-blob"),
+    );
+
+    for _ in 0..3 {
+        let mut got = Vec::new();
+        client
+            .get_artifact(&content.digest(), &mut got)
+            .await
+            .unwrap();
+        assert!(got == content.bytes(), "the bytes differ");
+    }
+    let mut got = Vec::new();
+    client
+        .clone()
+        .get_artifact(&content.digest(), &mut got)
+        .await
+        .unwrap();
+    let other_client = daemon.client().await;
+    for round in 0..2 {
+        let out = dir.path().join(format!("out-{round}"));
+        std::fs::create_dir(&out).unwrap();
+        let written = other_client.fetch_artifacts(&entry, &out).await.unwrap();
+        assert!(std::fs::read(&written[0]).unwrap() == content.bytes());
+    }
+    // Every blob was handed (none streamed), all on the one connection.
+    assert_eq!(daemon.stats().await.artifact_fetches_local, 0);
+    assert_eq!(counting.accepted(), 1, "a handoff connection per call");
+}
