@@ -23,8 +23,8 @@ use std::io::Seek;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::ArtifactError;
 use super::{add, disk, Artifacts};
-use crate::error::Error;
 
 /// What a handoff open found.
 enum Opened {
@@ -44,7 +44,7 @@ impl Artifacts {
         self: &Arc<Self>,
         digest: &str,
         wait: Duration,
-    ) -> Result<Option<(File, u64)>, Error> {
+    ) -> Result<Option<(File, u64)>, ArtifactError> {
         let named = crate::sync::lock(&self.index).named_size(digest).is_some();
         let held = crate::sync::lock(&self.index).blob(digest).is_some();
         // Not named, not held: asking the tiers would only count a miss GetArtifact counts.

@@ -11,8 +11,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::index::Refusal;
+use super::ArtifactError;
 use super::{add, disk::Partial, put::refusal_error, Artifacts};
-use crate::error::Error;
 
 /// How long one fetch from the tiers may run, whoever waits on it.
 const FETCH_LIMIT: Duration = Duration::from_secs(300);
@@ -65,11 +65,11 @@ impl Artifacts {
         self: &Arc<Self>,
         digest: &str,
         wait: Duration,
-    ) -> Result<(), Error> {
+    ) -> Result<(), ArtifactError> {
         let held = self.fetch_if_named(digest, wait).await;
         if matches!(
             held,
-            Err(Error::ArtifactNotFound { .. } | Error::ArtifactUnavailable { .. })
+            Err(ArtifactError::NotFound { .. } | ArtifactError::Unavailable { .. })
         ) {
             add(&self.counters.fetches_missing, 1);
         }
@@ -82,12 +82,12 @@ impl Artifacts {
         self: &Arc<Self>,
         digest: &str,
         wait: Duration,
-    ) -> Result<(), Error> {
+    ) -> Result<(), ArtifactError> {
         if crate::sync::lock(&self.index).blob(digest).is_some() {
             return Ok(());
         }
         let Some(size) = crate::sync::lock(&self.index).named_size(digest) else {
-            return Err(Error::ArtifactNotFound {
+            return Err(ArtifactError::NotFound {
                 digest: digest.to_owned(),
                 reason: "no entry on this node names it, so no tier was asked".to_owned(),
             });
@@ -98,7 +98,7 @@ impl Artifacts {
             Ok(Ok(end)) => end.clone(),
             Ok(Err(_)) => Some(FetchEnd::Unavailable("the fetch stopped".into())),
             Err(_) => {
-                return Err(Error::ArtifactUnavailable {
+                return Err(ArtifactError::Unavailable {
                     digest: digest.to_owned(),
                     reason: format!(
                         "no tier supplied it within {} ms (wait_ms); the fetch goes on",
@@ -110,15 +110,15 @@ impl Artifacts {
         match end {
             Some(FetchEnd::Held) => Ok(()),
             Some(FetchEnd::Refused(refusal)) => Err(refusal_error(refusal)),
-            Some(FetchEnd::NotFound(answers)) => Err(Error::ArtifactNotFound {
+            Some(FetchEnd::NotFound(answers)) => Err(ArtifactError::NotFound {
                 digest: digest.to_owned(),
                 reason: format!("no tier could give a blob with this digest: {answers}"),
             }),
-            None => Err(Error::ArtifactUnavailable {
+            None => Err(ArtifactError::Unavailable {
                 digest: digest.to_owned(),
                 reason: "the fetch ended without an answer".to_owned(),
             }),
-            Some(FetchEnd::Unavailable(reason)) => Err(Error::ArtifactUnavailable {
+            Some(FetchEnd::Unavailable(reason)) => Err(ArtifactError::Unavailable {
                 digest: digest.to_owned(),
                 reason,
             }),
