@@ -1,6 +1,7 @@
 //! `tunecached`, the per-node daemon that owns the GPU autotuning cache.
 //!
-//! Ranks talk to it over gRPC on a Unix socket (`rpc`). One writer thread serialises every
+//! Ranks talk to it over gRPC on a Unix socket (`rpc`), and on its node take blobs as
+//! descriptors on the handoff socket beside it (`handoff`). One writer thread serialises every
 //! change (`store`), makes it durable in a node-local journal (`journal`), publishes immutable
 //! versions that readers use without waiting, and tells every subscriber where each change
 //! came from (the change feed). Which result wins is decided in one place (`model::merge`).

@@ -1,8 +1,9 @@
 //! Deployment and operations: the socket and its guard (`listener`), accepted connections
-//! (`incoming`), who may call (`access`), what every door shares of both (`admission`), what callers may hold (`limits`,
-//! `request_limits`, `forget_budget`), life under systemd (`systemd`), Prometheus text (`metrics`), the idle
-//! exit (`idle`) and the jobs that hold it (`jobs_here`), the allocator's free pages (`heap`),
-//! and one daemon per state directory (`state_lock`).
+//! (`incoming`), who may call (`access`), what callers may hold (`limits`, `request_limits`,
+//! `forget_budget`), what every door (gRPC, the descriptor handoff) is admitted by
+//! (`admission`), life under systemd (`systemd`), Prometheus text (`metrics`), the idle exit
+//! (`idle`) and the jobs that hold it (`jobs_here`), the allocator's free pages (`heap`), and
+//! one daemon per state directory (`state_lock`).
 
 pub(crate) mod access;
 pub(crate) mod admission;
