@@ -12,6 +12,8 @@
 
 use std::fs::File;
 use std::io::{Read, Seek};
+use std::path::Path;
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -21,24 +23,43 @@ use crate::artifacts::{blocking, hash_all, hex, io_error};
 use crate::handoff::Handoff;
 use crate::{ClientError, Result};
 
-/// Asks `handoff` for blob `sha256` (of `size` bytes, when the entry names it): the file and
-/// its size if the daemon handed it, and the connection back for the next blob unless it
-/// failed. Whatever goes wrong, the caller streams the blob by GetArtifact instead.
+/// Asks the handoff socket at `path` for blob `sha256` (of `size` bytes, when the entry names
+/// it) on the connection this process keeps there (made now if there is none): the file and
+/// its size if the daemon handed it. A kept connection the daemon closed since (it closes one
+/// idle for its `--preface-timeout`) is replaced once. Whatever else goes wrong, the caller
+/// streams the blob by GetArtifact instead.
 pub(crate) async fn hand_over(
-    handoff: Handoff,
+    path: &Path,
+    timeout: Duration,
     sha256: &str,
     size: Option<u64>,
-) -> (Option<Handoff>, Option<(File, u64)>) {
-    let digest = sha256.to_owned();
-    let opened = tokio::task::spawn_blocking(move || {
-        let mut handoff = handoff;
-        match handoff.open(&digest, size) {
-            Ok(handed) => (Some(handoff), handed),
-            Err(_) => (None, None),
+) -> Option<(File, u64)> {
+    for _ in 0..2 {
+        let (connection, kept) = match crate::handoff::take_kept(path) {
+            Some(connection) => (connection, true),
+            None => (
+                Handoff::connect(path, &crate::trusted_daemon_uids(), timeout).await?,
+                false,
+            ),
+        };
+        let digest = sha256.to_owned();
+        let exchanged = tokio::task::spawn_blocking(move || {
+            let mut connection = connection;
+            let handed = connection.open(&digest, size);
+            (connection, handed)
+        })
+        .await;
+        match exchanged {
+            Ok((connection, Ok(handed))) => {
+                crate::handoff::keep(path, connection);
+                return handed;
+            }
+            // Done with; a kept one may only have been closed while idle: once more.
+            Ok((_, Err(_))) if kept => continue,
+            _ => return None,
         }
-    })
-    .await;
-    opened.unwrap_or((None, None))
+    }
+    None
 }
 
 /// A handed blob's copy is whole: `copied` bytes of the `size` its daemon answered.

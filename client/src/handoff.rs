@@ -8,17 +8,26 @@
 //! daemon's own uid can still change the file; `TUNECACHE_VERIFY=1` hashes every handed copy
 //! (`crate::handed`). It trusts the answering daemon as it trusts
 //! its gRPC answers: the socket's peer must be a uid this client trusts (`SO_PEERCRED`, as for
-//! the gRPC socket). Anything but a descriptor (no such socket, an older daemon, a blob this
-//! node does not hold yet, a refusal, an error) leaves the caller on GetArtifact, which always
-//! works and fetches from the tiers. `TUNECACHE_HANDOFF=0` turns the handoff off.
+//! the gRPC socket). A blob the node lacks but an entry there names is fetched from the tiers
+//! by the daemon before it answers. Anything but a descriptor (no such socket, an older daemon,
+//! a blob the node could not get, a refusal, an error) leaves the caller on GetArtifact, which
+//! always works and says why a blob cannot be had. `TUNECACHE_HANDOFF=0` turns the handoff off.
+//!
+//! A process keeps one connection per handoff socket ([`take_kept`], [`keep`]), shared by
+//! every `Client` and clone in it, so a rank taking many blobs connects (and is checked by
+//! the daemon) once, not once per blob. A call that finds it in use by another call connects
+//! one of its own for the exchange; only one stays. A connection is kept by the process that
+//! made it: a child after `fork` makes its own, never sharing its parent's exchanges.
 //!
 //! The exchanges block: run them on the blocking pool.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, IoSliceMut, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
@@ -51,6 +60,30 @@ pub fn socket_for(socket: &Path) -> Option<PathBuf> {
 /// One connection to the handoff socket.
 pub struct Handoff {
     stream: UnixStream,
+    /// The process that connected it (`std::process::id`).
+    owner: u32,
+}
+
+/// The connections kept between calls: at most one per handoff socket, idle.
+fn kept() -> &'static Mutex<HashMap<PathBuf, Handoff>> {
+    static KEPT: OnceLock<Mutex<HashMap<PathBuf, Handoff>>> = OnceLock::new();
+    KEPT.get_or_init(Mutex::default)
+}
+
+/// The connection this process keeps to the handoff socket at `path`, taken out for one
+/// exchange (give it back with [`keep`]); `None` when none is kept or another call has it.
+pub(crate) fn take_kept(path: &Path) -> Option<Handoff> {
+    let handoff = kept().lock().ok()?.remove(path)?;
+    // Made before a fork by the parent: its exchanges are the parent's.
+    (handoff.owner == std::process::id()).then_some(handoff)
+}
+
+/// Keeps `handoff` for the next call on the socket at `path`, unless one is kept there already
+/// (then it is closed).
+pub(crate) fn keep(path: &Path, handoff: Handoff) {
+    if let Ok(mut kept) = kept().lock() {
+        kept.entry(path.to_path_buf()).or_insert(handoff);
+    }
 }
 
 impl Handoff {
@@ -68,9 +101,15 @@ impl Handoff {
         if !trusted.contains(&uid) {
             return None;
         }
-        stream.set_read_timeout(Some(timeout)).ok()?;
+        // An answer may wait on the daemon fetching a cold blob from the tiers (as long as a
+        // GetArtifact that names no wait); a write never waits on more than the socket.
+        let fetch = Duration::from_millis(u64::from(tunecache_proto::artifact::DEFAULT_WAIT_MS));
+        stream.set_read_timeout(Some(timeout + fetch)).ok()?;
         stream.set_write_timeout(Some(timeout)).ok()?;
-        Some(Handoff { stream })
+        Some(Handoff {
+            stream,
+            owner: std::process::id(),
+        })
     }
 
     /// Asks for blob `digest`: its file, positioned at its first byte, and its size, if the

@@ -24,6 +24,7 @@ mod calls;
 mod connection;
 pub mod encoded_scan;
 mod error;
+mod fetch;
 mod handed;
 pub mod handoff;
 pub mod opening;

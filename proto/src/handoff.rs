@@ -6,8 +6,9 @@
 //! One connection carries any number of exchanges, one at a time:
 //! - the request is the digest, 64 lowercase hex digits, and a newline (65 bytes);
 //! - the answer is one line: `held <size>` with the descriptor attached to its first byte;
-//!   `not-held` when this node does not hold the blob now (the client then calls GetArtifact,
-//!   which fetches it from the tiers); or `refused <why>`, after which the daemon closes the
+//!   `not-held` when this node does not hold the blob and could not get it now (no entry here
+//!   names it, or the tiers did not supply it within the daemon's wait: a blob an entry names
+//!   is fetched before the answer; the client then calls GetArtifact, which says why); or `refused <why>`, after which the daemon closes the
 //!   connection. Whatever the answer, GetArtifact stays the one way that always works, so a
 //!   client falls back to it on anything but `held`.
 

@@ -188,32 +188,6 @@ pub enum Error {
     )]
     JournalRecordTooLarge { len: usize, limit: usize },
 
-    // Artifacts (`artifacts`).
-    /// An upload over one of the blob store's limits; names the flag.
-    #[error("{message} ({flag} {limit})")]
-    ArtifactLimit {
-        flag: &'static str,
-        limit: u64,
-        message: String,
-    },
-
-    /// A Record names a blob this node cannot serve; nothing of the batch was applied.
-    #[error("{path}: blob {digest} is not held on this node; PutArtifact it before the Record")]
-    ArtifactNotHeld { path: String, digest: String },
-
-    /// This node cannot get the blob: no entry here names it, or no tier gave a copy that
-    /// hashes to it (the reason says which, tier by tier).
-    #[error("blob {digest}: {reason}")]
-    ArtifactNotFound { digest: String, reason: String },
-
-    /// A tier below did not supply the blob within the caller's wait.
-    #[error("blob {digest}: {reason}")]
-    ArtifactUnavailable { digest: String, reason: String },
-
-    /// A held blob's bytes did not hash to its digest while being served: dropped.
-    #[error("blob {digest}: the bytes on this node do not hash to it; dropped, fetch it again")]
-    ArtifactCorrupt { digest: String },
-
     /// Re-decoding a response the daemon encoded itself failed.
     #[error(transparent)]
     Decode(#[from] prost::DecodeError),
@@ -240,12 +214,7 @@ impl Error {
             | Error::TunerQueueFull { .. }
             | Error::MessageTooLarge { .. }
             | Error::RequestBytesPerUid { .. }
-            | Error::ExactForgetsPerUid { .. }
-            | Error::ArtifactLimit { .. } => Code::ResourceExhausted,
-            Error::ArtifactNotHeld { .. } => Code::FailedPrecondition,
-            Error::ArtifactNotFound { .. } => Code::NotFound,
-            Error::ArtifactUnavailable { .. } => Code::Unavailable,
-            Error::ArtifactCorrupt { .. } => Code::DataLoss,
+            | Error::ExactForgetsPerUid { .. } => Code::ResourceExhausted,
             Error::WriterGone
             | Error::JournalWrite(_)
             | Error::JournalUnwritable { .. }
@@ -282,34 +251,6 @@ impl From<Error> for tonic::Status {
                 error.to_string(),
                 message_too_large_details(*len, *limit),
             ),
-            Error::ArtifactLimit { flag, limit, .. } => {
-                let metadata = std::collections::HashMap::from([
-                    (
-                        tunecache_proto::limits::FLAG_KEY.to_owned(),
-                        (*flag).to_owned(),
-                    ),
-                    (
-                        tunecache_proto::limits::LIMIT_BYTES_KEY.to_owned(),
-                        limit.to_string(),
-                    ),
-                ]);
-                let mut details = ErrorDetails::with_error_info(
-                    tunecache_proto::artifact::LIMIT_REASON,
-                    tunecache_proto::limits::ERROR_DOMAIN,
-                    metadata,
-                );
-                details.add_quota_failure_violation(*flag, error.to_string());
-                tonic::Status::with_error_details(error.code(), error.to_string(), details)
-            }
-            Error::ArtifactNotHeld { path, digest } => {
-                let mut details = ErrorDetails::new();
-                details.add_precondition_failure_violation(
-                    "ARTIFACT_NOT_HELD",
-                    digest.clone(),
-                    format!("{path} names a blob this node does not hold"),
-                );
-                tonic::Status::with_error_details(error.code(), error.to_string(), details)
-            }
             _ => tonic::Status::new(error.code(), error.to_string()),
         }
     }

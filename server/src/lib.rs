@@ -1,6 +1,7 @@
 //! `tunecached`, the per-node daemon that owns the GPU autotuning cache.
 //!
-//! Ranks talk to it over gRPC on a Unix socket (`rpc`). One writer thread serialises every
+//! Ranks talk to it over gRPC on a Unix socket (`rpc`), and on its node take blobs as
+//! descriptors on the handoff socket beside it (`handoff`). One writer thread serialises every
 //! change (`store`), makes it durable in a node-local journal (`journal`), publishes immutable
 //! versions that readers use without waiting, and tells every subscriber where each change
 //! came from (the change feed). Which result wins is decided in one place (`model::merge`).
@@ -17,7 +18,7 @@
 //!
 //! 1. `server`: assembles the daemon;
 //! 2. `config`: the flags, and each part's typed settings made from them;
-//! 3. `rpc`: the gRPC service and its routes;
+//! 3. `rpc`, `handoff`: the doors: the gRPC service and its routes, the descriptor handoff;
 //! 4. `views`: every read (Lookup, Scan, Resolve), with or without a job view;
 //! 5. `coord`: who tunes a missing key on this node;
 //! 6. `cluster`, `snapshot`, `tuner`: the Redis tier, the shared directory, the tuner worker;
@@ -36,6 +37,7 @@ pub mod server;
 
 pub mod config;
 
+pub(crate) mod handoff;
 pub(crate) mod rpc;
 
 pub(crate) mod views;

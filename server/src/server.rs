@@ -17,7 +17,7 @@ use tunecache_proto::v1::tune_cache_server::TuneCacheServer;
 use crate::config::Config;
 use crate::coord::Coordinator;
 use crate::error::{Error, Result};
-use crate::ops::incoming::Incoming;
+use crate::ops::admission::Admission;
 use crate::ops::limits::ConnectionLimits;
 use crate::ops::listener::SocketGuard;
 use crate::rpc::service::TuneCacheService;
@@ -150,6 +150,12 @@ async fn serve(
         &config.allow_uid,
         &config.allow_gid,
     )?);
+    // Every door (gRPC here, the descriptor handoff below) is admitted by these same parts.
+    let admission = Admission::new(
+        connection_limits.clone(),
+        peer_check,
+        crate::ops::idle::ActivityClock::default(),
+    );
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_not_serving::<TuneCacheServer<TuneCacheService>>()
@@ -165,9 +171,9 @@ async fn serve(
             .add_service(reflection().build_v1alpha()?)
             // The peer check guards TuneCache only; health and reflection stay open (see
             // `access`).
-            .add_service(peer_check.clone().guard(opening))
+            .add_service(admission.check().clone().guard(opening))
             .serve_with_incoming_shutdown(
-                Incoming::new(listener, connection_limits.clone()),
+                admission.incoming(listener),
                 tasks.stop_token().cancelled_owned(),
             ),
     ));
@@ -292,8 +298,10 @@ async fn serve(
         cluster.attach_artifacts(artifacts.clone(), config.cluster_max_artifact_bytes);
     }
     let service = Arc::new(service);
-    // Open: every call from now on reaches the service.
-    let activity = crate::ops::idle::ActivityClock::default();
+    // Open: every call from now on reaches the service. The idle time counts from here, not
+    // from before the replay.
+    let activity = admission.activity().clone();
+    activity.touch();
     // Admitted calls pass the request limits as their messages are read (`request_limits`);
     // tonic's own decoding limit, the same, stays as a backstop.
     door.open(crate::ops::idle::Touching::new(
@@ -354,13 +362,7 @@ async fn serve(
     };
     // Ranks on this node may take a held blob as a descriptor instead of a stream. A daemon
     // that cannot bind that socket serves without it: clients then use GetArtifact.
-    let _handoff_guard = start_handoff(
-        socket_guard.path(),
-        &artifacts,
-        &connection_limits,
-        &peer_check,
-        tasks,
-    );
+    let _handoff_guard = start_handoff(socket_guard.path(), &artifacts, &admission, tasks);
     // --- end deployment block ---
 
     tracing::info!(
@@ -424,18 +426,16 @@ async fn serve(
 fn start_handoff(
     socket: &std::path::Path,
     artifacts: &Arc<crate::artifacts::Artifacts>,
-    limits: &Arc<ConnectionLimits>,
-    check: &crate::ops::access::PeerCheck,
+    admission: &Admission,
     tasks: &Tasks,
 ) -> Option<crate::ops::listener::SocketGuard> {
     let path = tunecache_proto::handoff::socket_path(socket);
     match crate::ops::listener::bind_beside(socket, &path) {
         Ok((listener, guard)) => {
-            tasks.spawn(crate::artifacts::handoff::serve(
+            tasks.spawn(crate::handoff::serve(
                 artifacts.clone(),
                 listener,
-                limits.clone(),
-                check.clone(),
+                admission.clone(),
                 tasks.clone(),
             ));
             tracing::info!(socket = %path.display(), "serving the artifact descriptor handoff");

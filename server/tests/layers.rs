@@ -21,7 +21,7 @@ use syn::visit_mut::VisitMut;
 const LAYERS: &[&[&str]] = &[
     &["server"],
     &["config"],
-    &["rpc"],
+    &["rpc", "handoff"],
     &["views"],
     &["coord"],
     &["cluster", "snapshot", "tuner"],

@@ -1,4 +1,5 @@
-//! GetArtifact: a held blob streamed out in chunks of at most 1 MiB, each read on the
+//! Serving a blob (GetArtifact's, mapped to its messages in `rpc::artifacts`): a held blob
+//! streamed out in chunks of at most 1 MiB, each read on the
 //! blocking pool, hashed as it goes. A blob not yet verified is hashed whole first; one whose
 //! bytes turn out not to match its digest is dropped and the stream ends DATA_LOSS, so a
 //! caller never takes wrong bytes for the blob (the clients check the digest too).
@@ -10,17 +11,23 @@ use std::time::Duration;
 use prost::bytes::Bytes;
 use sha2::{Digest, Sha256};
 use tokio_stream::Stream;
-use tonic::Status;
 use tunecache_proto::artifact::{self, CHUNK_BYTES};
-use tunecache_proto::v1;
 
 use super::index::{Check, FileStamp};
+use super::ArtifactError;
 use super::{add, disk, Artifacts};
-use crate::error::Error;
 use crate::model::validate::InvalidField;
 
-pub type ChunkStream =
-    std::pin::Pin<Box<dyn Stream<Item = Result<v1::ArtifactChunk, Status>> + Send>>;
+/// One piece of a blob, streamed out or in: the first names the blob (its digest and size),
+/// the later ones name nothing; each carries at most `CHUNK_BYTES` of its bytes.
+pub struct Chunk {
+    pub sha256: String,
+    pub size: u64,
+    pub data: Bytes,
+}
+
+/// A served blob, chunk by chunk; an error ends it.
+pub type BlobStream = std::pin::Pin<Box<dyn Stream<Item = Result<Chunk, ArtifactError>> + Send>>;
 
 /// Where a served stream is.
 struct Serving {
@@ -37,19 +44,19 @@ struct Serving {
 }
 
 impl Artifacts {
-    /// Serves blob `request.sha256`, fetching it from the tiers first if a held entry names it
-    /// and this node lacks it.
+    /// Serves blob `digest`, fetching it from the tiers first if a held entry names it and
+    /// this node lacks it, waiting at most `wait_ms` for them (0: `DEFAULT_WAIT_MS`).
     pub async fn get(
         self: &Arc<Self>,
-        request: v1::GetArtifactRequest,
-    ) -> Result<ChunkStream, Status> {
-        let digest = request.sha256;
+        digest: String,
+        wait_ms: u32,
+    ) -> Result<BlobStream, ArtifactError> {
         artifact::check_digest(&digest)
             .map_err(|refusal| InvalidField::new("sha256", refusal.to_string()))?;
-        let wait = Duration::from_millis(u64::from(if request.wait_ms == 0 {
+        let wait = Duration::from_millis(u64::from(if wait_ms == 0 {
             artifact::DEFAULT_WAIT_MS
         } else {
-            request.wait_ms
+            wait_ms
         }));
         // A blob found corrupt is dropped and fetched again: at most twice.
         for _ in 0..2 {
@@ -102,12 +109,12 @@ impl Artifacts {
             };
             return Ok(Box::pin(futures::stream::unfold(serving, Serving::next)));
         }
-        Err(Error::ArtifactCorrupt { digest }.into())
+        Err(ArtifactError::Corrupt { digest })
     }
 }
 
 impl Serving {
-    async fn next(mut self) -> Option<(Result<v1::ArtifactChunk, Status>, Serving)> {
+    async fn next(mut self) -> Option<(Result<Chunk, ArtifactError>, Serving)> {
         if self.done {
             return None;
         }
@@ -135,7 +142,7 @@ impl Serving {
             Ok(read) => read,
             Err(error) => {
                 self.done = true;
-                return Some((Err(error.into()), self));
+                return Some((Err(error), self));
             }
         };
         if let Some((hasher, _)) = &mut self.hashing {
@@ -158,16 +165,16 @@ impl Serving {
             };
             if !whole || !matches {
                 self.artifacts.drop_corrupt(&self.digest).await;
-                let error = Error::ArtifactCorrupt {
+                let error = ArtifactError::Corrupt {
                     digest: self.digest.clone(),
                 };
-                return Some((Err(error.into()), self));
+                return Some((Err(error), self));
             }
         } else {
             self.file = Some(file);
         }
         add(&self.artifacts.counters.bytes_served, buf.len() as u64);
-        let chunk = v1::ArtifactChunk {
+        let chunk = Chunk {
             sha256: if self.first {
                 self.digest.clone()
             } else {

@@ -9,13 +9,15 @@
 //! its files are `disk`, always run on the blocking pool with a bounded wait, so
 //! no request waits on the disk beyond it; uploads and downloads stream (`put`, `get`), and
 //! neither ever holds a blob in memory; a rank on this node can instead be handed a
-//! descriptor of a held blob's file (`handoff`). `upkeep` verifies what a previous run left and
+//! descriptor of a held blob's file (`handoff`: what is handed; the socket is
+//! `crate::handoff`). `upkeep` verifies what a previous run left and
 //! deletes blobs no live entry has named for `--artifact-grace-secs`.
 
 mod charges;
 mod disk;
+mod error;
 mod get;
-pub mod handoff;
+mod handoff;
 pub mod index;
 mod put;
 pub mod tiers;
@@ -36,6 +38,8 @@ use crate::store::{Change, ChangeListener};
 #[cfg(test)]
 pub use disk::BlobDir;
 pub use disk::Partial;
+pub use error::ArtifactError;
+pub use get::Chunk;
 pub use index::Limits;
 pub use tiers::{BlobSource, Tier};
 
@@ -248,7 +252,7 @@ impl Artifacts {
         self: &Arc<Self>,
         uid: u32,
         entries: &[(CacheKey, TunedResult)],
-    ) -> Result<RecordCharges, Error> {
+    ) -> Result<RecordCharges, ArtifactError> {
         let mut charged = RecordCharges {
             artifacts: Arc::clone(self),
             uid,
@@ -266,7 +270,7 @@ impl Artifacts {
             for (j, artifact) in result.artifacts.view().iter().enumerate() {
                 let path = format!("entries[{i}].result.artifacts[{j}]");
                 let refusal = match index.blob(artifact.sha256) {
-                    None => Error::ArtifactNotHeld {
+                    None => ArtifactError::NotHeld {
                         path,
                         digest: artifact.sha256.to_owned(),
                     },
@@ -298,9 +302,11 @@ impl Artifacts {
     }
 
     /// StatArtifacts: the digests this node cannot serve now (it would fetch them).
-    pub fn missing(&self, digests: &[String]) -> Result<Vec<String>, Error> {
+    pub fn missing(&self, digests: &[String]) -> Result<Vec<String>, ArtifactError> {
         if digests.len() > crate::model::validate::MAX_BATCH {
-            return Err(crate::model::validate::too_many("sha256").into());
+            return Err(ArtifactError::Invalid(crate::model::validate::too_many(
+                "sha256",
+            )));
         }
         for (i, digest) in digests.iter().enumerate() {
             tunecache_proto::artifact::check_digest(digest)
@@ -319,21 +325,22 @@ impl Artifacts {
     async fn blocking<T: Send + 'static>(
         what: &'static str,
         op: impl FnOnce() -> std::io::Result<T> + Send + 'static,
-    ) -> Result<T, Error> {
+    ) -> Result<T, ArtifactError> {
         let path = Path::new("artifacts");
-        match tokio::time::timeout(IO_WAIT, tokio::task::spawn_blocking(op)).await {
-            Ok(Ok(Ok(value))) => Ok(value),
-            Ok(Ok(Err(error))) => Err(Error::io(what, path, error)),
-            Ok(Err(join)) => Err(Error::io(what, path, std::io::Error::other(join))),
-            Err(_) => Err(Error::io(
+        let error = match tokio::time::timeout(IO_WAIT, tokio::task::spawn_blocking(op)).await {
+            Ok(Ok(Ok(value))) => return Ok(value),
+            Ok(Ok(Err(error))) => Error::io(what, path, error),
+            Ok(Err(join)) => Error::io(what, path, std::io::Error::other(join)),
+            Err(_) => Error::io(
                 what,
                 path,
                 std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     format!("no answer from the disk within {IO_WAIT:?}"),
                 ),
-            )),
-        }
+            ),
+        };
+        Err(error.into())
     }
 
     /// A held blob whose bytes do not hash to its digest: dropped and counted, never served.

@@ -1,17 +1,16 @@
-//! PutArtifact: a blob streamed in, hashed as it is written to a temporary file, and renamed
+//! Storing an upload (PutArtifact's, mapped from its messages in `rpc::artifacts`): a blob
+//! streamed in, hashed as it is written to a temporary file, and renamed
 //! under its digest only once its bytes hash to the announced digest and add up to the
 //! announced size. Nothing of a refused upload stays, on disk or in the index.
 
 use std::sync::Arc;
 
 use tokio_stream::{Stream, StreamExt};
-use tonic::Status;
 use tunecache_proto::artifact::{self, CHUNK_BYTES};
-use tunecache_proto::v1;
 
 use super::index::{Admit, Refusal};
-use super::{add, disk, Artifacts};
-use crate::error::Error;
+use super::ArtifactError;
+use super::{add, disk, Artifacts, Chunk};
 use crate::model::validate::InvalidField;
 
 /// An upload's or a fetch's reservation in the index, released however it ends.
@@ -32,14 +31,21 @@ impl Drop for Reservation<'_> {
     }
 }
 
+/// What an upload stored.
+pub struct Stored {
+    /// The node held these bytes already (nothing but the first chunk was read).
+    pub already_held: bool,
+}
+
 impl Artifacts {
     /// Stores the blob `chunks` carry for `uid`. A blob already held is answered
-    /// `already_held` from the first chunk, without reading the rest.
-    pub async fn put(
+    /// `already_held` from the first chunk, without reading the rest. The stream's own errors
+    /// (`E`: its transport's) end the upload as they are; the store's answers become `E`.
+    pub async fn put<E: From<ArtifactError>>(
         self: &Arc<Self>,
         uid: u32,
-        mut chunks: impl Stream<Item = Result<v1::ArtifactChunk, Status>> + Unpin,
-    ) -> Result<v1::PutArtifactResponse, Status> {
+        mut chunks: impl Stream<Item = Result<Chunk, E>> + Unpin,
+    ) -> Result<Stored, E> {
         let outcome = self.put_inner(uid, &mut chunks).await;
         if outcome.is_err() {
             add(&self.counters.uploads_refused, 1);
@@ -47,61 +53,65 @@ impl Artifacts {
         outcome
     }
 
-    async fn put_inner(
+    async fn put_inner<E: From<ArtifactError>>(
         self: &Arc<Self>,
         uid: u32,
-        chunks: &mut (impl Stream<Item = Result<v1::ArtifactChunk, Status>> + Unpin),
-    ) -> Result<v1::PutArtifactResponse, Status> {
+        chunks: &mut (impl Stream<Item = Result<Chunk, E>> + Unpin),
+    ) -> Result<Stored, E> {
         let Some(first) = chunks.next().await.transpose()? else {
-            return Err(InvalidField::new("sha256", "the stream held no chunk").into());
+            return Err(refused(InvalidField::new(
+                "sha256",
+                "the stream held no chunk",
+            )));
         };
         let digest = first.sha256;
-        artifact::check_digest(&digest)
-            .map_err(|refusal| InvalidField::new("sha256", refusal.to_string()))?;
+        artifact::check_digest(&digest).map_err(|refusal| {
+            ArtifactError::from(InvalidField::new("sha256", refusal.to_string()))
+        })?;
         let size = first.size;
         if let Some(blob) = crate::sync::lock(&self.index).blob(&digest) {
             // Same digest, same bytes: the size must agree, or the caller is confused.
             if blob.size != size {
-                return Err(InvalidField::new(
+                return Err(refused(InvalidField::new(
                     "size",
                     format!("{size}, but blob {digest} is {} bytes", blob.size),
-                )
-                .into());
+                )));
             }
             add(&self.counters.uploads_already_held, 1);
-            return Ok(v1::PutArtifactResponse { already_held: true });
+            return Ok(Stored { already_held: true });
         }
         let _reservation = self
             .reserve(Some(uid), &digest, size)
             .await
             .map_err(refusal_error)?;
         let dir = self.dir.clone();
-        let mut partial = Self::blocking("creating a blob", move || dir.partial()).await?;
+        let mut partial = Self::blocking("creating a blob", move || dir.partial())
+            .await
+            .map_err(E::from)?;
         let mut data = first.data;
         let mut index = 0usize;
         loop {
             if data.len() > CHUNK_BYTES {
-                return Err(InvalidField::new(
+                return Err(refused(InvalidField::new(
                     format!("chunks[{index}].data"),
                     format!("{} bytes, at most {CHUNK_BYTES} per chunk", data.len()),
-                )
-                .into());
+                )));
             }
             if partial.written + data.len() as u64 > size {
-                return Err(InvalidField::new(
+                return Err(refused(InvalidField::new(
                     "size",
                     format!(
                         "the stream carries more than the {size} bytes announced (chunk {index})"
                     ),
-                )
-                .into());
+                )));
             }
             if !data.is_empty() {
                 partial = Self::blocking("writing a blob", move || {
                     partial.write(&data)?;
                     Ok(partial)
                 })
-                .await?;
+                .await
+                .map_err(E::from)?;
             }
             let Some(next) = chunks.next().await.transpose()? else {
                 break;
@@ -110,42 +120,42 @@ impl Artifacts {
             index += 1;
         }
         if partial.written != size {
-            return Err(InvalidField::new(
+            return Err(refused(InvalidField::new(
                 "size",
                 format!(
                     "a short stream: {} of the {size} bytes announced",
                     partial.written
                 ),
-            )
-            .into());
+            )));
         }
         let received = partial.digest();
         if received != digest {
             add(&self.counters.digest_failures, 1);
-            return Err(InvalidField::new(
+            return Err(refused(InvalidField::new(
                 "sha256",
                 format!("the content's digest is {received}, not the {digest} announced"),
-            )
-            .into());
+            )));
         }
         if crate::sync::lock(&self.index).is_deleting(&digest) {
-            return Err(Error::ArtifactUnavailable {
+            return Err(ArtifactError::Unavailable {
                 digest,
                 reason: "an older copy is being removed; upload it again".into(),
             }
             .into());
         }
         let (dir, name) = (self.dir.clone(), digest.clone());
-        Self::blocking("storing a blob", move || partial.finish(&dir, &name)).await?;
+        Self::blocking("storing a blob", move || partial.finish(&dir, &name))
+            .await
+            .map_err(E::from)?;
         if crate::sync::lock(&self.index).insert(digest, size, Some(uid), self.now_ms()) {
             add(&self.counters.uploads, 1);
-            Ok(v1::PutArtifactResponse {
+            Ok(Stored {
                 already_held: false,
             })
         } else {
             // Another upload of the same bytes finished first.
             add(&self.counters.uploads_already_held, 1);
-            Ok(v1::PutArtifactResponse { already_held: true })
+            Ok(Stored { already_held: true })
         }
     }
 
@@ -268,6 +278,11 @@ impl Artifacts {
     }
 }
 
+/// A refused field, as the upload's error.
+fn refused<E: From<ArtifactError>>(field: InvalidField) -> E {
+    ArtifactError::from(field).into()
+}
+
 /// The flag a refusal names, its limit and what the caller is told.
 fn refusal_text(refusal: Refusal) -> (&'static str, u64, String) {
     match refusal {
@@ -315,9 +330,9 @@ fn refusal_text(refusal: Refusal) -> (&'static str, u64, String) {
 }
 
 /// The error a refusal answers: RESOURCE_EXHAUSTED naming the flag.
-pub(super) fn refusal_error(refusal: Refusal) -> Error {
+pub(super) fn refusal_error(refusal: Refusal) -> ArtifactError {
     let (flag, limit, message) = refusal_text(refusal);
-    Error::ArtifactLimit {
+    ArtifactError::Limit {
         flag,
         limit,
         message,

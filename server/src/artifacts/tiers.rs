@@ -11,8 +11,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::index::Refusal;
+use super::ArtifactError;
 use super::{add, disk::Partial, put::refusal_error, Artifacts};
-use crate::error::Error;
 
 /// How long one fetch from the tiers may run, whoever waits on it.
 const FETCH_LIMIT: Duration = Duration::from_secs(300);
@@ -60,18 +60,34 @@ pub(super) type FlightReceiver = watch::Receiver<Option<FetchEnd>>;
 
 impl Artifacts {
     /// Makes sure the node holds `digest`, fetching it from the tiers if a held entry names
-    /// it, waiting at most `wait`.
+    /// it, waiting at most `wait`; a blob it cannot get is counted as a GetArtifact miss.
     pub(super) async fn ensure_held(
         self: &Arc<Self>,
         digest: &str,
         wait: Duration,
-    ) -> Result<(), Error> {
+    ) -> Result<(), ArtifactError> {
+        let held = self.fetch_if_named(digest, wait).await;
+        if matches!(
+            held,
+            Err(ArtifactError::NotFound { .. } | ArtifactError::Unavailable { .. })
+        ) {
+            add(&self.counters.fetches_missing, 1);
+        }
+        held
+    }
+
+    /// `ensure_held` without counting a miss: the descriptor handoff, whose miss is counted by
+    /// the GetArtifact its client falls back to.
+    pub(super) async fn fetch_if_named(
+        self: &Arc<Self>,
+        digest: &str,
+        wait: Duration,
+    ) -> Result<(), ArtifactError> {
         if crate::sync::lock(&self.index).blob(digest).is_some() {
             return Ok(());
         }
         let Some(size) = crate::sync::lock(&self.index).named_size(digest) else {
-            add(&self.counters.fetches_missing, 1);
-            return Err(Error::ArtifactNotFound {
+            return Err(ArtifactError::NotFound {
                 digest: digest.to_owned(),
                 reason: "no entry on this node names it, so no tier was asked".to_owned(),
             });
@@ -82,8 +98,7 @@ impl Artifacts {
             Ok(Ok(end)) => end.clone(),
             Ok(Err(_)) => Some(FetchEnd::Unavailable("the fetch stopped".into())),
             Err(_) => {
-                add(&self.counters.fetches_missing, 1);
-                return Err(Error::ArtifactUnavailable {
+                return Err(ArtifactError::Unavailable {
                     digest: digest.to_owned(),
                     reason: format!(
                         "no tier supplied it within {} ms (wait_ms); the fetch goes on",
@@ -95,27 +110,18 @@ impl Artifacts {
         match end {
             Some(FetchEnd::Held) => Ok(()),
             Some(FetchEnd::Refused(refusal)) => Err(refusal_error(refusal)),
-            Some(FetchEnd::NotFound(answers)) => {
-                add(&self.counters.fetches_missing, 1);
-                Err(Error::ArtifactNotFound {
-                    digest: digest.to_owned(),
-                    reason: format!("no tier could give a blob with this digest: {answers}"),
-                })
-            }
-            None => {
-                add(&self.counters.fetches_missing, 1);
-                Err(Error::ArtifactUnavailable {
-                    digest: digest.to_owned(),
-                    reason: "the fetch ended without an answer".to_owned(),
-                })
-            }
-            Some(FetchEnd::Unavailable(reason)) => {
-                add(&self.counters.fetches_missing, 1);
-                Err(Error::ArtifactUnavailable {
-                    digest: digest.to_owned(),
-                    reason,
-                })
-            }
+            Some(FetchEnd::NotFound(answers)) => Err(ArtifactError::NotFound {
+                digest: digest.to_owned(),
+                reason: format!("no tier could give a blob with this digest: {answers}"),
+            }),
+            None => Err(ArtifactError::Unavailable {
+                digest: digest.to_owned(),
+                reason: "the fetch ended without an answer".to_owned(),
+            }),
+            Some(FetchEnd::Unavailable(reason)) => Err(ArtifactError::Unavailable {
+                digest: digest.to_owned(),
+                reason,
+            }),
         }
     }
 

@@ -3,8 +3,9 @@
 //! SIGTERM (drain, flush, remove the socket), so an auto-started or socket-activated daemon goes
 //! away when its job is done and comes back on the next call.
 //!
-//! Only TuneCache calls count: health checks and reflection (monitoring) do not keep the daemon
-//! alive. A Resolve that is still waiting, or a lease a rank is still tuning under, counts as
+//! Only TuneCache calls count, and requests on the descriptor handoff (`crate::handoff`, which
+//! touches the same clock: `admission`): health checks and reflection (monitoring) do not keep
+//! the daemon alive. A Resolve that is still waiting, or a lease a rank is still tuning under, counts as
 //! activity (read from Stats' `waiters` and `leases_active`), so the daemon never quits under a
 //! rank that is between calls. With `--job-markers`, neither does it while a job of its user
 //! runs on the node (`jobs_here`), however long the job goes without a call.

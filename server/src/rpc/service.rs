@@ -289,7 +289,6 @@ fn count(counter: &AtomicU64, n: usize) {
 }
 
 type ScanStream = Pin<Box<dyn Stream<Item = Result<v1::ScanResponse, Status>> + Send>>;
-type ArtifactStream = Pin<Box<dyn Stream<Item = Result<v1::ArtifactChunk, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl TuneCache for TuneCacheService {
@@ -476,20 +475,18 @@ impl TuneCache for TuneCacheService {
         request: Request<tonic::Streaming<v1::ArtifactChunk>>,
     ) -> Result<Response<v1::PutArtifactResponse>, Status> {
         let uid = caller_uid(&request);
-        self.artifacts
-            .put(uid, request.into_inner())
+        super::artifacts::put(&self.artifacts, uid, request.into_inner())
             .await
             .map(Response::new)
     }
 
-    type GetArtifactStream = ArtifactStream;
+    type GetArtifactStream = super::artifacts::ArtifactStream;
 
     async fn get_artifact(
         &self,
         request: Request<v1::GetArtifactRequest>,
     ) -> Result<Response<Self::GetArtifactStream>, Status> {
-        self.artifacts
-            .get(request.into_inner())
+        super::artifacts::get(&self.artifacts, request.into_inner())
             .await
             .map(Response::new)
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tunecache_client::handoff::Handoff;
 use tunecache_integration::blobs::{self, Content};
-use tunecache_integration::{require_root, require_tool, TestDaemon};
+use tunecache_integration::{require_root, require_tool, shared_node, TestDaemon};
 use tunecache_proto::handoff::socket_path;
 
 const MIB: u64 = 1024 * 1024;
@@ -365,4 +365,187 @@ async fn the_handoff_admits_whom_get_artifact_admits() {
             assert_eq!(daemon.stats().await.artifact_handoffs, 0);
         }
     }
+}
+
+/// Handoff requests are calls like any other for `--exit-when-idle`: a daemon whose ranks only
+/// take descriptors stays while they do, and goes once they stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoff_requests_keep_an_idle_exiting_daemon_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = TestDaemon::builder(dir.path())
+        .args(["--exit-when-idle", "1"])
+        .process()
+        .await;
+    let content = Content::new(55, MIB);
+    {
+        let client = daemon.client().await;
+        blobs::held_entry(&client, "idle", content, "k.so").await;
+    }
+    let mut handoff = Handoff::connect(
+        &socket_path(&daemon.socket),
+        &[nix::unistd::geteuid().as_raw()],
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("the handoff socket answers");
+    // Three times the idle time of nothing but handoff requests: each one must be answered
+    // by a daemon still serving.
+    let busy = std::time::Instant::now();
+    let mut handed = 0u32;
+    while busy.elapsed() < Duration::from_secs(3) {
+        let answer = handoff.open(&content.digest(), Some(content.size));
+        assert!(
+            matches!(answer, Ok(Some(_))),
+            "handoff {handed} after {:?} was not answered ({answer:?}): the daemon quit under \
+             handoff traffic; log:\n{}",
+            busy.elapsed(),
+            daemon.log()
+        );
+        handed += 1;
+        // A rank's pace between blobs; the next request is the fact waited on.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(handoff);
+    // Once the ranks stop, the daemon goes as it would after its last gRPC call.
+    let status = daemon.wait_for_exit(Duration::from_secs(30));
+    assert!(status.success(), "{status}; log:\n{}", daemon.log());
+}
+
+/// A blob this node does not hold yet but a held entry names (a cold blob, here only in the
+/// shared directory) is fetched from the tiers by the handoff itself and then handed, on the
+/// first fetch: no GetArtifact stream.
+#[tokio::test]
+async fn a_cold_blob_is_fetched_from_the_tiers_and_handed_on_first_fetch() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    let a = shared_node(&dir.path().join("a"), &shared, "node-a", 3600, &[])
+        .in_process()
+        .await;
+    let b = shared_node(&dir.path().join("b"), &shared, "node-b", 3600, &[])
+        .in_process()
+        .await;
+    let (ca, cb) = (a.client().await, b.client().await);
+    let content = Content::new(56, 3 * MIB + 7);
+    let entry = blobs::held_entry(&ca, "cold", content, "cold.so").await;
+    ca.snapshot().await.expect("a publishes");
+    cb.snapshot().await.expect("b loads");
+    let before = b.stats().await;
+    assert_eq!(
+        (before.artifact_blobs_held, before.artifact_handoffs),
+        (0, 0),
+        "b holds the blob before it is asked for"
+    );
+
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let written = cb.fetch_artifacts(&entry, &out).await.unwrap();
+    assert!(
+        std::fs::read(&written[0]).unwrap() == content.bytes(),
+        "the bytes differ"
+    );
+    let stats = b.stats().await;
+    assert_eq!(
+        (
+            stats.artifact_fetches_shared_dir,
+            stats.artifact_handoffs,
+            stats.artifact_fetches_local,
+            stats.artifact_blobs_held
+        ),
+        (1, 1, 1, 1),
+        "the cold blob was not handed on its first fetch"
+    );
+}
+
+/// A handoff socket that hands `content` from a file of its own and counts the connections it
+/// accepted; it takes the place of the daemon's at `path`.
+struct CountingHandoff {
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl CountingHandoff {
+    fn serve(path: &Path, content: Content, file: &Path) -> CountingHandoff {
+        use std::os::fd::AsRawFd;
+        std::fs::write(file, content.bytes()).unwrap();
+        let _ = std::fs::remove_file(path);
+        let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (counted, file) = (accepted.clone(), file.to_path_buf());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let file = file.clone();
+                std::thread::spawn(move || {
+                    let mut request = [0u8; tunecache_proto::handoff::REQUEST_BYTES];
+                    while stream.read_exact(&mut request).is_ok() {
+                        let asked = std::str::from_utf8(&request[..64]).unwrap_or("");
+                        if asked != content.digest() {
+                            let _ = stream.write_all(b"not-held\n");
+                            continue;
+                        }
+                        let blob = std::fs::File::open(&file).unwrap();
+                        let line = format!("held {}\n", content.size);
+                        let fds = [blob.as_raw_fd()];
+                        let sent = nix::sys::socket::sendmsg::<()>(
+                            stream.as_raw_fd(),
+                            &[std::io::IoSlice::new(line.as_bytes())],
+                            &[nix::sys::socket::ControlMessage::ScmRights(&fds)],
+                            nix::sys::socket::MsgFlags::empty(),
+                            None,
+                        );
+                        if sent.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        CountingHandoff { accepted }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A process keeps one handoff connection per socket and takes every blob on it, whichever
+/// call, clone or client asks: no connection (and accept, and peer check) per blob.
+#[tokio::test]
+async fn a_process_takes_every_blob_on_one_handoff_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = TestDaemon::builder(dir.path()).in_process().await;
+    let client = daemon.client().await;
+    let content = Content::new(57, MIB + 5);
+    let entry = blobs::held_entry(&client, "reused", content, "k.so").await;
+    let counting = CountingHandoff::serve(
+        &socket_path(&daemon.socket),
+        content,
+        &dir.path().join("handed-blob"),
+    );
+
+    for _ in 0..3 {
+        let mut got = Vec::new();
+        client
+            .get_artifact(&content.digest(), &mut got)
+            .await
+            .unwrap();
+        assert!(got == content.bytes(), "the bytes differ");
+    }
+    let mut got = Vec::new();
+    client
+        .clone()
+        .get_artifact(&content.digest(), &mut got)
+        .await
+        .unwrap();
+    let other_client = daemon.client().await;
+    for round in 0..2 {
+        let out = dir.path().join(format!("out-{round}"));
+        std::fs::create_dir(&out).unwrap();
+        let written = other_client.fetch_artifacts(&entry, &out).await.unwrap();
+        assert!(std::fs::read(&written[0]).unwrap() == content.bytes());
+    }
+    // Every blob was handed (none streamed), all on the one connection.
+    assert_eq!(daemon.stats().await.artifact_fetches_local, 0);
+    assert_eq!(counting.accepted(), 1, "a handoff connection per call");
 }
