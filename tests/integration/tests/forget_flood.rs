@@ -27,6 +27,8 @@ const BIG_KEYS: usize = 4_500;
 const IN_FLIGHT: usize = 64;
 /// Entries recorded before the Forgets, forgotten with the rest: they must stay gone.
 const RECORDED: usize = 100;
+/// The config of the results that make the journal's dead half.
+const DEAD_CONFIG_BYTES: usize = 60 * 1024;
 /// For waits the test puts no bound on: long enough for a loaded 2-core machine.
 const GENEROUS: Duration = Duration::from_secs(600);
 
@@ -191,14 +193,20 @@ async fn exact_key_tombstones_beyond_a_frame_survive_sigkill_and_restart() {
     assert_eq!(stats.tombstones_held, count as u64);
     assert_eq!(stats.forget_entries_dropped, RECORDED as u64);
 
-    // A Record lets the writer compact the journal (it holds far more than twice its live
-    // entries): the rewrite holds every tombstone at once.
+    // The tombstones are live data, so the journal is compacted only once it holds as much
+    // again that is dead: one key recorded again and again, each result faster than the last,
+    // leaves every earlier one behind. The rewrite then holds every tombstone at once.
     let compactions = stats.journal_compactions;
     let after = key("scale", "other-op", DEVICE, "p", None);
-    client
-        .record(vec![entry(after.clone(), "{}", 1.0, "test")])
-        .await
-        .expect("Record");
+    let dead_config = format!(r#"{{"pad":"{}"}}"#, "x".repeat(DEAD_CONFIG_BYTES));
+    let dead_records = stats.journal_bytes as usize * 5 / 4 / DEAD_CONFIG_BYTES + 1;
+    for i in 0..dead_records {
+        let time_us = 1e6 - i as f64;
+        client
+            .record(vec![entry(after.clone(), &dead_config, time_us, "test")])
+            .await
+            .expect("Record");
+    }
     eventually(GENEROUS, "the journal compacted", || {
         let client = client.clone();
         async move { client.stats().await.unwrap().journal_compactions > compactions }
