@@ -1,7 +1,8 @@
 //! Measures what a million exact-key tombstones cost against the million entries they
 //! removed: resident memory before and after building each (one process, one at a time).
 use tunecache_server::model::entry::{CacheKey, TunedResult};
-use tunecache_server::model::forget::{ForgetScope, Tombstone, Tombstones};
+use tunecache_server::model::forget::{ForgetScope, Tombstone};
+use tunecache_server::model::tombstones::Tombstones;
 use tunecache_server::store::{EntryMap, StoredEntry};
 
 fn rss_bytes() -> u64 {

@@ -53,7 +53,12 @@ pub fn bind(config: &Config) -> Result<BoundSocket> {
 /// A peer that does not answer an HTTP/2 ping within this is closed.
 const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
-fn log_replay(report: &crate::journal::ReplayReport, state_dir: &std::path::Path, took: Duration) {
+fn log_replay(
+    report: &crate::journal::ReplayReport,
+    state_dir: &std::path::Path,
+    took: Duration,
+    tombstones: usize,
+) {
     if let Some((offset, len)) = report.torn_tail {
         tracing::warn!(
             offset,
@@ -78,7 +83,7 @@ fn log_replay(report: &crate::journal::ReplayReport, state_dir: &std::path::Path
     tracing::info!(
         frames = report.frames,
         entries = report.entries,
-        tombstones = report.tombstones.len(),
+        tombstones,
         took_ms = took.as_millis() as u64,
         "journal replayed"
     );
@@ -211,8 +216,13 @@ async fn serve(
         .await
         .map_err(|e| Error::io("opening the store", &state_dir, std::io::Error::other(e)))??
     };
-    log_replay(&report, &state_dir, replay_started.elapsed());
     let store = store_guard.store();
+    log_replay(
+        &report,
+        &state_dir,
+        replay_started.elapsed(),
+        store.tombstones().len(),
+    );
     let tuner = crate::tuner::start(config.tuner_settings()).await;
     // The cluster tier connects in the background: Redis being down delays nothing here.
     let cluster = config.cluster_settings()?.map(|mut settings| {

@@ -25,9 +25,10 @@ use proptest::prelude::*;
 use tunecache_server::model::artifacts::ArtifactList;
 use tunecache_server::model::entry::{CacheKey, TunedResult};
 use tunecache_server::model::forget::{
-    drops, record_epoch, ForgetClock, ForgetScope, RankScope, Tombstone, Tombstones,
+    drops, record_epoch, ForgetClock, ForgetScope, RankScope, Tombstone,
 };
 use tunecache_server::model::merge::{merge, rank_results, MergeOutcome};
+use tunecache_server::model::tombstones::Tombstones;
 use tunecache_server::snapshot::format::write_segment;
 use tunecache_server::store::CacheMap;
 
