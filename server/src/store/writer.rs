@@ -187,15 +187,7 @@ impl Writer {
 
         if !plan.records.is_empty() {
             if let Err(error) = self.journal.append_stored(&plan.records) {
-                self.note_write_failure(&error);
-                self.note_health();
-                let cause = match error {
-                    Error::JournalWrite(cause) => cause,
-                    other => Arc::new(other),
-                };
-                for reply in replies {
-                    let _ = reply.send(Err(Error::JournalWrite(Arc::clone(&cause))));
-                }
+                self.refuse_all(error, replies);
                 return;
             }
             if self.write_failure.take().is_some() {
@@ -219,6 +211,20 @@ impl Writer {
             let _ = reply.send(Ok(outcome));
         }
         self.publish_journal_sizes();
+    }
+
+    /// A failed append: noted for health, and every caller of the batch gets its cause
+    /// (nothing of the batch was applied).
+    fn refuse_all<T>(&mut self, error: Error, replies: Vec<oneshot::Sender<Result<T>>>) {
+        self.note_write_failure(&error);
+        self.note_health();
+        let cause = match error {
+            Error::JournalWrite(cause) => cause,
+            other => Arc::new(other),
+        };
+        for reply in replies {
+            let _ = reply.send(Err(Error::JournalWrite(Arc::clone(&cause))));
+        }
     }
 
     /// Applies the writes gathered so far, if any.
@@ -262,15 +268,7 @@ impl Writer {
             return;
         }
         if let Err(error) = self.journal.append_tombstones(&plan.records) {
-            self.note_write_failure(&error);
-            self.note_health();
-            let cause = match error {
-                Error::JournalWrite(cause) => cause,
-                other => Arc::new(other),
-            };
-            for reply in replies {
-                let _ = reply.send(Err(Error::JournalWrite(Arc::clone(&cause))));
-            }
+            self.refuse_all(error, replies);
             return;
         }
         self.note_health();

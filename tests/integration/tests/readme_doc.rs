@@ -58,7 +58,7 @@ async fn the_readme_cli_quick_start_works() {
         r#""problem":"M=1,N=1024,K=1024,f16,nt""#,
         "tune here: lease ",
         "cpu|",
-        "entries                      2",
+        "entries      2 (lookups 2: 2 hits, 0 misses; 2 records)",
         "artifacts: kernel.cubin",
     ] {
         assert!(
