@@ -151,7 +151,11 @@ async fn view_name_and_end_view_refusals_name_their_field_in_a_bad_request() {
     let daemon = tokio::spawn(server::run(config, socket, async {
         let _ = stopped.await;
     }));
-    let raw = Client::connect(&socket_path).await.expect("connect").raw();
+    let client = Client::connect(&socket_path).await.expect("connect");
+    // A raw stub does not ask again while the daemon opens (UNAVAILABLE with a retry hint); the
+    // client's Stats does, so the refusals below are the daemon's answers to the views.
+    client.stats().await.expect("the daemon opens");
+    let raw = client.raw();
     let key = tunecache_client::key("test", "gemm", "dev0", "p", None);
     let long = "v".repeat(257);
 
