@@ -12,5 +12,8 @@ if ! "$python" -m maturin --version >/dev/null 2>&1; then
     "$python" -m pip install --quiet --disable-pip-version-check 'maturin>=1.9.4,<2' >&2
 fi
 rm -rf "$here/dist"
-"$python" -m maturin build --manifest-path "$here/Cargo.toml" --out "$here/dist" >&2
+# $MATURIN_PEP517_ARGS: the extra maturin arguments pip's builds of the package take (maturin's
+# own variable), so this wheel is built as those are (.ci/run sets `--profile dev`).
+# shellcheck disable=SC2086 # the arguments are split as maturin splits them
+"$python" -m maturin build --manifest-path "$here/Cargo.toml" --out "$here/dist" ${MATURIN_PEP517_ARGS:-} >&2
 ls "$here"/dist/tunecache-*.whl

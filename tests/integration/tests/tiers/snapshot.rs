@@ -639,7 +639,7 @@ async fn full_and_read_only_shared_dirs_are_reported_and_serving_goes_on() {
 /// End-to-end timing of a large snapshot: publish 1,000,000 entries, then a fresh node loads
 /// them. Not a benchmark; run against release binaries:
 /// `cargo build --release --bins && TUNECACHE_BIN_DIR=target/release cargo test -p
-/// tunecache-integration --test snapshot -- --ignored --nocapture`.
+/// tunecache-integration --test tiers snapshot:: -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn timing_of_a_million_entry_snapshot() {

@@ -1,5 +1,5 @@
 //! What the prolog costs a job, measured on the test Slurm (not a timed test: it prints, and
-//! is run by hand, `cargo test -p tunecache-integration --test slurm_latency -- --ignored
+//! is run by hand, `cargo test -p tunecache-integration --test slurm slurm_latency:: -- --ignored
 //! --nocapture`). From allocation (slurmctld's `sched: Allocate` line) to the first task's
 //! start, for: no prolog at all, the prolog starting the user's daemon, and the prolog
 //! finding it serving (another job of the user holds it).

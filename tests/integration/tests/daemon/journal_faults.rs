@@ -4,7 +4,7 @@
 //!
 //! The fd limit is real (`prlimit --pid` on the running daemon), the full disk is a real tmpfs
 //! (root only), crashes are real signals. The kill-loop soak is `#[ignore]`:
-//!     cargo test -p tunecache-integration --test journal_faults -- --ignored soak --nocapture
+//!     cargo test -p tunecache-integration --test daemon -- --ignored journal_faults::soak --nocapture
 //! (`TUNECACHE_SOAK_KILLS`, default 50, sets the number of SIGKILLs).
 
 use std::collections::HashMap;
