@@ -3,7 +3,9 @@
 # runs), the package installed from ONE wheel (built here with maturin, or the one CI built, given
 # in $TUNECACHE_PY_WHEEL), the test dependencies (grpcio for the tests' independent wire-contract
 # client, triton), then pytest. The tests import the installed package, never the source tree.
-# Arguments are passed to pytest. The daemon tests run when target/debug/tunecached (or
+# Arguments are passed to pytest, except a first `--prepare` (make the venv ready, run no test) or
+# `--prepared` (run the tests in the venv as `--prepare` left it, installing nothing: a process
+# beside it may be using that venv). The daemon tests run when target/debug/tunecached (or
 # $TUNECACHE_DAEMON_BIN) exists and are skipped, with the reason printed, when it does not; the
 # TensorRT-LLM mapping tests also need the CLI, target/debug/tunecache (or $TUNECACHE_CLI_BIN).
 # Under CI ($CI set) a missing binary fails those tests instead of skipping them.
@@ -21,6 +23,11 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 venv="${TUNECACHE_PY_VENV:-$here/.venv}"
+stage=all
+if [[ "${1:-}" == "--prepare" || "${1:-}" == "--prepared" ]]; then
+    stage="${1#--}"
+    shift
+fi
 
 if [[ "$venv" == "current" ]]; then
     python="${PYTHON:-python3}"
@@ -31,24 +38,29 @@ else
     python="$venv/bin/python"
 fi
 
-pip=("$python" -m pip install --quiet --disable-pip-version-check)
-wheel="${TUNECACHE_PY_WHEEL:-}"
-if [[ -z "$wheel" ]]; then
-    wheel="$("$here/build_wheel.sh" "$python")"
+if [[ "$stage" != "prepared" ]]; then
+    pip=("$python" -m pip install --quiet --disable-pip-version-check)
+    wheel="${TUNECACHE_PY_WHEEL:-}"
+    if [[ -z "$wheel" ]]; then
+        wheel="$("$here/build_wheel.sh" "$python")"
+    fi
+    # The same wheel every time: --force-reinstall replaces an editable or older install. Byte-compiled
+    # at install, as a site's pip install does (PYTHONDONTWRITEBYTECODE would skip that).
+    env -u PYTHONDONTWRITEBYTECODE "${pip[@]}" --force-reinstall --no-deps "$wheel"
+    # Test dependencies: grpcio-tools pulls in the grpcio and protobuf it generates code for (the
+    # tests' own gRPC client and the stub check), as the `[grpc]` extra pins them. Pinned to the
+    # version that generated the committed stubs: a newer grpcio-tools writes other bytes, and
+    # tests/test_stubs.py would fail on a release of grpcio-tools, not on a change of ours.
+    "${pip[@]}" grpcio protobuf grpcio-tools==1.85.1 pytest googleapis-common-protos
+    # The real triton package for tests/test_triton_cache_manager.py (about 1 GB installed, once:
+    # pip finds it satisfied in a reused venv). It has no dependencies of its own to pull in.
+    triton_requirement="${TUNECACHE_TRITON:-triton==3.9.0}"
+    if [[ "$triton_requirement" != "none" ]]; then
+        "${pip[@]}" "$triton_requirement"
+    fi
 fi
-# The same wheel every time: --force-reinstall replaces an editable or older install. Byte-compiled
-# at install, as a site's pip install does (PYTHONDONTWRITEBYTECODE would skip that).
-env -u PYTHONDONTWRITEBYTECODE "${pip[@]}" --force-reinstall --no-deps "$wheel"
-# Test dependencies: grpcio-tools pulls in the grpcio and protobuf it generates code for (the
-# tests' own gRPC client and the stub check), as the `[grpc]` extra pins them. Pinned to the
-# version that generated the committed stubs: a newer grpcio-tools writes other bytes, and
-# tests/test_stubs.py would fail on a release of grpcio-tools, not on a change of ours.
-"${pip[@]}" grpcio protobuf grpcio-tools==1.85.1 pytest googleapis-common-protos
-# The real triton package for tests/test_triton_cache_manager.py (about 1 GB installed, once:
-# pip finds it satisfied in a reused venv). It has no dependencies of its own to pull in.
-triton_requirement="${TUNECACHE_TRITON:-triton==3.9.0}"
-if [[ "$triton_requirement" != "none" ]]; then
-    "${pip[@]}" "$triton_requirement"
+if [[ "$stage" == "prepare" ]]; then
+    exit 0
 fi
 
 cd "$here/tests"

@@ -201,8 +201,9 @@ fn quick_suite_writes_every_row() {
     build_other_binaries();
     let out = tempfile::tempdir().expect("tempdir");
     let python_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../client/python");
-    // The Python ranks need the client's venv (client/python/run_tests.sh makes it); CI runs
-    // this test before that script, so without it the quick suite runs the Rust ranks only.
+    // The Python ranks need the client's venv (client/python/run_tests.sh makes it, and
+    // tests/run-all.sh makes it before the tests); without it the quick suite runs the Rust
+    // ranks only.
     let python = python_dir.join(".venv/bin/python").exists();
     if !python {
         eprintln!("no client/python/.venv: quick suite without the Python ranks");
