@@ -3,7 +3,7 @@
 # tunecached binary), then the Python client's tests against the real daemon.
 # GPU tests are #[ignore]d here; gpu-tuner/scripts/gpu-check.sh runs them on a GPU machine.
 #
-# Environment: TUNECACHE_TEST_THREADS, the tests one Rust test binary runs at once (default 6:
+# Environment: TUNECACHE_TEST_THREADS, the tests one Rust test binary runs at once (default 4:
 # most tests wait on a daemon, a Redis or a Slurm of their own, not on a core).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -26,7 +26,7 @@ client/python/run_tests.sh --prepare
 # TUNECACHE_BIN_DIR: the binaries just built, so no test builds them again.
 rust_status=0
 TUNECACHE_BIN_DIR="$PWD/target/debug" cargo test --workspace --no-fail-fast -- \
-    --test-threads "${TUNECACHE_TEST_THREADS:-6}" || rust_status=$?
+    --test-threads "${TUNECACHE_TEST_THREADS:-4}" || rust_status=$?
 python_status=0
 TUNECACHE_DAEMON_BIN="$PWD/target/debug/tunecached" TUNECACHE_CLI_BIN="$PWD/target/debug/tunecache" \
     client/python/run_tests.sh --prepared || python_status=$?

@@ -447,6 +447,39 @@ pub fn numbered(prefix: &str, range: std::ops::Range<usize>, tuned_by: &str) -> 
         .collect()
 }
 
+/// Copies the file `from` to `to` through `cp`, so that no descriptor of the new file is ever
+/// open in this test process. Its tests run side by side: a child another test's thread forks
+/// while this process holds the new file open for writing keeps that descriptor until its exec,
+/// and running the copy meanwhile fails with ETXTBSY ("Text file busy").
+pub fn copy_executable(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg("--")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("run cp");
+    assert!(status.success(), "cp {} {}", from.display(), to.display());
+}
+
+/// Writes `contents` to `path` with mode 0755 through `sh` (as [`copy_executable`], and why).
+pub fn write_executable(path: &Path, contents: &str) {
+    use std::io::Write;
+    let mut child = Command::new("sh")
+        .args(["-c", r#"cat > "$1" && chmod 755 "$1""#, "sh"])
+        .arg(path)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("run sh");
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(contents.as_bytes())
+        .expect("write the script to sh");
+    let status = child.wait().expect("wait for sh");
+    assert!(status.success(), "writing {} failed", path.display());
+}
+
 /// Polls `check` every 100 ms until it returns true; panics naming `what` after `limit`.
 pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
 where

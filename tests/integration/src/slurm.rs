@@ -162,7 +162,7 @@ impl Slurm {
             "tunecache-slurm-lib.sh",
         ] {
             if deploy.join(script).exists() {
-                std::fs::copy(deploy.join(script), scripts.join(script)).expect("copy script");
+                crate::copy_executable(&deploy.join(script), &scripts.join(script));
             }
         }
         let socket_root = root.join("run");
@@ -348,8 +348,7 @@ impl Slurm {
         env: &[(&str, &str)],
     ) -> u32 {
         let path = self.work.join(format!("{name}.sh"));
-        std::fs::write(&path, script).expect("write job script");
-        chmod(&path, 0o755);
+        crate::write_executable(&path, script);
         let mut command = self.command("setpriv");
         command
             .args(["--reuid", &user.uid.to_string()])

@@ -14,7 +14,7 @@ use tunecache_integration::slurm::{repo_root, text, Slurm, SlurmOptions};
 use tunecache_integration::slurm_jobs::{
     line_after, wait_for_file, JOB_LIMIT, PUT_FROM_EVERY_TASK,
 };
-use tunecache_integration::{bin, daemon_pids_on};
+use tunecache_integration::{bin, copy_executable, daemon_pids_on};
 
 #[test]
 fn prolog_and_epilog_serve_overlapping_jobs_from_one_daemon_and_keep_their_entries() {
@@ -197,11 +197,10 @@ fn a_settings_file_others_may_write_is_refused_and_the_prolog_exits_at_once() {
     // Run as slurmd runs it: as root, with only SLURM_* variables. No Slurm needed.
     let dir = tempfile::tempdir().unwrap();
     for script in ["tunecache-prolog.sh", "tunecache-slurm-lib.sh"] {
-        std::fs::copy(
-            repo_root().join("deploy/slurm").join(script),
-            dir.path().join(script),
-        )
-        .unwrap();
+        copy_executable(
+            &repo_root().join("deploy/slurm").join(script),
+            &dir.path().join(script),
+        );
     }
     let settings = dir.path().join("tunecache-slurm.conf");
     std::fs::write(
@@ -327,7 +326,7 @@ fn install_binaries(dir: &Path) {
     for name in ["tunecached", "tunecache", "tunecache-tuner"] {
         let target = dir.join(name);
         let temp = dir.join(format!(".{name}.new"));
-        std::fs::copy(bin(name), &temp).unwrap();
+        copy_executable(&bin(name), &temp);
         // Renamed over the old one, as `install` and package managers do: a daemon running the
         // old file keeps it, and /proc/PID/exe then reads "... (deleted)".
         std::fs::rename(&temp, &target).unwrap();
@@ -399,11 +398,10 @@ fn a_refused_settings_line_is_logged_to_the_files_log_in_a_directory_made_for_it
     // Run as slurmd runs it: as root, with only SLURM_* variables. No Slurm needed.
     let dir = tempfile::tempdir().unwrap();
     for script in ["tunecache-prolog.sh", "tunecache-slurm-lib.sh"] {
-        std::fs::copy(
-            repo_root().join("deploy/slurm").join(script),
-            dir.path().join(script),
-        )
-        .unwrap();
+        copy_executable(
+            &repo_root().join("deploy/slurm").join(script),
+            &dir.path().join(script),
+        );
     }
     let log = dir.path().join("logs/not-yet/tunecache-slurm.log");
     let settings = dir.path().join("tunecache-slurm.conf");
@@ -458,11 +456,10 @@ fn a_prolog_run_with_a_daemon_that_exits_at_once_returns_at_once() {
     )
     .unwrap();
     for script in ["tunecache-prolog.sh", "tunecache-slurm-lib.sh"] {
-        std::fs::copy(
-            repo_root().join("deploy/slurm").join(script),
-            dir.path().join(script),
-        )
-        .unwrap();
+        copy_executable(
+            &repo_root().join("deploy/slurm").join(script),
+            &dir.path().join(script),
+        );
     }
     let settings = dir.path().join("tunecache-slurm.conf");
     std::fs::write(
