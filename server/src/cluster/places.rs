@@ -13,10 +13,11 @@
 //! its place, and a shard whose place is gone (trimmed past, started over) is read again.
 //! The audit after start compares every shard with Redis anyway and repairs anything else.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::fsx::atomic;
 
 use super::keys::SHARDS;
 
@@ -98,17 +99,7 @@ pub fn write(state_dir: &Path, places: &SavedPlaces, sync: bool) -> std::io::Res
     let target = path(state_dir);
     let temporary = state_dir.join(format!("{FILE}.tmp"));
     let bytes = serde_json::to_vec(places).map_err(std::io::Error::other)?;
-    let mut file = std::fs::File::create(&temporary)?;
-    file.write_all(&bytes)?;
-    if sync {
-        file.sync_data()?;
-    }
-    drop(file);
-    std::fs::rename(&temporary, &target)?;
-    if sync {
-        std::fs::File::open(state_dir)?.sync_all()?;
-    }
-    Ok(())
+    atomic::write_whole(&target, &bytes, atomic::resume_point(&temporary, sync))
 }
 
 /// Removes the saved places (blocking), so a start reads every shard again.

@@ -4,12 +4,12 @@
 //! stops the others.
 
 use std::collections::HashSet;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::artifacts::Artifacts;
+use crate::fsx::atomic::{Durability, TempFile, TempOptions};
 
 /// Why one blob was not published.
 #[derive(Debug)]
@@ -109,25 +109,23 @@ fn link_copy(
     node: &str,
 ) -> io::Result<()> {
     let temp = dir.join(format!(".{digest}.{node}.{}.tmp", std::process::id()));
-    let _ = fs::remove_file(&temp);
-    let result = (|| {
-        let mut out = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&temp)?;
-        out.set_permissions(fs::Permissions::from_mode(mode))?;
-        io::copy(&mut File::open(source)?, &mut out)?;
-        out.flush()?;
-        if fsync {
-            out.sync_all()?;
-        }
-        match fs::hard_link(&temp, target) {
-            Err(error) if error.kind() != io::ErrorKind::AlreadyExists => Err(error),
-            _ => Ok(()),
-        }
-    })();
-    let _ = fs::remove_file(&temp);
-    result
+    let options = TempOptions {
+        mode: Some(mode),
+        exact_mode: true,
+        nofollow: true,
+        append: false,
+        replace_stale: true,
+    };
+    let mut out = TempFile::create(&temp, options)?;
+    io::copy(&mut File::open(source)?, out.file())?;
+    out.file().flush()?;
+    out.sync(if fsync {
+        Durability::All
+    } else {
+        Durability::None
+    })?;
+    match out.link_as(target) {
+        Err(error) if error.kind() != io::ErrorKind::AlreadyExists => Err(error),
+        _ => Ok(()),
+    }
 }
