@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::error::TierResult;
+
 use super::index::Refusal;
 use super::ArtifactError;
 use super::{add, disk::Partial, put::refusal_error, Artifacts};
@@ -35,7 +37,7 @@ impl Tier {
 
 /// What a tier's fetch answers: `Ok(Some(partial))` with the bytes written into it,
 /// `Ok(None)` when the tier does not have the blob, `Err` when it could not tell.
-pub type FetchFuture = Pin<Box<dyn Future<Output = Result<Option<Partial>, String>> + Send>>;
+pub type FetchFuture = Pin<Box<dyn Future<Output = TierResult<Option<Partial>>> + Send>>;
 
 /// A tier that can supply blobs by digest.
 pub trait BlobSource: Send + Sync {
