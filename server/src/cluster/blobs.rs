@@ -19,7 +19,6 @@
 //!   `cluster_wrong_type_keys` and names it once in the log, and takes it off the list once
 //!   it reads as a blob (or as nothing) again.
 
-use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -28,7 +27,7 @@ use redis::AsyncCommands;
 
 use super::link::Conn;
 use super::Cluster;
-use crate::artifacts::{Artifacts, BlobSource, Partial, Tier};
+use crate::artifacts::{Artifacts, BlobSource, Partial, PublishedBlobs, Tier};
 use crate::error::{TierError, TierResult};
 
 /// Bytes per APPEND or GETRANGE.
@@ -64,7 +63,7 @@ pub struct BlobTier {
     pub(super) artifacts: Arc<Artifacts>,
     pub(super) max_bytes: u64,
     pub(super) ttl: Duration,
-    pub(super) published: Mutex<HashSet<String>>,
+    pub(super) published: Mutex<PublishedBlobs>,
 }
 
 impl BlobTier {
@@ -74,7 +73,7 @@ impl BlobTier {
             artifacts,
             max_bytes,
             ttl: grace * 2,
-            published: Mutex::new(HashSet::new()),
+            published: Mutex::new(PublishedBlobs::default()),
         }
     }
 }
@@ -119,7 +118,7 @@ pub(super) async fn publish_named(
         return Ok(());
     };
     for (digest, size) in artifacts {
-        if crate::sync::lock(&tier.published).contains(&digest) {
+        if crate::sync::lock(&tier.published).holds(&digest) {
             continue;
         }
         if size > tier.max_bytes {
@@ -137,7 +136,7 @@ pub(super) async fn publish_named(
                      Stats counts artifact_bytes_over_cluster_limit)"
                 );
             }
-            crate::sync::lock(&tier.published).insert(digest);
+            crate::sync::lock(&tier.published).mark(digest);
             continue;
         }
         let Some(path) = tier.artifacts.held_path(&digest) else {
@@ -145,7 +144,7 @@ pub(super) async fn publish_named(
             continue;
         };
         upload(cluster, tier, conn.clone(), &digest, path, size).await?;
-        crate::sync::lock(&tier.published).insert(digest);
+        crate::sync::lock(&tier.published).mark(digest);
     }
     Ok(())
 }
@@ -250,7 +249,7 @@ pub(super) async fn keep_named(cluster: &Cluster, conn: &Conn) -> TierResult<()>
         {
             let mut published = crate::sync::lock(&tier.published);
             for (digest, _) in &lost {
-                published.remove(digest);
+                published.unmark(digest);
             }
         }
         tracing::debug!(

@@ -133,7 +133,7 @@ async fn republish_all(cluster: &Arc<Cluster>, conn: Conn) -> TierResult<()> {
     }
     if let Some(blobs) = cluster.blobs.get() {
         // Redis may have lost them with the entries.
-        crate::sync::lock(&blobs.published).clear();
+        crate::sync::lock(&blobs.published).forget_all();
     }
     let map = cluster.store.current();
     tracing::info!(

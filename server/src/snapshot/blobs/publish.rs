@@ -3,12 +3,11 @@
 //! uid linked in first. Each blob succeeds or fails on its own; a failure is handed back, never
 //! stops the others.
 
-use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use crate::artifacts::Artifacts;
+use crate::artifacts::{Artifacts, PublishedBlobs};
 use crate::fsx::atomic::{Durability, TempFile, TempOptions};
 
 /// Why one blob was not published.
@@ -58,20 +57,20 @@ pub(crate) fn link_missing<'a>(
     dir: &Path,
     digests: impl IntoIterator<Item = &'a str>,
     artifacts: &Artifacts,
-    published: &mut HashSet<String>,
+    published: &mut PublishedBlobs,
     file_mode: u32,
     fsync: bool,
     node: &str,
 ) -> Linked {
     let mut outcome = Linked::default();
     for digest in digests {
-        if published.contains(digest) {
+        if published.holds(digest) {
             continue;
         }
         // Only this uid writes here: what has the name is a copy of its nodes'.
         let target = dir.join(digest);
         if fs::symlink_metadata(&target).is_ok() {
-            published.insert(digest.to_owned());
+            published.mark(digest.to_owned());
             continue;
         }
         let Some(source) = artifacts.held_path(digest) else {
@@ -82,7 +81,7 @@ pub(crate) fn link_missing<'a>(
         };
         match link_copy(&source, dir, &target, digest, file_mode, fsync, node) {
             Ok(()) => {
-                published.insert(digest.to_owned());
+                published.mark(digest.to_owned());
                 outcome.linked += 1;
             }
             Err(error) => outcome.failed.push((
