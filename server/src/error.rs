@@ -6,6 +6,9 @@ use std::sync::Arc;
 
 use crate::model::validate::InvalidField;
 
+pub mod tier;
+pub use tier::{TierError, TierResult};
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{context} {}: {source}", path.display())]

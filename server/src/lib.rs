@@ -28,8 +28,8 @@
 //! 10. `wire`, `ops`: protobuf bytes; sockets, connections, callers and their limits;
 //! 11. `error`: the one error type and its gRPC codes;
 //! 12. `model`: keys and results, the merge and Forget rules, request checks, names;
-//! 13. `report`, `tasks`, `sync`: Stats, logging and health helpers; every background task
-//!     and the one stop signal; locks.
+//! 13. `report`, `tasks`, `sync`, `fsx`: Stats, logging and health helpers; every background
+//!     task and the one stop signal; locks; files put in place whole (`fsx::atomic`).
 //!
 //! Public are only the modules `main`, the tests, the fuzz targets and the benchmarks use.
 
@@ -61,6 +61,7 @@ pub mod error;
 
 pub mod model;
 
+pub(crate) mod fsx;
 pub(crate) mod report;
 mod sync;
 pub(crate) mod tasks;

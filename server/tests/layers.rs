@@ -31,7 +31,7 @@ const LAYERS: &[&[&str]] = &[
     &["wire", "ops"],
     &["error"],
     &["model"],
-    &["report", "tasks", "sync"],
+    &["report", "tasks", "sync", "fsx"],
 ];
 
 /// Imports allowed against the order, each with its reason: (from part, to part, reason).

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use crate::fsx::atomic::{self, Durability, TempFile};
+
 use super::index::FileStamp;
 
 /// Bytes read at a time when hashing a file.
@@ -29,8 +31,7 @@ pub struct BlobDir {
 /// A blob being written: its temporary file, its hash so far and its length so far. Dropped
 /// without `finish`, its file is removed.
 pub struct Partial {
-    path: PathBuf,
-    file: Option<File>,
+    temp: TempFile,
     hasher: Sha256,
     pub written: u64,
 }
@@ -88,8 +89,7 @@ impl BlobDir {
             .tempfile_in(&self.tmp)?;
         let (file, path) = file.keep().map_err(|e| e.error)?;
         Ok(Partial {
-            path,
-            file: Some(file),
+            temp: TempFile::adopt(path, file),
             hasher: Sha256::new(),
             written: 0,
         })
@@ -104,15 +104,13 @@ impl BlobDir {
     }
 
     fn sync_blobs_dir(&self) -> std::io::Result<()> {
-        File::open(&self.blobs)?.sync_all()
+        atomic::sync_dir(&self.blobs)
     }
 }
 
 impl Partial {
     pub fn write(&mut self, data: &[u8]) -> std::io::Result<()> {
-        if let Some(file) = &mut self.file {
-            file.write_all(data)?;
-        }
+        self.temp.file().write_all(data)?;
         self.hasher.update(data);
         self.written += data.len() as u64;
         Ok(())
@@ -138,23 +136,10 @@ impl Partial {
     /// Makes the blob durable under `digest`, `BLOB_MODE` (fsync, rename, fsync of the
     /// directory).
     pub fn finish(mut self, dir: &BlobDir, digest: &str) -> std::io::Result<()> {
-        if let Some(file) = self.file.take() {
-            use std::os::unix::fs::PermissionsExt;
-            file.set_permissions(std::fs::Permissions::from_mode(BLOB_MODE))?;
-            file.sync_all()?;
-        }
-        std::fs::rename(&self.path, dir.path_of(digest))?;
-        // Renamed: nothing to remove on drop.
-        self.path = PathBuf::new();
+        self.temp.set_mode(BLOB_MODE)?;
+        self.temp.sync(Durability::All)?;
+        self.temp.rename_over(&dir.path_of(digest))?;
         dir.sync_blobs_dir()
-    }
-}
-
-impl Drop for Partial {
-    fn drop(&mut self) {
-        if !self.path.as_os_str().is_empty() {
-            let _ = std::fs::remove_file(&self.path);
-        }
     }
 }
 

@@ -41,7 +41,7 @@ pub use disk::Partial;
 pub use error::ArtifactError;
 pub use get::Chunk;
 pub use index::Limits;
-pub use tiers::{BlobSource, Tier};
+pub use tiers::{BlobSource, PublishedBlobs, Tier};
 
 /// How long one blocking file operation (a chunk written or read, an fsync, a rename) may
 /// take before the request it serves is answered UNAVAILABLE.
@@ -112,7 +112,7 @@ pub struct Artifacts {
     /// The index's clock: milliseconds since this handle was made.
     started: Instant,
     counters: Counters,
-    /// The tiers below, asked in order (`tiers`).
+    /// The tiers below, kept in `tiers::FETCH_ORDER`.
     sources: RwLock<Vec<Arc<dyn BlobSource>>>,
     /// Fetches from the tiers in progress, one per digest: later callers wait on the first's.
     fetches: Mutex<HashMap<String, tiers::FlightReceiver>>,
@@ -222,10 +222,12 @@ impl Artifacts {
         crate::sync::lock(&self.index).named().collect()
     }
 
-    /// Adds a tier below this node, asked after those added before it.
+    /// Adds a tier below this node; the tiers are asked in `tiers::FETCH_ORDER`, whatever
+    /// order they are added in.
     pub fn add_source(&self, source: Arc<dyn BlobSource>) {
         if let Ok(mut sources) = self.sources.write() {
             sources.push(source);
+            sources.sort_by_key(|source| source.tier().rank());
         }
     }
 

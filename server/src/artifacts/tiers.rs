@@ -1,14 +1,19 @@
 //! The tiers below the node's store (the shared directory, Redis): what a tier must do to
-//! supply a blob ([`BlobSource`]), and the one fetch per digest that every GetArtifact of a
-//! missing blob waits on. A tier's bytes are trusted only once they hash to the digest a
-//! held entry names; a tier whose bytes do not is counted and the next one asked.
+//! supply a blob ([`BlobSource`]), the order they are asked in ([`FETCH_ORDER`], declared
+//! here and nowhere else), the memo of what each already holds ([`PublishedBlobs`], the one
+//! both publishers keep), and the one fetch per digest that every GetArtifact of a missing
+//! blob waits on. A tier's bytes are trusted only once they hash to the digest a held entry
+//! names; a tier whose bytes do not is counted and the next one asked.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+
+use crate::error::TierResult;
 
 use super::index::Refusal;
 use super::ArtifactError;
@@ -24,7 +29,19 @@ pub enum Tier {
     Cluster,
 }
 
+/// The order a missing blob is asked of the tiers: the shared directory (a file read on this
+/// network), then Redis. Whatever order the tiers are attached in, they are asked in this one.
+pub const FETCH_ORDER: [Tier; 2] = [Tier::SharedDir, Tier::Cluster];
+
 impl Tier {
+    /// Its place in `FETCH_ORDER`.
+    pub(super) fn rank(self) -> usize {
+        FETCH_ORDER
+            .iter()
+            .position(|tier| *tier == self)
+            .unwrap_or(FETCH_ORDER.len())
+    }
+
     fn name(self) -> &'static str {
         match self {
             Tier::SharedDir => "the shared directory",
@@ -35,7 +52,7 @@ impl Tier {
 
 /// What a tier's fetch answers: `Ok(Some(partial))` with the bytes written into it,
 /// `Ok(None)` when the tier does not have the blob, `Err` when it could not tell.
-pub type FetchFuture = Pin<Box<dyn Future<Output = Result<Option<Partial>, String>> + Send>>;
+pub type FetchFuture = Pin<Box<dyn Future<Output = TierResult<Option<Partial>>> + Send>>;
 
 /// A tier that can supply blobs by digest.
 pub trait BlobSource: Send + Sync {
@@ -43,6 +60,39 @@ pub trait BlobSource: Send + Sync {
     /// Writes blob `digest` of `size` bytes into `into` (no more than `size` bytes: a tier
     /// holding more is wrong, and the digest check refuses it).
     fn fetch(&self, digest: String, size: u64, into: Partial) -> FetchFuture;
+}
+
+/// The digests a tier is known to hold, so that each blob is published to it once per daemon
+/// run (a fresh memo looks at every one again). Both tiers keep one: the shared directory's
+/// I/O thread for its writer directory, the cluster tier for Redis's blob keys.
+#[derive(Debug, Default)]
+pub struct PublishedBlobs(HashSet<String>);
+
+impl PublishedBlobs {
+    /// Whether `digest` is known to be in the tier: nothing to publish.
+    pub fn holds(&self, digest: &str) -> bool {
+        self.0.contains(digest)
+    }
+
+    /// `digest` is in the tier now (published, found there, or never to be published there).
+    pub fn mark(&mut self, digest: String) {
+        self.0.insert(digest);
+    }
+
+    /// Every digest of `digests` is in the tier (one listing of it).
+    pub fn mark_all(&mut self, digests: impl IntoIterator<Item = String>) {
+        self.0.extend(digests);
+    }
+
+    /// The tier may have lost `digest`: look at it again on the next publish.
+    pub fn unmark(&mut self, digest: &str) {
+        self.0.remove(digest);
+    }
+
+    /// The tier may have lost anything (a flushed server, a removed directory).
+    pub fn forget_all(&mut self) {
+        self.0.clear();
+    }
 }
 
 /// How a fetch ended, as its waiters see it.
@@ -222,5 +272,123 @@ impl Artifacts {
         } else {
             FetchEnd::Unavailable(unavailable.join("; "))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use sha2::{Digest, Sha256};
+
+    use super::*;
+    use crate::artifacts::{ArtifactSettings, Limits};
+    use crate::error::TierError;
+
+    /// A tier holding some blobs, recording each time it is asked.
+    struct Fake {
+        tier: Tier,
+        holds: HashMap<String, Vec<u8>>,
+        asked: Arc<Mutex<Vec<Tier>>>,
+    }
+
+    impl BlobSource for Fake {
+        fn tier(&self) -> Tier {
+            self.tier
+        }
+
+        fn fetch(&self, digest: String, _size: u64, mut into: Partial) -> FetchFuture {
+            crate::sync::lock(&self.asked).push(self.tier);
+            let held = self.holds.get(&digest).cloned();
+            Box::pin(async move {
+                let Some(bytes) = held else {
+                    return Ok(None);
+                };
+                into.write(&bytes)
+                    .map_err(|e| TierError::io("writing blob", digest, e))?;
+                Ok(Some(into))
+            })
+        }
+    }
+
+    fn digest_of(bytes: &[u8]) -> String {
+        Sha256::digest(bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_fetch_asks_the_tiers_in_the_declared_order_and_stops_at_the_first_holder() {
+        let state = tempfile::tempdir().unwrap();
+        let settings = ArtifactSettings {
+            state_dir: state.path().to_path_buf(),
+            limits: Limits {
+                max_blob_bytes: 1 << 20,
+                store_bytes: 1 << 24,
+                store_bytes_per_uid: 1 << 22,
+                unreferenced_bytes_per_uid: 1 << 22,
+                grace_ms: 1_000,
+            },
+        };
+        let tasks = crate::tasks::Tasks::new();
+        let artifacts = Artifacts::open(&settings, &tasks).unwrap();
+        let (both, redis_only) = (b"in both tiers".to_vec(), b"in redis only".to_vec());
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        // Attached against the declared order: Redis first.
+        artifacts.add_source(Arc::new(Fake {
+            tier: Tier::Cluster,
+            holds: [
+                (digest_of(&both), both.clone()),
+                (digest_of(&redis_only), redis_only.clone()),
+            ]
+            .into(),
+            asked: Arc::clone(&asked),
+        }));
+        artifacts.add_source(Arc::new(Fake {
+            tier: Tier::SharedDir,
+            holds: [(digest_of(&both), both.clone())].into(),
+            asked: Arc::clone(&asked),
+        }));
+        let order: Vec<Tier> = artifacts.sources().iter().map(|s| s.tier()).collect();
+        assert_eq!(order, FETCH_ORDER);
+
+        let end = artifacts.fetch(&digest_of(&both), both.len() as u64).await;
+        assert!(matches!(end, FetchEnd::Held), "{end:?}");
+        assert_eq!(*crate::sync::lock(&asked), [Tier::SharedDir]);
+
+        crate::sync::lock(&asked).clear();
+        let end = artifacts
+            .fetch(&digest_of(&redis_only), redis_only.len() as u64)
+            .await;
+        assert!(matches!(end, FetchEnd::Held), "{end:?}");
+        assert_eq!(*crate::sync::lock(&asked), [Tier::SharedDir, Tier::Cluster]);
+        assert_eq!(
+            artifacts
+                .counters
+                .fetches_shared_dir
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        assert_eq!(
+            artifacts
+                .counters
+                .fetches_cluster
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+    }
+
+    #[test]
+    fn the_published_memo_forgets_what_a_tier_may_have_lost() {
+        let mut memo = PublishedBlobs::default();
+        memo.mark("a".into());
+        memo.mark_all(["b".to_owned(), "c".to_owned()]);
+        assert!(memo.holds("a") && memo.holds("b") && memo.holds("c"));
+        memo.unmark("b");
+        assert!(!memo.holds("b") && memo.holds("c"));
+        memo.forget_all();
+        assert!(!memo.holds("a") && !memo.holds("c"));
     }
 }

@@ -19,7 +19,6 @@
 //!   `cluster_wrong_type_keys` and names it once in the log, and takes it off the list once
 //!   it reads as a blob (or as nothing) again.
 
-use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -28,7 +27,8 @@ use redis::AsyncCommands;
 
 use super::link::Conn;
 use super::Cluster;
-use crate::artifacts::{Artifacts, BlobSource, Partial, Tier};
+use crate::artifacts::{Artifacts, BlobSource, Partial, PublishedBlobs, Tier};
+use crate::error::{TierError, TierResult};
 
 /// Bytes per APPEND or GETRANGE.
 const PIECE: usize = tunecache_proto::artifact::CHUNK_BYTES;
@@ -63,7 +63,7 @@ pub struct BlobTier {
     pub(super) artifacts: Arc<Artifacts>,
     pub(super) max_bytes: u64,
     pub(super) ttl: Duration,
-    pub(super) published: Mutex<HashSet<String>>,
+    pub(super) published: Mutex<PublishedBlobs>,
 }
 
 impl BlobTier {
@@ -73,7 +73,7 @@ impl BlobTier {
             artifacts,
             max_bytes,
             ttl: grace * 2,
-            published: Mutex::new(HashSet::new()),
+            published: Mutex::new(PublishedBlobs::default()),
         }
     }
 }
@@ -99,12 +99,12 @@ fn blob_type(cluster: &Cluster, key: &str, kind: &str) -> Option<bool> {
 }
 
 /// A failed command on a blob key: a wrong type lists the key.
-fn failed(cluster: &Cluster, key: &str, error: &redis::RedisError) -> String {
-    if super::refusals::is_wrong_type(error) {
+fn failed(cluster: &Cluster, key: &str, error: redis::RedisError) -> TierError {
+    if super::refusals::is_wrong_type(&error) {
         cluster.wrong_types.found(key);
-        return format!("{key} holds the wrong type");
+        return TierError::refused(format!("{key} holds the wrong type"));
     }
-    error.to_string()
+    TierError::from(error)
 }
 
 /// Writes every blob `artifacts` names that Redis does not hold yet, before the entries
@@ -113,12 +113,12 @@ pub(super) async fn publish_named(
     cluster: &Cluster,
     conn: &Conn,
     artifacts: impl Iterator<Item = (String, u64)>,
-) -> Result<(), String> {
+) -> TierResult<()> {
     let Some(tier) = cluster.blobs.get() else {
         return Ok(());
     };
     for (digest, size) in artifacts {
-        if crate::sync::lock(&tier.published).contains(&digest) {
+        if crate::sync::lock(&tier.published).holds(&digest) {
             continue;
         }
         if size > tier.max_bytes {
@@ -136,7 +136,7 @@ pub(super) async fn publish_named(
                      Stats counts artifact_bytes_over_cluster_limit)"
                 );
             }
-            crate::sync::lock(&tier.published).insert(digest);
+            crate::sync::lock(&tier.published).mark(digest);
             continue;
         }
         let Some(path) = tier.artifacts.held_path(&digest) else {
@@ -144,7 +144,7 @@ pub(super) async fn publish_named(
             continue;
         };
         upload(cluster, tier, conn.clone(), &digest, path, size).await?;
-        crate::sync::lock(&tier.published).insert(digest);
+        crate::sync::lock(&tier.published).mark(digest);
     }
     Ok(())
 }
@@ -156,33 +156,26 @@ async fn upload(
     digest: &str,
     path: std::path::PathBuf,
     size: u64,
-) -> Result<(), String> {
+) -> TierResult<()> {
     let key = blob_key(cluster, digest);
-    let kind: String = redis::cmd("TYPE")
-        .arg(&key)
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| e.to_string())?;
+    let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut conn).await?;
     match blob_type(cluster, &key, &kind) {
         // Another type: the blob stays on this node (and the shared directory) until the key
         // is repaired; the renewal then finds it lost and writes it.
         None => return Ok(()),
         Some(true) => {
-            let _: bool = conn
-                .pexpire(&key, tier.ttl.as_millis() as i64)
-                .await
-                .map_err(|e| e.to_string())?;
+            let _: bool = conn.pexpire(&key, tier.ttl.as_millis() as i64).await?;
             return Ok(());
         }
         Some(false) => {}
     }
     let temp = format!("{key}.{:016x}", cluster.instance);
-    let _: () = conn.del(&temp).await.map_err(|e| e.to_string())?;
+    let _: () = conn.del(&temp).await?;
+    let shown = path.clone();
     let mut file = Some(
         tokio::task::spawn_blocking(move || std::fs::File::open(path))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("opening blob {digest}: {e}"))?,
+            .await?
+            .map_err(|e| TierError::io(format!("opening blob {digest}"), &shown, e))?,
     );
     let mut sent = 0u64;
     while sent < size {
@@ -196,9 +189,8 @@ async fn upload(
             piece.truncate(n);
             Ok::<_, std::io::Error>((reading, piece))
         })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("reading blob {digest}: {e}"))?;
+        .await?
+        .map_err(|e| TierError::io(format!("reading blob {digest}"), &shown, e))?;
         if piece.is_empty() {
             break;
         }
@@ -209,8 +201,7 @@ async fn upload(
             .pexpire(&temp, TEMP_TTL_MS as i64)
             .ignore()
             .query_async(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         file = Some(back);
     }
     let stored: i64 = FINISH_SCRIPT
@@ -218,8 +209,7 @@ async fn upload(
         .key(&key)
         .arg(tier.ttl.as_millis() as u64)
         .invoke_async(&mut conn)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     if stored < 0 {
         cluster.wrong_types.found(&key);
     }
@@ -229,7 +219,7 @@ async fn upload(
 
 /// Renews the TTL of every blob this node's live entries name, and writes again those Redis
 /// lost that this node holds (the blob side of the audit: a flushed server, an eviction).
-pub(super) async fn keep_named(cluster: &Cluster, conn: &Conn) -> Result<(), String> {
+pub(super) async fn keep_named(cluster: &Cluster, conn: &Conn) -> TierResult<()> {
     let Some(tier) = cluster.blobs.get() else {
         return Ok(());
     };
@@ -243,10 +233,7 @@ pub(super) async fn keep_named(cluster: &Cluster, conn: &Conn) -> Result<(), Str
             let key = blob_key(cluster, digest);
             pipe.cmd("TYPE").arg(&key).pexpire(&key, ttl);
         }
-        let replies: Vec<redis::Value> = pipe
-            .query_async(&mut conn.clone())
-            .await
-            .map_err(|e| e.to_string())?;
+        let replies: Vec<redis::Value> = pipe.query_async(&mut conn.clone()).await?;
         for ((digest, size), reply) in batch.iter().zip(replies.chunks_exact(2)) {
             let kind = match &reply[0] {
                 redis::Value::SimpleString(kind) => kind.as_str(),
@@ -262,7 +249,7 @@ pub(super) async fn keep_named(cluster: &Cluster, conn: &Conn) -> Result<(), Str
         {
             let mut published = crate::sync::lock(&tier.published);
             for (digest, _) in &lost {
-                published.remove(digest);
+                published.unmark(digest);
             }
         }
         tracing::debug!(
@@ -313,7 +300,7 @@ impl BlobSource for ClusterBlobs {
                 return Ok(None);
             };
             let Some((conn, _)) = cluster.link.conn() else {
-                return Err("not connected to Redis".to_owned());
+                return Err(TierError::unavailable("not connected to Redis"));
             };
             fetch(&cluster, conn, &digest, size, into).await
         })
@@ -326,12 +313,12 @@ async fn fetch(
     digest: &str,
     size: u64,
     into: Partial,
-) -> Result<Option<Partial>, String> {
+) -> TierResult<Option<Partial>> {
     let key = blob_key(cluster, digest);
     let held: u64 = conn
         .strlen(&key)
         .await
-        .map_err(|e| failed(cluster, &key, &e))?;
+        .map_err(|e| failed(cluster, &key, e))?;
     cluster.wrong_types.fixed(&key);
     if held == 0 && size > 0 {
         return Ok(None);
@@ -345,7 +332,7 @@ async fn fetch(
         let piece: Vec<u8> = conn
             .getrange(&key, at as isize, end as isize)
             .await
-            .map_err(|e| failed(cluster, &key, &e))?;
+            .map_err(|e| failed(cluster, &key, e))?;
         if piece.is_empty() {
             break;
         }
@@ -357,9 +344,8 @@ async fn fetch(
             writing.write(&piece)?;
             Ok::<_, std::io::Error>(writing)
         })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+        .await?
+        .map_err(|e| TierError::io("writing blob", digest, e))?;
         into = Some(back);
     }
     Ok(into)

@@ -24,6 +24,7 @@ use super::refusals::{self, ReadFrom};
 use super::tombstone_expiry::{redis_now_ms, Expiry};
 use super::values;
 use super::{scripts, Cluster};
+use crate::error::TierError;
 use crate::model::entry::{CacheKey, Origin};
 use crate::model::forget::{stamp_unix_ms, ForgetScope, Tombstone};
 use crate::store::Source;
@@ -37,7 +38,7 @@ const READ_COUNT: usize = 512;
 /// How often the follower checks that the server kept its data (the epoch marker).
 const EPOCH_CHECK: Duration = Duration::from_secs(2);
 
-type Failure = String;
+type Failure = TierError;
 
 /// A scope as the tombstone hash names it: a JSON array of its fields.
 fn scope_text(scope: &ForgetScope) -> String {
@@ -97,7 +98,7 @@ pub(super) async fn publish(
                     .wrong_types
                     .found(refusals::wrong_typed_key(&error, &keys));
             }
-            Err(error) => return Err(format!("publishing forgets: {error}")),
+            Err(error) => return Err(TierError::from(error).during("publishing forgets")),
         }
     }
     cluster
@@ -211,7 +212,9 @@ async fn delete_entries(
                         .wrong_types
                         .found(refusals::wrong_typed_key(&error, &[name.as_str(), &meta]));
                 }
-                Err(error) => return Err(format!("deleting forgotten entries: {error}")),
+                Err(error) => {
+                    return Err(TierError::from(error).during("deleting forgotten entries"))
+                }
             }
         }
     }
@@ -237,10 +240,11 @@ pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, 
             cluster.wrong_types.found(&forgets);
             return Ok(0);
         }
-        Ok(Err(error)) => return Err(format!("reading the tombstones: {error}")),
+        Ok(Err(error)) => return Err(TierError::from(error).during("reading the tombstones")),
         Err(_) => {
-            return Err(format!(
-                "reading the tombstones: no answer within {BACKGROUND_TIMEOUT:?}"
+            return Err(TierError::timed_out(
+                "reading the tombstones",
+                BACKGROUND_TIMEOUT,
             ))
         }
     };
@@ -355,7 +359,7 @@ async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
             .query_async::<Value>(&mut conn),
     )
     .await
-    .map_err(|_| "reading the forget stream's position: no answer".to_owned())?;
+    .map_err(|_| TierError::no_answer("reading the forget stream's position"))?;
     let last = match last {
         Ok(last) => {
             cluster.wrong_types.fixed(&forget_log);
@@ -365,9 +369,11 @@ async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
             // Forgets still arrive with the whole hash on every start over.
             cluster.wrong_types.found(&forget_log);
             load_all(cluster, &mut conn).await?;
-            return Err("the forget stream holds the wrong type".to_owned());
+            return Err(TierError::refused("the forget stream holds the wrong type"));
         }
-        Err(error) => return Err(format!("reading the forget stream's position: {error}")),
+        Err(error) => {
+            return Err(TierError::from(error).during("reading the forget stream's position"))
+        }
     };
     let mut place = values::messages_of(&last)
         .into_iter()
@@ -380,7 +386,7 @@ async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
                 .link
                 .open_dedicated()
                 .await
-                .map_err(|e| format!("opening the forget stream reader: {e}"))?,
+                .map_err(|e| TierError::from(e).during("opening the forget stream reader"))?,
         ),
         Conn::Cluster(_) => None,
     };
@@ -400,8 +406,10 @@ async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
                 let wait = BLOCK + BACKGROUND_TIMEOUT;
                 match tokio::time::timeout(wait, read.query_async(reader)).await {
                     Ok(Ok(reply)) => reply,
-                    Ok(Err(error)) => return Err(format!("reading the forget stream: {error}")),
-                    Err(_) => return Err("reading the forget stream: no answer".to_owned()),
+                    Ok(Err(error)) => {
+                        return Err(TierError::from(error).during("reading the forget stream"))
+                    }
+                    Err(_) => return Err(TierError::no_answer("reading the forget stream")),
                 }
             }
             None => {
@@ -431,7 +439,9 @@ async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
             // loss; a changed or vanished one is.
             let now = read_epoch(cluster, &mut conn).await?;
             if epoch.is_some() && now != epoch {
-                return Err("redis lost its data: reading the forgets again".to_owned());
+                return Err(TierError::unavailable(
+                    "redis lost its data: reading the forgets again",
+                ));
             }
             epoch = epoch.or(now);
             epoch_checked = Instant::now();
@@ -453,9 +463,10 @@ pub(super) async fn read_epoch(
             cluster.wrong_types.found(&epoch);
             Ok(None)
         }
-        Ok(Err(error)) => Err(format!("reading the epoch: {error}")),
-        Err(_) => Err(format!(
-            "reading the epoch: no answer within {BACKGROUND_TIMEOUT:?}"
+        Ok(Err(error)) => Err(TierError::from(error).during("reading the epoch")),
+        Err(_) => Err(TierError::timed_out(
+            "reading the epoch",
+            BACKGROUND_TIMEOUT,
         )),
     }
 }

@@ -19,6 +19,7 @@
 //! - view pins `<prefix>view:{vNN}<view name>`: key text → pin, the first pin of each key in
 //!   a job's view (`cluster::views`), expiring after the view's idle time.
 
+use crate::error::{TierError, TierResult};
 use crate::model::artifacts::ArtifactsView;
 use crate::model::entry::{CacheKey, TunedResult};
 
@@ -26,11 +27,11 @@ use crate::model::entry::{CacheKey, TunedResult};
 pub const SHARDS: usize = 16;
 
 /// Why a prefix cannot be used.
-pub fn check_prefix(prefix: &str) -> Result<(), String> {
+pub fn check_prefix(prefix: &str) -> TierResult<()> {
     if prefix.contains(['{', '}']) {
-        return Err(format!(
+        return Err(TierError::Config(format!(
             "--cluster-prefix {prefix:?} must not contain braces (they select Redis Cluster slots)"
-        ));
+        )));
     }
     Ok(())
 }
@@ -107,8 +108,8 @@ impl Layout {
     /// The key text and shard of an entry name found by SCAN (`values::key_of_entry` checks
     /// the text as a client's key is); why not for anything else (a name whose shard tag
     /// disagrees with its key is not ours either).
-    pub fn entry_key_text<'n>(&self, name: &'n str) -> Result<(&'n str, usize), String> {
-        let not_ours = || "not an entry name of this prefix".to_owned();
+    pub fn entry_key_text<'n>(&self, name: &'n str) -> TierResult<(&'n str, usize)> {
+        let not_ours = || TierError::refused("not an entry name of this prefix");
         let rest = name
             .strip_prefix(&self.prefix)
             .and_then(|rest| rest.strip_prefix("e:{s"))
@@ -117,7 +118,7 @@ impl Layout {
         let text = text.strip_prefix('}').ok_or_else(not_ours)?;
         let shard: usize = digits.parse().map_err(|_| not_ours())?;
         if shard != Self::shard_of_text(text) {
-            return Err("its shard tag is not its key's shard".to_owned());
+            return Err(TierError::refused("its shard tag is not its key's shard"));
         }
         Ok((text, shard))
     }

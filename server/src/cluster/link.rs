@@ -19,6 +19,8 @@ use redis::{Cmd, ConnectionAddr, ConnectionInfo, RedisFuture, RedisResult, Value
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::{TierError, TierResult};
+
 /// Longest wait for a background command (publish, catch-up, bootstrap).
 pub const BACKGROUND_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -27,11 +29,11 @@ pub const BACKGROUND_TIMEOUT: Duration = Duration::from_secs(2);
 pub async fn timed<T>(
     what: &str,
     future: impl std::future::Future<Output = RedisResult<T>>,
-) -> Result<T, String> {
+) -> TierResult<T> {
     match tokio::time::timeout(BACKGROUND_TIMEOUT, future).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => Err(format!("{what}: {error}")),
-        Err(_) => Err(format!("{what}: no answer within {BACKGROUND_TIMEOUT:?}")),
+        Ok(Err(error)) => Err(TierError::from(error).during(what)),
+        Err(_) => Err(TierError::timed_out(what, BACKGROUND_TIMEOUT)),
     }
 }
 use super::backoff::{self, Backoff, MAX as BACKOFF_MAX};
@@ -338,7 +340,7 @@ impl Link {
 
     /// A command on connection `generation` failed or timed out: drop that connection (its
     /// queued requests go with it) and reconnect.
-    pub fn failed(&self, generation: u64, why: &str) {
+    pub fn failed(&self, generation: u64, why: impl std::fmt::Display) {
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
         let mut current = self.lock();
         if current.generation != generation || current.conn.is_none() {
@@ -353,10 +355,10 @@ impl Link {
         }
         let wait = current.backoff.next_wait();
         current.retry_at = Some(Instant::now() + wait);
-        let state = LinkState::Down(why.to_owned());
+        let state = LinkState::Down(why.to_string());
         tracing::warn!(
             url = %self.shown_url,
-            reason = why,
+            reason = %why,
             retry_in_ms = wait.as_millis() as u64,
             "cluster tier: lost the connection to redis; reconnecting"
         );

@@ -34,6 +34,7 @@ use std::time::Duration;
 use redis::IntoConnectionInfo;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::{TierError, TierResult};
 use crate::model::entry::{CacheKey, TunedResult};
 use crate::store::{Change, ChangeListener, Source, Store};
 use crate::tasks::Tasks;
@@ -108,7 +109,7 @@ impl ClusterSettings {
             ))
         })?;
         if let Some(path) = password_file {
-            info.redis.password = Some(read_password(path).map_err(bad)?);
+            info.redis.password = Some(read_password(path).map_err(|e| bad(e.to_string()))?);
         }
         let tls_ca = match tls_ca_file {
             None => None,
@@ -118,10 +119,10 @@ impl ClusterSettings {
                         "--cluster-tls-ca-file needs a rediss:// --cluster-url".to_owned()
                     ));
                 }
-                Some(read_ca(path).map_err(bad)?)
+                Some(read_ca(path).map_err(|e| bad(e.to_string()))?)
             }
         };
-        keys::check_prefix(&prefix).map_err(bad)?;
+        keys::check_prefix(&prefix).map_err(|e| bad(e.to_string()))?;
         Ok(ClusterSettings {
             shown_url: link::shown_url(&info),
             info,
@@ -143,24 +144,23 @@ impl ClusterSettings {
     }
 }
 
-fn read_ca(path: &Path) -> Result<Vec<u8>, String> {
-    let pem = std::fs::read(path)
-        .map_err(|e| format!("--cluster-tls-ca-file {}: {e}", path.display()))?;
+fn read_ca(path: &Path) -> TierResult<Vec<u8>> {
+    let pem = std::fs::read(path).map_err(|e| TierError::io("--cluster-tls-ca-file", path, e))?;
     if !pem
         .windows(b"-----BEGIN CERTIFICATE-----".len())
         .any(|w| w == b"-----BEGIN CERTIFICATE-----")
     {
-        return Err(format!(
+        return Err(TierError::Config(format!(
             "--cluster-tls-ca-file {}: no PEM certificate in it",
             path.display()
-        ));
+        )));
     }
     Ok(pem)
 }
 
-fn read_password(path: &Path) -> Result<String, String> {
+fn read_password(path: &Path) -> TierResult<String> {
     let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("--cluster-password-file {}: {e}", path.display()))?;
+        .map_err(|e| TierError::io("--cluster-password-file", path, e))?;
     Ok(text.trim_end_matches(['\r', '\n']).to_owned())
 }
 
@@ -361,7 +361,7 @@ impl Cluster {
             self.wrong_types
                 .found(refusals::wrong_typed_key(error, keys));
         } else {
-            self.link.failed(generation, &error.to_string());
+            self.link.failed(generation, error);
         }
     }
 
@@ -477,22 +477,22 @@ impl Cluster {
 
     /// Saves stream places (`places`): the journal is synced first, so the file never
     /// claims more than the journal holds.
-    pub(crate) async fn save_places(&self, saved: places::SavedPlaces) -> Result<(), String> {
+    pub(crate) async fn save_places(&self, saved: places::SavedPlaces) -> TierResult<()> {
         let Some(dir) = self.state_dir.clone() else {
             return Ok(());
         };
         if self.places_unsafe.load(Ordering::Relaxed) {
-            return Err("a learned batch was refused this run".to_owned());
+            return Err(TierError::refused("a learned batch was refused this run"));
         }
         self.store
             .sync_journal()
             .await
-            .map_err(|e| format!("journal sync: {e}"))?;
+            .map_err(|e| TierError::unavailable(e.to_string()).during("journal sync"))?;
         let sync = self.store.fsync_policy() != crate::journal::FsyncPolicy::Never;
+        let path = places::path(&dir);
         tokio::task::spawn_blocking(move || places::write(&dir, &saved, sync))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
+            .await?
+            .map_err(|e| TierError::io("writing the stream places", path, e))
     }
 
     fn link_url(&self) -> String {

@@ -13,12 +13,14 @@
 //! its place, and a shard whose place is gone (trimmed past, started over) is read again.
 //! The audit after start compares every shard with Redis anyway and repairs anything else.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::fsx::atomic;
+
 use super::keys::SHARDS;
+use crate::error::{TierError, TierResult};
 
 const FILE: &str = "cluster-places.json";
 const FORMAT: &str = "tunecache-cluster-places";
@@ -54,26 +56,31 @@ impl SavedPlaces {
     }
 
     /// Parses the file's bytes; why not when it is not a places file of this prefix.
-    pub fn parse(bytes: &[u8], prefix: &str) -> Result<SavedPlaces, String> {
-        let saved: SavedPlaces =
-            serde_json::from_slice(bytes).map_err(|e| format!("unreadable: {e}"))?;
+    pub fn parse(bytes: &[u8], prefix: &str) -> TierResult<SavedPlaces> {
+        let saved: SavedPlaces = serde_json::from_slice(bytes)
+            .map_err(|e| TierError::refused(format!("unreadable: {e}")))?;
         if saved.format != FORMAT || saved.version != VERSION {
-            return Err(format!(
+            return Err(TierError::refused(format!(
                 "format {:?} version {}, not {FORMAT:?} {VERSION}",
                 saved.format, saved.version
-            ));
+            )));
         }
         if saved.prefix != prefix {
-            return Err(format!(
+            return Err(TierError::refused(format!(
                 "made under prefix {:?}, not {prefix:?}",
                 saved.prefix
-            ));
+            )));
         }
         if saved.shards.len() != SHARDS {
-            return Err(format!("{} shards, not {SHARDS}", saved.shards.len()));
+            return Err(TierError::refused(format!(
+                "{} shards, not {SHARDS}",
+                saved.shards.len()
+            )));
         }
         if saved.shards.iter().any(|p| p.id.len() > 64) {
-            return Err("a message id longer than any Redis makes".to_owned());
+            return Err(TierError::refused(
+                "a message id longer than any Redis makes",
+            ));
         }
         Ok(saved)
     }
@@ -84,11 +91,15 @@ pub fn path(state_dir: &Path) -> PathBuf {
 }
 
 /// Reads the saved places (blocking); `Ok(None)` when there are none.
-pub fn read(state_dir: &Path, prefix: &str) -> Result<Option<SavedPlaces>, String> {
+pub fn read(state_dir: &Path, prefix: &str) -> TierResult<Option<SavedPlaces>> {
     match std::fs::read(path(state_dir)) {
         Ok(bytes) => SavedPlaces::parse(&bytes, prefix).map(Some),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(error) => Err(error.to_string()),
+        Err(error) => Err(TierError::Io {
+            context: "reading the stream places".to_owned(),
+            path: path(state_dir),
+            source: error,
+        }),
     }
 }
 
@@ -98,17 +109,7 @@ pub fn write(state_dir: &Path, places: &SavedPlaces, sync: bool) -> std::io::Res
     let target = path(state_dir);
     let temporary = state_dir.join(format!("{FILE}.tmp"));
     let bytes = serde_json::to_vec(places).map_err(std::io::Error::other)?;
-    let mut file = std::fs::File::create(&temporary)?;
-    file.write_all(&bytes)?;
-    if sync {
-        file.sync_data()?;
-    }
-    drop(file);
-    std::fs::rename(&temporary, &target)?;
-    if sync {
-        std::fs::File::open(state_dir)?.sync_all()?;
-    }
-    Ok(())
+    atomic::write_whole(&target, &bytes, atomic::resume_point(&temporary, sync))
 }
 
 /// Removes the saved places (blocking), so a start reads every shard again.

@@ -18,6 +18,7 @@ use super::link::{Conn, BACKGROUND_TIMEOUT};
 use super::refusals::{self, ReadFrom};
 use super::values;
 use super::{scripts, Cluster};
+use crate::error::{TierError, TierResult};
 use crate::model::entry::{CacheKey, TunedResult};
 
 /// Entries per batch: one round of merge scripts.
@@ -124,7 +125,7 @@ async fn wait_reconnect(cluster: &Cluster, generation: u64, stop: &CancellationT
 
 /// Publishes every entry of the store: after a flushed or replaced server, or a queue
 /// overflow.
-async fn republish_all(cluster: &Arc<Cluster>, conn: Conn) -> Result<(), String> {
+async fn republish_all(cluster: &Arc<Cluster>, conn: Conn) -> TierResult<()> {
     // Tombstones first: a node bootstrapping meanwhile never takes a forgotten entry for live.
     let tombstones: Vec<_> = cluster.store.tombstones().iter().collect();
     if !tombstones.is_empty() {
@@ -132,7 +133,7 @@ async fn republish_all(cluster: &Arc<Cluster>, conn: Conn) -> Result<(), String>
     }
     if let Some(blobs) = cluster.blobs.get() {
         // Redis may have lost them with the entries.
-        crate::sync::lock(&blobs.published).clear();
+        crate::sync::lock(&blobs.published).forget_all();
     }
     let map = cluster.store.current();
     tracing::info!(
@@ -165,7 +166,7 @@ async fn publish_batch(
     cluster: &Arc<Cluster>,
     conn: Conn,
     batch: &[(CacheKey, TunedResult)],
-) -> Result<(), String> {
+) -> TierResult<()> {
     // The blobs first: a node that learns an entry can fetch what it names.
     let named = batch.iter().flat_map(|(_, result)| {
         result
@@ -201,7 +202,7 @@ async fn publish_batch(
     });
     let replies = tokio::time::timeout(BACKGROUND_TIMEOUT, join_all(merges))
         .await
-        .map_err(|_| "publishing timed out".to_owned())?;
+        .map_err(|_| TierError::unavailable("publishing timed out"))?;
     let mut stored = 0u64;
     let mut already = 0u64;
     let mut better_there = Vec::new();
@@ -224,7 +225,7 @@ async fn publish_batch(
                     .found(refusals::wrong_typed_key(&error, &names));
                 continue;
             }
-            Err(error) => return Err(error.to_string()),
+            Err(error) => return Err(TierError::from(error)),
         };
         match reply {
             Value::Int(1) => stored += 1,
@@ -237,7 +238,11 @@ async fn publish_batch(
                     &why,
                 ),
             },
-            other => return Err(format!("unexpected reply to the merge script: {other:?}")),
+            other => {
+                return Err(TierError::refused(format!(
+                    "unexpected reply to the merge script: {other:?}"
+                )))
+            }
         }
     }
     let counters = &cluster.counters;

@@ -53,7 +53,7 @@ crate::report::stats_registry! {
 impl Refusals {
     /// Counts one refused value of `from`; logs the first of each source, naming what (cut
     /// short: a hostile value may be megabytes) and why.
-    pub fn refuse(&self, from: ReadFrom, what: &str, why: &str) {
+    pub fn refuse(&self, from: ReadFrom, what: &str, why: impl std::fmt::Display) {
         let counter = match from {
             ReadFrom::Stream => &self.stream,
             ReadFrom::Entries => &self.entries,
@@ -64,7 +64,7 @@ impl Refusals {
             tracing::warn!(
                 source = from.name(),
                 value = %shown(what),
-                reason = %shown(why),
+                reason = %shown(&why.to_string()),
                 "cluster tier: refused a value read from redis that no client could send; \
                  dropped alone (logged once per source; Stats cluster_refused_*)"
             );

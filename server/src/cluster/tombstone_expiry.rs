@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 
 use super::link::{timed, Conn};
 use super::Cluster;
+use crate::error::TierResult;
 
 /// Most a node's clock and Redis's may differ for this node to expire tombstones from
 /// Redis: past it, it logs the skew, shows it in Stats and health, and expires nothing.
@@ -32,7 +33,7 @@ pub fn expiry(redis_now_ms: i64, node_now_ms: i64, retention_ms: i64) -> Expiry 
 }
 
 /// Redis's clock (`TIME`), in unix ms.
-pub(super) async fn redis_now_ms(conn: &mut Conn) -> Result<i64, String> {
+pub(super) async fn redis_now_ms(conn: &mut Conn) -> TierResult<i64> {
     let (secs, micros): (i64, i64) = timed(
         "reading redis's clock",
         redis::cmd("TIME").query_async(conn),

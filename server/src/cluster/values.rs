@@ -13,6 +13,7 @@ use redis::Value;
 use tunecache_proto::v1;
 
 use super::keys::{decode_at_artifacts, decode_epoch_time, decode_stamp, Layout};
+use crate::error::{TierError, TierResult};
 use crate::model::artifacts::ArtifactsView;
 use crate::model::entry::{CacheKey, TunedResult};
 use crate::model::forget::{ForgetScope, RankScope, Tombstone};
@@ -33,24 +34,24 @@ pub fn bytes(value: &Value) -> Option<&[u8]> {
     }
 }
 
-fn text<'a>(value: Option<&'a Value>, field: &str) -> Result<&'a str, String> {
-    let value = value.ok_or_else(|| format!("no {field} field"))?;
-    let bytes = bytes(value).ok_or_else(|| format!("{field}: not a string"))?;
-    std::str::from_utf8(bytes).map_err(|_| format!("{field}: not UTF-8"))
+fn text<'a>(value: Option<&'a Value>, field: &str) -> TierResult<&'a str> {
+    let value = value.ok_or_else(|| TierError::refused(format!("no {field} field")))?;
+    let bytes = bytes(value).ok_or_else(|| TierError::refused(format!("{field}: not a string")))?;
+    std::str::from_utf8(bytes).map_err(|_| TierError::refused(format!("{field}: not UTF-8")))
 }
 
 /// A key text (a JSON array: namespace, op, device, problem, rank), checked as a Lookup's key
 /// is; it must also be in the form a daemon writes (the canonical problem where its namespace
 /// has one), so that it names the entry it came from.
-pub fn key_text(text: &str) -> Result<CacheKey, String> {
+pub fn key_text(text: &str) -> TierResult<CacheKey> {
     if text.len() > MAX_KEY_TEXT_BYTES {
-        return Err(format!(
+        return Err(TierError::refused(format!(
             "key text of {} bytes: no valid key is that long",
             text.len()
-        ));
+        )));
     }
     let (namespace, op, device, problem, rank): (String, String, String, String, Option<u32>) =
-        serde_json::from_str(text).map_err(|e| format!("key text: {e}"))?;
+        serde_json::from_str(text).map_err(|e| TierError::refused(format!("key text: {e}")))?;
     let parsed = CacheKey {
         namespace,
         op,
@@ -59,29 +60,31 @@ pub fn key_text(text: &str) -> Result<CacheKey, String> {
         rank,
     };
     let key =
-        validate::key("key", Some(v1::Key::from(parsed.clone()))).map_err(|e| e.to_string())?;
+        validate::key("key", Some(v1::Key::from(parsed.clone()))).map_err(TierError::refused_by)?;
     if key != parsed {
-        return Err("key.problem: not in canonical form".to_owned());
+        return Err(TierError::refused("key.problem: not in canonical form"));
     }
     Ok(key)
 }
 
 /// The cache key of an entry name found by SCAN, checked as a client's key is
 /// (`key_text`), and its shard; why not for anything else (`Layout::entry_key_text`).
-pub fn key_of_entry(layout: &Layout, name: &str) -> Result<(CacheKey, usize), String> {
+pub fn key_of_entry(layout: &Layout, name: &str) -> TierResult<(CacheKey, usize)> {
     let (text, shard) = layout.entry_key_text(name)?;
     Ok((key_text(text)?, shard))
 }
 
 /// A result's four fields as Redis holds them (`keys::encode_result`), checked as a learned
 /// Record's result is.
-pub fn result(t: &str, c: &str, b: &str, a: &str) -> Result<TunedResult, String> {
+pub fn result(t: &str, c: &str, b: &str, a: &str) -> TierResult<TunedResult> {
     let (forget_epoch, time_us) =
-        decode_epoch_time(t).ok_or_else(|| "t: not 16 or 32 hex digits".to_owned())?;
-    let (tuned_at_unix_ms, artifact_bytes) = decode_at_artifacts(a)
-        .ok_or_else(|| "a: not 16 hex digits, then an even run of lowercase hex".to_owned())?;
-    let artifacts = ArtifactsView::parse(&artifact_bytes)
-        .ok_or_else(|| "a: the artifacts after the time are not Artifact records".to_owned())?;
+        decode_epoch_time(t).ok_or_else(|| TierError::refused("t: not 16 or 32 hex digits"))?;
+    let (tuned_at_unix_ms, artifact_bytes) = decode_at_artifacts(a).ok_or_else(|| {
+        TierError::refused("a: not 16 hex digits, then an even run of lowercase hex")
+    })?;
+    let artifacts = ArtifactsView::parse(&artifact_bytes).ok_or_else(|| {
+        TierError::refused("a: the artifacts after the time are not Artifact records")
+    })?;
     let result = v1::Result {
         time_us,
         config: c.to_owned(),
@@ -90,17 +93,19 @@ pub fn result(t: &str, c: &str, b: &str, a: &str) -> Result<TunedResult, String>
         forget_epoch,
         artifacts: artifacts.to_wire(),
     };
-    let result = validate::learned_result("result", result).map_err(|e| e.to_string())?;
+    let result = validate::learned_result("result", result).map_err(TierError::refused_by)?;
     // One spelling per result: bytes that are not the canonical form would sit elsewhere in
     // Redis's order than the rule puts the result.
     if result.artifacts.view().encoded() != artifact_bytes.as_slice() {
-        return Err("a: the artifacts are not in their canonical form (name order)".to_owned());
+        return Err(TierError::refused(
+            "a: the artifacts are not in their canonical form (name order)",
+        ));
     }
     Ok(result)
 }
 
 /// A result from four Redis values (a script's reply, an entry hash's fields).
-pub fn result_of_values(values: &[Value]) -> Result<TunedResult, String> {
+pub fn result_of_values(values: &[Value]) -> TierResult<TunedResult> {
     let field = |i: usize, name: &str| text(values.get(i), name);
     result(
         field(0, "t")?,
@@ -111,7 +116,7 @@ pub fn result_of_values(values: &[Value]) -> Result<TunedResult, String> {
 }
 
 /// A shard stream's message: the key (`k`) and the result (`t`, `c`, `b`, `a`).
-pub fn stream_entry(fields: &HashMap<String, Value>) -> Result<(CacheKey, TunedResult), String> {
+pub fn stream_entry(fields: &HashMap<String, Value>) -> TierResult<(CacheKey, TunedResult)> {
     let field = |name: &str| text(fields.get(name), name);
     let key = key_text(field("k")?)?;
     let result = result(field("t")?, field("c")?, field("b")?, field("a")?)?;
@@ -120,31 +125,34 @@ pub fn stream_entry(fields: &HashMap<String, Value>) -> Result<(CacheKey, TunedR
 
 /// An entry hash's `HMGET t c b a s` reply: the result, and the sequence number it was
 /// written at (0 when absent).
-pub fn entry_fields(values: &[Value]) -> Result<(TunedResult, u64), String> {
+pub fn entry_fields(values: &[Value]) -> TierResult<(TunedResult, u64)> {
     if values.len() != 5 {
-        return Err(format!("{} fields, not 5", values.len()));
+        return Err(TierError::refused(format!(
+            "{} fields, not 5",
+            values.len()
+        )));
     }
     let result = result_of_values(&values[..4])?;
     let seq = match &values[4] {
         Value::Nil => 0,
         value => text(Some(value), "s")?
             .parse()
-            .map_err(|_| "s: not a sequence number".to_owned())?,
+            .map_err(|_| TierError::refused("s: not a sequence number"))?,
     };
     Ok((result, seq))
 }
 
 /// A scope as the tombstone hash names it: a JSON array of its fields and its rank.
-pub fn scope_text(text: &str) -> Result<ForgetScope, String> {
+pub fn scope_text(text: &str) -> TierResult<ForgetScope> {
     if text.len() > MAX_SCOPE_TEXT_BYTES {
-        return Err(format!(
+        return Err(TierError::refused(format!(
             "scope text of {} bytes: no Forget makes one that long",
             text.len()
-        ));
+        )));
     }
     type Fields = (String, String, String, String, Option<u32>, bool);
     let (namespace, op, device, problem, rank, every_rank): Fields =
-        serde_json::from_str(text).map_err(|e| format!("scope text: {e}"))?;
+        serde_json::from_str(text).map_err(|e| TierError::refused(format!("scope text: {e}")))?;
     Ok(ForgetScope {
         namespace,
         op,
@@ -155,22 +163,24 @@ pub fn scope_text(text: &str) -> Result<ForgetScope, String> {
 }
 
 /// A tombstone from its scope text and stamp text, checked like the Forget that made it.
-pub fn tombstone(scope: &str, stamp: &str) -> Result<Tombstone, String> {
+pub fn tombstone(scope: &str, stamp: &str) -> TierResult<Tombstone> {
     let scope = scope_text(scope)?;
-    let stamp = decode_stamp(stamp).ok_or_else(|| "stamp: not 16 hex digits".to_owned())?;
-    validate::learned_tombstone("tombstone", Tombstone { scope, stamp }).map_err(|e| e.to_string())
+    let stamp =
+        decode_stamp(stamp).ok_or_else(|| TierError::refused("stamp: not 16 hex digits"))?;
+    validate::learned_tombstone("tombstone", Tombstone { scope, stamp })
+        .map_err(TierError::refused_by)
 }
 
 /// A tombstone as the forget stream carries it: the stamp, a space, the scope text.
-pub fn tombstone_message(text: &str) -> Result<Tombstone, String> {
+pub fn tombstone_message(text: &str) -> TierResult<Tombstone> {
     let (stamp, scope) = text
         .split_once(' ')
-        .ok_or_else(|| "not a stamp and a scope".to_owned())?;
+        .ok_or_else(|| TierError::refused("not a stamp and a scope"))?;
     tombstone(scope, stamp)
 }
 
 /// A forget stream message's `f` field, as text.
-pub fn forget_field(fields: &HashMap<String, Value>) -> Result<&str, String> {
+pub fn forget_field(fields: &HashMap<String, Value>) -> TierResult<&str> {
     text(fields.get("f"), "f")
 }
 
@@ -253,12 +263,14 @@ pub fn messages_of(value: &Value) -> Vec<Message> {
 
 /// An `HGETALL` reply as text pairs; a pair not UTF-8 is handed back as `Err` with what can
 /// be shown of it, so that it is refused alone.
-pub fn hash_pairs(reply: &Value) -> Vec<Result<(String, String), String>> {
+pub fn hash_pairs(reply: &Value) -> Vec<TierResult<(String, String)>> {
     pairs(reply)
         .into_iter()
         .map(|(field, value)| match (utf8(field), utf8(value)) {
             (Some(field), Some(value)) => Ok((field, value)),
-            _ => Err("a field or value that is not UTF-8 text".to_owned()),
+            _ => Err(TierError::refused(
+                "a field or value that is not UTF-8 text",
+            )),
         })
         .collect()
 }

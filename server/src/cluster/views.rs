@@ -14,6 +14,7 @@ use super::keys::{encode_at_artifacts, encode_epoch_time, Layout};
 use super::scripts;
 use super::values;
 use super::Cluster;
+use crate::error::{TierError, TierResult};
 use crate::wire::stored::StoredEntry;
 
 /// Pins per script call: one call is one round trip and one short stretch of Redis's time,
@@ -27,7 +28,7 @@ const TIME_PER_PIN: Duration = Duration::from_micros(20);
 /// Redis failed part way: the pins of the first `settled.len()` candidates, and why.
 pub struct PinFailure {
     pub settled: Vec<StoredEntry>,
-    pub why: String,
+    pub why: TierError,
 }
 
 /// A proposal of one pin: the key's text, the encoded pin, and the pin it may replace.
@@ -52,12 +53,12 @@ fn encode_pin(entry: &StoredEntry) -> String {
 }
 
 /// One key's answer to PIN: `None` when its pin is the one proposed, else the pin it has.
-fn parse_reply(value: redis::Value) -> Result<Option<String>, String> {
+fn parse_reply(value: redis::Value) -> TierResult<Option<String>> {
     match value {
         redis::Value::Int(0) => Ok(None),
         other => redis::from_redis_value::<String>(&other)
             .map(Some)
-            .map_err(|e| format!("unexpected reply to the pin script: {e}")),
+            .map_err(|e| TierError::refused(format!("unexpected reply to the pin script: {e}"))),
     }
 }
 
@@ -151,9 +152,12 @@ impl Cluster {
         hash: &str,
         proposals: &[Proposal],
         ttl: Duration,
-    ) -> Result<Vec<Option<String>>, String> {
+    ) -> TierResult<Vec<Option<String>>> {
         let Some((mut conn, generation)) = self.link.conn() else {
-            return Err(format!("redis is {}", self.link.state().describe()));
+            return Err(TierError::unavailable(format!(
+                "redis is {}",
+                self.link.state().describe()
+            )));
         };
         let mut invocation = scripts::PIN.prepare_invoke();
         invocation.key(hash).arg(ttl.as_millis().max(1) as u64);
@@ -170,10 +174,10 @@ impl Cluster {
                 self.slow_claims.store(0, Ordering::Relaxed);
                 replies.into_iter().map(parse_reply).collect()
             }
-            Ok(Ok(_)) => Err("unexpected reply to the pin script".to_owned()),
+            Ok(Ok(_)) => Err(TierError::refused("unexpected reply to the pin script")),
             Ok(Err(error)) => {
                 self.command_failed(generation, &error, &[hash]);
-                Err(error.to_string())
+                Err(TierError::from(error))
             }
             Err(_) => {
                 // One slow answer may be load; a few in a row is a hung server.
@@ -181,10 +185,10 @@ impl Cluster {
                     self.link
                         .failed(generation, "no answer within the cluster timeout");
                 }
-                Err(format!(
+                Err(TierError::unavailable(format!(
                     "redis did not answer within {} ms",
                     budget.as_millis()
-                ))
+                )))
             }
         }
     }
@@ -205,15 +209,18 @@ impl Cluster {
         let call = pipe.query_async::<()>(&mut conn);
         match tokio::time::timeout(super::link::BACKGROUND_TIMEOUT, call).await {
             Ok(Ok(())) => {}
-            Ok(Err(error)) => self.link.failed(generation, &error.to_string()),
+            Ok(Err(error)) => self.link.failed(generation, error),
             Err(_) => self.link.failed(generation, "view refresh timed out"),
         }
     }
 
     /// Deletes `view`'s pins in Redis (an operator ended it). `Err` when Redis is away.
-    pub async fn end_view(&self, view: &str) -> Result<(), String> {
+    pub async fn end_view(&self, view: &str) -> TierResult<()> {
         let Some((mut conn, generation)) = self.link.conn() else {
-            return Err(format!("redis is {}", self.link.state().describe()));
+            return Err(TierError::unavailable(format!(
+                "redis is {}",
+                self.link.state().describe()
+            )));
         };
         let mut delete = redis::cmd("DEL");
         delete.arg(self.layout.view(view));
@@ -221,13 +228,13 @@ impl Cluster {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(error)) => {
-                self.link.failed(generation, &error.to_string());
-                Err(error.to_string())
+                self.link.failed(generation, &error);
+                Err(TierError::from(error))
             }
-            Err(_) => Err(format!(
+            Err(_) => Err(TierError::unavailable(format!(
                 "redis did not answer within {} ms",
                 self.timeout.as_millis()
-            )),
+            ))),
         }
     }
 }

@@ -3,12 +3,13 @@
 //! its handle as the append handle, rename it over `journal`, check by path that `journal`
 //! now names that handle's inode, sync the directory.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{ErrorKind, Write};
 use std::path::Path;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::fsx::atomic::{Durability, TempFile, TempOptions};
 use crate::model::entry::Origin;
 use crate::model::forget::Tombstone;
 use crate::wire::stored::StoredEntry;
@@ -30,28 +31,27 @@ pub(super) fn sync_dir(dir_handle: &File, dir: &Path) -> Result<()> {
         .map_err(|e| Error::io("syncing the state directory", dir, e))
 }
 
-/// Writes `bytes` to a fresh `journal.compacting`, synced per `fsync`. The handle returned
-/// is the append handle of the journal-to-be: nothing needs opening after the rename.
+/// Writes `bytes` to a fresh `journal.compacting`, synced per `fsync`. Its handle is the
+/// append handle of the journal-to-be: nothing needs opening after the rename.
 fn write_new_file(
     path: &Path,
     bytes: &[u8],
     fsync: FsyncPolicy,
-) -> std::io::Result<(File, FileId)> {
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(error) if error.kind() == ErrorKind::NotFound => {}
-        Err(error) => return Err(error),
-    }
-    let mut file = OpenOptions::new()
-        .append(true)
-        .create_new(true)
-        .open(path)?;
-    file.write_all(bytes)?;
-    if fsync != FsyncPolicy::Never {
-        file.sync_all()?;
-    }
-    let id = file_id(&file.metadata()?);
-    Ok((file, id))
+) -> std::io::Result<(TempFile, FileId)> {
+    let options = TempOptions {
+        append: true,
+        replace_stale: true,
+        ..TempOptions::default()
+    };
+    let mut temp = TempFile::create(path, options)?;
+    temp.file().write_all(bytes)?;
+    temp.sync(if fsync != FsyncPolicy::Never {
+        Durability::All
+    } else {
+        Durability::None
+    })?;
+    let id = file_id(&temp.file().metadata()?);
+    Ok((temp, id))
 }
 
 /// Steps one to three of a replacement: the new file written and synced, renamed over
@@ -65,41 +65,45 @@ pub(super) fn place_new_journal(
 ) -> std::result::Result<(File, FileId), ReplaceError> {
     let path = journal_path(dir);
     let tmp_path = dir.join("journal.compacting");
-    let (file, new_id) = write_new_file(&tmp_path, bytes, fsync).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp_path);
+    // A failed write removes the temporary file (`TempFile`'s drop).
+    let (mut temp, new_id) = write_new_file(&tmp_path, bytes, fsync).map_err(|e| {
         ReplaceError::NotRenamed(Error::io("writing the new journal", &tmp_path, e))
     })?;
-    let renamed = std::fs::rename(&tmp_path, &path);
+    let renamed = temp.rename_over(&path);
     // Whatever rename said, what counts is which file the path names now.
     let at_path = std::fs::symlink_metadata(&path).map(|m| file_id(&m));
     match (at_path, renamed) {
-        (Ok(id), _) if id == new_id => Ok((file, new_id)),
-        (Ok(id), Err(error)) if Some(id) == old => {
-            let _ = std::fs::remove_file(&tmp_path);
-            Err(ReplaceError::NotRenamed(Error::io(
-                "renaming the new journal into place",
-                &path,
-                error,
-            )))
-        }
-        (Err(error), Err(_)) if old.is_none() && error.kind() == ErrorKind::NotFound => {
-            let _ = std::fs::remove_file(&tmp_path);
-            Err(ReplaceError::NotRenamed(Error::io(
-                "renaming the new journal into place",
-                &path,
-                error,
-            )))
-        }
-        (Ok(_), _) => Err(ReplaceError::Unknown(Error::io(
-            "checking the journal after renaming it into place",
-            &path,
-            std::io::Error::other("the path names neither the old nor the new journal file"),
-        ))),
-        (Err(error), _) => Err(ReplaceError::Unknown(Error::io(
-            "checking the journal after renaming it into place",
+        (Ok(id), _) if id == new_id => Ok((temp.into_file(), new_id)),
+        // Not renamed: dropping `temp` removes it.
+        (Ok(id), Err(error)) if Some(id) == old => Err(ReplaceError::NotRenamed(Error::io(
+            "renaming the new journal into place",
             &path,
             error,
         ))),
+        (Err(error), Err(_)) if old.is_none() && error.kind() == ErrorKind::NotFound => {
+            Err(ReplaceError::NotRenamed(Error::io(
+                "renaming the new journal into place",
+                &path,
+                error,
+            )))
+        }
+        // Unknown: the temporary file is left where it is, as it may be the journal.
+        (Ok(_), _) => {
+            drop(temp.into_file());
+            Err(ReplaceError::Unknown(Error::io(
+                "checking the journal after renaming it into place",
+                &path,
+                std::io::Error::other("the path names neither the old nor the new journal file"),
+            )))
+        }
+        (Err(error), _) => {
+            drop(temp.into_file());
+            Err(ReplaceError::Unknown(Error::io(
+                "checking the journal after renaming it into place",
+                &path,
+                error,
+            )))
+        }
     }
 }
 

@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 use super::keys::{entry_digest, format_digest, Layout};
 use super::refusals;
 use super::values::{self, Message};
+use crate::error::{TierError, TierResult};
 use crate::model::entry::{CacheKey, TunedResult};
 use crate::model::shared_key::SharedKey;
 
@@ -150,7 +151,7 @@ pub fn build(
     origin: &Origin<'_>,
     key: Option<&SharedKey>,
     entries: &[(String, [String; 4])],
-) -> Result<Built, String> {
+) -> TierResult<Built> {
     let mut raws: Vec<Vec<u8>> = vec![Vec::new()];
     let mut digest = 0u64;
     for (text, fields) in entries {
@@ -169,12 +170,16 @@ pub fn build(
         }
     }
     if raws.len() > MAX_PARTS {
-        return Err(format!("{} parts, at most {MAX_PARTS}", raws.len()));
+        return Err(TierError::refused(format!(
+            "{} parts, at most {MAX_PARTS}",
+            raws.len()
+        )));
     }
     let mut parts = Vec::with_capacity(raws.len());
     let mut infos = Vec::with_capacity(raws.len());
     for raw in raws {
-        let compressed = zstd::bulk::compress(&raw, LEVEL).map_err(|e| e.to_string())?;
+        let compressed =
+            zstd::bulk::compress(&raw, LEVEL).map_err(|e| TierError::unavailable(e.to_string()))?;
         infos.push(PartInfo {
             bytes: compressed.len() as u64,
             raw: raw.len() as u64,
@@ -218,25 +223,31 @@ pub fn parse_header(
     shard: usize,
     epoch: Option<&str>,
     key: Option<&SharedKey>,
-) -> Result<Header, String> {
-    let header: Header = serde_json::from_slice(text).map_err(|e| format!("header: {e}"))?;
+) -> TierResult<Header> {
+    let header: Header =
+        serde_json::from_slice(text).map_err(|e| TierError::refused(format!("header: {e}")))?;
     if header.format != FORMAT || header.version != VERSION {
-        return Err(format!(
+        return Err(TierError::refused(format!(
             "format {:?} version {}, not {FORMAT:?} {VERSION}",
             header.format, header.version
-        ));
+        )));
     }
     if header.prefix != prefix {
-        return Err(format!(
+        return Err(TierError::refused(format!(
             "built under prefix {:?}",
             refusals::shown(&header.prefix)
-        ));
+        )));
     }
     if header.shard != shard {
-        return Err(format!("the header of shard {}", header.shard));
+        return Err(TierError::refused(format!(
+            "the header of shard {}",
+            header.shard
+        )));
     }
     if epoch.is_some_and(|epoch| epoch != header.epoch) {
-        return Err("built in another redis data lifetime (epoch)".to_owned());
+        return Err(TierError::refused(
+            "built in another redis data lifetime (epoch)",
+        ));
     }
     if header.parts.len() > MAX_PARTS
         || header
@@ -244,17 +255,23 @@ pub fn parse_header(
             .iter()
             .any(|p| p.raw > PART_RAW_BYTES as u64 || p.bytes > PART_RAW_BYTES as u64 * 2)
     {
-        return Err("parts larger than any checkpoint has".to_owned());
+        return Err(TierError::refused("parts larger than any checkpoint has"));
     }
     if !is_message_id(&header.id) {
-        return Err("its message id is not one Redis makes".to_owned());
+        return Err(TierError::refused("its message id is not one Redis makes"));
     }
     if let Some(key) = key {
         let signed = header.signed_bytes();
         match &header.mac {
-            None => return Err("carries no MAC under --cluster-key-file".to_owned()),
+            None => {
+                return Err(TierError::refused(
+                    "carries no MAC under --cluster-key-file",
+                ))
+            }
             Some(tag) if !key.verifies(&[HEADER_DOMAIN, &signed], tag) => {
-                return Err("its MAC does not verify under --cluster-key-file".to_owned());
+                return Err(TierError::refused(
+                    "its MAC does not verify under --cluster-key-file",
+                ));
             }
             Some(_) => {}
         }
@@ -286,61 +303,69 @@ pub struct ShardRecord {
 /// The header against the shard's record: the checkpoint the record names (its sequence
 /// number, count and digest), no newer than the shard, and, when the shard is still at its
 /// sequence number, its count and digest the shard's live ones.
-pub fn check_record(header: &Header, record: &ShardRecord) -> Result<(), String> {
+pub fn check_record(header: &Header, record: &ShardRecord) -> TierResult<()> {
     if record.header_seq != Some(header.seq) {
-        return Err("the header hash's seq is not the header's".to_owned());
+        return Err(TierError::refused(
+            "the header hash's seq is not the header's",
+        ));
     }
     let (live_seq, live_count, live_digest) = &record.live;
     if header.seq > *live_seq {
-        return Err("newer than its shard (redis lost writes?)".to_owned());
+        return Err(TierError::refused(
+            "newer than its shard (redis lost writes?)",
+        ));
     }
     let claimed = (header.seq, header.count, header.digest.clone());
     if record.checkpoint.as_ref() != Some(&claimed) {
-        return Err(match &record.checkpoint {
+        return Err(TierError::Refused(match &record.checkpoint {
             None => "the shard keeps no record of a checkpoint (built by an older daemon?)"
                 .to_owned(),
             Some((seq, count, digest)) => format!(
                 "claims {} entries of digest {} at {}; the shard's record is {count} of {digest} at {seq}",
                 header.count, header.digest, header.seq
             ),
-        });
+        }));
     }
     if header.seq == *live_seq && (header.count, &header.digest) != (*live_count, live_digest) {
-        return Err(format!(
+        return Err(TierError::refused(format!(
             "claims {} entries of digest {}; the shard holds {live_count} of {live_digest} at that sequence number",
             header.count, header.digest
-        ));
+        )));
     }
     Ok(())
 }
 
 /// The header's place in its shard's stream: the message at its `id` (as read by an
 /// `XRANGE id id`) must carry its sequence number; a reader follows the stream from there.
-pub fn check_place(header: &Header, messages: &[Message]) -> Result<(), String> {
+pub fn check_place(header: &Header, messages: &[Message]) -> TierResult<()> {
     let Some(message) = messages.iter().find(|m| m.id == header.id) else {
-        return Err("no message at its id in the shard's stream (trimmed, or moved)".to_owned());
+        return Err(TierError::refused(
+            "no message at its id in the shard's stream (trimmed, or moved)",
+        ));
     };
     match message.text("s").and_then(|s| s.parse::<u64>().ok()) {
         Some(seq) if seq == header.seq => Ok(()),
-        Some(seq) => Err(format!(
+        Some(seq) => Err(TierError::refused(format!(
             "the message at its id carries sequence number {seq}, not its {}",
             header.seq
+        ))),
+        None => Err(TierError::refused(
+            "the message at its id carries no sequence number",
         )),
-        None => Err("the message at its id carries no sequence number".to_owned()),
     }
 }
 
-fn take<'a>(raw: &mut &'a [u8]) -> Result<&'a str, String> {
+fn take<'a>(raw: &mut &'a [u8]) -> TierResult<&'a str> {
     let (len, rest) = raw
         .split_first_chunk::<4>()
-        .ok_or_else(|| "a part cut short".to_owned())?;
+        .ok_or_else(|| TierError::refused("a part cut short"))?;
     let len = u32::from_le_bytes(*len) as usize;
     if rest.len() < len {
-        return Err("a part cut short".to_owned());
+        return Err(TierError::refused("a part cut short"));
     }
     let (bytes, rest) = rest.split_at(len);
     *raw = rest;
-    std::str::from_utf8(bytes).map_err(|_| "a field that is not UTF-8".to_owned())
+    std::str::from_utf8(bytes).map_err(|_| TierError::refused("a field that is not UTF-8"))
 }
 
 /// A checkpoint's entries, and each one's part of the shard digest.
@@ -358,20 +383,22 @@ pub fn verify(
     header: &Header,
     parts: &[Vec<u8>],
     key: Option<&SharedKey>,
-) -> Result<Decoded, String> {
+) -> TierResult<Decoded> {
     if parts.len() != header.parts.len() {
-        return Err(format!(
+        return Err(TierError::refused(format!(
             "{} parts in redis, {} in the header",
             parts.len(),
             header.parts.len()
-        ));
+        )));
     }
     let mut entries = Vec::new();
     let mut digests = HashSet::new();
     let mut digest = 0u64;
     for (i, (part, info)) in parts.iter().zip(&header.parts).enumerate() {
         if part.len() as u64 != info.bytes || crc32fast::hash(part) != info.crc32 {
-            return Err("a part's length or CRC-32 is not the header's".to_owned());
+            return Err(TierError::refused(
+                "a part's length or CRC-32 is not the header's",
+            ));
         }
         if let Some(key) = key {
             let place = part_place(header, i);
@@ -381,13 +408,15 @@ pub fn verify(
                 .as_ref()
                 .is_some_and(|tag| key.verifies(&signed, tag))
             {
-                return Err("a part's MAC does not verify under --cluster-key-file".to_owned());
+                return Err(TierError::refused(
+                    "a part's MAC does not verify under --cluster-key-file",
+                ));
             }
         }
         let raw = zstd::bulk::decompress(part, info.raw as usize)
-            .map_err(|e| format!("a part does not decompress: {e}"))?;
+            .map_err(|e| TierError::refused(format!("a part does not decompress: {e}")))?;
         if raw.len() as u64 != info.raw {
-            return Err("a part's length is not the header's".to_owned());
+            return Err(TierError::refused("a part's length is not the header's"));
         }
         let mut rest = raw.as_slice();
         while !rest.is_empty() {
@@ -399,7 +428,7 @@ pub fn verify(
                 take(&mut rest)?,
             ];
             if Layout::shard_of_text(text) != header.shard {
-                return Err("an entry of another shard".to_owned());
+                return Err(TierError::refused("an entry of another shard"));
             }
             let key = values::key_text(text)?;
             let [t, c, b, a] = fields;
@@ -412,13 +441,13 @@ pub fn verify(
         }
     }
     if entries.len() as u64 != header.count || format_digest(digest) != header.digest {
-        return Err(format!(
+        return Err(TierError::refused(format!(
             "{} entries of digest {}, the header says {} of {}",
             entries.len(),
             format_digest(digest),
             header.count,
             header.digest
-        ));
+        )));
     }
     Ok(Decoded { entries, digests })
 }

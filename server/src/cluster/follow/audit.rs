@@ -2,6 +2,7 @@
 //! the shards that differ read again, broken streams retried.
 
 use super::*;
+use crate::error::TierError;
 
 impl Follower {
     /// Compares every shard's entry count and digest in Redis with this node's, at a moment
@@ -189,7 +190,9 @@ impl Follower {
                         digest: String::new(),
                     });
                 }
-                Err(error) => return Err(format!("reading the shard digests: {error}")),
+                Err(error) => {
+                    return Err(TierError::from(error).during("reading the shard digests"))
+                }
             }
         }
         Ok(metas)
@@ -236,6 +239,6 @@ impl Follower {
                 .collect()
         })
         .await
-        .map_err(|e| format!("computing digests: {e}"))
+        .map_err(|e| TierError::from(e).during("computing digests"))
     }
 }

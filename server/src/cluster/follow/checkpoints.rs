@@ -13,6 +13,7 @@ use std::collections::HashSet;
 
 use super::*;
 use crate::cluster::checkpoint::{Header, ShardRecord};
+use crate::error::TierError;
 
 /// What loaded checkpoints brought that no audit has borne out yet: per shard, the digest
 /// (`keys::entry_digest`) of each entry its checkpoint brought.
@@ -133,11 +134,17 @@ impl Follower {
                 Ok(reply) => checkpoint::check_place(&header, &values::messages_of(&reply)),
                 Err(error) if refusals::is_wrong_type(&error) => {
                     self.cluster.wrong_types.found(&layout.log(shard));
-                    Err("its shard's stream holds the wrong type".to_owned())
+                    Err(TierError::refused(
+                        "its shard's stream holds the wrong type",
+                    ))
                 }
                 // Redis refused the id (a server error, not a lost connection).
-                Err(error) if error.code().is_some() => Err(format!("its id: {error}")),
-                Err(error) => return Err(format!("reading checkpoint places: {error}")),
+                Err(error) if error.code().is_some() => {
+                    Err(TierError::from(error).during("its id"))
+                }
+                Err(error) => {
+                    return Err(TierError::from(error).during("reading checkpoint places"))
+                }
             };
             if let Err(why) = placed {
                 self.reject_checkpoint(shard, &why);
@@ -145,7 +152,7 @@ impl Follower {
             }
             let parts = match parts {
                 Ok(parts) => parts,
-                Err(error) => return Err(format!("reading checkpoint parts: {error}")),
+                Err(error) => return Err(TierError::from(error).during("reading checkpoint parts")),
             };
             let missing: Vec<String> = names
                 .iter()
@@ -164,7 +171,7 @@ impl Follower {
                     .map(|decoded| (header, decoded))
             })
             .await
-            .map_err(|e| format!("checking a checkpoint: {e}"))?;
+            .map_err(|e| TierError::from(e).during("checking a checkpoint"))?;
             let (header, decoded) = match checked {
                 Ok(checked) => checked,
                 Err(why) => {
@@ -223,7 +230,7 @@ impl Follower {
                         .found(refusals::wrong_typed_key(&error, &[&header, &meta]));
                     continue;
                 }
-                Err(error) => return Err(format!("reading the checkpoints: {error}")),
+                Err(error) => return Err(TierError::from(error).during("reading the checkpoints")),
             };
             let (text, record) = shard_record(&reply);
             let Some(text) = text else {
@@ -288,14 +295,14 @@ impl Follower {
         );
     }
 
-    pub(super) fn reject_checkpoint(&self, shard: usize, why: &str) {
+    pub(super) fn reject_checkpoint(&self, shard: usize, why: impl std::fmt::Display) {
         self.cluster
             .counters
             .checkpoints_rejected
             .fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
             shard,
-            reason = %refusals::shown(why),
+            reason = %refusals::shown(&why.to_string()),
             "cluster tier: rejected a shard's checkpoint; reading the shard's entries instead"
         );
     }
@@ -344,8 +351,8 @@ impl Follower {
                     self.cluster.wrong_types.found(&layout.checkpoint(shard));
                     continue;
                 }
-                Ok(Err(error)) => return Err(format!("reading a checkpoint: {error}")),
-                Err(_) => return Err("reading a checkpoint: no answer".to_owned()),
+                Ok(Err(error)) => return Err(TierError::from(error).during("reading a checkpoint")),
+                Err(_) => return Err(TierError::no_answer("reading a checkpoint")),
             };
             let header = fields.get(1).and_then(values::bytes).and_then(|text| {
                 checkpoint::parse_header(
@@ -390,8 +397,10 @@ impl Follower {
                 Ok(Err(error)) if refusals::is_wrong_type(&error) => {
                     self.cluster.wrong_types.found(&lease);
                 }
-                Ok(Err(error)) => return Err(format!("taking a checkpoint lease: {error}")),
-                Err(_) => return Err("taking a checkpoint lease: no answer".to_owned()),
+                Ok(Err(error)) => {
+                    return Err(TierError::from(error).during("taking a checkpoint lease"))
+                }
+                Err(_) => return Err(TierError::no_answer("taking a checkpoint lease")),
             }
         }
         if leased.is_empty() {
@@ -453,7 +462,7 @@ impl Follower {
                 checkpoint::build(&building, &origin, key.as_ref(), &entries)
             })
             .await
-            .map_err(|e| format!("building a checkpoint: {e}"))?;
+            .map_err(|e| TierError::from(e).during("building a checkpoint"))?;
             let built = match built {
                 Ok(built) => built,
                 Err(why) => {
@@ -482,7 +491,7 @@ impl Follower {
             })
             .await?;
             let header = serde_json::to_string(&built.header)
-                .map_err(|e| format!("encoding a checkpoint header: {e}"))?;
+                .map_err(|e| TierError::refused_by(e).during("encoding a checkpoint header"))?;
             let now_seq = self
                 .places
                 .as_ref()

@@ -30,6 +30,7 @@ use super::places::{self, SavedPlace, SavedPlaces};
 use super::refusals::{self, ReadFrom};
 use super::values;
 use super::{scripts, Cluster};
+use crate::error::TierError;
 use crate::model::entry::{CacheKey, TunedResult};
 use crate::model::merge::{merge, MergeOutcome};
 
@@ -152,7 +153,7 @@ fn jittered(every: Duration) -> Duration {
     every / 2 + Duration::from_millis(super::random_u64() % spread)
 }
 
-type Failure = String;
+type Failure = TierError;
 
 pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
     let cluster_checkpoint_check = cluster.checkpoint_check;
@@ -225,7 +226,7 @@ impl Follower {
                     .link
                     .open_dedicated()
                     .await
-                    .map_err(|e| format!("opening the stream reader: {e}"))?,
+                    .map_err(|e| TierError::from(e).during("opening the stream reader"))?,
             ),
             Conn::Cluster(_) => None,
         };
@@ -407,7 +408,9 @@ impl Follower {
                     self.broken[shard] = true;
                     places.push(Place::start());
                 }
-                Err(error) => return Err(format!("reading the stream positions: {error}")),
+                Err(error) => {
+                    return Err(TierError::from(error).during("reading the stream positions"))
+                }
             }
         }
         Ok(places)
@@ -452,8 +455,10 @@ impl Follower {
                         self.find_broken_streams(conn, &followed).await?;
                         return Ok(0);
                     }
-                    Ok(Err(error)) => return Err(format!("reading the streams: {error}")),
-                    Err(_) => return Err("reading the streams: no answer".to_owned()),
+                    Ok(Err(error)) => {
+                        return Err(TierError::from(error).during("reading the streams"))
+                    }
+                    Err(_) => return Err(TierError::no_answer("reading the streams")),
                 }
             }
             Conn::Cluster(_) => {
@@ -478,7 +483,9 @@ impl Follower {
                             self.cluster.wrong_types.found(&self.logs[shard]);
                             self.broken[shard] = true;
                         }
-                        Err(error) => return Err(format!("reading the streams: {error}")),
+                        Err(error) => {
+                            return Err(TierError::from(error).during("reading the streams"))
+                        }
                     }
                 }
                 read

@@ -3,6 +3,7 @@
 //! when asked, what Redis lacks or holds worse is queued for publishing again.
 
 use super::*;
+use crate::error::TierError;
 
 impl Follower {
     /// Reads `shards` again from their entries in Redis and applies what beats this node's
@@ -99,7 +100,7 @@ impl Follower {
                 (missing, withheld)
             })
             .await
-            .map_err(|e| format!("comparing with redis: {e}"))?;
+            .map_err(|e| TierError::from(e).during("comparing with redis"))?;
             self.withheld(withheld);
             if !missing.is_empty() {
                 tracing::warn!(
@@ -167,7 +168,7 @@ async fn read_entries(
                 cluster.wrong_types.found(name);
                 continue;
             }
-            Err(error) => return Err(format!("reading entries: {error}")),
+            Err(error) => return Err(TierError::from(error).during("reading entries")),
         };
         if fields.first().is_some_and(|t| *t == Value::Nil) {
             continue; // deleted since the scan (a Forget)

@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::artifacts::{BlobSource, Partial, Tier};
+use crate::error::TierError;
 use crate::report::LogOnce;
 use crate::snapshot::plan::trust::Writers;
 
@@ -114,14 +115,15 @@ impl BlobSource for SharedDirBlobs {
         let squats = Arc::clone(&self.squats);
         let fallbacks = Arc::clone(&self.fallbacks);
         Box::pin(async move {
+            let shown = dir.clone();
+            let what = format!("reading blob {digest} under");
             // The caller bounds the wait; a hung mount holds only this blocking thread.
             tokio::task::spawn_blocking(move || {
                 let writers = Writers { uids: &uids, keyed };
                 read::read_blob(&dir, &digest, size, writers, &squats, &fallbacks, into)
             })
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
+            .await?
+            .map_err(|e| TierError::io(what, shown, e))
         })
     }
 }

@@ -3,13 +3,12 @@
 //! uid linked in first. Each blob succeeds or fails on its own; a failure is handed back, never
 //! stops the others.
 
-use std::collections::HashSet;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::artifacts::Artifacts;
+use crate::artifacts::{Artifacts, PublishedBlobs};
+use crate::fsx::atomic::{Durability, TempFile, TempOptions};
 
 /// Why one blob was not published.
 #[derive(Debug)]
@@ -58,20 +57,20 @@ pub(crate) fn link_missing<'a>(
     dir: &Path,
     digests: impl IntoIterator<Item = &'a str>,
     artifacts: &Artifacts,
-    published: &mut HashSet<String>,
+    published: &mut PublishedBlobs,
     file_mode: u32,
     fsync: bool,
     node: &str,
 ) -> Linked {
     let mut outcome = Linked::default();
     for digest in digests {
-        if published.contains(digest) {
+        if published.holds(digest) {
             continue;
         }
         // Only this uid writes here: what has the name is a copy of its nodes'.
         let target = dir.join(digest);
         if fs::symlink_metadata(&target).is_ok() {
-            published.insert(digest.to_owned());
+            published.mark(digest.to_owned());
             continue;
         }
         let Some(source) = artifacts.held_path(digest) else {
@@ -82,7 +81,7 @@ pub(crate) fn link_missing<'a>(
         };
         match link_copy(&source, dir, &target, digest, file_mode, fsync, node) {
             Ok(()) => {
-                published.insert(digest.to_owned());
+                published.mark(digest.to_owned());
                 outcome.linked += 1;
             }
             Err(error) => outcome.failed.push((
@@ -109,25 +108,23 @@ fn link_copy(
     node: &str,
 ) -> io::Result<()> {
     let temp = dir.join(format!(".{digest}.{node}.{}.tmp", std::process::id()));
-    let _ = fs::remove_file(&temp);
-    let result = (|| {
-        let mut out = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&temp)?;
-        out.set_permissions(fs::Permissions::from_mode(mode))?;
-        io::copy(&mut File::open(source)?, &mut out)?;
-        out.flush()?;
-        if fsync {
-            out.sync_all()?;
-        }
-        match fs::hard_link(&temp, target) {
-            Err(error) if error.kind() != io::ErrorKind::AlreadyExists => Err(error),
-            _ => Ok(()),
-        }
-    })();
-    let _ = fs::remove_file(&temp);
-    result
+    let options = TempOptions {
+        mode: Some(mode),
+        exact_mode: true,
+        nofollow: true,
+        append: false,
+        replace_stale: true,
+    };
+    let mut out = TempFile::create(&temp, options)?;
+    io::copy(&mut File::open(source)?, out.file())?;
+    out.file().flush()?;
+    out.sync(if fsync {
+        Durability::All
+    } else {
+        Durability::None
+    })?;
+    match out.link_as(target) {
+        Err(error) if error.kind() != io::ErrorKind::AlreadyExists => Err(error),
+        _ => Ok(()),
+    }
 }

@@ -3,11 +3,12 @@
 //! remembered place checked against the listing before it is taken up; written by `write`,
 //! which the async side runs off the runtime (`spawn_blocking`) once the journal is synced.
 
-use std::fs::{self, File};
-use std::io::{self, Read, Write};
+use std::fs::File;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
+use crate::fsx::atomic;
 use crate::snapshot::plan::merged::{
     self, Ignored, MergedPlaces, MergedRecord, ReadSegment, SegmentStamp,
 };
@@ -142,17 +143,7 @@ pub(in crate::snapshot) fn write(
     let target = path(state_dir);
     let temporary = state_dir.join(format!("{FILE}.tmp"));
     let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
-    let mut file = File::create(&temporary)?;
-    file.write_all(&bytes)?;
-    if sync {
-        file.sync_data()?;
-    }
-    drop(file);
-    fs::rename(&temporary, &target)?;
-    if sync {
-        File::open(state_dir)?.sync_all()?;
-    }
-    Ok(())
+    atomic::write_whole(&target, &bytes, atomic::resume_point(&temporary, sync))
 }
 
 #[cfg(test)]
@@ -164,7 +155,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = path(dir.path());
         assert!(read_bounded(&path, 2).unwrap().is_none());
-        fs::write(&path, b"{}").unwrap();
+        std::fs::write(&path, b"{}").unwrap();
         assert_eq!(read_bounded(&path, 2).unwrap().unwrap(), b"{}");
         assert_eq!(
             read_bounded(&path, 1).unwrap_err().kind(),

@@ -5,12 +5,13 @@
 //! counts as its own is `plan::own`'s to say.
 
 use std::collections::HashSet;
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use crate::error::{Error, Result};
+use crate::fsx::atomic::{self, Durability, TempOptions, WholeFile};
 use crate::model::entry::Origin;
 use crate::snapshot::plan::own::{OwnRead, OwnRecord, OwnSegments};
 use crate::snapshot::plan::trust;
@@ -193,14 +194,17 @@ impl IoWorker {
         let path = self.own_record_path();
         let temp = path.with_extension("json.tmp");
         let write = || -> io::Result<()> {
-            let mut file = File::create(&temp)?;
-            file.write_all(&serde_json::to_vec(&record).map_err(io::Error::from)?)?;
-            file.sync_all()?;
-            fs::rename(&temp, &path)?;
-            if let Some(dir) = path.parent() {
-                File::open(dir)?.sync_all()?;
-            }
-            Ok(())
+            let bytes = serde_json::to_vec(&record).map_err(io::Error::from)?;
+            let how = WholeFile {
+                temp: &temp,
+                options: TempOptions {
+                    replace_stale: true,
+                    ..TempOptions::default()
+                },
+                durability: Durability::All,
+                sync_dir: true,
+            };
+            atomic::write_whole(&path, &bytes, how)
         };
         write().map_err(|error| Error::io("recording this node's segments in", &path, error))
     }

@@ -3,15 +3,15 @@
 //! linked in (a link fails where a rename would silently replace another writer's segment
 //! of the same name); a compaction is linked in before the segments it replaces are removed.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use crate::error::{Error, Result};
+use crate::fsx::atomic::{self, Durability, TempFile, TempOptions};
 use crate::model::entry::unix_now_ms;
 use crate::model::forget::Tombstone;
 use crate::model::tombstones::Tombstones;
@@ -227,20 +227,16 @@ impl IoWorker {
     ) -> Result<u64, (&'static str, io::Error)> {
         let fsync = self.shared.settings.fsync;
         let mode = self.segment_mode();
-        let create = || {
-            let file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(mode.unwrap_or(0o644))
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(temp_path)?;
-            if let Some(mode) = mode {
-                // Exactly this mode, whatever the umask.
-                file.set_permissions(fs::Permissions::from_mode(mode))?;
-            }
-            Ok::<File, io::Error>(file)
+        // Exactly the written mode, whatever the umask; else 0644 under the umask.
+        let options = TempOptions {
+            mode: Some(mode.unwrap_or(0o644)),
+            exact_mode: mode.is_some(),
+            nofollow: true,
+            append: false,
+            replace_stale: false,
         };
-        let file = match create() {
+        let create = || TempFile::create(temp_path, options);
+        let mut temp = match create() {
             // The segment directory is made by the first load; it may not have been
             // possible then (read-only, full) or it was removed since.
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
@@ -256,24 +252,24 @@ impl IoWorker {
         let mut out = BufWriter::with_capacity(
             1 << 20,
             CountingWriter {
-                inner: file,
+                inner: temp.file(),
                 bytes: 0,
                 total: &self.shared.counters.bytes_written,
             },
         );
         write(&mut out).map_err(|e| ("writing", io::Error::from(e)))?;
         let counted = out.into_inner().map_err(|e| ("writing", e.into_error()))?;
-        if fsync {
-            counted.inner.sync_all().map_err(|e| ("syncing", e))?;
-        }
         let bytes = counted.bytes;
-        drop(counted);
+        let durability = if fsync {
+            Durability::All
+        } else {
+            Durability::None
+        };
+        temp.sync(durability).map_err(|e| ("syncing", e))?;
         // Linked in, not renamed: a rename would silently replace a segment another writer
         // of this name put there; a link fails instead (atomic on NFS too).
-        match fs::hard_link(temp_path, path) {
-            Ok(()) => {
-                let _ = fs::remove_file(temp_path);
-            }
+        match temp.link_as(path) {
+            Ok(()) => {}
             Err(error) if link_unsupported(&error) => {
                 // A filesystem without hard links (some FUSE and object-store mounts): look,
                 // then rename. A second writer of this name racing inside that window could
@@ -281,14 +277,12 @@ impl IoWorker {
                 if fs::symlink_metadata(path).is_ok() {
                     return Err(("linking", io::Error::from(io::ErrorKind::AlreadyExists)));
                 }
-                fs::rename(temp_path, path).map_err(|e| ("renaming", e))?;
+                temp.rename_over(path).map_err(|e| ("renaming", e))?;
             }
             Err(error) => return Err(("linking", error)),
         }
         if fsync {
-            File::open(dir)
-                .and_then(|dir| dir.sync_all())
-                .map_err(|e| ("syncing the directory of", e))?;
+            atomic::sync_dir(dir).map_err(|e| ("syncing the directory of", e))?;
         }
         Ok(bytes)
     }
@@ -340,7 +334,7 @@ fn temp_file_name(node: &str) -> String {
 
 /// Counts the bytes that reach the file, so the size is known without another stat.
 struct CountingWriter<'a> {
-    inner: File,
+    inner: &'a mut File,
     bytes: u64,
     total: &'a AtomicU64,
 }

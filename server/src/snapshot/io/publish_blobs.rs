@@ -9,6 +9,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::fs;
 use std::path::Path;
 
+use crate::artifacts::PublishedBlobs;
 use crate::snapshot::blobs;
 use crate::wire::stored::EntryMap;
 
@@ -54,10 +55,10 @@ impl IoWorker {
         if !self.blobs_seeded {
             // What earlier runs linked in: one listing, not a look at each blob.
             self.blobs_seeded = true;
-            self.blobs_published.extend(digests_in(&dir));
+            self.blobs_published.mark_all(digests_in(&dir));
         }
         let (fsync, node) = (self.shared.settings.fsync, self.node().to_owned());
-        let mut looked_afresh = HashSet::new();
+        let mut looked_afresh = PublishedBlobs::default();
         let published = if afresh {
             &mut looked_afresh
         } else {
