@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -20,8 +20,12 @@ pub mod redis;
 pub mod shared_users;
 pub mod slurm;
 pub mod slurm_jobs;
+pub mod wait;
 
 pub use daemon::{DaemonOptions, Kind, TestDaemon, FACT_LIMIT};
+pub use wait::{
+    eventually, eventually_blocking, eventually_some, eventually_sync, wait, Lazy, Wait, POLL,
+};
 
 /// Directory holding the workspace's binaries: `$TUNECACHE_BIN_DIR`, else the cargo target
 /// directory this test binary was built into (`target/<profile>/deps/<test>` → `target/<profile>`).
@@ -55,23 +59,59 @@ pub fn cli(socket: &Path, args: &[&str]) -> std::process::Output {
         .expect("run the tunecache CLI")
 }
 
+// --- Builders: the keys, results and entries the tests record. ---
+
+/// The device of the tests' keys.
+pub const TEST_DEVICE: &str = "test-device";
+/// When the tests' results were tuned, unless a test says otherwise ([`result_at`]).
+pub const TUNED_AT_UNIX_MS: i64 = 1_700_000_000_000;
+
+/// A key of `op` and `problem` in `namespace` on [`TEST_DEVICE`]: shared by all ranks when
+/// `rank` is `None`, else that rank's own.
+pub fn key_in(namespace: &str, op: &str, problem: &str, rank: Option<u32>) -> proto::Key {
+    tunecache_client::key(namespace, op, TEST_DEVICE, problem, rank)
+}
+
 /// A shared-by-all-ranks key in namespace `test`.
 pub fn test_key(op: &str, problem: &str) -> proto::Key {
-    tunecache_client::key("test", op, "test-device", problem, None)
+    key_in("test", op, problem, None)
+}
+
+/// A result tuned by `tuned_by` at `tuned_at_unix_ms`.
+pub fn result_at(
+    config: &str,
+    time_us: f64,
+    tuned_by: &str,
+    tuned_at_unix_ms: i64,
+) -> proto::Result {
+    proto::Result {
+        config: config.to_owned(),
+        time_us,
+        tuned_by: tuned_by.to_owned(),
+        tuned_at_unix_ms,
+        forget_epoch: 0,
+        artifacts: Default::default(),
+    }
+}
+
+/// A result tuned by `tuned_by` at [`TUNED_AT_UNIX_MS`].
+pub fn result(config: &str, time_us: f64, tuned_by: &str) -> proto::Result {
+    result_at(config, time_us, tuned_by, TUNED_AT_UNIX_MS)
 }
 
 pub fn entry(key: proto::Key, config: &str, time_us: f64, tuned_by: &str) -> proto::Entry {
     proto::Entry {
         key: Some(key),
-        result: Some(proto::Result {
-            config: config.to_owned(),
-            time_us,
-            tuned_by: tuned_by.to_owned(),
-            tuned_at_unix_ms: 1_700_000_000_000,
-            forget_epoch: 0,
-            artifacts: Default::default(),
-        }),
+        result: Some(result(config, time_us, tuned_by)),
     }
+}
+
+/// `entry` with its result naming `artifacts`.
+pub fn with_artifacts(mut entry: proto::Entry, artifacts: Vec<proto::Artifact>) -> proto::Entry {
+    if let Some(result) = entry.result.as_mut() {
+        result.artifacts = artifacts;
+    }
+    entry
 }
 
 /// SIGSTOPs `pid` and waits until every one of its threads is stopped. `kill` returns once the
@@ -80,10 +120,9 @@ pub fn entry(key: proto::Key, config: &str, time_us: f64, tuned_by: &str) -> pro
 /// `kill` returned, on a loaded 2-core machine).
 pub fn stop_process(pid: Pid) {
     kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
-    let deadline = Instant::now() + FACT_LIMIT;
-    loop {
+    let running = || {
         let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process's threads");
-        let running = tasks
+        tasks
             .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("stat")).ok())
             .filter(|stat| {
                 // The state follows the command's closing parenthesis: "pid (comm) S ...".
@@ -92,16 +131,12 @@ pub fn stop_process(pid: Pid) {
                     .and_then(|(_, rest)| rest.trim_start().chars().next());
                 !matches!(state, Some('T' | 't'))
             })
-            .count();
-        if running == 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{pid}: {running} threads not stopped"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+            .count()
+    };
+    let stopped = Lazy(|| format!("every thread of {pid} stopped ({} not)", running()));
+    wait(FACT_LIMIT, stopped)
+        .every(Duration::from_millis(1))
+        .blocking(|| running() == 0);
 }
 
 /// Every process id in /proc.
@@ -314,14 +349,9 @@ impl TestMount {
             mount_point: mount_point.to_path_buf(),
             server: Some(server),
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !mount.is_mounted() {
-            assert!(
-                Instant::now() < deadline,
-                "bindfs did not mount within 10 s"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        eventually_blocking(Duration::from_secs(10), "bindfs mounting", || {
+            mount.is_mounted()
+        });
         mount
     }
 
@@ -385,10 +415,9 @@ impl TestMount {
             eprintln!("could not unmount {}", self.mount_point.display());
         }
         if let Some(mut server) = self.server.take() {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while server.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            // A grace period for the server to exit once unmounted, killed after it.
+            let _ = wait(Duration::from_secs(5), "bindfs exiting")
+                .try_blocking_some(|| server.try_wait().ok().flatten());
             let _ = server.kill();
             let _ = server.wait();
         }
@@ -435,10 +464,21 @@ pub fn shared_node(
 
 /// Entries `<prefix>-<i>` of op `gemm` for each `i` in `range`, with time `i + 1` µs.
 pub fn numbered(prefix: &str, range: std::ops::Range<usize>, tuned_by: &str) -> Vec<proto::Entry> {
+    numbered_op("gemm", prefix, range, tuned_by)
+}
+
+/// Entries `<prefix>-<i>` of `op` (namespace `test`) for each `i` in `range`: config
+/// `{"tactic":i}`, time `i + 1` µs.
+pub fn numbered_op(
+    op: &str,
+    prefix: &str,
+    range: std::ops::Range<usize>,
+    tuned_by: &str,
+) -> Vec<proto::Entry> {
     range
         .map(|i| {
             entry(
-                test_key("gemm", &format!("{prefix}-{i}")),
+                test_key(op, &format!("{prefix}-{i}")),
                 &format!(r#"{{"tactic":{i}}}"#),
                 i as f64 + 1.0,
                 tuned_by,
@@ -478,19 +518,6 @@ pub fn write_executable(path: &Path, contents: &str) {
         .expect("write the script to sh");
     let status = child.wait().expect("wait for sh");
     assert!(status.success(), "writing {} failed", path.display());
-}
-
-/// Polls `check` every 100 ms until it returns true; panics naming `what` after `limit`.
-pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    while !check().await {
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// `GET path` over plain HTTP/1.1: (status line, body).

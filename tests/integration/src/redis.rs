@@ -10,7 +10,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tunecache_client::proto;
 
-use crate::{require_tool, DaemonOptions, TestDaemon};
+use crate::{eventually, eventually_blocking, require_tool, wait, DaemonOptions, Lazy, TestDaemon};
 
 /// A `redis-server` owned by the test, killed on drop.
 pub struct Redis {
@@ -303,21 +303,18 @@ impl Redis {
     }
 
     fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let answer = self.cli(&["PING"]);
-            // A server loading its AOF answers LOADING; wait for PONG.
-            if answer == "PONG" || answer.contains("NOAUTH") {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "redis-server on {} did not start: {}",
+        let started = Lazy(|| {
+            format!(
+                "redis-server on {} starting: {}",
                 self.port,
                 std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            )
+        });
+        eventually_blocking(Duration::from_secs(10), started, || {
+            let answer = self.cli(&["PING"]);
+            // A server loading its AOF answers LOADING; wait for PONG.
+            answer == "PONG" || answer.contains("NOAUTH")
+        });
     }
 
     pub fn signal(&self, signal: Signal) {
@@ -406,14 +403,13 @@ impl RedisCluster {
             "{}",
             String::from_utf8_lossy(&created.stdout)
         );
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !servers
-            .iter()
-            .all(|s| s.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
-        {
-            assert!(Instant::now() < deadline, "the redis cluster did not form");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait(Duration::from_secs(20), "the redis cluster forming")
+            .every(Duration::from_millis(50))
+            .blocking(|| {
+                servers
+                    .iter()
+                    .all(|s| s.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+            });
         RedisCluster { servers }
     }
 
@@ -433,21 +429,22 @@ pub fn cluster_node(dir: &Path, name: &str, url: &str, extra: &[&str]) -> Daemon
 
 /// Waits until `daemon` is connected to Redis and bootstrapped.
 pub async fn wait_connected(daemon: &TestDaemon) {
-    let client = daemon.client().await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let stats = client.stats().await.unwrap();
-        if stats.cluster_state.starts_with("connected") && stats.cluster_bootstrapped {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not connected: {}; {}",
-            stats.cluster_state,
+    let client = &daemon.client().await;
+    let last_state = &std::sync::Mutex::new(String::new());
+    let connected = Lazy(|| {
+        format!(
+            "connected (last state {}); {}",
+            last_state.lock().unwrap(),
             daemon.diagnostics()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        )
+    });
+    eventually(Duration::from_secs(20), connected, move || async move {
+        let stats = client.stats().await.unwrap();
+        let connected = stats.cluster_state.starts_with("connected") && stats.cluster_bootstrapped;
+        *last_state.lock().unwrap() = stats.cluster_state;
+        connected
+    })
+    .await;
 }
 
 /// Waits (at most `limit`) until Lookup of `key` on `daemon` returns `expected` (any result
@@ -541,17 +538,14 @@ pub const BUILD_CHECKPOINTS_OFTEN: [&str; 4] = [
 /// Waits until every shard of Redis (default prefix) has a checkpoint at its current
 /// sequence number.
 pub async fn wait_checkpoints_current(redis: &Redis) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let current = (0..16).all(|s| {
-            let cp = redis.cli(&["HGET", &format!("tunecache:cp:{{s{s:02}}}"), "seq"]);
-            let meta = redis.cli(&["HGET", &format!("tunecache:m:{{s{s:02}}}"), "s"]);
-            !cp.is_empty() && cp == meta
-        });
-        if current {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the checkpoints never caught up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait(Duration::from_secs(30), "the checkpoints catching up")
+        .every(Duration::from_millis(50))
+        .until(|| {
+            (0..16).all(|s| {
+                let cp = redis.cli(&["HGET", &format!("tunecache:cp:{{s{s:02}}}"), "seq"]);
+                let meta = redis.cli(&["HGET", &format!("tunecache:m:{{s{s:02}}}"), "s"]);
+                !cp.is_empty() && cp == meta
+            })
+        })
+        .await;
 }

@@ -6,9 +6,9 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::{bin, require_root, require_tool};
+use crate::{bin, require_root, require_tool, wait, Lazy};
 
 /// The users of these tests: a site-wide daemon's account and two users.
 pub const SITE: u32 = 4300;
@@ -83,18 +83,19 @@ impl UserDaemon {
             home,
             child: Some(child),
         };
-        let deadline = Instant::now() + LIMIT;
-        while !daemon.cli(&["stats"]).status.success() {
-            if let Some(status) = daemon.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("{node} exited with {status}:\n{}", daemon.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{node} did not serve:\n{}",
-                daemon.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let log = daemon.home.join("daemon.log");
+        let log = || std::fs::read_to_string(&log).unwrap_or_default();
+        wait(LIMIT, Lazy(|| format!("{node} serving:\n{}", log())))
+            .every(Duration::from_millis(50))
+            .blocking(|| {
+                if daemon.cli(&["stats"]).status.success() {
+                    return true;
+                }
+                if let Some(status) = daemon.child.as_mut().unwrap().try_wait().unwrap() {
+                    panic!("{node} exited with {status}:\n{}", daemon.log());
+                }
+                false
+            });
         daemon
     }
 
@@ -184,14 +185,8 @@ impl UserDaemon {
             nix::sys::signal::Signal::SIGTERM,
         )
         .unwrap();
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "{} did not stop", self.node);
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait(LIMIT, Lazy(|| format!("{} stopping", self.node)))
+            .blocking_some(|| child.try_wait().unwrap())
     }
 }
 
@@ -201,14 +196,6 @@ impl Drop for UserDaemon {
             let _ = child.kill();
             let _ = child.wait();
         }
-    }
-}
-
-pub fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + LIMIT;
-    while !check() {
-        assert!(Instant::now() < deadline, "not within {LIMIT:?}: {what}");
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

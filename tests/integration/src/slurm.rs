@@ -7,15 +7,16 @@
 //! cgroups are needed. Jobs run as `nobody` (uid 65534), or as a second real user the cluster
 //! creates for a test ([`Slurm::add_user`]), submitted through `setpriv`.
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use crate::redis::free_port;
-use crate::{bin, daemon_pids_on, require_root, require_tool};
+use crate::{bin, daemon_pids_on, eventually_blocking, require_root, require_tool, wait, Lazy};
 
 /// The unprivileged job user.
 pub const JOB_UID: u32 = 65534;
@@ -148,7 +149,7 @@ impl Slurm {
             .spawn()
             .expect("start munged");
         daemons.push(("munged", munged));
-        wait_for(Duration::from_secs(10), "munged's socket", || {
+        eventually_blocking(Duration::from_secs(10), "munged's socket", || {
             munge_socket.exists()
         });
 
@@ -269,23 +270,27 @@ impl Slurm {
             jobs: Vec::new(),
             users: Vec::new(),
         };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let state = slurm
-                .command("sinfo")
-                .args(["-h", "-N", "-o", "%t"])
-                .output();
-            let state = state.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
-            if state.as_deref().is_ok_and(|s| s == "idle") {
-                break;
-            }
-            slurm.assert_daemons_alive();
-            assert!(
-                Instant::now() < deadline,
-                "the Slurm node did not become idle within 60 s (state {state:?}); logs:\n{}",
+        let mut last_state = None;
+        let idle = wait(Duration::from_secs(60), "the Slurm node becoming idle")
+            .every(Duration::from_millis(200))
+            .try_blocking_some(|| {
+                let state = slurm
+                    .command("sinfo")
+                    .args(["-h", "-N", "-o", "%t"])
+                    .output();
+                let state = state.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+                if state.as_deref().is_ok_and(|s| s == "idle") {
+                    return Some(());
+                }
+                slurm.assert_daemons_alive();
+                last_state = Some(state);
+                None
+            });
+        if idle.is_none() {
+            panic!(
+                "the Slurm node did not become idle within 60 s (state {last_state:?}); logs:\n{}",
                 slurm.logs()
             );
-            std::thread::sleep(Duration::from_millis(200));
         }
         let version = slurm.command("sinfo").arg("-V").output().expect("sinfo -V");
         slurm.version = String::from_utf8_lossy(&version.stdout).trim().to_owned();
@@ -380,25 +385,29 @@ impl Slurm {
     /// Waits until `job` has left the queue, epilog included (a job stays COMPLETING until
     /// its epilog returns), and returns its output.
     pub fn wait_done(&self, job: u32, limit: Duration) -> String {
-        let deadline = Instant::now() + limit;
-        loop {
-            let output = self
-                .command("squeue")
-                .args(["-h", "-j", &job.to_string(), "-o", "%T"])
-                .output()
-                .expect("squeue");
-            let state = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-            if output.status.success() && state.is_empty() {
-                return self.output(job);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "job {job} still {state} after {limit:?}; output:\n{}\nlogs:\n{}",
+        let last_state = RefCell::new(String::new());
+        let left = Lazy(|| {
+            format!(
+                "job {job} leaving the queue (still {}); output:\n{}\nlogs:\n{}",
+                last_state.borrow(),
                 self.output(job),
                 self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            )
+        });
+        wait(limit, left)
+            .every(Duration::from_millis(100))
+            .blocking(|| {
+                let output = self
+                    .command("squeue")
+                    .args(["-h", "-j", &job.to_string(), "-o", "%T"])
+                    .output()
+                    .expect("squeue");
+                let state = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+                let gone = output.status.success() && state.is_empty();
+                *last_state.borrow_mut() = state;
+                gone
+            });
+        self.output(job)
     }
 
     /// What job `job` printed so far.
@@ -496,10 +505,10 @@ impl Drop for Slurm {
         // slurmd first (it holds the steps), then the controller, then munge.
         for (_, child) in self.daemons.iter_mut().rev() {
             let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            // A grace period to exit on SIGTERM, killed after it.
+            let _ = wait(Duration::from_secs(10), "a Slurm daemon exiting")
+                .every(Duration::from_millis(50))
+                .try_blocking_some(|| (!matches!(child.try_wait(), Ok(None))).then_some(()));
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -554,17 +563,6 @@ fn random_bytes(count: usize) -> Vec<u8> {
         .and_then(|mut file| file.read_exact(&mut bytes))
         .expect("read /dev/urandom");
     bytes
-}
-
-fn wait_for(limit: Duration, what: &str, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !ready() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} not there within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// stdout and stderr of a finished command, for a failure message.

@@ -1,9 +1,11 @@
 //! What the Slurm launcher tests share about jobs: the time a job may take, a step that
-//! records from every task, waiting on a file or a fact, a labelled line of a job's output,
+//! records from every task, waiting on a file, a labelled line of a job's output,
 //! and the logs of a wrapper's daemons.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::{eventually_blocking, Lazy};
 
 /// How long a test job may take.
 pub const JOB_LIMIT: Duration = Duration::from_secs(90);
@@ -13,15 +15,11 @@ pub const PUT_FROM_EVERY_TASK: &str = r#"srun bash -c 'tunecache put --namespace
 
 /// Waits (bounded) until `path` exists.
 pub fn wait_for_file(path: &Path, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} did not appear",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually_blocking(
+        limit,
+        Lazy(|| format!("{} appearing", path.display())),
+        || path.exists(),
+    );
 }
 
 /// The rest of the job output's first line that starts with `label`, trimmed.
@@ -45,13 +43,4 @@ pub fn node_log(state_base: &Path) -> String {
         all += &std::fs::read_to_string(node.path().join("tunecached.log")).unwrap_or_default();
     }
     all
-}
-
-/// Waits (bounded) until `check` holds; panics naming `what`.
-pub fn wait_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !check() {
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }

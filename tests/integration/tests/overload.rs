@@ -16,7 +16,7 @@ use nix::unistd::Pid;
 use tonic::Code;
 use tunecache_client::{proto, Client, ClientError, Resolution, ResolveOptions};
 use tunecache_integration::{
-    cli_as_nobody, entry, require_root, require_tool, test_key, DaemonOptions, TestDaemon,
+    cli_as_nobody, entry, require_root, require_tool, test_key, wait, DaemonOptions, TestDaemon,
     TestMount,
 };
 
@@ -166,10 +166,10 @@ async fn idle_sockets_past_the_fd_limit_are_reclaimed_without_spinning() {
         }
     }
     // The daemon accepts them until it runs out.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while (open_fds(pid) as u64) < DAEMON_FDS - 8 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Asserted below, with what was open.
+    wait(Duration::from_secs(5), "the daemon running out of fds")
+        .try_until(|| open_fds(pid) as u64 >= DAEMON_FDS - 8)
+        .await;
     let fds = open_fds(pid);
     assert!(
         fds as u64 >= DAEMON_FDS - 8,
@@ -316,14 +316,13 @@ async fn a_uid_holding_the_most_connections_is_refused_and_other_uids_are_not() 
     // Closing one connection gives its slot back.
     let stats = held[0].stats().await.unwrap();
     held.truncate(held.len() - 1);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while answering_client(&daemon.socket).await.is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the closed connection's slot never came back"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait(
+        Duration::from_secs(10),
+        "the closed connection's slot coming back",
+    )
+    .every(Duration::from_millis(50))
+    .until_async(|| async { answering_client(&daemon.socket).await.is_ok() })
+    .await;
     // Each refused attempt may be a connect and a reconnect of the client's channel.
     assert!(stats.connections_refused_per_uid >= 2, "{stats:?}");
     assert_eq!(

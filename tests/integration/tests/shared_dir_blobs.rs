@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 
 use tonic_health::pb::health_check_response::ServingStatus;
 use tunecache_integration::blobs::Content;
+use tunecache_integration::eventually_blocking;
 use tunecache_integration::shared_users::{
-    as_user, eventually, make_roots, make_sticky_v2, setup, UserDaemon, SITE,
+    as_user, make_roots, make_sticky_v2, setup, UserDaemon, LIMIT, SITE,
 };
 
 /// The daemon's user, an attacker and a bystander: allowed, non-admin uids.
@@ -98,22 +99,26 @@ fn a_squatted_blob_directory_is_reported_and_every_entry_is_still_published() {
     let content = Content::new(50, 70_000);
     dave.put("plain");
     dave.put_with("with-blob", &[artifact_file(root, "k.so", content)]);
-    eventually("dave's node publishes both entries", || {
+    eventually_blocking(LIMIT, "dave's node publishes both entries", || {
         dave.counter("own_entries_published") == 2
     });
-    eventually("the refused blob directory is counted and named", || {
-        let error = dave.text("last_snapshot_error");
-        dave.counter("snapshot_errors") >= 1
-            && error.contains("v2/artifacts")
-            && error.contains(&format!("owned by uid {MALLORY}"))
-    });
+    eventually_blocking(
+        LIMIT,
+        "the refused blob directory is counted and named",
+        || {
+            let error = dave.text("last_snapshot_error");
+            dave.counter("snapshot_errors") >= 1
+                && error.contains("v2/artifacts")
+                && error.contains(&format!("owned by uid {MALLORY}"))
+        },
+    );
     assert!(dave.counter(SQUATTED) >= 1, "{}", dave.stats());
-    eventually("dave's node shows it in health", || {
+    eventually_blocking(LIMIT, "dave's node shows it in health", || {
         snapshots_health(&dave) == ServingStatus::NotServing as i32
     });
     // Retried every pass, logged once.
     let passes = dave.counter("snapshot_passes");
-    eventually("a few passes more", || {
+    eventually_blocking(LIMIT, "a few passes more", || {
         dave.counter("snapshot_passes") >= passes + 3
     });
     assert_eq!(
@@ -125,7 +130,7 @@ fn a_squatted_blob_directory_is_reported_and_every_entry_is_still_published() {
 
     // Dave's other node gets both entries; the blob is nowhere, and it says so.
     let dave_next = UserDaemon::start(root, DAVE, "dave-2", &shared, &[]);
-    eventually("dave's next node gets both entries", || {
+    eventually_blocking(LIMIT, "dave's next node gets both entries", || {
         dave_next.holds("plain") && dave_next.holds("with-blob")
     });
     let refused = fetched(&dave_next, root, "with-blob", &[("k.so", content)]).unwrap_err();
@@ -139,10 +144,10 @@ fn a_squatted_blob_directory_is_reported_and_every_entry_is_still_published() {
     // recorded.
     std::fs::remove_dir(&blobs).unwrap();
     make_roots(&blobs, 0o1777);
-    eventually("dave's next node serves the right bytes", || {
+    eventually_blocking(LIMIT, "dave's next node serves the right bytes", || {
         fetched(&dave_next, root, "with-blob", &[("k.so", content)]).is_ok()
     });
-    eventually("dave's node is healthy again", || {
+    eventually_blocking(LIMIT, "dave's node is healthy again", || {
         snapshots_health(&dave) == ServingStatus::Serving as i32
     });
 }
@@ -189,13 +194,13 @@ fn planted_names_are_reported_and_never_keep_a_blob_from_the_other_nodes() {
     for (i, (name, content)) in contents.iter().enumerate() {
         dave.put_with(&format!("blob-{i}"), &[artifact_file(root, name, *content)]);
     }
-    eventually("dave's node publishes every entry", || {
+    eventually_blocking(LIMIT, "dave's node publishes every entry", || {
         dave.counter("own_entries_published") == 5
     });
     let dave_next = UserDaemon::start(root, DAVE, "dave-2", &shared, &[]);
     for (i, (name, content)) in contents.iter().enumerate() {
         let problem = format!("blob-{i}");
-        eventually(&format!("dave's next node gets {problem}"), || {
+        eventually_blocking(LIMIT, format!("dave's next node gets {problem}"), || {
             dave_next.holds(&problem)
         });
         let got = fetched(&dave_next, root, &problem, &[(name, *content)]);
@@ -234,13 +239,17 @@ fn no_users_daemon_owns_the_blob_directory_of_every_user() {
     let dave = UserDaemon::start(root, DAVE, "dave-1", &shared, &[]);
     let dave_blob = Content::new(70, 30_000);
     dave.put_with("dave-blob", &[artifact_file(root, "d.so", dave_blob)]);
-    eventually("dave's node publishes its entry", || {
+    eventually_blocking(LIMIT, "dave's node publishes its entry", || {
         dave.counter("own_entries_published") == 1
     });
-    eventually("dave's node says who must make the blob directory", || {
-        let error = dave.text("last_snapshot_error");
-        error.contains("install -d -m 1777 -o root -g root") && error.contains("v2/artifacts")
-    });
+    eventually_blocking(
+        LIMIT,
+        "dave's node says who must make the blob directory",
+        || {
+            let error = dave.text("last_snapshot_error");
+            error.contains("install -d -m 1777 -o root -g root") && error.contains("v2/artifacts")
+        },
+    );
     assert!(
         !blobs.exists(),
         "a user's daemon made v2/artifacts/: {:?}",
@@ -258,8 +267,9 @@ fn no_users_daemon_owns_the_blob_directory_of_every_user() {
         (&bob, format!("owned by uid {DAVE}")),
         (&dave, "mode 1777".to_owned()),
     ] {
-        eventually(
-            &format!("{} refuses dave's blob directory", daemon.node),
+        eventually_blocking(
+            LIMIT,
+            format!("{} refuses dave's blob directory", daemon.node),
             || {
                 let error = daemon.text("last_snapshot_error");
                 error.contains("refusing to use")
@@ -268,7 +278,7 @@ fn no_users_daemon_owns_the_blob_directory_of_every_user() {
             },
         );
     }
-    eventually("bob's node publishes its entry", || {
+    eventually_blocking(LIMIT, "bob's node publishes its entry", || {
         bob.counter("own_entries_published") == 1
     });
 
@@ -278,7 +288,7 @@ fn no_users_daemon_owns_the_blob_directory_of_every_user() {
     std::fs::set_permissions(&blobs, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let bob_file = blobs.join(BOB.to_string()).join(bob_blob.digest());
     let dave_file = blobs.join(DAVE.to_string()).join(dave_blob.digest());
-    eventually("both blobs are published", || {
+    eventually_blocking(LIMIT, "both blobs are published", || {
         bob_file.is_file() && dave_file.is_file()
     });
     assert_eq!(std::fs::metadata(&bob_file).unwrap().uid(), BOB);
@@ -305,7 +315,7 @@ fn no_users_daemon_owns_the_blob_directory_of_every_user() {
         "dave took bob's blob: {removed:?} {renamed:?}"
     );
     let bob_next = UserDaemon::start(root, BOB, "bob-2", &shared, &[]);
-    eventually("bob's next node serves bob's blob", || {
+    eventually_blocking(LIMIT, "bob's next node serves bob's blob", || {
         bob_next.holds("bob-blob")
             && fetched(&bob_next, root, "bob-blob", &[("b.so", bob_blob)]).is_ok()
     });
@@ -315,7 +325,7 @@ fn no_users_daemon_owns_the_blob_directory_of_every_user() {
     let site_blob = Content::new(72, 10_000);
     site.put_with("site-blob", &[artifact_file(root, "s.so", site_blob)]);
     let site_file = blobs.join(SITE.to_string()).join(site_blob.digest());
-    eventually("the site daemon's blob is published", || {
+    eventually_blocking(LIMIT, "the site daemon's blob is published", || {
         site_file.is_file()
     });
     assert_eq!(

@@ -21,6 +21,8 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tunecache_client::{proto, Client};
 
+use crate::{wait, Lazy};
+
 use in_process::InProcessDaemon;
 use process::ProcessDaemon;
 
@@ -222,24 +224,29 @@ impl TestDaemon {
         what: &str,
         done: impl Fn(&proto::StatsResponse) -> bool,
     ) -> proto::StatsResponse {
-        let client = self.client().await;
-        let deadline = Instant::now() + FACT_LIMIT;
-        loop {
-            let stats = client
-                .stats()
-                .await
-                .unwrap_or_else(|e| panic!("Stats: {e} (daemon gone?); {}", self.diagnostics()));
-            if done(&stats) {
-                return stats;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{}: not within {FACT_LIMIT:?}: {what}; last Stats: {stats:?}; {}",
+        let client = &self.client().await;
+        let last = &std::sync::Mutex::new(None);
+        let done = &done;
+        let what = Lazy(|| {
+            format!(
+                "{}: {what}; last Stats: {:?}; {}",
                 self.socket.display(),
+                last.lock().unwrap(),
                 self.diagnostics()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            )
+        });
+        wait(FACT_LIMIT, what)
+            .until_some_async(move || async move {
+                let stats = client.stats().await.unwrap_or_else(|e| {
+                    panic!("Stats: {e} (daemon gone?); {}", self.diagnostics())
+                });
+                if done(&stats) {
+                    return Some(stats);
+                }
+                *last.lock().unwrap() = Some(stats);
+                None
+            })
+            .await
     }
 
     /// Waits until the daemon has finished `more` shared-directory passes (load, then publish;
@@ -254,46 +261,48 @@ impl TestDaemon {
     }
 
     async fn wait_serving(&mut self) {
-        let deadline = Instant::now() + START_LIMIT;
-        loop {
-            match &mut self.runner {
-                Runner::Process(daemon) => {
-                    if let Some(status) = daemon.exited() {
-                        panic!(
-                            "tunecached exited early with {status}; log:\n{}",
-                            daemon.log()
-                        );
+        // The daemon this test started must answer, not another one on the path.
+        let expected = match &self.runner {
+            Runner::Process(daemon) => daemon.pid().as_raw() as u32,
+            Runner::InProcess(_) => std::process::id(),
+        };
+        let socket = &self.socket;
+        let runner = &mut self.runner;
+        let answered = wait(START_LIMIT, "the daemon serving")
+            .try_until_some_async(|| {
+                match &mut *runner {
+                    Runner::Process(daemon) => {
+                        if let Some(status) = daemon.exited() {
+                            panic!(
+                                "tunecached exited early with {status}; log:\n{}",
+                                daemon.log()
+                            );
+                        }
+                    }
+                    Runner::InProcess(daemon) => {
+                        if let Some(error) = daemon.exited() {
+                            panic!("the in-process daemon stopped before serving: {error}");
+                        }
                     }
                 }
-                Runner::InProcess(daemon) => {
-                    if let Some(error) = daemon.exited() {
-                        panic!("the in-process daemon stopped before serving: {error}");
-                    }
+                async move {
+                    let client = Client::connect(socket).await.ok()?;
+                    Some(client.stats().await.ok()?.daemon_pid)
                 }
-            }
-            if let Ok(client) = Client::connect(&self.socket).await {
-                if let Ok(stats) = client.stats().await {
-                    // The daemon this test started answers, not another one on the path.
-                    let expected = match &self.runner {
-                        Runner::Process(daemon) => daemon.pid().as_raw() as u32,
-                        Runner::InProcess(_) => std::process::id(),
-                    };
-                    assert_eq!(
-                        stats.daemon_pid,
-                        expected,
-                        "another daemon answers on {}",
-                        self.socket.display()
-                    );
-                    return;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
+            })
+            .await;
+        let Some(pid) = answered else {
+            panic!(
                 "the daemon did not serve within {START_LIMIT:?}; {}",
                 self.diagnostics()
             );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        };
+        assert_eq!(
+            pid,
+            expected,
+            "another daemon answers on {}",
+            socket.display()
+        );
     }
 
     /// A clean stop, as at the end of a job: SIGTERM to a process (it must exit 0), the

@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -119,21 +119,18 @@ impl ProcessDaemon {
     /// Waits for the exit (at most `limit`; killed and a panic after that).
     pub(super) fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
         let child = self.child.as_mut().expect("daemon running");
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = child.try_wait().expect("wait for daemon") {
-                self.child = None;
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!(
-                    "tunecached did not exit within {limit:?}; log:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let exited = crate::wait(limit, "tunecached exiting")
+            .every(Duration::from_millis(10))
+            .try_blocking_some(|| child.try_wait().expect("wait for daemon"));
+        let Some(status) = exited else {
+            let _ = child.kill();
+            panic!(
+                "tunecached did not exit within {limit:?}; log:\n{}",
+                self.log()
+            );
+        };
+        self.child = None;
+        status
     }
 }
 

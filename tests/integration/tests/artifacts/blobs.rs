@@ -10,23 +10,21 @@ use tonic::Code;
 use tunecache_client::{proto, Client};
 use tunecache_integration::blobs::{self, Content};
 use tunecache_integration::{
-    cli, cli_as_nobody, entry, require_root, require_tool, shared_node, test_key, TestDaemon,
+    cli, cli_as_nobody, entry, eventually, require_root, require_tool, shared_node, test_key,
+    with_artifacts, TestDaemon, FACT_LIMIT,
 };
 
 const MIB: u64 = 1024 * 1024;
 
 /// An entry of `problem` naming `artifacts`.
 fn entry_naming(problem: &str, time_us: f64, artifacts: Vec<proto::Artifact>) -> proto::Entry {
-    let mut entry = entry(
+    let entry = entry(
         test_key("matmul", problem),
         "{\"block\":128}",
         time_us,
         "test",
     );
-    if let Some(result) = entry.result.as_mut() {
-        result.artifacts = artifacts;
-    }
-    entry
+    with_artifacts(entry, artifacts)
 }
 
 /// Files under the store's temporary directory and its blobs.
@@ -676,19 +674,24 @@ async fn blobs_no_live_entry_names_are_collected_after_the_grace_period() {
     };
     let unnamed = Content::new(21, 4096);
     blobs::put(&client, unnamed).await.unwrap();
-    wait_until("the unnamed upload is collected", || collected(unnamed)).await;
+    eventually(FACT_LIMIT, "the unnamed upload is collected", || {
+        collected(unnamed)
+    })
+    .await;
     assert!(!collected(kept).await, "a blob two live entries name stays");
     // One of its two entries forgotten: it stays. A probe collected after the Forget shows a
     // collection pass ran past the grace period since.
     forget(&client, "one").await;
     let probe = Content::new(22, 4096);
     blobs::put(&client, probe).await.unwrap();
-    wait_until("the probe is collected", || collected(probe)).await;
+    eventually(FACT_LIMIT, "the probe is collected", || collected(probe)).await;
     assert!(!collected(kept).await, "a blob one live entry names stays");
     forget(&client, "two").await;
-    wait_until("the blob is collected once no entry names it", || {
-        collected(kept)
-    })
+    eventually(
+        FACT_LIMIT,
+        "the blob is collected once no entry names it",
+        || collected(kept),
+    )
     .await;
     let stats = daemon.stats().await;
     assert_eq!(
@@ -763,14 +766,6 @@ async fn forget(client: &Client, problem: &str) {
     assert_eq!(forgotten, 1);
 }
 
-async fn wait_until<F, Fut>(what: &str, check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    tunecache_integration::eventually(tunecache_integration::FACT_LIMIT, what, check).await;
-}
-
 /// Two nodes on the Redis tier alone: the entry is a hit on the second, nothing of its blob
 /// is read there until GetArtifact, which fetches it from Redis; a blob over
 /// --cluster-max-artifact-bytes stays out of Redis while its entry is published.
@@ -840,7 +835,7 @@ async fn a_second_node_gets_the_blob_from_redis_only_when_asked() {
 
     // Lost from Redis (an eviction, a careless writer): the node that holds it writes it again.
     redis.cli(&["DEL", &blob_keys[0]]);
-    wait_until("the lost blob is written again", || {
+    eventually(FACT_LIMIT, "the lost blob is written again", || {
         let keys = redis.keys_matching("*b:{s*");
         async move { keys.len() == 1 }
     })
@@ -849,17 +844,21 @@ async fn a_second_node_gets_the_blob_from_redis_only_when_asked() {
     // Forgotten on every node: the blob goes from both nodes and from Redis after the grace
     // period (its TTL is no longer renewed by any node).
     forget(&ca, "redis-small").await;
-    wait_until("the blob is gone from Redis", || {
+    eventually(FACT_LIMIT, "the blob is gone from Redis", || {
         let keys = redis.keys_matching("*b:{s*");
         async move { keys.is_empty() }
     })
     .await;
     for (node, client) in [("a", &ca), ("b", &cb)] {
         let client = client.clone();
-        wait_until(&format!("the blob is collected on {node}"), || {
-            let client = client.clone();
-            async move { blobs::missing(&client, &[small.digest()]).await.len() == 1 }
-        })
+        eventually(
+            FACT_LIMIT,
+            &format!("the blob is collected on {node}"),
+            || {
+                let client = client.clone();
+                async move { blobs::missing(&client, &[small.digest()]).await.len() == 1 }
+            },
+        )
         .await;
     }
 }
@@ -953,7 +952,7 @@ async fn a_waiter_on_another_node_gets_the_artifact_entry_of_the_lease_holder_an
         tokio::spawn(async move { cb.resolve(key, options).await })
     };
     // (Or until it answered, which the assertion below refuses.)
-    wait_until("b's Resolve waits on a's cluster lease", || {
+    eventually(FACT_LIMIT, "b's Resolve waits on a's cluster lease", || {
         let (b, waiting) = (&b, &waiting);
         async move {
             let stats = b.stats().await;
@@ -1117,9 +1116,9 @@ async fn shared_blobs_no_live_entry_names_are_collected_and_named_ones_stay() {
         pass().await;
         !gone_file.exists() && !temp.exists()
     };
-    wait_until("the forgotten entry's blob is collected", swept).await;
+    eventually(FACT_LIMIT, "the forgotten entry's blob is collected", swept).await;
     // Collected: no trash left behind once the second step ran, and counted.
-    wait_until("the trash is deleted", || async {
+    eventually(FACT_LIMIT, "the trash is deleted", || async {
         pass().await;
         std::fs::read_dir(&blob_dir).unwrap().all(|item| {
             !item

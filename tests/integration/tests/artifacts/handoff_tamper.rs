@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use tunecache_integration::blobs::{self, Content};
-use tunecache_integration::{require_root, require_tool, TestDaemon};
+use tunecache_integration::{require_root, require_tool, wait, Lazy, TestDaemon, FACT_LIMIT};
 use tunecache_proto::handoff::socket_path;
 
 const MIB: u64 = 1024 * 1024;
@@ -54,18 +54,22 @@ impl DaemonAs {
             socket,
             home: home.to_path_buf(),
         };
-        let deadline = std::time::Instant::now() + tunecache_integration::FACT_LIMIT;
-        while !daemon.cli(setpriv, &["stats"]).status.success() {
+        let log = daemon.home.join("daemon.log");
+        let log = || std::fs::read_to_string(&log).unwrap_or_default();
+        wait(
+            FACT_LIMIT,
+            Lazy(|| format!("the daemon serving:\n{}", log())),
+        )
+        .every(Duration::from_millis(50))
+        .blocking(|| {
+            if daemon.cli(setpriv, &["stats"]).status.success() {
+                return true;
+            }
             if let Some(status) = daemon.child.try_wait().unwrap() {
                 panic!("the daemon exited with {status}:\n{}", daemon.log());
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the daemon did not serve:\n{}",
-                daemon.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            false
+        });
         daemon
     }
 

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use tonic::{Code, Status};
 use tunecache_client::{connect_channel, Client};
 use tunecache_integration::raw_grpc::raw_unary;
-use tunecache_integration::{entry, test_key, DaemonOptions, TestDaemon};
+use tunecache_integration::{entry, test_key, wait, DaemonOptions, TestDaemon};
 
 const MIB: usize = 1 << 20;
 /// The daemon's peak RSS through any one flood must stay under this (the bound).
@@ -80,7 +80,10 @@ impl Prober {
                     .with_timeout(Duration::from_secs(120));
                 while !stopped.load(Ordering::Relaxed) {
                     let started = Instant::now();
-                    let hits = client.lookup(vec![probe_key()]).await.unwrap();
+                    let hits = client
+                        .lookup(vec![test_key("gemm", "probe")])
+                        .await
+                        .unwrap();
                     answered.lock().unwrap().push((started, Instant::now()));
                     assert_eq!(hits.len(), 1, "the probe's key is cached");
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -96,12 +99,17 @@ impl Prober {
 
     /// Waits (at most 30 s) until `done` holds for the calls answered so far.
     async fn wait_for(&self, what: &str, done: impl Fn(&[(Instant, Instant)]) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !done(&self.calls.lock().unwrap()) {
-            assert!(!self.thread.is_finished(), "the probe stopped: {what}");
-            assert!(Instant::now() < deadline, "the probe, within 30 s: {what}");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait(Duration::from_secs(30), format!("the probe: {what}"))
+            .every(Duration::from_millis(5))
+            .until(|| {
+                let holds = done(&self.calls.lock().unwrap());
+                assert!(
+                    holds || !self.thread.is_finished(),
+                    "the probe stopped: {what}"
+                );
+                holds
+            })
+            .await;
     }
 
     /// Waits until the probe has had a few Lookups answered: it is connected and in its loop.
@@ -115,10 +123,6 @@ impl Prober {
         self.thread.join().expect("the probe panicked");
         std::mem::take(&mut *self.calls.lock().unwrap())
     }
-}
-
-fn probe_key() -> tunecache_client::proto::Key {
-    test_key("gemm", "probe")
 }
 
 /// What one flood cost, and what the other client saw meanwhile.
@@ -146,7 +150,7 @@ async fn flood(args: &[&str], method: &'static str, bytes: usize, copies: usize)
     daemon
         .client()
         .await
-        .record(vec![entry(probe_key(), "{}", 1.0, "probe")])
+        .record(vec![entry(test_key("gemm", "probe"), "{}", 1.0, "probe")])
         .await
         .unwrap();
     let mut channels = Vec::new();
@@ -296,7 +300,7 @@ async fn a_full_batch_of_the_largest_size_is_stored_in_a_small_multiple_of_its_s
     let daemon = TestDaemon::process(dir.path()).await;
     let client = daemon.client().await;
     client
-        .record(vec![entry(probe_key(), "{}", 1.0, "probe")])
+        .record(vec![entry(test_key("gemm", "probe"), "{}", 1.0, "probe")])
         .await
         .unwrap();
     let baseline = daemon.peak_rss_bytes();
@@ -465,7 +469,7 @@ async fn a_uid_s_request_bytes_in_flight_are_bounded_and_its_small_calls_still_s
         .await;
     let client = daemon.client().await;
     client
-        .record(vec![entry(probe_key(), "{}", 1.0, "probe")])
+        .record(vec![entry(test_key("gemm", "probe"), "{}", 1.0, "probe")])
         .await
         .unwrap();
 
@@ -500,7 +504,14 @@ async fn a_uid_s_request_bytes_in_flight_are_bounded_and_its_small_calls_still_s
         "{status:?}"
     );
     // The uid's small calls still fit and are served, on any connection.
-    assert_eq!(client.lookup(vec![probe_key()]).await.unwrap().len(), 1);
+    assert_eq!(
+        client
+            .lookup(vec![test_key("gemm", "probe")])
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     let stats = client.stats().await.unwrap();
     assert_eq!(stats.requests_refused_per_uid, 1);
     assert_eq!(stats.max_request_bytes_per_uid, 2 * MESSAGE as u64);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tonic::Code;
 use tunecache_client::{key, proto, Client};
-use tunecache_integration::{bin, entry, test_key, DaemonOptions, TestDaemon};
+use tunecache_integration::{bin, entry, test_key, wait, DaemonOptions, Lazy, TestDaemon};
 
 fn problem(i: usize) -> String {
     format!("m={i},n=4096,k=4096,dtype=f16")
@@ -584,18 +584,18 @@ async fn the_journal_is_compacted_and_replays_to_the_same_state() {
         record_all(&client, round(r)).await;
     }
     // Compaction runs right after a group is acknowledged; give the last one a moment.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let stats = loop {
-        let stats = client.stats().await.unwrap();
-        if stats.journal_bytes <= (1 << 20).max(2 * stats.journal_live_bytes) {
-            break stats;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never compacted: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let (client, last) = (&client, &std::sync::Mutex::new(None));
+    let compacted = Lazy(|| format!("compaction (last Stats {:?})", last.lock().unwrap()));
+    let stats = wait(Duration::from_secs(10), compacted)
+        .until_some_async(move || async move {
+            let stats = client.stats().await.unwrap();
+            if stats.journal_bytes <= (1 << 20).max(2 * stats.journal_live_bytes) {
+                return Some(stats);
+            }
+            *last.lock().unwrap() = Some(stats);
+            None
+        })
+        .await;
     assert!(stats.journal_compactions >= 1, "{stats:?}");
     assert_eq!(stats.entries, 2000);
 

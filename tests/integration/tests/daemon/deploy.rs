@@ -12,42 +12,23 @@ use std::time::{Duration, Instant};
 
 use tunecache_client::Client;
 use tunecache_integration::{
-    bin, cli_as_nobody, daemon_pids_on, entry, require_root, require_tool, test_key, DaemonOptions,
-    TestDaemon,
+    bin, cli_as_nobody, daemon_pids_on, entry, eventually_sync, require_root, require_tool,
+    test_key, wait, DaemonOptions, Lazy, TestDaemon,
 };
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Polls `condition` until it holds, failing after `limit` (a liveness bound, not a timing
-/// assertion).
-async fn eventually(limit: Duration, what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !condition() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not happen within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn connect_when_answering(socket: &Path, limit: Duration) -> Client {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Ok(client) = Client::connect(socket).await {
-            if client.stats().await.is_ok() {
-                return client;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "nothing answered on {}",
-            socket.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = Lazy(|| format!("an answer on {}", socket.display()));
+    wait(limit, what)
+        .until_some_async(|| async {
+            let client = Client::connect(socket).await.ok()?;
+            client.stats().await.ok()?;
+            Some(client)
+        })
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -77,7 +58,7 @@ async fn socket_activation_serves_on_the_inherited_socket_and_leaves_it() {
         .stderr(log)
         .spawn()
         .unwrap();
-    eventually(Duration::from_secs(10), "the activation socket", || {
+    eventually_sync(Duration::from_secs(10), "the activation socket", || {
         socket.exists()
     })
     .await;
@@ -603,7 +584,7 @@ async fn sixteen_clients_autostarting_at_once_bring_up_exactly_one_daemon() {
         assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "stored");
     }
     // Losers of the start race exit at once; what is left is one daemon.
-    eventually(Duration::from_secs(10), "losing daemons exiting", || {
+    eventually_sync(Duration::from_secs(10), "losing daemons exiting", || {
         daemon_pids_on(&socket).len() <= 1
     })
     .await;
@@ -619,7 +600,7 @@ async fn sixteen_clients_autostarting_at_once_bring_up_exactly_one_daemon() {
 
     let pid = nix::unistd::Pid::from_raw(pids[0]);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    eventually(Duration::from_secs(20), "the daemon exiting", || {
+    eventually_sync(Duration::from_secs(20), "the daemon exiting", || {
         daemon_pids_on(&socket).is_empty()
     })
     .await;

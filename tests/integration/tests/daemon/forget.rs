@@ -15,13 +15,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use tunecache_client::{key, proto, Client, Resolution, ResolveOptions};
+use tunecache_client::{proto, Client, Resolution, ResolveOptions};
 use tunecache_integration::redis::{free_port, wait_connected, Redis};
 use tunecache_integration::{
-    bin, entry, eventually, require_root, require_tool, DaemonOptions, Kind, TestDaemon,
+    bin, entry, eventually, eventually_some, key_in, require_root, require_tool, result,
+    DaemonOptions, Kind, TestDaemon, TEST_DEVICE,
 };
 
-const DEVICE: &str = "test-device";
 const GOOD: &str = r#"{"block":[128,64,1]}"#;
 const BOGUS: &str = r#"{"block":[1,1,1],"bogus":true}"#;
 /// Recorded after the Forget, slower than the first good result (41.5 µs): were that one
@@ -30,21 +30,6 @@ const GOOD_AFTER: &str = r#"{"block":[64,64,1]}"#;
 const GOOD_AFTER_TIME: f64 = 50.0;
 /// For waits the issue puts no bound on: long enough for a loaded 2-core machine.
 const GENEROUS: Duration = Duration::from_secs(60);
-
-fn k(namespace: &str, op: &str, problem: &str, rank: Option<u32>) -> proto::Key {
-    key(namespace, op, DEVICE, problem, rank)
-}
-
-fn result(config: &str, time_us: f64, by: &str) -> proto::Result {
-    proto::Result {
-        config: config.to_owned(),
-        time_us,
-        tuned_by: by.to_owned(),
-        tuned_at_unix_ms: 1_700_000_000_000,
-        forget_epoch: 0,
-        artifacts: Default::default(),
-    }
-}
 
 fn scope(namespace: &str, op: &str) -> proto::ForgetRequest {
     proto::ForgetRequest {
@@ -305,7 +290,7 @@ impl Tier {
             return;
         }
         for (i, from) in nodes.iter().enumerate() {
-            let marker = k("marker", "sync", &format!("{tag}-{i}"), None);
+            let marker = key_in("marker", "sync", &format!("{tag}-{i}"), None);
             from.client()
                 .await
                 .record(vec![entry(marker.clone(), "{}", 1.0, "marker")])
@@ -329,18 +314,18 @@ struct Scenario {
 }
 
 fn scenario() -> Scenario {
-    let main = k("test", "gemm", "p1", None);
+    let main = key_in("test", "gemm", "p1", None);
     Scenario {
         forgotten: vec![
             main.clone(),
-            k("test", "gemm", "p1", Some(0)),
-            k("test", "gemm", "p1", Some(1)),
-            k("test", "gemm", "p2", None),
+            key_in("test", "gemm", "p1", Some(0)),
+            key_in("test", "gemm", "p1", Some(1)),
+            key_in("test", "gemm", "p2", None),
         ],
         main,
         kept: vec![
-            entry(k("test", "conv", "p1", None), GOOD, 3.0, "kept"),
-            entry(k("other", "gemm", "p1", None), GOOD, 3.0, "kept"),
+            entry(key_in("test", "conv", "p1", None), GOOD, 3.0, "kept"),
+            entry(key_in("other", "gemm", "p1", None), GOOD, 3.0, "kept"),
         ],
     }
 }
@@ -598,7 +583,7 @@ async fn an_exact_key_forget_drops_only_the_winner_it_names() {
     let client = daemon.client().await;
 
     // The winner named: dropped.
-    let named = k("test", "gemm", "named", None);
+    let named = key_in("test", "gemm", "named", None);
     client
         .record(vec![entry(named.clone(), BOGUS, 0.0, "r")])
         .await
@@ -612,7 +597,7 @@ async fn an_exact_key_forget_drops_only_the_winner_it_names() {
     );
 
     // A better result recorded since: nothing dropped.
-    let moved = k("test", "gemm", "moved-on", None);
+    let moved = key_in("test", "gemm", "moved-on", None);
     client
         .record(vec![entry(moved.clone(), BOGUS, 20.0, "r")])
         .await
@@ -633,8 +618,8 @@ async fn an_exact_key_forget_drops_only_the_winner_it_names() {
     );
 
     // A rank's entry and the shared one are different exact keys.
-    let shared_key = k("test", "gemm", "ranked", None);
-    let rank_key = k("test", "gemm", "ranked", Some(3));
+    let shared_key = key_in("test", "gemm", "ranked", None);
+    let rank_key = key_in("test", "gemm", "ranked", Some(3));
     client
         .record(vec![
             entry(shared_key.clone(), BOGUS, 7.0, "r"),
@@ -776,7 +761,7 @@ async fn after_a_forget_stats_count_it_and_resolve_tunes_again() {
         got.forget_epoch
     );
     // A key no Forget covered keeps epoch 0 whatever the client sent.
-    let untouched = k("other", "gemm", "untouched", None);
+    let untouched = key_in("other", "gemm", "untouched", None);
     let mut e = entry(untouched.clone(), GOOD, 1.0, "r");
     e.result.as_mut().unwrap().forget_epoch = 999;
     client.record(vec![e]).await.unwrap();
@@ -957,12 +942,12 @@ async fn a_node_down_during_the_forget_brings_nothing_back(
     let mut b = tier.node(dir, "b").await;
     let c = tier.node(dir, "c").await;
     let own_b = [
-        k("test", "gemm", "b1", None),
-        k("test", "gemm", "b1", Some(0)),
+        key_in("test", "gemm", "b1", None),
+        key_in("test", "gemm", "b1", Some(0)),
     ];
-    let own_a = k("test", "gemm", "a1", None);
+    let own_a = key_in("test", "gemm", "a1", None);
     let forgotten = [own_b[0].clone(), own_b[1].clone(), own_a.clone()];
-    let kept = entry(k("test", "conv", "kept", None), GOOD, 3.0, "b");
+    let kept = entry(key_in("test", "conv", "kept", None), GOOD, 3.0, "b");
     b.client()
         .await
         .record(vec![
@@ -1079,7 +1064,7 @@ fn write_v1_file(shared: &Path, node: &str, written_at: i64, problems: &[&str]) 
     let entries: Vec<_> = problems
         .iter()
         .map(|problem| {
-            serde_json::json!({"namespace": "test", "op": "gemm", "device": DEVICE,
+            serde_json::json!({"namespace": "test", "op": "gemm", "device": TEST_DEVICE,
                 "problem": problem, "config": BOGUS, "time_us": 0.0,
                 "tuned_by": node, "tuned_at_unix_ms": 1})
         })
@@ -1106,8 +1091,8 @@ async fn a_format_1_file_of_an_old_daemon_brings_nothing_back() {
     let flags = ["--shared-dir", &shared_arg, "--snapshot-interval", "1"];
     let a = lone_daemon(Kind::InProcess, &dir.path().join("a"), &flags).await;
     let keys = [
-        k("test", "gemm", "v1-a", None),
-        k("test", "gemm", "v1-b", None),
+        key_in("test", "gemm", "v1-a", None),
+        key_in("test", "gemm", "v1-b", None),
     ];
     eventually(
         GENEROUS,
@@ -1139,7 +1124,7 @@ async fn a_format_1_file_of_an_old_daemon_brings_nothing_back() {
     assert!(stats(&b).await.peer_files_loaded >= 1);
     assert_eq!(hits_among(&b, &keys).await, vec![], "{}", b.diagnostics());
     // What is recorded after the Forget lives, on both.
-    let after = k("test", "gemm", "v1-a", None);
+    let after = key_in("test", "gemm", "v1-a", None);
     a.client()
         .await
         .record(vec![proto::Entry {
@@ -1178,7 +1163,7 @@ async fn a_forgotten_result_published_late_to_redis_is_deleted_by_the_audit() {
     .in_process()
     .await;
     wait_connected(&a).await;
-    let late = k("test", "gemm", "late", None);
+    let late = key_in("test", "gemm", "late", None);
     a.client()
         .await
         .record(vec![proto::Entry {
@@ -1187,7 +1172,10 @@ async fn a_forgotten_result_published_late_to_redis_is_deleted_by_the_audit() {
         }])
         .await
         .unwrap();
-    let name = eventually_some(|| redis.entry_name("gemm", "late")).await;
+    let name = eventually_some(GENEROUS, "the late entry in redis", || {
+        redis.entry_name("gemm", "late")
+    })
+    .await;
     let fields: Vec<String> = ["t", "c", "b", "a"]
         .iter()
         .map(|field| redis.cli(&["HGET", &name, field]))
@@ -1243,17 +1231,6 @@ return 1";
     assert!(stats.cluster_audit_differing > differing, "{stats:?}");
     assert_eq!(stats.cluster_audit_repaired, 0, "{stats:?}");
     assert_eq!(hits_among(&a, &[late]).await, vec![], "{}", a.diagnostics());
-}
-
-async fn eventually_some<T>(mut find: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + GENEROUS;
-    loop {
-        if let Some(found) = find() {
-            return found;
-        }
-        assert!(Instant::now() < deadline, "not found within {GENEROUS:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Tombstones past `--forget-retention-days` leave Redis too: the hash a connecting node

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tonic::Code;
 use tunecache_client::{Client, ClientError};
 use tunecache_integration::{
-    entry, require_root, require_tool, test_key, DaemonOptions, TestDaemon,
+    entry, require_root, require_tool, test_key, wait, DaemonOptions, TestDaemon,
 };
 
 /// The NOFILE limit the daemon runs under while the load runs.
@@ -595,28 +595,25 @@ async fn a_restarting_daemon_answers_unavailable_while_it_opens_never_a_silent_s
     mount.signal_server(nix::sys::signal::Signal::SIGSTOP);
     let while_opening = async {
         // The first answer on the new socket (the old one, left by SIGKILL, refuses).
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let status = loop {
-            assert!(Instant::now() < deadline, "no answer on the socket in 60 s");
-            let Ok(channel) = tunecache_client::connect_channel(&socket).await else {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            };
-            let mut raw = TuneCacheClient::new(channel.clone());
-            let mut request = tonic::Request::new(tunecache_client::proto::StatsRequest {});
-            request.set_timeout(Duration::from_secs(5));
-            let started = Instant::now();
-            let answer = raw.stats(request).await;
-            assert!(
-                started.elapsed() < Duration::from_secs(2),
-                "Stats took {:?} on an opening daemon",
-                started.elapsed()
-            );
-            match answer {
-                Err(status) => break (status, channel),
-                Ok(stats) => panic!("served while its state directory hangs: {stats:?}"),
-            }
-        };
+        let status = wait(Duration::from_secs(60), "an answer on the socket")
+            .until_some_async(|| async {
+                let channel = tunecache_client::connect_channel(&socket).await.ok()?;
+                let mut raw = TuneCacheClient::new(channel.clone());
+                let mut request = tonic::Request::new(tunecache_client::proto::StatsRequest {});
+                request.set_timeout(Duration::from_secs(5));
+                let started = Instant::now();
+                let answer = raw.stats(request).await;
+                assert!(
+                    started.elapsed() < Duration::from_secs(2),
+                    "Stats took {:?} on an opening daemon",
+                    started.elapsed()
+                );
+                match answer {
+                    Err(status) => Some((status, channel)),
+                    Ok(stats) => panic!("served while its state directory hangs: {stats:?}"),
+                }
+            })
+            .await;
         let (status, channel) = status;
         assert_eq!(status.code(), Code::Unavailable, "{status:?}");
         assert!(

@@ -4,11 +4,14 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tunecache_client::{key, proto, Client, Resolution, ResolveOptions};
-use tunecache_integration::{eventually, rank_command, run_ranks, TestDaemon};
+use tunecache_client::{proto, Client, Resolution, ResolveOptions};
+use tunecache_integration::{
+    eventually, eventually_sync, rank_command, run_ranks, test_key, Lazy, TestDaemon,
+};
 
 /// How many times each problem was tuned, from the count file.
 fn tune_counts(dir: &Path) -> HashMap<String, usize> {
@@ -127,11 +130,11 @@ async fn sixteen_processes_500_keys_each_tuned_exactly_once() {
 }
 
 async fn wait_for_count(dir: &Path, problem: &str, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while tune_counts(dir).get(problem).copied().unwrap_or(0) < n {
-        assert!(Instant::now() < deadline, "{problem} never started tuning");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let what = format!("{problem} starting to tune");
+    eventually_sync(Duration::from_secs(20), what, || {
+        tune_counts(dir).get(problem).copied().unwrap_or(0) >= n
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,9 +156,7 @@ async fn sigkilled_holder_hands_the_lease_to_a_waiter_long_before_expiry() {
                 can_tune: true,
                 lease: Duration::ZERO,
             };
-            let resolution = client
-                .resolve(key("test", "gemm", "test-device", "p0", None), options)
-                .await;
+            let resolution = client.resolve(test_key("gemm", "p0"), options).await;
             (resolution, Instant::now())
         }
     });
@@ -198,18 +199,17 @@ async fn expiry_timeout_and_give_up() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = TestDaemon::in_process(dir.path()).await;
     let client = daemon.client().await;
-    let k = |p: &str| key("test", "gemm", "test-device", p, None);
 
     // Expiry: a 300 ms lease nobody completes passes to the next caller that can tune.
     let Resolution::TuneHere(first) = client
-        .resolve(k("expiry"), options(0, true, 300))
+        .resolve(test_key("gemm", "expiry"), options(0, true, 300))
         .await
         .unwrap()
     else {
         panic!("first caller should get the lease");
     };
     let second = client
-        .resolve(k("expiry"), options(10_000, true, 60_000))
+        .resolve(test_key("gemm", "expiry"), options(10_000, true, 60_000))
         .await
         .unwrap();
     let Resolution::TuneHere(second) = second else {
@@ -220,7 +220,7 @@ async fn expiry_timeout_and_give_up() {
 
     // A wait that times out is a miss whose reason names who is tuning and since when.
     let miss = client
-        .resolve(k("expiry"), options(200, false, 0))
+        .resolve(test_key("gemm", "expiry"), options(200, false, 0))
         .await
         .unwrap();
     let Resolution::Miss(reason) = miss else {
@@ -237,7 +237,7 @@ async fn expiry_timeout_and_give_up() {
 
     // Give-up: an empty Record with the lease passes it to the waiter that can tune.
     let Resolution::TuneHere(lease) = client
-        .resolve(k("give-up"), options(0, true, 60_000))
+        .resolve(test_key("gemm", "give-up"), options(0, true, 60_000))
         .await
         .unwrap()
     else {
@@ -245,7 +245,7 @@ async fn expiry_timeout_and_give_up() {
     };
     let waiter = tokio::spawn({
         let client = client.clone();
-        let key = k("give-up");
+        let key = test_key("gemm", "give-up");
         async move { client.resolve(key, options(10_000, true, 60_000)).await }
     });
     wait_for_waiters(&client, 1).await;
@@ -263,7 +263,7 @@ async fn expiry_timeout_and_give_up() {
     };
     let waiter = tokio::spawn({
         let client = client.clone();
-        let key = k("give-up");
+        let key = test_key("gemm", "give-up");
         async move { client.resolve(key, options(10_000, false, 0)).await }
     });
     wait_for_waiters(&client, 1).await;
@@ -276,7 +276,7 @@ async fn expiry_timeout_and_give_up() {
         artifacts: Default::default(),
     };
     let entry = proto::Entry {
-        key: Some(k("give-up")),
+        key: Some(test_key("gemm", "give-up")),
         result: Some(result.clone()),
     };
     client
@@ -297,7 +297,7 @@ async fn a_waiter_that_disconnects_leaves_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = TestDaemon::in_process(dir.path()).await;
     let client = daemon.client().await;
-    let k = key("test", "gemm", "test-device", "leak", None);
+    let k = test_key("gemm", "leak");
     let Resolution::TuneHere(_) = client
         .resolve(k.clone(), options(0, true, 60_000))
         .await
@@ -315,27 +315,23 @@ async fn a_waiter_that_disconnects_leaves_nothing_behind() {
             own.resolve(k, options(60_000, true, 0)).await
         }));
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while client.stats().await.unwrap().waiters < 50 {
-        assert!(Instant::now() < deadline, "waiters never registered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        "the waiters registering",
+        || async { client.stats().await.unwrap().waiters >= 50 },
+    )
+    .await;
     for waiter in &waiters {
         waiter.abort();
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let stats = client.stats().await.unwrap();
-        if stats.waiters == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} waiters leaked",
-            stats.waiters
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (client, left) = (&client, &AtomicU64::new(0));
+    let leaked = Lazy(|| format!("no waiter left ({} leaked)", left.load(Relaxed)));
+    eventually(Duration::from_secs(10), leaked, move || async move {
+        let waiters = client.stats().await.unwrap().waiters;
+        left.store(waiters, Relaxed);
+        waiters == 0
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -393,7 +389,7 @@ async fn a_refused_record_gives_the_lease_up_so_a_waiter_tunes_at_once() {
     let holder = daemon.client().await;
     let waiter = daemon.client().await;
     let observer = daemon.client().await;
-    let problem = key("test", "gemm", "test-device", "refused", None);
+    let problem = test_key("gemm", "refused");
     let holding = {
         let problem = problem.clone();
         let observer = observer.clone();

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
 use tunecache_client::{connect_channel, proto};
-use tunecache_integration::{entry, test_key, TestDaemon};
+use tunecache_integration::{entry, test_key, wait, Lazy, TestDaemon};
 use tunecache_proto::v1::tune_cache_client::TuneCacheClient;
 
 const ENTRIES: usize = 40_000;
@@ -83,38 +83,35 @@ async fn stalled_scan(channel: &Channel) -> tonic::Streaming<proto::ScanResponse
 
 /// Waits (at most 20 s) for the RSS to settle at or under `limit`; returns the last reading.
 async fn rss_settled_under(daemon: &TestDaemon, limit: u64) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let rss = daemon.rss_bytes();
-        if rss <= limit || Instant::now() > deadline {
-            return rss;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // The caller judges the reading: no panic here when it never settles.
+    let mut rss = 0;
+    let _ = wait(Duration::from_secs(20), "the RSS settling")
+        .every(Duration::from_millis(200))
+        .try_until_some_async(|| {
+            rss = daemon.rss_bytes();
+            std::future::ready((rss <= limit).then_some(()))
+        })
+        .await;
+    rss
 }
 
 /// Waits (at most 30 s) until the RSS holds still: ten readings 50 ms apart within 1 MiB of
 /// each other; returns the last.
 async fn rss_steady(daemon: &TestDaemon) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut readings = std::collections::VecDeque::new();
-    loop {
-        readings.push_back(daemon.rss_bytes());
-        if readings.len() > 10 {
-            readings.pop_front();
-        }
-        let (low, high) = (readings.iter().min(), readings.iter().max());
-        if let (10, Some(low), Some(high)) = (readings.len(), low, high) {
-            if high - low < 1 << 20 {
-                return *high;
+    let readings = std::sync::Mutex::new(std::collections::VecDeque::new());
+    let still = Lazy(|| format!("the RSS holding still: {:?}", readings.lock().unwrap()));
+    wait(Duration::from_secs(30), still)
+        .every(Duration::from_millis(50))
+        .until_some(|| {
+            let mut readings = readings.lock().unwrap();
+            readings.push_back(daemon.rss_bytes());
+            if readings.len() > 10 {
+                readings.pop_front();
             }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the RSS never held still: {readings:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            let (low, high) = (readings.iter().min()?, readings.iter().max()?);
+            (readings.len() == 10 && high - low < 1 << 20).then_some(*high)
+        })
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,10 +10,12 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tunecache_client::Client;
-use tunecache_integration::{bin, entry, require_root, test_key, DaemonOptions, TestDaemon};
+use tunecache_integration::{
+    bin, entry, eventually_blocking, require_root, test_key, wait, DaemonOptions, TestDaemon,
+};
 
 const NOBODY: u32 = 65534;
 
@@ -36,24 +38,20 @@ fn spawn_default_daemon(runtime_dir: &Path, state_dir: &Path) -> Child {
 
 /// Waits (at most 20 s) for a daemon that must refuse to start; returns its stderr.
 fn expect_refusal(mut child: Child, socket: &Path) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            let output = child.wait_with_output().unwrap();
-            assert!(!output.status.success(), "the daemon exited with success");
-            return String::from_utf8_lossy(&output.stderr).into_owned();
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let output = child.wait_with_output().unwrap();
-            panic!(
-                "the daemon served on {} instead of refusing it; log:\n{}",
-                socket.display(),
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let exited = wait(Duration::from_secs(20), "the daemon refusing to start")
+        .try_blocking_some(|| child.try_wait().unwrap());
+    if exited.is_none() {
+        let _ = child.kill();
+        let output = child.wait_with_output().unwrap();
+        panic!(
+            "the daemon served on {} instead of refusing it; log:\n{}",
+            socket.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
+    let output = child.wait_with_output().unwrap();
+    assert!(!output.status.success(), "the daemon exited with success");
+    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 /// The CLI with the default socket under `runtime_dir`.
@@ -167,22 +165,23 @@ async fn default_directory_is_created_private_and_the_cli_uses_it() {
     let mut child = KillOnDrop(spawn_default_daemon(&runtime, &temp.path().join("state")));
     let child = &mut child.0;
     let socket = runtime.join("tunecache").join("tunecache.sock");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let client = loop {
-        if let Ok(client) = Client::connect(&socket).await {
-            if client.stats().await.is_ok() {
-                break client;
+    let client = wait(Duration::from_secs(20), "an answer on the default socket")
+        .until_some_async(|| {
+            let socket = &socket;
+            let exited = child.try_wait().unwrap();
+            async move {
+                if let Ok(client) = Client::connect(socket).await {
+                    if client.stats().await.is_ok() {
+                        return Some(client);
+                    }
+                }
+                if let Some(status) = exited {
+                    panic!("tunecached exited with {status}");
+                }
+                None
             }
-        }
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("tunecached exited with {status}");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "nothing answered on the default socket"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        })
+        .await;
     let mode = std::fs::metadata(runtime.join("tunecache")).unwrap().mode() & 0o7777;
     assert_eq!(
         mode, 0o700,
@@ -415,14 +414,11 @@ async fn a_named_socket_served_by_another_uid_is_refused_unless_trusted() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !socket.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the daemon as 65534 never bound"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    eventually_blocking(
+        Duration::from_secs(10),
+        "the daemon as 65534 binding",
+        || socket.exists(),
+    );
     let refused = tunecache_integration::cli(&socket, &["stats"]);
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(

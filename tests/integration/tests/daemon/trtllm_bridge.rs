@@ -4,10 +4,10 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
-use tunecache_integration::{bin, cli, TestDaemon};
+use tunecache_integration::{bin, cli, wait, TestDaemon};
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -255,20 +255,20 @@ async fn export_waits_for_the_writers_lock_and_keeps_what_ranks_saved() {
     // It waits on the lock once it holds the lock file open (it tries it every 50 ms);
     // exiting first would be not waiting.
     let lock_file = std::fs::canonicalize(file.with_file_name("cache.json.lock")).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !holds_open(waiting.id(), &lock_file) {
-        if let Some(status) = waiting.try_wait().unwrap() {
-            let output = waiting.wait_with_output().unwrap();
-            panic!(
-                "export did not wait for the lock: it exited with {status}; {}",
-                text(&output.stderr)
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "export never opened the lock file"
+    let exited = wait(Duration::from_secs(30), "export opening the lock file")
+        .every(Duration::from_millis(10))
+        .blocking_some(|| {
+            if holds_open(waiting.id(), &lock_file) {
+                return Some(None);
+            }
+            waiting.try_wait().unwrap().map(Some)
+        });
+    if let Some(status) = exited {
+        let output = waiting.wait_with_output().unwrap();
+        panic!(
+            "export did not wait for the lock: it exited with {status}; {}",
+            text(&output.stderr)
         );
-        std::thread::sleep(Duration::from_millis(10));
     }
     assert!(
         waiting.try_wait().unwrap().is_none(),

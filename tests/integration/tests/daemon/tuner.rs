@@ -3,12 +3,14 @@
 //! Finding the worker among the daemon's children and reading the daemon's log need the daemon
 //! as a process; the other tests run it in-process.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use tonic::Code;
 use tunecache_client::{key, proto, Client, ClientError, Resolution, ResolveOptions};
-use tunecache_integration::{child_pids, eventually, DaemonOptions, Kind, TestDaemon};
+use tunecache_integration::{
+    child_pids, eventually, eventually_some, DaemonOptions, Kind, TestDaemon,
+};
 
 fn gemm(size: u32) -> String {
     format!(r#"{{"m":{size},"n":{size},"k":{size},"dtype":"f32","layout":"nn"}}"#)
@@ -126,21 +128,12 @@ async fn wait_for_new_worker(
     daemon: &TestDaemon,
     not: Option<nix::unistd::Pid>,
 ) -> nix::unistd::Pid {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let workers: Vec<_> = child_pids(daemon.pid())
+    eventually_some(Duration::from_secs(30), "a tuner worker process", || {
+        child_pids(daemon.pid())
             .into_iter()
-            .filter(|p| Some(*p) != not)
-            .collect();
-        if let Some(worker) = workers.first() {
-            return *worker;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no tuner worker process appeared"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+            .find(|p| Some(*p) != not)
+    })
+    .await
 }
 
 /// Waits until worker `pid` has the job: the daemon logs the worker's stderr with its pid,

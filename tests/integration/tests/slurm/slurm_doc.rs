@@ -11,10 +11,10 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tunecache_integration::slurm::{repo_root, text, tool_path, Slurm, SlurmOptions};
-use tunecache_integration::{bin_dir, daemon_pids_on, sh_blocks};
+use tunecache_integration::{bin_dir, daemon_pids_on, sh_blocks, wait, Lazy};
 
 /// The ```sh blocks between `<!-- slurm-steps: begin` and `<!-- slurm-steps: end -->`.
 fn slurm_steps(doc: &str) -> Vec<String> {
@@ -159,15 +159,10 @@ fn the_slurm_steps_of_the_launchers_doc_take_a_new_node_to_its_first_job() {
     }
     // Each job's epilog stopped its daemon (srun returns before its job's epilog has run), and
     // the last publish reached the shared directory.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !daemon_pids_on(&slurm.socket_root).is_empty() || !queue_is_empty(&slurm) {
-        assert!(
-            Instant::now() < deadline,
-            "a daemon outlived its jobs: {}",
-            slurm.logs()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let outlived = Lazy(|| format!("no daemon outliving its jobs: {}", slurm.logs()));
+    wait(Duration::from_secs(30), outlived)
+        .every(Duration::from_millis(100))
+        .blocking(|| daemon_pids_on(&slurm.socket_root).is_empty() && queue_is_empty(&slurm));
     let published = std::fs::read_dir(shared.join("v2"))
         .unwrap()
         .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path()).ok())
@@ -203,16 +198,8 @@ fn slurmd_config_reads(root: &Path) -> usize {
 /// `scontrol reconfigure` reaches slurmd asynchronously: waits (bounded) until slurmd's log
 /// shows it read the configuration again, so the first job meets the prolog.
 fn wait_for_prolog(slurm: &Slurm, root: &Path, reads_before: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if slurmd_config_reads(root) > reads_before {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "slurmd did not reconfigure within 30 s:\n{}",
-            slurm.logs()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let reconfigured = Lazy(|| format!("slurmd reconfiguring:\n{}", slurm.logs()));
+    wait(Duration::from_secs(30), reconfigured)
+        .every(Duration::from_millis(100))
+        .blocking(|| slurmd_config_reads(root) > reads_before);
 }

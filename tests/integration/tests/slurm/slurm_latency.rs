@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use tunecache_integration::eventually_blocking;
 use tunecache_integration::slurm::{Slurm, SlurmOptions};
 
 const JOB_LIMIT: Duration = Duration::from_secs(90);
@@ -80,14 +81,7 @@ fn prolog_latency_from_allocation_to_the_first_task() {
         &[("WORK", work.as_str())],
     );
     let held = slurm.work.join("held");
-    let deadline = std::time::Instant::now() + JOB_LIMIT;
-    while !held.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the holding job did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually_blocking(JOB_LIMIT, "the holding job starting", || held.exists());
     let delays = (0..samples())
         .map(|i| first_task_delay(&mut slurm, &format!("serving{i}")))
         .collect();

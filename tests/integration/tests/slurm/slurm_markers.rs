@@ -8,9 +8,9 @@
 
 use std::time::{Duration, Instant};
 
-use tunecache_integration::daemon_pids_on;
 use tunecache_integration::slurm::{text, tool_path, JobUser, Slurm, SlurmOptions, JOB_UID};
-use tunecache_integration::slurm_jobs::{wait_until, JOB_LIMIT};
+use tunecache_integration::slurm_jobs::JOB_LIMIT;
+use tunecache_integration::{daemon_pids_on, eventually_blocking};
 
 #[test]
 fn a_stale_marker_is_reconciled_by_the_next_epilog_and_the_daemon_exits() {
@@ -86,7 +86,7 @@ fn a_marker_of_a_job_without_a_step_here_is_kept_while_squeue_lists_it() {
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|id| id.parse().ok())
         .unwrap_or_else(|| panic!("no job id from salloc: {}", text(&held)));
-    wait_until("the held job's daemon", JOB_LIMIT, || {
+    eventually_blocking(JOB_LIMIT, "the held job's daemon", || {
         daemon_pids_on(&slurm.prolog_socket()).len() == 1
     });
     let short = slurm.submit("short", "#!/bin/bash\ntrue\n", &["-n1"], &[]);
@@ -157,7 +157,7 @@ fn a_user_whose_name_extends_anothers_reaches_none_of_their_markers_or_lock() {
     let bob7 = slurm.add_user_named(&format!("{}.7", bob.name));
     // bob.7 holds a job on the node; bob runs one and it ends.
     let held = hold_allocation(&slurm, &bob7);
-    wait_until("bob.7's daemon", JOB_LIMIT, || {
+    eventually_blocking(JOB_LIMIT, "bob.7's daemon", || {
         daemon_pids_on(&slurm.prolog_socket_of(&bob7)).len() == 1
     });
     let jobs = slurm.socket_root.join(".jobs");
@@ -173,7 +173,7 @@ fn a_user_whose_name_extends_anothers_reaches_none_of_their_markers_or_lock() {
         &[("WORK", work.as_str())],
     );
     // bob's lock as his prolog left it, to compare after his epilog.
-    wait_until("bob's job runs", JOB_LIMIT, || {
+    eventually_blocking(JOB_LIMIT, "bob's job runs", || {
         slurm.work.join("bob.up").exists()
     });
     let bob_lock = jobs.join(format!("{}/lock", bob.uid));
@@ -252,9 +252,9 @@ fn the_daemon_stays_while_its_users_job_runs_and_exits_idle_after_a_job_whose_ep
         "the marker of the job whose epilog never ran"
     );
     // IDLE_SECS after the job ended, plus one check (IDLE_SECS / 4), plus this machine's load.
-    wait_until(
-        "the daemon's idle exit",
+    eventually_blocking(
         Duration::from_secs(IDLE_SECS + 10),
+        "the daemon's idle exit",
         || daemon_pids_on(&socket).is_empty(),
     );
     eprintln!(

@@ -10,9 +10,9 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 
-use tunecache_integration::bin;
 use tunecache_integration::slurm::{text, JobUser, Slurm, SlurmOptions};
-use tunecache_integration::slurm_jobs::{line_after, wait_until, JOB_LIMIT};
+use tunecache_integration::slurm_jobs::{line_after, JOB_LIMIT};
+use tunecache_integration::{bin, eventually_blocking};
 
 /// A valid segment named as `node`'s (sequence 16) with one entry `problem`, put into `v2`
 /// by `user` (through `setpriv`, so the file is really theirs).
@@ -142,7 +142,7 @@ fn two_users_with_one_shared_dir_each_get_their_own_entries_and_the_site_daemons
             .output()
             .unwrap()
     };
-    wait_until("the site daemon serves", JOB_LIMIT, || {
+    eventually_blocking(JOB_LIMIT, "the site daemon serves", || {
         site_cli(&["stats"]).status.success()
     });
     let put = site_cli(&[

@@ -15,7 +15,8 @@ use tunecache_integration::redis::{
     cluster_node as node, free_port, wait_connected, wait_for_hit, Redis, RedisCluster,
 };
 use tunecache_integration::{
-    best_result, entry, eventually, rank_command, run_ranks, test_key, TestDaemon,
+    best_result, entry, eventually, eventually_sync, rank_command, result_at, run_ranks, test_key,
+    wait, Lazy, TestDaemon,
 };
 
 /// Lines of the count file: one per tuning, "<problem> <pid>".
@@ -185,27 +186,23 @@ async fn a_dead_holder_node_is_taken_over_after_its_cluster_lease_expires() {
     // A rank on node a takes the key and never finishes.
     let mut hung = rank_command(&a, dir.path(), &["--hang"]).spawn().unwrap();
     std::fs::write(dir.path().join("start"), b"go").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tunings(dir.path()).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the first rank never started tuning"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually_sync(Duration::from_secs(10), "the first rank tuning", || {
+        !tunings(dir.path()).is_empty()
+    })
+    .await;
     // A rank on node b waits for it (node a holds the cluster lease)...
     let waiting = rank_command(&b, dir.path(), &["--tune-ms", "50", "--wait-ms", "30000"])
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let stats = b.client().await.stats().await.unwrap();
-        if stats.cluster_leases_held_elsewhere > 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "node b never saw node a's lease");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        "node b seeing node a's lease",
+        || async {
+            let stats = b.client().await.stats().await.unwrap();
+            stats.cluster_leases_held_elsewhere > 0
+        },
+    )
+    .await;
     assert_eq!(
         tunings(dir.path()).len(),
         1,
@@ -383,53 +380,30 @@ async fn a_hung_killed_or_flushed_redis_never_slows_the_nodes() {
     // Flushed: the nodes refill it.
     assert_eq!(redis.cli(&["FLUSHALL"]), "OK");
     let stored = |redis: &Redis| redis.entry_name("gemm", "while-hung").is_some();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !stored(&redis) {
-        assert!(
-            Instant::now() < deadline,
-            "redis was not refilled; log:\n{}",
-            a.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let refilled = Lazy(|| format!("redis refilled; log:\n{}", a.log()));
+    wait(Duration::from_secs(20), refilled)
+        .every(Duration::from_millis(50))
+        .until(|| stored(&redis))
+        .await;
     // Both nodes notice the flush (whichever refilled the entry first).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while client_a.stats().await.unwrap().cluster_republished == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "node a never republished; log:\n{}",
-            a.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let republished = Lazy(|| format!("node a republishing; log:\n{}", a.log()));
+    eventually(Duration::from_secs(10), republished, || async {
+        client_a.stats().await.unwrap().cluster_republished > 0
+    })
+    .await;
 
     // Killed and restarted empty on the same port: the nodes reconnect and refill it.
     drop(redis);
     let redis = Redis::start(dir.path(), port, &[]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !stored(&redis) {
-        assert!(
-            Instant::now() < deadline,
-            "restarted redis was not refilled; log:\n{}",
-            a.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let refilled = Lazy(|| format!("restarted redis refilled; log:\n{}", a.log()));
+    wait(Duration::from_secs(30), refilled)
+        .every(Duration::from_millis(50))
+        .until(|| stored(&redis))
+        .await;
     // One log line per state change, not one per failed attempt.
     let log = a.log();
     let lost = log.matches("lost the connection to redis").count();
     assert!((1..=4).contains(&lost), "{lost} 'lost' lines:\n{log}");
-}
-
-fn result(config: &str, time_us: f64, by: &str, at: i64) -> proto::Result {
-    proto::Result {
-        config: config.to_owned(),
-        time_us,
-        tuned_by: by.to_owned(),
-        tuned_at_unix_ms: at,
-        forget_epoch: 0,
-        artifacts: Default::default(),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -452,29 +426,29 @@ async fn a_contested_key_ends_with_one_winner_everywhere_and_in_redis() {
     // locale order disagree on several ("f" < "é", "B" < "a" in bytes).
     let contests: Vec<Vec<proto::Result>> = vec![
         vec![
-            result(r#"{"a":"é"}"#, 1.0, "x", 1),
-            result(r#"{"a":"f"}"#, 1.0, "x", 1),
-            result(r#"{"a":"e"}"#, 1.5, "x", 1),
+            result_at(r#"{"a":"é"}"#, 1.0, "x", 1),
+            result_at(r#"{"a":"f"}"#, 1.0, "x", 1),
+            result_at(r#"{"a":"e"}"#, 1.5, "x", 1),
         ],
         vec![
-            result("{}", 2.0, "a", 1),
-            result("{}", 2.0, "B", 1),
-            result("{}", 2.0, "b", 0),
+            result_at("{}", 2.0, "a", 1),
+            result_at("{}", 2.0, "B", 1),
+            result_at("{}", 2.0, "b", 0),
         ],
         vec![
-            result("{}", 0.1 + 0.2, "n", 5),
-            result("{}", 0.3, "n", 9),
-            result("{}", 0.30000000000000004, "n", 3),
+            result_at("{}", 0.1 + 0.2, "n", 5),
+            result_at("{}", 0.3, "n", 9),
+            result_at("{}", 0.30000000000000004, "n", 3),
         ],
         vec![
-            result("{}", 7.0, "n", -5),
-            result("{}", 7.0, "n", 5),
-            result("{}", 7.0, "n", i64::MIN),
+            result_at("{}", 7.0, "n", -5),
+            result_at("{}", 7.0, "n", 5),
+            result_at("{}", 7.0, "n", i64::MIN),
         ],
         vec![
-            result(r#"{"k":"Z"}"#, 1e-9, "n", 1),
-            result(r#"{"k":"z"}"#, 1e-9, "n", 1),
-            result(r#"{"k":"ž"}"#, 1e-9, "n", 1),
+            result_at(r#"{"k":"Z"}"#, 1e-9, "n", 1),
+            result_at(r#"{"k":"z"}"#, 1e-9, "n", 1),
+            result_at(r#"{"k":"ž"}"#, 1e-9, "n", 1),
         ],
     ];
     for round in 0..3 {

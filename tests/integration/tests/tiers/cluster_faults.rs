@@ -16,7 +16,8 @@ use tunecache_integration::redis::{
     cluster_node, free_port, wait_connected, wait_for_all, wait_for_hit, Redis, RedisCluster,
 };
 use tunecache_integration::{
-    best_result, entry, http_get, metrics_addr, test_key, Kind, TestDaemon,
+    best_result, entry, eventually, eventually_some, eventually_sync, http_get, metrics_addr,
+    test_key, Kind, Lazy, TestDaemon,
 };
 
 /// Records one entry every 50 ms on `writer` for `span`, with a Lookup between Records, as
@@ -72,15 +73,14 @@ async fn record_until(
 
 /// Waits (at most 30 s) until `progress` reaches `count`.
 async fn wait_recorded(progress: &AtomicUsize, count: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while progress.load(Ordering::Relaxed) < count {
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {count} Records",
-            progress.load(Ordering::Relaxed)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let recorded = Lazy(|| {
+        let done = progress.load(Ordering::Relaxed);
+        format!("{count} Records (only {done})")
+    });
+    eventually_sync(Duration::from_secs(30), recorded, || {
+        progress.load(Ordering::Relaxed) >= count
+    })
+    .await;
 }
 
 /// Every one of `recorded` must be a hit on each of `readers` within `limit`; prints one
@@ -321,21 +321,21 @@ async fn wait_following(redis: &Redis, nodes: &[TestDaemon]) {
         };
         *readers.entry(pid).or_default() += 1;
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for (pid, expected) in readers {
-        let pid = nix::unistd::Pid::from_raw(pid);
-        loop {
-            let blocked = redis.blocked_connections_of(pid).unwrap_or(0);
-            if blocked >= expected {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{blocked} of {expected} stream readers of pid {pid} follow redis"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+    // Each pid's readers must be seen blocked once, not all at the same poll.
+    let waiting = std::sync::Mutex::new(readers);
+    let following = Lazy(|| {
+        let waiting = waiting.lock().unwrap();
+        format!("the stream readers of every pid following redis (still {waiting:?})")
+    });
+    eventually_sync(Duration::from_secs(30), following, || {
+        let mut waiting = waiting.lock().unwrap();
+        waiting.retain(|&pid, &mut expected| {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            redis.blocked_connections_of(pid).unwrap_or(0) < expected
+        });
+        waiting.is_empty()
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -459,15 +459,11 @@ async fn random_pauses_kills_and_restarts_end_with_the_same_winners_everywhere()
     // The last step restarted Redis with its data: each node notices (a failed command, or
     // a new run id within a second) and audits itself against it.
     for daemon in &nodes {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while daemon.client().await.stats().await.unwrap().cluster_audits == 0 {
-            assert!(
-                Instant::now() < deadline,
-                "no audit after the restart; {}",
-                daemon.diagnostics()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let audited = Lazy(|| format!("an audit after the restart; {}", daemon.diagnostics()));
+        eventually(Duration::from_secs(10), audited, || async {
+            daemon.client().await.stats().await.unwrap().cluster_audits > 0
+        })
+        .await;
     }
     let mut repaired = 0;
     for daemon in &nodes {
@@ -811,11 +807,10 @@ async fn a_node_behind_a_trimmed_stream_reads_the_shards_again() {
     for chunk in recorded.chunks(64) {
         client.record(chunk.to_vec()).await.unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while cluster_counters(&a).await.cluster_published < 640 {
-        assert!(Instant::now() < deadline, "node a did not publish");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(10), "node a publishing", || async {
+        cluster_counters(&a).await.cluster_published >= 640
+    })
+    .await;
     let longest = (0..16)
         .map(|s| {
             redis
@@ -856,31 +851,21 @@ async fn the_audit_after_a_reconnect_finds_what_the_stream_never_delivered() {
     wait_connected(&b).await;
     // Node b stops; its blocked stream read runs out (1 s) so Redis sends it nothing new.
     kill(b.pid(), Signal::SIGSTOP).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let unblocked = "node b's stream read no longer blocked in redis";
+    eventually_sync(Duration::from_secs(20), unblocked, || {
         let blocked = redis
             .blocked_connections_of(b.pid())
             .expect("node b's connections to redis");
-        if blocked == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node b's stream read is still blocked in redis"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        blocked == 0
+    })
+    .await;
     let k = test_key("audit", "lost");
     let e = entry(k.clone(), r#"{"tile":16}"#, 2.5, "a");
     a.client().await.record(vec![e.clone()]).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let name = loop {
-        if let Some(name) = redis.entry_name("audit", "lost") {
-            break name;
-        }
-        assert!(Instant::now() < deadline, "node a never stored the entry");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let name = eventually_some(Duration::from_secs(20), "node a storing the entry", || {
+        redis.entry_name("audit", "lost")
+    })
+    .await;
     // Node a has its answer for the publish: a reply lost to the CLIENT KILL below would make
     // it publish again, and announce the entry after all.
     a.wait_for_stats("node a's publish answered", |s| {

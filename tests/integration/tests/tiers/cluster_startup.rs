@@ -11,7 +11,7 @@ use tunecache_integration::redis::{
     cluster_node, free_port, holds_all, wait_checkpoints_current, wait_connected, Redis,
     BUILD_CHECKPOINTS_OFTEN,
 };
-use tunecache_integration::{entry, shared_node, test_key, TestDaemon};
+use tunecache_integration::{eventually_sync, numbered_op, shared_node, wait, Lazy, TestDaemon};
 
 /// The shard of a key text, as the daemon computes it (FNV-1a, mod 16).
 fn shard_of(key: &proto::Key) -> usize {
@@ -24,19 +24,6 @@ fn shard_of(key: &proto::Key) -> usize {
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
     (hash % 16) as usize
-}
-
-fn entries(tag: &str, range: std::ops::Range<usize>) -> Vec<proto::Entry> {
-    range
-        .map(|i| {
-            entry(
-                test_key("startup", &format!("{tag}-{i}")),
-                &format!(r#"{{"tile":{i}}}"#),
-                1.0 + i as f64,
-                "w",
-            )
-        })
-        .collect()
 }
 
 async fn record_all(daemon: &TestDaemon, entries: &[proto::Entry]) {
@@ -61,9 +48,8 @@ fn redis_seq_total(redis: &Redis) -> u64 {
 /// Waits until `daemon` saved places through everything Redis announced.
 async fn wait_places_saved(daemon: &TestDaemon, redis: &Redis) {
     let path = daemon.state_dir.join("cluster-places.json");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let saved: u64 = std::fs::read(&path)
+    let saved = || -> u64 {
+        std::fs::read(&path)
             .ok()
             .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
             .and_then(|v| {
@@ -71,13 +57,18 @@ async fn wait_places_saved(daemon: &TestDaemon, redis: &Redis) {
                     .as_array()
                     .map(|a| a.iter().filter_map(|p| p["seq"].as_u64()).sum())
             })
-            .unwrap_or(0);
-        if saved == redis_seq_total(redis) && saved > 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "places never saved: {saved}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            .unwrap_or(0)
+    };
+    wait(
+        Duration::from_secs(20),
+        Lazy(|| format!("places saved (saved {})", saved())),
+    )
+    .every(Duration::from_millis(50))
+    .until(|| {
+        let saved = saved();
+        saved == redis_seq_total(redis) && saved > 0
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,13 +86,13 @@ async fn a_restarted_node_reads_only_what_was_recorded_while_it_was_down() {
         .await;
     wait_connected(&writer).await;
     wait_connected(&node).await;
-    let before = entries("before", 0..20_000);
+    let before = numbered_op("startup", "before", 0..20_000, "w");
     record_all(&writer, &before).await;
     node.wait_for_stats("all 20,000 learned", |s| s.entries == 20_000)
         .await;
     wait_places_saved(&node, &redis).await;
     node.terminate(Duration::from_secs(10));
-    let during = entries("during", 0..500);
+    let during = numbered_op("startup", "during", 0..500, "w");
     record_all(&writer, &during).await;
     writer
         .wait_for_stats("published", |s| s.cluster_published >= 20_500)
@@ -159,14 +150,14 @@ async fn a_restart_behind_trimmed_streams_reads_only_those_shards_again() {
         .await;
     wait_connected(&writer).await;
     wait_connected(&node).await;
-    let first = entries("first", 0..160);
+    let first = numbered_op("startup", "first", 0..160, "w");
     record_all(&writer, &first).await;
     node.wait_for_stats("learned", |s| s.entries == 160).await;
     wait_places_saved(&node, &redis).await;
     node.terminate(Duration::from_secs(10));
     // While it is down: 40 results in each of shards 0 to 3 only, far past their streams'
     // length; the other twelve shards take nothing.
-    let trimmed: Vec<proto::Entry> = entries("trim", 0..2000)
+    let trimmed: Vec<proto::Entry> = numbered_op("startup", "trim", 0..2000, "w")
         .into_iter()
         .filter(|e| shard_of(e.key.as_ref().unwrap()) < 4)
         .take(160)
@@ -200,7 +191,7 @@ async fn a_restart_after_redis_was_flushed_republishes_and_loses_nothing() {
         .process()
         .await;
     wait_connected(&node).await;
-    let recorded = entries("flushed", 0..300);
+    let recorded = numbered_op("startup", "flushed", 0..300, "w");
     record_all(&node, &recorded).await;
     wait_places_saved(&node, &redis).await;
     node.terminate(Duration::from_secs(10));
@@ -231,11 +222,11 @@ async fn a_fresh_node_joining_while_another_writes_1000_records_holds_them_all()
         .process()
         .await;
     wait_connected(&writer).await;
-    let existing = entries("existing", 0..5000);
+    let existing = numbered_op("startup", "existing", 0..5000, "w");
     record_all(&writer, &existing).await;
     wait_checkpoints_current(&redis).await;
     // A fresh node joins while the writer records 1,000 more, ten at a time.
-    let during = entries("join", 0..1000);
+    let during = numbered_op("startup", "join", 0..1000, "w");
     // The join starts once the writer is 100 Records in, so the writes straddle it.
     let (writes_begun, begun) = tokio::sync::oneshot::channel::<()>();
     let writing = async {
@@ -299,18 +290,17 @@ async fn a_damaged_or_foreign_checkpoint_is_rejected_and_its_shard_read_from_its
         .await;
     wait_connected(&writer).await;
     wait_connected(&other).await;
-    let recorded = entries("mine", 0..2000);
+    let recorded = numbered_op("startup", "mine", 0..2000, "w");
     record_all(&writer, &recorded).await;
-    record_all(&other, &entries("theirs", 0..2000)).await;
+    record_all(&other, &numbered_op("startup", "theirs", 0..2000, "w")).await;
     wait_checkpoints_current(&redis).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while redis.cli(&["HGET", "other:cp:{s05}", "seq"]).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "no checkpoint under the other prefix"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait(
+        Duration::from_secs(30),
+        "a checkpoint under the other prefix",
+    )
+    .every(Duration::from_millis(50))
+    .until(|| !redis.cli(&["HGET", "other:cp:{s05}", "seq"]).is_empty())
+    .await;
     drop(writer);
     drop(other);
     // Shard 3's first part damaged by hand: one byte changed.
@@ -393,7 +383,7 @@ async fn two_builders_of_one_shard_never_replace_a_newer_checkpoint_with_an_olde
     let mut i = 0;
     let (ca, cb) = (a.client().await, b.client().await);
     while started.elapsed() < Duration::from_secs(4) {
-        let batch = entries("race", i * 20..i * 20 + 20);
+        let batch = numbered_op("startup", "race", i * 20..i * 20 + 20, "w");
         let (left, right) = batch.split_at(10);
         ca.record(left.to_vec()).await.unwrap();
         cb.record(right.to_vec()).await.unwrap();
@@ -436,7 +426,7 @@ async fn a_forget_after_a_checkpoint_is_never_served_by_a_node_that_loads_it() {
         .process()
         .await;
     wait_connected(&writer).await;
-    let recorded = entries("forget", 0..400);
+    let recorded = numbered_op("startup", "forget", 0..400, "w");
     record_all(&writer, &recorded).await;
     wait_checkpoints_current(&redis).await;
     // The checkpoints hold them all; now one of them is forgotten.
@@ -456,13 +446,11 @@ async fn a_forget_after_a_checkpoint_is_never_served_by_a_node_that_loads_it() {
         .await
         .unwrap();
     assert_eq!(forgotten, 1);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while redis.entry_name("startup", "forget-7").is_some()
-        || redis.cli(&["HLEN", "tunecache:forgets:{f}"]) != "1"
-    {
-        assert!(Instant::now() < deadline, "the forget never reached redis");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_sync(Duration::from_secs(10), "the forget reaching redis", || {
+        redis.entry_name("startup", "forget-7").is_none()
+            && redis.cli(&["HLEN", "tunecache:forgets:{f}"]) == "1"
+    })
+    .await;
     let shard = shard_of(&key);
     let cp_seq = redis.cli(&["HGET", &format!("tunecache:cp:{{s{shard:02}}}"), "seq"]);
     let meta_seq = redis.cli(&["HGET", &format!("tunecache:m:{{s{shard:02}}}"), "s"]);
@@ -510,7 +498,7 @@ async fn a_node_restarted_on_its_state_directory_reads_no_segment_it_had_merged(
     let mut node = shared_node(&dir.path().join("a"), &shared, "a", 1, &[])
         .process()
         .await;
-    let recorded = entries("segments", 0..500);
+    let recorded = numbered_op("startup", "segments", 0..500, "w");
     record_all(&writer, &recorded).await;
     holds_all(&node, &recorded).await;
     // The pass that merged them ends (and so has recorded them) before the next one ends.

@@ -8,10 +8,10 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tunecache_client::Client;
-use tunecache_integration::{require_tool, test_key, TestDaemon};
+use tunecache_integration::{eventually, require_tool, test_key, Lazy, TestDaemon};
 
 /// A valid snapshot file of `node` holding one entry with problem `problem`.
 fn write_peer_file(shared: &Path, node: &str, problem: &str) {
@@ -33,15 +33,13 @@ async fn holds(client: &Client, problem: &str) -> bool {
 }
 
 async fn wait_until_loaded(daemon: &TestDaemon, client: &Client, problem: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !holds(client, problem).await {
-        assert!(
-            Instant::now() < deadline,
-            "{problem} never loaded from the shared directory; log:\n{}",
+    let loaded = Lazy(|| {
+        format!(
+            "{problem} loaded from the shared directory; log:\n{}",
             daemon.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        )
+    });
+    eventually(Duration::from_secs(30), loaded, || holds(client, problem)).await;
 }
 
 fn warnings_about(log: &str, name: &str) -> usize {

@@ -8,9 +8,10 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use tunecache_integration::shared_users::{
-    as_user, eventually, make_sticky_v2, plant_segment, plant_segment_range, segments_of, setup,
-    UserDaemon, ALICE, BOB, LIMIT, SITE,
+    as_user, make_sticky_v2, plant_segment, plant_segment_range, segments_of, setup, UserDaemon,
+    ALICE, BOB, LIMIT, SITE,
 };
+use tunecache_integration::{eventually_blocking, wait, Lazy};
 
 /// The passes after which a reader of the old rules gave up on a gap (`GAP_PASSES`), and
 /// some more.
@@ -23,25 +24,21 @@ fn passes(daemon: &UserDaemon) -> u64 {
 /// Waits until `daemon` has made `more` passes over the shared directory from now.
 fn wait_passes(daemon: &UserDaemon, more: u64) {
     let until = passes(daemon) + more;
-    eventually(&format!("{} makes {more} more passes", daemon.node), || {
-        passes(daemon) >= until
-    });
+    eventually_blocking(
+        LIMIT,
+        format!("{} makes {more} more passes", daemon.node),
+        || passes(daemon) >= until,
+    );
 }
 
 /// Puts `problem` and waits until it is in a segment of `daemon`'s.
 fn put_and_publish(daemon: &UserDaemon, problem: &str) {
     let before = daemon.counter("own_entries_published");
     daemon.put(problem);
-    let deadline = std::time::Instant::now() + LIMIT;
-    while daemon.counter("own_entries_published") <= before {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{} did not publish {problem}:\n{}",
-            daemon.node,
-            daemon.log()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let published = Lazy(|| format!("{} publishing {problem}:\n{}", daemon.node, daemon.log()));
+    wait(LIMIT, published)
+        .every(std::time::Duration::from_millis(100))
+        .blocking(|| daemon.counter("own_entries_published") > before);
 }
 
 fn lines_with<'a>(log: &'a str, text: &str) -> Vec<&'a str> {
@@ -91,7 +88,7 @@ fn other_users_segments_are_counted_and_never_squatting_however_many_passes() {
         (&site, ["site-1", "site-2"], ["alice-a", "bob-b"]),
     ] {
         for problem in has {
-            eventually(&format!("{} learns {problem}", daemon.node), || {
+            eventually_blocking(LIMIT, format!("{} learns {problem}", daemon.node), || {
                 daemon.holds(problem)
             });
         }
@@ -197,7 +194,7 @@ fn names_planted_in_a_nodes_numbering_cost_it_no_republish_and_no_hole() {
     for restart in 1..=3 {
         assert!(alice.terminate().success());
         alice = alice.restart(&shared, &[]);
-        eventually(&format!("restart {restart}: the first load"), || {
+        eventually_blocking(LIMIT, format!("restart {restart}: the first load"), || {
             passes(&alice) >= 2
         });
         assert_eq!(
@@ -217,7 +214,9 @@ fn names_planted_in_a_nodes_numbering_cost_it_no_republish_and_no_hole() {
     put_and_publish(&alice, "p4");
     let next = UserDaemon::start(root, ALICE, "alice-2", &shared, &[]);
     for problem in ["p1", "p2", "p3", "p4"] {
-        eventually(&format!("alice-2 learns {problem}"), || next.holds(problem));
+        eventually_blocking(LIMIT, format!("alice-2 learns {problem}"), || {
+            next.holds(problem)
+        });
     }
     for problem in ["bob-next", "bob-last"] {
         assert!(

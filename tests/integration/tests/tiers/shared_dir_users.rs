@@ -7,11 +7,10 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Output, Stdio};
-use std::time::{Duration, Instant};
 
+use tunecache_integration::eventually_blocking;
 use tunecache_integration::shared_users::{
-    as_user, eventually, make_sticky_v2, plant_segment, segments_of, setup, UserDaemon, ALICE, BOB,
-    LIMIT, SITE,
+    as_user, make_sticky_v2, plant_segment, segments_of, setup, UserDaemon, ALICE, BOB, LIMIT, SITE,
 };
 
 #[test]
@@ -30,21 +29,27 @@ fn a_sticky_v2_serves_each_user_their_own_entries_and_the_site_daemons_and_count
     alice.put("from-alice");
     bob.put("from-bob");
     for daemon in [&site, &alice, &bob] {
-        eventually(&format!("{} publishes", daemon.node), || {
+        eventually_blocking(LIMIT, format!("{} publishes", daemon.node), || {
             daemon.counter("own_entries_published") == 1
         });
     }
-    eventually("alice's daemon learns the site daemon's entry", || {
-        alice.holds("from-site")
-    });
+    eventually_blocking(
+        LIMIT,
+        "alice's daemon learns the site daemon's entry",
+        || alice.holds("from-site"),
+    );
 
     // Bob names segments after Alice's node and after the site daemon's.
     plant_segment(root, &v2, BOB, "alice-1", 0x10, "squat-alice");
     plant_segment(root, &v2, BOB, "site", 0x10, "squat-site");
-    eventually("alice's daemon counts the segment under its name", || {
-        alice.counter("snapshot_name_conflicts") >= 1
-            && alice.counter("snapshot_untrusted_files") >= 1
-    });
+    eventually_blocking(
+        LIMIT,
+        "alice's daemon counts the segment under its name",
+        || {
+            alice.counter("snapshot_name_conflicts") >= 1
+                && alice.counter("snapshot_untrusted_files") >= 1
+        },
+    );
     // Nobody but a file's owner may remove or rename it in a sticky directory.
     let alice_segment = segments_of(&v2, "alice-1")
         .into_iter()
@@ -60,11 +65,13 @@ fn a_sticky_v2_serves_each_user_their_own_entries_and_the_site_daemons_and_count
     // entries and the site daemon's, and nothing of the other user's or planted.
     let alice_next = UserDaemon::start(root, ALICE, "alice-2", &shared, &trust_site);
     let bob_next = UserDaemon::start(root, BOB, "bob-2", &shared, &trust_site);
-    eventually(
+    eventually_blocking(
+        LIMIT,
         "alice's next daemon gets alice's and the site's entries",
         || alice_next.holds("from-alice") && alice_next.holds("from-site"),
     );
-    eventually(
+    eventually_blocking(
+        LIMIT,
         "bob's next daemon gets bob's and the site's entries",
         || bob_next.holds("from-bob") && bob_next.holds("from-site"),
     );
@@ -81,7 +88,7 @@ fn a_sticky_v2_serves_each_user_their_own_entries_and_the_site_daemons_and_count
     }
     // Another user's segments are counted and said once; the squatted names are warned about
     // once for their owner, however many files.
-    eventually("alice's daemon counts both squatted names", || {
+    eventually_blocking(LIMIT, "alice's daemon counts both squatted names", || {
         alice.counter("snapshot_squatted_files") >= 2
             && alice.counter("snapshot_untrusted_files") >= 3
     });
@@ -106,7 +113,7 @@ fn a_daemon_does_not_make_v2_its_own_in_a_directory_every_user_may_write() {
         return;
     };
     let alice = UserDaemon::start(root.path(), ALICE, "alice-1", &shared, &[]);
-    eventually("alice's daemon says who must make v2/", || {
+    eventually_blocking(LIMIT, "alice's daemon says who must make v2/", || {
         alice.stats()["last_snapshot_error"]
             .as_str()
             .is_some_and(|e| e.contains("install -d -m 1777 -o root -g root"))
@@ -128,7 +135,7 @@ fn the_last_publish_at_shutdown_names_why_the_shared_directory_was_refused() {
     std::os::unix::fs::chown(&v2, Some(BOB), Some(BOB)).unwrap();
     let mut alice = UserDaemon::start(root.path(), ALICE, "alice-1", &shared, &[]);
     alice.put("unpublished");
-    eventually("alice's daemon refuses bob's v2/", || {
+    eventually_blocking(LIMIT, "alice's daemon refuses bob's v2/", || {
         alice.stats()["last_snapshot_error"]
             .as_str()
             .is_some_and(|e| e.contains("refusing to use"))
@@ -173,14 +180,9 @@ fn a_key_file_that_is_not_private_stops_the_start_naming_its_owner_and_mode() {
             .spawn()
             .unwrap();
         // A refused key stops the start at once; a daemon that serves is stopped here.
-        let deadline = Instant::now() + LIMIT;
-        while child.try_wait().unwrap().is_none() && !home.join("tunecache.sock").exists() {
-            assert!(
-                Instant::now() < deadline,
-                "{node} neither exited nor served"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        eventually_blocking(LIMIT, format!("{node} exiting or serving"), || {
+            child.try_wait().unwrap().is_some() || home.join("tunecache.sock").exists()
+        });
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(child.id() as i32),
             nix::sys::signal::Signal::SIGTERM,

@@ -17,7 +17,7 @@ use nix::sys::signal::Signal;
 use tonic::Code;
 use tunecache_client::{proto, Client};
 use tunecache_integration::{
-    entry, eventually, numbered, test_key, DaemonOptions, Kind, TestDaemon, TestMount,
+    entry, eventually, numbered, test_key, wait, DaemonOptions, Kind, TestDaemon, TestMount,
 };
 
 const SNAPSHOT_HEALTH_SERVICE: &str = "tunecache.v1.TuneCache/snapshots";
@@ -56,19 +56,13 @@ fn wait_past_mtimes(probe: &Path, listing: &[(String, u64, i64, i64)]) {
         .map(|(_, _, secs, nanos)| (*secs, *nanos))
         .max()
         .unwrap_or_default();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        std::fs::write(probe, b"tick").unwrap();
-        let m = std::fs::metadata(probe).unwrap();
-        if (m.mtime(), m.mtime_nsec()) > newest {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the file system's clock did not move"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait(Duration::from_secs(10), "the file system's clock moving")
+        .every(Duration::from_millis(1))
+        .blocking(|| {
+            std::fs::write(probe, b"tick").unwrap();
+            let m = std::fs::metadata(probe).unwrap();
+            (m.mtime(), m.mtime_nsec()) > newest
+        });
 }
 
 async fn snapshot(client: &Client) -> Result<proto::SnapshotResponse, tonic::Status> {
