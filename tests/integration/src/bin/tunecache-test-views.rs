@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use serde_json::json;
-use tunecache_client::{key, proto, Client};
+use tunecache_client::{proto, Client};
+use tunecache_integration::test_key;
 
 #[derive(Parser)]
 struct Args {
@@ -47,10 +48,6 @@ enum Command {
     },
 }
 
-fn k(problem: &str) -> proto::Key {
-    key("test", "gemm", "test-device", problem, None)
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -58,7 +55,9 @@ async fn main() -> anyhow::Result<()> {
     let mut raw = client.raw();
     match args.command {
         Command::Read { view, prefix, keys } => {
-            let keys = (0..keys).map(|i| k(&format!("{prefix}{i}"))).collect();
+            let keys = (0..keys)
+                .map(|i| test_key("gemm", &format!("{prefix}{i}")))
+                .collect();
             let hits = raw
                 .lookup(proto::LookupRequest { keys, view })
                 .await?
@@ -83,7 +82,7 @@ async fn main() -> anyhow::Result<()> {
             let mut hits = 0;
             for i in 0..count {
                 let request = proto::LookupRequest {
-                    keys: vec![k(&problem)],
+                    keys: vec![test_key("gemm", &problem)],
                     view: format!("{prefix}-{i}"),
                 };
                 hits += raw.lookup(request).await?.into_inner().hits.len();

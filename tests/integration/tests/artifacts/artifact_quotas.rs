@@ -8,10 +8,9 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use tonic::Code;
-use tunecache_client::proto;
 use tunecache_integration::blobs::{self, Content};
 use tunecache_integration::{
-    bin, entry, require_root, require_tool, shared_node, test_key, TestDaemon,
+    bin, entry, require_root, require_tool, shared_node, test_key, with_artifacts, TestDaemon,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -239,15 +238,6 @@ async fn a_uid_past_its_share_is_refused_while_another_uid_still_uploads_and_fet
     .await;
 }
 
-/// An entry naming `content` as `k.so`, of `problem`.
-fn naming(problem: &str, content: Content) -> proto::Entry {
-    let mut entry = entry(test_key("matmul", problem), "{}", 1.0, "test");
-    if let Some(result) = entry.result.as_mut() {
-        result.artifacts = vec![content.artifact("k.so")];
-    }
-    entry
-}
-
 /// A node whose entries (from the shared directory) name more than its store holds fetches
 /// blobs until the store is full and then refuses, RESOURCE_EXHAUSTED naming
 /// `--artifact-store-mib`: every blob it holds is named by a live entry, so none may go.
@@ -272,9 +262,12 @@ async fn blobs_fetched_from_a_tier_stay_within_the_store_bound() {
     let contents: Vec<Content> = (0..3).map(|i| Content::new(700 + i, 3 * MIB)).collect();
     for (i, content) in contents.iter().enumerate() {
         blobs::put(&ca, *content).await.unwrap();
-        ca.record(vec![naming(&format!("tier-{i}"), *content)])
-            .await
-            .unwrap();
+        ca.record(vec![with_artifacts(
+            entry(test_key("matmul", &format!("tier-{i}")), "{}", 1.0, "test"),
+            vec![content.artifact("k.so")],
+        )])
+        .await
+        .unwrap();
     }
     ca.snapshot().await.expect("a publishes");
     cb.snapshot().await.expect("b loads");

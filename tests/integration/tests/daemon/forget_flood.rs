@@ -16,10 +16,9 @@
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
-use tunecache_client::{key, proto};
-use tunecache_integration::{entry, eventually, DaemonOptions, TestDaemon};
+use tunecache_client::proto;
+use tunecache_integration::{entry, eventually, key_in, DaemonOptions, TestDaemon};
 
-const DEVICE: &str = "test-device";
 const DEFAULT_TOMBSTONES: usize = 50_000;
 /// Tombstones of 4 KiB keys among them: more than one frame's worth.
 const BIG_KEYS: usize = 4_500;
@@ -34,7 +33,7 @@ const GENEROUS: Duration = Duration::from_secs(600);
 
 /// The shared entry of a small key `i`, as a flooding job's would be.
 fn flood_key(i: usize) -> proto::Key {
-    key("flood", "gemm", DEVICE, &format!("m{i}_n4096_k4096"), None)
+    key_in("flood", "gemm", &format!("m{i}_n4096_k4096"), None)
 }
 
 /// An exact-key Forget of `key` only if its winner is `config` at `time_us`.
@@ -138,7 +137,7 @@ fn problem_key(i: usize) -> proto::Key {
     } else {
         format!("m{i}_n4096_k4096")
     };
-    key("scale", "gemm", DEVICE, &problem, Some(0))
+    key_in("scale", "gemm", &problem, Some(0))
 }
 
 /// A Forget of one rank's entry with no `only_if`: a scope Forget that names one key (an
@@ -197,7 +196,7 @@ async fn exact_key_tombstones_beyond_a_frame_survive_sigkill_and_restart() {
     // again that is dead: one key recorded again and again, each result faster than the last,
     // leaves every earlier one behind. The rewrite then holds every tombstone at once.
     let compactions = stats.journal_compactions;
-    let after = key("scale", "other-op", DEVICE, "p", None);
+    let after = key_in("scale", "other-op", "p", None);
     let dead_config = format!(r#"{{"pad":"{}"}}"#, "x".repeat(DEAD_CONFIG_BYTES));
     let dead_records = stats.journal_bytes as usize * 5 / 4 / DEAD_CONFIG_BYTES + 1;
     for i in 0..dead_records {

@@ -13,19 +13,14 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use tunecache_client::{key, proto};
+use tunecache_client::proto;
 use tunecache_integration::redis::{cluster_node, free_port, wait_connected, Redis};
-use tunecache_integration::{entry, eventually, DaemonOptions, TestDaemon};
+use tunecache_integration::{entry, eventually, test_key, DaemonOptions, TestDaemon};
 
-const DEVICE: &str = "test-device";
 const R1: &str = r#"{"tile":[128,128]}"#;
 const R2: &str = r#"{"tile":[64,256]}"#;
 /// For waits the issue puts no bound on: long enough for a loaded 2-core machine.
 const GENEROUS: Duration = Duration::from_secs(60);
-
-fn k(problem: &str) -> proto::Key {
-    key("test", "gemm", DEVICE, problem, None)
-}
 
 /// Lookup of `keys` in `view` on `daemon`: each hit's (problem, config).
 async fn lookup_in(daemon: &TestDaemon, view: &str, keys: &[proto::Key]) -> Vec<(String, String)> {
@@ -153,8 +148,8 @@ async fn a_view_keeps_its_first_answer_on_both_nodes_while_others_get_the_better
     let Some((_redis, a, b)) = two_nodes(dir.path(), &[]).await else {
         return;
     };
-    let key = k("m=4096,n=4096");
-    let other = k("m=1,n=1");
+    let key = test_key("gemm", "m=4096,n=4096");
+    let other = test_key("gemm", "m=1,n=1");
     record(&a, &key, R1, 20.0).await;
     record(&a, &other, R1, 5.0).await;
     wait_winner(&b, &key, R1).await;
@@ -228,7 +223,7 @@ async fn a_resolve_miss_in_a_view_is_tuned_once_and_every_waiter_on_both_nodes_g
     let Some((_redis, a, b)) = two_nodes(dir.path(), &[]).await else {
         return;
     };
-    let key = k("m=8192,n=1024");
+    let key = test_key("gemm", "m=8192,n=1024");
     use proto::resolve_response::Outcome;
 
     // The first rank gets the lease; ranks on both nodes wait in job-1.
@@ -302,7 +297,7 @@ async fn a_scope_forget_drops_the_pin_and_the_next_read_in_the_view_is_resolved_
     let Some((_redis, a, b)) = two_nodes(dir.path(), &[]).await else {
         return;
     };
-    let key = k("m=2048,n=2048");
+    let key = test_key("gemm", "m=2048,n=2048");
     record(&a, &key, R1, 20.0).await;
     wait_winner(&b, &key, R1).await;
     assert_eq!(config_in(&a, "job-1", &key).await.as_deref(), Some(R1));
@@ -353,7 +348,9 @@ async fn redis_sigstopped_while_a_view_reads_costs_at_most_the_cluster_timeout_a
     else {
         return;
     };
-    let keys: Vec<proto::Key> = (0..20).map(|i| k(&format!("p{i}"))).collect();
+    let keys: Vec<proto::Key> = (0..20)
+        .map(|i| test_key("gemm", &format!("p{i}")))
+        .collect();
     for key in &keys {
         record(&a, key, R1, 20.0).await;
     }
@@ -411,7 +408,7 @@ async fn an_idle_view_ends_an_ended_view_pins_afresh_and_the_pin_cap_holds_under
         .in_process()
         .await;
     let client = daemon.client().await;
-    let key = k("idle");
+    let key = test_key("gemm", "idle");
     record(&daemon, &key, R1, 20.0).await;
     assert_eq!(
         config_in(&daemon, "job-idle", &key).await.as_deref(),
@@ -458,7 +455,9 @@ async fn an_idle_view_ends_an_ended_view_pins_afresh_and_the_pin_cap_holds_under
     );
 
     // 100k distinct keys, read in views of this one uid: it never holds more than its cap.
-    let keys: Vec<proto::Key> = (0..100_000).map(|i| k(&format!("cap-{i}"))).collect();
+    let keys: Vec<proto::Key> = (0..100_000)
+        .map(|i| test_key("gemm", &format!("cap-{i}")))
+        .collect();
     for batch in keys.chunks(10_000) {
         let entries = batch
             .iter()
@@ -504,7 +503,7 @@ async fn a_lease_holders_record_pins_what_it_produced_even_when_a_better_one_fol
         .args(["--tuner", "off"])
         .in_process()
         .await;
-    let key = k("lease-in-view");
+    let key = test_key("gemm", "lease-in-view");
     let Outcome::TuneHere(lease) = resolve_in(&daemon, "job-1", &key, 0, true).await else {
         panic!("the first Resolve of a miss in job-1 hands out the lease");
     };

@@ -11,15 +11,13 @@ use std::process::Command;
 use prost::Message;
 use serde_json::Value;
 use tonic_types::StatusExt;
-use tunecache_client::{key, proto};
+use tunecache_client::proto;
 use tunecache_integration::raw_grpc::raw_unary;
-use tunecache_integration::{bin, entry, require_root, require_tool, DaemonOptions, TestDaemon};
+use tunecache_integration::{
+    bin, entry, require_root, require_tool, test_key, DaemonOptions, TestDaemon,
+};
 
 const NOBODY: &str = "65534";
-
-fn k(problem: &str) -> proto::Key {
-    key("test", "gemm", "test-device", problem, None)
-}
 
 /// `tunecache-test-views` as uid/gid 65534 on `socket`: its JSON line.
 fn as_nobody(setpriv: &Path, socket: &Path, args: &[&str]) -> Value {
@@ -42,7 +40,14 @@ fn as_nobody(setpriv: &Path, socket: &Path, args: &[&str]) -> Value {
 /// Records `config` at `time_us` for problems `p<from>` .. `p<to-1>`.
 async fn record(daemon: &TestDaemon, range: std::ops::Range<usize>, config: &str, time_us: f64) {
     let entries: Vec<proto::Entry> = range
-        .map(|i| entry(k(&format!("p{i}")), &format!("{config:?}"), time_us, "test"))
+        .map(|i| {
+            entry(
+                test_key("gemm", &format!("p{i}")),
+                &format!("{config:?}"),
+                time_us,
+                "test",
+            )
+        })
         .collect();
     for chunk in entries.chunks(1000) {
         daemon
@@ -57,7 +62,9 @@ async fn record(daemon: &TestDaemon, range: std::ops::Range<usize>, config: &str
 /// The configs a Lookup of `p0` .. `p<keys-1>` in `view` answers, as this (root) process.
 async fn configs_in(daemon: &TestDaemon, view: &str, keys: usize) -> Vec<String> {
     let request = proto::LookupRequest {
-        keys: (0..keys).map(|i| k(&format!("p{i}"))).collect(),
+        keys: (0..keys)
+            .map(|i| test_key("gemm", &format!("p{i}")))
+            .collect(),
         view: view.to_owned(),
     };
     let hits = daemon
@@ -257,7 +264,7 @@ async fn look_alike_view_names_and_names_that_are_not_utf8_are_invalid_arguments
     ] {
         let status = raw
             .lookup(proto::LookupRequest {
-                keys: vec![k("p0")],
+                keys: vec![test_key("gemm", "p0")],
                 view: spoof.to_owned(),
             })
             .await
@@ -265,7 +272,7 @@ async fn look_alike_view_names_and_names_that_are_not_utf8_are_invalid_arguments
         assert_eq!(refused_field(&status), "view", "{spoof:?}");
     }
     let not_utf8: &[u8] = b"slurm-42\xff";
-    let key_bytes = k("p0").encode_to_vec();
+    let key_bytes = test_key("gemm", "p0").encode_to_vec();
     let channel = tunecache_client::connect_channel(&daemon.socket)
         .await
         .expect("a channel");

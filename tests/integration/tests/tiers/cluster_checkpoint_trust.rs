@@ -13,22 +13,9 @@ use tunecache_integration::redis::{
     cluster_node, free_port, holds_all, wait_checkpoints_current, wait_connected, Redis,
     BUILD_CHECKPOINTS_OFTEN,
 };
-use tunecache_integration::{entry, test_key, TestDaemon};
+use tunecache_integration::{numbered_op, TestDaemon};
 
 const PREFIX: &str = "tunecache:";
-
-fn entries(tag: &str, range: std::ops::Range<usize>) -> Vec<proto::Entry> {
-    range
-        .map(|i| {
-            entry(
-                test_key("forged", &format!("{tag}-{i}")),
-                &format!(r#"{{"tile":{i}}}"#),
-                1.0 + i as f64,
-                "w",
-            )
-        })
-        .collect()
-}
 
 async fn record_all(daemon: &TestDaemon, entries: &[proto::Entry]) {
     let client = daemon.client().await;
@@ -285,12 +272,12 @@ async fn forged_checkpoints_are_rejected_and_a_fresh_node_serves_exactly_what_re
         .process()
         .await;
     wait_connected(&writer).await;
-    let first = entries("first", 0..1600);
+    let first = numbered_op("forged", "first", 0..1600, "w");
     record_all(&writer, &first).await;
     wait_checkpoints_current(&redis).await;
     // Shard 2's checkpoint now, to be put back once it is old.
     let old = SetAside::take(&redis, 2);
-    let later = entries("later", 0..800);
+    let later = numbered_op("forged", "later", 0..800, "w");
     record_all(&writer, &later).await;
     wait_checkpoints_current(&redis).await;
     drop(writer);
@@ -376,11 +363,11 @@ async fn with_a_cluster_key_a_checkpoint_rewritten_whole_or_moved_is_rejected() 
         .process()
         .await;
     wait_connected(&writer).await;
-    let first = entries("first", 0..1600);
+    let first = numbered_op("forged", "first", 0..1600, "w");
     record_all(&writer, &first).await;
     wait_checkpoints_current(&redis).await;
     let old = SetAside::take(&redis, 2);
-    let later = entries("later", 0..800);
+    let later = numbered_op("forged", "later", 0..800, "w");
     record_all(&writer, &later).await;
     wait_checkpoints_current(&redis).await;
     drop(writer);
@@ -426,7 +413,7 @@ async fn the_audit_publishes_nothing_it_read_from_a_checkpoint_it_could_not_veri
         .process()
         .await;
     wait_connected(&builder).await;
-    let first = entries("first", 0..800);
+    let first = numbered_op("forged", "first", 0..800, "w");
     record_all(&builder, &first).await;
     wait_checkpoints_current(&redis).await;
     builder.terminate(Duration::from_secs(10));
@@ -436,7 +423,7 @@ async fn the_audit_publishes_nothing_it_read_from_a_checkpoint_it_could_not_veri
         .process()
         .await;
     wait_connected(&origin).await;
-    let later = entries("later", 0..200);
+    let later = numbered_op("forged", "later", 0..200, "w");
     record_all(&origin, &later).await;
     origin
         .wait_for_stats("published", |s| s.cluster_published >= 200)
