@@ -928,10 +928,9 @@ async fn a_redis_restarted_from_an_older_snapshot_is_refilled_by_the_audit() {
     a.client().await.record(lost.clone()).await.unwrap();
     assert_reached("after the save", &lost, &[&b], Duration::from_secs(5)).await;
     redis.kill_and_restart();
-    assert!(
-        redis.entry_name("older", "k25").is_none(),
-        "the restart kept the newest writes"
-    );
+    // That the restarted Redis lacked the newest 20 is not asserted here: the nodes reconnect
+    // and refill it within tens of milliseconds, often before a redis-cli could look. The loss
+    // is proven below instead, by what the nodes saw (`differing`).
     let started = Instant::now();
     let deadline = started + Duration::from_secs(10);
     while !(0..40).all(|i| redis.entry_name("older", &format!("k{i}")).is_some()) {
