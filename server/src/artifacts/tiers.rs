@@ -313,10 +313,7 @@ mod tests {
     }
 
     fn digest_of(bytes: &[u8]) -> String {
-        Sha256::digest(bytes)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        crate::artifacts::disk::hex(&Sha256::digest(bytes))
     }
 
     #[tokio::test]

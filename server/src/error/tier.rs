@@ -1,6 +1,7 @@
 //! `TierError`: how a remote tier (the shared directory, Redis) failed, typed by kind. Its
-//! `Display` is the one text Stats' last-error fields and the log lines show; the gRPC door
-//! maps a kind to a status in one place (`rpc::tier_status`).
+//! `Display` is the one text Stats' last-error fields and the log lines show. No call answers
+//! a tier's error as such (a tier's failure is counted, logged, or becomes the artifact store's
+//! answer), so no status mapping exists for it.
 
 use std::path::PathBuf;
 use std::time::Duration;
