@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::ops::admission::Admission;
 use crate::ops::limits::ConnectionLimits;
 use crate::ops::listener::SocketGuard;
-use crate::rpc::service::TuneCacheService;
+use crate::rpc::service::{ServiceParts, TuneCacheService};
 use crate::snapshot::SnapshotHandle;
 use crate::store::Store;
 use crate::tasks::Tasks;
@@ -268,28 +268,9 @@ async fn serve(
     // Blobs named by any entry that reaches the cache are kept and fetched on demand.
     store.add_change_listener(artifacts.clone());
     artifacts.start_upkeep(store.clone());
-    let mut service = TuneCacheService::new(
-        store.clone(),
-        coordinator,
-        tuner.clone(),
-        config.node_name(),
-        views,
-        artifacts.clone(),
-    )
-    .with_connection_limits(connection_limits.clone())
-    .with_request_limits(request_limits.clone())
-    .with_previous_shutdown(previous_shutdown)
-    .with_exact_forget_budget(config.max_exact_forgets_per_uid)
-    .with_admins(crate::ops::access::AccessPolicy::new(
-        &config.admin_uid,
-        &config.admin_gid,
-    )?);
     store.set_forget_retention(Duration::from_secs(
         u64::from(config.forget_retention_days) * 24 * 3600,
     ));
-    if let Some(cluster) = &cluster {
-        service = service.with_cluster(cluster.clone());
-    }
     // Snapshots: the handle does no filesystem I/O here, so a hung shared directory cannot
     // delay serving; at shutdown its task ends with every other, never waiting on the I/O
     // thread.
@@ -299,14 +280,26 @@ async fn serve(
             SnapshotHandle::start(settings, store.clone(), Some(artifacts.clone()), tasks)
         })
         .transpose()?;
-    if let Some(snapshots) = &snapshots {
-        service = service.with_snapshots(snapshots.clone());
-    }
     // The tiers a missing blob is fetched from, in order: the shared directory (registered
     // by its handle above), then Redis.
     if let Some(cluster) = &cluster {
         cluster.attach_artifacts(artifacts.clone(), config.cluster_max_artifact_bytes);
     }
+    let service = TuneCacheService::new(ServiceParts {
+        store: store.clone(),
+        coordinator,
+        tuner: tuner.clone(),
+        node_name: config.node_name(),
+        views,
+        artifacts: artifacts.clone(),
+        snapshots: snapshots.clone(),
+        cluster: cluster.clone(),
+        connection_limits: connection_limits.clone(),
+        request_limits: request_limits.clone(),
+        previous_shutdown,
+        admins: crate::ops::access::AccessPolicy::new(&config.admin_uid, &config.admin_gid)?,
+        exact_forgets_per_minute: config.max_exact_forgets_per_uid,
+    });
     let service = Arc::new(service);
     // Open: every call from now on reaches the service. The idle time counts from here, not
     // from before the replay.

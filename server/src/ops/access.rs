@@ -52,14 +52,6 @@ impl AccessPolicy {
         Ok(AccessPolicy { uids, gids })
     }
 
-    /// The daemon's own uid and root only.
-    pub fn owner_and_root() -> Self {
-        AccessPolicy {
-            uids: HashSet::from([0, Uid::current().as_raw()]),
-            gids: HashSet::new(),
-        }
-    }
-
     /// Whether the caller of `request` is allowed, by uid, primary gid or supplementary
     /// group; a caller without kernel credentials is not.
     pub async fn allows_caller<T>(&self, request: &Request<T>) -> bool {

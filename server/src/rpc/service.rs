@@ -36,6 +36,34 @@ mod stats;
 pub(crate) use stats::stats_metrics;
 use stats::RequestCounters;
 
+/// Everything the service is built from: the daemon's parts, each already built, and the
+/// settings only the service uses. The service is built whole from it (`TuneCacheService::new`);
+/// nothing is set on it afterwards.
+pub struct ServiceParts {
+    pub store: Store,
+    pub coordinator: Arc<Coordinator>,
+    pub tuner: TunerHandle,
+    pub node_name: String,
+    /// Every read goes through the node's job views, with or without a view.
+    pub views: Arc<Views>,
+    /// The node's blob store: PutArtifact, GetArtifact, StatArtifacts and the Record check.
+    pub artifacts: Arc<Artifacts>,
+    /// `None` without `--shared-dir`: the Snapshot RPC and the snapshot Stats fields.
+    pub snapshots: Option<SnapshotHandle>,
+    /// `None` without `--cluster-url`: the cluster tier's Stats fields.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// The doors' connection limits, whose counters Stats reports.
+    pub connection_limits: Arc<crate::ops::limits::ConnectionLimits>,
+    /// The request limits, whose counters Stats reports.
+    pub request_limits: Arc<crate::ops::request_limits::RequestLimits>,
+    /// What the previous run's last publish at shutdown did (from the state directory).
+    pub previous_shutdown: String,
+    /// Who may run a scope Forget (`--admin-uid`, `--admin-gid`).
+    pub admins: crate::ops::access::AccessPolicy,
+    /// Exact-key Forgets one uid may ask per minute (`--max-exact-forgets-per-uid`).
+    pub exact_forgets_per_minute: u32,
+}
+
 pub struct TuneCacheService {
     store: Store,
     coordinator: Arc<Coordinator>,
@@ -43,105 +71,56 @@ pub struct TuneCacheService {
     counters: Arc<RequestCounters>,
     node_name: String,
     started: Instant,
-    /// `None` without `--shared-dir`.
     snapshots: Option<SnapshotHandle>,
-    /// Connection limits and their counters, for Stats; `None` until the daemon sets them.
-    connection_limits: Option<Arc<crate::ops::limits::ConnectionLimits>>,
-    /// `None` without `--cluster-url`.
+    connection_limits: Arc<crate::ops::limits::ConnectionLimits>,
     cluster: Option<Arc<crate::cluster::Cluster>>,
-    /// Request limits and their counters, for Stats; `None` until the daemon sets them.
-    request_limits: Option<Arc<crate::ops::request_limits::RequestLimits>>,
-    /// What the previous run's last publish at shutdown did (from the state directory).
+    request_limits: Arc<crate::ops::request_limits::RequestLimits>,
     previous_shutdown: String,
-    /// Who may run a scope Forget (`--admin-uid`, `--admin-gid`).
     admins: crate::ops::access::AccessPolicy,
-    /// The per-uid budget of exact-key Forgets (`--max-exact-forgets-per-uid`) and its log.
+    /// The per-uid budget of exact-key Forgets and its log.
     exact_forgets: crate::ops::forget_budget::ExactForgets,
     /// One Forget at a time per uid (`forget_turns`).
     forget_turns: crate::ops::forget_turns::ForgetTurns,
-    /// Every read goes through the node's job views, with or without a view.
     views: Arc<Views>,
-    /// The node's blob store: PutArtifact, GetArtifact, StatArtifacts and the Record check.
     artifacts: Arc<Artifacts>,
 }
 
 impl TuneCacheService {
-    pub fn new(
-        store: Store,
-        coordinator: Arc<Coordinator>,
-        tuner: TunerHandle,
-        node_name: String,
-        views: Arc<Views>,
-        artifacts: Arc<Artifacts>,
-    ) -> Self {
-        TuneCacheService {
+    /// The service over `parts`, complete.
+    pub fn new(parts: ServiceParts) -> Self {
+        let ServiceParts {
+            store,
+            coordinator,
+            tuner,
+            node_name,
             views,
             artifacts,
+            snapshots,
+            cluster,
+            connection_limits,
+            request_limits,
+            previous_shutdown,
+            admins,
+            exact_forgets_per_minute,
+        } = parts;
+        TuneCacheService {
             store,
             coordinator,
             tuner,
             counters: Arc::default(),
             node_name,
             started: Instant::now(),
-            snapshots: None,
-            connection_limits: None,
-            cluster: None,
-            request_limits: None,
-            previous_shutdown: String::new(),
-            admins: crate::ops::access::AccessPolicy::owner_and_root(),
+            snapshots,
+            connection_limits,
+            cluster,
+            request_limits,
+            previous_shutdown,
+            admins,
+            exact_forgets: crate::ops::forget_budget::ExactForgets::new(exact_forgets_per_minute),
             forget_turns: Default::default(),
-            exact_forgets: crate::ops::forget_budget::ExactForgets::new(
-                crate::ops::forget_budget::DEFAULT_MAX_EXACT_FORGETS_PER_UID,
-            ),
+            views,
+            artifacts,
         }
-    }
-
-    /// Exact-key Forgets one uid may ask per minute (`--max-exact-forgets-per-uid`).
-    pub fn with_exact_forget_budget(mut self, per_minute: u32) -> Self {
-        self.exact_forgets = crate::ops::forget_budget::ExactForgets::new(per_minute);
-        self
-    }
-
-    /// Who may run a scope Forget.
-    pub fn with_admins(mut self, admins: crate::ops::access::AccessPolicy) -> Self {
-        self.admins = admins;
-        self
-    }
-
-    /// Reports what the previous run's last publish at shutdown did.
-    pub fn with_previous_shutdown(mut self, outcome: String) -> Self {
-        self.previous_shutdown = outcome;
-        self
-    }
-
-    /// Reports the cluster tier's state in Stats.
-    pub fn with_cluster(mut self, cluster: Arc<crate::cluster::Cluster>) -> Self {
-        self.cluster = Some(cluster);
-        self
-    }
-
-    /// Reports the connection limits and their counters in Stats.
-    pub fn with_connection_limits(
-        mut self,
-        limits: Arc<crate::ops::limits::ConnectionLimits>,
-    ) -> Self {
-        self.connection_limits = Some(limits);
-        self
-    }
-
-    /// Reports the request limits and their counters in Stats.
-    pub fn with_request_limits(
-        mut self,
-        limits: Arc<crate::ops::request_limits::RequestLimits>,
-    ) -> Self {
-        self.request_limits = Some(limits);
-        self
-    }
-
-    /// Serves the Snapshot RPC and the snapshot Stats fields from `snapshots`.
-    pub fn with_snapshots(mut self, snapshots: SnapshotHandle) -> Self {
-        self.snapshots = Some(snapshots);
-        self
     }
 }
 
