@@ -195,6 +195,7 @@ mod tests {
     use super::*;
     use crate::model::artifacts::ArtifactList;
     use crate::model::entry::{CacheKey, TunedResult};
+    use crate::model::testing::{self, key};
     use tunecache_proto::v1;
 
     const MIB: u64 = 1024 * 1024;
@@ -203,23 +204,8 @@ mod tests {
         format!("{n:02x}").repeat(32)
     }
 
-    fn key(problem: &str) -> CacheKey {
-        CacheKey {
-            namespace: "ns".into(),
-            op: "op".into(),
-            device: "dev".into(),
-            problem: problem.into(),
-            rank: None,
-        }
-    }
-
     fn result(time_us: f64, blobs: &[u8]) -> TunedResult {
         TunedResult {
-            config: "{}".into(),
-            time_us,
-            tuned_by: "t".into(),
-            tuned_at_unix_ms: 1,
-            forget_epoch: 0,
             artifacts: ArtifactList::from_wire(
                 blobs
                     .iter()
@@ -230,6 +216,7 @@ mod tests {
                     })
                     .collect(),
             ),
+            ..testing::result(time_us)
         }
     }
 

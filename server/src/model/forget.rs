@@ -266,10 +266,12 @@ pub fn stamp_unix_ms(stamp: u64) -> i64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn key(op: &str, problem: &str, rank: Option<u32>) -> CacheKey {
+    /// The key of `problem` under op `op` in namespace `ns` and device `dev` (the builder
+    /// every part's tests take through `model::testing`, which this module may not import).
+    pub(crate) fn key(op: &str, problem: &str, rank: Option<u32>) -> CacheKey {
         CacheKey {
             namespace: "ns".into(),
             op: op.into(),
@@ -279,7 +281,9 @@ mod tests {
         }
     }
 
-    fn scope(op: &str, problem: &str, rank: RankScope) -> ForgetScope {
+    /// The Forget scope of namespace `ns` and op `op` (every device), `problem` (empty:
+    /// every problem) and `rank`.
+    pub(crate) fn scope(op: &str, problem: &str, rank: RankScope) -> ForgetScope {
         ForgetScope {
             namespace: "ns".into(),
             op: op.into(),

@@ -10,5 +10,7 @@ pub mod forget;
 pub mod merge;
 pub mod names;
 pub mod shared_key;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod tombstones;
 pub(crate) mod validate;

@@ -379,25 +379,7 @@ impl Tombstones {
 mod tests {
     use super::*;
 
-    fn key(op: &str, problem: &str, rank: Option<u32>) -> CacheKey {
-        CacheKey {
-            namespace: "ns".into(),
-            op: op.into(),
-            device: "dev".into(),
-            problem: problem.into(),
-            rank,
-        }
-    }
-
-    fn scope(op: &str, problem: &str, rank: RankScope) -> ForgetScope {
-        ForgetScope {
-            namespace: "ns".into(),
-            op: op.into(),
-            device: String::new(),
-            problem: problem.into(),
-            rank,
-        }
-    }
+    use crate::model::testing::{key_in as key, scope};
 
     #[test]
     fn packed_keys_read_back_whatever_their_fields_hold() {

@@ -246,6 +246,7 @@ mod tests {
     use super::*;
     use crate::journal::FsyncPolicy;
     use crate::model::forget::{ForgetAsk, ForgetScope};
+    use crate::model::testing;
 
     /// Keeps what the feed told it.
     #[derive(Default)]
@@ -262,22 +263,7 @@ mod tests {
     }
 
     fn pair(problem: &str, time_us: f64) -> (CacheKey, TunedResult) {
-        let key = CacheKey {
-            namespace: "ns".into(),
-            op: "op".into(),
-            device: "dev".into(),
-            problem: problem.into(),
-            rank: None,
-        };
-        let result = TunedResult {
-            config: "{}".into(),
-            time_us,
-            tuned_by: "t".into(),
-            tuned_at_unix_ms: 1,
-            forget_epoch: 0,
-            artifacts: Default::default(),
-        };
-        (key, result)
+        (testing::key(problem), testing::result(time_us))
     }
 
     fn scope_of(op: &str) -> ForgetScope {

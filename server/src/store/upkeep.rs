@@ -260,26 +260,11 @@ pub(super) fn live_entries<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::entry::TunedResult;
     use crate::model::forget::ForgetScope;
+    use crate::model::testing;
 
     fn stored(problem: &str, time_us: f64) -> StoredEntry {
-        let key = CacheKey {
-            namespace: "ns".into(),
-            op: "op".into(),
-            device: "dev".into(),
-            problem: problem.into(),
-            rank: None,
-        };
-        let result = TunedResult {
-            config: "{}".into(),
-            time_us,
-            tuned_by: "t".into(),
-            tuned_at_unix_ms: 1,
-            forget_epoch: 0,
-            artifacts: Default::default(),
-        };
-        StoredEntry::new(&key, &result)
+        StoredEntry::new(&testing::key(problem), &testing::result(time_us))
     }
 
     fn problems(live: Vec<(&StoredEntry, Origin)>) -> Vec<(String, f64, Origin)> {

@@ -523,17 +523,8 @@ crate::report::stats_registry! {
 mod tests {
     use super::*;
     use crate::model::entry::TunedResult;
+    use crate::model::testing::key;
     use crate::store::RecordLease;
-
-    fn key(problem: &str) -> CacheKey {
-        CacheKey {
-            namespace: "ns".into(),
-            op: "gemm".into(),
-            device: "d".into(),
-            problem: problem.into(),
-            rank: None,
-        }
-    }
 
     fn change(problem: &str, time_us: f64, source: Source, in_cache: bool) -> Change {
         let result = TunedResult {

@@ -4,6 +4,12 @@ mod resolve;
 
 use super::resolve::AfterClaim;
 use super::*;
+use crate::model::testing::{key_in, result};
+
+/// Keys of op `gemm`, which the tests' tuner measures.
+fn key(problem: &str) -> CacheKey {
+    key_in("gemm", problem, None)
+}
 
 /// The Resolve rule on this node for a key the tuner does not measure, as most of these
 /// tests ask it (the store has nothing).
@@ -69,16 +75,6 @@ fn at(ms: u64) -> SystemTime {
     T0 + Duration::from_millis(1_700_000_000_000 + ms)
 }
 
-fn key(problem: &str) -> CacheKey {
-    CacheKey {
-        namespace: "ns".into(),
-        op: "gemm".into(),
-        device: "dev".into(),
-        problem: problem.into(),
-        rank: None,
-    }
-}
-
 fn tuner(pid: i32) -> Caller {
     Caller {
         can_tune: true,
@@ -138,17 +134,6 @@ fn a_lease_carries_the_view_of_the_resolve_it_was_granted_to() {
         panic!("a lease")
     };
     assert_eq!(f.lease(&plain.lease_id), Some((&other, None)));
-}
-
-fn result(time_us: f64) -> TunedResult {
-    TunedResult {
-        config: "{}".into(),
-        time_us,
-        tuned_by: "t".into(),
-        tuned_at_unix_ms: 1,
-        forget_epoch: 0,
-        artifacts: Default::default(),
-    }
 }
 
 fn flights() -> Flights<Asked> {

@@ -4,17 +4,8 @@ use std::sync::Arc;
 
 use super::*;
 use crate::model::forget::{ForgetScope, RankScope};
+use crate::model::testing::key;
 use crate::store::feed::RecordLease;
-
-fn key(problem: &str) -> CacheKey {
-    CacheKey {
-        namespace: "ns".into(),
-        op: "op".into(),
-        device: "dev".into(),
-        problem: problem.into(),
-        rank: None,
-    }
-}
 
 fn result(time_us: f64, epoch: u64) -> TunedResult {
     TunedResult {

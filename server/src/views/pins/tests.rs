@@ -1,18 +1,9 @@
 //! Unit tests of the pins' rules: per-uid caps, idle-ordered eviction, the law over random operations.
 
 use super::*;
-use crate::model::entry::{CacheKey, TunedResult};
+use crate::model::entry::TunedResult;
 use crate::model::forget::{ForgetScope, RankScope};
-
-fn key(problem: &str) -> CacheKey {
-    CacheKey {
-        namespace: "ns".into(),
-        op: "gemm".into(),
-        device: "dev".into(),
-        problem: problem.into(),
-        rank: None,
-    }
-}
+use crate::model::testing::{key, scope};
 
 fn entry(problem: &str, time_us: f64) -> StoredEntry {
     entry_at(problem, time_us, 0)
@@ -125,13 +116,7 @@ fn a_forget_drops_the_pins_it_removes_and_keeps_those_recorded_after_it() {
     let later = entry_at("k", 9.0, 10);
     read(&mut pins, "job-2", &later, now);
     let tombstone = Tombstone {
-        scope: ForgetScope {
-            namespace: "ns".into(),
-            op: "gemm".into(),
-            device: String::new(),
-            problem: String::new(),
-            rank: RankScope::Every,
-        },
+        scope: scope("op", "", RankScope::Every),
         stamp: 10,
     };
     assert_eq!(pins.forget(&tombstone), 1);
