@@ -236,6 +236,21 @@ enum Commands {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// The first fetch of blobs the node lacks but the shared directory holds (issue 49):
+    /// node A publishes B blobs; each round a fresh node B learns them and one client takes
+    /// each by get_artifact (handed, or streamed when the daemon does not hand it), timed
+    /// blob by blob. Compare daemon builds by running it with each one's TUNECACHE_BIN_DIR.
+    /// Prints JSON.
+    ColdBlob {
+        #[arg(long, default_value_t = 20)]
+        blobs: usize,
+        /// Size of each blob, KiB.
+        #[arg(long, default_value_t = 16384)]
+        blob_kib: u64,
+        /// Fresh nodes B, each taking every blob once.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// Run only some daemon micro-benchmarks; print their results and target ratios as JSON.
     Micro {
         /// Comma-separated: lookup (with the echo floor), pyscan, memory, pickup, transport
@@ -528,6 +543,19 @@ fn main() -> Result<()> {
                 list,
                 dir,
             })?;
+        }
+        Commands::ColdBlob {
+            blobs,
+            blob_kib,
+            rounds,
+        } => {
+            let results = suite::cold_blob::run(&suite::cold_blob::ColdBlobOptions {
+                blobs,
+                blob_kib,
+                rounds,
+                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+            })?;
+            println!("{}", serde_json::to_string_pretty(&results)?);
         }
         Commands::Micro {
             only,
