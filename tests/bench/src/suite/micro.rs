@@ -62,6 +62,10 @@ pub struct Throughput {
     pub seconds: f64,
     pub keys: u64,
     pub keys_per_s: f64,
+    /// The daemon's CPU time (user and system) per 1,000 keys looked up: what the daemon's
+    /// code costs, which a busy machine changes far less than it changes `keys_per_s`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon_cpu_ms_per_1000_keys: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -205,11 +209,16 @@ async fn measure_lookup(options: &MicroOptions) -> Result<LookupResults> {
     }
 
     let mut throughput = Vec::new();
+    let daemon_pid = daemon.pid()?;
     for keys_per_call in [1usize, 1_000] {
         for clients in [1usize, 8, 32] {
-            throughput.push(
-                measure_throughput(&daemon.socket, &keys, clients, keys_per_call, seconds).await?,
-            );
+            let cpu_before = process_cpu_s(daemon_pid)?;
+            let mut measured =
+                measure_throughput(&daemon.socket, &keys, clients, keys_per_call, seconds).await?;
+            let cpu_ms = (process_cpu_s(daemon_pid)? - cpu_before) * 1e3;
+            measured.daemon_cpu_ms_per_1000_keys =
+                Some(cpu_ms / (measured.keys.max(1) as f64 / 1_000.0));
+            throughput.push(measured);
         }
     }
     daemon.stop();
@@ -241,6 +250,26 @@ async fn measure_echo(socket: &Path, calls: usize) -> Result<Latency> {
         times.push(started.elapsed().as_secs_f64() * 1e6);
     }
     Ok(latency_of(times))
+}
+
+/// The CPU time process `pid` has used, user and system, all its threads (ended ones too), in
+/// seconds (`/proc/<pid>/stat`, in USER_HZ ticks of 10 ms).
+fn process_cpu_s(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The fields after the command's closing parenthesis; utime and stime are the 12th and
+    // 13th of them (fields 14 and 15 of the line).
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("/proc/<pid>/stat without a command")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |index: usize| -> Result<f64> {
+        Ok(fields
+            .get(index)
+            .context("/proc/<pid>/stat is short")?
+            .parse::<f64>()?)
+    };
+    Ok((ticks(11)? + ticks(12)?) / 100.0)
 }
 
 /// `clients` tasks, each with its own connection, look keys up for `seconds`.
@@ -286,6 +315,7 @@ pub(super) async fn measure_throughput(
         seconds: elapsed,
         keys,
         keys_per_s: keys as f64 / elapsed,
+        daemon_cpu_ms_per_1000_keys: None,
     })
 }
 
