@@ -102,7 +102,7 @@ crate::report::stats_registry! {
             let (commands, bytes) = link::startup_io();
         }
         include ClusterCounters = cluster.counters;
-        include link::LinkCounters = cluster.link.counters;
+        include link::LinkCounters = cluster.redis.link.counters;
         include refusals::Refusals = cluster.refusals;
         fields {
             cluster_state = cluster.state().describe(), absent "off".to_owned() => signed_gauge(
@@ -115,8 +115,8 @@ crate::report::stats_registry! {
             cluster_bootstrapped = cluster.bootstrapped.load(Ordering::Relaxed) => not_exported,
             cluster_publish_queue = cluster.lock_pending().entries.len() as u64
                 => gauge(51, "Results waiting to be published to Redis."),
-            cluster_publish_queue_limit = cluster.publish_queue_limit as u64 => not_exported,
-            cluster_wrong_type_keys = cluster.wrong_types.describe() => not_exported,
+            cluster_publish_queue_limit = cluster.queue.limit as u64 => not_exported,
+            cluster_wrong_type_keys = cluster.redis.wrong_types.describe() => not_exported,
             cluster_clock_skew_ms = cluster.clock_skew_ms.load(Ordering::Relaxed)
                 => signed_gauge(98, "This node's clock minus Redis's TIME at the last reading."),
             cluster_prune_paused = cluster.prune_paused.load(Ordering::Relaxed) => gauge(

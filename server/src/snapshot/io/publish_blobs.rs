@@ -9,8 +9,8 @@ use std::collections::{BTreeSet, HashSet};
 use std::fs;
 use std::path::Path;
 
-use crate::artifacts::PublishedBlobs;
 use crate::snapshot::blobs;
+use crate::tiers::PublishedBlobs;
 use crate::wire::stored::EntryMap;
 
 use super::IoWorker;
