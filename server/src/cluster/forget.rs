@@ -82,7 +82,7 @@ pub(super) async fn publish(
             .arg(encode_stamp(tombstone.stamp))
             .arg(tombstone_text(tombstone))
             .arg(&node)
-            .arg(cluster.stream_max_len);
+            .arg(cluster.tuning.stream_max_len);
         async move { invocation.invoke_async::<i64>(&mut conn).await }
     });
     let stored = timed("publishing forgets", async { Ok(join_all(stores).await) }).await?;
@@ -262,6 +262,7 @@ pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, 
             Ok(pair) => pair,
             Err(why) => {
                 cluster
+                    .observed
                     .refusals
                     .refuse(ReadFrom::Tombstones, &forgets, &why);
                 continue;
@@ -271,6 +272,7 @@ pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, 
             Ok(tombstone) => tombstone,
             Err(why) => {
                 cluster
+                    .observed
                     .refusals
                     .refuse(ReadFrom::Tombstones, &scope_text, &why);
                 continue;
@@ -430,9 +432,12 @@ async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
                 }
                 match values::forget_field(&message.fields).and_then(values::tombstone_message) {
                     Ok(tombstone) => learned.push(tombstone),
-                    Err(why) => cluster
-                        .refusals
-                        .refuse(ReadFrom::Tombstones, &message.id, &why),
+                    Err(why) => {
+                        cluster
+                            .observed
+                            .refusals
+                            .refuse(ReadFrom::Tombstones, &message.id, &why)
+                    }
                 }
             }
         }

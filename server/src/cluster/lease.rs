@@ -85,7 +85,7 @@ impl Cluster {
             return Claim::Unavailable(format!("redis is {}", self.redis.link.state().describe()));
         };
         let token = self.new_token();
-        let ttl_ms = self.lease_ttl.as_millis() as u64;
+        let ttl_ms = self.tuning.lease_ttl.as_millis() as u64;
         let text = Layout::key_text(key);
         let mut invocation = scripts::ACQUIRE.prepare_invoke();
         invocation
@@ -93,11 +93,14 @@ impl Cluster {
             .key(self.redis.layout.lease_of_text(&text))
             .arg(&token)
             .arg(ttl_ms);
-        let reply =
-            tokio::time::timeout(self.timeout, invocation.invoke_async::<Value>(&mut conn)).await;
+        let reply = tokio::time::timeout(
+            self.tuning.timeout,
+            invocation.invoke_async::<Value>(&mut conn),
+        )
+        .await;
         let reply = match reply {
             Ok(Ok(reply)) => {
-                self.slow_claims.store(0, Ordering::Relaxed);
+                self.observed.slow_claims.store(0, Ordering::Relaxed);
                 reply
             }
             Ok(Err(error)) => {
@@ -120,14 +123,14 @@ impl Cluster {
                     .lease_fallbacks
                     .fetch_add(1, Ordering::Relaxed);
                 // One slow answer may be load; a few in a row is a hung server.
-                if self.slow_claims.fetch_add(1, Ordering::Relaxed) + 1 >= 3 {
+                if self.observed.slow_claims.fetch_add(1, Ordering::Relaxed) + 1 >= 3 {
                     self.redis
                         .link
                         .failed(generation, "no answer within the cluster timeout");
                 }
                 return Claim::Unavailable(format!(
                     "redis did not answer within {} ms",
-                    self.timeout.as_millis()
+                    self.tuning.timeout.as_millis()
                 ));
             }
         };
@@ -157,7 +160,7 @@ impl Cluster {
                     .fetch_add(1, Ordering::Relaxed);
                 let holder = holder.split('/').next().unwrap_or_default().to_owned();
                 let retry_in = Duration::from_millis(
-                    pttl_ms.clamp(5, self.lease_ttl.as_millis() as i64) as u64 + 5,
+                    pttl_ms.clamp(5, self.tuning.lease_ttl.as_millis() as i64) as u64 + 5,
                 );
                 Claim::HeldBy { holder, retry_in }
             }
@@ -213,8 +216,8 @@ fn parse_claim(reply: Value) -> Option<ParsedClaim> {
 
 /// Extends the lease every third of its length until cancelled or lost.
 async fn renew(cluster: Arc<Cluster>, lease: String, token: String, stop: CancellationToken) {
-    let every = cluster.lease_ttl / 3;
-    let ttl_ms = cluster.lease_ttl.as_millis() as u64;
+    let every = cluster.tuning.lease_ttl / 3;
+    let ttl_ms = cluster.tuning.lease_ttl.as_millis() as u64;
     loop {
         tokio::select! {
             () = tokio::time::sleep(every) => {}

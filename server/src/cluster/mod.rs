@@ -7,6 +7,12 @@
 //! then reads the stream of published winners and applies them to the store (`follow`).
 //! Entries learned this way are not republished. Redis being slow, hung or gone only makes
 //! Resolve fall back to node-local coordination after the cluster timeout.
+//!
+//! Built in two steps (`Unstarted`): from its settings, the link to Redis and the blob
+//! fetching side the artifact store is opened with; then started with that store. A
+//! `Cluster` keeps each concern in a struct of its own: the Redis it talks to (`Redis`,
+//! shared with the fetching side), the publish queue, the follower's places, its tuning and
+//! what it has observed. As one of the daemon's tiers it is `tier`.
 
 mod backoff;
 mod blobs;
@@ -222,7 +228,37 @@ struct FollowerPlaces {
     latest: Mutex<Option<places::SavedPlaces>>,
 }
 
-/// The cluster tier, built whole by `Unstarted::start`.
+/// How the tier treats Redis, fixed for the run (from `ClusterSettings`).
+struct Tuning {
+    /// How long a command may take before the tier falls back (Resolve, pins).
+    timeout: Duration,
+    lease_ttl: Duration,
+    stream_max_len: u64,
+    audit_interval: Duration,
+    /// Tests only: added to this node's clock as the tier reads it.
+    clock_offset_ms: i64,
+    checkpoint_every: u64,
+    checkpoint_check: Duration,
+    /// The cluster's key (`--cluster-key-file`): checkpoints are built with MACs under it and
+    /// loaded only with MACs that verify.
+    key: Option<crate::model::shared_key::SharedKey>,
+}
+
+/// What the tier has found about Redis while it runs, for Stats and health.
+#[derive(Default)]
+struct Observed {
+    /// Claims in a row that ran out of time (three log a warning).
+    slow_claims: AtomicU64,
+    bootstrapped: AtomicBool,
+    /// Values read from Redis that a client's request could not carry, per source.
+    refusals: refusals::Refusals,
+    /// This node's clock minus Redis's `TIME` at the last reading (`forget::load_all`).
+    clock_skew_ms: AtomicI64,
+    /// The skew is over `forget::MAX_CLOCK_SKEW`: no tombstone is expired from Redis.
+    prune_paused: AtomicBool,
+}
+
+/// The cluster tier, built whole by `Unstarted::start`: each concern a struct of its own.
 pub struct Cluster {
     /// The Redis it talks to (shared with the blob fetching side).
     redis: Arc<Redis>,
@@ -231,32 +267,15 @@ pub struct Cluster {
     blobs: blobs::BlobTier,
     queue: PublishQueue,
     places: FollowerPlaces,
-    // This node, and how the tier treats Redis (from `ClusterSettings`).
+    tuning: Tuning,
+    observed: Observed,
+    pub counters: ClusterCounters,
     node_name: String,
     prefix: String,
     /// Random per daemon run: tokens and stream messages carry it.
     instance: u64,
-    timeout: Duration,
-    lease_ttl: Duration,
-    stream_max_len: u64,
-    audit_interval: Duration,
-    clock_offset_ms: i64,
-    checkpoint_every: u64,
-    checkpoint_check: Duration,
-    /// The cluster's key (`--cluster-key-file`): checkpoints are built with MACs under it and
-    /// loaded only with MACs that verify.
-    key: Option<crate::model::shared_key::SharedKey>,
-    // What it has seen and counted.
+    /// Numbers this run's lease tokens.
     token_counter: AtomicU64,
-    slow_claims: AtomicU64,
-    bootstrapped: AtomicBool,
-    pub counters: ClusterCounters,
-    /// Values read from Redis that a client's request could not carry, per source.
-    refusals: refusals::Refusals,
-    /// This node's clock minus Redis's `TIME` at the last reading (`forget::load_all`).
-    clock_skew_ms: AtomicI64,
-    /// The skew is over `forget::MAX_CLOCK_SKEW`: no tombstone is expired from Redis.
-    prune_paused: AtomicBool,
     /// Where its tasks run (renewals, releases), also when started off the runtime.
     tasks: Tasks,
 }
@@ -316,24 +335,22 @@ impl Unstarted {
                 unsafe_to_save: AtomicBool::new(false),
                 latest: Mutex::default(),
             },
+            tuning: Tuning {
+                timeout: settings.timeout,
+                lease_ttl: settings.lease_ttl,
+                stream_max_len: settings.stream_max_len.max(1),
+                audit_interval: settings.audit_interval,
+                clock_offset_ms: settings.clock_offset_ms,
+                checkpoint_every: settings.checkpoint_every,
+                checkpoint_check: settings.checkpoint_check,
+                key: settings.key.clone(),
+            },
+            observed: Observed::default(),
+            counters: ClusterCounters::default(),
             node_name: settings.node_name,
             prefix: settings.prefix.clone(),
             instance: random_u64(),
-            timeout: settings.timeout,
-            lease_ttl: settings.lease_ttl,
-            stream_max_len: settings.stream_max_len.max(1),
-            audit_interval: settings.audit_interval,
-            clock_offset_ms: settings.clock_offset_ms,
-            checkpoint_every: settings.checkpoint_every,
-            checkpoint_check: settings.checkpoint_check,
-            key: settings.key.clone(),
             token_counter: AtomicU64::new(0),
-            slow_claims: AtomicU64::new(0),
-            bootstrapped: AtomicBool::new(false),
-            counters: ClusterCounters::default(),
-            refusals: refusals::Refusals::default(),
-            clock_skew_ms: AtomicI64::new(0),
-            prune_paused: AtomicBool::new(false),
             tasks: tasks.clone(),
         });
         store.add_change_listener(Arc::new(ChangeFeed(Arc::downgrade(&cluster))));
@@ -384,7 +401,7 @@ impl Cluster {
 
     /// This node's clock (unix ms) as the tier reads it.
     pub(crate) fn node_now_ms(&self) -> i64 {
-        crate::model::entry::unix_now_ms().saturating_add(self.clock_offset_ms)
+        crate::model::entry::unix_now_ms().saturating_add(self.tuning.clock_offset_ms)
     }
 
     pub(crate) fn prefix(&self) -> &str {

@@ -183,7 +183,7 @@ async fn publish_batch(
     super::blobs::publish_named(cluster, &conn, named).await?;
     let layout: &Layout = &cluster.redis.layout;
     let node = cluster.node_id();
-    let max_len = cluster.stream_max_len;
+    let max_len = cluster.tuning.stream_max_len;
     let merges = batch.iter().map(|(key, result)| {
         let mut conn = conn.clone();
         let [t, c, b, a] = encode_result(result);
@@ -237,7 +237,7 @@ async fn publish_batch(
             Value::Int(0) => already += 1,
             Value::Array(fields) => match values::result_of_values(&fields) {
                 Ok(winner) => better_there.push((key.clone(), winner)),
-                Err(why) => cluster.refusals.refuse(
+                Err(why) => cluster.observed.refusals.refuse(
                     ReadFrom::Entries,
                     &layout.entry_of_text(&Layout::key_text(key)),
                     &why,

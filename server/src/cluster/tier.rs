@@ -86,7 +86,7 @@ impl Tier for Cluster {
     fn serving(&self) -> bool {
         matches!(self.state(), LinkState::Connected { .. })
             && self.redis.wrong_types.is_empty()
-            && !self.prune_paused.load(Ordering::Relaxed)
+            && !self.observed.prune_paused.load(Ordering::Relaxed)
     }
 
     /// The stream places as of now, so the next start reads only what comes after.

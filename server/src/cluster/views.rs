@@ -168,10 +168,10 @@ impl Cluster {
                 .arg(&proposal.replace);
         }
         let call = invocation.invoke_async::<Vec<redis::Value>>(&mut conn);
-        let budget = self.timeout + TIME_PER_PIN * proposals.len() as u32;
+        let budget = self.tuning.timeout + TIME_PER_PIN * proposals.len() as u32;
         match tokio::time::timeout(budget, call).await {
             Ok(Ok(replies)) if replies.len() == proposals.len() => {
-                self.slow_claims.store(0, Ordering::Relaxed);
+                self.observed.slow_claims.store(0, Ordering::Relaxed);
                 replies.into_iter().map(parse_reply).collect()
             }
             Ok(Ok(_)) => Err(TierError::refused("unexpected reply to the pin script")),
@@ -181,7 +181,7 @@ impl Cluster {
             }
             Err(_) => {
                 // One slow answer may be load; a few in a row is a hung server.
-                if self.slow_claims.fetch_add(1, Ordering::Relaxed) + 1 >= 3 {
+                if self.observed.slow_claims.fetch_add(1, Ordering::Relaxed) + 1 >= 3 {
                     self.redis
                         .link
                         .failed(generation, "no answer within the cluster timeout");
@@ -226,7 +226,7 @@ impl Cluster {
         let mut delete = redis::cmd("DEL");
         delete.arg(self.redis.layout.view(view));
         let call = delete.query_async::<i64>(&mut conn);
-        match tokio::time::timeout(self.timeout, call).await {
+        match tokio::time::timeout(self.tuning.timeout, call).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(error)) => {
                 self.redis.link.failed(generation, &error);
@@ -234,7 +234,7 @@ impl Cluster {
             }
             Err(_) => Err(TierError::unavailable(format!(
                 "redis did not answer within {} ms",
-                self.timeout.as_millis()
+                self.tuning.timeout.as_millis()
             ))),
         }
     }

@@ -134,7 +134,7 @@ struct Shared {
     own_changes: AtomicU64,
     settings: SnapshotSettings,
     /// The node's artifact store: the blobs a publish links in before its segment.
-    artifacts: Option<Arc<crate::artifacts::Artifacts>>,
+    artifacts: Arc<crate::artifacts::Artifacts>,
     counters: SnapshotCounters,
     last_error: Mutex<String>,
     in_flight: Mutex<Option<InFlight>>,
@@ -345,7 +345,7 @@ impl Unstarted {
         let shared = Arc::new(Shared {
             own_changes: AtomicU64::new(0),
             settings,
-            artifacts: Some(artifacts),
+            artifacts,
             counters: SnapshotCounters::default(),
             last_error: Mutex::new(String::new()),
             in_flight: Mutex::new(None),

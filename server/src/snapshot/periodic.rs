@@ -70,9 +70,7 @@ impl SnapshotHandle {
     /// costs the shared filesystem stays one listing per node per hour at the default. A
     /// failure is logged; the pass goes on.
     pub(super) async fn sweep_blobs_if_due(&self, slot: &mut IoSlot) {
-        let Some(artifacts) = self.shared.artifacts.as_ref() else {
-            return;
-        };
+        let artifacts = &self.shared.artifacts;
         let grace = Duration::from_millis(artifacts.grace_ms());
         let interval = grace.max(Duration::from_millis(100));
         if !slot.caught_up || slot.last_sweep.is_some_and(|at| at.elapsed() < interval) {

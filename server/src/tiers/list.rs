@@ -90,6 +90,8 @@ mod tests {
         kind: TierKind,
         publishes: bool,
         asked: Arc<Mutex<Vec<String>>>,
+        /// Its resume point never gets saved (a hung disk).
+        hangs: bool,
     }
 
     impl Tier for Fake {
@@ -110,7 +112,13 @@ mod tests {
 
         fn save_resume_point(&self) -> TierFuture<'_, TierResult<()>> {
             crate::sync::lock(&self.asked).push(format!("{:?} saves", self.kind));
-            Box::pin(async { Ok(()) })
+            let hangs = self.hangs;
+            Box::pin(async move {
+                if hangs {
+                    std::future::pending::<()>().await;
+                }
+                Ok(())
+            })
         }
 
         fn publish_pending(
@@ -128,6 +136,7 @@ mod tests {
             kind,
             publishes,
             asked: Arc::clone(asked),
+            hangs: false,
         })
     }
 
@@ -180,5 +189,35 @@ mod tests {
                 .await,
             "nothing to publish (no shared directory, no cluster tier)"
         );
+    }
+
+    #[tokio::test]
+    async fn a_hung_tier_holds_the_shutdown_publish_no_longer_than_its_limit() {
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let hung: Arc<dyn Tier> = Arc::new(Fake {
+            kind: TierKind::SharedDir,
+            publishes: true,
+            asked: Arc::clone(&asked),
+            hangs: true,
+        });
+        let tiers = Tiers::new([hung, fake(TierKind::Cluster, true, &asked)]);
+        let started = std::time::Instant::now();
+        let said = tokio::time::timeout(
+            Duration::from_secs(5),
+            tiers.publish_at_shutdown(Duration::from_millis(100)),
+        )
+        .await
+        .expect("a hung tier held the shutdown publish past its limit");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        // The tier after the hung one is still asked, and says what it did.
+        assert_eq!(
+            said,
+            "shared directory: published 1; cluster tier: published 1"
+        );
+        assert_eq!(crate::sync::lock(&asked).len(), 4);
     }
 }

@@ -165,7 +165,7 @@ impl Follower {
                 self.reject_checkpoint(shard, why);
                 continue;
             };
-            let (verifying, key) = (layout.clone(), self.cluster.key.clone());
+            let (verifying, key) = (layout.clone(), self.cluster.tuning.key.clone());
             let checked = tokio::task::spawn_blocking(move || {
                 checkpoint::verify(&verifying, &header, &parts, key.as_ref())
                     .map(|decoded| (header, decoded))
@@ -218,7 +218,7 @@ impl Follower {
         })
         .await?;
         let epoch = self.epoch.clone();
-        let key = self.cluster.key.clone();
+        let key = self.cluster.tuning.key.clone();
         let mut headers = Vec::new();
         for (shard, reply) in replies.into_iter().enumerate() {
             let reply = match reply {
@@ -315,8 +315,8 @@ impl Follower {
         let (Some(places), Some(epoch)) = (self.places.clone(), self.epoch.clone()) else {
             return Ok(());
         };
-        let every = self.cluster.checkpoint_every;
-        let half_stream = (self.cluster.stream_max_len / 2).max(1);
+        let every = self.cluster.tuning.checkpoint_every;
+        let half_stream = (self.cluster.tuning.stream_max_len / 2).max(1);
         let threshold = |count: u64| {
             if every > 0 {
                 every
@@ -364,7 +364,7 @@ impl Follower {
                     self.cluster.prefix(),
                     shard,
                     Some(&epoch),
-                    self.cluster.key.as_ref(),
+                    self.cluster.tuning.key.as_ref(),
                 )
                 .ok()
             });
@@ -444,7 +444,7 @@ impl Follower {
                 epoch.to_owned(),
                 self.cluster.node_id(),
             );
-            let (building, key) = (layout.clone(), self.cluster.key.clone());
+            let (building, key) = (layout.clone(), self.cluster.tuning.key.clone());
             let built = tokio::task::spawn_blocking(move || {
                 let entries: Vec<(String, [String; 4])> = current
                     .iter()

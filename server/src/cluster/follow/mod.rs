@@ -156,7 +156,7 @@ fn jittered(every: Duration) -> Duration {
 type Failure = TierError;
 
 pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
-    let cluster_checkpoint_check = cluster.checkpoint_check;
+    let cluster_checkpoint_check = cluster.tuning.checkpoint_check;
     let unconfirmed = checkpoints::Unconfirmed::new(cluster.redis.layout.clone());
     let logs: Vec<String> = (0..SHARDS).map(|s| cluster.redis.layout.log(s)).collect();
     let shard_of_log = logs.iter().cloned().zip(0..).collect();
@@ -251,7 +251,7 @@ impl Follower {
                 }
                 epoch_checked = Instant::now();
             }
-            if audited.elapsed() >= self.cluster.audit_interval {
+            if audited.elapsed() >= self.cluster.tuning.audit_interval {
                 self.audit(&mut conn, "periodic").await?;
                 audited = Instant::now();
             }
@@ -259,7 +259,7 @@ impl Follower {
             if Instant::now() >= self.next_checkpoint_check {
                 self.build_checkpoints(&mut conn).await?;
                 self.next_checkpoint_check =
-                    Instant::now() + jittered(self.cluster.checkpoint_check);
+                    Instant::now() + jittered(self.cluster.tuning.checkpoint_check);
             }
         }
     }
@@ -536,10 +536,12 @@ impl Follower {
                 }
                 match values::stream_entry(&message.fields) {
                     Ok(entry) => entries.push(entry),
-                    Err(why) => self
-                        .cluster
-                        .refusals
-                        .refuse(ReadFrom::Stream, &message.id, &why),
+                    Err(why) => {
+                        self.cluster
+                            .observed
+                            .refusals
+                            .refuse(ReadFrom::Stream, &message.id, &why)
+                    }
                 }
             }
         }

@@ -35,7 +35,10 @@ impl Follower {
                     |name| match values::key_of_entry(&self.cluster.redis.layout, &name) {
                         Ok((key, shard)) => Some((name, key, known_through[shard]?)),
                         Err(why) => {
-                            self.cluster.refusals.refuse(ReadFrom::Entries, &name, &why);
+                            self.cluster
+                                .observed
+                                .refusals
+                                .refuse(ReadFrom::Entries, &name, &why);
                             None
                         }
                     },
@@ -175,7 +178,10 @@ async fn read_entries(
         }
         match values::entry_fields(&fields) {
             Ok((result, seq)) => entries.push((key.clone(), result, seq, *through)),
-            Err(why) => cluster.refusals.refuse(ReadFrom::Entries, name, &why),
+            Err(why) => cluster
+                .observed
+                .refusals
+                .refuse(ReadFrom::Entries, name, &why),
         }
     }
     Ok(entries)

@@ -71,7 +71,10 @@ impl Follower {
         let (commands, bytes) = super::super::link::startup_done();
         counters.startup_commands.store(commands, Ordering::Relaxed);
         counters.startup_bytes.store(bytes, Ordering::Relaxed);
-        self.cluster.bootstrapped.store(true, Ordering::Relaxed);
+        self.cluster
+            .observed
+            .bootstrapped
+            .store(true, Ordering::Relaxed);
         tracing::info!(
             restored_places = self.restored,
             shards_resumed = resumed,
