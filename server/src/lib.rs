@@ -23,12 +23,13 @@
 //! 5. `coord`: who tunes a missing key on this node;
 //! 6. `cluster`, `snapshot`, `tuner`: the Redis tier, the shared directory, the tuner worker;
 //! 7. `artifacts`: the node's blob store (the files results name), fed by the tiers above;
-//! 8. `store`: the cache, its writer and its change feed;
-//! 9. `journal`: the durable log under the store;
-//! 10. `wire`, `ops`: protobuf bytes; sockets, connections, callers and their limits;
-//! 11. `error`: the one error type and its gRPC codes;
-//! 12. `model`: keys and results, the merge and Forget rules, request checks, names;
-//! 13. `report`, `tasks`, `sync`, `fsx`: Stats, logging and health helpers; every background
+//! 8. `tiers`: what every tier implements (`Tier`), their one order, the list of them;
+//! 9. `store`: the cache, its writer and its change feed;
+//! 10. `journal`: the durable log under the store;
+//! 11. `wire`, `ops`: protobuf bytes; sockets, connections, callers and their limits;
+//! 12. `error`: the one error type and its gRPC codes;
+//! 13. `model`: keys and results, the merge and Forget rules, request checks, names;
+//! 14. `report`, `tasks`, `sync`, `fsx`: Stats, logging and health helpers; every background
 //!     task and the one stop signal; locks; files put in place whole (`fsx::atomic`).
 //!
 //! Public are only the modules `main`, the tests, the fuzz targets and the benchmarks use.
@@ -49,6 +50,8 @@ pub mod snapshot;
 pub mod tuner;
 
 pub(crate) mod artifacts;
+
+pub(crate) mod tiers;
 
 pub mod store;
 

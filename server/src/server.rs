@@ -21,9 +21,9 @@ use crate::ops::admission::Admission;
 use crate::ops::limits::ConnectionLimits;
 use crate::ops::listener::SocketGuard;
 use crate::rpc::service::{ServiceParts, TuneCacheService};
-use crate::snapshot::SnapshotHandle;
 use crate::store::Store;
 use crate::tasks::Tasks;
+use crate::tiers::{Tier, Tiers, SHUTDOWN_PUBLISH_LIMIT};
 
 /// How long in-flight calls may take to finish after a shutdown signal.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(7);
@@ -224,13 +224,41 @@ async fn serve(
         store.tombstones().len(),
     );
     let tuner = crate::tuner::start(config.tuner_settings()).await;
-    // The cluster tier connects in the background: Redis being down delays nothing here.
+    // The tiers below the store, built from their settings: no connection is made and no
+    // shared file touched here, so Redis being down or the shared directory hung delays
+    // nothing. Each one's blob fetching side is ready for the artifact store, opened with
+    // them; each tier then starts with that store.
     let cluster = config.cluster_settings()?.map(|mut settings| {
         // Stream places saved beside a journal that replay found damaged may claim more
         // than the store holds now: read every shard again instead.
         settings.places_trusted = report.skipped.is_empty();
-        crate::cluster::Cluster::start(settings, store.clone(), tasks)
+        crate::cluster::Unstarted::new(settings)
     });
+    let snapshots = config
+        .snapshot_settings()?
+        .map(crate::snapshot::Unstarted::new)
+        .transpose()?;
+    let blob_sources = snapshots
+        .iter()
+        .map(crate::snapshot::Unstarted::blob_source)
+        .chain(cluster.iter().map(crate::cluster::Unstarted::blob_source))
+        .collect();
+    let artifact_settings = config.artifact_settings();
+    let artifacts = {
+        let tasks = tasks.clone();
+        tokio::task::spawn_blocking(move || {
+            crate::artifacts::Artifacts::open(&artifact_settings, blob_sources, &tasks)
+        })
+        .await
+        .map_err(|e| {
+            Error::io(
+                "opening the artifact store",
+                &state_dir,
+                std::io::Error::other(e),
+            )
+        })??
+    };
+    let cluster = cluster.map(|cluster| cluster.start(store.clone(), artifacts.clone(), tasks));
     let coordinator = Coordinator::new(
         store.clone(),
         tuner.clone(),
@@ -250,21 +278,6 @@ async fn serve(
         cluster.clone(),
         tasks,
     );
-    let artifact_settings = config.artifact_settings();
-    let artifacts = {
-        let tasks = tasks.clone();
-        tokio::task::spawn_blocking(move || {
-            crate::artifacts::Artifacts::open(&artifact_settings, &tasks)
-        })
-        .await
-        .map_err(|e| {
-            Error::io(
-                "opening the artifact store",
-                &state_dir,
-                std::io::Error::other(e),
-            )
-        })??
-    };
     // Blobs named by any entry that reaches the cache are kept and fetched on demand.
     store.add_change_listener(artifacts.clone());
     artifacts.start_upkeep(store.clone());
@@ -274,17 +287,20 @@ async fn serve(
     // Snapshots: the handle does no filesystem I/O here, so a hung shared directory cannot
     // delay serving; at shutdown its task ends with every other, never waiting on the I/O
     // thread.
-    let snapshots = config
-        .snapshot_settings()?
-        .map(|settings| {
-            SnapshotHandle::start(settings, store.clone(), Some(artifacts.clone()), tasks)
-        })
+    let snapshots = snapshots
+        .map(|snapshots| snapshots.start(store.clone(), artifacts.clone(), tasks))
         .transpose()?;
-    // The tiers a missing blob is fetched from, in order: the shared directory (registered
-    // by its handle above), then Redis.
-    if let Some(cluster) = &cluster {
-        cluster.attach_artifacts(artifacts.clone(), config.cluster_max_artifact_bytes);
-    }
+    // Every tier, in `tiers::TIER_ORDER`: what the daemon asks of each goes through this list.
+    let tiers = Tiers::new(
+        snapshots
+            .iter()
+            .map(|snapshots| Arc::new(snapshots.clone()) as Arc<dyn Tier>)
+            .chain(
+                cluster
+                    .iter()
+                    .map(|cluster| cluster.clone() as Arc<dyn Tier>),
+            ),
+    );
     let service = TuneCacheService::new(ServiceParts {
         store: store.clone(),
         coordinator,
@@ -324,16 +340,7 @@ async fn serve(
     health_reporter
         .set_serving::<TuneCacheServer<TuneCacheService>>()
         .await;
-    if let Some(cluster) = &cluster {
-        tasks.spawn(
-            cluster
-                .clone()
-                .report_health(health_reporter.clone(), tasks.stop_token()),
-        );
-    }
-    if let Some(snapshots) = &snapshots {
-        snapshots.start_background(health_reporter.clone(), tasks);
-    }
+    tiers.report_health(&health_reporter, tasks);
     // --- Deployment: access check, idle timer, metrics, systemd. ---
     let probe = {
         let service = Arc::clone(&service);
@@ -403,7 +410,7 @@ async fn serve(
     }
     // What this node has not published yet goes out now, within a short bound, so a job's
     // results reach the other nodes when it ends, not when the next job starts here.
-    let outcome = publish_at_shutdown(snapshots.as_ref(), cluster.as_ref()).await;
+    let outcome = tiers.publish_at_shutdown(SHUTDOWN_PUBLISH_LIMIT).await;
     tracing::info!(outcome = %outcome, "last publish at shutdown");
     let state_lock = tokio::task::spawn_blocking(move || {
         state_lock.record_shutdown(&outcome);
@@ -414,6 +421,7 @@ async fn serve(
     tuner.shutdown().await;
     // Every part's tasks (the last publish above may have started some: a lease release).
     tasks.stop_and_wait().await;
+    drop(tiers);
     drop(snapshots);
     drop(store);
     // Flushing the journal may block on the disk; keep it off the runtime's workers.
@@ -451,36 +459,5 @@ fn start_handoff(
             );
             None
         }
-    }
-}
-
-/// Longest the last publish at shutdown may take, shared directory and cluster tier
-/// together: a hung filesystem or Redis never holds the shutdown longer.
-const SHUTDOWN_PUBLISH_LIMIT: std::time::Duration = std::time::Duration::from_secs(3);
-
-/// Publishes what is not yet published (a segment, the cluster tier's queue) within
-/// `SHUTDOWN_PUBLISH_LIMIT`; says what happened to each.
-async fn publish_at_shutdown(
-    snapshots: Option<&SnapshotHandle>,
-    cluster: Option<&Arc<crate::cluster::Cluster>>,
-) -> String {
-    let deadline = tokio::time::Instant::now() + SHUTDOWN_PUBLISH_LIMIT;
-    let mut parts = Vec::new();
-    if let Some(snapshots) = snapshots {
-        parts.push(format!(
-            "shared directory: {}",
-            snapshots.publish_at_shutdown(deadline).await
-        ));
-    }
-    if let Some(cluster) = cluster {
-        parts.push(format!(
-            "cluster tier: {}",
-            cluster.drain_at_shutdown(deadline).await
-        ));
-    }
-    if parts.is_empty() {
-        "nothing to publish (no shared directory, no cluster tier)".to_owned()
-    } else {
-        parts.join("; ")
     }
 }

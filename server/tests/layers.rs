@@ -26,6 +26,7 @@ const LAYERS: &[&[&str]] = &[
     &["coord"],
     &["cluster", "snapshot", "tuner"],
     &["artifacts"],
+    &["tiers"],
     &["store"],
     &["journal"],
     &["wire", "ops"],

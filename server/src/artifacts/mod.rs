@@ -26,7 +26,7 @@ mod upkeep;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
@@ -41,7 +41,7 @@ pub use disk::Partial;
 pub use error::ArtifactError;
 pub use get::Chunk;
 pub use index::Limits;
-pub use tiers::{BlobSource, PublishedBlobs, Tier};
+pub use tiers::BlobSource;
 
 /// How long one blocking file operation (a chunk written or read, an fsync, a rename) may
 /// take before the request it serves is answered UNAVAILABLE.
@@ -112,8 +112,8 @@ pub struct Artifacts {
     /// The index's clock: milliseconds since this handle was made.
     started: Instant,
     counters: Counters,
-    /// The tiers below, kept in `tiers::FETCH_ORDER`.
-    sources: RwLock<Vec<Arc<dyn BlobSource>>>,
+    /// The tiers below (their fetching sides), in `crate::tiers::TIER_ORDER`.
+    sources: Vec<Arc<dyn BlobSource>>,
     /// Fetches from the tiers in progress, one per digest: later callers wait on the first's.
     fetches: Mutex<HashMap<String, tiers::FlightReceiver>>,
     logged: LogOnce,
@@ -168,12 +168,16 @@ impl Drop for RecordCharges {
 }
 
 impl Artifacts {
-    /// Opens the store's directories (blocking: call off the runtime). Blobs a previous run
-    /// left are held unverified until `upkeep` hashes them; none is served before it is.
+    /// Opens the store's directories (blocking: call off the runtime), with the tiers below
+    /// it that a missing blob is fetched from (`sources`, asked in `crate::tiers::TIER_ORDER`
+    /// whatever order they come in). Blobs a previous run left are held unverified until
+    /// `upkeep` hashes them; none is served before it is.
     pub fn open(
         settings: &ArtifactSettings,
+        mut sources: Vec<Arc<dyn BlobSource>>,
         tasks: &crate::tasks::Tasks,
     ) -> Result<Arc<Artifacts>, Error> {
+        sources.sort_by_key(|source| source.kind().rank());
         let (dir, found) = disk::BlobDir::open(&settings.state_dir)
             .map_err(|e| Error::io("opening the artifact store", &settings.state_dir, e))?;
         let mut index = index::Index::new(settings.limits);
@@ -200,7 +204,7 @@ impl Artifacts {
             index: Mutex::new(index),
             started: Instant::now(),
             counters: Counters::default(),
-            sources: RwLock::new(Vec::new()),
+            sources,
             fetches: Mutex::new(HashMap::new()),
             logged: LogOnce::default(),
             tasks: tasks.clone(),
@@ -220,19 +224,6 @@ impl Artifacts {
     /// The digests (and sizes) the live entries name, as the index knows them.
     pub fn named_digests(&self) -> Vec<(String, u64)> {
         crate::sync::lock(&self.index).named().collect()
-    }
-
-    /// Adds a tier below this node; the tiers are asked in `tiers::FETCH_ORDER`, whatever
-    /// order they are added in.
-    pub fn add_source(&self, source: Arc<dyn BlobSource>) {
-        if let Ok(mut sources) = self.sources.write() {
-            sources.push(source);
-            sources.sort_by_key(|source| source.tier().rank());
-        }
-    }
-
-    fn sources(&self) -> Vec<Arc<dyn BlobSource>> {
-        self.sources.read().map(|s| s.clone()).unwrap_or_default()
     }
 
     /// The file of a held blob, for a tier that publishes it (the shared directory). `None`
@@ -455,7 +446,7 @@ mod tests {
             },
         };
         let tasks = crate::tasks::Tasks::new();
-        let artifacts = Artifacts::open(&settings, &tasks).unwrap();
+        let artifacts = Artifacts::open(&settings, Vec::new(), &tasks).unwrap();
         let digest = "ab".repeat(32);
         crate::sync::lock(&artifacts.index).insert(digest.clone(), 4 * MIB, Some(7), 0);
         let key = CacheKey {

@@ -1,11 +1,10 @@
-//! The tiers below the node's store (the shared directory, Redis): what a tier must do to
-//! supply a blob ([`BlobSource`]), the order they are asked in ([`FETCH_ORDER`], declared
-//! here and nowhere else), the memo of what each already holds ([`PublishedBlobs`], the one
-//! both publishers keep), and the one fetch per digest that every GetArtifact of a missing
-//! blob waits on. A tier's bytes are trusted only once they hash to the digest a held entry
-//! names; a tier whose bytes do not is counted and the next one asked.
+//! Blobs from the tiers below the node's store (the shared directory, Redis): what a tier
+//! must do to supply a blob ([`BlobSource`], the fetching side of a tier, which the store is
+//! opened with and asks in `crate::tiers::TIER_ORDER`), and the one fetch per digest that
+//! every GetArtifact of a missing blob waits on. A tier's bytes are trusted only once they
+//! hash to the digest a held entry names; a tier whose bytes do not is counted and the next
+//! one asked.
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::error::TierResult;
+use crate::tiers::TierKind;
 
 use super::index::Refusal;
 use super::ArtifactError;
@@ -22,77 +22,16 @@ use super::{add, disk::Partial, put::refusal_error, Artifacts};
 /// How long one fetch from the tiers may run, whoever waits on it.
 const FETCH_LIMIT: Duration = Duration::from_secs(300);
 
-/// Which tier supplied a blob (counted per tier in Stats).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Tier {
-    SharedDir,
-    Cluster,
-}
-
-/// The order a missing blob is asked of the tiers: the shared directory (a file read on this
-/// network), then Redis. Whatever order the tiers are attached in, they are asked in this one.
-pub const FETCH_ORDER: [Tier; 2] = [Tier::SharedDir, Tier::Cluster];
-
-impl Tier {
-    /// Its place in `FETCH_ORDER`.
-    pub(super) fn rank(self) -> usize {
-        FETCH_ORDER
-            .iter()
-            .position(|tier| *tier == self)
-            .unwrap_or(FETCH_ORDER.len())
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Tier::SharedDir => "the shared directory",
-            Tier::Cluster => "Redis",
-        }
-    }
-}
-
 /// What a tier's fetch answers: `Ok(Some(partial))` with the bytes written into it,
 /// `Ok(None)` when the tier does not have the blob, `Err` when it could not tell.
 pub type FetchFuture = Pin<Box<dyn Future<Output = TierResult<Option<Partial>>> + Send>>;
 
-/// A tier that can supply blobs by digest.
+/// A tier's fetching side: supplies blobs by digest.
 pub trait BlobSource: Send + Sync {
-    fn tier(&self) -> Tier;
+    fn kind(&self) -> TierKind;
     /// Writes blob `digest` of `size` bytes into `into` (no more than `size` bytes: a tier
     /// holding more is wrong, and the digest check refuses it).
     fn fetch(&self, digest: String, size: u64, into: Partial) -> FetchFuture;
-}
-
-/// The digests a tier is known to hold, so that each blob is published to it once per daemon
-/// run (a fresh memo looks at every one again). Both tiers keep one: the shared directory's
-/// I/O thread for its writer directory, the cluster tier for Redis's blob keys.
-#[derive(Debug, Default)]
-pub struct PublishedBlobs(HashSet<String>);
-
-impl PublishedBlobs {
-    /// Whether `digest` is known to be in the tier: nothing to publish.
-    pub fn holds(&self, digest: &str) -> bool {
-        self.0.contains(digest)
-    }
-
-    /// `digest` is in the tier now (published, found there, or never to be published there).
-    pub fn mark(&mut self, digest: String) {
-        self.0.insert(digest);
-    }
-
-    /// Every digest of `digests` is in the tier (one listing of it).
-    pub fn mark_all(&mut self, digests: impl IntoIterator<Item = String>) {
-        self.0.extend(digests);
-    }
-
-    /// The tier may have lost `digest`: look at it again on the next publish.
-    pub fn unmark(&mut self, digest: &str) {
-        self.0.remove(digest);
-    }
-
-    /// The tier may have lost anything (a flushed server, a removed directory).
-    pub fn forget_all(&mut self) {
-        self.0.clear();
-    }
 }
 
 /// How a fetch ended, as its waiters see it.
@@ -206,13 +145,13 @@ impl Artifacts {
         };
         let mut unavailable = Vec::new();
         let mut answers = Vec::new();
-        for source in self.sources() {
+        for source in &self.sources {
             let dir = self.dir.clone();
             let partial = match Self::blocking("creating a blob", move || dir.partial()).await {
                 Ok(partial) => partial,
                 Err(error) => return FetchEnd::Unavailable(error.to_string()),
             };
-            let tier = source.tier();
+            let tier = source.kind();
             let partial = match source.fetch(digest.to_owned(), size, partial).await {
                 Ok(Some(partial)) => partial,
                 Ok(None) => {
@@ -257,8 +196,8 @@ impl Artifacts {
             crate::sync::lock(&self.index).insert(digest.to_owned(), size, None, self.now_ms());
             add(
                 match tier {
-                    Tier::SharedDir => &self.counters.fetches_shared_dir,
-                    Tier::Cluster => &self.counters.fetches_cluster,
+                    TierKind::SharedDir => &self.counters.fetches_shared_dir,
+                    TierKind::Cluster => &self.counters.fetches_cluster,
                 },
                 1,
             );
@@ -288,13 +227,13 @@ mod tests {
 
     /// A tier holding some blobs, recording each time it is asked.
     struct Fake {
-        tier: Tier,
+        tier: TierKind,
         holds: HashMap<String, Vec<u8>>,
-        asked: Arc<Mutex<Vec<Tier>>>,
+        asked: Arc<Mutex<Vec<TierKind>>>,
     }
 
     impl BlobSource for Fake {
-        fn tier(&self) -> Tier {
+        fn kind(&self) -> TierKind {
             self.tier
         }
 
@@ -330,37 +269,42 @@ mod tests {
             },
         };
         let tasks = crate::tasks::Tasks::new();
-        let artifacts = Artifacts::open(&settings, &tasks).unwrap();
         let (both, redis_only) = (b"in both tiers".to_vec(), b"in redis only".to_vec());
         let asked = Arc::new(Mutex::new(Vec::new()));
-        // Attached against the declared order: Redis first.
-        artifacts.add_source(Arc::new(Fake {
-            tier: Tier::Cluster,
-            holds: [
-                (digest_of(&both), both.clone()),
-                (digest_of(&redis_only), redis_only.clone()),
-            ]
-            .into(),
-            asked: Arc::clone(&asked),
-        }));
-        artifacts.add_source(Arc::new(Fake {
-            tier: Tier::SharedDir,
-            holds: [(digest_of(&both), both.clone())].into(),
-            asked: Arc::clone(&asked),
-        }));
-        let order: Vec<Tier> = artifacts.sources().iter().map(|s| s.tier()).collect();
-        assert_eq!(order, FETCH_ORDER);
+        // Given against the declared order: Redis first.
+        let sources: Vec<Arc<dyn BlobSource>> = vec![
+            Arc::new(Fake {
+                tier: TierKind::Cluster,
+                holds: [
+                    (digest_of(&both), both.clone()),
+                    (digest_of(&redis_only), redis_only.clone()),
+                ]
+                .into(),
+                asked: Arc::clone(&asked),
+            }),
+            Arc::new(Fake {
+                tier: TierKind::SharedDir,
+                holds: [(digest_of(&both), both.clone())].into(),
+                asked: Arc::clone(&asked),
+            }),
+        ];
+        let artifacts = Artifacts::open(&settings, sources, &tasks).unwrap();
+        let order: Vec<TierKind> = artifacts.sources.iter().map(|s| s.kind()).collect();
+        assert_eq!(order, crate::tiers::TIER_ORDER);
 
         let end = artifacts.fetch(&digest_of(&both), both.len() as u64).await;
         assert!(matches!(end, FetchEnd::Held), "{end:?}");
-        assert_eq!(*crate::sync::lock(&asked), [Tier::SharedDir]);
+        assert_eq!(*crate::sync::lock(&asked), [TierKind::SharedDir]);
 
         crate::sync::lock(&asked).clear();
         let end = artifacts
             .fetch(&digest_of(&redis_only), redis_only.len() as u64)
             .await;
         assert!(matches!(end, FetchEnd::Held), "{end:?}");
-        assert_eq!(*crate::sync::lock(&asked), [Tier::SharedDir, Tier::Cluster]);
+        assert_eq!(
+            *crate::sync::lock(&asked),
+            [TierKind::SharedDir, TierKind::Cluster]
+        );
         assert_eq!(
             artifacts
                 .counters
@@ -375,17 +319,5 @@ mod tests {
                 .load(std::sync::atomic::Ordering::Relaxed),
             1
         );
-    }
-
-    #[test]
-    fn the_published_memo_forgets_what_a_tier_may_have_lost() {
-        let mut memo = PublishedBlobs::default();
-        memo.mark("a".into());
-        memo.mark_all(["b".to_owned(), "c".to_owned()]);
-        assert!(memo.holds("a") && memo.holds("b") && memo.holds("c"));
-        memo.unmark("b");
-        assert!(!memo.holds("b") && memo.holds("c"));
-        memo.forget_all();
-        assert!(!memo.holds("a") && !memo.holds("c"));
     }
 }

@@ -20,15 +20,16 @@
 //!   it reads as a blob (or as nothing) again.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::AsyncCommands;
 
 use super::link::Conn;
-use super::Cluster;
-use crate::artifacts::{Artifacts, BlobSource, Partial, PublishedBlobs, Tier};
+use super::{Cluster, Redis};
+use crate::artifacts::{Artifacts, BlobSource, Partial};
 use crate::error::{TierError, TierResult};
+use crate::tiers::{PublishedBlobs, TierKind};
 
 /// Bytes per APPEND or GETRANGE.
 const PIECE: usize = tunecache_proto::artifact::CHUNK_BYTES;
@@ -78,30 +79,30 @@ impl BlobTier {
     }
 }
 
-fn blob_key(cluster: &Cluster, digest: &str) -> String {
-    cluster.layout.blob(digest)
+fn blob_key(redis: &Redis, digest: &str) -> String {
+    redis.layout.blob(digest)
 }
 
 /// A blob key's type as `TYPE` names it: a string (the blob), none, or another, which is
 /// listed as wrong-typed (and a string or none takes it off the list). Whether it holds the
 /// blob, or `None` when it holds another type.
-fn blob_type(cluster: &Cluster, key: &str, kind: &str) -> Option<bool> {
+fn blob_type(redis: &Redis, key: &str, kind: &str) -> Option<bool> {
     match kind {
         "string" | "none" => {
-            cluster.wrong_types.fixed(key);
+            redis.wrong_types.fixed(key);
             Some(kind == "string")
         }
         _ => {
-            cluster.wrong_types.found(key);
+            redis.wrong_types.found(key);
             None
         }
     }
 }
 
 /// A failed command on a blob key: a wrong type lists the key.
-fn failed(cluster: &Cluster, key: &str, error: redis::RedisError) -> TierError {
+fn failed(redis: &Redis, key: &str, error: redis::RedisError) -> TierError {
     if super::refusals::is_wrong_type(&error) {
-        cluster.wrong_types.found(key);
+        redis.wrong_types.found(key);
         return TierError::refused(format!("{key} holds the wrong type"));
     }
     TierError::from(error)
@@ -114,9 +115,7 @@ pub(super) async fn publish_named(
     conn: &Conn,
     artifacts: impl Iterator<Item = (String, u64)>,
 ) -> TierResult<()> {
-    let Some(tier) = cluster.blobs.get() else {
-        return Ok(());
-    };
+    let tier = &cluster.blobs;
     for (digest, size) in artifacts {
         if crate::sync::lock(&tier.published).holds(&digest) {
             continue;
@@ -157,9 +156,9 @@ async fn upload(
     path: std::path::PathBuf,
     size: u64,
 ) -> TierResult<()> {
-    let key = blob_key(cluster, digest);
+    let key = blob_key(&cluster.redis, digest);
     let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut conn).await?;
-    match blob_type(cluster, &key, &kind) {
+    match blob_type(&cluster.redis, &key, &kind) {
         // Another type: the blob stays on this node (and the shared directory) until the key
         // is repaired; the renewal then finds it lost and writes it.
         None => return Ok(()),
@@ -211,7 +210,7 @@ async fn upload(
         .invoke_async(&mut conn)
         .await?;
     if stored < 0 {
-        cluster.wrong_types.found(&key);
+        cluster.redis.wrong_types.found(&key);
     }
     tracing::debug!(digest, size, stored, "cluster tier: blob written to Redis");
     Ok(())
@@ -220,9 +219,7 @@ async fn upload(
 /// Renews the TTL of every blob this node's live entries name, and writes again those Redis
 /// lost that this node holds (the blob side of the audit: a flushed server, an eviction).
 pub(super) async fn keep_named(cluster: &Cluster, conn: &Conn) -> TierResult<()> {
-    let Some(tier) = cluster.blobs.get() else {
-        return Ok(());
-    };
+    let tier = &cluster.blobs;
     let named = tier.artifacts.named_digests();
     let ttl = tier.ttl.as_millis() as i64;
     let mut lost = Vec::new();
@@ -230,7 +227,7 @@ pub(super) async fn keep_named(cluster: &Cluster, conn: &Conn) -> TierResult<()>
         // Each blob's type with its renewal, in one round trip.
         let mut pipe = redis::pipe();
         for (digest, _) in batch {
-            let key = blob_key(cluster, digest);
+            let key = blob_key(&cluster.redis, digest);
             pipe.cmd("TYPE").arg(&key).pexpire(&key, ttl);
         }
         let replies: Vec<redis::Value> = pipe.query_async(&mut conn.clone()).await?;
@@ -239,7 +236,7 @@ pub(super) async fn keep_named(cluster: &Cluster, conn: &Conn) -> TierResult<()>
                 redis::Value::SimpleString(kind) => kind.as_str(),
                 _ => "none",
             };
-            let holds = blob_type(cluster, &blob_key(cluster, digest), kind);
+            let holds = blob_type(&cluster.redis, &blob_key(&cluster.redis, digest), kind);
             if holds == Some(false) && *size <= tier.max_bytes {
                 lost.push((digest.clone(), *size));
             }
@@ -263,16 +260,13 @@ pub(super) async fn keep_named(cluster: &Cluster, conn: &Conn) -> TierResult<()>
 
 /// The renewal loop: every half grace period, while connected.
 pub(super) async fn run_keeper(cluster: Arc<Cluster>, stop: tokio_util::sync::CancellationToken) {
-    let Some(tier) = cluster.blobs.get() else {
-        return;
-    };
-    let every = tier.ttl / 4;
+    let every = cluster.blobs.ttl / 4;
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
-        if let Some((conn, _)) = cluster.link.conn() {
+        if let Some((conn, _)) = cluster.redis.link.conn() {
             if let Err(why) = keep_named(&cluster, &conn).await {
                 tracing::debug!(%why, "cluster tier: renewing blob TTLs failed; next period");
             }
@@ -280,12 +274,12 @@ pub(super) async fn run_keeper(cluster: Arc<Cluster>, stop: tokio_util::sync::Ca
     }
 }
 
-/// Redis as a tier of the artifact store.
-pub struct ClusterBlobs(pub Weak<Cluster>);
+/// Redis as a tier of the artifact store: its fetching side, built before the store opens.
+pub struct ClusterBlobs(pub Arc<Redis>);
 
 impl BlobSource for ClusterBlobs {
-    fn tier(&self) -> Tier {
-        Tier::Cluster
+    fn kind(&self) -> TierKind {
+        TierKind::Cluster
     }
 
     fn fetch(
@@ -294,32 +288,29 @@ impl BlobSource for ClusterBlobs {
         size: u64,
         into: Partial,
     ) -> crate::artifacts::tiers::FetchFuture {
-        let cluster = self.0.clone();
+        let redis = Arc::clone(&self.0);
         Box::pin(async move {
-            let Some(cluster) = cluster.upgrade() else {
-                return Ok(None);
-            };
-            let Some((conn, _)) = cluster.link.conn() else {
+            let Some((conn, _)) = redis.link.conn() else {
                 return Err(TierError::unavailable("not connected to Redis"));
             };
-            fetch(&cluster, conn, &digest, size, into).await
+            fetch(&redis, conn, &digest, size, into).await
         })
     }
 }
 
 async fn fetch(
-    cluster: &Cluster,
+    redis: &Redis,
     mut conn: Conn,
     digest: &str,
     size: u64,
     into: Partial,
 ) -> TierResult<Option<Partial>> {
-    let key = blob_key(cluster, digest);
+    let key = blob_key(redis, digest);
     let held: u64 = conn
         .strlen(&key)
         .await
-        .map_err(|e| failed(cluster, &key, e))?;
-    cluster.wrong_types.fixed(&key);
+        .map_err(|e| failed(redis, &key, e))?;
+    redis.wrong_types.fixed(&key);
     if held == 0 && size > 0 {
         return Ok(None);
     }
@@ -332,7 +323,7 @@ async fn fetch(
         let piece: Vec<u8> = conn
             .getrange(&key, at as isize, end as isize)
             .await
-            .map_err(|e| failed(cluster, &key, e))?;
+            .map_err(|e| failed(redis, &key, e))?;
         if piece.is_empty() {
             break;
         }

@@ -70,7 +70,7 @@ pub(super) async fn publish(
     conn: &Conn,
     tombstones: &[Tombstone],
 ) -> Result<(), Failure> {
-    let layout = &cluster.layout;
+    let layout = &cluster.redis.layout;
     let node = cluster.node_id();
     let stores = tombstones.iter().map(|tombstone| {
         let mut conn = conn.clone();
@@ -82,7 +82,7 @@ pub(super) async fn publish(
             .arg(encode_stamp(tombstone.stamp))
             .arg(tombstone_text(tombstone))
             .arg(&node)
-            .arg(cluster.stream_max_len);
+            .arg(cluster.tuning.stream_max_len);
         async move { invocation.invoke_async::<i64>(&mut conn).await }
     });
     let stored = timed("publishing forgets", async { Ok(join_all(stores).await) }).await?;
@@ -95,6 +95,7 @@ pub(super) async fn publish(
                 let keys = [layout.forgets(), layout.forget_log()];
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 cluster
+                    .redis
                     .wrong_types
                     .found(refusals::wrong_typed_key(&error, &keys));
             }
@@ -118,7 +119,7 @@ pub(super) async fn publish(
 /// Deletes the Redis entries `tombstones` drop: the one entry of an exact-key tombstone
 /// directly, else by one SCAN over the entries. Returns how many went.
 async fn sweep(cluster: &Cluster, conn: &Conn, tombstones: &[Tombstone]) -> Result<u64, Failure> {
-    let layout = &cluster.layout;
+    let layout = &cluster.redis.layout;
     let mut doomed: Vec<(String, usize, u64)> = Vec::new();
     let mut wide = Vec::new();
     for tombstone in tombstones {
@@ -167,7 +168,7 @@ pub(super) async fn delete_forgotten(
         .map(|(key, floor)| {
             let text = Layout::key_text(&key);
             let shard = Layout::shard_of_text(&text);
-            (cluster.layout.entry_of_text(&text), shard, floor)
+            (cluster.redis.layout.entry_of_text(&text), shard, floor)
         })
         .collect();
     let deleted = delete_entries(cluster, conn, &doomed).await?;
@@ -187,7 +188,7 @@ async fn delete_entries(
     conn: &Conn,
     doomed: &[(String, usize, u64)],
 ) -> Result<u64, Failure> {
-    let layout = &cluster.layout;
+    let layout = &cluster.redis.layout;
     let mut deleted = 0;
     for chunk in doomed.chunks(READ_COUNT) {
         let deletes = chunk.iter().map(|(name, shard, stamp)| {
@@ -209,6 +210,7 @@ async fn delete_entries(
                 Err(error) if refusals::is_wrong_type(&error) => {
                     let meta = layout.meta(*shard);
                     cluster
+                        .redis
                         .wrong_types
                         .found(refusals::wrong_typed_key(&error, &[name.as_str(), &meta]));
                 }
@@ -228,7 +230,7 @@ async fn delete_entries(
 /// node's own set is. Each field is checked like a Forget (`values::tombstone`); a hash of
 /// the wrong type is named and gone on without.
 pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, Failure> {
-    let forgets = cluster.layout.forgets();
+    let forgets = cluster.redis.layout.forgets();
     let held: Value = match tokio::time::timeout(
         BACKGROUND_TIMEOUT,
         redis::cmd("HGETALL").arg(&forgets).query_async(conn),
@@ -237,7 +239,7 @@ pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, 
     {
         Ok(Ok(held)) => held,
         Ok(Err(error)) if refusals::is_wrong_type(&error) => {
-            cluster.wrong_types.found(&forgets);
+            cluster.redis.wrong_types.found(&forgets);
             return Ok(0);
         }
         Ok(Err(error)) => return Err(TierError::from(error).during("reading the tombstones")),
@@ -248,7 +250,7 @@ pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, 
             ))
         }
     };
-    if cluster.wrong_types.fixed(&forgets) {
+    if cluster.redis.wrong_types.fixed(&forgets) {
         // What this node could not publish meanwhile goes now.
         cluster.schedule_republish_all();
     }
@@ -260,6 +262,7 @@ pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, 
             Ok(pair) => pair,
             Err(why) => {
                 cluster
+                    .observed
                     .refusals
                     .refuse(ReadFrom::Tombstones, &forgets, &why);
                 continue;
@@ -269,6 +272,7 @@ pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, 
             Ok(tombstone) => tombstone,
             Err(why) => {
                 cluster
+                    .observed
                     .refusals
                     .refuse(ReadFrom::Tombstones, &scope_text, &why);
                 continue;
@@ -286,7 +290,7 @@ pub(super) async fn load_all(cluster: &Cluster, conn: &mut Conn) -> Result<u32, 
             let mut conn = conn.clone();
             let mut invocation = scripts::FORGET_EXPIRE.prepare_invoke();
             invocation
-                .key(cluster.layout.forgets())
+                .key(cluster.redis.layout.forgets())
                 .arg(scope)
                 .arg(stamp);
             async move { invocation.invoke_async::<i64>(&mut conn).await }
@@ -311,9 +315,9 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
     let mut seen_generation = 0;
     let mut backoff = Backoff::new(super::random_u64());
     loop {
-        let Some((conn, generation)) = cluster.link.conn() else {
+        let Some((conn, generation)) = cluster.redis.link.conn() else {
             tokio::select! {
-                () = cluster.link.wait_newer(seen_generation) => {}
+                () = cluster.redis.link.wait_newer(seen_generation) => {}
                 () = stop.cancelled() => return,
             }
             continue;
@@ -347,7 +351,7 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
 /// starts over: a new place, the whole hash again).
 async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
     let mut epoch = read_epoch(cluster, &mut conn).await?;
-    let forget_log = cluster.layout.forget_log();
+    let forget_log = cluster.redis.layout.forget_log();
     let last = tokio::time::timeout(
         BACKGROUND_TIMEOUT,
         redis::cmd("XREVRANGE")
@@ -362,12 +366,12 @@ async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
     .map_err(|_| TierError::no_answer("reading the forget stream's position"))?;
     let last = match last {
         Ok(last) => {
-            cluster.wrong_types.fixed(&forget_log);
+            cluster.redis.wrong_types.fixed(&forget_log);
             last
         }
         Err(error) if refusals::is_wrong_type(&error) => {
             // Forgets still arrive with the whole hash on every start over.
-            cluster.wrong_types.found(&forget_log);
+            cluster.redis.wrong_types.found(&forget_log);
             load_all(cluster, &mut conn).await?;
             return Err(TierError::refused("the forget stream holds the wrong type"));
         }
@@ -383,6 +387,7 @@ async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
     let mut reader = match conn {
         Conn::Single(_) => Some(
             cluster
+                .redis
                 .link
                 .open_dedicated()
                 .await
@@ -399,7 +404,7 @@ async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
             read.arg("BLOCK").arg(BLOCK.as_millis() as u64);
         }
         read.arg("STREAMS")
-            .arg(cluster.layout.forget_log())
+            .arg(cluster.redis.layout.forget_log())
             .arg(&place);
         let reply: Value = match reader.as_mut() {
             Some(reader) => {
@@ -427,9 +432,12 @@ async fn follow(cluster: &Arc<Cluster>, mut conn: Conn) -> Result<(), Failure> {
                 }
                 match values::forget_field(&message.fields).and_then(values::tombstone_message) {
                     Ok(tombstone) => learned.push(tombstone),
-                    Err(why) => cluster
-                        .refusals
-                        .refuse(ReadFrom::Tombstones, &message.id, &why),
+                    Err(why) => {
+                        cluster
+                            .observed
+                            .refusals
+                            .refuse(ReadFrom::Tombstones, &message.id, &why)
+                    }
                 }
             }
         }
@@ -454,13 +462,13 @@ pub(super) async fn read_epoch(
     cluster: &Cluster,
     conn: &mut Conn,
 ) -> Result<Option<String>, Failure> {
-    let epoch = cluster.layout.epoch();
+    let epoch = cluster.redis.layout.epoch();
     let mut get = redis::cmd("GET");
     get.arg(&epoch);
     match tokio::time::timeout(BACKGROUND_TIMEOUT, get.query_async::<Option<String>>(conn)).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) if refusals::is_wrong_type(&error) => {
-            cluster.wrong_types.found(&epoch);
+            cluster.redis.wrong_types.found(&epoch);
             Ok(None)
         }
         Ok(Err(error)) => Err(TierError::from(error).during("reading the epoch")),

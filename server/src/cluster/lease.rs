@@ -53,11 +53,11 @@ impl Drop for ClusterLease {
             return;
         }
         let cluster = Arc::clone(&self.cluster);
-        let lease = cluster.layout.lease(&self.key);
+        let lease = cluster.redis.layout.lease(&self.key);
         let token = std::mem::take(&mut self.token);
         let tasks = cluster.tasks.clone();
         tasks.spawn(async move {
-            let Some((mut conn, generation)) = cluster.link.conn() else {
+            let Some((mut conn, generation)) = cluster.redis.link.conn() else {
                 return; // it expires on its own
             };
             let mut invocation = scripts::RELEASE.prepare_invoke();
@@ -66,7 +66,10 @@ impl Drop for ClusterLease {
             match tokio::time::timeout(super::link::BACKGROUND_TIMEOUT, release).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(error)) => cluster.command_failed(generation, &error, &[&lease]),
-                Err(_) => cluster.link.failed(generation, "lease release timed out"),
+                Err(_) => cluster
+                    .redis
+                    .link
+                    .failed(generation, "lease release timed out"),
             }
         });
     }
@@ -75,26 +78,29 @@ impl Drop for ClusterLease {
 impl Cluster {
     /// Asks for the cluster lease on `key`, waiting at most the cluster timeout.
     pub async fn claim(self: &Arc<Self>, key: &CacheKey) -> Claim {
-        let Some((mut conn, generation)) = self.link.conn() else {
+        let Some((mut conn, generation)) = self.redis.link.conn() else {
             self.counters
                 .lease_fallbacks
                 .fetch_add(1, Ordering::Relaxed);
-            return Claim::Unavailable(format!("redis is {}", self.link.state().describe()));
+            return Claim::Unavailable(format!("redis is {}", self.redis.link.state().describe()));
         };
         let token = self.new_token();
-        let ttl_ms = self.lease_ttl.as_millis() as u64;
+        let ttl_ms = self.tuning.lease_ttl.as_millis() as u64;
         let text = Layout::key_text(key);
         let mut invocation = scripts::ACQUIRE.prepare_invoke();
         invocation
-            .key(self.layout.entry_of_text(&text))
-            .key(self.layout.lease_of_text(&text))
+            .key(self.redis.layout.entry_of_text(&text))
+            .key(self.redis.layout.lease_of_text(&text))
             .arg(&token)
             .arg(ttl_ms);
-        let reply =
-            tokio::time::timeout(self.timeout, invocation.invoke_async::<Value>(&mut conn)).await;
+        let reply = tokio::time::timeout(
+            self.tuning.timeout,
+            invocation.invoke_async::<Value>(&mut conn),
+        )
+        .await;
         let reply = match reply {
             Ok(Ok(reply)) => {
-                self.slow_claims.store(0, Ordering::Relaxed);
+                self.observed.slow_claims.store(0, Ordering::Relaxed);
                 reply
             }
             Ok(Err(error)) => {
@@ -102,8 +108,8 @@ impl Cluster {
                     .lease_fallbacks
                     .fetch_add(1, Ordering::Relaxed);
                 let (entry, lease) = (
-                    self.layout.entry_of_text(&text),
-                    self.layout.lease_of_text(&text),
+                    self.redis.layout.entry_of_text(&text),
+                    self.redis.layout.lease_of_text(&text),
                 );
                 self.command_failed(generation, &error, &[&entry, &lease]);
                 return Claim::Unavailable(if refusals::is_wrong_type(&error) {
@@ -117,13 +123,14 @@ impl Cluster {
                     .lease_fallbacks
                     .fetch_add(1, Ordering::Relaxed);
                 // One slow answer may be load; a few in a row is a hung server.
-                if self.slow_claims.fetch_add(1, Ordering::Relaxed) + 1 >= 3 {
-                    self.link
+                if self.observed.slow_claims.fetch_add(1, Ordering::Relaxed) + 1 >= 3 {
+                    self.redis
+                        .link
                         .failed(generation, "no answer within the cluster timeout");
                 }
                 return Claim::Unavailable(format!(
                     "redis did not answer within {} ms",
-                    self.timeout.as_millis()
+                    self.tuning.timeout.as_millis()
                 ));
             }
         };
@@ -135,7 +142,7 @@ impl Cluster {
                 let renewal = self.tasks.stop_token().child_token();
                 self.tasks.spawn(renew(
                     Arc::clone(self),
-                    self.layout.lease(key),
+                    self.redis.layout.lease(key),
                     token.clone(),
                     renewal.clone(),
                 ));
@@ -153,7 +160,7 @@ impl Cluster {
                     .fetch_add(1, Ordering::Relaxed);
                 let holder = holder.split('/').next().unwrap_or_default().to_owned();
                 let retry_in = Duration::from_millis(
-                    pttl_ms.clamp(5, self.lease_ttl.as_millis() as i64) as u64 + 5,
+                    pttl_ms.clamp(5, self.tuning.lease_ttl.as_millis() as i64) as u64 + 5,
                 );
                 Claim::HeldBy { holder, retry_in }
             }
@@ -209,14 +216,14 @@ fn parse_claim(reply: Value) -> Option<ParsedClaim> {
 
 /// Extends the lease every third of its length until cancelled or lost.
 async fn renew(cluster: Arc<Cluster>, lease: String, token: String, stop: CancellationToken) {
-    let every = cluster.lease_ttl / 3;
-    let ttl_ms = cluster.lease_ttl.as_millis() as u64;
+    let every = cluster.tuning.lease_ttl / 3;
+    let ttl_ms = cluster.tuning.lease_ttl.as_millis() as u64;
     loop {
         tokio::select! {
             () = tokio::time::sleep(every) => {}
             () = stop.cancelled() => return,
         }
-        let Some((mut conn, generation)) = cluster.link.conn() else {
+        let Some((mut conn, generation)) = cluster.redis.link.conn() else {
             continue; // try again next period; if it lapses, another node may tune too
         };
         let mut invocation = scripts::RENEW.prepare_invoke();
@@ -226,7 +233,10 @@ async fn renew(cluster: Arc<Cluster>, lease: String, token: String, stop: Cancel
             Ok(Ok(1)) => {}
             Ok(Ok(_)) => return, // lost (expired, or the key got a result): nothing to keep
             Ok(Err(error)) => cluster.command_failed(generation, &error, &[&lease]),
-            Err(_) => cluster.link.failed(generation, "lease renewal timed out"),
+            Err(_) => cluster
+                .redis
+                .link
+                .failed(generation, "lease renewal timed out"),
         }
     }
 }

@@ -7,6 +7,12 @@
 //! then reads the stream of published winners and applies them to the store (`follow`).
 //! Entries learned this way are not republished. Redis being slow, hung or gone only makes
 //! Resolve fall back to node-local coordination after the cluster timeout.
+//!
+//! Built in two steps (`Unstarted`): from its settings, the link to Redis and the blob
+//! fetching side the artifact store is opened with; then started with that store. A
+//! `Cluster` keeps each concern in a struct of its own: the Redis it talks to (`Redis`,
+//! shared with the fetching side), the publish queue, the follower's places, its tuning and
+//! what it has observed. As one of the daemon's tiers it is `tier`.
 
 mod backoff;
 mod blobs;
@@ -21,6 +27,7 @@ mod publish;
 mod refusals;
 mod scripts;
 mod stats;
+mod tier;
 mod tombstone_expiry;
 mod values;
 pub(crate) mod views;
@@ -32,8 +39,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::IntoConnectionInfo;
-use tokio_util::sync::CancellationToken;
 
+use crate::artifacts::Artifacts;
 use crate::error::{TierError, TierResult};
 use crate::model::entry::{CacheKey, TunedResult};
 use crate::store::{Change, ChangeListener, Source, Store};
@@ -42,11 +49,6 @@ pub use stats::ClusterCounters;
 
 pub use lease::{Claim, ClusterLease};
 pub use link::LinkState;
-
-/// The gRPC health name that reports the cluster tier.
-pub const HEALTH_NAME: &str = "tunecache.v1.TuneCache/cluster";
-/// How often the health name is brought up to date.
-const HEALTH_POLL: Duration = Duration::from_millis(200);
 
 /// What the `--cluster-*` flags say.
 #[derive(Clone)]
@@ -79,6 +81,8 @@ pub struct ClusterSettings {
     pub checkpoint_check: Duration,
     /// `--cluster-key-file`: checkpoints carry MACs under it, and need them to be loaded.
     pub key: Option<crate::model::shared_key::SharedKey>,
+    /// `--cluster-max-artifact-bytes`: larger blobs stay on the node and the shared directory.
+    pub blob_limit_bytes: u64,
 }
 
 /// The defaults of the settings above that have one.
@@ -140,6 +144,7 @@ impl ClusterSettings {
             checkpoint_every: 0,
             checkpoint_check: Duration::from_millis(DEFAULT_CHECKPOINT_CHECK_MS),
             key: None,
+            blob_limit_bytes: tunecache_proto::artifact::DEFAULT_CLUSTER_MAX_ARTIFACT_BYTES,
         })
     }
 }
@@ -171,56 +176,108 @@ struct Pending {
     entries: HashMap<CacheKey, TunedResult>,
 }
 
-pub struct Cluster {
-    pub(crate) layout: keys::Layout,
-    pub(crate) link: Arc<link::Link>,
-    store: Store,
-    pub(crate) timeout: Duration,
-    pub(crate) lease_ttl: Duration,
-    node_name: String,
-    publish_queue_limit: usize,
-    pub(crate) stream_max_len: u64,
-    pub(crate) audit_interval: Duration,
-    clock_offset_ms: i64,
-    prefix: String,
-    pub(crate) state_dir: Option<std::path::PathBuf>,
-    pub(crate) places_trusted: bool,
-    pub(crate) checkpoint_every: u64,
-    pub(crate) checkpoint_check: Duration,
-    /// The cluster's key (`--cluster-key-file`): checkpoints are built with MACs under it and
-    /// loaded only with MACs that verify.
-    pub(crate) key: Option<crate::model::shared_key::SharedKey>,
-    /// A learned batch the store refused (a full disk): no place is saved this run.
-    pub(crate) places_unsafe: AtomicBool,
-    /// The follower's newest places whose entries are all applied: saved at shutdown.
-    pub(crate) latest_places: Mutex<Option<places::SavedPlaces>>,
-    /// Entries the publisher took from the queue and Redis has not yet answered for.
-    publishing: AtomicUsize,
-    /// Random per daemon run: tokens and stream messages carry it.
-    instance: u64,
-    token_counter: AtomicU64,
-    slow_claims: AtomicU64,
+/// The Redis this tier talks to, shared with its blob fetching side (`blobs::ClusterBlobs`,
+/// built before the artifact store opens): the connection, where each key lives, and the
+/// keys found holding another type than that layout says.
+pub struct Redis {
+    link: Arc<link::Link>,
+    layout: keys::Layout,
+    wrong_types: refusals::WrongTypes,
+}
+
+impl Redis {
+    /// The link from `settings` (it connects once its task runs, `Link::run`).
+    fn new(settings: &ClusterSettings) -> Arc<Redis> {
+        Arc::new(Redis {
+            link: link::Link::new(
+                settings.info.clone(),
+                settings.shown_url.clone(),
+                settings.tls_ca.clone(),
+            ),
+            layout: keys::Layout::new(&settings.prefix),
+            wrong_types: refusals::WrongTypes::default(),
+        })
+    }
+}
+
+/// What this node has to publish and the publisher's state: the change feed fills it, the
+/// publisher (`publish`) drains it.
+struct PublishQueue {
     pending: Mutex<Pending>,
     /// Tombstones of this node's Forgets waiting to be published (few: administrators'
-    /// acts and broken-config reports; bounded by `publish_queue_limit`).
-    pending_forgets: Mutex<Vec<crate::model::forget::Tombstone>>,
-    publish_wake: tokio::sync::Notify,
+    /// acts and broken-config reports; bounded by `limit`).
+    forgets: Mutex<Vec<crate::model::forget::Tombstone>>,
+    /// Most keys `pending` holds (`--cluster-publish-queue`).
+    limit: usize,
+    wake: tokio::sync::Notify,
     /// Set when every local winner must be published again (queue overflow, flushed server).
     republish_all: AtomicBool,
+    /// Entries the publisher took from the queue and Redis has not yet answered for.
+    publishing: AtomicUsize,
+}
+
+/// The follower's places in the shards' streams, its resume point (`places`).
+struct FollowerPlaces {
+    /// Where they are kept; none: nowhere.
+    state_dir: Option<std::path::PathBuf>,
+    /// The journal replayed whole, so the saved places can be believed.
+    trusted: bool,
+    /// A learned batch the store refused (a full disk): no place is saved this run.
+    unsafe_to_save: AtomicBool,
+    /// The newest places whose entries are all applied: saved at shutdown.
+    latest: Mutex<Option<places::SavedPlaces>>,
+}
+
+/// How the tier treats Redis, fixed for the run (from `ClusterSettings`).
+struct Tuning {
+    /// How long a command may take before the tier falls back (Resolve, pins).
+    timeout: Duration,
+    lease_ttl: Duration,
+    stream_max_len: u64,
+    audit_interval: Duration,
+    /// Tests only: added to this node's clock as the tier reads it.
+    clock_offset_ms: i64,
+    checkpoint_every: u64,
+    checkpoint_check: Duration,
+    /// The cluster's key (`--cluster-key-file`): checkpoints are built with MACs under it and
+    /// loaded only with MACs that verify.
+    key: Option<crate::model::shared_key::SharedKey>,
+}
+
+/// What the tier has found about Redis while it runs, for Stats and health.
+#[derive(Default)]
+struct Observed {
+    /// Claims in a row that ran out of time (three log a warning).
+    slow_claims: AtomicU64,
     bootstrapped: AtomicBool,
-    pub counters: ClusterCounters,
     /// Values read from Redis that a client's request could not carry, per source.
-    pub(crate) refusals: refusals::Refusals,
-    /// Keys in Redis holding another type than the layout says.
-    pub(crate) wrong_types: refusals::WrongTypes,
+    refusals: refusals::Refusals,
     /// This node's clock minus Redis's `TIME` at the last reading (`forget::load_all`).
     clock_skew_ms: AtomicI64,
     /// The skew is over `forget::MAX_CLOCK_SKEW`: no tombstone is expired from Redis.
     prune_paused: AtomicBool,
+}
+
+/// The cluster tier, built whole by `Unstarted::start`: each concern a struct of its own.
+pub struct Cluster {
+    /// The Redis it talks to (shared with the blob fetching side).
+    redis: Arc<Redis>,
+    store: Store,
+    /// Artifact blobs in Redis (`blobs`).
+    blobs: blobs::BlobTier,
+    queue: PublishQueue,
+    places: FollowerPlaces,
+    tuning: Tuning,
+    observed: Observed,
+    pub counters: ClusterCounters,
+    node_name: String,
+    prefix: String,
+    /// Random per daemon run: tokens and stream messages carry it.
+    instance: u64,
+    /// Numbers this run's lease tokens.
+    token_counter: AtomicU64,
     /// Where its tasks run (renewals, releases), also when started off the runtime.
-    pub(crate) tasks: Tasks,
-    /// Artifact blobs in Redis (`blobs`), once the node's store is attached.
-    blobs: std::sync::OnceLock<blobs::BlobTier>,
+    tasks: Tasks,
 }
 
 /// A random number from the OS (`getrandom`), for ids, tokens and jitter; time and pid if
@@ -234,50 +291,67 @@ fn random_u64() -> u64 {
     })
 }
 
-impl Cluster {
-    /// Starts the tier in the background (connector, publisher, follower) and registers it
-    /// on the store's change feed. Never waits for Redis.
-    pub fn start(settings: ClusterSettings, store: Store, tasks: &Tasks) -> Arc<Cluster> {
-        let link = link::Link::new(
-            settings.info.clone(),
-            settings.shown_url.clone(),
-            settings.tls_ca.clone(),
-        );
+/// The cluster tier built from its settings and not started yet: its link to Redis and its
+/// blob fetching side exist already (no connection is made), so the artifact store can be
+/// opened with that side before `start` hands the tier the store.
+pub struct Unstarted {
+    settings: ClusterSettings,
+    redis: Arc<Redis>,
+}
+
+impl Unstarted {
+    pub fn new(settings: ClusterSettings) -> Unstarted {
+        let redis = Redis::new(&settings);
+        Unstarted { settings, redis }
+    }
+
+    /// Redis as a tier the artifact store fetches blobs from.
+    pub fn blob_source(&self) -> Arc<dyn crate::artifacts::BlobSource> {
+        Arc::new(blobs::ClusterBlobs(Arc::clone(&self.redis)))
+    }
+
+    /// Starts the tier in the background (connector, publisher, follower, the renewal of its
+    /// blobs) and registers it on the store's change feed; the blobs of `artifacts` up to
+    /// `--cluster-max-artifact-bytes` are written to Redis before the entries naming them are
+    /// announced. Never waits for Redis.
+    pub fn start(self, store: Store, artifacts: Arc<Artifacts>, tasks: &Tasks) -> Arc<Cluster> {
+        let Unstarted { settings, redis } = self;
+        let blob_limit = settings.blob_limit_bytes;
         let cluster = Arc::new(Cluster {
-            layout: keys::Layout::new(&settings.prefix),
-            link: Arc::clone(&link),
+            redis: Arc::clone(&redis),
             store: store.clone(),
-            timeout: settings.timeout,
-            lease_ttl: settings.lease_ttl,
+            blobs: blobs::BlobTier::new(artifacts, blob_limit),
+            queue: PublishQueue {
+                pending: Mutex::default(),
+                forgets: Mutex::default(),
+                limit: settings.publish_queue.max(1),
+                wake: tokio::sync::Notify::new(),
+                republish_all: AtomicBool::new(false),
+                publishing: AtomicUsize::new(0),
+            },
+            places: FollowerPlaces {
+                state_dir: settings.state_dir.clone(),
+                trusted: settings.places_trusted,
+                unsafe_to_save: AtomicBool::new(false),
+                latest: Mutex::default(),
+            },
+            tuning: Tuning {
+                timeout: settings.timeout,
+                lease_ttl: settings.lease_ttl,
+                stream_max_len: settings.stream_max_len.max(1),
+                audit_interval: settings.audit_interval,
+                clock_offset_ms: settings.clock_offset_ms,
+                checkpoint_every: settings.checkpoint_every,
+                checkpoint_check: settings.checkpoint_check,
+                key: settings.key.clone(),
+            },
+            observed: Observed::default(),
+            counters: ClusterCounters::default(),
             node_name: settings.node_name,
-            publish_queue_limit: settings.publish_queue.max(1),
-            stream_max_len: settings.stream_max_len.max(1),
-            audit_interval: settings.audit_interval,
-            clock_offset_ms: settings.clock_offset_ms,
             prefix: settings.prefix.clone(),
-            state_dir: settings.state_dir.clone(),
-            places_trusted: settings.places_trusted,
-            checkpoint_every: settings.checkpoint_every,
-            checkpoint_check: settings.checkpoint_check,
-            key: settings.key.clone(),
-            places_unsafe: AtomicBool::new(false),
-            latest_places: Mutex::default(),
-            publishing: AtomicUsize::new(0),
             instance: random_u64(),
             token_counter: AtomicU64::new(0),
-            slow_claims: AtomicU64::new(0),
-            pending: Mutex::default(),
-            pending_forgets: Mutex::default(),
-            publish_wake: tokio::sync::Notify::new(),
-            republish_all: AtomicBool::new(false),
-            bootstrapped: AtomicBool::new(false),
-            counters: ClusterCounters::default(),
-            refusals: refusals::Refusals::default(),
-            wrong_types: refusals::WrongTypes::default(),
-            clock_skew_ms: AtomicI64::new(0),
-            prune_paused: AtomicBool::new(false),
             tasks: tasks.clone(),
-            blobs: std::sync::OnceLock::new(),
         });
         store.add_change_listener(Arc::new(ChangeFeed(Arc::downgrade(&cluster))));
         tracing::info!(
@@ -290,38 +364,22 @@ impl Cluster {
             checkpoint_macs = settings.key.is_some(),
             "cluster tier on"
         );
-        tasks.spawn(link.run(tasks.stop_token()));
+        tracing::info!(
+            cluster_max_artifact_bytes = blob_limit,
+            "cluster tier: blobs up to --cluster-max-artifact-bytes go to Redis"
+        );
+        tasks.spawn(Arc::clone(&redis.link).run(tasks.stop_token()));
         tasks.spawn(publish::run(Arc::clone(&cluster), tasks.stop_token()));
         tasks.spawn(forget::run(Arc::clone(&cluster), tasks.stop_token()));
         tasks.spawn(follow::run(Arc::clone(&cluster), tasks.stop_token()));
+        tasks.spawn(blobs::run_keeper(Arc::clone(&cluster), tasks.stop_token()));
         cluster
     }
+}
 
-    /// Carries the blobs of the node's artifact store: those up to `max_bytes` are written
-    /// to Redis before the entries naming them are announced, and Redis becomes a tier the
-    /// store fetches from.
-    pub fn attach_artifacts(
-        self: &Arc<Self>,
-        artifacts: Arc<crate::artifacts::Artifacts>,
-        max_bytes: u64,
-    ) {
-        artifacts.add_source(Arc::new(blobs::ClusterBlobs(Arc::downgrade(self))));
-        if self
-            .blobs
-            .set(blobs::BlobTier::new(artifacts, max_bytes))
-            .is_ok()
-        {
-            tracing::info!(
-                cluster_max_artifact_bytes = max_bytes,
-                "cluster tier: blobs up to --cluster-max-artifact-bytes go to Redis"
-            );
-            self.tasks
-                .spawn(blobs::run_keeper(Arc::clone(self), self.tasks.stop_token()));
-        }
-    }
-
+impl Cluster {
     pub fn state(&self) -> LinkState {
-        self.link.state()
+        self.redis.link.state()
     }
 
     pub fn node_name(&self) -> &str {
@@ -343,7 +401,7 @@ impl Cluster {
 
     /// This node's clock (unix ms) as the tier reads it.
     pub(crate) fn node_now_ms(&self) -> i64 {
-        crate::model::entry::unix_now_ms().saturating_add(self.clock_offset_ms)
+        crate::model::entry::unix_now_ms().saturating_add(self.tuning.clock_offset_ms)
     }
 
     pub(crate) fn prefix(&self) -> &str {
@@ -358,15 +416,16 @@ impl Cluster {
     /// is named and gone on without; anything else drops the connection (and backs off).
     pub(crate) fn command_failed(&self, generation: u64, error: &redis::RedisError, keys: &[&str]) {
         if refusals::is_wrong_type(error) {
-            self.wrong_types
+            self.redis
+                .wrong_types
                 .found(refusals::wrong_typed_key(error, keys));
         } else {
-            self.link.failed(generation, error);
+            self.redis.link.failed(generation, error);
         }
     }
 
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, Pending> {
-        crate::sync::lock(&self.pending)
+        crate::sync::lock(&self.queue.pending)
     }
 
     /// Applies entries learned from Redis to the store without publishing them back.
@@ -387,7 +446,7 @@ impl Cluster {
             Err(error) => {
                 // Their places move on all the same: saved, they would claim entries the
                 // journal lacks. None is saved this run (the audit repairs the cache).
-                if !self.places_unsafe.swap(true, Ordering::Relaxed) {
+                if !self.places.unsafe_to_save.swap(true, Ordering::Relaxed) {
                     tracing::warn!(%error, "cluster tier: storing entries learned from redis failed; stream places are no longer saved this run");
                 }
                 0
@@ -397,8 +456,8 @@ impl Cluster {
 
     /// Every local winner is to be published again (flushed server, queue overflow).
     fn schedule_republish_all(&self) {
-        self.republish_all.store(true, Ordering::Relaxed);
-        self.publish_wake.notify_one();
+        self.queue.republish_all.store(true, Ordering::Relaxed);
+        self.queue.wake.notify_one();
     }
 
     /// Queues results for publishing (the audit found Redis lacking them), as the change
@@ -412,13 +471,13 @@ impl Cluster {
             pending.entries.insert(key, result);
         }
         drop(pending);
-        self.publish_wake.notify_one();
+        self.queue.wake.notify_one();
     }
 
     /// Whether `key` fits in the queue. When it does not, the queue is cleared and every
     /// winner will be republished instead (bounded memory, nothing lost for good).
     fn admit(&self, pending: &mut Pending, key: &CacheKey) -> bool {
-        if pending.entries.len() < self.publish_queue_limit || pending.entries.contains_key(key) {
+        if pending.entries.len() < self.queue.limit || pending.entries.contains_key(key) {
             return true;
         }
         let dropped = pending.entries.len() as u64;
@@ -426,92 +485,17 @@ impl Cluster {
         self.counters
             .publish_dropped
             .fetch_add(dropped, Ordering::Relaxed);
-        if !self.republish_all.swap(true, Ordering::Relaxed) {
+        if !self.queue.republish_all.swap(true, Ordering::Relaxed) {
             tracing::warn!(
-                limit = self.publish_queue_limit,
+                limit = self.queue.limit,
                 "cluster tier: publish queue full; will republish every winner once redis keeps up"
             );
         }
         false
     }
 
-    /// Nothing of this node's waits to be published or is being published.
-    fn publish_idle(&self) -> bool {
-        self.lock_pending().entries.is_empty()
-            && !self.republish_all.load(Ordering::Relaxed)
-            && self.publishing.load(Ordering::Relaxed) == 0
-    }
-
-    /// Waits until `publish_idle`, at most `limit`.
-    async fn wait_publish_idle(&self, limit: Duration) {
-        let deadline = tokio::time::Instant::now() + limit;
-        while !self.publish_idle() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// At shutdown: waits until this node's queue is published, at most until `deadline`;
-    /// says how far it got.
-    pub async fn drain_at_shutdown(&self, deadline: tokio::time::Instant) -> String {
-        // The stream places as of now, so the next start reads only what comes after.
-        let latest = crate::sync::lock(&self.latest_places).take();
-        if let Some(latest) = latest {
-            if let Err(why) = self.save_places(latest).await {
-                tracing::debug!(%why, "cluster tier: stream places not saved at shutdown");
-            }
-        }
-        let waiting = self.lock_pending().entries.len();
-        if self.publish_idle() {
-            return "nothing waiting to publish".to_owned();
-        }
-        while !self.publish_idle() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let left = self.lock_pending().entries.len();
-        if self.publish_idle() {
-            format!("published the {waiting} results that were waiting")
-        } else {
-            format!("{left} results still waiting when the time ran out (redis slow or away)")
-        }
-    }
-
-    /// Saves stream places (`places`): the journal is synced first, so the file never
-    /// claims more than the journal holds.
-    pub(crate) async fn save_places(&self, saved: places::SavedPlaces) -> TierResult<()> {
-        let Some(dir) = self.state_dir.clone() else {
-            return Ok(());
-        };
-        if self.places_unsafe.load(Ordering::Relaxed) {
-            return Err(TierError::refused("a learned batch was refused this run"));
-        }
-        self.store
-            .sync_journal()
-            .await
-            .map_err(|e| TierError::unavailable(e.to_string()).during("journal sync"))?;
-        let sync = self.store.fsync_policy() != crate::journal::FsyncPolicy::Never;
-        let path = places::path(&dir);
-        tokio::task::spawn_blocking(move || places::write(&dir, &saved, sync))
-            .await?
-            .map_err(|e| TierError::io("writing the stream places", path, e))
-    }
-
     fn link_url(&self) -> String {
-        self.link.shown_url().to_owned()
-    }
-
-    /// Reports the tier on the gRPC health service: SERVING while connected, with no key of
-    /// the wrong type known and this node's clock within the bound of Redis's.
-    pub async fn report_health(
-        self: Arc<Self>,
-        reporter: tonic_health::server::HealthReporter,
-        stop: CancellationToken,
-    ) {
-        crate::report::health::report(reporter, HEALTH_NAME, HEALTH_POLL, stop, || {
-            matches!(self.state(), LinkState::Connected { .. })
-                && self.wrong_types.is_empty()
-                && !self.prune_paused.load(Ordering::Relaxed)
-        })
-        .await;
+        self.redis.link.shown_url().to_owned()
     }
 }
 
@@ -538,8 +522,8 @@ impl ChangeListener for ChangeFeed {
             }
         }
         drop(pending);
-        if queued || cluster.republish_all.load(Ordering::Relaxed) {
-            cluster.publish_wake.notify_one();
+        if queued || cluster.queue.republish_all.load(Ordering::Relaxed) {
+            cluster.queue.wake.notify_one();
         }
     }
 
@@ -549,17 +533,17 @@ impl ChangeListener for ChangeFeed {
         let Some(cluster) = self.0.upgrade() else {
             return;
         };
-        let mut pending = crate::sync::lock(&cluster.pending_forgets);
+        let mut pending = crate::sync::lock(&cluster.queue.forgets);
         for forget in forgets.iter().filter(|f| f.source == Source::Forget) {
-            if pending.len() >= cluster.publish_queue_limit {
+            if pending.len() >= cluster.queue.limit {
                 // Bounded: the full republish publishes every tombstone this node holds.
                 pending.clear();
-                cluster.republish_all.store(true, Ordering::Relaxed);
+                cluster.queue.republish_all.store(true, Ordering::Relaxed);
                 break;
             }
             pending.push(forget.tombstone.clone());
         }
         drop(pending);
-        cluster.publish_wake.notify_one();
+        cluster.queue.wake.notify_one();
     }
 }

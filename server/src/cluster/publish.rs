@@ -27,7 +27,7 @@ const BATCH: usize = 256;
 pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
     let mut seen_generation = 0;
     loop {
-        let Some((conn, generation)) = cluster.link.conn() else {
+        let Some((conn, generation)) = cluster.redis.link.conn() else {
             wait_reconnect(&cluster, seen_generation, &stop).await;
             if stop.is_cancelled() {
                 return;
@@ -35,13 +35,16 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
             continue;
         };
         seen_generation = generation;
-        if cluster.republish_all.swap(false, Ordering::Relaxed) {
-            cluster.publishing.store(usize::MAX, Ordering::Relaxed);
+        if cluster.queue.republish_all.swap(false, Ordering::Relaxed) {
+            cluster
+                .queue
+                .publishing
+                .store(usize::MAX, Ordering::Relaxed);
             let outcome = republish_all(&cluster, conn.clone()).await;
-            cluster.publishing.store(0, Ordering::Relaxed);
+            cluster.queue.publishing.store(0, Ordering::Relaxed);
             if let Err(why) = outcome {
-                cluster.republish_all.store(true, Ordering::Relaxed);
-                cluster.link.failed(generation, &why);
+                cluster.queue.republish_all.store(true, Ordering::Relaxed);
+                cluster.redis.link.failed(generation, &why);
                 wait_reconnect(&cluster, generation, &stop).await;
                 if stop.is_cancelled() {
                     return;
@@ -53,7 +56,7 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
         if !forgets.is_empty() {
             if let Err(why) = super::forget::publish(&cluster, &conn, &forgets).await {
                 put_back_forgets(&cluster, forgets);
-                cluster.link.failed(generation, &why);
+                cluster.redis.link.failed(generation, &why);
                 wait_reconnect(&cluster, generation, &stop).await;
                 if stop.is_cancelled() {
                     return;
@@ -70,16 +73,19 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
                 .collect();
             // Counted while the queue's lock is held, so the queue and this count are never
             // both empty while a result is on its way.
-            cluster.publishing.store(batch.len(), Ordering::Relaxed);
+            cluster
+                .queue
+                .publishing
+                .store(batch.len(), Ordering::Relaxed);
             batch
         };
         if batch.is_empty() {
-            let forgets_waiting = !crate::sync::lock(&cluster.pending_forgets).is_empty();
+            let forgets_waiting = !crate::sync::lock(&cluster.queue.forgets).is_empty();
             if forgets_waiting {
                 continue;
             }
             tokio::select! {
-                () = cluster.publish_wake.notified() => {}
+                () = cluster.queue.wake.notified() => {}
                 () = stop.cancelled() => return,
             }
             continue;
@@ -92,33 +98,33 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
                 for (key, result) in batch {
                     pending.entries.entry(key).or_insert(result);
                 }
-                cluster.publishing.store(0, Ordering::Relaxed);
+                cluster.queue.publishing.store(0, Ordering::Relaxed);
             }
-            cluster.link.failed(generation, &why);
+            cluster.redis.link.failed(generation, &why);
             wait_reconnect(&cluster, generation, &stop).await;
             if stop.is_cancelled() {
                 return;
             }
         } else {
-            cluster.publishing.store(0, Ordering::Relaxed);
+            cluster.queue.publishing.store(0, Ordering::Relaxed);
         }
     }
 }
 
 fn take_forgets(cluster: &Cluster) -> Vec<crate::model::forget::Tombstone> {
-    std::mem::take(&mut *crate::sync::lock(&cluster.pending_forgets))
+    std::mem::take(&mut *crate::sync::lock(&cluster.queue.forgets))
 }
 
 /// Puts tombstones that failed to publish back in front of any queued meanwhile.
 fn put_back_forgets(cluster: &Cluster, forgets: Vec<crate::model::forget::Tombstone>) {
-    let mut pending = crate::sync::lock(&cluster.pending_forgets);
+    let mut pending = crate::sync::lock(&cluster.queue.forgets);
     let newer = std::mem::replace(&mut *pending, forgets);
     pending.extend(newer);
 }
 
 async fn wait_reconnect(cluster: &Cluster, generation: u64, stop: &CancellationToken) {
     tokio::select! {
-        () = cluster.link.wait_newer(generation) => {}
+        () = cluster.redis.link.wait_newer(generation) => {}
         () = stop.cancelled() => {}
     }
 }
@@ -131,10 +137,8 @@ async fn republish_all(cluster: &Arc<Cluster>, conn: Conn) -> TierResult<()> {
     if !tombstones.is_empty() {
         super::forget::publish(cluster, &conn, &tombstones).await?;
     }
-    if let Some(blobs) = cluster.blobs.get() {
-        // Redis may have lost them with the entries.
-        crate::sync::lock(&blobs.published).forget_all();
-    }
+    // Redis may have lost the blobs with the entries.
+    crate::sync::lock(&cluster.blobs.published).forget_all();
     let map = cluster.store.current();
     tracing::info!(
         entries = map.len(),
@@ -177,9 +181,9 @@ async fn publish_batch(
             .collect::<Vec<_>>()
     });
     super::blobs::publish_named(cluster, &conn, named).await?;
-    let layout: &Layout = &cluster.layout;
+    let layout: &Layout = &cluster.redis.layout;
     let node = cluster.node_id();
-    let max_len = cluster.stream_max_len;
+    let max_len = cluster.tuning.stream_max_len;
     let merges = batch.iter().map(|(key, result)| {
         let mut conn = conn.clone();
         let [t, c, b, a] = encode_result(result);
@@ -221,6 +225,7 @@ async fn publish_batch(
                 ];
                 let names: Vec<&str> = names.iter().map(String::as_str).collect();
                 cluster
+                    .redis
                     .wrong_types
                     .found(refusals::wrong_typed_key(&error, &names));
                 continue;
@@ -232,7 +237,7 @@ async fn publish_batch(
             Value::Int(0) => already += 1,
             Value::Array(fields) => match values::result_of_values(&fields) {
                 Ok(winner) => better_there.push((key.clone(), winner)),
-                Err(why) => cluster.refusals.refuse(
+                Err(why) => cluster.observed.refusals.refuse(
                     ReadFrom::Entries,
                     &layout.entry_of_text(&Layout::key_text(key)),
                     &why,

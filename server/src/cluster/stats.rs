@@ -102,8 +102,8 @@ crate::report::stats_registry! {
             let (commands, bytes) = link::startup_io();
         }
         include ClusterCounters = cluster.counters;
-        include link::LinkCounters = cluster.link.counters;
-        include refusals::Refusals = cluster.refusals;
+        include link::LinkCounters = cluster.redis.link.counters;
+        include refusals::Refusals = cluster.observed.refusals;
         fields {
             cluster_state = cluster.state().describe(), absent "off".to_owned() => signed_gauge(
                 50,
@@ -112,14 +112,14 @@ crate::report::stats_registry! {
                 via cluster_connected,
             ),
             cluster_url = cluster.link_url() => not_exported,
-            cluster_bootstrapped = cluster.bootstrapped.load(Ordering::Relaxed) => not_exported,
+            cluster_bootstrapped = cluster.observed.bootstrapped.load(Ordering::Relaxed) => not_exported,
             cluster_publish_queue = cluster.lock_pending().entries.len() as u64
                 => gauge(51, "Results waiting to be published to Redis."),
-            cluster_publish_queue_limit = cluster.publish_queue_limit as u64 => not_exported,
-            cluster_wrong_type_keys = cluster.wrong_types.describe() => not_exported,
-            cluster_clock_skew_ms = cluster.clock_skew_ms.load(Ordering::Relaxed)
+            cluster_publish_queue_limit = cluster.queue.limit as u64 => not_exported,
+            cluster_wrong_type_keys = cluster.redis.wrong_types.describe() => not_exported,
+            cluster_clock_skew_ms = cluster.observed.clock_skew_ms.load(Ordering::Relaxed)
                 => signed_gauge(98, "This node's clock minus Redis's TIME at the last reading."),
-            cluster_prune_paused = cluster.prune_paused.load(Ordering::Relaxed) => gauge(
+            cluster_prune_paused = cluster.observed.prune_paused.load(Ordering::Relaxed) => gauge(
                 99,
                 "1 while the clock skew is over 1 h and no tombstone is expired from Redis.",
             ),

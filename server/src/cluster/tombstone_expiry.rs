@@ -51,9 +51,11 @@ impl Cluster {
             self.store.forget_retention_ms(),
         );
         let skew_ms = self.node_now_ms().saturating_sub(redis_now_ms);
-        self.clock_skew_ms.store(skew_ms, Ordering::Relaxed);
+        self.observed
+            .clock_skew_ms
+            .store(skew_ms, Ordering::Relaxed);
         let paused = matches!(expiry, Expiry::Paused { .. });
-        if self.prune_paused.swap(paused, Ordering::Relaxed) != paused {
+        if self.observed.prune_paused.swap(paused, Ordering::Relaxed) != paused {
             if paused {
                 tracing::warn!(
                     skew_ms,

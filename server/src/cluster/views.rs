@@ -82,7 +82,7 @@ impl Cluster {
         ttl: Duration,
         forgotten: impl Fn(&StoredEntry) -> bool,
     ) -> Result<Vec<StoredEntry>, PinFailure> {
-        let hash = self.layout.view(view);
+        let hash = self.redis.layout.view(view);
         let mut pins = Vec::with_capacity(candidates.len());
         for chunk in candidates.chunks(PINS_PER_CALL) {
             let proposals: Vec<Proposal> = chunk
@@ -153,10 +153,10 @@ impl Cluster {
         proposals: &[Proposal],
         ttl: Duration,
     ) -> TierResult<Vec<Option<String>>> {
-        let Some((mut conn, generation)) = self.link.conn() else {
+        let Some((mut conn, generation)) = self.redis.link.conn() else {
             return Err(TierError::unavailable(format!(
                 "redis is {}",
-                self.link.state().describe()
+                self.redis.link.state().describe()
             )));
         };
         let mut invocation = scripts::PIN.prepare_invoke();
@@ -168,10 +168,10 @@ impl Cluster {
                 .arg(&proposal.replace);
         }
         let call = invocation.invoke_async::<Vec<redis::Value>>(&mut conn);
-        let budget = self.timeout + TIME_PER_PIN * proposals.len() as u32;
+        let budget = self.tuning.timeout + TIME_PER_PIN * proposals.len() as u32;
         match tokio::time::timeout(budget, call).await {
             Ok(Ok(replies)) if replies.len() == proposals.len() => {
-                self.slow_claims.store(0, Ordering::Relaxed);
+                self.observed.slow_claims.store(0, Ordering::Relaxed);
                 replies.into_iter().map(parse_reply).collect()
             }
             Ok(Ok(_)) => Err(TierError::refused("unexpected reply to the pin script")),
@@ -181,8 +181,9 @@ impl Cluster {
             }
             Err(_) => {
                 // One slow answer may be load; a few in a row is a hung server.
-                if self.slow_claims.fetch_add(1, Ordering::Relaxed) + 1 >= 3 {
-                    self.link
+                if self.observed.slow_claims.fetch_add(1, Ordering::Relaxed) + 1 >= 3 {
+                    self.redis
+                        .link
                         .failed(generation, "no answer within the cluster timeout");
                 }
                 Err(TierError::unavailable(format!(
@@ -196,44 +197,44 @@ impl Cluster {
     /// Keeps the pins of `views` alive in Redis for `ttl` (views read on this node from its
     /// own pins, which need no call, would otherwise expire there while still in use).
     pub async fn refresh_views(&self, views: &[String], ttl: Duration) {
-        let Some((mut conn, generation)) = self.link.conn() else {
+        let Some((mut conn, generation)) = self.redis.link.conn() else {
             return;
         };
         let mut pipe = redis::pipe();
         for view in views {
             pipe.cmd("PEXPIRE")
-                .arg(self.layout.view(view))
+                .arg(self.redis.layout.view(view))
                 .arg(ttl.as_millis().max(1) as u64)
                 .ignore();
         }
         let call = pipe.query_async::<()>(&mut conn);
         match tokio::time::timeout(super::link::BACKGROUND_TIMEOUT, call).await {
             Ok(Ok(())) => {}
-            Ok(Err(error)) => self.link.failed(generation, error),
-            Err(_) => self.link.failed(generation, "view refresh timed out"),
+            Ok(Err(error)) => self.redis.link.failed(generation, error),
+            Err(_) => self.redis.link.failed(generation, "view refresh timed out"),
         }
     }
 
     /// Deletes `view`'s pins in Redis (an operator ended it). `Err` when Redis is away.
     pub async fn end_view(&self, view: &str) -> TierResult<()> {
-        let Some((mut conn, generation)) = self.link.conn() else {
+        let Some((mut conn, generation)) = self.redis.link.conn() else {
             return Err(TierError::unavailable(format!(
                 "redis is {}",
-                self.link.state().describe()
+                self.redis.link.state().describe()
             )));
         };
         let mut delete = redis::cmd("DEL");
-        delete.arg(self.layout.view(view));
+        delete.arg(self.redis.layout.view(view));
         let call = delete.query_async::<i64>(&mut conn);
-        match tokio::time::timeout(self.timeout, call).await {
+        match tokio::time::timeout(self.tuning.timeout, call).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(error)) => {
-                self.link.failed(generation, &error);
+                self.redis.link.failed(generation, &error);
                 Err(TierError::from(error))
             }
             Err(_) => Err(TierError::unavailable(format!(
                 "redis did not answer within {} ms",
-                self.timeout.as_millis()
+                self.tuning.timeout.as_millis()
             ))),
         }
     }

@@ -72,6 +72,7 @@ impl Config {
         settings.state_dir = Some(self.state_dir());
         settings.checkpoint_every = self.cluster_checkpoint_every;
         settings.checkpoint_check = Duration::from_millis(self.cluster_checkpoint_check_ms.max(10));
+        settings.blob_limit_bytes = self.cluster_max_artifact_bytes;
         if let Some(path) = &self.cluster_key_file {
             settings.key = Some(read_shared_key(path).map_err(|why| {
                 crate::Error::ClusterConfig(format!("--cluster-key-file {}: {why}", path.display()))

@@ -25,8 +25,11 @@
 //! - `format`: the bytes of a shared-directory file; `shared_file`: opening one safely.
 //! - `blobs`: the artifact blobs under `v2/artifacts/`, published before the segments that
 //!   name them and fetched lazily as a tier of the artifact store.
-//! - `SnapshotHandle::start_background` (`periodic`): the periodic load-then-publish loop
-//!   (one `pass` each), a task of the daemon's (`tasks`) that ends when the daemon stops.
+//! - `Unstarted`: the tier built from its settings, its blob fetching side ready for the
+//!   artifact store; `Unstarted::start` starts it.
+//! - `periodic`: the periodic load-then-publish loop (one `pass` each), a task of the
+//!   daemon's (`tasks`) that ends when the daemon stops, and the tier as the daemon's tier
+//!   list sees it (`crate::tiers::Tier`: health, resume point, the last publish).
 //!   Shutdown never waits for the I/O thread: if it is stuck in the kernel, the process
 //!   exits around it.
 
@@ -131,7 +134,7 @@ struct Shared {
     own_changes: AtomicU64,
     settings: SnapshotSettings,
     /// The node's artifact store: the blobs a publish links in before its segment.
-    artifacts: Option<Arc<crate::artifacts::Artifacts>>,
+    artifacts: Arc<crate::artifacts::Artifacts>,
     counters: SnapshotCounters,
     last_error: Mutex<String>,
     in_flight: Mutex<Option<InFlight>>,
@@ -150,6 +153,8 @@ struct Shared {
     shutdown_publish: Mutex<String>,
     /// Held while the record of merged places is written (`io::merged::write`).
     merged_write: Mutex<()>,
+    /// The health poll last found a job stuck (so it logs each change once).
+    reported_stuck: AtomicBool,
 }
 
 impl Shared {
@@ -287,18 +292,45 @@ struct Written {
     skipped_unchanged: bool,
 }
 
-impl SnapshotHandle {
-    /// Starts the I/O thread. Makes no filesystem call itself, so a hung shared directory
-    /// cannot delay the daemon's start.
-    pub fn start(
-        settings: SnapshotSettings,
-        store: Store,
-        artifacts: Option<Arc<crate::artifacts::Artifacts>>,
-        tasks: &Tasks,
-    ) -> Result<Self> {
+/// The shared-directory tier built from its settings and not started yet: its fetching
+/// side (`blob_source`) exists already, so the artifact store can be opened with it before
+/// `start` hands the tier that store.
+pub struct Unstarted {
+    settings: SnapshotSettings,
+    blobs: Arc<blobs::SharedDirBlobs>,
+}
+
+impl Unstarted {
+    /// Checks the settings; makes no filesystem call.
+    pub fn new(settings: SnapshotSettings) -> Result<Unstarted> {
         if let Err(why) = crate::model::names::check_node_name(&settings.node) {
             return Err(Error::InvalidNodeName(why));
         }
+        // Blobs a held entry names and this node lacks are fetched from `v2/artifacts/`.
+        let blobs = Arc::new(blobs::SharedDirBlobs::new(
+            &settings.dir.join(segments::SEGMENT_DIR),
+            &settings.writer_uids,
+            settings.key.is_some(),
+            Arc::new(blobs::Squats::default()),
+        ));
+        Ok(Unstarted { settings, blobs })
+    }
+
+    /// The tier's fetching side, for the artifact store.
+    pub fn blob_source(&self) -> Arc<dyn crate::artifacts::BlobSource> {
+        self.blobs.clone()
+    }
+
+    /// Starts the I/O thread and the periodic load-then-publish loop (`periodic`), a task of
+    /// the daemon's. Makes no filesystem call itself, so a hung shared directory cannot delay
+    /// the daemon's start.
+    pub fn start(
+        self,
+        store: Store,
+        artifacts: Arc<crate::artifacts::Artifacts>,
+        tasks: &Tasks,
+    ) -> Result<SnapshotHandle> {
+        let Unstarted { settings, blobs } = self;
         match &settings.key {
             Some(_) => tracing::info!(
                 dir = ?settings.dir,
@@ -310,16 +342,6 @@ impl SnapshotHandle {
                 "shared directory: no --shared-dir-key-file; only files owned by these uids (this daemon's and --shared-dir-writer-uid) count"
             ),
         }
-        let squats = Arc::new(blobs::Squats::default());
-        if let Some(artifacts) = &artifacts {
-            // Blobs a held entry names and this node lacks are fetched from `v2/artifacts/`.
-            artifacts.add_source(Arc::new(blobs::SharedDirBlobs::new(
-                &settings.dir.join(segments::SEGMENT_DIR),
-                &settings.writer_uids,
-                settings.key.is_some(),
-                Arc::clone(&squats),
-            )));
-        }
         let shared = Arc::new(Shared {
             own_changes: AtomicU64::new(0),
             settings,
@@ -330,10 +352,11 @@ impl SnapshotHandle {
             job_outstanding: AtomicBool::new(false),
             last_write_ok: AtomicBool::new(true),
             logged_failures: Mutex::new(HashSet::new()),
-            squats,
+            squats: blobs.squats(),
             blobs_failing: AtomicBool::new(false),
             shutdown_publish: Mutex::new(String::new()),
             merged_write: Mutex::new(()),
+            reported_stuck: AtomicBool::new(false),
         });
         let (jobs, job_receiver) = mpsc::channel();
         let worker = IoWorker::new(Arc::clone(&shared));
@@ -357,14 +380,18 @@ impl SnapshotHandle {
             last_sweep: None,
         };
         store.add_change_listener(Arc::new(OwnChanges(Arc::downgrade(&shared))));
-        Ok(SnapshotHandle {
+        let handle = SnapshotHandle {
             shared,
             slot: Arc::new(tokio::sync::Mutex::new(slot)),
             store,
             stop: tasks.stop_token(),
-        })
+        };
+        tasks.spawn(handle.clone().run_periodic());
+        Ok(handle)
     }
+}
 
+impl SnapshotHandle {
     /// The Snapshot RPC: reads what is new, then publishes this node's new contributions now
     /// (or reports `skipped_unchanged`), within `IO_WAIT_BOUND`.
     pub async fn snapshot_now(&self) -> Result<v1::SnapshotResponse> {
@@ -392,28 +419,6 @@ impl SnapshotHandle {
             duration_ms: started.elapsed().as_millis() as u64,
             skipped_unchanged: written.skipped_unchanged,
         })
-    }
-
-    /// The last publish, at shutdown: what is not yet published goes out before `deadline`
-    /// (the daemon's stop does not cut it short); says what happened.
-    pub async fn publish_at_shutdown(&self, deadline: tokio::time::Instant) -> String {
-        let work = async {
-            let mut slot = self.slot.lock().await;
-            let written = self.publish_if_changed(&mut slot).await;
-            self.save_places(&mut slot).await;
-            written
-        };
-        let outcome = match tokio::time::timeout_at(deadline, work).await {
-            Ok(Ok(written)) if written.skipped_unchanged => "nothing new to publish".to_owned(),
-            Ok(Ok(written)) => format!(
-                "published {} bytes ({} contributions in all) to {:?}",
-                written.bytes, written.entries, written.path
-            ),
-            Ok(Err(error)) => format!("failed: {error}"),
-            Err(_) => "not done in time (the shared directory is slow or hung)".to_owned(),
-        };
-        *lock(&self.shared.shutdown_publish) = outcome.clone();
-        outcome
     }
 
     /// The job that has run longer than `STUCK_AFTER`, if any.

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use super::io::{self, IoJob, WriteReport};
 use super::{segments, IoSlot, Operation, SnapshotHandle, Written, APPLY_BATCH};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, TierError, TierResult};
 use crate::journal::FsyncPolicy;
 use crate::store::Source;
 use crate::sync::lock;
@@ -113,7 +113,8 @@ impl SnapshotHandle {
         if let Some(record) = report.merged {
             slot.unsaved_places = Some(record);
         }
-        self.save_places(slot).await;
+        // A failure is logged and kept for the next pass.
+        let _ = self.save_places(slot).await;
         slot.initial_load_done = true;
         Ok(())
     }
@@ -122,28 +123,29 @@ impl SnapshotHandle {
     /// journal holds what they claim: it is synced first, so after any crash the record is
     /// at most as new as the journal. A failure is kept for the next pass and costs only
     /// reading again after a restart.
-    pub(super) async fn save_places(&self, slot: &mut IoSlot) {
+    pub(super) async fn save_places(&self, slot: &mut IoSlot) -> TierResult<()> {
         if slot.places_unsafe {
             slot.unsaved_places = None;
-            return;
+            return Err(TierError::refused("a merge was cut short this run"));
         }
         let Some(record) = slot.unsaved_places.take() else {
-            return;
+            return Ok(());
         };
         let saved = async {
             self.store
                 .sync_journal()
                 .await
-                .map_err(|e| format!("journal sync: {e}"))?;
+                .map_err(|e| TierError::unavailable(e.to_string()).during("journal sync"))?;
             let sync = self.store.fsync_policy() != FsyncPolicy::Never;
             let shared = Arc::clone(&self.shared);
             let written = record.clone();
+            let dir = self.shared.settings.state_dir.clone();
             tokio::task::spawn_blocking(move || io::merged::write(&shared, &written, sync))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())
+                .await?
+                .map_err(|e| TierError::io("recording the segments merged", dir, e))
         };
-        if let Err(why) = saved.await {
+        let saved = saved.await;
+        if let Err(why) = &saved {
             slot.unsaved_places = Some(record);
             if lock(&self.shared.logged_failures).insert("recording merged segments".to_owned()) {
                 tracing::warn!(
@@ -155,6 +157,7 @@ impl SnapshotHandle {
                 tracing::debug!(%why, "the segments merged are not recorded yet");
             }
         }
+        saved
     }
 
     /// Publishes the own contributions not yet published, unless nothing changed since the

@@ -1,30 +1,23 @@
 //! The background side: the periodic load-then-publish loop (with backoff after a failed
-//! pass), the sweep of unnamed blobs once per grace period, and the health status of
-//! `HEALTH_SERVICE_NAME`, kept current as jobs get stuck and return.
+//! pass), the sweep of unnamed blobs once per grace period, and the shared directory as one
+//! of the daemon's tiers (`crate::tiers::Tier`): its health on `HEALTH_SERVICE_NAME`
+//! (logging as jobs get stuck and return), its resume point and the last publish at
+//! shutdown.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-use tonic_health::server::HealthReporter;
 
 use super::io::IoJob;
 use super::{
     blobs, IoSlot, Operation, SnapshotHandle, HEALTH_POLL, HEALTH_SERVICE_NAME, MAX_BACKOFF,
 };
-use crate::error::Error;
-use crate::tasks::Tasks;
+use crate::error::{Error, TierResult};
+use crate::sync::lock;
+use crate::tiers::{Tier, TierFuture, TierHealth, TierKind};
 
 impl SnapshotHandle {
-    /// Starts the periodic load-then-publish loop and keeps `HEALTH_SERVICE_NAME` up to date,
-    /// as tasks of the daemon's that end when it stops.
-    pub fn start_background(&self, health: HealthReporter, tasks: &Tasks) {
-        let handle = self.clone();
-        tasks.spawn(async move {
-            tokio::join!(handle.clone().run_periodic(), handle.report_health(health));
-        });
-    }
-
-    async fn run_periodic(self) {
+    /// The periodic load-then-publish loop, until the daemon stops.
+    pub(super) async fn run_periodic(self) {
         let mut ticker = tokio::time::interval(self.shared.settings.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -77,9 +70,7 @@ impl SnapshotHandle {
     /// costs the shared filesystem stays one listing per node per hour at the default. A
     /// failure is logged; the pass goes on.
     pub(super) async fn sweep_blobs_if_due(&self, slot: &mut IoSlot) {
-        let Some(artifacts) = self.shared.artifacts.as_ref() else {
-            return;
-        };
+        let artifacts = &self.shared.artifacts;
         let grace = Duration::from_millis(artifacts.grace_ms());
         let interval = grace.max(Duration::from_millis(100));
         if !slot.caught_up || slot.last_sweep.is_some_and(|at| at.elapsed() < interval) {
@@ -114,28 +105,70 @@ impl SnapshotHandle {
             Err(error) => tracing::debug!(%error, "sweeping the shared directory's blobs failed"),
         }
     }
+}
 
-    /// Keeps the snapshot health status current and logs when a job gets stuck or returns.
-    async fn report_health(self, health: HealthReporter) {
-        let mut reported_stuck = false;
-        let stop = self.stop.clone();
-        crate::report::health::report(health, HEALTH_SERVICE_NAME, HEALTH_POLL, stop, || {
-            let stuck = self.stuck();
-            match (stuck, reported_stuck) {
-                (Some((operation, since_unix_ms)), false) => tracing::warn!(
-                    operation = operation.as_str(),
-                    since_unix_ms,
-                    dir = %self.shared.settings.dir.display(),
-                    "shared directory stuck; lookups and records go on, snapshots wait"
-                ),
-                (None, true) => tracing::info!("shared directory answers again"),
-                _ => {}
-            }
-            reported_stuck = stuck.is_some();
-            stuck.is_none()
-                && self.shared.last_write_ok.load(Ordering::Relaxed)
-                && !self.shared.blobs_failing.load(Ordering::Acquire)
+impl Tier for SnapshotHandle {
+    fn kind(&self) -> TierKind {
+        TierKind::SharedDir
+    }
+
+    fn health(&self) -> TierHealth {
+        TierHealth {
+            name: HEALTH_SERVICE_NAME,
+            poll: HEALTH_POLL,
+        }
+    }
+
+    /// No job stuck, the last write and every blob published; logs when a job gets stuck
+    /// and when it returns.
+    fn serving(&self) -> bool {
+        let stuck = self.stuck();
+        let was_stuck = self
+            .shared
+            .reported_stuck
+            .swap(stuck.is_some(), Ordering::Relaxed);
+        match (stuck, was_stuck) {
+            (Some((operation, since_unix_ms)), false) => tracing::warn!(
+                operation = operation.as_str(),
+                since_unix_ms,
+                dir = %self.shared.settings.dir.display(),
+                "shared directory stuck; lookups and records go on, snapshots wait"
+            ),
+            (None, true) => tracing::info!("shared directory answers again"),
+            _ => {}
+        }
+        stuck.is_none()
+            && self.shared.last_write_ok.load(Ordering::Relaxed)
+            && !self.shared.blobs_failing.load(Ordering::Acquire)
+    }
+
+    /// The places merged through, recorded in the state directory.
+    fn save_resume_point(&self) -> TierFuture<'_, TierResult<()>> {
+        Box::pin(async move {
+            let mut slot = self.slot.lock().await;
+            self.save_places(&mut slot).await
         })
-        .await;
+    }
+
+    /// What is not yet published goes out before `deadline` (the daemon's stop does not cut
+    /// it short).
+    fn publish_pending(&self, deadline: tokio::time::Instant) -> TierFuture<'_, Option<String>> {
+        Box::pin(async move {
+            let work = async {
+                let mut slot = self.slot.lock().await;
+                self.publish_if_changed(&mut slot).await
+            };
+            let outcome = match tokio::time::timeout_at(deadline, work).await {
+                Ok(Ok(written)) if written.skipped_unchanged => "nothing new to publish".to_owned(),
+                Ok(Ok(written)) => format!(
+                    "published {} bytes ({} contributions in all) to {:?}",
+                    written.bytes, written.entries, written.path
+                ),
+                Ok(Err(error)) => format!("failed: {error}"),
+                Err(_) => "not done in time (the shared directory is slow or hung)".to_owned(),
+            };
+            *lock(&self.shared.shutdown_publish) = outcome.clone();
+            Some(outcome)
+        })
     }
 }

@@ -138,9 +138,9 @@ impl Follower {
             if self.broken[shard] {
                 continue;
             }
-            let layout = &self.cluster.layout;
-            self.cluster.wrong_types.fixed(&layout.log(shard));
-            self.cluster.wrong_types.fixed(&layout.meta(shard));
+            let layout = &self.cluster.redis.layout;
+            self.cluster.redis.wrong_types.fixed(&layout.log(shard));
+            self.cluster.redis.wrong_types.fixed(&layout.meta(shard));
             if let Some(places) = &mut self.places {
                 places[shard] = place;
             }
@@ -163,7 +163,7 @@ impl Follower {
         let reads = shards.iter().map(|&shard| {
             let mut conn = conn.clone();
             let mut invocation = scripts::META.prepare_invoke();
-            invocation.key(self.cluster.layout.meta(shard));
+            invocation.key(self.cluster.redis.layout.meta(shard));
             async move {
                 invocation
                     .invoke_async::<(u64, u64, String)>(&mut conn)
@@ -181,8 +181,9 @@ impl Follower {
                 Err(error) if refusals::is_wrong_type(&error) => {
                     // Never equal to a real one: the shard stays unsettled this round.
                     self.cluster
+                        .redis
                         .wrong_types
-                        .found(&self.cluster.layout.meta(shard));
+                        .found(&self.cluster.redis.layout.meta(shard));
                     self.broken[shard] = true;
                     metas.push(Meta {
                         seq: u64::MAX,
@@ -223,7 +224,7 @@ impl Follower {
         &self,
         current: Arc<crate::wire::stored::EntryMap>,
     ) -> Result<Vec<(u64, String)>, Failure> {
-        let layout = self.cluster.layout.clone();
+        let layout = self.cluster.redis.layout.clone();
         tokio::task::spawn_blocking(move || {
             let mut shards = vec![(0u64, 0u64); SHARDS];
             for entry in current.iter() {

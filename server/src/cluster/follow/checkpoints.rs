@@ -94,7 +94,7 @@ impl Follower {
         conn: &mut Conn,
     ) -> Result<(Vec<Option<Place>>, u64), Failure> {
         let headers = self.read_headers(conn).await?;
-        let layout = self.cluster.layout.clone();
+        let layout = self.cluster.redis.layout.clone();
         // Each checkpoint's parts, and the message at its id, all at once.
         let reads = headers.iter().map(|header| {
             let mut conn = conn.clone();
@@ -133,7 +133,7 @@ impl Follower {
             let placed = match message {
                 Ok(reply) => checkpoint::check_place(&header, &values::messages_of(&reply)),
                 Err(error) if refusals::is_wrong_type(&error) => {
-                    self.cluster.wrong_types.found(&layout.log(shard));
+                    self.cluster.redis.wrong_types.found(&layout.log(shard));
                     Err(TierError::refused(
                         "its shard's stream holds the wrong type",
                     ))
@@ -165,7 +165,7 @@ impl Follower {
                 self.reject_checkpoint(shard, why);
                 continue;
             };
-            let (verifying, key) = (layout.clone(), self.cluster.key.clone());
+            let (verifying, key) = (layout.clone(), self.cluster.tuning.key.clone());
             let checked = tokio::task::spawn_blocking(move || {
                 checkpoint::verify(&verifying, &header, &parts, key.as_ref())
                     .map(|decoded| (header, decoded))
@@ -204,7 +204,7 @@ impl Follower {
     /// Every shard's checkpoint header that parses and agrees with the shard's record
     /// (`checkpoint::check_record`), read with it in one step; the others rejected.
     async fn read_headers(&mut self, conn: &Conn) -> Result<Vec<Header>, Failure> {
-        let layout = self.cluster.layout.clone();
+        let layout = self.cluster.redis.layout.clone();
         let reads = (0..SHARDS).map(|shard| {
             let mut conn = conn.clone();
             let mut invocation = scripts::CHECKPOINT_HEAD.prepare_invoke();
@@ -218,7 +218,7 @@ impl Follower {
         })
         .await?;
         let epoch = self.epoch.clone();
-        let key = self.cluster.key.clone();
+        let key = self.cluster.tuning.key.clone();
         let mut headers = Vec::new();
         for (shard, reply) in replies.into_iter().enumerate() {
             let reply = match reply {
@@ -226,6 +226,7 @@ impl Follower {
                 Err(error) if refusals::is_wrong_type(&error) => {
                     let (header, meta) = (layout.checkpoint(shard), layout.meta(shard));
                     self.cluster
+                        .redis
                         .wrong_types
                         .found(refusals::wrong_typed_key(&error, &[&header, &meta]));
                     continue;
@@ -270,7 +271,7 @@ impl Follower {
             )
             .await?;
             if kind != "none" && kind != "string" {
-                self.cluster.wrong_types.found(name);
+                self.cluster.redis.wrong_types.found(name);
                 why = "a part holds the wrong type";
             }
         }
@@ -314,8 +315,8 @@ impl Follower {
         let (Some(places), Some(epoch)) = (self.places.clone(), self.epoch.clone()) else {
             return Ok(());
         };
-        let every = self.cluster.checkpoint_every;
-        let half_stream = (self.cluster.stream_max_len / 2).max(1);
+        let every = self.cluster.tuning.checkpoint_every;
+        let half_stream = (self.cluster.tuning.stream_max_len / 2).max(1);
         let threshold = |count: u64| {
             if every > 0 {
                 every
@@ -334,7 +335,7 @@ impl Follower {
             return Ok(());
         }
         // Another node may have built them meanwhile: look before taking a lease.
-        let layout = self.cluster.layout.clone();
+        let layout = self.cluster.redis.layout.clone();
         for &shard in &candidates {
             let fields: Vec<Value> = match tokio::time::timeout(
                 BACKGROUND_TIMEOUT,
@@ -348,7 +349,10 @@ impl Follower {
             {
                 Ok(Ok(fields)) => fields,
                 Ok(Err(error)) if refusals::is_wrong_type(&error) => {
-                    self.cluster.wrong_types.found(&layout.checkpoint(shard));
+                    self.cluster
+                        .redis
+                        .wrong_types
+                        .found(&layout.checkpoint(shard));
                     continue;
                 }
                 Ok(Err(error)) => return Err(TierError::from(error).during("reading a checkpoint")),
@@ -360,7 +364,7 @@ impl Follower {
                     self.cluster.prefix(),
                     shard,
                     Some(&epoch),
-                    self.cluster.key.as_ref(),
+                    self.cluster.tuning.key.as_ref(),
                 )
                 .ok()
             });
@@ -388,14 +392,14 @@ impl Follower {
                 .await
             {
                 Ok(Ok(1)) => {
-                    self.cluster.wrong_types.fixed(&lease);
+                    self.cluster.redis.wrong_types.fixed(&lease);
                     leased.push(shard);
                 }
                 Ok(Ok(_)) => {
-                    self.cluster.wrong_types.fixed(&lease);
+                    self.cluster.redis.wrong_types.fixed(&lease);
                 }
                 Ok(Err(error)) if refusals::is_wrong_type(&error) => {
-                    self.cluster.wrong_types.found(&lease);
+                    self.cluster.redis.wrong_types.found(&lease);
                 }
                 Ok(Err(error)) => {
                     return Err(TierError::from(error).during("taking a checkpoint lease"))
@@ -427,7 +431,7 @@ impl Follower {
         token: &str,
     ) -> Result<(), Failure> {
         let settled = self.compare(conn, shards).await?.1;
-        let layout = self.cluster.layout.clone();
+        let layout = self.cluster.redis.layout.clone();
         for Settled {
             shard,
             seq,
@@ -440,7 +444,7 @@ impl Follower {
                 epoch.to_owned(),
                 self.cluster.node_id(),
             );
-            let (building, key) = (layout.clone(), self.cluster.key.clone());
+            let (building, key) = (layout.clone(), self.cluster.tuning.key.clone());
             let built = tokio::task::spawn_blocking(move || {
                 let entries: Vec<(String, [String; 4])> = current
                     .iter()

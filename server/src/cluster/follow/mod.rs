@@ -156,9 +156,9 @@ fn jittered(every: Duration) -> Duration {
 type Failure = TierError;
 
 pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
-    let cluster_checkpoint_check = cluster.checkpoint_check;
-    let unconfirmed = checkpoints::Unconfirmed::new(cluster.layout.clone());
-    let logs: Vec<String> = (0..SHARDS).map(|s| cluster.layout.log(s)).collect();
+    let cluster_checkpoint_check = cluster.tuning.checkpoint_check;
+    let unconfirmed = checkpoints::Unconfirmed::new(cluster.redis.layout.clone());
+    let logs: Vec<String> = (0..SHARDS).map(|s| cluster.redis.layout.log(s)).collect();
     let shard_of_log = logs.iter().cloned().zip(0..).collect();
     let mut follower = Follower {
         cluster,
@@ -181,9 +181,9 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
     follower.restore_places().await;
     let mut seen_generation = 0;
     loop {
-        let Some((conn, generation)) = follower.cluster.link.conn() else {
+        let Some((conn, generation)) = follower.cluster.redis.link.conn() else {
             tokio::select! {
-                () = follower.cluster.link.wait_newer(seen_generation) => {}
+                () = follower.cluster.redis.link.wait_newer(seen_generation) => {}
                 () = stop.cancelled() => return,
             }
             continue;
@@ -194,9 +194,9 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
             () = stop.cancelled() => return,
         };
         if let Err(why) = outcome {
-            follower.cluster.link.failed(generation, &why);
+            follower.cluster.redis.link.failed(generation, &why);
             tokio::select! {
-                () = follower.cluster.link.wait_newer(generation) => {}
+                () = follower.cluster.redis.link.wait_newer(generation) => {}
                 () = stop.cancelled() => return,
             }
         }
@@ -223,6 +223,7 @@ impl Follower {
         let mut reader = match conn {
             Conn::Single(_) => Some(
                 self.cluster
+                    .redis
                     .link
                     .open_dedicated()
                     .await
@@ -250,7 +251,7 @@ impl Follower {
                 }
                 epoch_checked = Instant::now();
             }
-            if audited.elapsed() >= self.cluster.audit_interval {
+            if audited.elapsed() >= self.cluster.tuning.audit_interval {
                 self.audit(&mut conn, "periodic").await?;
                 audited = Instant::now();
             }
@@ -258,7 +259,7 @@ impl Follower {
             if Instant::now() >= self.next_checkpoint_check {
                 self.build_checkpoints(&mut conn).await?;
                 self.next_checkpoint_check =
-                    Instant::now() + jittered(self.cluster.checkpoint_check);
+                    Instant::now() + jittered(self.cluster.tuning.checkpoint_check);
             }
         }
     }
@@ -266,7 +267,7 @@ impl Follower {
     /// Reads the epoch marker, creating it on a fresh server. A changed or vanished marker
     /// means the server lost its data: republish, and follow the new streams from their start.
     async fn check_epoch(&mut self, conn: &mut Conn) -> Result<bool, Failure> {
-        let layout = &self.cluster.layout;
+        let layout = &self.cluster.redis.layout;
         let fresh = format!("{:016x}", super::random_u64());
         let created: Value = timed(
             "setting the epoch",
@@ -382,7 +383,7 @@ impl Follower {
     /// Each of `shards`' place now (last message id and sequence number, in one step); a
     /// shard whose stream or meta holds the wrong type is marked broken and starts at 0.
     async fn positions(&mut self, conn: &Conn, shards: &[usize]) -> Result<Vec<Place>, Failure> {
-        let layout = &self.cluster.layout;
+        let layout = &self.cluster.redis.layout;
         let reads = shards.iter().map(|&shard| {
             let mut conn = conn.clone();
             let mut invocation = scripts::POSITION.prepare_invoke();
@@ -403,6 +404,7 @@ impl Follower {
                 Err(error) if refusals::is_wrong_type(&error) => {
                     let (log, meta) = (layout.log(shard), layout.meta(shard));
                     self.cluster
+                        .redis
                         .wrong_types
                         .found(refusals::wrong_typed_key(&error, &[&log, &meta]));
                     self.broken[shard] = true;
@@ -480,7 +482,7 @@ impl Follower {
                     match reply {
                         Ok(reply) => read.push(reply),
                         Err(error) if refusals::is_wrong_type(&error) => {
-                            self.cluster.wrong_types.found(&self.logs[shard]);
+                            self.cluster.redis.wrong_types.found(&self.logs[shard]);
                             self.broken[shard] = true;
                         }
                         Err(error) => {
@@ -534,10 +536,12 @@ impl Follower {
                 }
                 match values::stream_entry(&message.fields) {
                     Ok(entry) => entries.push(entry),
-                    Err(why) => self
-                        .cluster
-                        .refusals
-                        .refuse(ReadFrom::Stream, &message.id, &why),
+                    Err(why) => {
+                        self.cluster
+                            .observed
+                            .refusals
+                            .refuse(ReadFrom::Stream, &message.id, &why)
+                    }
                 }
             }
         }
@@ -568,7 +572,7 @@ impl Follower {
             )
             .await?;
             if kind != "stream" && kind != "none" {
-                self.cluster.wrong_types.found(&self.logs[shard]);
+                self.cluster.redis.wrong_types.found(&self.logs[shard]);
                 self.broken[shard] = true;
             }
         }

@@ -22,8 +22,8 @@ impl Follower {
         }
         // One SCAN pass: over one shard's names, or over every name when several shards go.
         let pattern = match shards {
-            [only] => self.cluster.layout.entry_pattern(Some(only.shard)),
-            _ => self.cluster.layout.entry_pattern(None),
+            [only] => self.cluster.redis.layout.entry_pattern(Some(only.shard)),
+            _ => self.cluster.redis.layout.entry_pattern(None),
         };
         let mut pages = timed("listing cluster nodes", conn.scan_pages(pattern)).await?;
         let mut outcome = Resynced::default();
@@ -32,10 +32,13 @@ impl Follower {
             let names: Vec<(String, CacheKey, u64)> = names
                 .into_iter()
                 .filter_map(
-                    |name| match values::key_of_entry(&self.cluster.layout, &name) {
+                    |name| match values::key_of_entry(&self.cluster.redis.layout, &name) {
                         Ok((key, shard)) => Some((name, key, known_through[shard]?)),
                         Err(why) => {
-                            self.cluster.refusals.refuse(ReadFrom::Entries, &name, &why);
+                            self.cluster
+                                .observed
+                                .refusals
+                                .refuse(ReadFrom::Entries, &name, &why);
                             None
                         }
                     },
@@ -165,7 +168,7 @@ async fn read_entries(
         let fields = match reply {
             Ok(fields) => fields,
             Err(error) if refusals::is_wrong_type(&error) => {
-                cluster.wrong_types.found(name);
+                cluster.redis.wrong_types.found(name);
                 continue;
             }
             Err(error) => return Err(TierError::from(error).during("reading entries")),
@@ -175,7 +178,10 @@ async fn read_entries(
         }
         match values::entry_fields(&fields) {
             Ok((result, seq)) => entries.push((key.clone(), result, seq, *through)),
-            Err(why) => cluster.refusals.refuse(ReadFrom::Entries, name, &why),
+            Err(why) => cluster
+                .observed
+                .refusals
+                .refuse(ReadFrom::Entries, name, &why),
         }
     }
     Ok(entries)

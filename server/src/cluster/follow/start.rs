@@ -7,7 +7,7 @@ impl Follower {
     /// Takes the places saved in the state directory, if the journal replayed whole and they
     /// were made under this prefix; the first connection checks them against Redis.
     pub(super) async fn restore_places(&mut self) {
-        let Some(dir) = self.cluster.state_dir.clone() else {
+        let Some(dir) = self.cluster.places.state_dir.clone() else {
             return;
         };
         let prefix = self.cluster.prefix().to_owned();
@@ -24,7 +24,7 @@ impl Follower {
                 return;
             }
         };
-        if !self.cluster.places_trusted {
+        if !self.cluster.places.trusted {
             tracing::warn!(
                 "cluster tier: the journal was damaged; not trusting the saved stream places"
             );
@@ -71,7 +71,10 @@ impl Follower {
         let (commands, bytes) = super::super::link::startup_done();
         counters.startup_commands.store(commands, Ordering::Relaxed);
         counters.startup_bytes.store(bytes, Ordering::Relaxed);
-        self.cluster.bootstrapped.store(true, Ordering::Relaxed);
+        self.cluster
+            .observed
+            .bootstrapped
+            .store(true, Ordering::Relaxed);
         tracing::info!(
             restored_places = self.restored,
             shards_resumed = resumed,
@@ -106,20 +109,20 @@ impl Follower {
     /// synced before the file claims them (`Cluster::save_places`). Also hands them to the
     /// last save at shutdown.
     pub(super) async fn save_places(&mut self, now: bool) {
-        let Some(dir) = self.cluster.state_dir.clone() else {
+        let Some(dir) = self.cluster.places.state_dir.clone() else {
             return;
         };
-        if self.cluster.places_unsafe.load(Ordering::Relaxed) {
+        if self.cluster.places.unsafe_to_save.load(Ordering::Relaxed) {
             if self.saved.take().is_some() || now {
                 let _ = tokio::task::spawn_blocking(move || places::remove(&dir)).await;
             }
-            *crate::sync::lock(&self.cluster.latest_places) = None;
+            *crate::sync::lock(&self.cluster.places.latest) = None;
             return;
         }
         let Some((current, saved)) = self.saved_form() else {
             return;
         };
-        *crate::sync::lock(&self.cluster.latest_places) = Some(saved.clone());
+        *crate::sync::lock(&self.cluster.places.latest) = Some(saved.clone());
         if self.saved.as_ref() == Some(&current)
             || (!now && self.saved_at.elapsed() < PERSIST_EVERY)
         {

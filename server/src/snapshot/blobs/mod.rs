@@ -30,10 +30,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::artifacts::{BlobSource, Partial, Tier};
+use crate::artifacts::{BlobSource, Partial};
 use crate::error::TierError;
 use crate::report::LogOnce;
 use crate::snapshot::plan::trust::Writers;
+use crate::tiers::TierKind;
 
 pub(crate) use dirs::{check_blob_dir, writer_dir};
 pub(crate) use publish::link_missing;
@@ -96,11 +97,16 @@ impl SharedDirBlobs {
             fallbacks: Arc::default(),
         }
     }
+
+    /// The names squatted where it looks, which the publisher reports to as well.
+    pub(crate) fn squats(&self) -> Arc<Squats> {
+        Arc::clone(&self.squats)
+    }
 }
 
 impl BlobSource for SharedDirBlobs {
-    fn tier(&self) -> Tier {
-        Tier::SharedDir
+    fn kind(&self) -> TierKind {
+        TierKind::SharedDir
     }
 
     fn fetch(

@@ -7,8 +7,9 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use crate::artifacts::{Artifacts, PublishedBlobs};
+use crate::artifacts::Artifacts;
 use crate::fsx::atomic::{Durability, TempFile, TempOptions};
+use crate::tiers::PublishedBlobs;
 
 /// Why one blob was not published.
 #[derive(Debug)]

@@ -149,7 +149,7 @@ pub(super) struct IoWorker {
     /// The state directory's record was read (at the first load).
     merged_record_read: bool,
     /// Blob digests known to be in this uid's directory of `v2/artifacts/`.
-    blobs_published: crate::artifacts::PublishedBlobs,
+    blobs_published: crate::tiers::PublishedBlobs,
     /// Blobs a publish could not link in: retried every pass until they are.
     blobs_pending: std::collections::BTreeSet<String>,
     /// This run has looked at every blob this node's contributions name.

@@ -8,9 +8,10 @@
 use std::collections::{BTreeSet, HashSet};
 use std::fs;
 use std::path::Path;
+use std::sync::Arc;
 
-use crate::artifacts::PublishedBlobs;
 use crate::snapshot::blobs;
+use crate::tiers::PublishedBlobs;
 use crate::wire::stored::EntryMap;
 
 use super::IoWorker;
@@ -20,7 +21,7 @@ impl IoWorker {
     /// again at each one `entries` name (not at the pending ones) even if it was published
     /// before. Answers how many it linked, `None` when the blob directory could not be used.
     pub(super) fn publish_blobs(&mut self, entries: &EntryMap, afresh: bool) -> Option<usize> {
-        let artifacts = self.shared.artifacts.clone()?;
+        let artifacts = Arc::clone(&self.shared.artifacts);
         let mut digests = BTreeSet::new();
         for entry in entries.iter() {
             for artifact in entry.result().artifacts.iter() {
@@ -111,7 +112,7 @@ impl IoWorker {
     /// Whether a publish has blobs to look at although no segment is due: some are pending,
     /// or this run has not yet looked at what its contributions name.
     pub(super) fn blobs_due(&self) -> bool {
-        self.shared.artifacts.is_some() && (!self.blobs_seeded || !self.blobs_pending.is_empty())
+        !self.blobs_seeded || !self.blobs_pending.is_empty()
     }
 }
 
