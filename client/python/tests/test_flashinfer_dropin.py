@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -91,7 +90,7 @@ def test_eight_ranks_profile_each_key_once_on_the_node(daemon, standin, tmp_path
 def test_three_runner_ops_lease_the_op_not_the_runner(daemon, standin, tmp_path):
     with daemon.client() as client:
         before = client.stats()
-    wait_ms = 60_000
+    wait_ms = 20_000
     spec = tune_spec(tmp_path / "store", MOE, [8, 16], profile_ms=300)
     results = run_ranks(standin, daemon.socket_path, [spec] * 4, TUNECACHE_FLASHINFER_WAIT_MS=wait_ms)
     profiled = profiled_units(results)
@@ -123,27 +122,28 @@ def test_a_process_group_of_four_asks_and_records_once(daemon, standin, tmp_path
     assert after.leases_granted - before.leases_granted == 2
 
 
-def _device_and_unit(client, op):
-    entries = [entry for chunk in client.scan(namespace="flashinfer") for entry in chunk]
-    assert entries
-    return entries[0].key.device
+def stored_device(client):
+    """``Key.device`` of the entries stored (one environment)."""
+    devices = {entry.key.device for chunk in client.scan(namespace="flashinfer") for entry in chunk}
+    assert len(devices) == 1, devices
+    return devices.pop()
 
 
 def test_replay_serves_hits_and_never_waits(daemon, standin, tmp_path):
     root = tmp_path / "store"
     (tuned,) = run_ranks(standin, daemon.socket_path, [tune_spec(root, [GEMM], [8])])
     with daemon.client() as client:
-        device = _device_and_unit(client, "gemm")
+        device = stored_device(client)
         # Another process profiles m=16 and holds its op unit's lease: replay must not wait on it.
         unit = _native.flashinfer_key("('gemm', 'Gemm', ((16, 64), (64, 64)), ())")[2]
         key = tunecache.Key(namespace="flashinfer.op", op="gemm", device=device, problem=unit)
         held = client.begin_tune(key, wait_ms=0, lease_ms=60_000)
         assert held.kind == "tune"
         (replayed,) = run_ranks(standin, daemon.socket_path, [dict(tune_spec(root, [GEMM], [8, 16]), mode="replay")],
-                                TUNECACHE_FLASHINFER_WAIT_MS=60_000)
+                                TUNECACHE_FLASHINFER_WAIT_MS=20_000)
         before = client.stats().leases_granted
         (forced,) = run_ranks(standin, daemon.socket_path, [tune_spec(root, [GEMM], [32])],
-                              TUNECACHE_MODE="replay", TUNECACHE_FLASHINFER_WAIT_MS=60_000)
+                              TUNECACHE_MODE="replay", TUNECACHE_FLASHINFER_WAIT_MS=20_000)
         assert client.stats().leases_granted == before  # TUNECACHE_MODE=replay takes no lease
         client.abandon(held.lease)
     assert replayed["profiles"] == []
