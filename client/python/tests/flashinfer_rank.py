@@ -8,7 +8,8 @@
 # Spec (JSON, the one argument): root (the store's cache_root), ops ([{"name", "runners": [class
 # names]}]), shapes ([m, ...]), mode ("tune" | "replay"), dropin ("install" | "env" | "none"),
 # profile_ms (the stand-in profile of one key, spread over the op's runners), group (optional:
-# {"dir", "rank", "world_size"}), preload_only (optional: print their store's preload()).
+# {"dir", "rank", "world_size"}), preload_only (optional: print their store's preload()), barrier
+# (optional: print "ready", then start when stdin closes).
 from __future__ import annotations
 
 import json
@@ -70,6 +71,9 @@ def main() -> None:
         return
     chosen, op_seconds = {}, []
     config = TuningConfig()
+    if spec.get("barrier"):  # the benchmark's: every rank imported and ready, then released at once
+        print("ready", flush=True)
+        sys.stdin.read()
     started = time.monotonic()
     with autotune_v2(mode=spec.get("mode", "tune"), cache_root=spec["root"]):
         store = tuner._managed_cache
@@ -86,6 +90,7 @@ def main() -> None:
         "profiles": PROFILES,
         "op_seconds": op_seconds,
         "wall_s": time.monotonic() - started,
+        "ended": time.time(),
         "daemon_store": hasattr(store, "device"),
         "collectives": group.calls if group is not None else [],
     }))
