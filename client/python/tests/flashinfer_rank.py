@@ -21,7 +21,9 @@ import time
 # Runner costs in stand-in GPU milliseconds per tactic. Every "Gemm" tactic costs the same, so the
 # winner is decided by this process's timing noise: ranks that profile on their own disagree.
 # "Slow" runners always lose to "Fast" (the three-runner ops' winner is their last runner).
-COSTS = {"Gemm": {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}, "SlowA": {0: 5.0, 1: 5.0}, "SlowB": {0: 6.0}, "Fast": {0: 1.0, 1: 1.1}}
+# "FastX" is "Fast" with cache-key extras of its own, ("x",): its key is in an op unit of its own.
+COSTS = {"Gemm": {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}, "SlowA": {0: 5.0, 1: 5.0}, "SlowB": {0: 6.0}, "Fast": {0: 1.0, 1: 1.1},
+         "FastX": {0: 1.0}}
 FALLBACK_COST = 50.0
 PROFILES = []
 
@@ -42,7 +44,11 @@ def make_runner(op_name, class_name, profile_s):
         torch.cuda.advance(cost * noise.uniform(0.8, 1.2))
         return None
 
-    return type(class_name, (TunableRunner,), {"get_valid_tactics": get_valid_tactics, "forward": forward})()
+    def get_cache_key_extras(self, inputs):
+        return ("x",) if class_name.endswith("X") else ()
+
+    return type(class_name, (TunableRunner,), {"get_valid_tactics": get_valid_tactics, "forward": forward,
+                                               "get_cache_key_extras": get_cache_key_extras})()
 
 
 def main() -> None:

@@ -25,6 +25,8 @@ RANK_TIMEOUT_S = 120
 GEMM = {"name": "gemm", "runners": ["Gemm"]}
 # Three runners whose winner is the last one (flashinfer_rank.COSTS).
 MOE = [{"name": f"moe{n}", "runners": ["SlowA", "SlowB", "Fast"]} for n in (0, 1)]
+# ... and whose winner's cache-key extras differ from the losers': two op units per profile.
+MOE_EXTRAS = {"name": "moe_x", "runners": ["SlowA", "SlowB", "FastX"]}
 
 
 @pytest.fixture(scope="module")
@@ -91,18 +93,19 @@ def test_three_runner_ops_lease_the_op_not_the_runner(daemon, standin, tmp_path)
     with daemon.client() as client:
         before = client.stats()
     wait_ms = 20_000
-    spec = tune_spec(tmp_path / "store", MOE, [8, 16], profile_ms=300)
+    spec = tune_spec(tmp_path / "store", MOE + [MOE_EXTRAS], [8, 16], profile_ms=300)
     results = run_ranks(standin, daemon.socket_path, [spec] * 4, TUNECACHE_FLASHINFER_WAIT_MS=wait_ms)
     profiled = profiled_units(results)
     # Each op at each shape profiled once on the node (its three runners, once each).
-    assert sorted(profiled.values()) == [1] * 12, profiled
-    assert all(runner == "Fast" for runner, _tactic in one_answer(results).values())
+    assert sorted(profiled.values()) == [1] * 18, profiled
+    assert all(runner.startswith("Fast") for runner, _tactic in one_answer(results).values())
     # Waiters were released by the winner's publish, not by the end of a wait on a loser's key.
     slowest = max(seconds for result in results for seconds in result["op_seconds"])
     assert slowest < 5.0, slowest
     with daemon.client() as client:
         after = client.stats()
-    assert after.leases_granted - before.leases_granted == 4  # one per op unit, none per runner
+    # One per op unit, none per runner: 2 shapes x (1 unit for each moe op, 2 for moe_x).
+    assert after.leases_granted - before.leases_granted == 8
     assert after.leases_active == 0
 
 

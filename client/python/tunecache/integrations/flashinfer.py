@@ -60,7 +60,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from tunecache import _native
-from tunecache.client import Key
+from tunecache.client import Entry, Key
 from tunecache.integrations._base import Daemon, env_ms, tuned_by
 from tunecache.integrations._import_hook import InstallOnImport
 
@@ -132,7 +132,13 @@ def make_store_class(module: Any, daemon: Daemon) -> type:
         def __init__(self, manifest: Dict[str, str], root: Any = None):
             super().__init__(manifest, root)
             self._units: Dict[str, tuple] = {}
-            self._leases: Dict[str, Any] = {}
+            # The op units this process holds the lease of, {unit: (op, lease)}: those of the one
+            # search their choose_one is in (several when runners' extras differ), ended together.
+            self._leases: Dict[str, Tuple[str, Any]] = {}
+            # The runners looked up since the last publish: a runner asked for again starts a
+            # new search, and leases still held from the one before (its profile found no
+            # tactic, so nothing was published) are given up for a waiter to profile.
+            self._searched: set = set()
             self._units_lock = threading.Lock()
             self._manifest_json = json.dumps(self.manifest, sort_keys=True, separators=(",", ":"))
             self.device: Optional[str] = None
@@ -179,7 +185,7 @@ def make_store_class(module: Any, daemon: Daemon) -> type:
             if start.kind == "hit":
                 return self._winner(start.result)
             if start.kind == "tune":
-                self._leases[unit] = start.lease
+                self._leases[unit] = (op, start.lease)
                 return (HELD,)
             logger.info("tunecache: %s: %s; profiling here", unit[:200], start.reason)
             return (ALONE,)
@@ -214,8 +220,19 @@ def make_store_class(module: Any, daemon: Daemon) -> type:
 
         # --- their interface -------------------------------------------------------------------
 
+        def _new_search(self, runner: str) -> None:
+            if runner in self._searched:
+                self._searched.clear()
+                stale, self._leases = self._leases, {}
+                for unit, (_op, lease) in stale.items():
+                    with self._units_lock:
+                        self._units.pop(unit, None)
+                    daemon.give_up(lease, unit)
+            self._searched.add(runner)
+
         def lookup(self, file_key: str) -> Optional[Any]:
-            op, _runner, unit = _native.flashinfer_key(file_key)
+            op, runner, unit = _native.flashinfer_key(file_key)
+            self._new_search(runner or file_key)
             state = self._state(file_key, op, unit)
             if state[0] == WINNER:
                 if state[1] != file_key:
@@ -245,22 +262,31 @@ def make_store_class(module: Any, daemon: Daemon) -> type:
                 encoded = module._encode_key_fields(key_fields)
                 if encoded is not None:
                     entry["key_fields"] = encoded
-            lease = self._leases.pop(unit, None)
+            held, self._leases = self._leases, {}
+            self._searched.clear()
             try:
                 entry_json = json.dumps(entry, sort_keys=True, separators=(",", ":"))
                 recorded, unit_entry = _native.flashinfer_entries(
                     self._manifest_json, entry_json, tuned_by("flashinfer drop-in"), int(time.time() * 1000))
             except (TypeError, ValueError) as err:  # their publish is best-effort too
                 logger.warning("tunecache: not recording %s: %s", file_key[:200], err)
-                if lease is not None:
+                for _op, lease in held.values():
                     daemon.give_up(lease, file_key)
                 return None
+            # Every op unit of this search names the winner: the winner's own, and those of
+            # runners whose extras put their keys in another unit (their keys answer None).
+            units = {unit: unit_entry}
+            for other, (other_op, _lease) in held.items():
+                units.setdefault(other, Entry(key=self._unit_key(other_op, other), result=unit_entry.result))
             with self._units_lock:
-                self._units[unit] = (WINNER, file_key, entry_json)
+                for each in units:
+                    self._units[each] = (WINNER, file_key, entry_json)
             if not records_here:
                 return None
-            if lease is not None:
-                daemon.finish(lease, unit_entry.result, what=f"publish of {file_key[:200]}", also=[recorded])
+            if held:  # one Record under one lease; the others complete as their units get the result
+                finishing = unit if unit in held else next(iter(held))
+                also = [recorded] + [each for other, each in units.items() if other != finishing]
+                daemon.finish(held[finishing][1], unit_entry.result, what=f"publish of {file_key[:200]}", also=also)
             elif not daemon.through_daemon("publish", lambda: daemon.client().record([recorded, unit_entry])):
                 base.publish(self, file_key, runner_name, json_tactic, key_fields, profiling_policy)
             return None
