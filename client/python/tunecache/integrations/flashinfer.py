@@ -24,6 +24,8 @@ constructs) becomes ``DaemonManagedAutotuneCache``, a subclass: the constructor 
   namespace ``flashinfer.op``, whose result names the op's winning runner key: their
   ``choose_one`` looks every runner's key up and publishes only the winner's, so the unit is what
   one rank profiles. The winner's key answers its entry, the other runners' keys ``None``.
+  Runners whose extras differ put their keys in units of their own: a publish Records every unit
+  its search leased, and a search begun again without a publish gives its leases up.
 
   - Tuning (``is_tuning_mode``), no process group: a Resolve lease on the unit. One rank per
     node (per cluster with the Redis tier) gets ``None`` for every runner and profiles; the
