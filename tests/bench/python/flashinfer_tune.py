@@ -12,11 +12,12 @@
 # by client/python/run_tests.sh) with tunecache's stand-ins (client/python/tests/
 # flashinfer_standin.py); the ranks are client/python/tests/flashinfer_rank.py. Per mode: the wall
 # time from the barrier until the last rank is done, and the profiles run over all ranks. Prints
-# one JSON object on stdout and a Markdown table on stderr.
+# one JSON object on stdout and a Markdown table on stderr; `tunecache-bench flashinfer` runs it and
+# keeps that object, with the machine and the goals, in flashinfer.json.
 #
 # Run (with the Python of client/python/run_tests.sh's venv, after run_tests.sh --prepare):
 #   client/python/.venv/bin/python tests/bench/python/flashinfer_tune.py [--ranks 8] [--keys 200]
-#       [--profile-ms 50] [--slowfs-ms 5] [--runs 1]
+#       [--profile-ms 50] [--slowfs-ms 5] [--runs 1] [--bin-dir DIR]
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,12 @@ RANK_SCRIPT = REPO_ROOT / "client" / "python" / "tests" / "flashinfer_rank.py"
 DEFAULT_SOURCE = REPO_ROOT / "target" / "flashinfer-0.7.2.post1"
 
 
+BIN_DIR = None  # --bin-dir: where tunecached and slowfs are (tunecache-bench passes its own)
+
+
 def binary(name: str) -> Path:
+    if BIN_DIR is not None:
+        return Path(BIN_DIR) / name
     for profile in ("release", "debug"):
         path = REPO_ROOT / "target" / profile / name
         if path.is_file():
@@ -84,7 +90,10 @@ def main() -> None:
     parser.add_argument("--profile-ms", type=float, default=50.0)
     parser.add_argument("--slowfs-ms", type=int, default=5, help="0: no slowfs run")
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--bin-dir", help="where tunecached and slowfs are [default: target/release, then debug]")
     args = parser.parse_args()
+    global BIN_DIR
+    BIN_DIR = args.bin_dir
     source = their_source() or (DEFAULT_SOURCE if (DEFAULT_SOURCE / "flashinfer").is_dir() else None)
     if source is None:
         raise SystemExit("FlashInfer's code is not extracted: run client/python/run_tests.sh --prepare")
