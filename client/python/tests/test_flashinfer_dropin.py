@@ -125,6 +125,17 @@ def test_a_process_group_of_four_asks_and_records_once(daemon, standin, tmp_path
     assert after.leases_granted - before.leases_granted == 2
 
 
+def test_a_process_group_without_a_daemon_uses_their_files_together(standin, tmp_path):
+    # Rank 0 reads the files and broadcasts what it read, so the group still makes the same
+    # collectives (their all-reduces) and serves one tactic.
+    dead = tmp_path / "no-daemon" / "tunecache.sock"
+    specs = [dict(tune_spec(tmp_path / "store", [GEMM], [8, 16]),
+                  group={"dir": str(tmp_path / "group"), "rank": rank, "world_size": 4}) for rank in range(4)]
+    results = run_ranks(standin, dead, specs)
+    one_answer(results)
+    assert len(store_files(tmp_path / "store")) == 1 + 2
+
+
 def stored_device(client):
     """``Key.device`` of the entries stored (one environment)."""
     devices = {entry.key.device for chunk in client.scan(namespace="flashinfer") for entry in chunk}

@@ -215,7 +215,8 @@ def make_store_class(module: Any, daemon: Daemon) -> type:
                 state = _broadcast(group, state)
                 if state[0] == HELD and _group_rank(group) != 0:
                     state = (GROUP_TUNES,)
-            if state[0] != FILES or group is not None:
+            # The files answer per key, not per unit: asked again (the group, again together).
+            if state[0] != FILES:
                 with self._units_lock:
                     self._units[unit] = state
             return state
