@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from flashinfer_standin import SOURCE_ENV, their_source, write_standin
 
 RANK_SCRIPT = Path(__file__).resolve().parent / "flashinfer_rank.py"
 RANK_TIMEOUT_S = 120
+PROPAGATION_TIMEOUT_S = 20.0
 GEMM = {"name": "gemm", "runners": ["Gemm"]}
 # Three runners whose winner is the last one (flashinfer_rank.COSTS).
 MOE = [{"name": f"moe{n}", "runners": ["SlowA", "SlowB", "Fast"]} for n in (0, 1)]
@@ -172,6 +174,12 @@ def test_two_nodes_on_one_redis(two_cluster_nodes, standin, tmp_path):
     spec = tune_spec(tmp_path / "store", [GEMM], [8, 16])
     (on_a,) = run_ranks(standin, node_a.socket_path, [spec])
     assert len(on_a["profiles"]) == 2
+    # Node A's Records reach Redis after they are answered: B is asked once it holds both op units.
+    deadline = time.monotonic() + PROPAGATION_TIMEOUT_S
+    with node_b.client() as client:
+        while len([entry for chunk in client.scan(namespace="flashinfer.op") for entry in chunk]) < 2:
+            assert time.monotonic() < deadline, "node A's results never reached node B"
+            time.sleep(0.02)
     (on_b,) = run_ranks(standin, node_b.socket_path, [spec])
     assert on_b["profiles"] == []
     assert on_b["chosen"] == on_a["chosen"]
