@@ -35,7 +35,7 @@ pub fn entries_of(
     members.remove(KEY);
     members.insert(
         MANIFEST.to_owned(),
-        jsontext::raw(manifest.canonical_json()),
+        jsontext::raw(manifest.canonical_json())?,
     );
     let result = |config: String| v1::Result {
         config,
@@ -55,7 +55,7 @@ pub fn entries_of(
         key: Some(key(NAMESPACE, file_key.clone())),
         result: Some(result(jsontext::object(&members))),
     };
-    members.insert(KEY.to_owned(), jsontext::raw(jsontext::string(&file_key)));
+    members.insert(KEY.to_owned(), jsontext::raw(jsontext::string(&file_key))?);
     let unit = v1::Entry {
         key: Some(key(OP_NAMESPACE, parts.unit)),
         result: Some(result(jsontext::object(&members))),
@@ -99,7 +99,7 @@ pub fn file_entry_of(problem: Option<&str>, config: &str) -> Result<FileEntry, S
     if jsontext::string_member(&members, "runner").is_none() || !members.contains_key("tactic") {
         return Err("config: no runner or tactic".to_owned());
     }
-    members.insert(KEY.to_owned(), jsontext::raw(jsontext::string(&key)));
+    members.insert(KEY.to_owned(), jsontext::raw(jsontext::string(&key))?);
     let file_name = format!("{}.json", &hex(&Sha256::digest(key.as_bytes()))[..24]);
     Ok(FileEntry {
         key,

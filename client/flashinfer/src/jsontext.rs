@@ -89,12 +89,9 @@ pub(crate) fn object(members: &Members) -> String {
     out
 }
 
-/// A member value from JSON text (already valid JSON).
-pub(crate) fn raw(text: String) -> Box<RawValue> {
-    RawValue::from_string(text).unwrap_or_else(|_| {
-        // Only called with text this module wrote from valid JSON; null keeps it total.
-        RawValue::from_string("null".to_owned()).expect("null is JSON")
-    })
+/// A member value from JSON text this module wrote; why not, should it not be JSON.
+pub(crate) fn raw(text: String) -> Result<Box<RawValue>, String> {
+    RawValue::from_string(text).map_err(|error| format!("not JSON: {error}"))
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ impl Manifest {
         let mut members = jsontext::members(json).map_err(|error| format!("manifest: {error}"))?;
         members.insert(
             "cache_schema".to_owned(),
-            jsontext::raw(jsontext::string(SCHEMA)),
+            jsontext::raw(jsontext::string(SCHEMA))?,
         );
         Ok(Manifest { members })
     }
