@@ -200,7 +200,9 @@ def store_files(root):
 def test_their_store_imports_and_an_export_is_their_store(daemon, standin, tmp_path):
     theirs = tmp_path / "theirs"
     (stock,) = run_ranks(standin, daemon.socket_path, [dict(tune_spec(theirs, [GEMM] + MOE, [8, 16]), dropin="none")])
-    assert len(store_files(theirs)) == 1 + 6
+    # A second environment (another GPU) in the same store: import reads every one.
+    run_ranks(standin, daemon.socket_path, [dict(tune_spec(theirs, [GEMM], [8]), dropin="none")], STANDIN_GPU="Other GPU")
+    assert len(store_files(theirs)) == (1 + 6) + (1 + 1)
     cli(daemon.socket_path, "import", "flashinfer", theirs)
     replay = dict(tune_spec(tmp_path / "empty", [GEMM] + MOE, [8, 16]), mode="replay")
     (served,) = run_ranks(standin, daemon.socket_path, [replay])
@@ -214,7 +216,7 @@ def test_their_store_imports_and_an_export_is_their_store(daemon, standin, tmp_p
     (their_read,) = run_ranks(standin, daemon.socket_path, [preload])
     (original,) = run_ranks(standin, daemon.socket_path, [dict(preload, root=str(theirs))])
     (through_daemon,) = run_ranks(standin, daemon.socket_path, [dict(preload, root=str(tmp_path / "x"), dropin="install")])
-    assert their_read["total"] == 6 and their_read["preload"]
+    assert their_read["total"] == 6 and their_read["preload"]  # the default GPU's environment
     for read in (original, through_daemon):
         assert {k: read[k] for k in ("preload", "total", "skipped")} == {k: their_read[k] for k in ("preload", "total", "skipped")}
 
