@@ -210,6 +210,10 @@ def test_their_store_imports_and_an_export_is_their_store(daemon, standin, tmp_p
     exported = tmp_path / "exported"
     cli(daemon.socket_path, "export", "flashinfer", exported)
     assert store_files(exported) == store_files(theirs)  # byte for byte, manifest included
+    other = next(env.name for env in (theirs / "v2").iterdir() if len(list((env / "entries").iterdir())) == 1)
+    one_env = tmp_path / "one-env"
+    cli(daemon.socket_path, "export", "flashinfer", one_env, "--env", other)
+    assert store_files(one_env) == {name: text for name, text in store_files(theirs).items() if other in name}
     # Their unpatched class reads the export as it reads their store, and the drop-in's preload
     # answers what theirs does.
     preload = dict(root=str(exported), preload_only=True, dropin="none")
