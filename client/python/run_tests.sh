@@ -19,6 +19,13 @@
 #   TUNECACHE_TRITON    the triton requirement the Triton cache-manager tests run against
 #                       (default: the version they were written for); "none" installs none and
 #                       those tests skip (outside CI)
+#   TUNECACHE_FLASHINFER_WHEEL  FlashInfer's wheel (flashinfer-python 0.7.2.post1) to take the
+#                       FlashInfer drop-in tests' code from, instead of downloading it (pip
+#                       download --no-deps); either way checked against its sha256
+#
+# The FlashInfer drop-in tests run FlashInfer's own autotune_cache.py and autotuner/ from that
+# wheel: they are extracted once into target/flashinfer-0.7.2.post1 (a rerun finds them there and
+# downloads nothing) and the tests get that directory in $TUNECACHE_FLASHINFER_SOURCE.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -59,6 +66,33 @@ if [[ "$stage" != "prepared" ]]; then
         "${pip[@]}" "$triton_requirement"
     fi
 fi
+
+# FlashInfer's code for tests/test_flashinfer_dropin.py, pinned by the wheel's sha256.
+flashinfer_wheel_sha256=bfdc18b9e1e4d8d0730fe4343dc0e284cd0c160086de80f99888bc4867922d49
+flashinfer_source="$(cd "$here/../.." && pwd)/target/flashinfer-0.7.2.post1"
+if [[ "$stage" != "prepared" && ! -f "$flashinfer_source/.extracted" ]]; then
+    fetch="$(mktemp -d)"
+    wheel_file="${TUNECACHE_FLASHINFER_WHEEL:-}"
+    if [[ -z "$wheel_file" ]]; then
+        "$python" -m pip download --quiet --disable-pip-version-check --no-deps \
+            flashinfer-python==0.7.2.post1 --dest "$fetch"
+        wheel_file="$fetch/flashinfer_python-0.7.2.post1-py3-none-any.whl"
+    fi
+    echo "$flashinfer_wheel_sha256  $wheel_file" | sha256sum --check --quiet
+    rm -rf "$flashinfer_source"
+    mkdir -p "$flashinfer_source"
+    "$python" - "$wheel_file" "$flashinfer_source" <<'EXTRACT'
+import sys, zipfile
+names = ["autotune_cache.py", "autotuner/__init__.py", "autotuner/autotuner.py", "autotuner/initializers.py"]
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    for name in names:
+        wheel.extract("flashinfer/" + name, sys.argv[2])
+EXTRACT
+    touch "$flashinfer_source/.extracted"
+    rm -rf "$fetch"
+fi
+export TUNECACHE_FLASHINFER_SOURCE="$flashinfer_source"
+
 if [[ "$stage" == "prepare" ]]; then
     exit 0
 fi

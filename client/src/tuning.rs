@@ -109,13 +109,26 @@ impl Client {
         lease: TuneLease,
         result: v1::Result,
     ) -> std::result::Result<v1::RecordResponse, FinishFailed> {
+        self.finish_tune_with(lease, result, Vec::new()).await
+    }
+
+    /// [`Client::finish_tune`], with `also` Recorded in the same Record, under the same lease:
+    /// for a tuner whose lease stands for several keys (FlashInfer's op, whose winner is one of
+    /// its runners' keys), so that the leased key and the others land together.
+    pub async fn finish_tune_with(
+        &self,
+        lease: TuneLease,
+        result: v1::Result,
+        also: Vec<v1::Entry>,
+    ) -> std::result::Result<v1::RecordResponse, FinishFailed> {
         let TuneLease { key, lease } = lease;
-        let entry = v1::Entry {
+        let mut entries = also;
+        entries.push(v1::Entry {
             key: Some(key),
             result: Some(result),
-        };
+        });
         let error = match self
-            .record_with_lease(vec![entry], lease.lease_id.clone())
+            .record_with_lease(entries, lease.lease_id.clone())
             .await
         {
             Ok(response) => return Ok(response),

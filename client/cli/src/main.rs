@@ -5,8 +5,8 @@
 //! `get --artifacts-to DIR` writes a hit's files into DIR, each verified by its digest.
 //!
 //! This file holds the command line (clap) and hands each command to its module: `read`
-//! (get, scan, resolve, devices), `write` (put, forget), `views`, `stats`, and `trtllm_file`
-//! (import, export); `entry_output` prints entries.
+//! (get, scan, resolve, devices), `write` (put, forget), `views`, `stats`, `trtllm_file` and
+//! `flashinfer_store` (import, export); `entry_output` prints entries.
 
 use std::path::PathBuf;
 
@@ -16,6 +16,7 @@ use tunecache_client::{key, proto, Client};
 
 mod entry_output;
 mod error_text;
+mod flashinfer_store;
 mod read;
 mod stats;
 mod trtllm_file;
@@ -180,25 +181,31 @@ enum Command {
         #[command(subcommand)]
         command: ViewCommand,
     },
-    /// Record the entries of a tuning-cache file (TensorRT-LLM's TLLM_AUTOTUNER_CACHE_PATH).
-    /// Invalid entries are skipped with reasons and the rest stored; exits non-zero only when
-    /// the file is not a cache or nothing in it could be stored.
+    /// Record the entries of a tuning cache: `--format trtllm FILE` (TensorRT-LLM's
+    /// TLLM_AUTOTUNER_CACHE_PATH) or `flashinfer ROOT` (FlashInfer's managed autotune store,
+    /// every environment under ROOT/v2/). Invalid entries are skipped with reasons and the rest
+    /// stored; exits non-zero only when the cache cannot be read or nothing in it could be stored.
     Import {
         #[arg(long, value_enum)]
-        format: CacheFormat,
-        /// Key.device for every entry, instead of the one built from the file's metadata.
+        format: Option<CacheFormat>,
+        /// Key.device for every entry, instead of the one built from the file's metadata
+        /// (trtllm).
         #[arg(long)]
         device: Option<String>,
-        file: PathBuf,
+        /// `FILE` (with --format), or `FORMAT PATH`.
+        #[arg(required = true, num_args = 1..=2, value_name = "[FORMAT] PATH")]
+        target: Vec<String>,
     },
-    /// Write the cache's entries as a tuning-cache file: under FILE.lock (the lock TensorRT-LLM's
-    /// writers take), keeps the file's entries the cache lacks and replaces FILE by rename.
-    /// Entries TensorRT-LLM's loader could not read back are skipped with the reason.
+    /// Write the cache's entries as a tuning cache. `--format trtllm FILE`: under FILE.lock (the
+    /// lock TensorRT-LLM's writers take), keeps the file's entries the cache lacks and replaces
+    /// FILE by rename; entries TensorRT-LLM's loader could not read back are skipped with the
+    /// reason. `flashinfer ROOT`: FlashInfer's store layout under ROOT (manifest.json and one
+    /// file per entry, as FlashInfer's publish writes them), every environment or `--env`'s.
     Export {
         #[arg(long, value_enum)]
-        format: CacheFormat,
+        format: Option<CacheFormat>,
         /// Only entries of this Key.device (also names the device in a file whose entries
-        /// carry no imported metadata). Required when the cache holds several devices.
+        /// carry no imported metadata). Required when the cache holds several devices (trtllm).
         #[arg(long)]
         device: Option<String>,
         /// Seconds to wait for FILE.lock held by a TensorRT-LLM writer.
@@ -208,7 +215,13 @@ enum Command {
         /// refuses to load a file without its rank's section).
         #[arg(long)]
         world_size: Option<u32>,
-        file: PathBuf,
+        /// Only the environment whose hash is HASH (the directory name under ROOT/v2/;
+        /// flashinfer).
+        #[arg(long, value_name = "HASH")]
+        env: Option<String>,
+        /// `FILE` (with --format), or `FORMAT PATH`.
+        #[arg(required = true, num_args = 1..=2, value_name = "[FORMAT] PATH")]
+        target: Vec<String>,
     },
 }
 
@@ -229,6 +242,28 @@ enum ViewCommand {
 enum CacheFormat {
     /// TensorRT-LLM's autotuner cache (AutoTunerProfilingCache JSON).
     Trtllm,
+    /// FlashInfer's managed autotune store (autotune_v2), a directory.
+    Flashinfer,
+}
+
+/// The format and path of `import`/`export`: `--format F PATH` or `F PATH`.
+fn format_and_path(
+    format: Option<CacheFormat>,
+    target: Vec<String>,
+) -> anyhow::Result<(CacheFormat, PathBuf)> {
+    use clap::ValueEnum;
+    let mut target = target.into_iter();
+    let (first, second) = (target.next().unwrap_or_default(), target.next());
+    match (format, second) {
+        (Some(format), None) => Ok((format, PathBuf::from(first))),
+        (None, Some(path)) => {
+            let format = CacheFormat::from_str(&first, true)
+                .map_err(|_| anyhow::anyhow!("{first:?} is not a format (trtllm, flashinfer)"))?;
+            Ok((format, PathBuf::from(path)))
+        }
+        (Some(_), Some(_)) => anyhow::bail!("give the format once: --format F PATH, or F PATH"),
+        (None, None) => anyhow::bail!("name the format: --format F PATH, or F PATH"),
+    }
 }
 
 /// `NAME=PATH` of `put --artifact`; the name is checked by the contract's rule when the files
@@ -329,26 +364,48 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             command: ViewCommand::End { name },
         } => views::end(&client, &name, as_json).await?,
         Command::Import {
-            format: CacheFormat::Trtllm,
+            format,
             device,
-            file,
-        } => trtllm_file::import_trtllm(&client, device, &file, as_json).await?,
+            target,
+        } => match format_and_path(format, target)? {
+            (CacheFormat::Trtllm, file) => {
+                trtllm_file::import_trtllm(&client, device, &file, as_json).await?
+            }
+            (CacheFormat::Flashinfer, root) => {
+                anyhow::ensure!(
+                    device.is_none(),
+                    "--device is for trtllm files; a FlashInfer store names its environments"
+                );
+                flashinfer_store::import(&client, &root, as_json).await?
+            }
+        },
         Command::Export {
-            format: CacheFormat::Trtllm,
+            format,
             device,
             lock_timeout,
             world_size,
-            file,
-        } => {
-            let lock_timeout = std::time::Duration::try_from_secs_f64(lock_timeout)
-                .context("--lock-timeout must be a non-negative number of seconds")?;
-            let args = trtllm_file::ExportArgs {
-                device,
-                world_size,
-                lock_timeout,
-            };
-            trtllm_file::export_trtllm(&client, args, &file, as_json).await?
-        }
+            env,
+            target,
+        } => match format_and_path(format, target)? {
+            (CacheFormat::Trtllm, file) => {
+                anyhow::ensure!(env.is_none(), "--env is for flashinfer stores");
+                let lock_timeout = std::time::Duration::try_from_secs_f64(lock_timeout)
+                    .context("--lock-timeout must be a non-negative number of seconds")?;
+                let args = trtllm_file::ExportArgs {
+                    device,
+                    world_size,
+                    lock_timeout,
+                };
+                trtllm_file::export_trtllm(&client, args, &file, as_json).await?
+            }
+            (CacheFormat::Flashinfer, root) => {
+                anyhow::ensure!(
+                    device.is_none() && world_size.is_none(),
+                    "--device and --world-size are for trtllm files; choose an environment with --env"
+                );
+                flashinfer_store::export(&client, &root, env.as_deref(), as_json).await?
+            }
+        },
     }
     Ok(())
 }

@@ -420,19 +420,27 @@ impl NativeClient {
     /// `refused` (the daemon refused the result itself) and `lease` ("given_up", "kept" after a
     /// deadline, when the Record may still land, or "give_up_failed"): the Rust client's rule,
     /// the same for every caller. Raises RpcError only when the daemon cannot be reached at
-    /// all, ValueError for a lease ended already.
-    #[pyo3(signature = (lease, result, timeout=None))]
+    /// all, ValueError for a lease ended already. `also`: more entries (Entry objects or
+    /// mappings) Recorded in the same Record, under the same lease (a lease that stands for
+    /// several keys).
+    #[pyo3(signature = (lease, result, timeout=None, also=None))]
     fn finish_tune(
         &self,
         py: Python<'_>,
         lease: &Bound<'_, TuneLease>,
         result: &Bound<'_, PyAny>,
         timeout: Option<f64>,
+        also: Option<Vec<Bound<'_, PyAny>>>,
     ) -> PyResult<TuneFinish> {
         let result = TunedResult::extract_any(result)?;
+        let also = also
+            .unwrap_or_default()
+            .iter()
+            .map(|entry| crate::entry::Entry::extract_any(entry))
+            .collect::<PyResult<Vec<_>>>()?;
         let held = lease_to_finish(lease.get())?;
         let finished = self.call(py, timeout, |client| async move {
-            Ok::<_, ClientError>(client.finish_tune(held, result).await)
+            Ok::<_, ClientError>(client.finish_tune_with(held, result, also).await)
         })?;
         Ok(TuneFinish::from_rust(py, finished))
     }

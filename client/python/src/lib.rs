@@ -14,6 +14,7 @@
 //! - [`leases`]: the split lease's and the batch Record's answers;
 //! - [`tuning`]: the rank flow with a Python `tune` callable;
 //! - [`trtllm`]: the TensorRT-LLM entry mapping for the drop-in;
+//! - [`flashinfer`]: FlashInfer's managed-store mapping for its drop-in;
 //! - [`messages`] (Key, Result, Artifact), [`entry`] (Entry) and [`fields`] (arguments taken
 //!   duck-typed): the contract's data messages as Python objects; [`answers`]: Resolve's and
 //!   Record's answers and the other answers' [`answers::Message`];
@@ -29,6 +30,7 @@ mod client;
 mod entry;
 mod errors;
 mod fields;
+mod flashinfer;
 mod leases;
 mod messages;
 mod runtime;
@@ -128,5 +130,9 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(trtllm::trtllm_device, module)?)?;
     module.add_function(wrap_pyfunction!(trtllm::trtllm_entries, module)?)?;
     module.add_function(wrap_pyfunction!(trtllm::trtllm_file_values, module)?)?;
+    module.add_function(wrap_pyfunction!(flashinfer::flashinfer_key, module)?)?;
+    module.add_function(wrap_pyfunction!(flashinfer::flashinfer_env, module)?)?;
+    module.add_function(wrap_pyfunction!(flashinfer::flashinfer_entries, module)?)?;
+    module.add_function(wrap_pyfunction!(flashinfer::flashinfer_file_entry, module)?)?;
     Ok(())
 }

@@ -56,7 +56,7 @@
 //! - `lock`: the writers' lock on `<file>.lock`;
 //! - `fileio`: reading the existing file and replacing it atomically;
 //! - `rawjson`: JSON text kept as the file spelled it;
-//! - `pyjson`: how Python's `json` reads and writes (duplicate names, `Infinity`, `indent=2`);
+//! - [`pyjson`]: how Python's `json` reads and writes (duplicate names, `Infinity`, `indent=2`);
 //! - [`pyliteral`]: the one parser of Python literals and string escapes.
 
 pub mod entry;
@@ -67,7 +67,7 @@ mod format;
 mod import;
 mod lock;
 mod metadata;
-mod pyjson;
+pub mod pyjson;
 pub mod pyliteral;
 mod rawjson;
 #[cfg(test)]

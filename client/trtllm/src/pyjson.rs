@@ -88,7 +88,7 @@ pub(crate) fn quote_python_nonfinite_literals(text: &str) -> Cow<'_, str> {
 /// two-space indent, `": "` after keys, empty containers as `{}` / `[]`, and, as with Python's
 /// default `ensure_ascii=True`, every non-ASCII character (and DEL) in strings as `\uXXXX`.
 /// Scalars, escapes included, are copied as they are.
-pub(crate) fn python_indent_2(json: &str) -> String {
+pub fn python_indent_2(json: &str) -> String {
     fn newline(out: &mut String, depth: usize) {
         out.push('\n');
         for _ in 0..depth {

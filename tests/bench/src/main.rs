@@ -221,6 +221,31 @@ enum Commands {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
+    /// Issue 57's FlashInfer benchmark: R rank processes run FlashInfer's autotune_v2 over K keys
+    /// whose stand-in profile takes P ms, through the drop-in (an empty daemon, then a warm one),
+    /// side by side with one rank alone and stock FlashInfer on a local directory (cold, warm) and
+    /// on slowfs at --slowfs-ms; writes flashinfer.json and flashinfer.md. Runs
+    /// tests/bench/python/flashinfer_tune.py on --python (the package's wheel installed; default
+    /// client/python/.venv, made by client/python/run_tests.sh, which also extracts FlashInfer's
+    /// code) with the FlashInfer stand-ins of client/python/tests.
+    Flashinfer {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        #[arg(long)]
+        python: Option<PathBuf>,
+        #[arg(long, default_value_t = 8)]
+        ranks: usize,
+        #[arg(long, default_value_t = 200)]
+        keys: usize,
+        #[arg(long, default_value_t = 50.0)]
+        profile_ms: f64,
+        /// 0: no slowfs mode.
+        #[arg(long, default_value_t = 5)]
+        slowfs_ms: u64,
+        /// Runs of every mode, interleaved (medians are reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
     /// One rank of `artifacts` (started by it): connects, says `ready`, waits for a line on
     /// stdin, fetches or reads every blob of --list, answers one JSON line.
     #[command(hide = true)]
@@ -529,6 +554,31 @@ fn main() -> Result<()> {
                 command_line: std::env::args().collect::<Vec<_>>().join(" "),
             };
             suite::bitblas::run(&options)?;
+            println!("{}", serde_json::json!({ "out": out }));
+        }
+        Commands::Flashinfer {
+            out,
+            python,
+            ranks,
+            keys,
+            profile_ms,
+            slowfs_ms,
+            runs,
+        } => {
+            let options = suite::flashinfer::FlashinferOptions {
+                out_dir: out.clone(),
+                python: python.unwrap_or_else(|| {
+                    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                        .join("../../client/python/.venv/bin/python")
+                }),
+                ranks,
+                keys,
+                profile_ms,
+                slowfs_ms,
+                runs,
+                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+            };
+            suite::flashinfer::run(&options)?;
             println!("{}", serde_json::json!({ "out": out }));
         }
         Commands::ArtifactsRank {

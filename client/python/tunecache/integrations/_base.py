@@ -139,12 +139,14 @@ class Daemon:
             self.report(RESOLVE, err, what)
             return None
 
-    def finish(self, lease: Any, result: Any, *, what: Any, refused: Optional[Callable[[Any], None]] = None) -> bool:
+    def finish(self, lease: Any, result: Any, *, what: Any, refused: Optional[Callable[[Any], None]] = None,
+               also: Any = ()) -> bool:
         """Records ``result`` under ``lease`` (``finish_tune``); True when Recorded. The
         daemon's refusal of the result itself (INVALID_ARGUMENT) is ``refused(error)``'s to
-        say (default: reported as any other failure)."""
+        say (default: reported as any other failure). ``also``: entries Recorded in the same
+        Record, for a lease that stands for several keys."""
         try:
-            finished = self.client().finish_tune(lease, result)
+            finished = self.client().finish_tune(lease, result, also=list(also))
         except Exception as err:  # could not even reach the daemon; the lease ends with us
             self.report(RECORD, err, what)
             return False

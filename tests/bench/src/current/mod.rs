@@ -1,6 +1,6 @@
 //! Owns the tables of BENCHMARKS.md: each one is rendered from the raw output of the run that
 //! measured it (a `suite` results.json, a `micro` JSON, `cluster.json`, `multinode.json`,
-//! `segments.json`, `artifacts.json`, `bitblas.json`), so the report is regenerated, never hand-copied.
+//! `segments.json`, `artifacts.json`, `bitblas.json`, `flashinfer.json`), so the report is regenerated, never hand-copied.
 //!
 //! A table sits between two marker comments that name its kind and its source file (relative
 //! to the Markdown file):
@@ -26,6 +26,7 @@ mod artifacts;
 mod bitblas;
 mod blocks;
 mod cluster;
+mod flashinfer;
 mod format;
 mod micro;
 mod python;
@@ -38,7 +39,7 @@ pub use self::blocks::{check, read_source, regenerate, update, Block, Outcome};
 pub use self::format::{bytes, ms, times};
 
 /// The kinds of table, with the source each reads.
-pub const KINDS: [(&str, &str); 16] = [
+pub const KINDS: [(&str, &str); 17] = [
     (
         "single-node",
         "suite results.json: the local-disk rows of the matrix",
@@ -82,6 +83,10 @@ pub const KINDS: [(&str, &str); 16] = [
         "bitblas",
         "bitblas.json (`tunecache-bench bitblas`): BitBLAS ranks loading a database",
     ),
+    (
+        "flashinfer",
+        "flashinfer.json (`tunecache-bench flashinfer`): FlashInfer ranks tuning through autotune_v2",
+    ),
 ];
 
 /// Renders one table of `kind` from a parsed source.
@@ -103,6 +108,7 @@ pub fn render(kind: &str, source: &Value) -> Result<String> {
         "views" => micro::views(source),
         "artifacts" => artifacts::artifacts(source),
         "bitblas" => bitblas::bitblas(source),
+        "flashinfer" => flashinfer::flashinfer(source),
         other => bail!(
             "unknown table kind {other:?}; known: {}",
             KINDS.map(|(kind, _)| kind).join(", ")

@@ -9,6 +9,7 @@ pub mod artifacts;
 pub mod bitblas;
 pub mod cluster;
 pub mod cold_blob;
+pub mod flashinfer;
 mod forget_flood;
 mod micro;
 pub mod python_client;
