@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::value::RawValue;
+use tunecache_trtllm::strip_json_whitespace;
 
 /// A JSON object's members, each value as the text that spelled it, sorted by name (a
 /// `BTreeMap` of `String` orders by code point, as Python's `sort_keys` does).
@@ -21,31 +22,6 @@ pub(crate) fn members(text: &str) -> Result<Members, String> {
 /// The member `name` as a string; None when absent or not a string.
 pub(crate) fn string_member(members: &Members, name: &str) -> Option<String> {
     serde_json::from_str::<String>(members.get(name)?.get()).ok()
-}
-
-/// Valid JSON text without whitespace outside strings.
-pub(crate) fn minify(json: &str) -> String {
-    let mut out = String::with_capacity(json.len());
-    let mut in_string = false;
-    let mut escaped = false;
-    for c in json.chars() {
-        if in_string {
-            out.push(c);
-            if escaped {
-                escaped = false;
-            } else if c == '\\' {
-                escaped = true;
-            } else if c == '"' {
-                in_string = false;
-            }
-        } else if c == '"' {
-            in_string = true;
-            out.push(c);
-        } else if !c.is_ascii_whitespace() {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// `text` with every character beyond ASCII (and DEL) as `\uXXXX`, as `ensure_ascii` writes
@@ -83,7 +59,7 @@ pub(crate) fn object(members: &Members) -> String {
         }
         out.push_str(&string(name));
         out.push(':');
-        out.push_str(&ascii(&minify(value.get())));
+        out.push_str(&ascii(&strip_json_whitespace(value.get())));
     }
     out.push('}');
     out

@@ -81,3 +81,4 @@ pub use format::{ImportedConfig, SkippedEntry, NAMESPACE};
 pub use import::{import, import_with, ImportOptions, ImportOutcome};
 pub use lock::{lock_path, WriterLock};
 pub use metadata::TrtllmMetadata;
+pub use rawjson::strip_json_whitespace;

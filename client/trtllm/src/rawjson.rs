@@ -55,8 +55,9 @@ impl<'de> Deserialize<'de> for OrderedRawObject {
     }
 }
 
-/// Removes the whitespace outside strings, so that metadata stored in a config is one line.
-pub(crate) fn strip_json_whitespace(json: &str) -> String {
+/// Removes the whitespace outside strings of valid JSON text, so that metadata stored in a
+/// config is one line (and FlashInfer's members are compact, as Python's `separators=(",", ":")`).
+pub fn strip_json_whitespace(json: &str) -> String {
     let mut out = String::with_capacity(json.len());
     let mut in_string = false;
     let mut escaped = false;
