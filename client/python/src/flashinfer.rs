@@ -49,13 +49,17 @@ pub fn flashinfer_entries(
     Ok((Entry::from_proto(py, entry)?, Entry::from_proto(py, unit)?))
 }
 
-/// `(file_key, entry_json)` of a stored result: the entry object their store would hold (what
-/// `json.load` of its file gives, as JSON). `problem`: the entry's key's problem, or None for
+/// `(file_key, entry_json, file_name)` of a stored result: the entry object their store would
+/// hold (what `json.load` of its file gives, as JSON) and the name of its file, by which their
+/// `preload` orders entries. `problem`: the entry's key's problem, or None for
 /// an op unit's result (which names its winner). Raises ValueError for a config no mapping
 /// wrote.
 #[pyfunction]
 #[pyo3(signature = (problem, config))]
-pub fn flashinfer_file_entry(problem: Option<&str>, config: &str) -> PyResult<(String, String)> {
+pub fn flashinfer_file_entry(
+    problem: Option<&str>,
+    config: &str,
+) -> PyResult<(String, String, String)> {
     let entry = file_entry_of(problem, config).map_err(refused)?;
-    Ok((entry.key, entry.entry_json))
+    Ok((entry.key, entry.entry_json, entry.file_name))
 }

@@ -449,24 +449,14 @@ mod tests {
         let artifacts = Artifacts::open(&settings, Vec::new(), &tasks).unwrap();
         let digest = "ab".repeat(32);
         crate::sync::lock(&artifacts.index).insert(digest.clone(), 4 * MIB, Some(7), 0);
-        let key = CacheKey {
-            namespace: "ns".into(),
-            op: "op".into(),
-            device: "dev".into(),
-            problem: "p".into(),
-            rank: None,
-        };
+        let key = crate::model::testing::key("p");
         let result = TunedResult {
-            config: "{}".into(),
-            time_us: 1.0,
-            tuned_by: "t".into(),
-            tuned_at_unix_ms: 1,
-            forget_epoch: 0,
             artifacts: ArtifactList::from_wire(vec![v1::Artifact {
                 name: "k.so".into(),
                 sha256: digest,
                 size: 4 * MIB,
             }]),
+            ..crate::model::testing::result(1.0)
         };
         let charges = artifacts
             .check_record(7, &[(key.clone(), result.clone())])

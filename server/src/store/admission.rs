@@ -363,21 +363,10 @@ mod tests {
             .try_acquire_many_owned(1)
             .unwrap();
         assert_eq!(store.write_queue_bytes(), QUEUE_UNIT_BYTES);
-        let key = CacheKey {
-            namespace: "ns".into(),
-            op: "op".into(),
-            device: "dev".into(),
-            problem: "p".into(),
-            rank: None,
-        };
-        let result = TunedResult {
-            config: "{}".into(),
-            time_us: 1.0,
-            tuned_by: "t".into(),
-            tuned_at_unix_ms: 1,
-            forget_epoch: 0,
-            artifacts: Default::default(),
-        };
+        let (key, result) = (
+            crate::model::testing::key("p"),
+            crate::model::testing::result(1.0),
+        );
         let refused = store
             .try_apply(vec![(key.clone(), result.clone())], None)
             .await

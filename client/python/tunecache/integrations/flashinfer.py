@@ -51,7 +51,6 @@ method on their file store at ``root``, and one warning per process is logged.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import logging
@@ -167,7 +166,7 @@ def make_store_class(module: Any, daemon: Daemon) -> type:
             return Key(namespace=OP_NAMESPACE, op=op, device=self.device, problem=unit)
 
         def _winner(self, result: Any) -> tuple:
-            winner_key, entry_json = _native.flashinfer_file_entry(None, result.config)
+            winner_key, entry_json, _file_name = _native.flashinfer_file_entry(None, result.config)
             return (WINNER, winner_key, entry_json)
 
         def _ask(self, op: str, unit: str, tuning: bool) -> tuple:
@@ -304,7 +303,7 @@ def make_store_class(module: Any, daemon: Daemon) -> type:
                 return base.preload(self)
             return _preloaded(module, entry_class, texts)
 
-        def _scan(self) -> Optional[List[Tuple[str, str]]]:
+        def _scan(self) -> Optional[List[Tuple[str, str, str]]]:
             """``(file_key, entry JSON)`` of every entry of this environment; None when the
             daemon cannot be used."""
             try:
@@ -335,14 +334,14 @@ def make_store_class(module: Any, daemon: Daemon) -> type:
     return DaemonManagedAutotuneCache
 
 
-def _preloaded(module: Any, entry_class: Any, texts: List[Tuple[str, str]]) -> Tuple[list, int, int]:
+def _preloaded(module: Any, entry_class: Any, texts: List[Tuple[str, str, str]]) -> Tuple[list, int, int]:
     """What their ``preload`` answers for entry files holding these entries: in their order
     (the files' names), each taken by their rules (``key_fields`` decoded, agreeing with the
     key) or counted skipped."""
-    ordered = sorted(texts, key=lambda text: hashlib.sha256(text[0].encode()).hexdigest()[:24])
+    ordered = sorted(texts, key=lambda text: text[2])
     entries: list = []
     skipped = 0
-    for _file_key, entry_json in ordered:
+    for _file_key, entry_json, _file_name in ordered:
         try:
             entry = json.loads(entry_json)
             raw = entry.get("key_fields")
