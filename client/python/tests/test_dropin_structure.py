@@ -57,7 +57,7 @@ def problems_of(path: Path) -> list:
 
 def test_the_drop_ins_are_found():
     names = {path.name for path in USERS}
-    assert {"trtllm.py", "triton.py", "bitblas.py", "autotuning.py"} <= names, names
+    assert {"trtllm.py", "triton.py", "bitblas.py", "flashinfer.py", "autotuning.py"} <= names, names
 
 
 @pytest.mark.parametrize("path", USERS, ids=[path.name for path in USERS])
