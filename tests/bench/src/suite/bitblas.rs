@@ -8,14 +8,13 @@
 //! kind `bitblas`).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use serde::Serialize;
 use serde_json::Value;
-use tunecache_bench::daemon::workspace_binary;
 
-use super::{load_average, machine_info, median, MachineInfo};
+use super::script_bench::{modes_of, run_script, write_outputs, Goal, ModeRuns};
+use super::{load_average, machine_info, MachineInfo};
 
 /// The drop-in's wall over stock's from a local directory, at most (issue 37).
 pub const GOAL_LOCAL_AT_MOST: f64 = 1.5;
@@ -56,15 +55,6 @@ pub struct ModeSummary {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Goal {
-    pub what: String,
-    /// The drop-in's (cold node) median wall over the floor's.
-    pub ratio: f64,
-    pub at_most: f64,
-    pub met: bool,
-}
-
-#[derive(Debug, Clone, Serialize)]
 pub struct BitblasResults {
     pub command_line: String,
     pub machine: MachineInfo,
@@ -85,40 +75,26 @@ fn script() -> PathBuf {
 
 /// The runs of `mode` in the script's `results`, summarised; None if it has none.
 pub fn summarise(raw: &Value, mode: &str) -> Option<ModeSummary> {
-    let runs: Vec<&Value> = raw
-        .get("results")?
-        .as_array()?
-        .iter()
-        .filter(|run| run.get("mode").and_then(Value::as_str) == Some(mode))
-        .collect();
-    if runs.is_empty() {
-        return None;
-    }
-    let figures = |key: &str| -> Vec<f64> {
-        runs.iter()
-            .map(|run| run.get(key).and_then(Value::as_f64).unwrap_or(f64::NAN))
-            .collect()
-    };
-    let count = |key: &str| -> Vec<u64> {
-        runs.iter()
-            .map(|run| run.get(key).and_then(Value::as_u64).unwrap_or(0))
-            .collect()
-    };
-    let walls = figures("wall_s");
+    let runs = ModeRuns::of(raw, mode)?;
+    let (wall_s_median, wall_s_min, wall_s_max) = runs.walls();
     let ops = raw.get("ops").and_then(Value::as_u64).unwrap_or(0);
     let ranks = raw.get("ranks").and_then(Value::as_u64).unwrap_or(0);
     Some(ModeSummary {
         mode: mode.to_owned(),
         runs: runs.len(),
-        wall_s_median: median(&mut walls.clone()),
-        wall_s_min: walls.iter().copied().fold(f64::INFINITY, f64::min),
-        wall_s_max: walls.iter().copied().fold(0.0, f64::max),
-        load_s_median: median(&mut figures("load_s_median")),
-        with_rt_mod_min: count("with_rt_mod_min").into_iter().min().unwrap_or(0),
-        with_rt_mod_total: count("with_rt_mod_total").into_iter().sum(),
+        wall_s_median,
+        wall_s_min,
+        wall_s_max,
+        load_s_median: runs.median("load_s_median"),
+        with_rt_mod_min: runs
+            .counts("with_rt_mod_min")
+            .into_iter()
+            .min()
+            .unwrap_or(0),
+        with_rt_mod_total: runs.counts("with_rt_mod_total").into_iter().sum(),
         rt_mods_wanted: ops * ranks * runs.len() as u64,
-        ranks_failed: count("ranks_failed").into_iter().sum(),
-        daemon_bytes_served_median: median(&mut figures("daemon_bytes_served")),
+        ranks_failed: runs.counts("ranks_failed").into_iter().sum(),
+        daemon_bytes_served_median: runs.median("daemon_bytes_served"),
     })
 }
 
@@ -131,77 +107,54 @@ pub fn goals(modes: &[ModeSummary]) -> Vec<Goal> {
             .find(|summary| summary.mode == mode)
             .map(|summary| summary.wall_s_median)
     };
-    let Some(dropin) = wall("dropin") else {
-        return Vec::new();
-    };
-    let mut goals = Vec::new();
-    if let Some(local) = wall("local") {
-        let ratio = dropin / local;
-        goals.push(Goal {
-            what: "within 1.5x of stock BitBLAS from a local directory".to_owned(),
-            ratio,
-            at_most: GOAL_LOCAL_AT_MOST,
-            met: ratio <= GOAL_LOCAL_AT_MOST,
-        });
-    }
-    if let Some(slow) = modes
+    let slow = modes
         .iter()
-        .find(|summary| summary.mode.starts_with("slowfs"))
-    {
-        let ratio = dropin / slow.wall_s_median;
-        goals.push(Goal {
-            what: format!(
-                "faster than stock BitBLAS from the slow shared directory ({})",
-                slow.mode
-            ),
-            ratio,
-            at_most: 1.0,
-            met: ratio < 1.0,
-        });
-    }
-    goals
+        .find(|summary| summary.mode.starts_with("slowfs"));
+    [
+        Goal::judge(
+            "within 1.5x of stock BitBLAS from a local directory".to_owned(),
+            wall("dropin"),
+            wall("local"),
+            GOAL_LOCAL_AT_MOST,
+            false,
+        ),
+        slow.and_then(|slow| {
+            Goal::judge(
+                format!(
+                    "faster than stock BitBLAS from the slow shared directory ({})",
+                    slow.mode
+                ),
+                wall("dropin"),
+                Some(slow.wall_s_median),
+                1.0,
+                true,
+            )
+        }),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// Runs the benchmark and writes `bitblas.json` and `bitblas.md` into the out directory.
 pub fn run(options: &BitblasOptions) -> Result<BitblasResults> {
     std::fs::create_dir_all(&options.out_dir)?;
-    let daemon = workspace_binary("tunecached");
-    let bin_dir = daemon
-        .parent()
-        .context("the daemon binary has no directory")?
-        .to_owned();
     let load_average_start = load_average();
-    let output = Command::new(&options.python)
-        .arg(script())
-        .args(["--ops", &options.ops.to_string()])
-        .args(["--file-mib", &options.file_mib.to_string()])
-        .args(["--ranks", &options.ranks.to_string()])
-        .args(["--slowfs-ms", &options.slowfs_ms.to_string()])
-        .args(["--runs", &options.runs.to_string()])
-        .arg("--bin-dir")
-        .arg(&bin_dir)
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", options.python.display()))?;
-    if !output.status.success() {
-        bail!("bitblas_load.py failed ({})", output.status);
-    }
-    let raw: Value = serde_json::from_slice(&output.stdout).context("bitblas_load.py's JSON")?;
-    let mut modes = Vec::new();
-    for mode in raw
-        .get("results")
-        .and_then(Value::as_array)
+    let raw = run_script(
+        &options.python,
+        &script(),
+        &[
+            ("--ops", options.ops.to_string()),
+            ("--file-mib", options.file_mib.to_string()),
+            ("--ranks", options.ranks.to_string()),
+            ("--slowfs-ms", options.slowfs_ms.to_string()),
+            ("--runs", options.runs.to_string()),
+        ],
+    )?;
+    let modes: Vec<ModeSummary> = modes_of(&raw)
         .into_iter()
-        .flatten()
-        .filter_map(|run| run.get("mode").and_then(Value::as_str))
-    {
-        if !modes
-            .iter()
-            .any(|summary: &ModeSummary| summary.mode == mode)
-        {
-            modes.extend(summarise(&raw, mode));
-        }
-    }
+        .filter_map(|mode| summarise(&raw, mode))
+        .collect();
     let results = BitblasResults {
         command_line: options.command_line.clone(),
         machine: machine_info(&options.command_line),
@@ -214,14 +167,7 @@ pub fn run(options: &BitblasOptions) -> Result<BitblasResults> {
         modes,
         raw,
     };
-    let json = serde_json::to_value(&results)?;
-    std::fs::write(
-        options.out_dir.join("bitblas.json"),
-        serde_json::to_string_pretty(&json)?,
-    )?;
-    let table = tunecache_bench::current::render("bitblas", &json)?;
-    std::fs::write(options.out_dir.join("bitblas.md"), &table)?;
-    println!("{table}");
+    write_outputs(&options.out_dir, "bitblas", &results)?;
     Ok(results)
 }
 

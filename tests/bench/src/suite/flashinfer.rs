@@ -8,14 +8,13 @@
 //! `report`, kind `flashinfer`).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use serde::Serialize;
 use serde_json::Value;
-use tunecache_bench::daemon::workspace_binary;
 
-use super::{load_average, machine_info, median, MachineInfo};
+use super::script_bench::{modes_of, run_script, write_outputs, Goal, ModeRuns};
+use super::{load_average, machine_info, MachineInfo};
 
 /// The drop-in, cold, over one rank profiling alone, at most (issue 57).
 pub const GOAL_COLD_AT_MOST: f64 = 1.2;
@@ -54,14 +53,6 @@ pub struct ModeSummary {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Goal {
-    pub what: String,
-    pub ratio: f64,
-    pub at_most: f64,
-    pub met: bool,
-}
-
-#[derive(Debug, Clone, Serialize)]
 pub struct FlashinferResults {
     pub command_line: String,
     pub machine: MachineInfo,
@@ -82,32 +73,17 @@ fn script() -> PathBuf {
 
 /// The runs of `mode` in the script's `results`, summarised; None if it has none.
 pub fn summarise(raw: &Value, mode: &str) -> Option<ModeSummary> {
-    let runs: Vec<&Value> = raw
-        .get("results")?
-        .as_array()?
-        .iter()
-        .filter(|run| run.get("mode").and_then(Value::as_str) == Some(mode))
-        .collect();
-    if runs.is_empty() {
-        return None;
-    }
-    let figures = |key: &str| -> Vec<f64> {
-        runs.iter()
-            .map(|run| run.get(key).and_then(Value::as_f64).unwrap_or(f64::NAN))
-            .collect()
-    };
-    let walls = figures("wall_s");
+    let runs = ModeRuns::of(raw, mode)?;
+    let (wall_s_median, wall_s_min, wall_s_max) = runs.walls();
     Some(ModeSummary {
         mode: mode.to_owned(),
         runs: runs.len(),
-        wall_s_median: median(&mut walls.clone()),
-        wall_s_min: walls.iter().copied().fold(f64::INFINITY, f64::min),
-        wall_s_max: walls.iter().copied().fold(0.0, f64::max),
-        rank_s_median: median(&mut figures("rank_s_median")),
-        profiles_median: median(&mut figures("profiles")),
-        ranks_agreeing: runs
-            .iter()
-            .all(|run| run.get("ranks_agreeing").and_then(Value::as_bool) == Some(true)),
+        wall_s_median,
+        wall_s_min,
+        wall_s_max,
+        rank_s_median: runs.median("rank_s_median"),
+        profiles_median: runs.median("profiles"),
+        ranks_agreeing: runs.all("ranks_agreeing"),
     })
 }
 
@@ -120,70 +96,46 @@ pub fn goals(modes: &[ModeSummary]) -> Vec<Goal> {
             .find(|summary| summary.mode == mode)
             .map(|summary| summary.wall_s_median)
     };
-    let mut goals = Vec::new();
-    let mut judge = |what: &str, ours: Option<f64>, floor: Option<f64>, at_most: f64| {
-        if let (Some(ours), Some(floor)) = (ours, floor) {
-            let ratio = ours / floor;
-            goals.push(Goal {
-                what: what.to_owned(),
-                ratio,
-                at_most,
-                met: ratio <= at_most,
-            });
-        }
-    };
-    judge(
-        "drop-in, cold: within 1.2x of one rank profiling alone",
-        wall("dropin-cold"),
-        wall("one-rank"),
-        GOAL_COLD_AT_MOST,
-    );
-    judge(
-        "drop-in, warm: within 1.5x of stock's warm start on a local disk",
-        wall("dropin-warm"),
-        wall("stock-warm"),
-        GOAL_WARM_AT_MOST,
-    );
-    goals
+    [
+        Goal::judge(
+            "drop-in, cold: within 1.2x of one rank profiling alone".to_owned(),
+            wall("dropin-cold"),
+            wall("one-rank"),
+            GOAL_COLD_AT_MOST,
+            false,
+        ),
+        Goal::judge(
+            "drop-in, warm: within 1.5x of stock's warm start on a local disk".to_owned(),
+            wall("dropin-warm"),
+            wall("stock-warm"),
+            GOAL_WARM_AT_MOST,
+            false,
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// Runs the benchmark and writes `flashinfer.json` and `flashinfer.md` into the out directory.
 pub fn run(options: &FlashinferOptions) -> Result<FlashinferResults> {
     std::fs::create_dir_all(&options.out_dir)?;
-    let daemon = workspace_binary("tunecached");
-    let bin_dir = daemon
-        .parent()
-        .context("the daemon binary has no directory")?
-        .to_owned();
     let load_average_start = load_average();
-    let output = Command::new(&options.python)
-        .arg(script())
-        .args(["--ranks", &options.ranks.to_string()])
-        .args(["--keys", &options.keys.to_string()])
-        .args(["--profile-ms", &options.profile_ms.to_string()])
-        .args(["--slowfs-ms", &options.slowfs_ms.to_string()])
-        .args(["--runs", &options.runs.to_string()])
-        .arg("--bin-dir")
-        .arg(&bin_dir)
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", options.python.display()))?;
-    if !output.status.success() {
-        bail!("flashinfer_tune.py failed ({})", output.status);
-    }
-    let raw: Value = serde_json::from_slice(&output.stdout).context("flashinfer_tune.py's JSON")?;
-    let mut modes: Vec<ModeSummary> = Vec::new();
-    for mode in raw
-        .get("results")
-        .and_then(Value::as_array)
+    let raw = run_script(
+        &options.python,
+        &script(),
+        &[
+            ("--ranks", options.ranks.to_string()),
+            ("--keys", options.keys.to_string()),
+            ("--profile-ms", options.profile_ms.to_string()),
+            ("--slowfs-ms", options.slowfs_ms.to_string()),
+            ("--runs", options.runs.to_string()),
+        ],
+    )?;
+    let modes: Vec<ModeSummary> = modes_of(&raw)
         .into_iter()
-        .flatten()
-        .filter_map(|run| run.get("mode").and_then(Value::as_str))
-    {
-        if !modes.iter().any(|summary| summary.mode == mode) {
-            modes.extend(summarise(&raw, mode));
-        }
-    }
+        .filter_map(|mode| summarise(&raw, mode))
+        .collect();
     let results = FlashinferResults {
         command_line: options.command_line.clone(),
         machine: machine_info(&options.command_line),
@@ -196,14 +148,7 @@ pub fn run(options: &FlashinferOptions) -> Result<FlashinferResults> {
         modes,
         raw,
     };
-    let json = serde_json::to_value(&results)?;
-    std::fs::write(
-        options.out_dir.join("flashinfer.json"),
-        serde_json::to_string_pretty(&json)?,
-    )?;
-    let table = tunecache_bench::current::render("flashinfer", &json)?;
-    std::fs::write(options.out_dir.join("flashinfer.md"), &table)?;
-    println!("{table}");
+    write_outputs(&options.out_dir, "flashinfer", &results)?;
     Ok(results)
 }
 

@@ -15,6 +15,7 @@ mod micro;
 pub mod python_client;
 mod replay;
 mod report;
+mod script_bench;
 mod slowfs;
 pub mod startup;
 mod transport;
