@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-use super::format::{array, num, text, times, uint, verdict};
+use super::format::{goals_table, num, text, uint};
 
 fn what(mode: &str) -> String {
     match mode {
@@ -58,19 +58,6 @@ pub(super) fn flashinfer(results: &Value) -> Result<String> {
             if agreeing { "yes" } else { "no" },
         );
     }
-    let goals = array(results, "goals");
-    if !goals.is_empty() {
-        let _ = writeln!(out, "\n| goal | drop-in / floor | verdict |");
-        let _ = writeln!(out, "|---|---:|---|");
-        for goal in goals {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} |",
-                text(goal, "what"),
-                times(num(goal, "ratio")),
-                verdict(goal.get("met").and_then(Value::as_bool).unwrap_or(false))
-            );
-        }
-    }
+    out.push_str(&goals_table(results, "goal"));
     Ok(out)
 }

@@ -51,6 +51,25 @@ pub(super) fn grouped(value: u64) -> String {
     out
 }
 
+/// The `goals` of a drop-in benchmark's results (`what`, `ratio`, `met`) as a table whose first
+/// column is headed `heading`; nothing when there are none.
+pub(super) fn goals_table(results: &Value, heading: &str) -> String {
+    let goals = array(results, "goals");
+    if goals.is_empty() {
+        return String::new();
+    }
+    let mut out = format!("\n| {heading} | drop-in / floor | verdict |\n|---|---:|---|\n");
+    for goal in goals {
+        out.push_str(&format!(
+            "| {} | {} | {} |\n",
+            text(goal, "what"),
+            times(num(goal, "ratio")),
+            verdict(goal.get("met").and_then(Value::as_bool).unwrap_or(false))
+        ));
+    }
+    out
+}
+
 pub(super) fn verdict(met: bool) -> &'static str {
     if met {
         "met"
