@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,22 +40,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO_ROOT / "client" / "python" / "tests"))
 from bitblas_standin import write_standin  # noqa: E402
+from dropin_bench import mount_slowfs, start_daemon, take_down  # noqa: E402
 
 RANK_SCRIPT = Path(__file__).resolve().parent / "bitblas_load_rank.py"
 TARGET = "nvidia/nvidia-h100"
-
-
-BIN_DIR = None  # --bin-dir: where tunecached and slowfs are (tunecache-bench passes its own)
-
-
-def binary(name: str) -> Path:
-    if BIN_DIR is not None:
-        return Path(BIN_DIR) / name
-    for profile in ("release", "debug"):
-        path = REPO_ROOT / "target" / profile / name
-        if path.is_file():
-            return path
-    raise SystemExit(f"{name} not built (cargo build --bins -p tunecache-server -p tunecache-slowfs)")
 
 
 BUILD_DATABASE = r"""
@@ -105,15 +92,6 @@ for hash_dir in sorted(os.listdir(arch_path)):
     entries.append(tunecache.Entry(key=key, result=result))
 print(client.record(entries).stored)
 """
-
-
-def wait_answering(python: str, socket: str, process: subprocess.Popen) -> None:
-    probe = "import sys, tunecache; tunecache.Client(sys.argv[1], timeout=1).stats()"
-    deadline = time.monotonic() + 30
-    while subprocess.run([python, "-c", probe, socket], capture_output=True).returncode != 0:
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("tunecached did not start")
-        time.sleep(0.05)
 
 
 def served_bytes(python: str, socket: str) -> int:
@@ -179,8 +157,6 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--bin-dir", help="where tunecached and slowfs are [default: target/release, then debug]")
     args = parser.parse_args()
-    global BIN_DIR
-    BIN_DIR = args.bin_dir
     python = sys.executable
     work = Path(tempfile.mkdtemp(prefix="bb-load-", dir="/tmp"))
     daemon = None
@@ -201,30 +177,19 @@ def main() -> None:
         print(f"database: {args.ops} operators built in {time.monotonic() - started:.1f} s", file=sys.stderr)
         clean_stock_leftovers(database)
 
-        log = open(work / "daemon.log", "wb")
-        daemon = subprocess.Popen([str(binary("tunecached")), "--socket", socket, "--state-dir", str(work / "state"),
-                                   "--tuner", "off"], stdout=log, stderr=subprocess.STDOUT)
-        wait_answering(python, socket, daemon)
+        daemon = start_daemon(args.bin_dir, work, socket)
         seeded = subprocess.run([python, "-c", SEED_DAEMON, str(database), TARGET, socket], check=True,
                                 env=environment, stdout=subprocess.PIPE, text=True)
         print(f"daemon: {seeded.stdout.strip()} entries recorded", file=sys.stderr)  # stdout is the report's
 
         paths = {"dropin": "unused", "dropin-warm": "unused", "local": str(database),
                  "local-copies": str(work / "copies")}
-        if args.slowfs_ms and Path("/dev/fuse").exists():
+        if args.slowfs_ms:
             backing = work / "slow" / "backing"
             shutil.copytree(database, backing)
-            mountpoint.mkdir(parents=True)
-            # The detached slowfs keeps stderr for its log: a pipe there would never reach EOF.
-            with open(work / "slowfs.log", "wb") as slowfs_log:
-                mounted = subprocess.run([str(binary("slowfs")), str(backing), str(mountpoint), "--latency-ms",
-                                          str(args.slowfs_ms), "--threads", "64"], stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=slowfs_log, text=True)
-            if mounted.returncode == 0:
-                slowfs_pid = int(mounted.stdout.strip())
+            slowfs_pid = mount_slowfs(args.bin_dir, work, backing, mountpoint, args.slowfs_ms)
+            if slowfs_pid is not None:
                 paths[f"slowfs-{args.slowfs_ms}ms"] = str(mountpoint)
-            else:
-                print(f"slowfs skipped: {(work / 'slowfs.log').read_text().strip()}", file=sys.stderr)
 
         results = []
         for run in range(args.runs):
@@ -258,14 +223,7 @@ def main() -> None:
                   f"{result['load_s_max']:>12.2f}{result['with_rt_mod_min']:>18}/{args.ops}"
                   f"{result['ranks_failed']:>14}", file=sys.stderr)
     finally:
-        if slowfs_pid is not None:
-            os.kill(slowfs_pid, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and str(mountpoint) in open("/proc/self/mounts").read():
-                time.sleep(0.02)
-        if daemon is not None:
-            daemon.send_signal(signal.SIGTERM)
-            daemon.wait(timeout=15)
+        take_down(slowfs_pid, mountpoint, daemon)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -35,22 +34,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO_ROOT / "client" / "python" / "tests"))
 from flashinfer_standin import their_source, write_standin  # noqa: E402
+from dropin_bench import mount_slowfs, start_daemon, take_down  # noqa: E402
 
 RANK_SCRIPT = REPO_ROOT / "client" / "python" / "tests" / "flashinfer_rank.py"
 DEFAULT_SOURCE = REPO_ROOT / "target" / "flashinfer-0.7.2.post1"
-
-
-BIN_DIR = None  # --bin-dir: where tunecached and slowfs are (tunecache-bench passes its own)
-
-
-def binary(name: str) -> Path:
-    if BIN_DIR is not None:
-        return Path(BIN_DIR) / name
-    for profile in ("release", "debug"):
-        path = REPO_ROOT / "target" / profile / name
-        if path.is_file():
-            return path
-    raise SystemExit(f"{name} not built (cargo build --bins -p tunecache-server -p tunecache-slowfs)")
 
 
 def run_mode(environment: dict, mode: str, ranks: int, spec: dict) -> dict:
@@ -92,8 +79,6 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--bin-dir", help="where tunecached and slowfs are [default: target/release, then debug]")
     args = parser.parse_args()
-    global BIN_DIR
-    BIN_DIR = args.bin_dir
     source = their_source() or (DEFAULT_SOURCE if (DEFAULT_SOURCE / "flashinfer").is_dir() else None)
     if source is None:
         raise SystemExit("FlashInfer's code is not extracted: run client/python/run_tests.sh --prepare")
@@ -109,28 +94,14 @@ def main() -> None:
                            TUNECACHE_FLASHINFER_WAIT_MS="600000")
         spec = dict(ops=[{"name": "gemm", "runners": ["Gemm"]}], shapes=list(range(1, args.keys + 1)),
                     profile_ms=args.profile_ms, barrier=True, dropin="none")
-        log = open(work / "daemon.log", "wb")
-        daemon = subprocess.Popen([str(binary("tunecached")), "--socket", socket, "--state-dir", str(work / "state"),
-                                   "--tuner", "off"], stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while not Path(socket).exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        daemon = start_daemon(args.bin_dir, work, socket)
         roots = {"one-rank": None, "stock-local": None, "stock-warm": None}
-        if args.slowfs_ms and Path("/dev/fuse").exists():
+        if args.slowfs_ms:
             backing = work / "slow" / "backing"
             backing.mkdir(parents=True)
-            mountpoint.mkdir(parents=True)
-            with open(work / "slowfs.log", "wb") as slowfs_log:
-                mounted = subprocess.run([str(binary("slowfs")), str(backing), str(mountpoint), "--latency-ms",
-                                          str(args.slowfs_ms), "--threads", "64"], stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=slowfs_log, text=True)
-            if mounted.returncode == 0:
-                slowfs_pid = int(mounted.stdout.strip())
+            slowfs_pid = mount_slowfs(args.bin_dir, work, backing, mountpoint, args.slowfs_ms)
+            if slowfs_pid is not None:
                 roots[f"slowfs-{args.slowfs_ms}ms"] = None
-            else:
-                print(f"slowfs skipped: {(work / 'slowfs.log').read_text().strip()}", file=sys.stderr)
-        elif args.slowfs_ms:
-            print("slowfs skipped: no /dev/fuse", file=sys.stderr)
         roots.update({"dropin-cold": None, "dropin-warm": None})
 
         results = []
@@ -162,14 +133,7 @@ def main() -> None:
                   f"{statistics.median(result['profiles'] for result in runs):.0f} | "
                   f"{'yes' if all(result['ranks_agreeing'] for result in runs) else 'no'} |", file=sys.stderr)
     finally:
-        if slowfs_pid is not None:
-            os.kill(slowfs_pid, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and str(mountpoint) in open("/proc/self/mounts").read():
-                time.sleep(0.02)
-        if daemon is not None:
-            daemon.send_signal(signal.SIGTERM)
-            daemon.wait(timeout=15)
+        take_down(slowfs_pid, mountpoint, daemon)
         shutil.rmtree(work, ignore_errors=True)
 
 
