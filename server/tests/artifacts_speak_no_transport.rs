@@ -2,18 +2,10 @@
 //! outside its test modules names tonic or a `tunecache.v1` message; its answers are
 //! `ArtifactError`, which becomes a gRPC status in one place, `rpc/artifacts.rs`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("a source directory") {
-        let path = entry.expect("a directory entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|ext| ext == "rs") {
-            out.push(path);
-        }
-    }
-}
+mod source_tree;
+use source_tree::rust_files;
 
 /// The text of `file` before its test module, if it has one; nothing of a `tests.rs` file.
 fn non_test_text(file: &Path) -> String {

@@ -4,7 +4,10 @@
 //! itself, unless `OTHER_USES` lists it with its reason (and on a listed file that no longer
 //! does, so the list stays true).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+mod source_tree;
+use source_tree::rust_files;
 
 /// What spells a part of the sequence.
 const STEPS: &[&str] = &[".sync_all()", ".sync_data()", "rename(", "hard_link("];
@@ -29,17 +32,6 @@ const OTHER_USES: &[(&str, &str)] = &[
         "the blob sweep moves blobs to and from its trash; it writes none",
     ),
 ];
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("read src") {
-        let path = entry.expect("dir entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
 
 #[test]
 fn only_fsx_atomic_puts_files_in_place() {

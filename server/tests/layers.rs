@@ -16,6 +16,9 @@ use std::path::{Path, PathBuf};
 use proc_macro2::{TokenStream, TokenTree};
 use syn::visit_mut::VisitMut;
 
+mod source_tree;
+use source_tree::rust_files;
+
 /// Top to bottom: a part may use the parts of any later layer, never of its own or an
 /// earlier one (besides itself). Keep in step with the list in `server/src/lib.rs`.
 const LAYERS: &[&[&str]] = &[
@@ -220,17 +223,6 @@ impl VisitMut for Collector<'_> {
             self.module.push(item.ident.to_string());
             syn::visit_mut::visit_item_mod_mut(self, item);
             self.module.pop();
-        }
-    }
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("read src") {
-        let path = entry.expect("dir entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
         }
     }
 }

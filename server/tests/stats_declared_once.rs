@@ -25,6 +25,9 @@ use std::path::{Path, PathBuf};
 use proc_macro2::{Delimiter, TokenStream, TokenTree};
 use syn::visit_mut::VisitMut;
 
+mod source_tree;
+use source_tree::rust_files;
+
 /// Assignments to a field named like a Stats field that write something else: (file under
 /// `src`, the assigned place as written, why it is no Stats field).
 const NOT_STATS: &[(&str, &str, &str)] = &[(
@@ -350,25 +353,18 @@ fn item_is_test(item: &syn::Item) -> bool {
     }
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("read src") {
-        let path = entry.expect("dir entry").path();
-        if path.is_dir() {
-            if path.file_name().is_some_and(|n| n != "tests") {
-                rust_files(&path, out);
-            }
-        } else if path.extension().is_some_and(|e| e == "rs")
-            && path.file_name().is_some_and(|n| n != "tests.rs")
-        {
-            out.push(path);
-        }
-    }
-}
-
 /// Every declaration of one of `fields` under `src`, and the registry pieces not understood.
 fn declarations(src: &Path, fields: &[String]) -> (Vec<Declaration>, Vec<String>) {
     let mut files = Vec::new();
     rust_files(src, &mut files);
+    // Unit tests (a `tests` directory or `tests.rs`) spell Stats fields without declaring them.
+    files.retain(|file| {
+        !file
+            .strip_prefix(src)
+            .unwrap_or(file)
+            .components()
+            .any(|part| part.as_os_str() == "tests" || part.as_os_str() == "tests.rs")
+    });
     files.sort();
     let (mut found, mut unreadable) = (Vec::new(), Vec::new());
     for file in files {
