@@ -40,7 +40,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO_ROOT / "client" / "python" / "tests"))
 from bitblas_standin import write_standin  # noqa: E402
-from dropin_bench import mount_slowfs, start_daemon, take_down  # noqa: E402
+from dropin_bench import mount_slowfs, release_ranks, start_daemon, take_down  # noqa: E402
 
 RANK_SCRIPT = Path(__file__).resolve().parent / "bitblas_load_rank.py"
 TARGET = "nvidia/nvidia-h100"
@@ -101,24 +101,9 @@ def served_bytes(python: str, socket: str) -> int:
 
 
 def run_mode(python: str, environment: dict, mode: str, paths: list) -> dict:
-    processes = [subprocess.Popen([python, str(RANK_SCRIPT), mode, path, TARGET], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
-                 for path in paths]
     ranks = len(paths)
-    for process in processes:  # the barrier: every rank imported and ready
-        line = process.stdout.readline()
-        if line.strip() != "ready":
-            raise SystemExit(f"{mode} rank not ready: {line!r} {process.stderr.read()[-2000:]}")
-    released = time.time()
-    for process in processes:
-        process.stdin.close()
-        process.stdin = None  # communicate() below must not flush it
-    reports = []
-    for process in processes:
-        out, err = process.communicate(timeout=600)
-        if process.returncode != 0:
-            raise SystemExit(f"{mode} rank failed: {err[-2000:]}")
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    released, reports = release_ranks(mode, [[python, str(RANK_SCRIPT), mode, path, TARGET] for path in paths],
+                                      environment, timeout_s=600)
     loads = [report["load_s"] for report in reports]
     return {
         "mode": mode,

@@ -5,6 +5,7 @@
 # its report.
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -68,3 +69,26 @@ def take_down(slowfs_pid: Optional[int], mountpoint: Path, daemon: Optional[subp
     if daemon is not None:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=15)
+
+
+def release_ranks(mode: str, commands: list, environment: dict, timeout_s: float) -> tuple:
+    """Starts a rank process per command and holds them at the barrier (each says `ready` once
+    imported), then releases them at once; answers (the release time, each rank's last stdout
+    line as JSON)."""
+    processes = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=environment) for command in commands]
+    for process in processes:
+        line = process.stdout.readline()
+        if line.strip() != "ready":
+            raise SystemExit(f"{mode} rank not ready: {line!r} {process.stderr.read()[-2000:]}")
+    released = time.time()
+    for process in processes:
+        process.stdin.close()
+        process.stdin = None  # communicate() below must not flush it
+    reports = []
+    for process in processes:
+        out, err = process.communicate(timeout=timeout_s)
+        if process.returncode != 0:
+            raise SystemExit(f"{mode} rank failed: {err[-2000:]}")
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    return released, reports

@@ -34,30 +34,15 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO_ROOT / "client" / "python" / "tests"))
 from flashinfer_standin import their_source, write_standin  # noqa: E402
-from dropin_bench import mount_slowfs, start_daemon, take_down  # noqa: E402
+from dropin_bench import mount_slowfs, release_ranks, start_daemon, take_down  # noqa: E402
 
 RANK_SCRIPT = REPO_ROOT / "client" / "python" / "tests" / "flashinfer_rank.py"
 DEFAULT_SOURCE = REPO_ROOT / "target" / "flashinfer-0.7.2.post1"
 
 
 def run_mode(environment: dict, mode: str, ranks: int, spec: dict) -> dict:
-    processes = [subprocess.Popen([sys.executable, str(RANK_SCRIPT), json.dumps(spec)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
-                 for _ in range(ranks)]
-    for process in processes:  # the barrier: every rank imported and ready
-        line = process.stdout.readline()
-        if line.strip() != "ready":
-            raise SystemExit(f"{mode} rank not ready: {line!r} {process.stderr.read()[-2000:]}")
-    released = time.time()
-    for process in processes:
-        process.stdin.close()
-        process.stdin = None
-    reports = []
-    for process in processes:
-        out, err = process.communicate(timeout=1800)
-        if process.returncode != 0:
-            raise SystemExit(f"{mode} rank failed: {err[-2000:]}")
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    released, reports = release_ranks(mode, [[sys.executable, str(RANK_SCRIPT), json.dumps(spec)]] * ranks,
+                                      environment, timeout_s=1800)
     tactics = {json.dumps(report["chosen"], sort_keys=True) for report in reports}
     return {
         "mode": mode,
