@@ -22,12 +22,12 @@ impl Cluster {
             && self.queue.publishing.load(Ordering::Relaxed) == 0
     }
 
-    /// Waits until `publish_idle`, at most `limit`.
-    pub(super) async fn wait_publish_idle(&self, limit: Duration) {
-        let deadline = tokio::time::Instant::now() + limit;
+    /// Waits until `publish_idle`, at most until `deadline`; whether it is.
+    pub(super) async fn wait_publish_idle(&self, deadline: tokio::time::Instant) -> bool {
         while !self.publish_idle() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        self.publish_idle()
     }
 
     /// At shutdown: waits until this node's queue is published, at most until `deadline`;
@@ -37,11 +37,9 @@ impl Cluster {
         if self.publish_idle() {
             return "nothing waiting to publish".to_owned();
         }
-        while !self.publish_idle() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let idle = self.wait_publish_idle(deadline).await;
         let left = self.lock_pending().entries.len();
-        if self.publish_idle() {
+        if idle {
             format!("published the {waiting} results that were waiting")
         } else {
             format!("{left} results still waiting when the time ran out (redis slow or away)")

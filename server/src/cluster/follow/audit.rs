@@ -55,7 +55,9 @@ impl Follower {
             if unsettled.is_empty() {
                 break;
             }
-            self.cluster.wait_publish_idle(AUDIT_DRAIN).await;
+            self.cluster
+                .wait_publish_idle(tokio::time::Instant::now() + AUDIT_DRAIN)
+                .await;
             let before = self.metas(conn, &unsettled).await?;
             let targets: Vec<(usize, u64)> = unsettled
                 .iter()
