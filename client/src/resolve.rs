@@ -54,6 +54,7 @@ impl Client {
             can_tune: options.can_tune,
             lease_ms: millis_u32(options.lease),
             view: self.view.clone(),
+            replay: false,
         };
         let answer = opening::call(message, options.wait + self.timeout, |request| {
             let mut inner = self.inner.clone();

@@ -477,4 +477,12 @@ impl TuneCache for TuneCacheService {
         let missing = self.artifacts.missing(&request.into_inner().sha256)?;
         Ok(Response::new(v1::StatArtifactsResponse { missing }))
     }
+
+    async fn list_misses(
+        &self,
+        request: Request<v1::ListMissesRequest>,
+    ) -> Result<Response<v1::ListMissesResponse>, Status> {
+        let _ = request;
+        Err(Status::unimplemented("ListMisses: being built (issue 52)"))
+    }
 }
