@@ -420,6 +420,36 @@ pub struct Config {
     )]
     pub shared_dir_writer_uid: Vec<u32>,
 
+    /// A bundle staging exported (`tunecache bundle export`; docs/bundles.md) to serve,
+    /// read-only: repeatable. Each is verified whole at start, and one that fails stops the
+    /// start, naming the file, the part and the reason. Its entries enter the cache as one
+    /// more source; its blobs are read from the file when a rank asks for them.
+    #[arg(
+        long,
+        env = "TUNECACHE_BUNDLE",
+        value_delimiter = ',',
+        value_name = "FILE"
+    )]
+    pub bundle: Vec<PathBuf>,
+
+    /// An Ed25519 public key (PEM, as `openssl pkey -pubout` writes) a bundle must be
+    /// signed by: repeatable. With any given, an unsigned bundle, or one signed by another
+    /// key, stops the start.
+    #[arg(
+        long,
+        env = "TUNECACHE_BUNDLE_TRUST_KEY",
+        value_delimiter = ',',
+        value_name = "PUB.pem"
+    )]
+    pub bundle_trust_key: Vec<PathBuf>,
+
+    /// Serve the bundles exactly: a key a bundle holds answers the bundle's result on every
+    /// read whatever the cache holds; no read waits or takes a lease, and a key in no bundle
+    /// answers the cache's result or a miss at once (`replay: not in any bundle`), listed by
+    /// `tunecache misses`. Records still merge into the cache.
+    #[arg(long, env = "TUNECACHE_REPLAY")]
+    pub replay: bool,
+
     /// In a `v2/` every user shares (root's, mode 1777), write segments every user may read
     /// (0644): a site-wide daemon's, whose results every user's daemon reads. Without it a
     /// daemon's segments there are its own uid's alone (0600).

@@ -95,6 +95,10 @@ pub enum Error {
         waited: std::time::Duration,
     },
 
+    /// A bundle (`--bundle`) failed its check at start: the file, and the part and reason.
+    #[error("bundle {}: {reason}", file.display())]
+    BundleRefused { file: PathBuf, reason: String },
+
     #[error("--node-name: {0}")]
     InvalidNodeName(String),
 

@@ -21,7 +21,8 @@
 //! 3. `rpc`, `handoff`: the doors: the gRPC service and its routes, the descriptor handoff;
 //! 4. `views`: every read (Lookup, Scan, Resolve), with or without a job view;
 //! 5. `coord`: who tunes a missing key on this node;
-//! 6. `cluster`, `snapshot`, `tuner`: the Redis tier, the shared directory, the tuner worker;
+//! 6. `bundles`, `cluster`, `snapshot`, `tuner`: the bundles staging exported, the Redis tier,
+//!    the shared directory, the tuner worker;
 //! 7. `artifacts`: the node's blob store (the files results name), fed by the tiers above;
 //! 8. `tiers`: what every tier implements (`Tier`), their one order, the list of them;
 //! 9. `store`: the cache, its writer and its change feed;
@@ -45,6 +46,7 @@ pub(crate) mod views;
 
 pub(crate) mod coord;
 
+pub(crate) mod bundles;
 pub(crate) mod cluster;
 pub mod snapshot;
 pub mod tuner;

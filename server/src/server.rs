@@ -223,6 +223,16 @@ async fn serve(
         replay_started.elapsed(),
         store.tombstones().len(),
     );
+    // The bundles, verified whole before anything of them is served: one that fails stops
+    // the start here, naming the file, the part and the reason. Every byte is read, so off
+    // the runtime, while the socket answers UNAVAILABLE.
+    let bundles = {
+        let settings = config.bundle_settings();
+        tokio::task::spawn_blocking(move || crate::bundles::Bundles::open(&settings))
+            .await
+            .map_err(|e| Error::io("verifying bundles", &state_dir, std::io::Error::other(e)))??
+            .map(Arc::new)
+    };
     let tuner = crate::tuner::start(config.tuner_settings()).await;
     // The tiers below the store, built from their settings: no connection is made and no
     // shared file touched here, so Redis being down or the shared directory hung delays
@@ -238,9 +248,14 @@ async fn serve(
         .snapshot_settings()?
         .map(crate::snapshot::Unstarted::new)
         .transpose()?;
-    let blob_sources = snapshots
+    let blob_sources = bundles
         .iter()
-        .map(crate::snapshot::Unstarted::blob_source)
+        .map(crate::bundles::Bundles::blob_source)
+        .chain(
+            snapshots
+                .iter()
+                .map(crate::snapshot::Unstarted::blob_source),
+        )
         .chain(cluster.iter().map(crate::cluster::Unstarted::blob_source))
         .collect();
     let artifact_settings = config.artifact_settings();
@@ -271,16 +286,26 @@ async fn serve(
     let request_limits = Arc::new(config.request_limits()?);
     request_limits.log();
     let max_request_bytes = request_limits.max_message_bytes();
+    let replay = crate::views::Replay::new(
+        bundles.as_ref().and_then(|bundles| bundles.replayed()),
+        crate::views::misses::DEFAULT_MISS_CAPS,
+    );
     let views = crate::views::Views::new(
         config.view_settings(),
         store.clone(),
         coordinator.clone(),
         cluster.clone(),
+        replay,
         tasks,
     );
     // Blobs named by any entry that reaches the cache are kept and fetched on demand.
     store.add_change_listener(artifacts.clone());
     artifacts.start_upkeep(store.clone());
+    // The bundles' entries are one more source, merged by the usual rule; learned, so never
+    // republished (every node has the bundle).
+    if let Some(bundles) = &bundles {
+        crate::bundles::merge_into(bundles, &store).await?;
+    }
     store.set_forget_retention(Duration::from_secs(
         u64::from(config.forget_retention_days) * 24 * 3600,
     ));
@@ -296,6 +321,11 @@ async fn serve(
             .iter()
             .map(|snapshots| Arc::new(snapshots.clone()) as Arc<dyn Tier>)
             .chain(
+                bundles
+                    .iter()
+                    .map(|bundles| bundles.clone() as Arc<dyn Tier>),
+            )
+            .chain(
                 cluster
                     .iter()
                     .map(|cluster| cluster.clone() as Arc<dyn Tier>),
@@ -310,6 +340,7 @@ async fn serve(
         artifacts: artifacts.clone(),
         snapshots: snapshots.clone(),
         cluster: cluster.clone(),
+        bundles,
         connection_limits: connection_limits.clone(),
         request_limits: request_limits.clone(),
         previous_shutdown,

@@ -27,7 +27,7 @@ const LAYERS: &[&[&str]] = &[
     &["rpc", "handoff"],
     &["views"],
     &["coord"],
-    &["cluster", "snapshot", "tuner"],
+    &["bundles", "cluster", "snapshot", "tuner"],
     &["artifacts"],
     &["tiers"],
     &["store"],

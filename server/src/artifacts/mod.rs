@@ -74,6 +74,8 @@ crate::report::stats_registry! {
             => counter(118, "Blobs fetched from the shared directory into the store."),
         fetches_cluster: AtomicU64 as artifact_fetches_cluster
             => counter(119, "Blobs fetched from the Redis tier into the store."),
+        fetches_bundle: AtomicU64 as artifact_fetches_bundle
+            => counter(140, "Blobs taken from a bundle file into the store because a rank asked for them."),
         fetches_missing: AtomicU64 as artifact_fetches_missing
             => counter(120, "GetArtifact calls answered NOT_FOUND or UNAVAILABLE."),
         bytes_served: AtomicU64 as artifact_bytes_served

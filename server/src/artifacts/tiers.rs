@@ -32,6 +32,14 @@ pub trait BlobSource: Send + Sync {
     /// Writes blob `digest` of `size` bytes into `into` (no more than `size` bytes: a tier
     /// holding more is wrong, and the digest check refuses it).
     fn fetch(&self, digest: String, size: u64, into: Partial) -> FetchFuture;
+    /// The size of blob `digest` when this tier vouches for it although no entry in the
+    /// cache names it: a bundle's blob, which a replaying daemon's answers name while a
+    /// better live result may hold the key. `None` (the default): only what the cache
+    /// names is fetched.
+    fn vouches(&self, digest: &str) -> Option<u64> {
+        let _ = digest;
+        None
+    }
 }
 
 /// How a fetch ended, as its waiters see it.
@@ -75,7 +83,13 @@ impl Artifacts {
         if crate::sync::lock(&self.index).blob(digest).is_some() {
             return Ok(());
         }
-        let Some(size) = crate::sync::lock(&self.index).named_size(digest) else {
+        let named = crate::sync::lock(&self.index).named_size(digest);
+        let vouched = || {
+            self.sources
+                .iter()
+                .find_map(|source| source.vouches(digest))
+        };
+        let Some(size) = named.or_else(vouched) else {
             return Err(ArtifactError::NotFound {
                 digest: digest.to_owned(),
                 reason: "no entry on this node names it, so no tier was asked".to_owned(),
@@ -196,6 +210,7 @@ impl Artifacts {
             crate::sync::lock(&self.index).insert(digest.to_owned(), size, None, self.now_ms());
             add(
                 match tier {
+                    TierKind::Bundle => &self.counters.fetches_bundle,
                     TierKind::SharedDir => &self.counters.fetches_shared_dir,
                     TierKind::Cluster => &self.counters.fetches_cluster,
                 },
@@ -287,6 +302,11 @@ mod tests {
                 holds: [(digest_of(&both), both.clone())].into(),
                 asked: Arc::clone(&asked),
             }),
+            Arc::new(Fake {
+                tier: TierKind::Bundle,
+                holds: Default::default(),
+                asked: Arc::clone(&asked),
+            }),
         ];
         let artifacts = Artifacts::open(&settings, sources, &tasks).unwrap();
         let order: Vec<TierKind> = artifacts.sources.iter().map(|s| s.kind()).collect();
@@ -294,7 +314,10 @@ mod tests {
 
         let end = artifacts.fetch(&digest_of(&both), both.len() as u64).await;
         assert!(matches!(end, FetchEnd::Held), "{end:?}");
-        assert_eq!(*crate::sync::lock(&asked), [TierKind::SharedDir]);
+        assert_eq!(
+            *crate::sync::lock(&asked),
+            [TierKind::Bundle, TierKind::SharedDir]
+        );
 
         crate::sync::lock(&asked).clear();
         let end = artifacts
@@ -303,7 +326,7 @@ mod tests {
         assert!(matches!(end, FetchEnd::Held), "{end:?}");
         assert_eq!(
             *crate::sync::lock(&asked),
-            [TierKind::SharedDir, TierKind::Cluster]
+            [TierKind::Bundle, TierKind::SharedDir, TierKind::Cluster]
         );
         assert_eq!(
             artifacts

@@ -49,6 +49,15 @@ impl Config {
         }))
     }
 
+    /// The bundle tier's settings (`--bundle`, `--bundle-trust-key`, `--replay`).
+    pub(crate) fn bundle_settings(&self) -> crate::bundles::BundleSettings {
+        crate::bundles::BundleSettings {
+            files: self.bundle.clone(),
+            trust_keys: self.bundle_trust_key.clone(),
+            replay: self.replay,
+        }
+    }
+
     /// The cluster tier's settings, checked; `None` without `--cluster-url`.
     pub(crate) fn cluster_settings(
         &self,

@@ -110,6 +110,11 @@ pub struct ResolveCall {
     pub lease: Duration,
     /// The caller's pid from the socket's peer credentials, when known.
     pub caller_pid: Option<i32>,
+    /// The caller's uid: whose replay misses a miss is listed under.
+    pub uid: u32,
+    /// Replay (`ResolveRequest.replay`): answered at once from what is here, never a lease
+    /// (`views` answers it; the coordinator never sees it).
+    pub replay: bool,
     /// The job view the caller reads in (`views`): a lease granted to it carries the view,
     /// so that the change feed tells `views` where its holder's result is pinned.
     pub view: Option<ViewId>,

@@ -52,6 +52,8 @@ pub struct ServiceParts {
     pub snapshots: Option<SnapshotHandle>,
     /// `None` without `--cluster-url`: the cluster tier's Stats fields.
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// `None` without `--bundle`: the bundle tier's Stats fields.
+    pub bundles: Option<Arc<crate::bundles::Bundles>>,
     /// The doors' connection limits, whose counters Stats reports.
     pub connection_limits: Arc<crate::ops::limits::ConnectionLimits>,
     /// The request limits, whose counters Stats reports.
@@ -74,6 +76,7 @@ pub struct TuneCacheService {
     snapshots: Option<SnapshotHandle>,
     connection_limits: Arc<crate::ops::limits::ConnectionLimits>,
     cluster: Option<Arc<crate::cluster::Cluster>>,
+    bundles: Option<Arc<crate::bundles::Bundles>>,
     request_limits: Arc<crate::ops::request_limits::RequestLimits>,
     previous_shutdown: String,
     admins: crate::ops::access::AccessPolicy,
@@ -97,6 +100,7 @@ impl TuneCacheService {
             artifacts,
             snapshots,
             cluster,
+            bundles,
             connection_limits,
             request_limits,
             previous_shutdown,
@@ -113,6 +117,7 @@ impl TuneCacheService {
             snapshots,
             connection_limits,
             cluster,
+            bundles,
             request_limits,
             previous_shutdown,
             admins,
@@ -159,11 +164,11 @@ fn plan_lookup(views: &Views, uid: u32, request: &Bytes) -> Result<(usize, Looku
     Ok(match checked.keys {
         LookupKeys::InPlace(keys) => (
             keys.len(),
-            views.plan_lookup(view, keys.iter().map(CheckedKey::view)),
+            views.plan_lookup(uid, view, keys.iter().map(CheckedKey::view)),
         ),
         LookupKeys::Decoded(keys) => (
             keys.len(),
-            views.plan_lookup(view, keys.iter().map(CacheKey::view)),
+            views.plan_lookup(uid, view, keys.iter().map(CacheKey::view)),
         ),
     })
 }
@@ -335,6 +340,8 @@ impl TuneCache for TuneCacheService {
             can_tune: request.can_tune,
             lease,
             caller_pid,
+            uid,
+            replay: request.replay,
             view,
         };
         Ok(Response::new(self.views.resolve(call).await?.into()))
@@ -482,7 +489,32 @@ impl TuneCache for TuneCacheService {
         &self,
         request: Request<v1::ListMissesRequest>,
     ) -> Result<Response<v1::ListMissesResponse>, Status> {
-        let _ = request;
-        Err(Status::unimplemented("ListMisses: being built (issue 52)"))
+        let uid = caller_uid(&request);
+        // An administrator sees every uid's misses; anyone else the caller's own.
+        let only = (!self.admins.allows_caller(&request).await).then_some(uid);
+        let view = request.into_inner().view;
+        let view = names::view_name("view", &view)?;
+        let views = self
+            .views
+            .replay()
+            .list(only, view.as_deref())
+            .into_iter()
+            .map(|(uid, view, misses)| v1::ViewMisses {
+                view,
+                uid,
+                keys: misses
+                    .keys
+                    .into_iter()
+                    .map(|(key, missed)| v1::MissedKey {
+                        key: Some(key.into()),
+                        count: missed.count,
+                        first_unix_ms: missed.first_unix_ms,
+                        last_unix_ms: missed.last_unix_ms,
+                    })
+                    .collect(),
+                left_out: misses.left_out,
+            })
+            .collect();
+        Ok(Response::new(v1::ListMissesResponse { views }))
     }
 }

@@ -96,7 +96,11 @@ impl SnapshotHandle {
                 if batch.is_empty() {
                     break;
                 }
-                stored += self.store.apply_stored(batch, file.origin).await?.stored;
+                stored += self
+                    .store
+                    .apply_stored(batch, file.origin, Source::Snapshot)
+                    .await?
+                    .stored;
             }
             tracing::info!(
                 file = %file.name,

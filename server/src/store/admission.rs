@@ -123,15 +123,16 @@ impl Store {
             .await
     }
 
-    /// Merges entries already in stored form (read from the shared directory) with the
-    /// given provenance, waiting for room in the write queue.
+    /// Merges entries already in stored form (read from the shared directory, a bundle)
+    /// with the given provenance, waiting for room in the write queue.
     pub async fn apply_stored(
         &self,
         entries: Vec<StoredEntry>,
         origin: Origin,
+        source: Source,
     ) -> Result<ApplyOutcome> {
         let entries = entries.into_iter().map(Incoming::Stored).collect();
-        self.apply_from(entries, origin, Source::Snapshot).await
+        self.apply_from(entries, origin, source).await
     }
 
     /// Merges `entries` with the given provenance, waiting for room in the write queue.
@@ -169,6 +170,7 @@ impl Store {
             Source::Tuner => "tuner",
             Source::Snapshot => "shared directory",
             Source::Cluster => "cluster tier",
+            Source::Bundle => "bundle",
             Source::Forget => "Forget",
         };
         if self

@@ -44,6 +44,8 @@ pub enum Source {
     Snapshot,
     /// The Redis cluster tier.
     Cluster,
+    /// A bundle (`--bundle`), merged at start.
+    Bundle,
     /// A Forget asked of this node (the Forget RPC).
     Forget,
 }

@@ -1,5 +1,5 @@
 //! The tiers below the node's store that share results across nodes (the shared directory,
-//! Redis; a read-only bundle tier later): the one interface each implements for what crosses
+//! Redis; the read-only bundles): the one interface each implements for what crosses
 //! it ([`Tier`]), the order they are listed and asked in ([`TIER_ORDER`], declared here and
 //! nowhere else), the list the daemon builds once ([`Tiers`], in `list`), and the memo of the
 //! blobs a tier holds ([`PublishedBlobs`], the one both publishers keep).
@@ -24,15 +24,16 @@ pub use list::{Tiers, SHUTDOWN_PUBLISH_LIMIT};
 /// Which tier a thing is (counted per tier in Stats, named in reports).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TierKind {
+    Bundle,
     SharedDir,
     Cluster,
 }
 
-/// The order of the tiers, wherever they are listed: a missing blob is asked of the shared
-/// directory (a file read on this network) first, then Redis; the last publish at shutdown
-/// and the health names go in the same order. Whatever order the tiers are built in, they
-/// are listed in this one.
-pub const TIER_ORDER: [TierKind; 2] = [TierKind::SharedDir, TierKind::Cluster];
+/// The order of the tiers, wherever they are listed: a missing blob is asked of the bundles
+/// (a local file, verified at start) first, then the shared directory (a file read on this
+/// network), then Redis; the last publish at shutdown and the health names go in the same
+/// order. Whatever order the tiers are built in, they are listed in this one.
+pub const TIER_ORDER: [TierKind; 3] = [TierKind::Bundle, TierKind::SharedDir, TierKind::Cluster];
 
 impl TierKind {
     /// Its place in `TIER_ORDER`.
@@ -46,6 +47,7 @@ impl TierKind {
     /// As a blob fetch's answer names it.
     pub fn name(self) -> &'static str {
         match self {
+            TierKind::Bundle => "a bundle",
             TierKind::SharedDir => "the shared directory",
             TierKind::Cluster => "Redis",
         }
@@ -54,6 +56,7 @@ impl TierKind {
     /// As the report of the last publish at shutdown names it.
     pub fn part_name(self) -> &'static str {
         match self {
+            TierKind::Bundle => "bundles",
             TierKind::SharedDir => "shared directory",
             TierKind::Cluster => "cluster tier",
         }

@@ -13,8 +13,10 @@
 //! coordinator's lease says which view; a task of its own makes those pins). Its sweep ends
 //! idle views and keeps active ones alive in Redis.
 
+pub mod misses;
 pub mod pins;
 mod read;
+pub mod replay;
 
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +36,7 @@ use pins::{Answer, Dropped, ViewPins};
 pub use pins::{Caps, ViewId, ViewSummary};
 
 pub use read::LookupPlan;
+pub use replay::Replay;
 
 /// Lease holders' results waiting for `run` to pin them; past this many (a writer far ahead
 /// of Redis), the rest are not pinned from the feed, and the view's next read pins what the
@@ -98,6 +101,8 @@ pub struct Views {
     lease_pins: mpsc::Sender<LeasePin>,
     /// Where its tasks run: the pins from the feed, the sweep, each Scan.
     tasks: Tasks,
+    /// What replay changes in a read: the bundles' answers (`--replay`), the misses.
+    replay: Replay,
 }
 
 impl Views {
@@ -110,6 +115,7 @@ impl Views {
         store: Store,
         coordinator: Arc<Coordinator>,
         cluster: Option<Arc<Cluster>>,
+        replay: Replay,
         tasks: &Tasks,
     ) -> Arc<Views> {
         tracing::info!(
@@ -132,11 +138,17 @@ impl Views {
             logged: LogOnce::default(),
             lease_pins,
             tasks: tasks.clone(),
+            replay,
         });
         store.add_change_listener(Arc::new(ChangeFeed(Arc::downgrade(&views))));
         tasks.spawn(Arc::clone(&views).pin_lease_results(lease_pins_to_make));
         tasks.spawn(Arc::clone(&views).sweep());
         views
+    }
+
+    /// What replay changes in a read, and its misses (ListMisses, Stats).
+    pub fn replay(&self) -> &Replay {
+        &self.replay
     }
 
     fn lock(&self) -> MutexGuard<'_, ViewPins> {

@@ -24,19 +24,47 @@ pub enum LookupPlan {
 }
 
 impl Views {
-    /// A Lookup of checked `keys` in `view` (none: the cache's winners as they are), read
-    /// from the current version without waiting: the hits in request order, or, in a view,
-    /// what `finish_lookup` pins and answers. Runs on the blocking pool for a large request.
+    /// A Lookup by `uid` of checked `keys` in `view` (none: the cache's winners as they
+    /// are), read from the current version without waiting: the hits in request order, or,
+    /// in a view, what `finish_lookup` pins and answers. On a replaying daemon the bundles
+    /// answer their keys, and the keys nothing answers are listed as misses. Runs on the
+    /// blocking pool for a large request.
     pub fn plan_lookup<'k>(
         &self,
+        uid: u32,
         view: Option<ViewId>,
         keys: impl ExactSizeIterator<Item = KeyView<'k>> + Clone,
     ) -> LookupPlan {
         let map = self.store.current();
+        if !self.replay.daemon_replays() {
+            return match view {
+                None => LookupPlan::Ready(EncodedEntries::from_entries(&map.get_many(keys))),
+                Some(view) => {
+                    let current = map.get_each(keys.clone());
+                    let plan = self.plan(&view, keys.zip(current));
+                    LookupPlan::InView { view, plan }
+                }
+            };
+        }
+        let current: Vec<Option<&StoredEntry>> = keys
+            .clone()
+            .zip(map.get_each(keys.clone()))
+            .map(|(key, cached)| self.replay.bundled(&key).or(cached))
+            .collect();
+        let view_name = view.as_ref().map_or("", |view| view.name.as_str());
+        for (key, found) in keys.clone().zip(&current) {
+            if found.is_none() {
+                let key = key.to_key();
+                self.replay.log_first_miss(&key);
+                self.replay.missed(uid, view_name, &key);
+            }
+        }
         match view {
-            None => LookupPlan::Ready(EncodedEntries::from_entries(&map.get_many(keys))),
+            None => {
+                let hits: Vec<&StoredEntry> = current.into_iter().flatten().collect();
+                LookupPlan::Ready(EncodedEntries::from_entries(&hits))
+            }
             Some(view) => {
-                let current = map.get_each(keys.clone());
                 let plan = self.plan(&view, keys.zip(current));
                 LookupPlan::InView { view, plan }
             }
@@ -65,17 +93,13 @@ impl Views {
         view: Option<ViewId>,
     ) -> ReceiverStream<Result<EncodedEntries, Status>> {
         let store = self.store.clone();
+        let views = Arc::clone(self);
         match view {
-            None => scan::spawn(store, filter, AsStored, &self.tasks),
-            Some(name) => scan::spawn(
-                store,
-                filter,
-                ScanInView {
-                    views: Arc::clone(self),
-                    name,
-                },
-                &self.tasks,
-            ),
+            None if !self.replay.daemon_replays() => {
+                scan::spawn(store, filter, AsStored, &self.tasks)
+            }
+            None => scan::spawn(store, filter, Bundled { views }, &self.tasks),
+            Some(name) => scan::spawn(store, filter, ScanInView { views, name }, &self.tasks),
         }
     }
 
@@ -84,6 +108,9 @@ impl Views {
     /// the view, on every node, gets the same one). A lease carries its view (the
     /// coordinator keeps it), so the holder's Record pins what it produced (`ChangeFeed`).
     pub async fn resolve(&self, call: ResolveCall) -> Result<Resolution> {
+        if call.replay || self.replay.daemon_replays() {
+            return Ok(self.resolve_in_replay(call).await);
+        }
         let Some(view) = call.view.clone() else {
             return self.coordinator.resolve(call).await;
         };
@@ -102,6 +129,55 @@ impl Views {
             other => other,
         })
     }
+
+    /// A Resolve in replay: answered at once from what is here, never a lease and never a
+    /// wait. A bundled key (on a replaying daemon) answers the bundle's result; another
+    /// answers the view's pin or the cache's winner (pinned in the view); nothing else is
+    /// a miss, listed.
+    async fn resolve_in_replay(&self, call: ResolveCall) -> Resolution {
+        if let Some(bundled) = self.replay.bundled(&call.key.view()) {
+            return Resolution::Hit(bundled.result().to_result());
+        }
+        let found = match &call.view {
+            Some(view) => self.read_one(view, &call.key).await,
+            None => self.store.current().get(&call.key).cloned(),
+        };
+        match found {
+            Some(entry) => Resolution::Hit(entry.result().to_result()),
+            None => {
+                let view = call.view.as_ref().map_or("", |view| view.name.as_str());
+                self.replay.log_first_miss(&call.key);
+                self.replay.missed(call.uid, view, &call.key);
+                Resolution::Miss(self.replay.miss_reason().to_owned())
+            }
+        }
+    }
+}
+
+/// A plain Scan's chunks on a replaying daemon: the bundles answer their keys.
+struct Bundled {
+    views: Arc<Views>,
+}
+
+impl ChunkReader for Bundled {
+    type Planned = EncodedEntries;
+
+    fn plan(&self, step: Step<'_>) -> EncodedEntries {
+        let filter = step.filter;
+        let merged = self.views.replay.overlay_chunk(
+            step.chosen,
+            step.start,
+            step.last,
+            |entry| filter.in_namespace(entry),
+            |entry| filter.matches(entry),
+        );
+        let merged: Vec<&StoredEntry> = merged.iter().collect();
+        EncodedEntries::from_entries(&merged)
+    }
+
+    async fn finish(&self, planned: EncodedEntries) -> EncodedEntries {
+        planned
+    }
 }
 
 /// A Scan's chunks in a job view: each chunk merged with the view's pins, in key order.
@@ -116,9 +192,19 @@ impl ChunkReader for ScanInView {
     fn plan(&self, step: Step<'_>) -> Plan {
         let filter = step.filter;
         let pins = self.views.pins_of(&self.name);
+        // On a replaying daemon the bundles answer their keys first; the view pins what
+        // they answer.
+        let merged = self.views.replay.overlay_chunk(
+            step.chosen,
+            step.start,
+            step.last,
+            |entry| filter.in_namespace(entry),
+            |entry| filter.matches(entry),
+        );
+        let chosen: Vec<&StoredEntry> = merged.iter().collect();
         self.views.scan_plan(
             pins,
-            step.chosen,
+            &chosen,
             step.start,
             step.last,
             |entry| filter.in_namespace(entry),

@@ -50,7 +50,7 @@ impl TuneCacheService {
     }
 
     /// Every owner of Stats fields; `stats_metrics` names the same by type.
-    fn stats_owners(&self) -> [&dyn FillStats; 12] {
+    fn stats_owners(&self) -> [&dyn FillStats; 14] {
         [
             self,
             &*self.artifacts,
@@ -58,11 +58,13 @@ impl TuneCacheService {
             &self.store,
             &self.coordinator,
             &self.views,
+            self.views.replay(),
             &self.tuner,
             &self.connection_limits,
             &self.request_limits,
             &self.snapshots,
             &self.cluster,
+            &self.bundles,
             &self.exact_forgets,
         ]
     }
@@ -80,11 +82,13 @@ pub(crate) fn stats_metrics() -> &'static [&'static Metric] {
         Store::metrics(&mut rows);
         Coordinator::metrics(&mut rows);
         Views::metrics(&mut rows);
+        crate::views::Replay::metrics(&mut rows);
         TunerHandle::metrics(&mut rows);
         crate::ops::limits::ConnectionLimits::metrics(&mut rows);
         crate::ops::request_limits::RequestLimits::metrics(&mut rows);
         SnapshotHandle::metrics(&mut rows);
         crate::cluster::Cluster::metrics(&mut rows);
+        crate::bundles::Bundles::metrics(&mut rows);
         crate::ops::forget_budget::ExactForgets::metrics(&mut rows);
         rows.sort_by_key(|row| row.place);
         rows
@@ -290,6 +294,11 @@ mod tests {
             artifact_fetches_over_store_limit: 1412,
             artifact_shared_dir_squatted: 1129,
             snapshot_squatted_files: 1440,
+            replay_misses: 1441,
+            replay_bundled_entries: 1442,
+            bundles_loaded: 1443,
+            bundle_entries: 1444,
+            artifact_fetches_bundle: 1445,
             ..Default::default()
         }
     }

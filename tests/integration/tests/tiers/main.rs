@@ -5,6 +5,7 @@
 //! state (no environment variable, rlimit or working directory is changed), so their tests
 //! run side by side, and the suite links one binary instead of 11.
 
+mod bundles;
 mod cluster;
 mod cluster_checkpoint_trust;
 mod cluster_faults;
