@@ -1,6 +1,6 @@
 //! The connection to the daemon: the gRPC channel over its Unix socket, which refuses a daemon
-//! of an untrusted uid, and the [`Client`] made on it with its settings (deadline, view,
-//! descriptor handoff).
+//! of an untrusted uid, and the [`Client`] made on it with its settings (deadline, view, mode,
+//! descriptor handoff), the environment's read here, once per connect.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,7 +12,7 @@ use tunecache_proto::limits::MAX_MESSAGE_BYTES;
 use tunecache_proto::v1::tune_cache_client::TuneCacheClient;
 
 use crate::{
-    autostart, handoff, socket_path, trusted_daemon_uids, view, ClientError, Result,
+    autostart, handoff, mode, socket_path, trusted_daemon_uids, view, ClientError, Mode, Result,
     DEFAULT_TIMEOUT,
 };
 
@@ -25,6 +25,8 @@ pub struct Client {
     pub(crate) timeout: Duration,
     /// Sent in every Lookup, Scan and Resolve; empty for none.
     pub(crate) view: String,
+    /// Tune, or replay: every Resolve sent with `replay`, no wait, no lease ([`crate::replay`]).
+    pub(crate) mode: Mode,
     /// The descriptor handoff's socket, beside the gRPC socket ([`handoff`]); `None`: off.
     pub(crate) handoff: Option<std::sync::Arc<PathBuf>>,
     /// Hash every handed blob's copy too (`TUNECACHE_VERIFY=1`, [`Client::verify_handoffs`]).
@@ -79,8 +81,10 @@ pub async fn connect_channel(path: &Path) -> Result<Channel> {
 
 impl Client {
     /// Connects to the daemon at `path`, reading in the view the environment names
-    /// ([`view::view_from_env`]).
+    /// ([`view::view_from_env`]), in the mode it names ([`mode::mode_from_env`]: `tune` unless
+    /// `TUNECACHE_MODE` says `replay`; [`ClientError::Mode`] for any other value).
     pub async fn connect(path: impl AsRef<Path>) -> Result<Client> {
+        let mode = mode::mode_from_env(None)?;
         let channel = connect_channel(path.as_ref()).await?;
         Ok(Client {
             inner: TuneCacheClient::new(channel.clone())
@@ -89,6 +93,7 @@ impl Client {
             channel,
             timeout: DEFAULT_TIMEOUT,
             view: view::view_from_env(None),
+            mode,
             handoff: handoff::socket_for(path.as_ref()).map(std::sync::Arc::new),
             verify_handoffs: handoff::verify_from_env(),
         })
@@ -164,6 +169,33 @@ impl Client {
     /// The view this client reads in; empty for none.
     pub fn view(&self) -> &str {
         &self.view
+    }
+
+    /// Replays ([`Mode::Replay`]): every Resolve is sent with `replay`, never waits and never
+    /// takes a lease, and a miss is answered at once. As [`Client::with_view`]'s name, this is the
+    /// caller's explicit choice: `TUNECACHE_MODE`, when set, wins (see [`mode`]).
+    pub fn replay(self) -> Client {
+        self.with_mode(Mode::Replay)
+    }
+
+    /// Resolves the mode again with `explicit` as the last resort: `TUNECACHE_MODE`, when set,
+    /// wins, so that every rank of a launched job agrees (see [`mode`]). An environment changed
+    /// since the connect to a value that is no mode leaves `explicit`.
+    pub fn with_mode(mut self, explicit: Mode) -> Client {
+        self.mode = mode::mode_from_env(Some(explicit.name())).unwrap_or(explicit);
+        self
+    }
+
+    /// Resolves in exactly `mode`, one resolved earlier with [`mode::mode_from_env`] (the Python
+    /// binding's, made before it connects), whatever the environment says now.
+    pub fn in_mode(mut self, mode: Mode) -> Client {
+        self.mode = mode;
+        self
+    }
+
+    /// Whether this client tunes or replays.
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     /// The generated client, for calls this wrapper does not cover.

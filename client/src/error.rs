@@ -39,6 +39,9 @@ pub enum ClientError {
     /// (`tunecache_proto::artifact`), or bytes the daemon sent that are not the blob named.
     #[error("artifact refused: {0}")]
     Artifact(String),
+    /// `TUNECACHE_MODE`, or the mode asked for, is neither `tune` nor `replay`.
+    #[error(transparent)]
+    Mode(#[from] crate::mode::UnknownMode),
 }
 
 impl From<tonic::Status> for ClientError {

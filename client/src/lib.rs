@@ -5,7 +5,9 @@
 //! [`Client::raw`] for anything this wrapper does not cover.
 //!
 //! A client reads in the view its environment names (see [`view`]): the job's ranks then all see
-//! the same result for a key, the first one any of them read.
+//! the same result for a key, the first one any of them read. It tunes, or, in replay
+//! (`TUNECACHE_MODE=replay`, [`Client::replay`]; see [`mode`] and [`replay`]), serves only what
+//! is cached: it never waits and never takes a lease, and a miss is answered at once.
 //!
 //! The policies every client needs are here, once, and the Python binding exposes them: tuning
 //! under the daemon's lease ([`tuning`]: `begin_tune`, `finish_tune`, `abandon`, and the rank
@@ -27,9 +29,11 @@ mod error;
 mod fetch;
 mod handed;
 pub mod handoff;
+pub mod mode;
 pub mod opening;
 mod rank_flow;
 pub mod record;
+pub mod replay;
 mod resolve;
 mod socket;
 mod status;
@@ -39,6 +43,7 @@ pub mod view;
 pub use artifacts::{StoredArtifact, DEFAULT_ARTIFACT_TIMEOUT};
 pub use connection::{connect_channel, Client};
 pub use error::{ClientError, Result};
+pub use mode::Mode;
 pub use rank_flow::{FlowCall, FlowFailure, RankOutcome};
 pub use record::{KeptRecord, RefusedEntry};
 pub use resolve::{Resolution, ResolveOptions};

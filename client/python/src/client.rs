@@ -17,7 +17,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use tokio::sync::OnceCell;
-use tunecache_client::{proto as v1, Client as RustClient, ClientError};
+use tunecache_client::{proto as v1, Client as RustClient, ClientError, Mode};
 
 use crate::answers::{Message, RecordResponse, ResolveResponse};
 use crate::args::{self, seconds, WholeMs, DEFAULT_SCAN_TIMEOUT_S, DEFAULT_WAIT_MS};
@@ -48,7 +48,7 @@ impl Connection {
 /// call. Every call releases the GIL while it waits, and Ctrl-C interrupts it. Every call has a
 /// deadline: `timeout` seconds unless the call says otherwise.
 ///
-/// `Client(socket=None, timeout=5.0, view=None)`. `socket`: the daemon's socket; by default
+/// `Client(socket=None, timeout=5.0, view=None, mode=None)`. `socket`: the daemon's socket; by default
 /// $TUNECACHE_SOCKET, else the default path, whose directory is checked first
 /// (UntrustedSocketError). On every path the daemon, if one answers, must run as the caller,
 /// root or a uid in $TUNECACHE_TRUST_UID (UntrustedDaemonError); nothing answering is not an
@@ -58,6 +58,14 @@ impl Connection {
 /// Slurm's job and step, then torchrun's run id; see tunecache.view). Within a view the first
 /// answer for a key is pinned: every rank of the job reads the same result. The resolved name is
 /// `client.view` (empty: no view); Lookup, Scan and Resolve read in it.
+///
+/// `mode`: "tune" (the default) or "replay", used only when $TUNECACHE_MODE is unset or empty
+/// (the environment wins, as for the view, so a launcher puts every rank of a job in replay);
+/// any other value raises ValueError. In replay (`client.mode`), every Resolve (resolve,
+/// begin_tune, resolve_tune_record, get_or_tune, the drop-ins) serves only what is cached: it
+/// never waits and never takes a lease, whatever wait_ms and can_tune say, and a miss is
+/// answered at once, logged once per key per process (logger "tunecache.replay") and counted
+/// by the daemon under the view (ListMisses).
 #[pyclass(module = "tunecache._native", name = "Client", frozen, subclass)]
 pub struct NativeClient {
     path: PathBuf,
@@ -65,6 +73,9 @@ pub struct NativeClient {
     /// The view resolved when the client was made (the explicit `Client(view=...)` as the last
     /// resort), as `client.view` shows it and every Lookup, Scan and Resolve sends it.
     view: String,
+    /// The mode resolved when the client was made (the explicit `Client(mode=...)` as the last
+    /// resort), as `client.mode` shows it and every Resolve is sent in.
+    mode: Mode,
     connection: Mutex<Connection>,
 }
 
@@ -74,6 +85,7 @@ pub struct CallContext {
     path: PathBuf,
     timeout: Duration,
     view: String,
+    mode: Mode,
     cell: Arc<OnceCell<RustClient>>,
 }
 
@@ -86,7 +98,7 @@ impl CallContext {
             .cell
             .get_or_try_init(|| async {
                 let client = RustClient::connect_auto(&self.path).await?;
-                Ok::<_, ClientError>(client.in_view(self.view.clone()))
+                Ok::<_, ClientError>(client.in_view(self.view.clone()).in_mode(self.mode))
             })
             .await?;
         Ok(client.clone().with_timeout(timeout.unwrap_or(self.timeout)))
@@ -120,6 +132,7 @@ impl NativeClient {
             path: self.path.clone(),
             timeout: self.timeout,
             view: self.view.clone(),
+            mode: self.mode,
             cell: Arc::clone(&connection.cell),
         })
     }
@@ -145,14 +158,18 @@ impl NativeClient {
 #[pymethods]
 impl NativeClient {
     #[new]
-    #[pyo3(signature = (socket=None, timeout=tunecache_client::DEFAULT_TIMEOUT.as_secs_f64(), view=None))]
+    #[pyo3(signature = (socket=None, timeout=tunecache_client::DEFAULT_TIMEOUT.as_secs_f64(), view=None, mode=None))]
     fn new(
         py: Python<'_>,
         socket: Option<PathBuf>,
         timeout: f64,
         view: Option<String>,
+        mode: Option<String>,
     ) -> PyResult<Self> {
         let timeout = seconds(Some(timeout))?.unwrap_or(tunecache_client::DEFAULT_TIMEOUT);
+        // Before the socket: a mode that is no mode is the caller's error, daemon or not.
+        let mode = tunecache_client::mode::mode_from_env(mode.as_deref())
+            .map_err(|unknown| client_error(py, unknown.into()))?;
         let path =
             tunecache_client::socket_path(socket).map_err(|error| client_error(py, error))?;
         let probed = path.clone();
@@ -165,6 +182,7 @@ impl NativeClient {
             path,
             timeout,
             view,
+            mode,
             connection: Mutex::new(Connection::new()),
         })
     }
@@ -178,6 +196,12 @@ impl NativeClient {
     #[getter]
     fn view(&self) -> String {
         self.view.clone()
+    }
+
+    /// "tune" or "replay": how every Resolve of this client is sent (see the class doc).
+    #[getter]
+    fn mode(&self) -> &'static str {
+        self.mode.name()
     }
 
     /// The deadline of a call, in seconds, unless the call says otherwise.

@@ -66,6 +66,10 @@ pub fn client_error(py: Python<'_>, error: ClientError) -> PyErr {
             "ArtifactError",
             (format!("tunecache: artifact refused: {reason}"),),
         ),
+        // A TUNECACHE_MODE, or Client(mode=...), that is no mode: the caller's error.
+        ClientError::Mode(unknown) => {
+            pyo3::exceptions::PyValueError::new_err(format!("tunecache: {unknown}"))
+        }
         // OSError(errno, text) is the subclass of its errno (FileNotFoundError...).
         ClientError::Io { what, source } => match source.raw_os_error() {
             Some(errno) => {

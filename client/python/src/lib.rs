@@ -18,7 +18,8 @@
 //! - [`messages`] (Key, Result, Artifact), [`entry`] (Entry) and [`fields`] (arguments taken
 //!   duck-typed): the contract's data messages as Python objects; [`answers`]: Resolve's and
 //!   Record's answers and the other answers' [`answers::Message`];
-//! - [`errors`]: Rust client errors as the package's Python exceptions.
+//! - [`errors`]: Rust client errors as the package's Python exceptions; [`logs`]: the Rust
+//!   client's warnings (replay's misses) as Python `logging` records.
 
 use std::path::PathBuf;
 
@@ -32,6 +33,7 @@ mod errors;
 mod fields;
 mod flashinfer;
 mod leases;
+mod logs;
 mod messages;
 mod runtime;
 mod scan;
@@ -105,6 +107,7 @@ fn _decode_scan_chunks<'py>(
 
 #[pymodule]
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    logs::install();
     // Only the classes Python code names; the answers' classes (Lease, Miss, ResolveResponse,
     // RecordResponse, Message, Scan, RankOutcome, TuneStart, TuneLease, TuneFinish, KeptRecord)
     // are made on first use, so importing the package does not pay for them.

@@ -142,7 +142,11 @@ where
         });
         received = receiver;
         match event {
-            Ok(Event::Done(answer)) => return Ok(answer),
+            Ok(Event::Done(answer)) => {
+                // What the Rust client logged meanwhile, written here, with the GIL.
+                crate::logs::forward(py);
+                return Ok(answer);
+            }
             Ok(Event::Request(request)) => {
                 if let Err(error) = serve(py, request) {
                     task.abort();

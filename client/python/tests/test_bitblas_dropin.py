@@ -298,6 +298,37 @@ def test_a_rank_whose_wait_ends_tunes_itself_and_saves_its_operator(daemon, rank
     assert not ranks.database.exists()
 
 
+def test_replay_keeps_the_default_schedule_on_a_miss_and_loads_a_hit(daemon, ranks):
+    """TUNECACHE_MODE=replay: while another rank holds the lease (a tuning rank would wait), a
+    miss neither waits nor tunes: the operator keeps BitBLAS's default schedule, and nothing is
+    sent back. Once the result is recorded, replay loads it."""
+    (ranks.marks / "hold").touch()
+    holder = ranks.start(daemon.socket_path, {"mode": "linear"})
+    wait_for(lambda: len(ranks.tune_marks()) == 1, "the lease holder to tune", [holder])
+    with daemon.client() as client:
+        before = client.stats()
+    missed, log = ranks.run(daemon.socket_path, {"mode": "linear"}, TUNECACHE_MODE="replay",
+                            TUNECACHE_BITBLAS_WAIT_MS=600_000)
+    assert holder.poll() is None  # still tuning, held: the replayed rank never waited for it
+    op = missed["ops"]["linear"]
+    assert (missed["tunings"], op["loaded_by_dropin"]) == (0, False)
+    assert op["build_id"].startswith("default "), op["build_id"]
+    assert len(ranks.tune_marks()) == 1
+    assert sum("tunecache replay: no cached result for bitblas/MatmulConfig" in line for line in log.splitlines()) == 1
+    assert [line for line in warnings_of(log) if "tunecache replay" not in line] == [], log
+    with daemon.client() as client:
+        after = client.stats()
+    assert (after.leases_granted, after.records) == (before.leases_granted, before.records)
+    assert not ranks.database.exists()
+
+    (ranks.marks / "release").touch()
+    ranks.finish(holder)
+    hit, _ = ranks.run(daemon.socket_path, {"mode": "linear"}, TUNECACHE_MODE="replay")
+    op = hit["ops"]["linear"]
+    assert (hit["tunings"], op["loaded_by_dropin"]) == (0, True)
+    assert "tuned" in op["build_id"]
+
+
 def test_a_directory_another_user_could_write_is_refused_and_bitblas_runs_as_stock(daemon, ranks, tmp_path):
     ranks.run(daemon.socket_path, {"mode": "seed", "path": "unused"})
     planted = tmp_path / "planted"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -206,3 +207,57 @@ def test_a_record_past_its_deadline_keeps_the_lease_as_every_client_does(daemon,
     warnings = tunecache_warnings(err)
     assert len(warnings) == 1 and "could not store an autotune result" in warnings[0], err
 
+
+
+def test_replay_serves_a_hit_and_benchmarks_a_miss_itself_without_a_lease(daemon, tmp_path):
+    """TUNECACHE_MODE=replay: a cached result is served; a miss runs Triton's own benchmark and
+    compile at once, takes no lease and sends nothing."""
+    tuned_log = tmp_path / "bench-tuned.log"
+    environment, _ = worker_env(tmp_path, "tuner", daemon.socket_path)
+    code, out, err = finish(start(environment, {"bench_log": str(tuned_log), "n": 4096}))
+    assert code == 0, err
+    with daemon.client() as client:
+        before = client.stats()
+    replayed = {}
+    for n in (4096, 1000):  # the tuned key, then one nobody tuned (Triton keys on n)
+        bench_log = tmp_path / f"bench-replay-{n}.log"
+        environment, _ = worker_env(tmp_path, f"replay-{n}", daemon.socket_path)
+        environment["TUNECACHE_MODE"] = "replay"
+        code, out, err = finish(start(environment, {"bench_log": str(bench_log), "n": n}))
+        assert code == 0, err
+        replayed[n] = (json.loads(out.strip().splitlines()[-1]), benchmark_pids(bench_log), err)
+    hit, hit_pids, hit_log = replayed[4096]
+    assert (hit["best"], hit["benchmarked"], hit_pids) == (FASTEST, 0, [])
+    assert not tunecache_warnings(hit_log), hit_log
+    miss, miss_pids, miss_log = replayed[1000]
+    # Triton's own benchmark ran here, as without a cache, and chose as it does.
+    assert (miss["best"], miss["benchmarked"], len(miss_pids)) == (FASTEST, 3, 3)
+    assert [line for line in tunecache_warnings(miss_log) if "tunecache.replay" not in line] == [], miss_log
+    assert sum("tunecache.replay" in line and "triton/scale_kernel" in line for line in miss_log.splitlines()) == 1
+    with daemon.client() as client:
+        after = client.stats()
+    assert (after.leases_granted, after.records) == (before.leases_granted, before.records)
+
+
+def test_a_replayed_miss_answers_at_once_while_another_process_holds_the_lease(daemon, tmp_path, monkeypatch):
+    from tunecache.integrations import triton as manager
+
+    monkeypatch.delenv("TUNECACHE_MODE", raising=False)
+    holder = daemon.client()  # made before the variable is: it tunes
+    monkeypatch.setenv("TUNECACHE_SOCKET", daemon.socket_path)
+    monkeypatch.setenv("TUNECACHE_MODE", "replay")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(manager, "_daemon", manager._make_daemon())
+    monkeypatch.setattr(manager, "_device", lambda: "cuda|90|warp32")
+    cache = manager.CacheManager("k" * 52)
+    with holder:
+        held = holder.begin_tune(cache._key("scale_kernel.autotune.json"), wait_ms=0, lease_ms=60_000)
+        group = holder.begin_tune(cache._group_key(), wait_ms=0, lease_ms=60_000)
+        assert (held.kind, group.kind) == ("tune", "tune")
+        granted = holder.stats().leases_granted
+        started = time.perf_counter()
+        assert cache.get_file("scale_kernel.autotune.json") is None
+        assert cache.get_group("scale_kernel.json") is None
+        elapsed = time.perf_counter() - started
+        assert holder.stats().leases_granted == granted
+    assert elapsed < 2 * 0.05, elapsed  # two misses, each well under 50 ms

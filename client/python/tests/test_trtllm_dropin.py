@@ -306,3 +306,26 @@ def test_four_ranks_on_two_nodes_load_one_views_tactics_while_a_better_entry_arr
     for node in (node_a, node_b):
         unpinned, _ = run_rank_cache(standin, node.socket_path, load, rank=1)
         assert list(shared_tactics(unpinned).values()) == [canonical(faster)] * VIEW_TEST_COUNT, node.socket_path
+
+
+def test_replay_loads_the_cached_entries_and_sends_nothing_back(daemon, standin, tmp_path):
+    """TUNECACHE_MODE=replay: load_cache serves the daemon's entries (a shape without one is a
+    miss of TensorRT-LLM's own cache: its default tactic), and save_cache sends and writes
+    nothing, so no lease or Record is ever taken."""
+    path = tmp_path / "autotuner_cache.json"
+    saved, _ = run_rank_cache(standin, daemon.socket_path, {"mode": "save", "path": str(path), "install": True})
+    with daemon.client() as client:
+        before = client.stats()
+    loaded, _ = run_rank_cache(standin, daemon.socket_path, {"mode": "load", "path": str(path), "install": True},
+                               TUNECACHE_MODE="replay")
+    assert loaded == saved
+    again, log = run_rank_cache(standin, daemon.socket_path,
+                                {"mode": "save", "path": str(path), "install": True, "cycle": 1},
+                                TUNECACHE_MODE="replay")
+    assert again != saved  # new entries this rank would have saved
+    with daemon.client() as client:
+        after = client.stats()
+    assert (after.records, after.leases_granted, after.entries_stored) == \
+        (before.records, before.leases_granted, before.entries_stored)
+    assert not path.exists()
+    assert "WARNING:tunecache" not in log

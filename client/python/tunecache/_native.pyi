@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Optional, Tuple, Union
 
 DEFAULT_TIMEOUT_S: float
 DEFAULT_SCAN_TIMEOUT_S: float
@@ -133,9 +133,14 @@ class Scan(Iterator[list[Entry]]):
 class Client:
     socket_path: str
     view: str
+    mode: Literal["tune", "replay"]
     timeout: float
     def __init__(
-        self, socket: Optional[_Path] = None, timeout: float = 5.0, view: Optional[str] = None
+        self,
+        socket: Optional[_Path] = None,
+        timeout: float = 5.0,
+        view: Optional[str] = None,
+        mode: Optional[Literal["tune", "replay"]] = None,
     ) -> None: ...
     def close(self) -> None: ...
     def lookup(self, keys: Iterable[KeyLike], timeout: Optional[float] = None) -> list[Entry]: ...

@@ -2,9 +2,10 @@
 # process's daemon client and its one warning (Daemon), the tune-once dispatch over the Rust
 # client's split lease (Daemon.tune_once: use a hit, tune here under the lease and Record, wait
 # for another process's result, or fall back to the framework's own code), its steps (begin,
-# finish, give_up) for a framework that tunes between two calls of its own (Triton), the
-# drop-ins' millisecond settings (env_ms) and the provenance text every result carries
-# (tuned_by). tests/test_dropin_structure.py fails when a drop-in defines its own.
+# finish, give_up) for a framework that tunes between two calls of its own (Triton), whether the
+# client replays (replaying: TUNECACHE_MODE=replay, issue 52), the drop-ins' millisecond settings
+# (env_ms) and the provenance text every result carries (tuned_by).
+# tests/test_dropin_structure.py fails when a drop-in defines its own.
 """The base every tunecache drop-in is built on (``tunecache.integrations._base``).
 
 A drop-in makes one ``Daemon`` per process with the words of its one warning, and asks it:
@@ -19,7 +20,14 @@ A drop-in makes one ``Daemon`` per process with the words of its one warning, an
   lease (a ``tune()`` that raises, or answers no result, gives the lease up); another process's
   lease: the daemon holds the Resolve until its result comes (``rounds`` Resolves at most);
   else ``fall_back(reason)``. What the Rust client's ``finish_tune`` decides for a failed Record
-  (give the lease up, or keep it past a deadline) holds for every drop-in.
+  (give the lease up, or keep it past a deadline) holds for every drop-in;
+* ``replaying()``: whether the client replays (``TUNECACHE_MODE=replay``, see
+  ``tunecache.Client``). Then every Resolve is a hit or a miss at once, never a wait nor a lease
+  (the Rust client's rule, whatever ``begin`` asks), the miss logged once per key by the Rust
+  client (logger ``tunecache.replay``) and counted by the daemon; ``tune_once`` then falls back
+  at the first miss, and a drop-in's ``fall_back`` does its framework's own no-cache behaviour
+  (its default, never its tuner where the framework would not tune without a cache), with no
+  warning of its own.
 """
 
 from __future__ import annotations
@@ -92,6 +100,14 @@ class Daemon:
                     raise DaemonUnreachable(str(err)) from err
             return self._client
 
+    def replaying(self) -> bool:
+        """Whether this process's client replays (serves only what is cached; see the module
+        doc). False when no client can be made: the framework's own code runs anyway."""
+        try:
+            return self.client().mode == "replay"
+        except DaemonUnreachable:
+            return False
+
     @property
     def socket_path(self) -> str:
         if self._client is not None:
@@ -131,8 +147,9 @@ class Daemon:
     # --- the split lease, every failure reported ------------------------------------------------
 
     def begin(self, key: Any, *, wait_ms: int, lease_ms: int, what: Any) -> Any:
-        """Resolves ``key`` (``begin_tune``, can tune): a TuneStart, or None when the daemon
-        cannot be asked (reported)."""
+        """Resolves ``key`` (``begin_tune``, can tune; in replay the Rust client sends it
+        without a wait or a lease): a TuneStart, or None when the daemon cannot be asked
+        (reported)."""
         try:
             return self.client().begin_tune(key, wait_ms=wait_ms, can_tune=True, lease_ms=lease_ms)
         except (DaemonUnreachable, RpcError) as err:
@@ -196,8 +213,11 @@ class Daemon:
                 return hit(start.result)
             if start.kind == "tune":
                 return self._tune_under(start.lease, tune, what, refused, recorded)
-            # A miss: the wait ran out (the tuner is slow) or its lease was given up.
+            # A miss: the wait ran out (the tuner is slow) or its lease was given up; in replay,
+            # not cached, and asking again would only miss again.
             reason = start.reason
+            if self.replaying():
+                break
             if round_ + 1 < rounds:
                 self.logger.debug("tunecache: %s: %s; resolving again", describe_key(key), reason)
         return fall_back(reason)

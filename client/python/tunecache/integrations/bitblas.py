@@ -34,6 +34,11 @@ daemon (``$TUNECACHE_SOCKET`` or the default socket) answers (docs/bitblas.md ha
   those files with BitBLAS's loader and takes that operator's state (its ``__dict__``), so the
   ``Matmul`` object the caller holds is the loaded one. A holder that dies passes the lease on;
   a rank whose wait ends without a result tunes itself, as stock BitBLAS does.
+* Replay (``TUNECACHE_MODE=replay``): a cached operator is loaded as above; on a miss
+  ``hardware_aware_finetune`` returns at once without tuning (no wait, no lease), and the operator
+  keeps the default schedule BitBLAS built it with (what it runs with tuning off);
+  ``save_into_database`` then sends and writes nothing, so a default schedule never becomes the
+  key's result.
 
 When the daemon cannot be reached (or the default socket is not trusted), BitBLAS's own methods
 run, database directory included, and one warning per process is logged.
@@ -300,6 +305,12 @@ class _Bridge(Daemon):
 
     def save(self, cache: Any, target: Any) -> None:
         client = self.client()
+        if self.replaying():
+            # Replay serves only what is cached: an operator built here (its default schedule, on
+            # a miss) must never become the key's result. Nor is BitBLAS's database written:
+            # without tuning it saves nothing.
+            logger.debug("tunecache: replay: BitBLAS's save_into_database sends nothing")
+            return
         pending: List[Tuple[Entry, Any]] = []
         scratch = tempfile.mkdtemp(prefix="tunecache-bitblas-save-")
         failure: Optional[BaseException] = None
@@ -382,6 +393,10 @@ class _Bridge(Daemon):
                 self.warn_once("hardware_aware_finetune", err)
             except Exception as err:  # their loader raised on these files: tuning is still possible
                 logger.debug("tunecache: loading the tuned BitBLAS operator raised", exc_info=err)
+            if self.replaying():
+                logger.warning("tunecache: the tuned BitBLAS operator for %s could not be loaded; replay keeps "
+                               "its default schedule", described)
+                return None
             logger.warning("tunecache: the tuned BitBLAS operator for %s could not be loaded; tuning here", described)
             return original(op_inst, *args, **kwargs)
 
@@ -399,6 +414,10 @@ class _Bridge(Daemon):
             return answer, entry.result
 
         def fall_back(reason: Optional[str]) -> Any:
+            if reason is not None and self.replaying():
+                # Not cached (logged once per key by the client): the operator keeps the default
+                # schedule it was built with, as BitBLAS does when it does not tune.
+                return None
             if reason is not None:
                 logger.warning("tunecache: no tuned BitBLAS operator for %s within the wait (%s); tuning here",
                                described, reason)

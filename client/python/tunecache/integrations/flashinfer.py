@@ -35,8 +35,11 @@ constructs) becomes ``DaemonManagedAutotuneCache``, a subclass: the constructor 
     answer (``torch.distributed.broadcast_object_list``), so every rank gets the same answer for
     each lookup and their all-reduces stay matched; rank 0 Records the group's winner, once.
     ``preload`` is rank 0's Scan, broadcast, for the same reason.
-  - Replay (not tuning: ``autotune_v2(mode="replay")`` or serving outside a context, or
-    ``TUNECACHE_MODE=replay``): a Lookup of the unit, never a wait or a lease.
+  - Replay (not tuning: ``autotune_v2(mode="replay")`` or serving outside a context): a Lookup
+    of the unit, never a wait or a lease. ``TUNECACHE_MODE=replay`` (the client's replay) is
+    their replay whatever their mode says, each unit asked with a replayed Resolve (a hit or a
+    miss at once, the miss counted by the daemon under the view): a miss answers ``None`` for
+    every runner, and their ``choose_one`` uses its fallback tactic, as their replay does.
 
   Answers are read in the job's view when there is one (``TUNECACHE_VIEW``, Slurm's job, torchrun's
   run id): every rank of a job serves the same tactic without ``autotune_v2_reload()``. They are
@@ -54,7 +57,6 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import os
 import sys
 import threading
 import time
@@ -73,7 +75,6 @@ NAMESPACE = "flashinfer"
 OP_NAMESPACE = "flashinfer.op"
 WAIT_ENV = "TUNECACHE_FLASHINFER_WAIT_MS"
 LEASE_ENV = "TUNECACHE_FLASHINFER_LEASE_MS"
-MODE_ENV = "TUNECACHE_MODE"
 # A waiter waits for the whole profile of one op (all its runners and tactics: seconds, minutes
 # for large MoE sweeps), as long as the daemon lets it; the holder's lease outlasts that. A dead
 # holder's lease ends with it.
@@ -89,10 +90,6 @@ MISSING = "missing"  # replay found nothing; asked again when tuning
 FILES = "files"  # the daemon could not be used: their file store answers
 
 
-def replay_forced() -> bool:
-    return os.environ.get(MODE_ENV, "").strip().lower() == "replay"
-
-
 def _tuner_state() -> Tuple[bool, Any]:
     """(tuning, process group) from ``flashinfer.autotuner``, only if it is imported already."""
     module = sys.modules.get(AUTOTUNER_MODULE)
@@ -100,7 +97,7 @@ def _tuner_state() -> Tuple[bool, Any]:
         return False, None
     tuner = getattr(getattr(module, "AutoTuner", None), "_instance", None)
     tuning = bool(getattr(tuner, "is_tuning_mode", False))
-    return tuning and not replay_forced(), getattr(module, "_tune_process_group", None)
+    return tuning, getattr(module, "_tune_process_group", None)
 
 
 def _group_rank(group: Any) -> int:
@@ -170,9 +167,11 @@ def make_store_class(module: Any, daemon: Daemon) -> type:
             return (WINNER, winner_key, entry_json)
 
         def _ask(self, op: str, unit: str, tuning: bool) -> tuple:
-            """What the daemon says of the unit: a winner, a lease (HELD), or nothing."""
+            """What the daemon says of the unit: a winner, a lease (HELD), or nothing. Their
+            replay is a Lookup; the client's (TUNECACHE_MODE=replay) a replayed Resolve, a hit or
+            a miss at once that the daemon counts under the view (ListMisses)."""
             key = self._unit_key(op, unit)
-            if not tuning:
+            if not tuning and not daemon.replaying():
                 hits = self._through("lookup", lambda: daemon.client().lookup([key]))
                 return self._winner(hits[0].result) if hits else (MISSING,)
             start = daemon.begin(
@@ -185,6 +184,8 @@ def make_store_class(module: Any, daemon: Daemon) -> type:
                 raise _Unreachable()
             if start.kind == "hit":
                 return self._winner(start.result)
+            if not tuning:  # replayed: not cached (logged once per key by the client)
+                return (MISSING,)
             if start.kind == "tune":
                 self._leases[unit] = (op, start.lease)
                 return (HELD,)
@@ -193,6 +194,8 @@ def make_store_class(module: Any, daemon: Daemon) -> type:
 
         def _state(self, file_key: str, op: str, unit: str) -> tuple:
             tuning, group = _tuner_state()
+            # The client's replay serves as theirs does: no profiling, whatever their mode says.
+            tuning = tuning and not daemon.replaying()
             with self._units_lock:
                 known = self._units.get(unit)
             if known is not None and not (tuning and known[0] == MISSING):

@@ -43,6 +43,10 @@ gave the manager>``:
 * When the daemon cannot be reached, or nobody has a result within the wait bound
   (``$TUNECACHE_TRITON_WAIT_MS``, default 120000), it behaves as the default manager with one
   warning per process.
+* Replay (``TUNECACHE_MODE=replay``): a cached autotune result or compiled kernel is served; on
+  a miss ``get_file``/``get_group`` answer None at once (no wait, no lease), so Triton runs its
+  own benchmark or compile, and its ``put``/``put_group`` keep the files local, as the default
+  manager does.
 """
 
 from __future__ import annotations
@@ -216,7 +220,10 @@ class CacheManager(_TritonCacheManager):
             self._leases[(kind, filename)] = start.lease
             return None
         if start.kind == "miss":
-            _daemon.warn_once(f"no {missing} for {filename} within the wait bound", start.reason)
+            # In replay a miss is answered at once and logged once per key by the client:
+            # Triton benchmarks or compiles as it would without tunecache.
+            if not _daemon.replaying():
+                _daemon.warn_once(f"no {missing} for {filename} within the wait bound", start.reason)
             return None
         return start.result
 

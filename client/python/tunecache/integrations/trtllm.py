@@ -34,6 +34,11 @@ saved only when TensorRT-LLM could have written it (its ``min_time`` finite and 
 ``runner_id`` a non-negative integer, ``key[0]`` a non-empty str, the tactic a literal); any other
 is skipped with a debug line, as TensorRT-LLM's loader skips what it cannot read.
 
+Replay (``TUNECACHE_MODE=replay``): ``load_cache`` and ``autotune(cache_path=...)`` load the
+daemon's entries as above; a shape with no entry is a miss of TensorRT-LLM's own in-memory cache,
+answered at once with its default (fallback) tactic when it is not tuning, with no wait and no
+lease; ``save_cache`` sends and writes nothing.
+
 Entries are keyed by ``Key.device = "<device_name>|sm_<major><minor>|trtllm <lib_version>"``,
 the key ``tunecache import --format trtllm`` also uses, so another GPU's or another release's
 tactics never win. When the daemon cannot be reached (or the default socket is not trusted),
@@ -119,6 +124,10 @@ class _Bridge(Daemon):
     # --- save ------------------------------------------------------------------------------------
 
     def save(self, profiling_cache: Any, rank: int) -> None:
+        if self.replaying():
+            # Replay serves only what is cached; its misses ran TensorRT-LLM's default tactic.
+            logger.debug("tunecache: replay: save_cache sends nothing")
+            return
         metadata_json = _metadata_text(_metadata_of(profiling_cache))
         shared_ops = self.shared_ops(profiling_cache)
         excluded_ops = set(getattr(profiling_cache, "excluded_op", None) or ())

@@ -449,18 +449,20 @@ class StatsResponse(_message.Message):
     def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., uptime_ms: _Optional[int] = ..., entries: _Optional[int] = ..., lookups: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., records: _Optional[int] = ..., entries_stored: _Optional[int] = ..., entries_unchanged: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., journal_live_bytes: _Optional[int] = ..., journal_compactions: _Optional[int] = ..., fsync_policy: _Optional[str] = ..., journal_compaction_failures: _Optional[int] = ..., journal_write_failures: _Optional[int] = ..., journal_unwritable_episodes: _Optional[int] = ..., journal_unwritable: _Optional[str] = ..., journal_unwritable_since_unix_ms: _Optional[int] = ..., resolves: _Optional[int] = ..., leases_granted: _Optional[int] = ..., leases_expired: _Optional[int] = ..., leases_released_dead: _Optional[int] = ..., leases_given_up: _Optional[int] = ..., waits_satisfied: _Optional[int] = ..., waits_timed_out: _Optional[int] = ..., waiters: _Optional[int] = ..., leases_active: _Optional[int] = ..., shared_dir: _Optional[str] = ..., last_snapshot_unix_ms: _Optional[int] = ..., snapshots_written: _Optional[int] = ..., snapshots_skipped_unchanged: _Optional[int] = ..., snapshot_errors: _Optional[int] = ..., peer_files_loaded: _Optional[int] = ..., peer_files_skipped: _Optional[int] = ..., stuck_operation: _Optional[str] = ..., stuck_since_unix_ms: _Optional[int] = ..., last_snapshot_error: _Optional[str] = ..., snapshot_passes: _Optional[int] = ..., snapshot_pass_bytes_read: _Optional[int] = ..., snapshot_pass_bytes_written: _Optional[int] = ..., snapshot_bytes_read: _Optional[int] = ..., snapshot_bytes_written: _Optional[int] = ..., peer_segments_loaded: _Optional[int] = ..., segment_compactions: _Optional[int] = ..., own_entries_published: _Optional[int] = ..., snapshot_format_version: _Optional[int] = ..., snapshot_untrusted_files: _Optional[int] = ..., snapshot_name_conflicts: _Optional[int] = ..., snapshot_invalid_entries: _Optional[int] = ..., previous_shutdown_publish: _Optional[str] = ..., daemon_pid: _Optional[int] = ..., daemon_uid: _Optional[int] = ..., forgets_received: _Optional[int] = ..., forget_entries_dropped: _Optional[int] = ..., tombstones_held: _Optional[int] = ..., forgets_refused: _Optional[int] = ..., cluster_forgets_published: _Optional[int] = ..., cluster_forgets_learned: _Optional[int] = ..., max_exact_forgets_per_uid: _Optional[int] = ..., exact_forgets_refused: _Optional[int] = ..., oversize_records_dropped: _Optional[int] = ..., views_active: _Optional[int] = ..., view_pins: _Optional[int] = ..., max_view_pins: _Optional[int] = ..., view_idle_secs: _Optional[int] = ..., view_pins_made: _Optional[int] = ..., view_pin_conflicts: _Optional[int] = ..., view_pin_fallbacks: _Optional[int] = ..., view_pins_from_cluster: _Optional[int] = ..., view_pins_evicted: _Optional[int] = ..., views_ended_idle: _Optional[int] = ..., view_pins_forgotten: _Optional[int] = ..., views_ended: _Optional[int] = ..., view_pins_over_cap: _Optional[int] = ..., tuner_backend: _Optional[str] = ..., tuner_state: _Optional[str] = ..., tuner_queue_depth: _Optional[int] = ..., tuner_jobs_done: _Optional[int] = ..., tuner_jobs_failed: _Optional[int] = ..., tuner_restarts: _Optional[int] = ..., nofile_soft_limit: _Optional[int] = ..., nofile_hard_limit: _Optional[int] = ..., connections_open: _Optional[int] = ..., max_connections_per_uid: _Optional[int] = ..., connections_refused_per_uid: _Optional[int] = ..., preface_timeouts: _Optional[int] = ..., accept_errors: _Optional[int] = ..., max_leases_per_pid: _Optional[int] = ..., leases_refused_per_pid: _Optional[int] = ..., write_queue_bytes: _Optional[int] = ..., write_queue_limit_bytes: _Optional[int] = ..., writes_shed: _Optional[int] = ..., tuner_queue_refusals: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_request_bytes_per_uid: _Optional[int] = ..., request_bytes_in_flight: _Optional[int] = ..., requests_refused_too_large: _Optional[int] = ..., requests_refused_per_uid: _Optional[int] = ..., cluster_state: _Optional[str] = ..., cluster_url: _Optional[str] = ..., cluster_bootstrapped: _Optional[bool] = ..., cluster_published: _Optional[int] = ..., cluster_publish_queue: _Optional[int] = ..., cluster_publish_dropped: _Optional[int] = ..., cluster_received: _Optional[int] = ..., cluster_bootstrap_entries: _Optional[int] = ..., cluster_leases_acquired: _Optional[int] = ..., cluster_leases_held_elsewhere: _Optional[int] = ..., cluster_lease_fallbacks: _Optional[int] = ..., cluster_takeovers: _Optional[int] = ..., cluster_republished: _Optional[int] = ..., cluster_reconnects: _Optional[int] = ..., cluster_errors: _Optional[int] = ..., cluster_publish_already: _Optional[int] = ..., cluster_audits: _Optional[int] = ..., cluster_audit_repaired: _Optional[int] = ..., cluster_stream_gaps: _Optional[int] = ..., cluster_resync_entries: _Optional[int] = ..., cluster_publish_queue_limit: _Optional[int] = ..., cluster_name_conflicts: _Optional[int] = ..., cluster_audit_differing: _Optional[int] = ..., max_view_pins_per_uid: _Optional[int] = ..., max_views_per_uid: _Optional[int] = ..., views_evicted: _Optional[int] = ..., cluster_refused_stream: _Optional[int] = ..., cluster_refused_entries: _Optional[int] = ..., cluster_refused_tombstones: _Optional[int] = ..., cluster_wrong_type_keys: _Optional[str] = ..., cluster_clock_skew_ms: _Optional[int] = ..., cluster_prune_paused: _Optional[bool] = ..., cluster_places_restored: _Optional[int] = ..., cluster_shards_resumed: _Optional[int] = ..., cluster_shards_reread: _Optional[int] = ..., cluster_checkpoints_built: _Optional[int] = ..., cluster_checkpoints_loaded: _Optional[int] = ..., cluster_checkpoints_rejected: _Optional[int] = ..., cluster_startup_commands: _Optional[int] = ..., cluster_startup_bytes: _Optional[int] = ..., cluster_startup_ms: _Optional[int] = ..., cluster_checkpoint_results_withheld: _Optional[int] = ..., peer_nodes_resumed: _Optional[int] = ..., artifact_blobs_held: _Optional[int] = ..., artifact_bytes_held: _Optional[int] = ..., artifact_uploads: _Optional[int] = ..., artifact_uploads_already_held: _Optional[int] = ..., artifact_uploads_refused: _Optional[int] = ..., artifact_digest_failures: _Optional[int] = ..., artifact_fetches_local: _Optional[int] = ..., artifact_fetches_shared_dir: _Optional[int] = ..., artifact_fetches_cluster: _Optional[int] = ..., artifact_fetches_missing: _Optional[int] = ..., artifact_bytes_served: _Optional[int] = ..., artifact_bytes_read_from_tiers: _Optional[int] = ..., artifact_collections: _Optional[int] = ..., artifact_bytes_over_blob_limit: _Optional[int] = ..., artifact_bytes_over_store_limit: _Optional[int] = ..., artifact_bytes_over_uid_limit: _Optional[int] = ..., max_artifact_bytes: _Optional[int] = ..., artifact_store_bytes: _Optional[int] = ..., artifact_records_refused: _Optional[int] = ..., artifact_bytes_over_cluster_limit: _Optional[int] = ..., artifact_shared_dir_collections: _Optional[int] = ..., artifact_handoffs: _Optional[int] = ..., artifact_store_bytes_per_uid: _Optional[int] = ..., artifact_bytes_over_uid_store_limit: _Optional[int] = ..., artifact_fetches_over_store_limit: _Optional[int] = ..., artifact_shared_dir_squatted: _Optional[int] = ..., snapshot_squatted_files: _Optional[int] = ...) -> None: ...
 
 class ResolveRequest(_message.Message):
-    __slots__ = ("key", "wait_ms", "can_tune", "lease_ms", "view")
+    __slots__ = ("key", "wait_ms", "can_tune", "lease_ms", "view", "replay")
     KEY_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     CAN_TUNE_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     VIEW_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_FIELD_NUMBER: _ClassVar[int]
     key: Key
     wait_ms: int
     can_tune: bool
     lease_ms: int
     view: str
-    def __init__(self, key: _Optional[_Union[Key, _Mapping]] = ..., wait_ms: _Optional[int] = ..., can_tune: _Optional[bool] = ..., lease_ms: _Optional[int] = ..., view: _Optional[str] = ...) -> None: ...
+    replay: bool
+    def __init__(self, key: _Optional[_Union[Key, _Mapping]] = ..., wait_ms: _Optional[int] = ..., can_tune: _Optional[bool] = ..., lease_ms: _Optional[int] = ..., view: _Optional[str] = ..., replay: _Optional[bool] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("lease_id", "expires_in_ms")
@@ -603,6 +605,42 @@ class StatArtifactsResponse(_message.Message):
     MISSING_FIELD_NUMBER: _ClassVar[int]
     missing: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, missing: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListMissesRequest(_message.Message):
+    __slots__ = ("view",)
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    view: str
+    def __init__(self, view: _Optional[str] = ...) -> None: ...
+
+class MissedKey(_message.Message):
+    __slots__ = ("key", "count", "first_unix_ms", "last_unix_ms")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    key: Key
+    count: int
+    first_unix_ms: int
+    last_unix_ms: int
+    def __init__(self, key: _Optional[_Union[Key, _Mapping]] = ..., count: _Optional[int] = ..., first_unix_ms: _Optional[int] = ..., last_unix_ms: _Optional[int] = ...) -> None: ...
+
+class ViewMisses(_message.Message):
+    __slots__ = ("view", "uid", "keys", "left_out")
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
+    view: str
+    uid: int
+    keys: _containers.RepeatedCompositeFieldContainer[MissedKey]
+    left_out: int
+    def __init__(self, view: _Optional[str] = ..., uid: _Optional[int] = ..., keys: _Optional[_Iterable[_Union[MissedKey, _Mapping]]] = ..., left_out: _Optional[int] = ...) -> None: ...
+
+class ListMissesResponse(_message.Message):
+    __slots__ = ("views",)
+    VIEWS_FIELD_NUMBER: _ClassVar[int]
+    views: _containers.RepeatedCompositeFieldContainer[ViewMisses]
+    def __init__(self, views: _Optional[_Iterable[_Union[ViewMisses, _Mapping]]] = ...) -> None: ...
 
 class DevicesRequest(_message.Message):
     __slots__ = ()

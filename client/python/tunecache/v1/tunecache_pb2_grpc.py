@@ -99,6 +99,11 @@ class TuneCacheStub:
                 request_serializer=tunecache_dot_v1_dot_tunecache__pb2.StatArtifactsRequest.SerializeToString,
                 response_deserializer=tunecache_dot_v1_dot_tunecache__pb2.StatArtifactsResponse.FromString,
                 _registered_method=True)
+        self.ListMisses = channel.unary_unary(
+                '/tunecache.v1.TuneCache/ListMisses',
+                request_serializer=tunecache_dot_v1_dot_tunecache__pb2.ListMissesRequest.SerializeToString,
+                response_deserializer=tunecache_dot_v1_dot_tunecache__pb2.ListMissesResponse.FromString,
+                _registered_method=True)
 
 
 class TuneCacheServicer:
@@ -182,6 +187,12 @@ class TuneCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListMisses(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TuneCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -249,6 +260,11 @@ def add_TuneCacheServicer_to_server(servicer, server):
                     servicer.StatArtifacts,
                     request_deserializer=tunecache_dot_v1_dot_tunecache__pb2.StatArtifactsRequest.FromString,
                     response_serializer=tunecache_dot_v1_dot_tunecache__pb2.StatArtifactsResponse.SerializeToString,
+            ),
+            'ListMisses': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMisses,
+                    request_deserializer=tunecache_dot_v1_dot_tunecache__pb2.ListMissesRequest.FromString,
+                    response_serializer=tunecache_dot_v1_dot_tunecache__pb2.ListMissesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -602,6 +618,33 @@ class TuneCache:
             '/tunecache.v1.TuneCache/StatArtifacts',
             tunecache_dot_v1_dot_tunecache__pb2.StatArtifactsRequest.SerializeToString,
             tunecache_dot_v1_dot_tunecache__pb2.StatArtifactsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMisses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tunecache.v1.TuneCache/ListMisses',
+            tunecache_dot_v1_dot_tunecache__pb2.ListMissesRequest.SerializeToString,
+            tunecache_dot_v1_dot_tunecache__pb2.ListMissesResponse.FromString,
             options,
             channel_credentials,
             insecure,

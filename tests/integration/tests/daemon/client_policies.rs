@@ -1,14 +1,16 @@
 //! The client policies every client shares (issue 35), against the real daemon: the split lease
 //! (`begin_tune`, `finish_tune`, `abandon`: a failed Record gives the lease up except past its
 //! deadline), `record_keeping_valid` (a refused entry is set aside, a batch over the daemon's
-//! message size is halved), and the structured detail a size refusal carries over the wire.
+//! message size is halved), the structured detail a size refusal carries over the wire, and
+//! replay (issue 52: a miss at once, never a wait nor a lease, whatever the caller asked).
 
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use tonic_types::StatusExt;
 use tunecache_client::{
-    record::is_message_too_large, ClientError, LeaseAfterFailure, ResolveOptions, TuneStart,
+    record::is_message_too_large, ClientError, LeaseAfterFailure, Mode, RankOutcome,
+    ResolveOptions, TuneStart,
 };
 use tunecache_integration::{entry, test_key, DaemonOptions, TestDaemon};
 use tunecache_proto::limits::{ERROR_DOMAIN, MAX_MESSAGE_BYTES_FLAG, MESSAGE_TOO_LARGE_REASON};
@@ -147,6 +149,63 @@ async fn finish_tune_completes_the_lease_and_abandon_hands_it_on() {
         client.begin_tune(key, tune_options()).await.unwrap(),
         TuneStart::Tune(_)
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_answers_a_miss_at_once_and_never_takes_a_lease_whatever_it_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = TestDaemon::in_process(dir.path()).await;
+    let tuner = daemon.client().await;
+    let replayer = daemon.client().await.in_mode(Mode::Replay);
+    assert_eq!(replayer.mode(), Mode::Replay);
+    // What a tuning rank asks: wait long, tune if nobody else does.
+    let asked = ResolveOptions {
+        wait: Duration::from_secs(30),
+        can_tune: true,
+        lease: Duration::from_secs(120),
+    };
+    let held = test_key("replay", "held");
+    let TuneStart::Tune(lease) = tuner
+        .begin_tune(held.clone(), tune_options())
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key is this caller's to tune");
+    };
+    // Another caller tunes it: a tuning caller would wait up to 30 s for its result.
+    let started = Instant::now();
+    let start = replayer.begin_tune(held.clone(), asked).await.unwrap();
+    assert!(matches!(start, TuneStart::Miss(_)), "{start:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Nobody tunes it: a tuning caller would get the lease; the rank flow never tunes.
+    let free = test_key("replay", "free");
+    let outcome = replayer
+        .get_or_tune(free.clone(), asked, || async {
+            Err::<v1::Result, _>("replay ran the tuner")
+        })
+        .await;
+    assert!(matches!(outcome, RankOutcome::Fallback(_)), "{outcome:?}");
+    let stats = tuner.stats().await.unwrap();
+    assert_eq!((stats.leases_granted, stats.waiters), (1, 0), "{stats:?}");
+    assert!(matches!(
+        tuner.begin_tune(free, tune_options()).await.unwrap(),
+        TuneStart::Tune(_)
+    ));
+
+    // A hit is served.
+    tuner
+        .finish_tune(lease, result("{\"tile\": 128}", 4.0))
+        .await
+        .expect("recorded");
+    let TuneStart::Hit(hit) = replayer.begin_tune(held, asked).await.unwrap() else {
+        panic!("the recorded result is a replay hit");
+    };
+    assert_eq!(hit.config, "{\"tile\": 128}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
