@@ -18,13 +18,16 @@ const ENTRIES: usize = 200;
 /// The bundles' creation time: the same in every export, so that they can be byte-identical.
 const SOURCE_DATE_EPOCH: &str = "1700000000";
 
-/// `tunecache ARGS` against `daemon`, with a fixed creation time for exports.
+/// `tunecache ARGS` against `daemon`, with a fixed creation time for exports, and in no view
+/// whatever the environment says (a view would pin the first answers the test reads and hide
+/// the better result it records later).
 fn tunecache(daemon: &TestDaemon, args: &[&str]) -> Output {
     Command::new(bin("tunecache"))
         .arg("--socket")
         .arg(&daemon.socket)
         .args(args)
         .env("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH)
+        .env("TUNECACHE_VIEW", "")
         .output()
         .expect("run the tunecache CLI")
 }
@@ -69,13 +72,19 @@ fn key_pair(dir: &Path, name: &str, seed: u8) -> (String, String) {
     (path_arg(&private), path_arg(&public))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_exported_bundle_is_reproducible_verified_and_compared() {
+/// A daemon in a new temporary directory (its state in `node/`), and a client of it.
+async fn started() -> (tempfile::TempDir, TestDaemon, Client) {
     let dir = tempfile::tempdir().unwrap();
     let node = dir.path().join("node");
     std::fs::create_dir(&node).unwrap();
     let daemon = TestDaemon::process(&node).await;
     let client = daemon.client().await;
+    (dir, daemon, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exported_bundle_is_reproducible_verified_and_compared() {
+    let (dir, daemon, client) = started().await;
     let kernel = upload(&client, Content::new(52, 300_000), "kernel.cubin").await;
     let module = upload(&client, Content::new(53, 4_096), "module.so").await;
     let mut entries: Vec<proto::Entry> = (0..ENTRIES)
@@ -193,11 +202,7 @@ async fn an_exported_bundle_is_reproducible_verified_and_compared() {
 /// daemon that does not answer ListMisses yet says so instead of failing obscurely.
 #[tokio::test]
 async fn an_export_holds_only_the_entries_its_filter_selects() {
-    let dir = tempfile::tempdir().unwrap();
-    let node = dir.path().join("node");
-    std::fs::create_dir(&node).unwrap();
-    let daemon = TestDaemon::process(&node).await;
-    let client = daemon.client().await;
+    let (dir, daemon, client) = started().await;
     let entries = vec![
         entry(key_in("trtllm", "gemm", "a", None), "{}", 1.0, "t"),
         entry(key_in("trtllm", "moe", "a", None), "{}", 1.0, "t"),
