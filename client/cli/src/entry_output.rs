@@ -3,7 +3,7 @@
 use serde_json::{json, Value};
 use tunecache_client::proto;
 
-fn key_json(key: &proto::Key) -> Value {
+pub fn key_json(key: &proto::Key) -> Value {
     json!({
         "namespace": key.namespace,
         "op": key.op,
@@ -32,16 +32,27 @@ pub fn entry_json(entry: &proto::Entry) -> Value {
     json!({ "key": key, "result": result })
 }
 
+/// A key for people: `namespace/op [device] problem (shared)`, or `(rank N)`.
+pub fn key_line(k: &proto::Key) -> String {
+    let rank = k
+        .rank
+        .map_or_else(|| "shared".to_owned(), |n| format!("rank {n}"));
+    format!(
+        "{}/{} [{}] {} ({})",
+        k.namespace, k.op, k.device, k.problem, rank
+    )
+}
+
 pub fn entry_line(entry: &proto::Entry) -> String {
     let (Some(k), Some(r)) = (&entry.key, &entry.result) else {
         return String::from("(incomplete entry)");
     };
-    let rank = k
-        .rank
-        .map_or_else(|| "shared".to_owned(), |n| format!("rank {n}"));
     let mut line = format!(
-        "{}/{} [{}] {} ({}): {} in {:.3} us by {}",
-        k.namespace, k.op, k.device, k.problem, rank, r.config, r.time_us, r.tuned_by
+        "{}: {} in {:.3} us by {}",
+        key_line(k),
+        r.config,
+        r.time_us,
+        r.tuned_by
     );
     if !r.artifacts.is_empty() {
         let files: Vec<String> = r

@@ -6,7 +6,9 @@
 //!
 //! This file holds the command line (clap) and hands each command to its module: `read`
 //! (get, scan, resolve, devices), `write` (put, forget), `views`, `stats`, `trtllm_file` and
-//! `flashinfer_store` (import, export); `entry_output` prints entries.
+//! `flashinfer_store` (import, export), `bundle` and `bundle_export` (bundles: one file of
+//! entries and their artifacts, docs/bundles.md), `misses` (what replay found missing);
+//! `entry_output` prints entries.
 
 use std::path::PathBuf;
 
@@ -14,9 +16,12 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tunecache_client::{key, proto, Client};
 
+mod bundle;
+mod bundle_export;
 mod entry_output;
 mod error_text;
 mod flashinfer_store;
+mod misses;
 mod read;
 mod stats;
 mod trtllm_file;
@@ -39,15 +44,33 @@ struct Cli {
     #[arg(long, global = true)]
     json: bool,
 
-    /// Read (get, scan, resolve, export) in view NAME, where the first answer for a key is
-    /// pinned for the whole job; used only when no launcher names the view: $TUNECACHE_VIEW,
-    /// then Slurm's SLURM_JOB_ID/SLURM_STEP_ID, then torchrun's TORCHELASTIC_RUN_ID come first.
-    /// TUNECACHE_VIEW= (set, empty) reads without a view.
+    /// Read (get, scan, resolve, export, bundle export, bundle diff's `live`) in view NAME,
+    /// where the first answer for a key is pinned for the whole job; used only when no launcher
+    /// names the view: $TUNECACHE_VIEW, then Slurm's SLURM_JOB_ID/SLURM_STEP_ID, then torchrun's
+    /// TORCHELASTIC_RUN_ID come first. TUNECACHE_VIEW= (set, empty) reads without a view.
+    /// For `misses`, only the view listed, exactly as given.
     #[arg(long, global = true, value_name = "NAME")]
     view: Option<String>,
 
     #[command(subcommand)]
-    command: Command,
+    command: TopCommand,
+}
+
+/// The commands: the cache's own, then bundles and replay's misses (issue 52), which connect
+/// to the daemon only when they need it.
+#[derive(Subcommand)]
+enum TopCommand {
+    #[command(flatten)]
+    Daemon(Command),
+    /// Bundles: one file holding entries, the artifacts they name and a manifest of digests,
+    /// optionally signed (docs/bundles.md).
+    Bundle {
+        #[command(subcommand)]
+        command: BundleCommand,
+    },
+    /// The keys asked in replay that had no answer, per view (every view, or --view's): what
+    /// staging must tune next. Needs a daemon that answers ListMisses.
+    Misses,
 }
 
 #[derive(Args)]
@@ -226,6 +249,49 @@ enum Command {
 }
 
 #[derive(Subcommand)]
+enum BundleCommand {
+    /// Write the entries the daemon serves (in --view, when given) and every artifact they
+    /// name into one bundle file, by a temporary file in FILE's directory and a rename. Its
+    /// creation time is $SOURCE_DATE_EPOCH when set, so that the same cache gives the same
+    /// bytes.
+    Export {
+        /// The bundle to write.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Only entries of this namespace; may be given several times. None: every namespace.
+        #[arg(long)]
+        namespace: Vec<String>,
+        /// Only entries of this Key.device.
+        #[arg(long)]
+        device: Option<String>,
+        /// Only entries of this Key.op.
+        #[arg(long)]
+        op: Option<String>,
+        /// Sign the manifest with this Ed25519 key (PKCS#8 PEM, as `openssl genpkey -algorithm
+        /// ed25519` writes it; the file must be private, chmod 600).
+        #[arg(long, value_name = "KEY.pem")]
+        sign_key: Option<PathBuf>,
+    },
+    /// Show a bundle's manifest: entries, artifacts, bytes, namespaces, devices and signer, and
+    /// whether every part matches its digest (exits 1 when one does not).
+    Inspect { file: PathBuf },
+    /// Check every part of a bundle against its digest and, with --trust-key, that one of
+    /// those keys signed it. Exits 0 only then; otherwise prints the part and why, and exits 1.
+    Verify {
+        file: PathBuf,
+        /// A public key (SPKI PEM, as `openssl pkey -pubout` writes it) whose signature is
+        /// trusted; may be given several times.
+        #[arg(long, value_name = "PUB.pem")]
+        trust_key: Vec<PathBuf>,
+    },
+    /// Compare the entries of two bundles: keys only in A, only in B, and keys whose config,
+    /// time_us or artifacts differ. Either side may be `live`, what the daemon serves now (in
+    /// --view, when given); `./live` names a file. Exits 0 when they hold the same results,
+    /// 1 when they differ.
+    Diff { a: String, b: String },
+}
+
+#[derive(Subcommand)]
 enum ViewCommand {
     /// List the views holding pins on this node, most recently read first: name, pins, idle
     /// time.
@@ -291,16 +357,41 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+/// The daemon a command talks to, connected only by the commands that need one: a bundle on
+/// disk is inspected, verified and compared with no daemon running.
+struct Daemon {
+    socket: Option<PathBuf>,
+    view: Option<String>,
+}
+
+impl Daemon {
+    async fn connect(&self) -> anyhow::Result<Client> {
+        let socket = tunecache_client::socket_path(self.socket.clone())?;
+        // TUNECACHE_AUTOSTART=1 starts a daemon when none answers.
+        let client = Client::connect_auto(&socket).await?;
+        Ok(match &self.view {
+            Some(explicit) => client.with_view(explicit),
+            None => client,
+        })
+    }
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let socket = tunecache_client::socket_path(cli.socket.clone())?;
-    // TUNECACHE_AUTOSTART=1 starts a daemon when none answers.
-    let client = Client::connect_auto(&socket).await?;
-    let client = match &cli.view {
-        Some(explicit) => client.with_view(explicit),
-        None => client,
-    };
     let as_json = cli.json;
-    match cli.command {
+    let daemon = Daemon {
+        socket: cli.socket,
+        view: cli.view,
+    };
+    let command = match cli.command {
+        TopCommand::Daemon(command) => command,
+        TopCommand::Bundle { command } => return bundle::run(command, &daemon, as_json).await,
+        TopCommand::Misses => {
+            let client = daemon.connect().await?;
+            return misses::print(&client, daemon.view.as_deref(), as_json).await;
+        }
+    };
+    let client = daemon.connect().await?;
+    match command {
         Command::Get { key, artifacts_to } => {
             read::get(&client, &key, artifacts_to.as_deref(), as_json).await?
         }

@@ -217,7 +217,8 @@ fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-fn age_text(since_unix_ms: i64) -> String {
+/// How long ago `since_unix_ms` was, in the largest units; "a while" when unknown (0).
+pub fn age_text(since_unix_ms: i64) -> String {
     if since_unix_ms <= 0 {
         return "a while".to_owned();
     }

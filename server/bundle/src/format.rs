@@ -39,6 +39,11 @@ pub const MAX_MANIFEST_BYTES: u64 = 64 * 1024 * 1024;
 /// The largest single encoded `Entry` in the entries part. The daemon takes no request
 /// message bigger than its `--max-message-bytes`, and no entry comes near this.
 pub const MAX_ENTRY_BYTES: u64 = 4 * 1024 * 1024;
+/// The most entries a bundle holds, and their most bytes once decompressed: a reader holds
+/// them all in memory (a cache as big is one no node holds either), so a small file that
+/// decompresses to more is refused before it is read.
+pub const MAX_ENTRIES: u64 = 10_000_000;
+pub const MAX_ENTRIES_CONTENT_BYTES: u64 = 4 * 1024 * 1024 * 1024;
 
 /// The bundle's table of contents: what each part holds and the digests it must match.
 /// Serialised as canonical JSON: these fields in this order, no whitespace; a manifest read
@@ -211,6 +216,13 @@ impl Manifest {
             return Err(fail("not in canonical form".to_owned()));
         }
         let entries = &manifest.entries;
+        if entries.count > MAX_ENTRIES || entries.content_len > MAX_ENTRIES_CONTENT_BYTES {
+            return Err(fail(format!(
+                "{} entries of {} bytes: over the bounds of {MAX_ENTRIES} entries and \
+                 {MAX_ENTRIES_CONTENT_BYTES} bytes",
+                entries.count, entries.content_len
+            )));
+        }
         if !is_digest(&entries.stored_sha256) || !is_digest(&entries.content_sha256) {
             return Err(fail(
                 "the entries part's digests are not SHA-256 hex".to_owned(),

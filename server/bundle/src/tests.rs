@@ -480,3 +480,13 @@ fn a_64_mib_artifact_round_trips_streamed() {
     );
     let _ = std::io::stdout().flush();
 }
+
+#[test]
+fn a_bundle_of_no_entries_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = write_to_vec(Vec::new(), &Blobs(Vec::new()), &WriteOptions::default());
+    let bundle = Bundle::open(&file_with(dir.path(), "empty.tcb", &bytes)).unwrap();
+    assert_eq!(bundle.verify_parts().unwrap().parts, 1);
+    assert_eq!(bundle.entries().unwrap(), Vec::<Entry>::new());
+    assert!(bundle.manifest().namespaces.is_empty());
+}

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 
 use crate::format::{
     artifact_part_name, key_order, ArtifactPart, EntriesPart, Manifest, Trailer, FORMAT_NAME,
-    MAGIC, MAX_ENTRY_BYTES, SIGNATURE_LEN, VERSION,
+    MAGIC, MAX_ENTRIES, MAX_ENTRIES_CONTENT_BYTES, MAX_ENTRY_BYTES, SIGNATURE_LEN, VERSION,
 };
 use crate::hashing::{HashingReader, HashingWriter};
 use crate::{Artifact, BundleError, Entry};
@@ -79,6 +79,14 @@ pub fn write_bundle<W: Write>(
             .map_err(BundleError::io("writing the entries part"))?;
     }
     let (content_sha256, content_len) = content.take_digest();
+    if entries.len() as u64 > MAX_ENTRIES || content_len > MAX_ENTRIES_CONTENT_BYTES {
+        // A bundle no reader would open.
+        return Err(BundleError::Input(format!(
+            "{} entries of {content_len} bytes: over the bounds of {MAX_ENTRIES} entries and \
+             {MAX_ENTRIES_CONTENT_BYTES} bytes",
+            entries.len()
+        )));
+    }
     encoder
         .finish()
         .map_err(BundleError::io("writing the entries part"))?;

@@ -1,6 +1,5 @@
 //! Unit tests of the settings: flags, their defaults and refusals.
 
-use super::secrets::private_file_refusal;
 use super::*;
 
 fn config(args: &[&str]) -> Config {
@@ -181,32 +180,6 @@ fn the_default_name_is_the_host_and_the_state_directory_id() {
         named,
         "another state directory, another name"
     );
-}
-
-#[test]
-fn a_key_file_is_used_only_when_private_as_ssh_requires() {
-    // Owned by the daemon's uid or root, no bits for group or others.
-    for (owner, mode) in [(1001, 0o100600), (1001, 0o400), (0, 0o600), (0, 0o400)] {
-        assert_eq!(
-            private_file_refusal(owner, mode, 1001),
-            None,
-            "{owner} {mode:o}"
-        );
-    }
-    for (owner, mode, names) in [
-        (1001, 0o644, "mode 0644"),
-        (1001, 0o640, "mode 0640"),
-        (1001, 0o604, "mode 0604"),
-        (1001, 0o620, "mode 0620"),
-        (0, 0o100644, "owner uid 0, mode 0644"),
-        (1002, 0o600, "belongs to uid 1002"),
-    ] {
-        let why = private_file_refusal(owner, mode, 1001)
-            .unwrap_or_else(|| panic!("{owner} {mode:o} was accepted"));
-        assert!(why.contains(names), "{why}");
-    }
-    let why = private_file_refusal(1002, 0o600, 0).unwrap();
-    assert!(why.contains("owned by root, chmod 600"), "{why}");
 }
 
 #[test]
