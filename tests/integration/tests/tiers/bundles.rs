@@ -15,7 +15,7 @@ use tunecache_client::proto;
 use tunecache_integration::blobs::{get_digest, Content};
 use tunecache_integration::daemon::TestDaemon;
 use tunecache_integration::redis::{free_port, Redis};
-use tunecache_integration::{entry, key_in, with_artifacts};
+use tunecache_integration::{cli, entry, key_in, with_artifacts};
 
 /// The two blobs the staging entries name.
 const BLOBS: [Content; 2] = [
@@ -303,6 +303,44 @@ async fn replaying_nodes_serve_exactly_the_bundle_take_no_lease_and_list_what_it
         .map(|missed| missed.key.clone())
         .collect();
     assert_eq!(listed, vec![Some(unknown)]);
+
+    // The CLI lists the same, with its view; and what the node serves is the bundle.
+    let socket = nodes[1].socket.clone();
+    let bundle_arg = bundle.display().to_string();
+    let listed = tokio::task::spawn_blocking(move || {
+        let misses = cli(&socket, &["--json", "misses"]);
+        let diff = cli(
+            &socket,
+            &[
+                "--json",
+                "--view",
+                "job-4",
+                "bundle",
+                "diff",
+                "live",
+                &bundle_arg,
+            ],
+        );
+        (misses, diff)
+    })
+    .await
+    .unwrap();
+    let (misses, diff) = listed;
+    assert!(misses.status.success(), "{misses:?}");
+    let misses: serde_json::Value = serde_json::from_slice(&misses.stdout).expect("misses --json");
+    let text = misses.to_string();
+    assert!(
+        text.contains("job-3") && text.contains("m=100000"),
+        "{text}"
+    );
+    assert!(
+        diff.status.success(),
+        "diff live against the bundle it serves: {diff:?}"
+    );
+    let diff: serde_json::Value = serde_json::from_slice(&diff.stdout).expect("diff --json");
+    for side in ["only_in_a", "only_in_b", "different"] {
+        assert_eq!(diff[side], serde_json::json!([]), "{side}: {diff}");
+    }
 
     for (n, node) in nodes.iter().enumerate() {
         let stats = node.stats().await;
