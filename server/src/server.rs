@@ -286,10 +286,14 @@ async fn serve(
     let request_limits = Arc::new(config.request_limits()?);
     request_limits.log();
     let max_request_bytes = request_limits.max_message_bytes();
-    let replay = crate::views::Replay::new(
-        bundles.as_ref().and_then(|bundles| bundles.replayed()),
-        crate::views::misses::DEFAULT_MISS_CAPS,
-    );
+    // With --replay the bundles' entries answer their keys (none without a bundle: every
+    // read is still in replay).
+    let replayed = config.replay.then(|| {
+        bundles
+            .as_ref()
+            .map_or_else(Default::default, |bundles| bundles.entry_map())
+    });
+    let replay = crate::views::Replay::new(replayed, crate::views::misses::DEFAULT_MISS_CAPS);
     let views = crate::views::Views::new(
         config.view_settings(),
         store.clone(),

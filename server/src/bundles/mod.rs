@@ -7,7 +7,7 @@
 //! Redis). One that fails stops the start, naming the file, the part and the reason. Its
 //! entries then enter the cache as one more source, merged by the usual rule (never
 //! republished: every node has the bundle). On a daemon started with `--replay` they also
-//! answer their keys whatever the cache holds (`views::replay`, which gets `replayed`).
+//! answer their keys whatever the cache holds (`views::replay`, which gets `entry_map`).
 //!
 //! Its blobs stay in the file: a rank that asks for one (GetArtifact, the handoff) has it
 //! fetched from the bundle into the store like any tier's ([`BundleBlobs`], first in
@@ -52,7 +52,6 @@ pub struct Bundles {
     /// Each blob's bundle (its place in `files`) and size.
     blobs: HashMap<String, (usize, u64)>,
     entries: Arc<EntryMap>,
-    replay: bool,
 }
 
 impl Bundles {
@@ -61,7 +60,7 @@ impl Bundles {
     pub fn open(settings: &BundleSettings) -> crate::Result<Option<Bundles>> {
         if settings.files.is_empty() {
             if settings.replay {
-                tracing::warn!("--replay without --bundle: every key is answered from the cache as it is, never tuned");
+                tracing::warn!("--replay without --bundle: every key is answered at once from the cache as it is, never tuned");
             }
             return Ok(None);
         }
@@ -102,7 +101,6 @@ impl Bundles {
             files,
             blobs,
             entries: Arc::new(entries),
-            replay: settings.replay,
         }))
     }
 
@@ -111,9 +109,9 @@ impl Bundles {
         self.entries.iter().cloned().collect()
     }
 
-    /// The entries that answer their keys on a replaying daemon; `None` without `--replay`.
-    pub fn replayed(&self) -> Option<Arc<EntryMap>> {
-        self.replay.then(|| Arc::clone(&self.entries))
+    /// The bundles' entries by key: what answers their keys on a replaying daemon.
+    pub fn entry_map(&self) -> Arc<EntryMap> {
+        Arc::clone(&self.entries)
     }
 
     /// The bundles' fetching side, for the artifact store.

@@ -340,12 +340,18 @@ impl Coordinator {
         }
     }
 
+    /// Counts a Resolve call answered without the coordinator (a view's pin, a read in
+    /// replay), so that `resolves` counts every call.
+    pub fn count_resolve(&self) {
+        self.counters.resolves.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Resolves one key: a hit, a lease to tune it here, or a wait for someone else, in the
     /// order the rules say (`flights::resolve`). Refused only when the node's tuner should
     /// take the job but its queue is full, or the caller's process holds the most leases it
     /// may.
     pub async fn resolve(&self, call: ResolveCall) -> Result<Resolution> {
-        self.counters.resolves.fetch_add(1, Ordering::Relaxed);
+        self.count_resolve();
         let mut resolve = Resolve::new(
             call.key.clone(),
             call.caller(),

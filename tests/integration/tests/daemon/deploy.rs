@@ -315,6 +315,7 @@ fn shipped_unit_scores_ok_in_systemd_analyze_security() {
         &[][..],
         &["shared-dir.conf"][..],
         &["shared-dir.conf", "redis.conf"][..],
+        &["shared-dir.conf", "redis.conf", "bundle.conf"][..],
     ] {
         let dir = lay_out_units(drop_ins);
         let (passed, exposure, report) = unit_exposure(&analyze, dir.path());

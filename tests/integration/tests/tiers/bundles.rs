@@ -480,3 +480,154 @@ async fn without_replay_a_bundle_is_one_more_source_merged_by_the_usual_rule() {
         "{answer:?}"
     );
 }
+
+/// `mib` MiB of content made from one 1 MiB block, stamped with `seed` and the block's
+/// place, so that every blob differs and writing a GiB costs a memory copy per MiB.
+fn write_blob(path: &Path, seed: u64, mib: usize) {
+    use std::io::Write;
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut block: Vec<u8> = Vec::with_capacity(1 << 20);
+    while block.len() < 1 << 20 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        block.extend_from_slice(&state.to_le_bytes());
+    }
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    for place in 0..mib {
+        block[..8].copy_from_slice(&seed.to_le_bytes());
+        block[8..16].copy_from_slice(&(place as u64).to_le_bytes());
+        file.write_all(&block).unwrap();
+    }
+    file.flush().unwrap();
+}
+
+/// The peak resident memory of the children this process has waited for (the CLI runs),
+/// in bytes.
+fn children_peak_rss_bytes() -> u64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given.
+    let usage = unsafe {
+        assert_eq!(
+            libc::getrusage(libc::RUSAGE_CHILDREN, usage.as_mut_ptr()),
+            0
+        );
+        usage.assume_init()
+    };
+    u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gib_of_artifacts_exports_and_starts_within_100_mb_of_an_idle_daemon() {
+    const MIB: u64 = 1 << 20;
+    const BLOBS: u64 = 4;
+    const BLOB_MIB: usize = 256;
+    let dir = tempfile::tempdir().unwrap();
+    let idle_dir = dir.path().join("idle");
+    std::fs::create_dir_all(&idle_dir).unwrap();
+    let idle = TestDaemon::process(&idle_dir).await;
+    let idle_rss = idle.peak_rss_bytes();
+
+    // Staging: four blobs of 256 MiB, each named by an entry.
+    let staging_dir = dir.path().join("staging");
+    std::fs::create_dir_all(&staging_dir).unwrap();
+    let staging = TestDaemon::process(&staging_dir).await;
+    let client = staging.client().await;
+    let mut entries = Vec::new();
+    for n in 0..BLOBS {
+        let path = dir.path().join(format!("blob-{n}"));
+        write_blob(&path, n + 1, BLOB_MIB);
+        let stored = client.put_artifact(&path).await.expect("PutArtifact");
+        std::fs::remove_file(&path).unwrap();
+        let artifact = proto::Artifact {
+            name: "kernel.bin".into(),
+            sha256: stored.sha256,
+            size: stored.size,
+        };
+        let key = key_in("big", "gemm", &format!("m={n}"), None);
+        entries.push(with_artifacts(
+            entry(key, "{}", 1.0, "staging"),
+            vec![artifact],
+        ));
+    }
+    client.record(entries).await.expect("Record");
+
+    let bundle = dir.path().join("big.tcb");
+    let (socket, out) = (staging.socket.clone(), bundle.display().to_string());
+    let export =
+        tokio::task::spawn_blocking(move || cli(&socket, &["bundle", "export", "--out", &out]))
+            .await
+            .unwrap();
+    assert!(export.status.success(), "{export:?}");
+    let export_rss = children_peak_rss_bytes();
+    let staging_rss = staging.peak_rss_bytes();
+
+    // Production: starts on the bundle, verifying every byte of it.
+    let production_dir = dir.path().join("production");
+    std::fs::create_dir_all(&production_dir).unwrap();
+    let production = TestDaemon::builder(&production_dir)
+        .args([
+            "--bundle".to_owned(),
+            bundle.display().to_string(),
+            "--replay".to_owned(),
+        ])
+        .process()
+        .await;
+    assert_eq!(production.stats().await.bundle_entries, BLOBS);
+    let production_rss = production.peak_rss_bytes();
+
+    let limit = idle_rss + 100 * MIB;
+    let shown = |bytes: u64| format!("{:.1} MiB", bytes as f64 / MIB as f64);
+    for (what, rss) in [
+        ("the export (the CLI)", export_rss),
+        ("the staging daemon (uploads and export)", staging_rss),
+        ("the daemon starting on the bundle", production_rss),
+    ] {
+        eprintln!(
+            "{what}: peak RSS {} (idle daemon {})",
+            shown(rss),
+            shown(idle_rss)
+        );
+        assert!(
+            rss < limit,
+            "{what}: peak RSS {} against an idle daemon's {}",
+            shown(rss),
+            shown(idle_rss)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaying_daemon_with_no_bundle_answers_from_its_cache_at_once_and_never_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = TestDaemon::builder(dir.path())
+        .arg("--replay")
+        .in_process()
+        .await;
+    let cached = key_in("trtllm", "gemm", "m=1", None);
+    let tuned = entry(cached.clone(), "{\"tactic\":1}", 3.0, "production");
+    node.client()
+        .await
+        .record(vec![tuned.clone()])
+        .await
+        .expect("Record");
+    let answer = resolve(&node, cached, "").await;
+    assert_eq!(
+        answer.outcome,
+        Some(proto::resolve_response::Outcome::Hit(tuned.result.unwrap()))
+    );
+    let started = Instant::now();
+    let answer = resolve(&node, key_in("trtllm", "gemm", "m=2", None), "").await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the miss waited"
+    );
+    assert_eq!(
+        answer.outcome,
+        Some(proto::resolve_response::Outcome::Miss(proto::Miss {
+            reason: "replay: not in any bundle".into()
+        }))
+    );
+    let stats = node.stats().await;
+    assert_eq!((stats.leases_granted, stats.replay_misses), (0, 1));
+}
