@@ -444,6 +444,20 @@ async fn without_replay_a_bundle_is_one_more_source_merged_by_the_usual_rule() {
         .expect("the bundle's blob");
     assert_eq!(digest, BLOBS[0].digest());
     assert_eq!(node.stats().await.artifact_fetches_bundle, 1);
+    // And through the descriptor handoff, which a rank on the node takes first.
+    let mut copy = Vec::new();
+    let moved = node
+        .client()
+        .await
+        .get_artifact(&BLOBS[1].digest(), &mut copy)
+        .await
+        .expect("the bundle's blob, handed");
+    assert_eq!((moved, copy), (BLOBS[1].size, BLOBS[1].bytes()));
+    let stats = node.stats().await;
+    assert_eq!(
+        (stats.artifact_fetches_bundle, stats.artifact_handoffs),
+        (2, 1)
+    );
 
     let bundled_key = key_in("triton", "gemm", "m=5", None);
     let better = entry(bundled_key.clone(), "{\"tactic\":1}", 0.5, "production");
