@@ -45,12 +45,24 @@ pub struct ViewMisses {
     pub left_out: u64,
 }
 
-/// Which bound a miss hit, the first time it was hit for that uid (to log once).
+/// Which bound a miss hit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BoundHit {
     KeysPerView,
     KeysPerUid,
     ViewsPerUid,
+}
+
+/// What `record` did with a miss: what the adapter logs, each at most once per listed key or
+/// per uid and bound, so that the log is as bounded as the list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    /// The key's first miss in its view: listed now.
+    Listed,
+    /// A listed key missed again: counted.
+    Again,
+    /// Past a bound: counted in `left_out`; `first` the first time the uid hits that bound.
+    LeftOut { bound: BoundHit, first: bool },
 }
 
 /// What a uid holds in the list.
@@ -80,15 +92,8 @@ impl MissLog {
         }
     }
 
-    /// `uid` asked `key` in `view` at `now_unix_ms` and had no answer. Returns the bound it
-    /// hit, the first time that bound is hit for the uid.
-    pub fn record(
-        &mut self,
-        uid: u32,
-        view: &str,
-        key: &CacheKey,
-        now_unix_ms: i64,
-    ) -> Option<BoundHit> {
+    /// `uid` asked `key` in `view` at `now_unix_ms` and had no answer.
+    pub fn record(&mut self, uid: u32, view: &str, key: &CacheKey, now_unix_ms: i64) -> Recorded {
         let caps = self.caps;
         let share = self.uids.entry(uid).or_default();
         let place = (uid, view.to_owned());
@@ -100,14 +105,14 @@ impl MissLog {
                 .count();
             if held >= caps.views_per_uid {
                 share.views_left_out += 1;
-                return report(share, BoundHit::ViewsPerUid);
+                return left_out(share, BoundHit::ViewsPerUid);
             }
         }
         let misses = self.views.entry(place).or_default();
         if let Some(missed) = misses.keys.get_mut(key) {
             missed.count += 1;
             missed.last_unix_ms = missed.last_unix_ms.max(now_unix_ms);
-            return None;
+            return Recorded::Again;
         }
         let bound = if misses.keys.len() >= caps.keys_per_view {
             Some(BoundHit::KeysPerView)
@@ -118,7 +123,7 @@ impl MissLog {
         };
         if let Some(bound) = bound {
             misses.left_out += 1;
-            return report(share, bound);
+            return left_out(share, bound);
         }
         share.keys += 1;
         misses.keys.insert(
@@ -129,7 +134,7 @@ impl MissLog {
                 last_unix_ms: now_unix_ms,
             },
         );
-        None
+        Recorded::Listed
     }
 
     /// The views' misses in (uid, view) order: `uid`'s only, or every uid's (`None`, an
@@ -156,13 +161,13 @@ impl MissLog {
     }
 }
 
-/// `bound`, if it is the first time the uid hits it.
-fn report(share: &mut UidShare, bound: BoundHit) -> Option<BoundHit> {
-    if share.reported.contains(&bound) {
-        return None;
+/// A miss left out at `bound`, and whether it is the first time the uid hits it.
+fn left_out(share: &mut UidShare, bound: BoundHit) -> Recorded {
+    let first = !share.reported.contains(&bound);
+    if first {
+        share.reported.push(bound);
     }
-    share.reported.push(bound);
-    Some(bound)
+    Recorded::LeftOut { bound, first }
 }
 
 #[cfg(test)]
@@ -179,9 +184,9 @@ mod tests {
     #[test]
     fn a_key_missed_again_is_counted_with_its_first_and_last_time() {
         let mut log = MissLog::new(SMALL);
-        assert_eq!(log.record(1, "job", &key("a"), 100), None);
-        assert_eq!(log.record(1, "job", &key("a"), 300), None);
-        assert_eq!(log.record(1, "job", &key("a"), 200), None);
+        assert_eq!(log.record(1, "job", &key("a"), 100), Recorded::Listed);
+        assert_eq!(log.record(1, "job", &key("a"), 300), Recorded::Again);
+        assert_eq!(log.record(1, "job", &key("a"), 200), Recorded::Again);
         let listed = log.list(Some(1), None);
         assert_eq!(listed.len(), 1);
         let (uid, view, misses) = &listed[0];
@@ -201,15 +206,19 @@ mod tests {
     fn keys_past_a_views_bound_are_counted_left_out_and_reported_once() {
         let mut log = MissLog::new(SMALL);
         for n in 0..3 {
-            assert_eq!(log.record(1, "job", &key(&format!("k{n}")), 1), None);
+            assert_eq!(
+                log.record(1, "job", &key(&format!("k{n}")), 1),
+                Recorded::Listed
+            );
         }
-        assert_eq!(
-            log.record(1, "job", &key("k3"), 1),
-            Some(BoundHit::KeysPerView)
-        );
-        assert_eq!(log.record(1, "job", &key("k4"), 1), None);
+        let past = |first| Recorded::LeftOut {
+            bound: BoundHit::KeysPerView,
+            first,
+        };
+        assert_eq!(log.record(1, "job", &key("k3"), 1), past(true));
+        assert_eq!(log.record(1, "job", &key("k4"), 1), past(false));
         // A listed key still counts its misses.
-        assert_eq!(log.record(1, "job", &key("k0"), 2), None);
+        assert_eq!(log.record(1, "job", &key("k0"), 2), Recorded::Again);
         let (_, _, misses) = &log.list(Some(1), Some("job"))[0];
         assert_eq!(misses.keys.len(), 3);
         assert_eq!(misses.left_out, 2);
@@ -228,12 +237,18 @@ mod tests {
         assert_eq!((b.keys.len(), b.left_out), (2, 1));
         assert_eq!(
             log.record(1, "c", &key("c0"), 1),
-            Some(BoundHit::ViewsPerUid)
+            Recorded::LeftOut {
+                bound: BoundHit::ViewsPerUid,
+                first: true
+            }
         );
         assert_eq!(log.list(Some(1), Some("c")), vec![]);
         // Uid 2 still has all its room.
         for n in 0..3 {
-            assert_eq!(log.record(2, "c", &key(&format!("c{n}")), 1), None);
+            assert_eq!(
+                log.record(2, "c", &key(&format!("c{n}")), 1),
+                Recorded::Listed
+            );
         }
         let (_, _, c) = &log.list(Some(2), None)[0];
         assert_eq!((c.keys.len(), c.left_out), (3, 0));

@@ -54,9 +54,7 @@ impl Views {
         let view_name = view.as_ref().map_or("", |view| view.name.as_str());
         for (key, found) in keys.clone().zip(&current) {
             if found.is_none() {
-                let key = key.to_key();
-                self.replay.log_first_miss(&key);
-                self.replay.missed(uid, view_name, &key);
+                self.replay.missed(uid, view_name, &key.to_key());
             }
         }
         match view {
@@ -148,7 +146,6 @@ impl Views {
             Some(entry) => Resolution::Hit(entry.result().to_result()),
             None => {
                 let view = call.view.as_ref().map_or("", |view| view.name.as_str());
-                self.replay.log_first_miss(&call.key);
                 self.replay.missed(call.uid, view, &call.key);
                 Resolution::Miss(self.replay.miss_reason().to_owned())
             }

@@ -10,10 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::model::entry::{CacheKey, KeyView};
-use crate::report::LogOnce;
 use crate::wire::stored::{EntryMap, StoredEntry};
 
-use super::misses::{BoundHit, MissCaps, MissLog, ViewMisses};
+use super::misses::{BoundHit, MissCaps, MissLog, Recorded, ViewMisses};
 use super::pins::Answer;
 
 /// Why a read in replay had no answer, as its Miss says.
@@ -35,7 +34,6 @@ pub struct Replay {
     /// answer their keys.
     bundled: Option<Arc<EntryMap>>,
     misses: Mutex<MissLog>,
-    logged: LogOnce,
     counters: ReplayCounters,
 }
 
@@ -45,7 +43,6 @@ impl Replay {
         Replay {
             bundled,
             misses: Mutex::new(MissLog::new(caps)),
-            logged: LogOnce::default(),
             counters: ReplayCounters::default(),
         }
     }
@@ -69,38 +66,36 @@ impl Replay {
         }
     }
 
-    /// `uid` read `key` in replay, in `view` ("" for none), and had no answer: counted,
-    /// listed, and logged once per key (and once per bound a uid reaches).
+    /// `uid` read `key` in replay, in `view` ("" for none), and had no answer: counted and
+    /// listed. Logged when the key is first listed in its view, and once per uid and bound
+    /// past the list's bounds: the log is bounded as the list is.
     pub fn missed(&self, uid: u32, view: &str, key: &CacheKey) {
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
-        let now = unix_ms();
-        let bound = crate::sync::lock(&self.misses).record(uid, view, key, now);
-        if let Some(bound) = bound {
-            let which = match bound {
-                BoundHit::KeysPerView => "keys per view",
-                BoundHit::KeysPerUid => "keys per uid",
-                BoundHit::ViewsPerUid => "views per uid",
-            };
-            tracing::warn!(
-                uid,
-                view,
-                bound = which,
-                "replay misses past a bound are counted (left_out), not listed; logged once per uid and bound"
-            );
+        let recorded = crate::sync::lock(&self.misses).record(uid, view, key, unix_ms());
+        match recorded {
+            Recorded::Listed => {
+                tracing::info!(uid, view, ?key, reason = self.miss_reason(), "replay miss");
+            }
+            Recorded::LeftOut { bound, first: true } => {
+                let which = match bound {
+                    BoundHit::KeysPerView => "keys per view",
+                    BoundHit::KeysPerUid => "keys per uid",
+                    BoundHit::ViewsPerUid => "views per uid",
+                };
+                tracing::warn!(
+                    uid,
+                    view,
+                    bound = which,
+                    "replay misses past a bound are counted (left_out), not listed; logged once per uid and bound"
+                );
+            }
+            Recorded::Again | Recorded::LeftOut { first: false, .. } => {}
         }
     }
 
     /// The listed misses: `uid`'s (every uid's for `None`), of `view` only when given.
     pub fn list(&self, uid: Option<u32>, view: Option<&str>) -> Vec<(u32, String, ViewMisses)> {
         crate::sync::lock(&self.misses).list(uid, view)
-    }
-
-    /// Logs a replay miss of `key` once per key for the daemon's run (bounded by `LogOnce`'s
-    /// own set: the keys listed are bounded by the misses' caps).
-    pub fn log_first_miss(&self, key: &CacheKey) {
-        if self.logged.first(format!("{key:?}")) {
-            tracing::info!(?key, reason = self.miss_reason(), "replay miss");
-        }
     }
 
     /// A Scan's chunk with the bundles' entries over it when the daemon replays: `chosen`
