@@ -162,14 +162,7 @@ impl ChunkReader for Bundled {
     type Planned = EncodedEntries;
 
     fn plan(&self, step: Step<'_>) -> EncodedEntries {
-        let filter = step.filter;
-        let merged = self.views.replay.overlay_chunk(
-            step.chosen,
-            step.start,
-            step.last,
-            |entry| filter.in_namespace(entry),
-            |entry| filter.matches(entry),
-        );
+        let merged = self.views.replay.overlay_step(&step);
         let merged: Vec<&StoredEntry> = merged.iter().collect();
         EncodedEntries::from_entries(&merged)
     }
@@ -193,13 +186,7 @@ impl ChunkReader for ScanInView {
         let pins = self.views.pins_of(&self.name);
         // On a replaying daemon the bundles answer their keys first; the view pins what
         // they answer.
-        let merged = self.views.replay.overlay_chunk(
-            step.chosen,
-            step.start,
-            step.last,
-            |entry| filter.in_namespace(entry),
-            |entry| filter.matches(entry),
-        );
+        let merged = self.views.replay.overlay_step(&step);
         let chosen: Vec<&StoredEntry> = merged.iter().collect();
         self.views.scan_plan(
             pins,

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::model::entry::{CacheKey, KeyView};
+use crate::store::scan::Step;
 use crate::wire::stored::{EntryMap, StoredEntry};
 
 use super::misses::{BoundHit, MissCaps, MissLog, Recorded, ViewMisses};
@@ -96,6 +97,19 @@ impl Replay {
     /// The listed misses: `uid`'s (every uid's for `None`), of `view` only when given.
     pub fn list(&self, uid: Option<u32>, view: Option<&str>) -> Vec<(u32, String, ViewMisses)> {
         crate::sync::lock(&self.misses).list(uid, view)
+    }
+
+    /// A Scan's step with the bundles' entries over it (`overlay_chunk` within the Scan's
+    /// filter).
+    pub fn overlay_step(&self, step: &Step<'_>) -> Vec<StoredEntry> {
+        let filter = step.filter;
+        self.overlay_chunk(
+            step.chosen,
+            step.start,
+            step.last,
+            |entry| filter.in_namespace(entry),
+            |entry| filter.matches(entry),
+        )
     }
 
     /// A Scan's chunk with the bundles' entries over it when the daemon replays: `chosen`

@@ -164,16 +164,11 @@ async fn resolve(daemon: &TestDaemon, key: proto::Key, view: &str) -> proto::Res
         .into_inner()
 }
 
+/// `entries` in a bundle's order (by key), as a Scan answers them.
 fn sorted(mut entries: Vec<proto::Entry>) -> Vec<proto::Entry> {
-    entries.sort_by(|a, b| {
-        let (a, b) = (a.key.as_ref().unwrap(), b.key.as_ref().unwrap());
-        (&a.namespace, &a.op, &a.device, &a.problem, a.rank).cmp(&(
-            &b.namespace,
-            &b.op,
-            &b.device,
-            &b.problem,
-            b.rank,
-        ))
+    entries.sort_by(|a, b| match (&a.key, &b.key) {
+        (Some(a), Some(b)) => tunecache_bundle::format::key_order(a, b),
+        (a, b) => a.is_some().cmp(&b.is_some()),
     });
     entries
 }
