@@ -1,7 +1,7 @@
 //! Owns starting and stopping a real `tunecached` process for the benchmarks: where the
 //! workspace binaries are, the daemon's command line (socket and state on local disk, an
 //! optional shared directory), waiting until it answers, and reading its memory from
-//! `/proc/<pid>/status`.
+//! `/proc/<pid>/status` (and resetting its peak).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -59,6 +59,16 @@ pub fn workspace_binary(name: &str) -> PathBuf {
         .map(|up| up.join(name))
         .filter(|up| up.exists())
         .unwrap_or(beside)
+}
+
+/// Removes every `TUNECACHE_*` variable of the caller's environment from `command`: the daemon
+/// and the CLI read their flags from it too.
+pub fn without_tunecache_env(command: &mut Command) {
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("TUNECACHE_") {
+            command.env_remove(&name);
+        }
+    }
 }
 
 /// How to start one daemon.
@@ -130,11 +140,7 @@ impl DaemonProcess {
         }
         command.args(&config.extra_args);
         // The daemon reads every flag from the environment too; keep the caller's out.
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("TUNECACHE_") {
-                command.env_remove(&name);
-            }
-        }
+        without_tunecache_env(&mut command);
         let child = command
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -247,4 +253,11 @@ pub fn process_memory(pid: u32) -> Result<ProcessMemory, DaemonError> {
         rss_kib: field("VmRSS:")?,
         hwm_kib: field("VmHWM:")?,
     })
+}
+
+/// Resets the peak resident memory (VmHWM) of process `pid` to its resident memory now
+/// (`/proc/<pid>/clear_refs`, 5), so that a later [`process_memory`] gives the peak since.
+pub fn reset_peak_memory(pid: u32) -> Result<(), DaemonError> {
+    let path = PathBuf::from(format!("/proc/{pid}/clear_refs"));
+    std::fs::write(&path, "5").map_err(|source| DaemonError::Io { path, source })
 }

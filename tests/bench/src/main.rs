@@ -276,6 +276,30 @@ enum Commands {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
+    /// Issue 52's bundles: `tunecache bundle export` of 100,000 entries and of 1 GiB of
+    /// artifacts (wall, the CLI's and the staging daemon's peak RSS, the bundle's size), a
+    /// daemon's start-up on each bundle with `--replay` (time until it serves, peak RSS against
+    /// an idle daemon's), and the latency of a replayed miss against a hit; writes
+    /// bundles.json and bundles.md.
+    Bundles {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        /// Rounds; each measures every case once.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Entries of the entries case.
+        #[arg(long, default_value_t = 100_000)]
+        entries: usize,
+        /// Blobs of the artifacts case, one entry naming each.
+        #[arg(long, default_value_t = 16)]
+        blobs: usize,
+        /// Size of each blob, MiB.
+        #[arg(long, default_value_t = 64)]
+        blob_mib: u64,
+        /// One-key Resolves of each series of the replay latency.
+        #[arg(long, default_value_t = 2000)]
+        resolves: usize,
+    },
     /// Run only some daemon micro-benchmarks; print their results and target ratios as JSON.
     Micro {
         /// Comma-separated: lookup (with the echo floor), pyscan, memory, pickup, transport
@@ -606,6 +630,25 @@ fn main() -> Result<()> {
                 command_line: std::env::args().collect::<Vec<_>>().join(" "),
             })?;
             println!("{}", serde_json::to_string_pretty(&results)?);
+        }
+        Commands::Bundles {
+            out,
+            rounds,
+            entries,
+            blobs,
+            blob_mib,
+            resolves,
+        } => {
+            suite::bundles::run(&suite::bundles::BundlesOptions {
+                out_dir: out.clone(),
+                rounds,
+                entries,
+                blobs,
+                blob_mib,
+                resolves,
+                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+            })?;
+            println!("{}", serde_json::json!({ "out": out }));
         }
         Commands::Micro {
             only,

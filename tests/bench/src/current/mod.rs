@@ -1,6 +1,6 @@
 //! Owns the tables of BENCHMARKS.md: each one is rendered from the raw output of the run that
 //! measured it (a `suite` results.json, a `micro` JSON, `cluster.json`, `multinode.json`,
-//! `segments.json`, `artifacts.json`, `bitblas.json`, `flashinfer.json`), so the report is regenerated, never hand-copied.
+//! `segments.json`, `artifacts.json`, `bitblas.json`, `flashinfer.json`, `bundles.json`), so the report is regenerated, never hand-copied.
 //!
 //! A table sits between two marker comments that name its kind and its source file (relative
 //! to the Markdown file):
@@ -25,6 +25,7 @@
 mod artifacts;
 mod bitblas;
 mod blocks;
+mod bundles;
 mod cluster;
 mod flashinfer;
 mod format;
@@ -39,7 +40,7 @@ pub use self::blocks::{check, read_source, regenerate, update, Block, Outcome};
 pub use self::format::{bytes, ms, times};
 
 /// The kinds of table, with the source each reads.
-pub const KINDS: [(&str, &str); 17] = [
+pub const KINDS: [(&str, &str); 18] = [
     (
         "single-node",
         "suite results.json: the local-disk rows of the matrix",
@@ -87,6 +88,10 @@ pub const KINDS: [(&str, &str); 17] = [
         "flashinfer",
         "flashinfer.json (`tunecache-bench flashinfer`): FlashInfer ranks tuning through autotune_v2",
     ),
+    (
+        "bundles",
+        "bundles.json (`tunecache-bench bundles`): bundle export, start-up and replayed misses",
+    ),
 ];
 
 /// Renders one table of `kind` from a parsed source.
@@ -109,6 +114,7 @@ pub fn render(kind: &str, source: &Value) -> Result<String> {
         "artifacts" => artifacts::artifacts(source),
         "bitblas" => bitblas::bitblas(source),
         "flashinfer" => flashinfer::flashinfer(source),
+        "bundles" => bundles::bundles(source),
         other => bail!(
             "unknown table kind {other:?}; known: {}",
             KINDS.map(|(kind, _)| kind).join(", ")

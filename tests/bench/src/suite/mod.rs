@@ -7,6 +7,7 @@
 
 pub mod artifacts;
 pub mod bitblas;
+pub mod bundles;
 pub mod cluster;
 pub mod cold_blob;
 pub mod flashinfer;
