@@ -300,6 +300,62 @@ enum Commands {
         #[arg(long, default_value_t = 2000)]
         resolves: usize,
     },
+    /// Issue 54: p50 and p99 of a one-key Lookup (Rust client, one connection, a key that
+    /// hits), sampled while the daemon holding --entries is idle, while R rank processes start
+    /// at once and each Scans the whole cache, while the writer merges a --batch-entry batch
+    /// (Records of 10,000, back to back), and while both run; writes lookup-load.json and
+    /// lookup-load.md.
+    LookupLoad {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        #[arg(long, default_value_t = 100_000)]
+        entries: usize,
+        /// Rank processes of the scans phase.
+        #[arg(long, default_value_t = 128)]
+        ranks: u32,
+        /// Entries of the writer's batch.
+        #[arg(long, default_value_t = 100_000)]
+        batch: usize,
+        /// Merges of the batch in the writer phase.
+        #[arg(long, default_value_t = 10)]
+        writer_passes: usize,
+        /// Length of the idle phase, seconds.
+        #[arg(long, default_value_t = 5.0)]
+        idle_s: f64,
+        /// Pause between two timed Lookups, µs.
+        #[arg(long, default_value_t = 1000)]
+        interval_us: u64,
+        /// Profile the daemon with `perf record` during each loaded phase, into this directory.
+        #[arg(long)]
+        perf_dir: Option<PathBuf>,
+    },
+    /// Issue 54: at each size, bytes per entry (daemon RSS above an empty daemon's, over
+    /// entries, against the encoded entry), start-up from the journal (spawn until Stats
+    /// answers every entry, peak RSS) and one-key Lookup p50/p99 after it; writes scale.json
+    /// and scale.md.
+    Scale {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        #[arg(long, value_delimiter = ',', default_value = "100000,1000000,10000000")]
+        sizes: Vec<usize>,
+        /// Rounds of each size under 5,000,000 entries.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Rounds of each size of 5,000,000 entries or more.
+        #[arg(long, default_value_t = 1)]
+        large_rounds: usize,
+        /// Timed one-key Lookups after each start-up.
+        #[arg(long, default_value_t = 20_000)]
+        lookups: usize,
+        /// Records (of 10,000 entries) in flight while a daemon is filled.
+        #[arg(long, default_value_t = 2)]
+        in_flight: usize,
+        /// Profile the start-ups of the largest size with `perf record`, into this directory.
+        #[arg(long)]
+        perf_dir: Option<PathBuf>,
+    },
     /// Run only some daemon micro-benchmarks; print their results and target ratios as JSON.
     Micro {
         /// Comma-separated: lookup (with the echo floor), pyscan, memory, pickup, transport
@@ -646,6 +702,52 @@ fn main() -> Result<()> {
                 blobs,
                 blob_mib,
                 resolves,
+                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+            })?;
+            println!("{}", serde_json::json!({ "out": out }));
+        }
+        Commands::LookupLoad {
+            out,
+            rounds,
+            entries,
+            ranks,
+            batch,
+            writer_passes,
+            idle_s,
+            interval_us,
+            perf_dir,
+        } => {
+            suite::lookup_load::run(&suite::lookup_load::LookupLoadOptions {
+                out_dir: out.clone(),
+                rounds,
+                entries,
+                ranks,
+                batch,
+                writer_passes,
+                idle_s,
+                interval_us,
+                perf_dir,
+                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+            })?;
+            println!("{}", serde_json::json!({ "out": out }));
+        }
+        Commands::Scale {
+            out,
+            sizes,
+            rounds,
+            large_rounds,
+            lookups,
+            in_flight,
+            perf_dir,
+        } => {
+            suite::scale::run(&suite::scale::ScaleOptions {
+                out_dir: out.clone(),
+                sizes,
+                rounds,
+                large_rounds,
+                lookups,
+                in_flight,
+                perf_dir,
                 command_line: std::env::args().collect::<Vec<_>>().join(" "),
             })?;
             println!("{}", serde_json::json!({ "out": out }));

@@ -3,6 +3,8 @@
 //! it connects, "loads" its view of the cache (a Scan of the namespace filtered to the shared
 //! and own-rank entries, as TensorRT-LLM's loader reads only those sections, and parses them), then Records its new entries, and prints one
 //! [`RankReport`] JSON line: `load_ms` = connect + scan + parse, `save_ms` = the Record.
+//! With `--scan-all` it Scans the whole namespace instead (every rank's entries, as a tool
+//! that reads the whole cache would), and `entries_loaded` counts every entry received.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -38,6 +40,9 @@ struct Args {
     /// Print `ready`, then wait for EOF on stdin before starting (the scenario barrier).
     #[arg(long)]
     barrier_stdin: bool,
+    /// Scan every entry of the namespace and device, not only the shared and own-rank ones.
+    #[arg(long)]
+    scan_all: bool,
 }
 
 fn millis(elapsed: Duration) -> f64 {
@@ -59,10 +64,12 @@ async fn main() -> Result<()> {
         .await
         .context("connecting to tunecached")?
         .with_timeout(CALL_DEADLINE);
-    let scanned = client
-        .scan_for_rank(NAMESPACE, DEVICE, args.rank)
-        .await
-        .context("scanning the cache")?;
+    let scanned = if args.scan_all {
+        client.scan(NAMESPACE, DEVICE).await
+    } else {
+        client.scan_for_rank(NAMESPACE, DEVICE, args.rank).await
+    }
+    .context("scanning the cache")?;
     let view = RankView::from_scan(args.rank, &scanned).context("parsing the scan")?;
     let load_took = load_started.elapsed();
 
@@ -81,7 +88,11 @@ async fn main() -> Result<()> {
         // The rank writes nothing to the shared filesystem; the daemon's snapshot bytes are
         // counted once per scenario by the runner.
         bytes_written: 0,
-        entries_loaded: view.len(),
+        entries_loaded: if args.scan_all {
+            scanned.len()
+        } else {
+            view.len()
+        },
         save_outcome: "recorded".to_owned(),
         warnings: 0,
     };
