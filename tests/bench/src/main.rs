@@ -305,57 +305,12 @@ enum Commands {
     /// at once and each Scans the whole cache, while the writer merges a --batch-entry batch
     /// (Records of 10,000, back to back), and while both run; writes lookup-load.json and
     /// lookup-load.md.
-    LookupLoad {
-        #[arg(long, default_value = "bench-out")]
-        out: PathBuf,
-        #[arg(long, default_value_t = 3)]
-        rounds: usize,
-        #[arg(long, default_value_t = 100_000)]
-        entries: usize,
-        /// Rank processes of the scans phase.
-        #[arg(long, default_value_t = 128)]
-        ranks: u32,
-        /// Entries of the writer's batch.
-        #[arg(long, default_value_t = 100_000)]
-        batch: usize,
-        /// Merges of the batch in the writer phase.
-        #[arg(long, default_value_t = 10)]
-        writer_passes: usize,
-        /// Length of the idle phase, seconds.
-        #[arg(long, default_value_t = 5.0)]
-        idle_s: f64,
-        /// Pause between two timed Lookups, µs.
-        #[arg(long, default_value_t = 1000)]
-        interval_us: u64,
-        /// Profile the daemon with `perf record` during each loaded phase, into this directory.
-        #[arg(long)]
-        perf_dir: Option<PathBuf>,
-    },
+    LookupLoad(suite::lookup_load::LookupLoadOptions),
     /// Issue 54: at each size, bytes per entry (daemon RSS above an empty daemon's, over
     /// entries, against the encoded entry), start-up from the journal (spawn until Stats
     /// answers every entry, peak RSS) and one-key Lookup p50/p99 after it; writes scale.json
     /// and scale.md.
-    Scale {
-        #[arg(long, default_value = "bench-out")]
-        out: PathBuf,
-        #[arg(long, value_delimiter = ',', default_value = "100000,1000000,10000000")]
-        sizes: Vec<usize>,
-        /// Rounds of each size under 5,000,000 entries.
-        #[arg(long, default_value_t = 3)]
-        rounds: usize,
-        /// Rounds of each size of 5,000,000 entries or more.
-        #[arg(long, default_value_t = 1)]
-        large_rounds: usize,
-        /// Timed one-key Lookups after each start-up.
-        #[arg(long, default_value_t = 20_000)]
-        lookups: usize,
-        /// Records (of 10,000 entries) in flight while a daemon is filled.
-        #[arg(long, default_value_t = 2)]
-        in_flight: usize,
-        /// Profile the start-ups of the largest size with `perf record`, into this directory.
-        #[arg(long)]
-        perf_dir: Option<PathBuf>,
-    },
+    Scale(suite::scale::ScaleOptions),
     /// Run only some daemon micro-benchmarks; print their results and target ratios as JSON.
     Micro {
         /// Comma-separated: lookup (with the echo floor), pyscan, memory, pickup, transport
@@ -706,51 +661,15 @@ fn main() -> Result<()> {
             })?;
             println!("{}", serde_json::json!({ "out": out }));
         }
-        Commands::LookupLoad {
-            out,
-            rounds,
-            entries,
-            ranks,
-            batch,
-            writer_passes,
-            idle_s,
-            interval_us,
-            perf_dir,
-        } => {
-            suite::lookup_load::run(&suite::lookup_load::LookupLoadOptions {
-                out_dir: out.clone(),
-                rounds,
-                entries,
-                ranks,
-                batch,
-                writer_passes,
-                idle_s,
-                interval_us,
-                perf_dir,
-                command_line: std::env::args().collect::<Vec<_>>().join(" "),
-            })?;
-            println!("{}", serde_json::json!({ "out": out }));
+        Commands::LookupLoad(mut options) => {
+            options.command_line = std::env::args().collect::<Vec<_>>().join(" ");
+            suite::lookup_load::run(&options)?;
+            println!("{}", serde_json::json!({ "out": options.out_dir }));
         }
-        Commands::Scale {
-            out,
-            sizes,
-            rounds,
-            large_rounds,
-            lookups,
-            in_flight,
-            perf_dir,
-        } => {
-            suite::scale::run(&suite::scale::ScaleOptions {
-                out_dir: out.clone(),
-                sizes,
-                rounds,
-                large_rounds,
-                lookups,
-                in_flight,
-                perf_dir,
-                command_line: std::env::args().collect::<Vec<_>>().join(" "),
-            })?;
-            println!("{}", serde_json::json!({ "out": out }));
+        Commands::Scale(mut options) => {
+            options.command_line = std::env::args().collect::<Vec<_>>().join(" ");
+            suite::scale::run(&options)?;
+            println!("{}", serde_json::json!({ "out": options.out_dir }));
         }
         Commands::Micro {
             only,

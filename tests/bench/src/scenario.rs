@@ -113,6 +113,12 @@ pub enum ScenarioError {
     },
 }
 
+/// Makes the scenario's directory (a system's `prepare` starts here).
+pub fn create_scenario_dir(spec: &ScenarioSpec) -> Result<(), ScenarioError> {
+    std::fs::create_dir_all(&spec.dir)
+        .map_err(|err| ScenarioError::Prepare(format!("{}: {err}", spec.dir.display())))
+}
+
 /// A system whose ranks the runner can start: the file-lock peer, later the daemon.
 pub trait SystemUnderTest {
     /// Label in reports, e.g. `filelock-before`.
@@ -160,8 +166,7 @@ impl SystemUnderTest for FileLockPeer {
     }
 
     fn prepare(&mut self, spec: &ScenarioSpec) -> Result<(), ScenarioError> {
-        std::fs::create_dir_all(&spec.dir)
-            .map_err(|err| ScenarioError::Prepare(format!("{}: {err}", spec.dir.display())))?;
+        create_scenario_dir(spec)?;
         write_initial_cache(
             &Self::cache_path(spec),
             spec.ranks,

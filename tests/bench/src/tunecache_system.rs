@@ -12,7 +12,7 @@ use tunecache_client::{proto as v1, Client};
 
 use crate::cache_file::{CacheEntry, Section};
 use crate::daemon::{DaemonConfig, DaemonProcess};
-use crate::scenario::{ScenarioError, ScenarioSpec, SystemUnderTest};
+use crate::scenario::{create_scenario_dir, ScenarioError, ScenarioSpec, SystemUnderTest};
 use crate::workload::{
     rank_entry, rank_key, shared_count, shared_entry, shared_key, tuned_entries, EXISTING_EPOCH,
 };
@@ -204,6 +204,23 @@ pub async fn record_all(
     Ok(())
 }
 
+/// The `tunecache-rank` process that plays rank `rank` of `spec` against the daemon at `socket`,
+/// waiting at the scenario barrier.
+pub fn rank_command(rank_binary: &Path, socket: &Path, spec: &ScenarioSpec, rank: u32) -> Command {
+    let mut command = Command::new(rank_binary);
+    command
+        .arg("--socket")
+        .arg(socket)
+        .arg("--rank")
+        .arg(rank.to_string())
+        .arg("--new-entries")
+        .arg(spec.new_entries.to_string())
+        .arg("--shared-fraction")
+        .arg(spec.shared_fraction.to_string())
+        .arg("--barrier-stdin");
+    command
+}
+
 /// What the daemon did for the shared filesystem during one scenario.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct SnapshotAccounting {
@@ -293,8 +310,7 @@ impl SystemUnderTest for TunecacheSystem {
     }
 
     fn prepare(&mut self, spec: &ScenarioSpec) -> Result<(), ScenarioError> {
-        std::fs::create_dir_all(&spec.dir)
-            .map_err(|err| ScenarioError::Prepare(format!("{}: {err}", spec.dir.display())))?;
+        create_scenario_dir(spec)?;
         self.runs += 1;
         let config = DaemonConfig {
             binary: self.daemon_binary.clone(),
@@ -349,18 +365,7 @@ impl SystemUnderTest for TunecacheSystem {
     }
 
     fn rank_command(&self, spec: &ScenarioSpec, rank: u32) -> Command {
-        let mut command = Command::new(&self.rank_binary);
-        command
-            .arg("--socket")
-            .arg(&self.socket)
-            .arg("--rank")
-            .arg(rank.to_string())
-            .arg("--new-entries")
-            .arg(spec.new_entries.to_string())
-            .arg("--shared-fraction")
-            .arg(spec.shared_fraction.to_string())
-            .arg("--barrier-stdin");
-        command
+        rank_command(&self.rank_binary, &self.socket, spec, rank)
     }
 
     fn finish(&mut self, spec: &ScenarioSpec) -> Result<(), ScenarioError> {

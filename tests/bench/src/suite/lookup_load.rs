@@ -26,13 +26,13 @@ use anyhow::{bail, ensure, Context, Result};
 use serde::Serialize;
 use tunecache_bench::daemon::{workspace_binary, DaemonConfig, DaemonProcess};
 use tunecache_bench::scenario::{
-    run_scenario_with_limit, ScenarioError, ScenarioSpec, SystemUnderTest,
+    create_scenario_dir, run_scenario_with_limit, ScenarioError, ScenarioSpec, SystemUnderTest,
 };
-use tunecache_bench::tunecache_system::{existing_entries, record_all, RECORD_BATCH};
+use tunecache_bench::tunecache_system::{existing_entries, rank_command, record_all, RECORD_BATCH};
 use tunecache_client::{proto as v1, Client};
 
 use super::micro::{key_of, latency_of, Latency};
-use super::{load_average, machine_info, median, profile, MachineInfo};
+use super::{load_average, machine_info, median, profile, MachineInfo, Setup};
 
 /// The target for a one-key Lookup under load.
 const P99_GOAL_US: f64 = 5_000.0;
@@ -43,18 +43,35 @@ const WARM_UP: usize = 1_000;
 const STORM_LIMIT: Duration = Duration::from_secs(300);
 const PHASES: [&str; 4] = ["idle", "scans", "writer", "both"];
 
-/// What `lookup-load` is asked to measure.
+/// What `lookup-load` is asked to measure (its command line).
+#[derive(Debug, clap::Args)]
 pub struct LookupLoadOptions {
+    #[arg(long = "out", default_value = "bench-out")]
     pub out_dir: PathBuf,
+    #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Entries the daemon holds.
+    #[arg(long, default_value_t = 100_000)]
     pub entries: usize,
+    /// Rank processes of the scans phase.
+    #[arg(long, default_value_t = 128)]
     pub ranks: u32,
+    /// Entries of the writer's batch.
+    #[arg(long, default_value_t = 100_000)]
     pub batch: usize,
+    /// Merges of the batch in the writer phase.
+    #[arg(long, default_value_t = 10)]
     pub writer_passes: usize,
+    /// Length of the idle phase, seconds.
+    #[arg(long, default_value_t = 5.0)]
     pub idle_s: f64,
+    /// Pause between two timed Lookups, µs.
+    #[arg(long, default_value_t = 1000)]
     pub interval_us: u64,
-    /// Profile the daemon during each loaded phase into this directory.
+    /// Profile the daemon with `perf record` during each loaded phase, into this directory.
+    #[arg(long)]
     pub perf_dir: Option<PathBuf>,
+    #[arg(skip)]
     pub command_line: String,
 }
 
@@ -159,18 +176,12 @@ impl SystemUnderTest for ScanStorm {
     }
 
     fn prepare(&mut self, spec: &ScenarioSpec) -> Result<(), ScenarioError> {
-        std::fs::create_dir_all(&spec.dir)
-            .map_err(|err| ScenarioError::Prepare(format!("{}: {err}", spec.dir.display())))
+        create_scenario_dir(spec)
     }
 
-    fn rank_command(&self, _spec: &ScenarioSpec, rank: u32) -> Command {
-        let mut command = Command::new(&self.rank_binary);
-        command
-            .arg("--socket")
-            .arg(&self.socket)
-            .arg("--rank")
-            .arg(rank.to_string())
-            .args(["--new-entries", "0", "--scan-all", "--barrier-stdin"]);
+    fn rank_command(&self, spec: &ScenarioSpec, rank: u32) -> Command {
+        let mut command = rank_command(&self.rank_binary, &self.socket, spec, rank);
+        command.arg("--scan-all");
         command
     }
 }
@@ -528,23 +539,10 @@ pub fn run(options: &LookupLoadOptions) -> Result<LookupLoadResults> {
         options.rounds > 0 && options.entries > 0 && options.batch > 0,
         "--rounds, --entries and --batch must be at least 1"
     );
-    let load_average_start = load_average();
-    let daemon = workspace_binary("tunecached");
-    ensure!(daemon.exists(), "{} not found", daemon.display());
-    std::fs::create_dir_all(&options.out_dir)?;
-    if let Some(dir) = &options.perf_dir {
-        std::fs::create_dir_all(dir)?;
-    }
-    let scratch = tempfile::Builder::new()
-        .prefix("tunecache-lookup-load-")
-        .tempdir()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let setup = Setup::new(&options.out_dir, options.perf_dir.as_deref(), "lookup-load")?;
     let mut rounds = Vec::with_capacity(options.rounds);
     for index in 0..options.rounds {
-        let measured = round(options, &runtime, scratch.path(), index)?;
+        let measured = round(options, &setup.runtime, setup.scratch.path(), index)?;
         for phase in &measured.phases {
             eprintln!(
                 "lookup-load round {}: {:>6}: {} samples, p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs",
@@ -561,8 +559,8 @@ pub fn run(options: &LookupLoadOptions) -> Result<LookupLoadResults> {
     let results = LookupLoadResults {
         command_line: options.command_line.clone(),
         machine: machine_info(&options.command_line),
-        daemon: daemon.display().to_string(),
-        load_average_start,
+        daemon: setup.daemon.display().to_string(),
+        load_average_start: setup.load_average_start.clone(),
         load_average_end: load_average(),
         entries: options.entries,
         ranks: options.ranks,
@@ -572,12 +570,6 @@ pub fn run(options: &LookupLoadOptions) -> Result<LookupLoadResults> {
         summary: summarize(&rounds),
         rounds,
     };
-    std::fs::write(
-        options.out_dir.join("lookup-load.json"),
-        serde_json::to_string_pretty(&results)?,
-    )?;
-    let table = markdown(&results);
-    std::fs::write(options.out_dir.join("lookup-load.md"), &table)?;
-    println!("{table}");
+    setup.write(&results, &markdown(&results))?;
     Ok(results)
 }

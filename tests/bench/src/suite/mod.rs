@@ -348,6 +348,52 @@ fn measure_python_floor(
     })
 }
 
+/// What a measuring subcommand holds from its first round to its results: the daemon binary
+/// (which must exist), its output directory (and profile directory) made, a scratch directory,
+/// a two-thread runtime, and the load average when it started.
+struct Setup {
+    name: &'static str,
+    out_dir: PathBuf,
+    daemon: PathBuf,
+    scratch: tempfile::TempDir,
+    runtime: tokio::runtime::Runtime,
+    load_average_start: Vec<f64>,
+}
+
+impl Setup {
+    fn new(out_dir: &Path, perf_dir: Option<&Path>, name: &'static str) -> Result<Self> {
+        let load_average_start = load_average();
+        let daemon = workspace_binary("tunecached");
+        anyhow::ensure!(daemon.exists(), "{} not found", daemon.display());
+        for dir in std::iter::once(out_dir).chain(perf_dir) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        Ok(Self {
+            name,
+            out_dir: out_dir.to_path_buf(),
+            daemon,
+            scratch: tempfile::Builder::new()
+                .prefix(&format!("tunecache-{name}-"))
+                .tempdir()?,
+            runtime: tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?,
+            load_average_start,
+        })
+    }
+
+    /// Writes `<name>.json` and `<name>.md` into the output directory, and prints the table.
+    fn write(&self, results: &impl Serialize, table: &str) -> Result<()> {
+        let json = self.out_dir.join(format!("{}.json", self.name));
+        std::fs::write(&json, serde_json::to_string_pretty(results)?)
+            .with_context(|| json.display().to_string())?;
+        std::fs::write(self.out_dir.join(format!("{}.md", self.name)), table)?;
+        println!("{table}");
+        Ok(())
+    }
+}
+
 /// Progress on stderr; the results go to files.
 fn progress(message: &str) {
     eprintln!("[suite] {message}");

@@ -31,7 +31,7 @@ use tunecache_client::{proto as v1, Client};
 
 use super::lookup_load::Spread;
 use super::micro::{key_of, latency_of, Latency};
-use super::{load_average, machine_info, profile, MachineInfo};
+use super::{load_average, machine_info, profile, MachineInfo, Setup};
 
 /// Sizes from this many entries on run `--large-rounds` rounds.
 const LARGE: usize = 5_000_000;
@@ -45,16 +45,29 @@ const WARM_UP: usize = 1_000;
 const STARTUP_LIMIT: Duration = Duration::from_secs(600);
 const KIB: f64 = 1024.0;
 
-/// What `scale` is asked to measure.
+/// What `scale` is asked to measure (its command line).
+#[derive(Debug, clap::Args)]
 pub struct ScaleOptions {
+    #[arg(long = "out", default_value = "bench-out")]
     pub out_dir: PathBuf,
+    #[arg(long, value_delimiter = ',', default_value = "100000,1000000,10000000")]
     pub sizes: Vec<usize>,
+    /// Rounds of each size under 5,000,000 entries.
+    #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Rounds of each size of 5,000,000 entries or more.
+    #[arg(long, default_value_t = 1)]
     pub large_rounds: usize,
+    /// Timed one-key Lookups after each start-up.
+    #[arg(long, default_value_t = 20_000)]
     pub lookups: usize,
-    /// Records in flight while the daemon is filled.
+    /// Records (of 10,000 entries) in flight while a daemon is filled.
+    #[arg(long, default_value_t = 2)]
     pub in_flight: usize,
+    /// Profile the start-ups of the largest size with `perf record`, into this directory.
+    #[arg(long)]
     pub perf_dir: Option<PathBuf>,
+    #[arg(skip)]
     pub command_line: String,
 }
 
@@ -342,20 +355,7 @@ pub fn run(options: &ScaleOptions) -> Result<ScaleResults> {
         !options.sizes.is_empty() && options.sizes.iter().all(|&n| n >= 2),
         "--sizes needs at least one size of 2 entries or more"
     );
-    let load_average_start = load_average();
-    let daemon = workspace_binary("tunecached");
-    ensure!(daemon.exists(), "{} not found", daemon.display());
-    std::fs::create_dir_all(&options.out_dir)?;
-    if let Some(dir) = &options.perf_dir {
-        std::fs::create_dir_all(dir)?;
-    }
-    let scratch = tempfile::Builder::new()
-        .prefix("tunecache-scale-")
-        .tempdir()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let setup = Setup::new(&options.out_dir, options.perf_dir.as_deref(), "scale")?;
     let largest = options.sizes.iter().copied().max().unwrap_or(0);
     let mut rounds = Vec::new();
     for &entries in &options.sizes {
@@ -366,8 +366,13 @@ pub fn run(options: &ScaleOptions) -> Result<ScaleResults> {
         };
         for index in 0..count {
             let profiled = entries == largest;
-            let measured =
-                runtime.block_on(round(options, scratch.path(), entries, index, profiled))?;
+            let measured = setup.runtime.block_on(round(
+                options,
+                setup.scratch.path(),
+                entries,
+                index,
+                profiled,
+            ))?;
             eprintln!(
                 "scale {entries} round {}: {:.0} B/entry ({:.2}x of {:.0} B encoded), record {:.1} s, start-up {:.0} ms, lookup p50 {:.0} µs p99 {:.0} µs",
                 index + 1,
@@ -385,19 +390,13 @@ pub fn run(options: &ScaleOptions) -> Result<ScaleResults> {
     let results = ScaleResults {
         command_line: options.command_line.clone(),
         machine: machine_info(&options.command_line),
-        daemon: daemon.display().to_string(),
-        load_average_start,
+        daemon: setup.daemon.display().to_string(),
+        load_average_start: setup.load_average_start.clone(),
         load_average_end: load_average(),
         profiled: options.perf_dir.is_some(),
         summary: summarize(&rounds, &options.sizes),
         rounds,
     };
-    std::fs::write(
-        options.out_dir.join("scale.json"),
-        serde_json::to_string_pretty(&results)?,
-    )?;
-    let table = markdown(&results);
-    std::fs::write(options.out_dir.join("scale.md"), &table)?;
-    println!("{table}");
+    setup.write(&results, &markdown(&results))?;
     Ok(results)
 }
