@@ -10,6 +10,9 @@
 //!   request (10,000) back to back, `--writer-passes` times;
 //! - **both**: the scans phase again while the writer merges batches until the ranks are done.
 //!
+//! Each sample is a Lookup followed by a bare health Check on a second connection (the echo: the
+//! transport and the scheduler with no cache work, so a phase's Lookup tail can be told from
+//! the machine's), and each phase records the daemon's CPU time (`/proc/<pid>/stat`).
 //! Each round starts a fresh daemon. A sample belongs to the phase its call started in. The
 //! sampler waits `--interval-us` between calls, so a stalled call delays the next one instead of
 //! being followed by a burst; a stall therefore counts once (see `max_us`). With `--perf-dir`
@@ -24,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use serde::Serialize;
+use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 use tunecache_bench::daemon::{workspace_binary, DaemonConfig, DaemonProcess};
 use tunecache_bench::scenario::{
     create_scenario_dir, run_scenario_with_limit, ScenarioError, ScenarioSpec, SystemUnderTest,
@@ -31,7 +35,7 @@ use tunecache_bench::scenario::{
 use tunecache_bench::tunecache_system::{existing_entries, rank_command, record_all, RECORD_BATCH};
 use tunecache_client::{proto as v1, Client};
 
-use super::micro::{key_of, latency_of, Latency};
+use super::micro::{key_of, latency_of, process_cpu_s, Latency};
 use super::{load_average, machine_info, median, profile, MachineInfo, Setup};
 
 /// The issue's target for a one-key Lookup under load.
@@ -82,6 +86,10 @@ pub struct PhaseLatency {
     pub seconds: f64,
     pub latency: Latency,
     pub p99_over_p50: f64,
+    /// The health Check made right after each Lookup.
+    pub echo: Latency,
+    /// The daemon's CPU time (user and system) over the phase, in cores.
+    pub daemon_cpu_cores: f64,
 }
 
 /// The R rank processes of a scans phase.
@@ -143,6 +151,9 @@ pub struct PhaseSummary {
     pub p99_us: Spread,
     pub max_us: Spread,
     pub p99_over_p50: Spread,
+    pub echo_p50_us: Spread,
+    pub echo_p99_us: Spread,
+    pub daemon_cpu_cores: Spread,
     pub samples: Spread,
     /// Rounds in which p99 <= 5 ms and p99 <= 10x p50.
     pub rounds_meeting_target: usize,
@@ -216,10 +227,18 @@ fn run_storm(
     })
 }
 
-/// Timed one-key Lookups on their own thread and connection: (start since `origin`, µs).
+/// One timed one-key Lookup and the echo after it.
+struct Sample {
+    /// When the Lookup started, since the round's origin.
+    at: Duration,
+    lookup_us: f64,
+    echo_us: f64,
+}
+
+/// Timed one-key Lookups (and echoes) on their own thread and connections.
 struct Sampler {
     stop: Arc<AtomicBool>,
-    handle: std::thread::JoinHandle<Result<Vec<(Duration, f64)>>>,
+    handle: std::thread::JoinHandle<Result<Vec<Sample>>>,
 }
 
 impl Sampler {
@@ -238,18 +257,21 @@ impl Sampler {
                 .enable_all()
                 .build()?;
             runtime.block_on(async move {
-                let prepared: Result<Client> = async {
+                let prepared: Result<_> = async {
                     let client = Client::connect(&socket).await?;
+                    let mut health =
+                        HealthClient::new(tunecache_client::connect_channel(&socket).await?);
                     for key in keys.iter().cycle().take(WARM_UP) {
                         client.lookup(vec![key.clone()]).await?;
+                        health.check(HealthCheckRequest::default()).await?;
                     }
-                    Ok(client)
+                    Ok((client, health))
                 }
                 .await;
-                let client = match prepared {
-                    Ok(client) => {
+                let (client, mut health) = match prepared {
+                    Ok(connected) => {
                         let _ = ready_tx.send(Ok(()));
-                        client
+                        connected
                     }
                     Err(err) => {
                         let _ = ready_tx.send(Err(anyhow::anyhow!("{err:#}")));
@@ -262,8 +284,15 @@ impl Sampler {
                     let key = keys[(call * 7919) % keys.len()].clone();
                     let started = Instant::now();
                     let hits = client.lookup(vec![key]).await?;
-                    samples.push((started - origin, started.elapsed().as_secs_f64() * 1e6));
+                    let lookup_us = started.elapsed().as_secs_f64() * 1e6;
                     ensure!(hits.len() == 1, "a one-key Lookup of a held key missed");
+                    let echoed = Instant::now();
+                    health.check(HealthCheckRequest::default()).await?;
+                    samples.push(Sample {
+                        at: started - origin,
+                        lookup_us,
+                        echo_us: echoed.elapsed().as_secs_f64() * 1e6,
+                    });
                     call += 1;
                     tokio::time::sleep(interval).await;
                 }
@@ -276,7 +305,7 @@ impl Sampler {
         Ok(Self { stop, handle })
     }
 
-    fn finish(self) -> Result<Vec<(Duration, f64)>> {
+    fn finish(self) -> Result<Vec<Sample>> {
         self.stop.store(true, Ordering::Relaxed);
         self.handle
             .join()
@@ -359,37 +388,38 @@ fn round(
         Duration::from_micros(options.interval_us),
         origin,
     )?;
-    let mut windows: Vec<(Duration, Duration)> = Vec::new();
+    // Each phase's start and end since `origin`, and the daemon's CPU seconds over it.
+    let mut windows: Vec<(Duration, Duration, f64)> = Vec::new();
 
-    let begin = origin.elapsed();
+    let (begin, cpu) = (origin.elapsed(), process_cpu_s(pid)?);
     std::thread::sleep(Duration::from_secs_f64(options.idle_s));
-    windows.push((begin, origin.elapsed()));
+    windows.push((begin, origin.elapsed(), process_cpu_s(pid)? - cpu));
 
     let recording = record(perf_dir, pid, &format!("scans-r{index}"))?;
-    let begin = origin.elapsed();
+    let (begin, cpu) = (origin.elapsed(), process_cpu_s(pid)?);
     let scans = run_storm(
         &mut storm,
         &scratch.join("scans"),
         options.ranks,
         options.entries,
     )?;
-    windows.push((begin, origin.elapsed()));
+    windows.push((begin, origin.elapsed(), process_cpu_s(pid)? - cpu));
     profile::stop(recording)?;
 
     let recording = record(perf_dir, pid, &format!("writer-r{index}"))?;
-    let begin = origin.elapsed();
+    let (begin, cpu) = (origin.elapsed(), process_cpu_s(pid)?);
     let writer = runtime.block_on(merge_passes(
         &client,
         &mut batch,
         options.writer_passes,
         None,
     ))?;
-    windows.push((begin, origin.elapsed()));
+    windows.push((begin, origin.elapsed(), process_cpu_s(pid)? - cpu));
     profile::stop(recording)?;
 
     let recording = record(perf_dir, pid, &format!("both-r{index}"))?;
     let done = AtomicBool::new(false);
-    let begin = origin.elapsed();
+    let (begin, cpu) = (origin.elapsed(), process_cpu_s(pid)?);
     let (both_scans, both_writer) = std::thread::scope(|scope| {
         let writer =
             scope.spawn(|| runtime.block_on(merge_passes(&client, &mut batch, 1, Some(&done))));
@@ -405,7 +435,7 @@ fn round(
             .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
         anyhow::Ok((scans?, writer?))
     })?;
-    windows.push((begin, origin.elapsed()));
+    windows.push((begin, origin.elapsed(), process_cpu_s(pid)? - cpu));
     profile::stop(recording)?;
 
     let samples = sampler.finish()?;
@@ -414,18 +444,20 @@ fn round(
     let phases = PHASES
         .iter()
         .zip(&windows)
-        .map(|(phase, (begin, end))| {
-            let micros: Vec<f64> = samples
+        .map(|(phase, (begin, end, cpu_s))| {
+            let within: Vec<&Sample> = samples
                 .iter()
-                .filter(|(at, _)| at >= begin && at < end)
-                .map(|(_, micros)| *micros)
+                .filter(|sample| sample.at >= *begin && sample.at < *end)
                 .collect();
-            let latency = latency_of(micros);
+            let latency = latency_of(within.iter().map(|s| s.lookup_us).collect());
+            let seconds = (*end - *begin).as_secs_f64();
             PhaseLatency {
                 phase: (*phase).to_owned(),
-                seconds: (*end - *begin).as_secs_f64(),
+                seconds,
                 p99_over_p50: latency.p99_us / latency.p50_us.max(f64::MIN_POSITIVE),
                 latency,
+                echo: latency_of(within.iter().map(|s| s.echo_us).collect()),
+                daemon_cpu_cores: cpu_s / seconds,
             }
         })
         .collect();
@@ -467,6 +499,9 @@ fn summarize(rounds: &[LoadRound]) -> Vec<PhaseSummary> {
                 p99_us: of(|p| p.latency.p99_us),
                 max_us: of(|p| p.latency.max_us),
                 p99_over_p50: of(|p| p.p99_over_p50),
+                echo_p50_us: of(|p| p.echo.p50_us),
+                echo_p99_us: of(|p| p.echo.p99_us),
+                daemon_cpu_cores: of(|p| p.daemon_cpu_cores),
                 samples: of(|p| p.latency.samples as f64),
                 rounds_meeting_target: rounds
                     .iter()
@@ -489,8 +524,8 @@ fn ms(spread: &Spread) -> String {
 /// The summary as a Markdown table.
 pub fn markdown(results: &LookupLoadResults) -> String {
     let mut out = String::from(
-        "| phase | rounds | samples (median) | p50 | p99 | max | p99 / p50 | target: p99 <= 5 ms and <= 10x p50 |\n\
-         |---|---:|---:|---:|---:|---:|---:|---|\n",
+        "| phase | rounds | samples (median) | p50 | p99 | max | p99 / p50 | target: p99 <= 5 ms and <= 10x p50 | echo p50 | echo p99 | daemon CPU (cores) |\n\
+         |---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
     );
     let rounds = results.rounds.len();
     for phase in &results.summary {
@@ -500,7 +535,7 @@ pub fn markdown(results: &LookupLoadResults) -> String {
             met => format!("met in {met} of {rounds} rounds"),
         };
         out.push_str(&format!(
-            "| {} | {} | {:.0} | {} | {} | {} | {:.1}x ({:.1} to {:.1}) | {} |\n",
+            "| {} | {} | {:.0} | {} | {} | {} | {:.1}x ({:.1} to {:.1}) | {} | {} | {} | {:.2} ({:.2} to {:.2}) |\n",
             phase.phase,
             rounds,
             phase.samples.median,
@@ -510,7 +545,12 @@ pub fn markdown(results: &LookupLoadResults) -> String {
             phase.p99_over_p50.median,
             phase.p99_over_p50.min,
             phase.p99_over_p50.max,
-            verdict
+            verdict,
+            ms(&phase.echo_p50_us),
+            ms(&phase.echo_p99_us),
+            phase.daemon_cpu_cores.median,
+            phase.daemon_cpu_cores.min,
+            phase.daemon_cpu_cores.max,
         ));
     }
     let storm = Spread::of(results.rounds.iter().map(|r| r.scans.wall_ms));
@@ -545,13 +585,16 @@ pub fn run(options: &LookupLoadOptions) -> Result<LookupLoadResults> {
         let measured = round(options, &setup.runtime, setup.scratch.path(), index)?;
         for phase in &measured.phases {
             eprintln!(
-                "lookup-load round {}: {:>6}: {} samples, p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs",
+                "lookup-load round {}: {:>6}: {} samples, p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs; echo p50 {:.0} µs, p99 {:.0} µs; daemon {:.2} cores",
                 index + 1,
                 phase.phase,
                 phase.latency.samples,
                 phase.latency.p50_us,
                 phase.latency.p99_us,
-                phase.latency.max_us
+                phase.latency.max_us,
+                phase.echo.p50_us,
+                phase.echo.p99_us,
+                phase.daemon_cpu_cores
             );
         }
         rounds.push(measured);

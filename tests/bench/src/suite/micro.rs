@@ -254,7 +254,7 @@ async fn measure_echo(socket: &Path, calls: usize) -> Result<Latency> {
 
 /// The CPU time process `pid` has used, user and system, all its threads (ended ones too), in
 /// seconds (`/proc/<pid>/stat`, in USER_HZ ticks of 10 ms).
-fn process_cpu_s(pid: u32) -> Result<f64> {
+pub(super) fn process_cpu_s(pid: u32) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The fields after the command's closing parenthesis; utime and stime are the 12th and
     // 13th of them (fields 14 and 15 of the line).
