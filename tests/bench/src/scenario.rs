@@ -69,6 +69,20 @@ pub struct ScenarioSpec {
     pub shared_fraction: f64,
 }
 
+impl ScenarioSpec {
+    /// The flags every rank binary takes from the scenario: `--rank`, `--new-entries` and
+    /// `--shared-fraction`.
+    pub fn rank_args<'a>(&self, command: &'a mut Command, rank: u32) -> &'a mut Command {
+        command
+            .arg("--rank")
+            .arg(rank.to_string())
+            .arg("--new-entries")
+            .arg(self.new_entries.to_string())
+            .arg("--shared-fraction")
+            .arg(self.shared_fraction.to_string())
+    }
+}
+
 /// Summary of one scenario run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ScenarioResult {
@@ -183,13 +197,8 @@ impl SystemUnderTest for FileLockPeer {
             .arg("--variant")
             .arg(self.variant.to_string())
             .arg("--cache")
-            .arg(Self::cache_path(spec))
-            .arg("--rank")
-            .arg(rank.to_string())
-            .arg("--new-entries")
-            .arg(spec.new_entries.to_string())
-            .arg("--shared-fraction")
-            .arg(spec.shared_fraction.to_string())
+            .arg(Self::cache_path(spec));
+        spec.rank_args(&mut command, rank)
             .arg("--lock-timeout-s")
             .arg(self.lock_timeout.as_secs_f64().to_string())
             .arg("--barrier-stdin");

@@ -208,16 +208,8 @@ pub async fn record_all(
 /// waiting at the scenario barrier.
 pub fn rank_command(rank_binary: &Path, socket: &Path, spec: &ScenarioSpec, rank: u32) -> Command {
     let mut command = Command::new(rank_binary);
-    command
-        .arg("--socket")
-        .arg(socket)
-        .arg("--rank")
-        .arg(rank.to_string())
-        .arg("--new-entries")
-        .arg(spec.new_entries.to_string())
-        .arg("--shared-fraction")
-        .arg(spec.shared_fraction.to_string())
-        .arg("--barrier-stdin");
+    command.arg("--socket").arg(socket);
+    spec.rank_args(&mut command, rank).arg("--barrier-stdin");
     command
 }
 

@@ -36,7 +36,7 @@ use tunecache_bench::tunecache_system::{existing_entries, rank_command, record_a
 use tunecache_client::{proto as v1, Client};
 
 use super::micro::{key_of, latency_of, process_cpu_s, Latency};
-use super::{load_average, machine_info, median, profile, MachineInfo, Setup};
+use super::{median, profile, RunInfo, Setup};
 
 /// The target for a one-key Lookup under load.
 const P99_GOAL_US: f64 = 5_000.0;
@@ -161,11 +161,8 @@ pub struct PhaseSummary {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct LookupLoadResults {
-    pub command_line: String,
-    pub machine: MachineInfo,
-    pub daemon: String,
-    pub load_average_start: Vec<f64>,
-    pub load_average_end: Vec<f64>,
+    #[serde(flatten)]
+    pub run: RunInfo,
     pub entries: usize,
     pub ranks: u32,
     pub batch: usize,
@@ -600,11 +597,7 @@ pub fn run(options: &LookupLoadOptions) -> Result<LookupLoadResults> {
         rounds.push(measured);
     }
     let results = LookupLoadResults {
-        command_line: options.command_line.clone(),
-        machine: machine_info(&options.command_line),
-        daemon: setup.daemon.display().to_string(),
-        load_average_start: setup.load_average_start.clone(),
-        load_average_end: load_average(),
+        run: setup.info(&options.command_line),
         entries: options.entries,
         ranks: options.ranks,
         batch: options.batch,

@@ -348,6 +348,16 @@ fn measure_python_floor(
     })
 }
 
+/// How a measuring subcommand's results were made (see [`Setup::info`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunInfo {
+    pub command_line: String,
+    pub machine: MachineInfo,
+    pub daemon: String,
+    pub load_average_start: Vec<f64>,
+    pub load_average_end: Vec<f64>,
+}
+
 /// What a measuring subcommand holds from its first round to its results: the daemon binary
 /// (which must exist), its output directory (and profile directory) made, a scratch directory,
 /// a two-thread runtime, and the load average when it started.
@@ -381,6 +391,18 @@ impl Setup {
                 .build()?,
             load_average_start,
         })
+    }
+
+    /// What every result of this run records about it: the command, the machine, the daemon,
+    /// and the load average when it started and now.
+    fn info(&self, command_line: &str) -> RunInfo {
+        RunInfo {
+            command_line: command_line.to_owned(),
+            machine: machine_info(command_line),
+            daemon: self.daemon.display().to_string(),
+            load_average_start: self.load_average_start.clone(),
+            load_average_end: load_average(),
+        }
     }
 
     /// Writes `<name>.json` and `<name>.md` into the output directory, and prints the table.

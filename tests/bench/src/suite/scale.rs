@@ -31,7 +31,7 @@ use tunecache_client::{proto as v1, Client};
 
 use super::lookup_load::Spread;
 use super::micro::{key_of, latency_of, Latency};
-use super::{load_average, machine_info, profile, MachineInfo, Setup};
+use super::{profile, RunInfo, Setup};
 
 /// Sizes from this many entries on run `--large-rounds` rounds.
 const LARGE: usize = 5_000_000;
@@ -112,11 +112,8 @@ pub struct ScaleSummary {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ScaleResults {
-    pub command_line: String,
-    pub machine: MachineInfo,
-    pub daemon: String,
-    pub load_average_start: Vec<f64>,
-    pub load_average_end: Vec<f64>,
+    #[serde(flatten)]
+    pub run: RunInfo,
     pub profiled: bool,
     pub rounds: Vec<ScaleRound>,
     pub summary: Vec<ScaleSummary>,
@@ -388,11 +385,7 @@ pub fn run(options: &ScaleOptions) -> Result<ScaleResults> {
         }
     }
     let results = ScaleResults {
-        command_line: options.command_line.clone(),
-        machine: machine_info(&options.command_line),
-        daemon: setup.daemon.display().to_string(),
-        load_average_start: setup.load_average_start.clone(),
-        load_average_end: load_average(),
+        run: setup.info(&options.command_line),
         profiled: options.perf_dir.is_some(),
         summary: summarize(&rounds, &options.sizes),
         rounds,
