@@ -10,12 +10,13 @@
 //!   request (10,000) back to back, `--writer-passes` times;
 //! - **both**: the scans phase again while the writer merges batches until the ranks are done.
 //!
-//! Each sample is a Lookup followed by a bare health Check on a second connection (the echo: the
-//! transport and the scheduler with no cache work, so a phase's Lookup tail can be told from
-//! the machine's), and each phase records the daemon's CPU time (`/proc/<pid>/stat`).
-//! Each round starts a fresh daemon. A sample belongs to the phase its call started in. The
-//! sampler waits `--interval-us` between calls, so a stalled call delays the next one instead of
-//! being followed by a burst; a stall therefore counts once (see `max_us`). With `--perf-dir`
+//! Each round starts a fresh daemon. Each sample is a Lookup followed by a bare health Check on a
+//! second connection (the echo: the transport and the scheduler with no cache work, so a phase's
+//! Lookup tail can be told from the machine's); each phase also records the daemon's CPU time
+//! (`/proc/<pid>/stat`). A sample belongs to the phase its Lookup started in. The sampler waits
+//! `--interval-us` after each sample, so a stalled call delays the next one instead of being
+//! followed by a burst: a stall counts once (see `max_us`), and the fewer samples a phase has
+//! against its length, the more of it was stalled. With `--perf-dir`
 //! the daemon is profiled (`profile`) during each loaded phase, one file per phase and round;
 //! profiled rounds' latencies carry perf's cost. Writes `lookup-load.json` and `lookup-load.md`.
 
