@@ -104,11 +104,6 @@ impl Bundles {
         }))
     }
 
-    /// Every entry of the bundles, to merge into the cache at start.
-    pub fn entries(&self) -> Vec<StoredEntry> {
-        self.entries.iter().cloned().collect()
-    }
-
     /// The bundles' entries by key: what answers their keys on a replaying daemon.
     pub fn entry_map(&self) -> Arc<EntryMap> {
         Arc::clone(&self.entries)
@@ -170,12 +165,14 @@ const MERGE_BATCH: usize = 4096;
 /// Merges the bundles' entries into `store` as learned entries (never republished), in
 /// batches; a Forget this node knows still removes what it removed.
 pub async fn merge_into(bundles: &Bundles, store: &crate::store::Store) -> crate::Result<()> {
-    let entries = bundles.entries();
+    let entries: Vec<StoredEntry> = bundles.entries.iter().cloned().collect();
     let (mut stored, total) = (0, entries.len());
-    for batch in entries.chunks(MERGE_BATCH) {
+    let mut entries = entries.into_iter().peekable();
+    while entries.peek().is_some() {
+        let batch: Vec<StoredEntry> = entries.by_ref().take(MERGE_BATCH).collect();
         stored += store
             .apply_stored(
-                batch.to_vec(),
+                batch,
                 crate::model::entry::Origin::Learned,
                 crate::store::Source::Bundle,
             )

@@ -51,7 +51,6 @@ crate::report::stats_registry! {
     /// Resolve outcomes counted outside the rules (the lease outcomes are the rules' `Tally`).
     #[derive(Default)]
     struct CoordCounters {
-        resolves: AtomicU64 => counter(7, "Resolve calls."),
         waits_satisfied: AtomicU64 => counter(
             9,
             "Resolve outcome: a waiting caller got someone else's result.",
@@ -340,18 +339,11 @@ impl Coordinator {
         }
     }
 
-    /// Counts a Resolve call answered without the coordinator (a view's pin, a read in
-    /// replay), so that `resolves` counts every call.
-    pub fn count_resolve(&self) {
-        self.counters.resolves.fetch_add(1, Ordering::Relaxed);
-    }
-
     /// Resolves one key: a hit, a lease to tune it here, or a wait for someone else, in the
     /// order the rules say (`flights::resolve`). Refused only when the node's tuner should
     /// take the job but its queue is full, or the caller's process holds the most leases it
     /// may.
     pub async fn resolve(&self, call: ResolveCall) -> Result<Resolution> {
-        self.count_resolve();
         let mut resolve = Resolve::new(
             call.key.clone(),
             call.caller(),

@@ -334,6 +334,7 @@ impl TuneCache for TuneCacheService {
             0 => DEFAULT_LEASE,
             ms => Duration::from_millis(u64::from(ms)).min(MAX_LEASE),
         };
+        count(&self.counters.resolves, 1);
         let call = ResolveCall {
             key,
             wait: Duration::from_millis(u64::from(request.wait_ms)).min(MAX_WAIT),

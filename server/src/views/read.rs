@@ -113,7 +113,6 @@ impl Views {
             return self.coordinator.resolve(call).await;
         };
         if let Some(pinned) = self.read_one(&view, &call.key).await {
-            self.coordinator.count_resolve();
             return Ok(Resolution::Hit(pinned.result().to_result()));
         }
         let key = call.key.clone();
@@ -134,7 +133,6 @@ impl Views {
     /// answers the view's pin or the cache's winner (pinned in the view); nothing else is
     /// a miss, listed.
     async fn resolve_in_replay(&self, call: ResolveCall) -> Resolution {
-        self.coordinator.count_resolve();
         if let Some(bundled) = self.replay.bundled(&call.key.view()) {
             return Resolution::Hit(bundled.result().to_result());
         }

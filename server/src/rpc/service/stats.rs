@@ -31,6 +31,9 @@ crate::report::stats_registry! {
             => counter(5, "Recorded entries that were new or improved the cache."),
         pub entries_unchanged: AtomicU64
             => counter(6, "Recorded entries that did not beat the cached result."),
+        /// Resolve calls, counted at the door: however they are answered (the coordinator,
+        /// a view's pin, a read in replay).
+        pub resolves: AtomicU64 => counter(7, "Resolve calls."),
         /// Scope Forgets refused PERMISSION_DENIED (the caller is not an administrator).
         pub forgets_refused: AtomicU64 => counter(
             73,
