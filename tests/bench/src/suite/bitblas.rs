@@ -13,8 +13,8 @@ use anyhow::Result;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::script_bench::{modes_of, run_script, write_outputs, Goal, ModeRuns};
-use super::{load_average, machine_info, MachineInfo};
+use super::script_bench::{run_modes, write_outputs, Goal, ModeRuns};
+use super::MachineInfo;
 
 /// The drop-in's wall over stock's from a local directory, at most (issue 37).
 pub const GOAL_LOCAL_AT_MOST: f64 = 1.5;
@@ -138,9 +138,8 @@ pub fn goals(modes: &[ModeSummary]) -> Vec<Goal> {
 
 /// Runs the benchmark and writes `bitblas.json` and `bitblas.md` into the out directory.
 pub fn run(options: &BitblasOptions) -> Result<BitblasResults> {
-    std::fs::create_dir_all(&options.out_dir)?;
-    let load_average_start = load_average();
-    let raw = run_script(
+    let run = run_modes(
+        &options.out_dir,
         &options.python,
         &script(),
         &[
@@ -150,22 +149,20 @@ pub fn run(options: &BitblasOptions) -> Result<BitblasResults> {
             ("--slowfs-ms", options.slowfs_ms.to_string()),
             ("--runs", options.runs.to_string()),
         ],
+        &options.command_line,
+        summarise,
     )?;
-    let modes: Vec<ModeSummary> = modes_of(&raw)
-        .into_iter()
-        .filter_map(|mode| summarise(&raw, mode))
-        .collect();
     let results = BitblasResults {
         command_line: options.command_line.clone(),
-        machine: machine_info(&options.command_line),
-        load_average_start,
-        load_average_end: load_average(),
+        machine: run.machine,
+        load_average_start: run.load_average_start,
+        load_average_end: run.load_average_end,
         ops: options.ops,
         file_mib: options.file_mib,
         ranks: options.ranks,
-        goals: goals(&modes),
-        modes,
-        raw,
+        goals: goals(&run.modes),
+        modes: run.modes,
+        raw: run.raw,
     };
     write_outputs(&options.out_dir, "bitblas", &results)?;
     Ok(results)

@@ -13,8 +13,8 @@ use anyhow::Result;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::script_bench::{modes_of, run_script, write_outputs, Goal, ModeRuns};
-use super::{load_average, machine_info, MachineInfo};
+use super::script_bench::{run_modes, write_outputs, Goal, ModeRuns};
+use super::MachineInfo;
 
 /// The drop-in, cold, over one rank profiling alone, at most (issue 57).
 pub const GOAL_COLD_AT_MOST: f64 = 1.2;
@@ -119,9 +119,8 @@ pub fn goals(modes: &[ModeSummary]) -> Vec<Goal> {
 
 /// Runs the benchmark and writes `flashinfer.json` and `flashinfer.md` into the out directory.
 pub fn run(options: &FlashinferOptions) -> Result<FlashinferResults> {
-    std::fs::create_dir_all(&options.out_dir)?;
-    let load_average_start = load_average();
-    let raw = run_script(
+    let run = run_modes(
+        &options.out_dir,
         &options.python,
         &script(),
         &[
@@ -131,22 +130,20 @@ pub fn run(options: &FlashinferOptions) -> Result<FlashinferResults> {
             ("--slowfs-ms", options.slowfs_ms.to_string()),
             ("--runs", options.runs.to_string()),
         ],
+        &options.command_line,
+        summarise,
     )?;
-    let modes: Vec<ModeSummary> = modes_of(&raw)
-        .into_iter()
-        .filter_map(|mode| summarise(&raw, mode))
-        .collect();
     let results = FlashinferResults {
         command_line: options.command_line.clone(),
-        machine: machine_info(&options.command_line),
-        load_average_start,
-        load_average_end: load_average(),
+        machine: run.machine,
+        load_average_start: run.load_average_start,
+        load_average_end: run.load_average_end,
         ranks: options.ranks,
         keys: options.keys,
         profile_ms: options.profile_ms,
-        goals: goals(&modes),
-        modes,
-        raw,
+        goals: goals(&run.modes),
+        modes: run.modes,
+        raw: run.raw,
     };
     write_outputs(&options.out_dir, "flashinfer", &results)?;
     Ok(results)

@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tunecache_bench::daemon::workspace_binary;
 
-use super::median;
+use super::{load_average, machine_info, median, MachineInfo};
 
 /// One goal of an issue: our median wall over a floor's, at most `at_most`.
 #[derive(Debug, Clone, Serialize)]
@@ -47,9 +47,45 @@ impl Goal {
     }
 }
 
+/// What one run of a script benchmark gives every benchmark: the script's JSON, each mode's
+/// summary (in the order the modes first ran), the machine and its load around the run.
+pub struct ScriptRun<M> {
+    pub raw: Value,
+    pub modes: Vec<M>,
+    pub machine: MachineInfo,
+    pub load_average_start: Vec<f64>,
+    pub load_average_end: Vec<f64>,
+}
+
+/// Makes `out_dir`, runs `script` (`run_script`) and summarises each of its modes with
+/// `summarise` (a mode it cannot summarise is left out).
+pub fn run_modes<M>(
+    out_dir: &Path,
+    python: &Path,
+    script: &Path,
+    args: &[(&str, String)],
+    command_line: &str,
+    summarise: impl Fn(&Value, &str) -> Option<M>,
+) -> Result<ScriptRun<M>> {
+    std::fs::create_dir_all(out_dir)?;
+    let load_average_start = load_average();
+    let raw = run_script(python, script, args)?;
+    let modes = modes_of(&raw)
+        .into_iter()
+        .filter_map(|mode| summarise(&raw, mode))
+        .collect();
+    Ok(ScriptRun {
+        modes,
+        raw,
+        machine: machine_info(command_line),
+        load_average_start,
+        load_average_end: load_average(),
+    })
+}
+
 /// Runs `script` on `python` with `args` and `--bin-dir` (where the workspace's binaries
 /// are); its standard output, as JSON.
-pub fn run_script(python: &Path, script: &Path, args: &[(&str, String)]) -> Result<Value> {
+fn run_script(python: &Path, script: &Path, args: &[(&str, String)]) -> Result<Value> {
     let daemon = workspace_binary("tunecached");
     let bin_dir = daemon
         .parent()
@@ -134,7 +170,7 @@ impl<'a> ModeRuns<'a> {
 }
 
 /// The modes of a script's `results`, each once, in the order they first ran.
-pub fn modes_of(raw: &Value) -> Vec<&str> {
+fn modes_of(raw: &Value) -> Vec<&str> {
     let mut modes: Vec<&str> = Vec::new();
     for mode in raw
         .get("results")
