@@ -164,6 +164,47 @@ pub struct Config {
     )]
     pub forget_retention_days: u32,
 
+    /// Expire entries no rank has used for this many days, on every node and in every tier
+    /// (docs/lifecycle.md). 0 keeps everything.
+    #[arg(
+        long,
+        env = "TUNECACHE_RETAIN_DAYS",
+        default_value_t = crate::model::lifecycle::DEFAULT_RETAIN_DAYS,
+        value_name = "DAYS"
+    )]
+    pub retain_days: u32,
+
+    /// The retention of one namespace, over --retain-days: NS=DAYS (0 keeps its entries for
+    /// ever). Repeatable; with the environment variable, comma-separated.
+    #[arg(
+        long = "retain",
+        env = "TUNECACHE_RETAIN",
+        value_name = "NS=DAYS",
+        value_delimiter = ',',
+        value_parser = crate::model::lifecycle::Retention::parse_override
+    )]
+    pub retain: Vec<(String, u32)>,
+
+    /// Most entries this node keeps; past it the least recently used expire early, the same
+    /// ones on every node (docs/lifecycle.md). 0: no bound.
+    #[arg(
+        long,
+        env = "TUNECACHE_MAX_ENTRIES",
+        default_value_t = crate::model::lifecycle::DEFAULT_MAX_ENTRIES,
+        value_name = "N"
+    )]
+    pub max_entries: u64,
+
+    /// How often the uses reads marked are journalled and sent to the tiers, in ms (tests).
+    #[arg(
+        long,
+        env = "TUNECACHE_LIFECYCLE_FLUSH_MS",
+        default_value_t = 60_000,
+        value_name = "MS",
+        hide = true
+    )]
+    pub lifecycle_flush_ms: u64,
+
     /// A job's view ends after this many seconds without a request on this node; its next
     /// read pins afresh (docs/views.md).
     #[arg(

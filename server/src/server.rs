@@ -223,6 +223,16 @@ async fn serve(
         replay_started.elapsed(),
         store.tombstones().len(),
     );
+    // What no rank used within its retention expires before anything is served: a node back
+    // after months serves none of what expired meanwhile (docs/lifecycle.md).
+    store.set_lifecycle(config.lifecycle_settings());
+    let expired = store.sweep().await?;
+    if expired > 0 {
+        tracing::info!(
+            expired,
+            "expired entries no rank used within their retention"
+        );
+    }
     // The bundles, verified whole before anything of them is served: one that fails stops
     // the start here, naming the file, the part and the reason. Every byte is read, so off
     // the runtime, while the socket answers UNAVAILABLE.
@@ -310,6 +320,8 @@ async fn serve(
     if let Some(bundles) = &bundles {
         crate::bundles::merge_into(bundles, &store).await?;
     }
+    // Reads' last uses journalled and told to the tiers, and expiry, from here on.
+    crate::store::lifecycle::start_upkeep(store.clone(), tasks);
     store.set_forget_retention(Duration::from_secs(
         u64::from(config.forget_retention_days) * 24 * 3600,
     ));

@@ -34,6 +34,7 @@ use crate::model::entry::{CacheKey, TunedResult};
 use crate::model::validate::InvalidField;
 use crate::report::LogOnce;
 use crate::store::{Change, ChangeListener};
+use crate::wire::stored::StoredEntry;
 
 #[cfg(test)]
 pub use disk::BlobDir;
@@ -100,6 +101,10 @@ crate::report::stats_registry! {
             132,
             "Blobs handed to a rank on this node as a read-only descriptor (the handoff socket).",
         ),
+        unnamed_by_expiry: AtomicU64 as artifacts_unnamed_by_expiry => counter(
+            147,
+            "Blobs no entry names any more because their entries expired.",
+        ),
     }
 }
 
@@ -124,6 +129,9 @@ pub struct Artifacts {
     /// Wakes the upkeep for a collection scan now (a Forget removed entries, whose charges
     /// the scan ends).
     rescan: tokio::sync::Notify,
+    /// Blobs named by entries that expired, not yet checked by a scan: those it finds no
+    /// entry naming any more are counted as unnamed by expiry.
+    expired_names: Mutex<std::collections::HashSet<String>>,
 }
 
 /// A Record's entries that name blobs, charged to its uid by the change feed while this is
@@ -211,6 +219,7 @@ impl Artifacts {
             logged: LogOnce::default(),
             tasks: tasks.clone(),
             rescan: tokio::sync::Notify::new(),
+            expired_names: Default::default(),
         }))
     }
 
@@ -415,6 +424,16 @@ impl ChangeListener for Artifacts {
     /// A Forget removed entries (the feed names no entry it removed): the next collection
     /// scan, now, ends their charges.
     fn forgotten(&self, _forgets: &[crate::store::ForgetChange]) {
+        self.rescan.notify_one();
+    }
+
+    /// Entries expired: the blobs they named may be unnamed now, which the next collection
+    /// scan, now, finds (and collects after the grace period, as any unnamed blob).
+    fn expired(&self, entries: &[StoredEntry]) {
+        let mut names = crate::sync::lock(&self.expired_names);
+        for entry in entries {
+            names.extend(entry.result().artifacts.iter().map(|a| a.sha256.to_owned()));
+        }
         self.rescan.notify_one();
     }
 }

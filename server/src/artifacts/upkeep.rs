@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::index::Check;
-use super::{disk, Artifacts};
+use super::{add, disk, Artifacts};
 use crate::store::Store;
 
 /// The longest time between two collection scans.
@@ -93,6 +93,12 @@ impl Artifacts {
         let Ok((named, live)) = scanned else {
             return;
         };
+        let expired_names = std::mem::take(&mut *crate::sync::lock(&self.expired_names));
+        let unnamed = expired_names
+            .iter()
+            .filter(|digest| !named.contains_key(*digest))
+            .count();
+        add(&self.counters.unnamed_by_expiry, unnamed as u64);
         let collectable = {
             let mut index = crate::sync::lock(&self.index);
             index.scan_finished(named, &live);

@@ -50,6 +50,19 @@ impl Config {
     }
 
     /// The bundle tier's settings (`--bundle`, `--bundle-trust-key`, `--replay`).
+    /// How the store judges last use: retention, the bound, the system's clock.
+    pub(crate) fn lifecycle_settings(&self) -> crate::store::LifecycleSettings {
+        crate::store::LifecycleSettings {
+            retention: crate::model::lifecycle::Retention::new(
+                self.retain_days,
+                self.retain.iter().cloned(),
+            ),
+            max_entries: self.max_entries,
+            clock: crate::model::lifecycle::Clock::system(),
+            flush_every: std::time::Duration::from_millis(self.lifecycle_flush_ms.max(10)),
+        }
+    }
+
     pub(crate) fn bundle_settings(&self) -> crate::bundles::BundleSettings {
         crate::bundles::BundleSettings {
             files: self.bundle.clone(),

@@ -1,4 +1,4 @@
-//! Appends: entries and tombstones written as frames at the end of the journal, synced per
+//! Appends: entries, last uses and tombstones written as frames at the end of the journal, synced per
 //! `--fsync`, and the checks that make the journal refuse appends (so Records are refused,
 //! not acknowledged) until a rewrite succeeds: the path no longer names the file, a sync
 //! failed, or a failed append could not be cut back.
@@ -10,9 +10,10 @@ use std::time::Instant;
 use crate::error::{Error, Result};
 use crate::model::entry::Origin;
 use crate::model::forget::Tombstone;
+use crate::model::lifecycle::Day;
 use crate::wire::stored::StoredEntry;
 
-use super::frame::{encode_frames, encode_tombstone_frames};
+use super::frame::{encode_frames, encode_last_use_frames, encode_tombstone_frames};
 use super::replace::sync_dir;
 #[cfg(any(test, feature = "test-support"))]
 use super::JournalEntry;
@@ -83,6 +84,22 @@ impl Journal {
             entries.iter().map(|(entry, origin)| (entry, *origin)),
             self.limits,
         )?;
+        self.append_bytes(bytes)
+    }
+
+    /// Appends a group's entries and the last uses it raised (each entry's key, with the day)
+    /// as frames in one write, like `append_stored`.
+    pub fn append_changes(
+        &mut self,
+        entries: &[(StoredEntry, Origin)],
+        uses: &[(StoredEntry, Day, Origin)],
+    ) -> Result<u64> {
+        self.ensure_writable()?;
+        let mut bytes = encode_frames(
+            entries.iter().map(|(entry, origin)| (entry, *origin)),
+            self.limits,
+        )?;
+        encode_last_use_frames(uses, self.limits, &mut bytes);
         self.append_bytes(bytes)
     }
 
@@ -171,7 +188,7 @@ mod tests {
         };
         {
             let (mut journal, _) =
-                Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _| {}).unwrap();
+                Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _, _| {}).unwrap();
             journal.append(&[entry(1)]).unwrap();
             journal
                 .append_tombstones(&[
@@ -189,7 +206,7 @@ mod tests {
         assert_eq!(report.tombstones, expected);
         {
             let (mut journal, _) =
-                Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _| {}).unwrap();
+                Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _, _| {}).unwrap();
             journal
                 .rewrite(stored(&[entry(2)]).iter().map(|(e, o)| (e, *o)), &expected)
                 .unwrap();
@@ -203,7 +220,7 @@ mod tests {
     fn a_journal_deleted_behind_its_back_refuses_appends_until_rewritten() {
         let dir = tempfile::tempdir().unwrap();
         let (mut journal, _) =
-            Journal::open(dir.path(), FsyncPolicy::Always, |_, _, _| {}).unwrap();
+            Journal::open(dir.path(), FsyncPolicy::Always, |_, _, _, _| {}).unwrap();
         journal.append(&[entry(1)]).unwrap();
         std::fs::remove_file(journal_path(dir.path())).unwrap();
         journal.check_path();

@@ -11,11 +11,14 @@
 //! record over that is refused, never written (the store keeps none that big).
 
 use prost::Message;
-use tunecache_proto::journal::v1::{JournalBatch, Tombstone as JournalTombstone};
+use tunecache_proto::journal::v1::{
+    JournalBatch, LastUse as JournalLastUse, Tombstone as JournalTombstone,
+};
 
 use crate::error::{Error, Result};
-use crate::model::entry::Origin;
+use crate::model::entry::{CacheKey, Origin};
 use crate::model::forget::{ForgetScope, RankScope, Tombstone};
+use crate::model::lifecycle::Day;
 use crate::wire::stored::StoredEntry;
 
 pub(super) const MAGIC: [u8; 4] = *b"TCJ1";
@@ -169,6 +172,50 @@ pub(super) fn encode_tombstone_frames(
     Ok(())
 }
 
+/// A last use as the journal writes it.
+pub(super) fn last_use_record(entry: &StoredEntry, day: Day, origin: Origin) -> JournalLastUse {
+    JournalLastUse {
+        key: Some(entry.key().to_key().into()),
+        day,
+        learned: origin == Origin::Learned,
+    }
+}
+
+/// A last use read back; `None` without a key (never written so: damage that kept its CRC).
+pub(super) fn last_use_from_record(record: JournalLastUse) -> Option<(CacheKey, Day, Origin)> {
+    let origin = if record.learned {
+        Origin::Learned
+    } else {
+        Origin::Own
+    };
+    Some((record.key?.into(), record.day, origin))
+}
+
+/// Encodes last uses as frames (`FrameLimits`): field 4 of `JournalBatch`. Each is far below
+/// a frame: its key passed the same bounds as the entry it names.
+pub(super) fn encode_last_use_frames(
+    uses: &[(StoredEntry, Day, Origin)],
+    limits: FrameLimits,
+    out: &mut Vec<u8>,
+) {
+    let mut frame = JournalBatch::default();
+    let mut frame_bytes = 0;
+    for (entry, day, origin) in uses {
+        let record = last_use_record(entry, *day, *origin);
+        let len = record.encoded_len();
+        let record_bytes = 1 + prost::length_delimiter_len(len) + len;
+        if !frame.last_uses.is_empty() && frame_bytes + record_bytes > limits.target {
+            frame_payload(&std::mem::take(&mut frame).encode_to_vec(), out);
+            frame_bytes = 0;
+        }
+        frame.last_uses.push(record);
+        frame_bytes += record_bytes;
+    }
+    if !frame.last_uses.is_empty() {
+        frame_payload(&frame.encode_to_vec(), out);
+    }
+}
+
 /// Appends the frame header and `payload`.
 pub(super) fn frame_payload(payload: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(&MAGIC);
@@ -178,17 +225,43 @@ pub(super) fn frame_payload(payload: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(payload);
 }
 
+/// Tag byte of `JournalBatch.entry_days` (field 5, packed: length-delimited).
+const ENTRY_DAYS_TAG: u8 = 5 << 3 | 2;
+
 /// Encodes one frame. The payload is the `JournalBatch` prost would write: every own entry
-/// (field 1), then every learned one (field 2), each copied from its stored record.
+/// (field 1), then every learned one (field 2), each copied from its stored record, then
+/// their last uses in that order (field 5, packed), when any is known.
 pub(super) fn encode_frame(entries: &[(&StoredEntry, Origin)], out: &mut Vec<u8>) {
-    let mut payload =
-        Vec::with_capacity(entries.iter().map(|(entry, _)| entry.record().len()).sum());
-    for (entry, _) in entries.iter().filter(|(_, o)| *o == Origin::Own) {
+    let mut payload = Vec::with_capacity(
+        entries
+            .iter()
+            .map(|(entry, _)| entry.record().len() + 3)
+            .sum(),
+    );
+    let own = entries.iter().filter(|(_, o)| *o == Origin::Own);
+    let learned = entries.iter().filter(|(_, o)| *o == Origin::Learned);
+    for (entry, _) in own.clone() {
         payload.extend_from_slice(entry.record());
     }
-    for (entry, _) in entries.iter().filter(|(_, o)| *o == Origin::Learned) {
+    for (entry, _) in learned.clone() {
         payload.push(LEARNED_TAG);
         payload.extend_from_slice(&entry.record()[1..]);
+    }
+    // Read once: a reader may raise a day meanwhile, and the length must match the values.
+    let days: Vec<u64> = own
+        .chain(learned)
+        .map(|(entry, _)| u64::from(entry.last_use()))
+        .collect();
+    if days.iter().any(|day| *day > 0) {
+        let len: usize = days
+            .iter()
+            .map(|day| prost::encoding::encoded_len_varint(*day))
+            .sum();
+        payload.push(ENTRY_DAYS_TAG);
+        prost::encoding::encode_varint(len as u64, &mut payload);
+        for day in days {
+            prost::encoding::encode_varint(day, &mut payload);
+        }
     }
     frame_payload(&payload, out);
 }
@@ -202,8 +275,9 @@ pub(super) fn encode_frames<'a>(
     let mut chunk: Vec<(&StoredEntry, Origin)> = Vec::new();
     let mut chunk_bytes = 0;
     for (entry, origin) in entries {
-        // A learned entry's record differs from its own form in the tag byte only.
-        let record_bytes = entry.record().len();
+        // A learned entry's record differs from its own form in the tag byte only; its day
+        // takes at most 5 bytes more.
+        let record_bytes = entry.record().len() + 5;
         if record_bytes > limits.max {
             return Err(record_too_large(record_bytes, limits));
         }

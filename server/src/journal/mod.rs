@@ -200,7 +200,7 @@ mod test_support {
     pub(crate) fn replay(dir: &Path) -> (Vec<JournalEntry>, ReplayReport) {
         let mut seen = Vec::new();
         let (_, report) =
-            Journal::open(dir, FsyncPolicy::Never, |k, r, o| seen.push((k, r, o))).unwrap();
+            Journal::open(dir, FsyncPolicy::Never, |k, r, o, _| seen.push((k, r, o))).unwrap();
         (seen, report)
     }
 }

@@ -165,7 +165,7 @@ mod tests {
     fn rewrite_keeps_exactly_the_live_entries() {
         let dir = tempfile::tempdir().unwrap();
         let (mut journal, _) =
-            Journal::open(dir.path(), FsyncPolicy::Always, |_, _, _| {}).unwrap();
+            Journal::open(dir.path(), FsyncPolicy::Always, |_, _, _, _| {}).unwrap();
         for i in 0..10 {
             journal.append(&[entry(i)]).unwrap();
         }
@@ -183,7 +183,8 @@ mod tests {
     #[test]
     fn after_a_rewrite_appends_go_to_the_file_the_path_names() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Batch, |_, _, _| {}).unwrap();
+        let (mut journal, _) =
+            Journal::open(dir.path(), FsyncPolicy::Batch, |_, _, _, _| {}).unwrap();
         for round in 0..3 {
             journal.append(&[entry(round)]).unwrap();
             let live = [entry(round)];
@@ -208,7 +209,7 @@ mod tests {
     fn a_rewrite_that_cannot_write_its_new_file_leaves_appends_on_the_old_one() {
         let dir = tempfile::tempdir().unwrap();
         let (mut journal, _) =
-            Journal::open(dir.path(), FsyncPolicy::Always, |_, _, _| {}).unwrap();
+            Journal::open(dir.path(), FsyncPolicy::Always, |_, _, _, _| {}).unwrap();
         journal.append(&[entry(1)]).unwrap();
         // A directory where the new file must go: creating it fails before any rename.
         std::fs::create_dir(dir.path().join("journal.compacting")).unwrap();
@@ -228,7 +229,7 @@ mod tests {
     fn a_rename_that_leaves_the_path_naming_neither_file_refuses_appends() {
         let dir = tempfile::tempdir().unwrap();
         let (mut journal, _) =
-            Journal::open(dir.path(), FsyncPolicy::Always, |_, _, _| {}).unwrap();
+            Journal::open(dir.path(), FsyncPolicy::Always, |_, _, _, _| {}).unwrap();
         journal.append(&[entry(1)]).unwrap();
         // `journal` becomes a non-empty directory: the rename fails, and the path names
         // neither the old file nor the new one.

@@ -12,9 +12,11 @@ use tunecache_proto::journal::v1::JournalBatch;
 use crate::error::{Error, Result};
 use crate::model::entry::{CacheKey, Origin, TunedResult};
 use crate::model::forget::Tombstone;
+use crate::model::lifecycle::Day;
 
 use super::frame::{
-    check_frame, next_intact_frame, tombstone_from_record, FrameCheck, FrameLimits, HEADER_LEN,
+    check_frame, last_use_from_record, next_intact_frame, tombstone_from_record, FrameCheck,
+    FrameLimits, HEADER_LEN,
 };
 use super::replace::{place_new_journal, sync_dir, ReplaceError};
 use super::{file_id, journal_path, FsyncPolicy, Journal, ReplayProgress};
@@ -43,6 +45,9 @@ pub struct ReplayReport {
     /// The tombstones of Forgets, with their provenance: the store applies them after every
     /// entry (the merge rule does not depend on the order).
     pub tombstones: Vec<(Tombstone, Origin)>,
+    /// Last uses journalled on their own (`JournalBatch.last_uses`), in the order written:
+    /// the store raises its entries' to them (a maximum, so the order does not matter).
+    pub last_uses: Vec<(CacheKey, Day, Origin)>,
 }
 
 /// Keeps the damaged journal as `journal.corrupt.<unix ms>`: a hard link first (exact, and
@@ -77,7 +82,7 @@ impl Journal {
     pub fn open(
         dir: &Path,
         fsync: FsyncPolicy,
-        apply: impl FnMut(CacheKey, TunedResult, Origin),
+        apply: impl FnMut(CacheKey, TunedResult, Origin, Day),
     ) -> Result<(Journal, ReplayReport)> {
         Journal::open_reporting(dir, fsync, &ReplayProgress::default(), apply)
     }
@@ -87,7 +92,7 @@ impl Journal {
         dir: &Path,
         fsync: FsyncPolicy,
         progress: &ReplayProgress,
-        apply: impl FnMut(CacheKey, TunedResult, Origin),
+        apply: impl FnMut(CacheKey, TunedResult, Origin, Day),
     ) -> Result<(Journal, ReplayReport)> {
         Journal::open_with_limits(dir, fsync, FrameLimits::DEFAULT, progress, apply)
     }
@@ -98,7 +103,7 @@ impl Journal {
         fsync: FsyncPolicy,
         limits: FrameLimits,
         progress: &ReplayProgress,
-        mut apply: impl FnMut(CacheKey, TunedResult, Origin),
+        mut apply: impl FnMut(CacheKey, TunedResult, Origin, Day),
     ) -> Result<(Journal, ReplayReport)> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("creating state directory", dir, e))?;
         let dir_handle =
@@ -135,12 +140,16 @@ impl Journal {
                             progress.frame_done();
                             let own = batch.entries.into_iter().map(|e| (e, Origin::Own));
                             let learned = batch.learned.into_iter().map(|e| (e, Origin::Learned));
-                            for (entry, origin) in own.chain(learned) {
+                            let days = batch.entry_days.into_iter().chain(std::iter::repeat(0));
+                            for ((entry, origin), day) in own.chain(learned).zip(days) {
                                 if let (Some(key), Some(result)) = (entry.key, entry.result) {
                                     report.entries += 1;
-                                    apply(key.into(), result.into(), origin);
+                                    apply(key.into(), result.into(), origin, day);
                                 }
                             }
+                            report.last_uses.extend(
+                                batch.last_uses.into_iter().filter_map(last_use_from_record),
+                            );
                             report
                                 .tombstones
                                 .extend(batch.forgets.into_iter().map(tombstone_from_record));
@@ -209,7 +218,8 @@ mod tests {
     #[test]
     fn replays_frames_and_skips_damage_in_the_middle() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _| {}).unwrap();
+        let (mut journal, _) =
+            Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _, _| {}).unwrap();
         let mut frame_starts = Vec::new();
         for i in 0..3 {
             frame_starts.push(journal.len() as usize);
@@ -234,7 +244,8 @@ mod tests {
     #[test]
     fn truncates_a_torn_tail() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _| {}).unwrap();
+        let (mut journal, _) =
+            Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _, _| {}).unwrap();
         journal.append(&[entry(1)]).unwrap();
         let good_len = journal.len();
         journal.append(&[entry(2)]).unwrap();
@@ -287,7 +298,8 @@ mod tests {
     #[test]
     fn garbage_after_the_last_frame_is_damage_and_the_rewrite_keeps_the_copy() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _| {}).unwrap();
+        let (mut journal, _) =
+            Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _, _| {}).unwrap();
         journal.append(&[entry(1)]).unwrap();
         let good_len = journal.len();
         drop(journal);
@@ -297,7 +309,7 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
 
         let mut seen = Vec::new();
-        let (mut journal, report) = Journal::open(dir.path(), FsyncPolicy::Always, |k, r, o| {
+        let (mut journal, report) = Journal::open(dir.path(), FsyncPolicy::Always, |k, r, o, _| {
             seen.push((k, r, o))
         })
         .unwrap();

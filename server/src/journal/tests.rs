@@ -37,7 +37,8 @@ fn a_tombstone_batch_bigger_than_a_frame_is_replayed_whole() {
         .collect();
     let dir = tempfile::tempdir().unwrap();
     {
-        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _| {}).unwrap();
+        let (mut journal, _) =
+            Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _, _| {}).unwrap();
         journal.append_tombstones(&tombstones).unwrap();
     }
     let (_, report) = replay(dir.path());
@@ -45,7 +46,8 @@ fn a_tombstone_batch_bigger_than_a_frame_is_replayed_whole() {
     assert_eq!(report.tombstones.len(), tombstones.len());
     assert!(report.tombstones == tombstones);
     {
-        let (mut journal, _) = Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _| {}).unwrap();
+        let (mut journal, _) =
+            Journal::open(dir.path(), FsyncPolicy::Never, |_, _, _, _| {}).unwrap();
         journal
             .rewrite(
                 stored(&[entry(1)]).iter().map(|(e, o)| (e, *o)),
@@ -152,7 +154,7 @@ proptest! {
         };
         {
             let (mut journal, _) =
-                Journal::open_with_limits(dir.path(), FsyncPolicy::Never, LIMITS, &Default::default(), |_, _, _| {})
+                Journal::open_with_limits(dir.path(), FsyncPolicy::Never, LIMITS, &Default::default(), |_, _, _, _| {})
                     .unwrap();
             for write in writes {
                 match write {
@@ -190,7 +192,7 @@ proptest! {
         prop_assert!(lengths.iter().all(|&len| len <= LIMITS.max), "{lengths:?}");
         let mut seen = Held::default();
         let (_, report) =
-            Journal::open_with_limits(dir.path(), FsyncPolicy::Never, LIMITS, &Default::default(), |k, r, o| {
+            Journal::open_with_limits(dir.path(), FsyncPolicy::Never, LIMITS, &Default::default(), |k, r, o, _| {
                 seen.add_entry((k, r, o))
             })
             .unwrap();
@@ -209,7 +211,7 @@ fn a_record_bigger_than_a_frame_is_refused_and_nothing_is_written() {
         FsyncPolicy::Never,
         LIMITS,
         &Default::default(),
-        |_, _, _| {},
+        |_, _, _, _| {},
     )
     .unwrap();
     journal.append(&[entry(1)]).unwrap();

@@ -486,6 +486,31 @@ impl TuneCache for TuneCacheService {
         Ok(Response::new(v1::StatArtifactsResponse { missing }))
     }
 
+    async fn usage(
+        &self,
+        request: Request<v1::UsageRequest>,
+    ) -> Result<Response<v1::UsageResponse>, Status> {
+        // Walks the whole cache: on the blocking pool, off the runtime's workers.
+        let store = self.store.clone();
+        let request = request.into_inner();
+        tokio::task::spawn_blocking(move || super::lifecycle::usage_of(&store, request))
+            .await
+            .map_err(|e| Status::internal(format!("usage: {e}")))?
+            .map(Response::new)
+    }
+
+    async fn prune(
+        &self,
+        request: Request<v1::PruneRequest>,
+    ) -> Result<Response<v1::PruneResponse>, Status> {
+        if !self.admins.allows_caller(&request).await {
+            return Err(self.not_admin(caller_uid(&request).into()));
+        }
+        super::lifecycle::prune(&self.store, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn list_misses(
         &self,
         request: Request<v1::ListMissesRequest>,

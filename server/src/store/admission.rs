@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::journal::MAX_RECORD_BYTES;
 use crate::model::entry::{CacheKey, Origin, TunedResult};
 use crate::model::forget::{ForgetAsk, Tombstone};
+use crate::model::lifecycle::Day;
 use crate::wire::stored::StoredEntry;
 
 use super::plan::{decoded, ApplyOutcome, ForgetCommand, Incoming};
@@ -123,7 +124,21 @@ impl Store {
             .await
     }
 
-    /// Merges entries already in stored form (read from the shared directory, a bundle)
+    /// `apply_learned`, each entry with the last use its source knew (`model::lifecycle`;
+    /// 0: none known). An entry already expired by that day is dropped on arrival.
+    pub async fn apply_learned_used(
+        &self,
+        entries: Vec<(CacheKey, TunedResult, Day)>,
+        source: Source,
+    ) -> Result<ApplyOutcome> {
+        let entries = entries
+            .into_iter()
+            .map(|(key, result, day)| Incoming::Decoded(key, result, day))
+            .collect();
+        self.apply_from(entries, Origin::Learned, source).await
+    }
+
+    /// Merges entries already in stored form (each holding the last use its source knew) (read from the shared directory, a bundle)
     /// with the given provenance, waiting for room in the write queue.
     pub async fn apply_stored(
         &self,
@@ -172,6 +187,7 @@ impl Store {
             Source::Cluster => "cluster tier",
             Source::Bundle => "bundle",
             Source::Forget => "Forget",
+            Source::Read => "read",
         };
         if self
             .shared

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use crate::model::entry::CacheKey;
 use crate::model::forget::Tombstone;
+use crate::model::lifecycle::Day;
 use crate::wire::stored::StoredEntry;
 
 /// Told, on the writer thread, about every entry that changed, after it is durable and
@@ -20,6 +21,26 @@ pub trait ChangeListener: Send + Sync {
     /// Tombstones this node learned or made, after they are durable and their entries are
     /// gone from what readers see.
     fn forgotten(&self, _forgets: &[ForgetChange]) {}
+
+    /// Keys whose last use rose (`model::lifecycle`) without their entry changing, after the
+    /// days are journalled: this node's ranks read them (`Source::Read`), a Record repeated
+    /// a result held, or another node reported a use.
+    fn used(&self, _uses: &[UseChange]) {}
+
+    /// Entries expired (unused past their retention, or past `--max-entries`), after they are
+    /// gone from what readers see.
+    fn expired(&self, _entries: &[StoredEntry]) {}
+}
+
+/// A last use raised, as the feed tells it.
+#[derive(Clone, Debug)]
+pub struct UseChange {
+    /// The entry whose key was used (the cache's, when the use was journalled).
+    pub entry: StoredEntry,
+    pub day: Day,
+    /// `Source::Read` or `Source::Record` (a use on this node: the tiers publish it), else
+    /// the tier that reported it.
+    pub source: Source,
 }
 
 /// A tombstone new to this node, as the feed tells it.
@@ -48,6 +69,8 @@ pub enum Source {
     Bundle,
     /// A Forget asked of this node (the Forget RPC).
     Forget,
+    /// Reads by this node's ranks (Lookup, Scan, Resolve): last uses only.
+    Read,
 }
 
 /// The lease a Record was tuned under, as the coordinator knew it when the Record arrived:

@@ -17,13 +17,17 @@
 //! epoch that makes it live after the Forgets it knows, and drops what a tombstone removes
 //! on every path in, so no replica brings a forgotten entry back.
 //!
+//! Each entry carries the day its key was last used; reads mark it, the writer journals it,
+//! and a sweep expires what no rank uses any more (`lifecycle`, docs/lifecycle.md).
+//!
 //! The parts: `admission` (the handle's write calls and the bounded write queue), `writer`
 //! (the thread and its effects), `plan` (its rules, a pure step), `upkeep` (compaction,
 //! repair, the journal's health), `open` (replay and start), `feed` (what the change feed
-//! tells), `scan` (Scan's chunked reads). This file holds the shared state and the reads.
+//! tells), `scan` (Scan's chunked reads), `lifecycle` (last uses and expiry). This file holds the shared state and the reads.
 
 mod admission;
 mod feed;
+pub mod lifecycle;
 mod open;
 mod plan;
 pub(crate) mod scan;
@@ -45,7 +49,8 @@ use crate::model::tombstones::Tombstones;
 pub use crate::wire::stored::{EntryMap, StoredEntry};
 
 pub use admission::DEFAULT_WRITE_QUEUE_BYTES;
-pub use feed::{Change, ChangeListener, ForgetChange, RecordLease, Source};
+pub use feed::{Change, ChangeListener, ForgetChange, RecordLease, Source, UseChange};
+pub use lifecycle::{Expiring, Expiry, LifecycleSettings, Usage, UsageBy};
 pub use plan::ApplyOutcome;
 use writer::WriteCommand;
 
@@ -97,6 +102,19 @@ crate::report::stats_registry! {
             79,
             "Entries and tombstones from other nodes too big for a journal frame, dropped.",
         ),
+        /// Last uses journalled (`lifecycle`): at most one per entry and day per source, so
+        /// they grow with the distinct entries used, never with the reads.
+        pub last_use_updates_written: AtomicU64
+            => counter(143, "Last uses of entries written to the journal."),
+        /// Entries expired: unused past their retention, or past --max-entries.
+        pub entries_expired: AtomicU64
+            => counter(144, "Entries expired: unused past their retention, or past --max-entries."),
+        /// Of `entries_expired`, those past --max-entries.
+        pub entries_expired_by_bound: AtomicU64
+            => counter(145, "Entries expired early because the cache held more than --max-entries."),
+        /// Entries from other nodes already expired when they arrived, dropped.
+        pub entries_expired_on_arrival: AtomicU64
+            => counter(146, "Entries from other nodes already expired when they arrived."),
     }
 }
 
@@ -120,6 +138,10 @@ struct Shared {
     own_tombstones: ArcSwap<Tombstones>,
     /// `--forget-retention-days`, in milliseconds.
     forget_retention_ms: AtomicI64,
+    /// How last use is judged (`lifecycle`).
+    lifecycle: ArcSwap<LifecycleSettings>,
+    /// Entries whose last use a read raised, not yet journalled (`Store::touch`).
+    pending_uses: Mutex<Vec<StoredEntry>>,
 }
 
 /// Cheap, cloneable handle to the cache.

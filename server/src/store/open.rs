@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::journal::{FsyncPolicy, Journal, ReplayProgress, ReplayReport};
 use crate::model::entry::Origin;
 use crate::model::forget::ForgetClock;
+use crate::model::lifecycle::{plausible_day, Clock};
 use crate::model::tombstones::Tombstones;
 use crate::wire::stored::{EntryMap, StoredEntry};
 
@@ -55,11 +56,23 @@ impl Store {
             .clamp(1, Semaphore::MAX_PERMITS as u32);
         let mut map = EntryMap::new();
         let mut own = EntryMap::new();
+        // Days are checked against the system's clock: a test's clock is set afterwards.
+        let today = Clock::system().today();
         let replayed =
-            Journal::open_reporting(state_dir, fsync, progress, |key, result, origin| {
+            Journal::open_reporting(state_dir, fsync, progress, |key, result, origin, day| {
+                // Checked as a day from elsewhere: one journalled before lifecycle existed
+                // starts its life today.
+                let day = plausible_day(day, today);
                 let merged = merge_into(&map, &own, &key.view(), result.view(), origin);
+                let current = map.get(&key);
+                let day = day.max(current.map_or(0, StoredEntry::last_use));
+                if !merged.in_cache {
+                    if let Some(current) = current {
+                        current.raise_last_use(day);
+                    }
+                }
                 if merged.in_cache || merged.own {
-                    let entry = StoredEntry::new(&key, &result);
+                    let entry = StoredEntry::new(&key, &result).with_last_use(day);
                     if merged.own {
                         own.insert(entry.clone());
                     }
@@ -69,6 +82,12 @@ impl Store {
                 }
             });
         let (mut journal, mut report) = replayed?;
+        for (key, day, _) in std::mem::take(&mut report.last_uses) {
+            let day = plausible_day(day, today);
+            for held in [map.get(&key), own.get(&key)].into_iter().flatten() {
+                held.raise_last_use(day);
+            }
+        }
         progress.applying_forgets();
         let mut clock = ForgetClock::default();
         let mut tombstones = Tombstones::default();
@@ -114,6 +133,8 @@ impl Store {
             tombstones: ArcSwap::from_pointee(tombstones),
             own_tombstones: ArcSwap::from_pointee(own_tombstones),
             forget_retention_ms: AtomicI64::new(DEFAULT_FORGET_RETENTION.as_millis() as i64),
+            lifecycle: Default::default(),
+            pending_uses: Default::default(),
         });
         shared
             .counters

@@ -21,33 +21,44 @@
 
 use crate::model::entry::{CacheKey, KeyView, Origin, ResultView, TunedResult};
 use crate::model::forget::{record_epoch, ForgetAsk, ForgetClock, Tombstone};
+use crate::model::lifecycle::{effective_day, plausible_day, Day, Retention};
 use crate::model::merge::{merge_views, MergeOutcome};
 use crate::model::tombstones::Tombstones;
 use crate::wire::stored::{EntryMap, StoredEntry};
 
-use super::feed::{Change, ForgetChange, Source};
+use super::feed::{Change, ForgetChange, Source, UseChange};
 
 /// One entry of a write. Decoded entries (a Record, the tuner, the cluster tier) are encoded
 /// by the writer only when they win; entries read from the shared directory arrive already
 /// in stored form, so a load holds each entry once (the allocation the cache keeps), never a
-/// decoded copy beside it.
+/// decoded copy beside it. Each comes with the last use its source knew (`model::lifecycle`;
+/// a stored entry holds its own).
 pub(crate) enum Incoming {
-    Decoded(CacheKey, TunedResult),
+    Decoded(CacheKey, TunedResult, Day),
     Stored(StoredEntry),
 }
 
 impl Incoming {
     pub(crate) fn views(&self) -> (KeyView<'_>, ResultView<'_>) {
         match self {
-            Incoming::Decoded(key, result) => (key.view(), result.view()),
+            Incoming::Decoded(key, result, _) => (key.view(), result.view()),
             Incoming::Stored(entry) => entry.views(),
+        }
+    }
+
+    /// The last use its source knew.
+    fn last_use(&self) -> Day {
+        match self {
+            Incoming::Decoded(_, _, day) => *day,
+            Incoming::Stored(entry) => entry.last_use(),
         }
     }
 
     fn set_forget_epoch(&mut self, epoch: u64) {
         match self {
-            Incoming::Decoded(_, result) => result.forget_epoch = epoch,
+            Incoming::Decoded(_, result, _) => result.forget_epoch = epoch,
             Incoming::Stored(entry) => {
+                let day = entry.last_use();
                 let (key, result) = entry.to_pair();
                 *self = Incoming::Decoded(
                     key,
@@ -55,24 +66,35 @@ impl Incoming {
                         forget_epoch: epoch,
                         ..result
                     },
+                    day,
                 );
             }
         }
     }
 
-    fn into_stored(self) -> StoredEntry {
+    /// Its stored form, last used on `day`.
+    fn into_stored(self, day: Day) -> StoredEntry {
         match self {
-            Incoming::Decoded(key, result) => StoredEntry::new(&key, &result),
+            Incoming::Decoded(key, result, _) => StoredEntry::new(&key, &result),
             Incoming::Stored(entry) => entry,
         }
+        .with_last_use(day)
     }
 }
 
+/// Decoded entries with no last use known: the day of the write gives them theirs.
 pub(crate) fn decoded(entries: Vec<(CacheKey, TunedResult)>) -> Vec<Incoming> {
     entries
         .into_iter()
-        .map(|(key, result)| Incoming::Decoded(key, result))
+        .map(|(key, result)| Incoming::Decoded(key, result, 0))
         .collect()
+}
+
+/// The lifecycle rules a plan applies, as of its day.
+#[derive(Clone, Debug)]
+pub(crate) struct Today {
+    pub day: Day,
+    pub retention: Retention,
 }
 
 /// Counts of a batch applied through the merge rule.
@@ -139,6 +161,12 @@ pub(crate) struct GroupPlan {
     pub bytes_in: u64,
     /// The highest epoch among the entries kept: the writer's clock moves past it.
     pub highest_epoch: u64,
+    /// Keys whose last use the group raised without changing their entry (a Record of the
+    /// result already held, a use another node reported): the journal appends them, the
+    /// feed is told (`ChangeListener::used`).
+    pub uses: Vec<(UseChange, Origin)>,
+    /// Entries from other nodes already expired when they arrived, dropped.
+    pub expired_on_arrival: u64,
 }
 
 /// Plans a group of writes, applied one after the other: a later write of the group meets
@@ -147,6 +175,7 @@ pub(crate) fn plan_group(
     map: &EntryMap,
     own: &EntryMap,
     tombstones: &Tombstones,
+    today: &Today,
     group: Vec<Write>,
 ) -> GroupPlan {
     let mut plan = GroupPlan {
@@ -159,6 +188,8 @@ pub(crate) fn plan_group(
         live_bytes_removed: 0,
         bytes_in: 0,
         highest_epoch: 0,
+        uses: Vec::new(),
+        expired_on_arrival: 0,
     };
     let mut own_next = own.clone();
     for Write {
@@ -187,6 +218,23 @@ pub(crate) fn plan_group(
                 }
             }
             let (key, result) = incoming.views();
+            let current = plan.map.get_view(&key);
+            // A write of this node's is a use today; a result from elsewhere brings the last
+            // use its source knew, checked like any value read from another node.
+            let day = if origin == Origin::Own {
+                today.day
+            } else {
+                plausible_day(incoming.last_use(), today.day)
+            };
+            let day = day.max(current.map_or(0, StoredEntry::last_use));
+            let effective = effective_day(day, result.tuned_at_unix_ms, today.day);
+            if origin == Origin::Learned
+                && today.retention.expired(key.namespace, effective, today.day)
+            {
+                outcome.unchanged += 1;
+                plan.expired_on_arrival += 1;
+                continue;
+            }
             plan.highest_epoch = plan.highest_epoch.max(result.forget_epoch);
             let merged = merge_into(&plan.map, &own_next, &key, result, origin);
             let old_result_bytes = plan
@@ -199,11 +247,22 @@ pub(crate) fn plan_group(
             if !merged.in_cache {
                 outcome.unchanged += 1;
             }
+            if !merged.in_cache {
+                // The cache's result stays; the use this write stands for raises its day.
+                if let Some(current) = current.filter(|current| current.raise_last_use(day)) {
+                    let used = UseChange {
+                        entry: current.clone(),
+                        day,
+                        source: source.clone(),
+                    };
+                    plan.uses.push((used, origin));
+                }
+            }
             if !(merged.in_cache || merged.own) {
                 continue;
             }
             // One allocation, shared by the cache, the own contributions and the journal.
-            let entry = incoming.into_stored();
+            let entry = incoming.into_stored(day);
             plan.changes.push(Change {
                 entry: entry.clone(),
                 source: source.clone(),

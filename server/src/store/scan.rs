@@ -164,6 +164,8 @@ pub fn spawn(
                 // The version is dropped before anything below can wait.
                 let map = store.current();
                 let (chosen, last) = choose(&map, &filter, after.as_ref());
+                // What a Scan returns is used (`lifecycle`).
+                store.touch(chosen.iter().copied());
                 let step = Step {
                     filter: &filter,
                     chosen: &chosen,

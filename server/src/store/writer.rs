@@ -18,11 +18,15 @@ use crate::error::{Error, Result};
 use crate::journal::Journal;
 use crate::model::entry::Origin;
 use crate::model::forget::ForgetClock;
+use crate::model::lifecycle::Day;
+use crate::wire::stored::EntryMap;
 
+use super::lifecycle::{still_expires, Expiring};
 use super::plan::{
-    plan_forgets, plan_group, ApplyOutcome, ForgetCommand, ForgetState, Incoming, Write,
+    plan_forgets, plan_group, ApplyOutcome, ForgetCommand, ForgetState, Incoming, Today, Write,
 };
-use super::{Shared, Source};
+use super::{Shared, Source, UseChange};
+use crate::wire::stored::StoredEntry;
 
 /// After a failed compaction, wait this long before the first retry, doubling on each
 /// further failure up to `upkeep`'s `COMPACT_RETRY_MAX`.
@@ -46,6 +50,16 @@ pub(super) enum WriteCommand {
     Forget {
         forget: ForgetCommand,
         reply: oneshot::Sender<Result<u32>>,
+    },
+    /// Last uses raised by reads (`Store::flush_uses`): journal them, tell the feed.
+    Uses {
+        uses: Vec<StoredEntry>,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    /// A batch of a sweep (`Store::expire`): drop what still expires; answers how many.
+    Expire {
+        expiring: Vec<Expiring>,
+        reply: oneshot::Sender<u64>,
     },
     /// Finish what is queued before this, then sync the journal (`Store::sync_journal`).
     Sync { reply: oneshot::Sender<Result<()>> },
@@ -143,6 +157,16 @@ pub(super) fn run_writer(
                     writer.flush_group(&mut group);
                     forgets.push((forget, reply));
                 }
+                WriteCommand::Uses { uses, reply } => {
+                    writer.flush_group(&mut group);
+                    writer.flush_forgets(&mut forgets);
+                    let _ = reply.send(writer.journal_uses(uses));
+                }
+                WriteCommand::Expire { expiring, reply } => {
+                    writer.flush_group(&mut group);
+                    writer.flush_forgets(&mut forgets);
+                    let _ = reply.send(writer.expire(expiring));
+                }
                 WriteCommand::Sync { reply } => {
                     writer.flush_group(&mut group);
                     writer.flush_forgets(&mut forgets);
@@ -181,12 +205,26 @@ impl Writer {
         let map = self.shared.map.load_full();
         let own = self.shared.own.load_full();
         let tombstones = self.shared.tombstones.load_full();
-        let plan = plan_group(&map, &own, &tombstones, writes);
+        let lifecycle = self.shared.lifecycle.load();
+        let today = Today {
+            day: lifecycle.clock.today(),
+            retention: lifecycle.retention.clone(),
+        };
+        let plan = plan_group(&map, &own, &tombstones, &today, writes);
+        self.shared
+            .counters
+            .entries_expired_on_arrival
+            .fetch_add(plan.expired_on_arrival, Ordering::Relaxed);
         self.clock.observe(plan.highest_epoch);
         self.written_since_trim += plan.bytes_in;
 
-        if !plan.records.is_empty() {
-            if let Err(error) = self.journal.append_stored(&plan.records) {
+        if !plan.records.is_empty() || !plan.uses.is_empty() {
+            let uses: Vec<(StoredEntry, Day, Origin)> = plan
+                .uses
+                .iter()
+                .map(|(used, origin)| (used.entry.clone(), used.day, *origin))
+                .collect();
+            if let Err(error) = self.journal.append_changes(&plan.records, &uses) {
                 self.refuse_all(error, replies);
                 return;
             }
@@ -202,9 +240,19 @@ impl Writer {
                 self.shared.own.store(Arc::new(own));
             }
             self.shared.map.store(Arc::new(plan.map));
+            self.shared
+                .counters
+                .last_use_updates_written
+                .fetch_add(plan.uses.len() as u64, Ordering::Relaxed);
+            let uses: Vec<UseChange> = plan.uses.into_iter().map(|(used, _)| used).collect();
             let listeners = crate::sync::read(&self.shared.listeners);
             for listener in listeners.iter() {
-                listener.entries_changed(&plan.changes);
+                if !plan.changes.is_empty() {
+                    listener.entries_changed(&plan.changes);
+                }
+                if !uses.is_empty() {
+                    listener.used(&uses);
+                }
             }
         }
         for (reply, outcome) in replies.into_iter().zip(plan.outcomes) {
@@ -302,6 +350,89 @@ impl Writer {
         for (reply, answer) in replies.into_iter().zip(plan.answers) {
             let _ = reply.send(Ok(answer));
         }
+    }
+
+    /// Journals the last uses reads raised, then tells the feed (`Source::Read`). A failed
+    /// append loses only those marks: the entries stay, and are marked again when read.
+    fn journal_uses(&mut self, uses: Vec<StoredEntry>) -> Result<()> {
+        self.journal.check_path();
+        self.repair_if_needed();
+        // The cache's entry now: a read may have marked one a write has since replaced.
+        let map = self.shared.map.load_full();
+        let uses: Vec<(StoredEntry, Day, Origin)> = uses
+            .into_iter()
+            .filter_map(|used| {
+                let held = map.get_view(&used.key())?;
+                let day = used.last_use().max(held.last_use());
+                held.raise_last_use(day);
+                Some((held.clone(), day, Origin::Own))
+            })
+            .collect();
+        if uses.is_empty() {
+            return Ok(());
+        }
+        if let Err(error) = self.journal.append_changes(&[], &uses) {
+            self.note_write_failure(&error);
+            self.note_health();
+            return Err(error);
+        }
+        self.shared
+            .counters
+            .last_use_updates_written
+            .fetch_add(uses.len() as u64, Ordering::Relaxed);
+        self.publish_journal_sizes();
+        let told: Vec<UseChange> = uses
+            .into_iter()
+            .map(|(entry, day, _)| UseChange {
+                entry,
+                day,
+                source: Source::Read,
+            })
+            .collect();
+        let listeners = crate::sync::read(&self.shared.listeners);
+        for listener in listeners.iter() {
+            listener.used(&told);
+        }
+        Ok(())
+    }
+
+    /// Drops the entries of a sweep's batch that still expire (`still_expires`) from the
+    /// cache and the own contributions, then tells the feed. Nothing is journalled: their
+    /// last uses are, so a replay finds them expired again, and a compaction leaves them out.
+    fn expire(&mut self, expiring: Vec<Expiring>) -> u64 {
+        let today = self.shared.lifecycle.load().clock.today();
+        let current = self.shared.map.load_full();
+        let own_current = self.shared.own.load_full();
+        let mut map = EntryMap::clone(&current);
+        let mut own = EntryMap::clone(&own_current);
+        let mut gone = Vec::new();
+        for expiring in &expiring {
+            if !still_expires(&map, expiring, today) {
+                continue;
+            }
+            if let Some(entry) = map.remove(&expiring.entry) {
+                self.live_bytes = self
+                    .live_bytes
+                    .saturating_sub(entry.encoded_len_estimate() as u64);
+                gone.push(entry);
+            }
+            own.remove(&expiring.entry);
+        }
+        if gone.is_empty() {
+            return 0;
+        }
+        self.shared.own.store(Arc::new(own));
+        self.shared.map.store(Arc::new(map));
+        self.shared
+            .counters
+            .entries_expired
+            .fetch_add(gone.len() as u64, Ordering::Relaxed);
+        self.publish_journal_sizes();
+        let listeners = crate::sync::read(&self.shared.listeners);
+        for listener in listeners.iter() {
+            listener.expired(&gone);
+        }
+        gone.len() as u64
     }
 
     /// The journal's size and its live part, for Stats.

@@ -38,9 +38,15 @@ impl Views {
         let map = self.store.current();
         if !self.replay.daemon_replays() {
             return match view {
-                None => LookupPlan::Ready(EncodedEntries::from_entries(&map.get_many(keys))),
+                None => {
+                    let hits = map.get_many(keys);
+                    // What a read finds is used (`lifecycle`).
+                    self.store.touch(hits.iter().copied());
+                    LookupPlan::Ready(EncodedEntries::from_entries(&hits))
+                }
                 Some(view) => {
                     let current = map.get_each(keys.clone());
+                    self.store.touch(current.iter().flatten().copied());
                     let plan = self.plan(&view, keys.zip(current));
                     LookupPlan::InView { view, plan }
                 }
@@ -51,6 +57,7 @@ impl Views {
             .zip(map.get_each(keys.clone()))
             .map(|(key, cached)| self.replay.bundled(&key).or(cached))
             .collect();
+        self.store.touch(current.iter().flatten().copied());
         let view_name = view.as_ref().map_or("", |view| view.name.as_str());
         for (key, found) in keys.clone().zip(&current) {
             if found.is_none() {
@@ -110,8 +117,14 @@ impl Views {
             return Ok(self.resolve_in_replay(call).await);
         }
         let Some(view) = call.view.clone() else {
-            return self.coordinator.resolve(call).await;
+            let key = call.key.clone();
+            let resolution = self.coordinator.resolve(call).await?;
+            if matches!(resolution, Resolution::Hit(_)) {
+                self.touch_key(&key);
+            }
+            return Ok(resolution);
         };
+        self.touch_key(&call.key);
         if let Some(pinned) = self.read_one(&view, &call.key).await {
             return Ok(Resolution::Hit(pinned.result().to_result()));
         }
@@ -140,6 +153,7 @@ impl Views {
             Some(view) => self.read_one(view, &call.key).await,
             None => self.store.current().get(&call.key).cloned(),
         };
+        self.store.touch(found.iter());
         match found {
             Some(entry) => Resolution::Hit(entry.result().to_result()),
             None => {
@@ -148,6 +162,13 @@ impl Views {
                 Resolution::Miss(self.replay.miss_reason().to_owned())
             }
         }
+    }
+}
+
+impl Views {
+    /// Marks the cache's entry of `key`, if it holds one, used (`lifecycle`).
+    fn touch_key(&self, key: &crate::model::entry::CacheKey) {
+        self.store.touch(self.store.current().get(key));
     }
 }
 

@@ -7,6 +7,14 @@ use crate::model::forget::{ForgetScope, RankScope};
 use crate::model::testing::key;
 use crate::store::feed::RecordLease;
 
+/// A day on which nothing expires: these tests are about the merge rule.
+fn today() -> Today {
+    Today {
+        day: 20_000,
+        retention: Retention::keep_all(),
+    }
+}
+
 fn result(time_us: f64, epoch: u64) -> TunedResult {
     TunedResult {
         config: format!("{{\"t\":{time_us}}}"),
@@ -26,7 +34,7 @@ fn write(source: Source, origin: Origin, entries: &[(&str, f64, u64)]) -> Write 
     Write {
         entries: entries
             .iter()
-            .map(|(p, t, e)| Incoming::Decoded(key(p), result(*t, *e)))
+            .map(|(p, t, e)| Incoming::Decoded(key(p), result(*t, *e), 0))
             .collect(),
         origin,
         source,
@@ -89,6 +97,7 @@ fn the_faster_result_wins_and_each_caller_is_answered_its_own_counts() {
         &map,
         &own,
         &Tombstones::default(),
+        &today(),
         vec![
             // Beats a; b is new.
             record(&[("a", 4.0, 0), ("b", 9.0, 0)]),
@@ -141,6 +150,7 @@ fn nothing_better_changes_nothing_and_journals_nothing() {
         &map,
         &map,
         &Tombstones::default(),
+        &today(),
         vec![record(&[("a", 2.0, 0)]), learned(&[("a", 3.0, 0)])],
     );
     assert!(plan.records.is_empty() && plan.changes.is_empty());
@@ -160,6 +170,7 @@ fn own_results_are_kept_as_contributions_and_learned_ones_only_enter_the_cache()
         &map,
         &own,
         &Tombstones::default(),
+        &today(),
         vec![
             // Better than the own 5.0, not than the cache's 1.0: own only.
             record(&[("a", 4.0, 0)]),
@@ -208,7 +219,7 @@ fn tombstones_drop_what_they_remove_on_every_path_in_but_records_live_after_them
         // This node's own results read back from its segments: dropped too.
         stored_write(Source::Snapshot, Origin::Own),
     ] {
-        let plan = plan_group(&map, &map, &tombstones, vec![write]);
+        let plan = plan_group(&map, &map, &tombstones, &today(), vec![write]);
         assert_eq!(time_of(&plan.map, "a"), None);
         assert_eq!(time_of(&plan.map, "b"), Some(1.0), "not covered");
         assert_eq!(
@@ -221,7 +232,13 @@ fn tombstones_drop_what_they_remove_on_every_path_in_but_records_live_after_them
         assert!(plan.records.iter().all(|(e, _)| e.key().problem == "b"));
     }
     // At the tombstone's stamp a learned result was recorded after the Forget: it lives.
-    let plan = plan_group(&map, &map, &tombstones, vec![learned(&[("a", 9.0, stamp)])]);
+    let plan = plan_group(
+        &map,
+        &map,
+        &tombstones,
+        &today(),
+        vec![learned(&[("a", 9.0, stamp)])],
+    );
     assert_eq!(time_of(&plan.map, "a"), Some(9.0));
     // A Record or the tuner lives whatever epoch the client sent.
     for source in [Source::Record { lease: None }, Source::Tuner] {
@@ -229,6 +246,7 @@ fn tombstones_drop_what_they_remove_on_every_path_in_but_records_live_after_them
             &map,
             &map,
             &tombstones,
+            &today(),
             vec![write(source, Origin::Own, &[("a", 50.0, 0)])],
         );
         assert_eq!(epoch_of(&plan.map, "a"), Some(stamp));
@@ -251,6 +269,7 @@ fn records_get_the_epoch_of_the_forgets_known_or_of_their_winner() {
         &map,
         &own,
         &tombstones,
+        &today(),
         vec![record(&[
             ("a", 5.0, 7),
             ("b", 0.5, u64::MAX),
@@ -276,7 +295,13 @@ fn records_get_the_epoch_of_the_forgets_known_or_of_their_winner() {
     assert_eq!(epoch_of(&plan.map, "d"), Some(0), "no Forget, no winner");
     assert_eq!(plan.highest_epoch, 300);
     // Learned results keep the epoch they came with, and the clock hears of it.
-    let plan = plan_group(&map, &own, &tombstones, vec![learned(&[("e", 1.0, 777)])]);
+    let plan = plan_group(
+        &map,
+        &own,
+        &tombstones,
+        &today(),
+        vec![learned(&[("e", 1.0, 777)])],
+    );
     assert_eq!(epoch_of(&plan.map, "e"), Some(777));
     assert_eq!(plan.highest_epoch, 777);
 }
@@ -293,6 +318,7 @@ fn the_feed_hears_each_change_with_its_source() {
         &map,
         &map,
         &Tombstones::default(),
+        &today(),
         vec![
             write(
                 Source::Record {
@@ -318,6 +344,7 @@ fn live_bytes_follow_what_the_cache_holds() {
         &map,
         &map,
         &Tombstones::default(),
+        &today(),
         vec![record(&[("a", 4.0, 0), ("b", 1.0, 0)])],
     );
     let size = |e: StoredEntry| e.encoded_len_estimate() as u64;

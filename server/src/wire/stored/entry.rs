@@ -3,7 +3,10 @@
 
 use std::cell::RefCell;
 use std::cmp::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 use std::sync::Arc;
+
+use triomphe::ThinArc;
 
 use equivalent::{Comparable, Equivalent};
 
@@ -16,10 +19,15 @@ use super::vocab::*;
 ///
 /// Equality and order are those of its key (the index's); `same_entry` also compares the
 /// result.
+///
+/// Beside its bytes, in the same allocation, it holds the day its key was last used
+/// (`model::lifecycle`): an atomic, so a read marks it without the writer, and shared by every
+/// version of the map that holds the entry. A thin pointer with the length in the allocation
+/// keeps the entry as small as a fat `Arc<[u8]>` did.
 #[derive(Clone)]
 pub struct StoredEntry {
-    /// The field-1 `Entry` record.
-    record: Arc<[u8]>,
+    /// The field-1 `Entry` record, behind the key's last use (a `Day`, 0: none known).
+    record: ThinArc<AtomicU32, u8>,
     pub(super) vocab: Arc<Vocab>,
     /// Where the problem's bytes lie in `record`. Every entry is far below 4 GiB: key fields
     /// and configs are bounded by validation, journal frames by 16 MiB.
@@ -44,7 +52,7 @@ impl StoredEntry {
             let mut scratch = scratch.borrow_mut();
             scratch.clear();
             let problem_at = put_record(key, result, &mut scratch);
-            let record: Arc<[u8]> = Arc::from(scratch.as_slice());
+            let record = ThinArc::from_header_and_slice(AtomicU32::new(0), scratch.as_slice());
             // A huge config must not stay reserved on this thread.
             if scratch.capacity() > 256 * 1024 {
                 *scratch = Vec::new();
@@ -62,7 +70,29 @@ impl StoredEntry {
 
     /// The field-1 `Entry` record: what a Lookup hit or Scan entry sends.
     pub fn record(&self) -> &[u8] {
-        &self.record
+        &self.record.slice
+    }
+
+    /// The day (`model::lifecycle::Day`) this entry's key was last used, as this node knows
+    /// it; 0 when it knows none.
+    pub fn last_use(&self) -> u32 {
+        self.record.header.header.load(AtomicOrdering::Relaxed)
+    }
+
+    /// Raises the key's last use to `day`: true when it was earlier (the caller is the one
+    /// that raised it, so each raise is reported once, however many readers race).
+    pub fn raise_last_use(&self, day: u32) -> bool {
+        let last_use = &self.record.header.header;
+        // A plain load first: a key read many times a day costs its readers no shared write.
+        last_use.load(AtomicOrdering::Relaxed) < day
+            && last_use.fetch_max(day, AtomicOrdering::Relaxed) < day
+    }
+
+    /// This entry with `day` as its last use when that is later: what a new result of a key
+    /// carries over from the one it replaces.
+    pub fn with_last_use(self, day: u32) -> StoredEntry {
+        self.raise_last_use(day);
+        self
     }
 
     pub fn namespace(&self) -> &str {
@@ -79,11 +109,11 @@ impl StoredEntry {
 
     pub(super) fn problem_bytes(&self) -> &[u8] {
         let at = self.problem_at as usize;
-        &self.record[at..at + self.problem_len as usize]
+        &self.record.slice[at..at + self.problem_len as usize]
     }
 
     fn parsed(&self) -> (KeyView<'_>, ResultView<'_>) {
-        let parsed = parse_record(&self.record);
+        let parsed = parse_record(self.record());
         debug_assert!(parsed.is_some(), "a stored record always parses");
         parsed.unwrap_or((EMPTY_KEY, EMPTY_RESULT))
     }
@@ -115,7 +145,7 @@ impl StoredEntry {
 
     /// Same key and same result.
     pub fn same_entry(&self, other: &StoredEntry) -> bool {
-        Arc::ptr_eq(&self.record, &other.record) || self.record == other.record
+        self.record.ptr() == other.record.ptr() || self.record() == other.record()
     }
 
     /// `KeyView::encoded_len_estimate` plus `ResultView::encoded_len_estimate`: the

@@ -98,6 +98,11 @@ impl EntryMap {
         self.index.insert(entry, ()).is_none()
     }
 
+    /// Removes the entry of `entry`'s key, and returns it.
+    pub fn remove(&mut self, entry: &StoredEntry) -> Option<StoredEntry> {
+        self.index.remove_with_key(entry).map(|(held, ())| held)
+    }
+
     /// Whether `other` is this very version (a copy not changed since).
     pub fn ptr_eq(&self, other: &EntryMap) -> bool {
         self.index.ptr_eq(&other.index)
