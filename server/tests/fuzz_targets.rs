@@ -188,6 +188,8 @@ fn encode_batch(entries: &[(CacheKey, TunedResult)]) -> Vec<u8> {
         entries: entries.iter().map(|(k, r)| to_wire_entry(k, r)).collect(),
         learned: Vec::new(),
         forgets: Vec::new(),
+        last_uses: Vec::new(),
+        entry_days: Vec::new(),
     }
     .encode_to_vec()
 }
@@ -273,7 +275,7 @@ impl Piece {
 
 fn replay(dir: &Path) -> (Journal, Vec<(CacheKey, TunedResult)>, ReplayReport) {
     let mut seen = Vec::new();
-    let (journal, report) = Journal::open(dir, FsyncPolicy::Never, |key, result, _origin| {
+    let (journal, report) = Journal::open(dir, FsyncPolicy::Never, |key, result, _origin, _day| {
         seen.push((key, result))
     })
     .expect("replay of any content succeeds on a working disk");

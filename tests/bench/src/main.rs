@@ -311,6 +311,9 @@ enum Commands {
     /// answers every entry, peak RSS) and one-key Lookup p50/p99 after it; writes scale.json
     /// and scale.md.
     Scale(suite::scale::ScaleOptions),
+    /// A simulated year of one node's cache with lifecycle (issue 51): entries, bytes per
+    /// tier, hit rate and last-use writes per week; writes lifecycle.json and lifecycle.md.
+    Lifecycle(suite::lifecycle::LifecycleOptions),
     /// Run only some daemon micro-benchmarks; print their results and target ratios as JSON.
     Micro {
         /// Comma-separated: lookup (with the echo floor), pyscan, memory, pickup, transport
@@ -664,6 +667,11 @@ fn main() -> Result<()> {
         Commands::LookupLoad(mut options) => {
             options.command_line = std::env::args().collect::<Vec<_>>().join(" ");
             suite::lookup_load::run(&options)?;
+            println!("{}", serde_json::json!({ "out": options.out_dir }));
+        }
+        Commands::Lifecycle(mut options) => {
+            options.command_line = std::env::args().collect::<Vec<_>>().join(" ");
+            suite::lifecycle::run(&options)?;
             println!("{}", serde_json::json!({ "out": options.out_dir }));
         }
         Commands::Scale(mut options) => {

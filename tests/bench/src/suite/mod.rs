@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod cold_blob;
 pub mod flashinfer;
 mod forget_flood;
+pub mod lifecycle;
 pub mod lookup_load;
 mod micro;
 mod profile;

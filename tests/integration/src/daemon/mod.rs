@@ -50,6 +50,8 @@ pub struct DaemonOptions {
     /// RLIMIT_NOFILE (soft, hard) a daemon process starts with, set in the child only (the
     /// test process's own limit stays as it is); `None` inherits this process's. Process only.
     pub nofile: Option<(u64, u64)>,
+    /// Environment variables of a daemon process (e.g. [`crate::faketime_env`]).
+    pub env: Vec<(String, String)>,
 }
 
 impl DaemonOptions {
@@ -59,7 +61,14 @@ impl DaemonOptions {
             args: Vec::new(),
             state_dir: None,
             nofile: None,
+            env: Vec::new(),
         }
+    }
+
+    /// Sets environment variables on the daemon process. Process only.
+    pub fn envs(mut self, vars: Vec<(String, String)>) -> Self {
+        self.env.extend(vars);
+        self
     }
 
     /// Starts the daemon process with RLIMIT_NOFILE `soft`:`hard` (see
@@ -113,8 +122,13 @@ impl DaemonOptions {
                 self.dir.join("daemon.log"),
                 self.args,
                 self.nofile,
+                self.env,
             )),
             Kind::InProcess => {
+                assert!(
+                    self.env.is_empty(),
+                    "an environment of its own needs a daemon process: start it with .process()"
+                );
                 assert!(
                     self.nofile.is_none(),
                     "an fd limit of its own needs a daemon process: start it with .process()"
@@ -327,6 +341,20 @@ impl TestDaemon {
             }
         }
         started.elapsed()
+    }
+
+    /// Sets environment variables for the daemon process's next start (e.g. another
+    /// [`crate::faketime_env`]). Process only.
+    pub fn set_env(&mut self, vars: Vec<(String, String)>) {
+        match &mut self.runner {
+            Runner::Process(daemon) => {
+                for (key, value) in vars {
+                    daemon.env.retain(|(k, _)| *k != key);
+                    daemon.env.push((key, value));
+                }
+            }
+            Runner::InProcess(_) => panic!("an environment needs a daemon process"),
+        }
     }
 
     /// Starts the daemon again with the same socket, state dir and flags (it must have

@@ -20,6 +20,8 @@ pub(super) struct ProcessDaemon {
     pub(super) log_path: PathBuf,
     args: Vec<String>,
     nofile: Option<(u64, u64)>,
+    /// Environment variables set on the process (each start uses the ones set then).
+    pub(super) env: Vec<(String, String)>,
 }
 
 impl ProcessDaemon {
@@ -30,6 +32,7 @@ impl ProcessDaemon {
         log_path: PathBuf,
         args: Vec<String>,
         nofile: Option<(u64, u64)>,
+        env: Vec<(String, String)>,
     ) -> ProcessDaemon {
         let mut daemon = ProcessDaemon {
             child: None,
@@ -38,6 +41,7 @@ impl ProcessDaemon {
             log_path,
             args,
             nofile,
+            env,
         };
         daemon.start();
         daemon
@@ -56,7 +60,8 @@ impl ProcessDaemon {
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-            );
+            )
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         if let Some((soft, hard)) = self.nofile {
             use std::os::unix::process::CommandExt;
             let limit = libc::rlimit {
