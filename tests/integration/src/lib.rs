@@ -15,6 +15,7 @@ use tunecache_client::proto;
 
 pub mod blobs;
 pub mod daemon;
+pub mod faketime;
 pub mod raw_grpc;
 pub mod redis;
 pub mod shared_users;
@@ -23,6 +24,7 @@ pub mod slurm_jobs;
 pub mod wait;
 
 pub use daemon::{DaemonOptions, Kind, TestDaemon, FACT_LIMIT};
+pub use faketime::Faketime;
 pub use wait::{
     eventually, eventually_blocking, eventually_some, eventually_sync, wait, Lazy, Wait, POLL,
 };

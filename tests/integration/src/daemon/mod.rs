@@ -21,7 +21,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tunecache_client::{proto, Client};
 
-use crate::{wait, Lazy};
+use crate::{wait, Faketime, Lazy};
 
 use in_process::InProcessDaemon;
 use process::ProcessDaemon;
@@ -50,6 +50,9 @@ pub struct DaemonOptions {
     /// RLIMIT_NOFILE (soft, hard) a daemon process starts with, set in the child only (the
     /// test process's own limit stays as it is); `None` inherits this process's. Process only.
     pub nofile: Option<(u64, u64)>,
+    /// The daemon process's wall clock off by this (libfaketime): what it records is dated
+    /// then. Process only.
+    pub faketime: Option<Faketime>,
 }
 
 impl DaemonOptions {
@@ -59,7 +62,15 @@ impl DaemonOptions {
             args: Vec::new(),
             state_dir: None,
             nofile: None,
+            faketime: None,
         }
+    }
+
+    /// Starts the daemon process with its wall clock off by `faketime` (see
+    /// [`DaemonOptions::faketime`]).
+    pub fn faketime(mut self, faketime: Faketime) -> Self {
+        self.faketime = Some(faketime);
+        self
     }
 
     /// Starts the daemon process with RLIMIT_NOFILE `soft`:`hard` (see
@@ -113,11 +124,16 @@ impl DaemonOptions {
                 self.dir.join("daemon.log"),
                 self.args,
                 self.nofile,
+                self.faketime,
             )),
             Kind::InProcess => {
                 assert!(
                     self.nofile.is_none(),
                     "an fd limit of its own needs a daemon process: start it with .process()"
+                );
+                assert!(
+                    self.faketime.is_none(),
+                    "a clock of its own needs a daemon process: start it with .process()"
                 );
                 let config = config_from_flags(&socket, &state_dir, &self.args);
                 Runner::InProcess(Box::new(InProcessDaemon::start(config)))

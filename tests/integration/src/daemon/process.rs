@@ -10,7 +10,7 @@ use std::time::Duration;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::bin;
+use crate::{bin, Faketime};
 
 /// A `tunecached` process; the socket and state directory are the [`super::TestDaemon`]'s.
 pub(super) struct ProcessDaemon {
@@ -20,6 +20,7 @@ pub(super) struct ProcessDaemon {
     pub(super) log_path: PathBuf,
     args: Vec<String>,
     nofile: Option<(u64, u64)>,
+    faketime: Option<Faketime>,
 }
 
 impl ProcessDaemon {
@@ -30,6 +31,7 @@ impl ProcessDaemon {
         log_path: PathBuf,
         args: Vec<String>,
         nofile: Option<(u64, u64)>,
+        faketime: Option<Faketime>,
     ) -> ProcessDaemon {
         let mut daemon = ProcessDaemon {
             child: None,
@@ -38,6 +40,7 @@ impl ProcessDaemon {
             log_path,
             args,
             nofile,
+            faketime,
         };
         daemon.start();
         daemon
@@ -57,6 +60,9 @@ impl ProcessDaemon {
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
             );
+        if let Some(faketime) = &self.faketime {
+            faketime.apply(&mut command);
+        }
         if let Some((soft, hard)) = self.nofile {
             use std::os::unix::process::CommandExt;
             let limit = libc::rlimit {

@@ -13,6 +13,7 @@ mod forget;
 mod forget_flood;
 mod grpcurl_doc;
 mod journal_faults;
+mod lifecycle;
 mod ops;
 mod readme_doc;
 mod resolve;
