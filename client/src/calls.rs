@@ -162,4 +162,29 @@ impl Client {
         });
         Ok(answer.await?.into_inner())
     }
+
+    /// What the node's cache holds, grouped `by` "namespace" (or empty), "device" or "op":
+    /// entries, their bytes, the artifact bytes they name and their last-use ages, with the
+    /// daemon's retention and bound (docs/lifecycle.md). The daemon walks the whole cache, so
+    /// this waits as long as a Scan may.
+    pub async fn usage(&self, by: &str) -> Result<v1::UsageResponse> {
+        let message = v1::UsageRequest { by: by.to_owned() };
+        let answer = opening::call(message, DEFAULT_SCAN_TIMEOUT, |request| {
+            let mut inner = self.inner.clone();
+            async move { inner.usage(request).await }
+        });
+        Ok(answer.await?.into_inner())
+    }
+
+    /// Expires on every node what has not been used for `prune.unused_for_days` (each key
+    /// forgotten only while its result is still the one judged), or with `dry_run` lists what
+    /// would be. An administrator's act: anyone else gets PERMISSION_DENIED. The daemon forgets
+    /// the keys in batches, so this waits as long as a Scan may.
+    pub async fn prune(&self, prune: v1::PruneRequest) -> Result<v1::PruneResponse> {
+        let answer = opening::call(prune, DEFAULT_SCAN_TIMEOUT, |request| {
+            let mut inner = self.inner.clone();
+            async move { inner.prune(request).await }
+        });
+        Ok(answer.await?.into_inner())
+    }
 }

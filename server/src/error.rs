@@ -126,12 +126,18 @@ pub enum Error {
     SharedDirUnsafe(String),
 
     // Refused requests.
-    /// A scope Forget from a caller who is not an administrator.
+    /// An administrator's act (a scope Forget, EndView, Prune) from a caller who is not one;
+    /// `act` names it, and what the caller may do instead.
     #[error(
-        "a scope Forget is an administrator's act: uid {uid} is not an --admin-uid ({admins}) \
-         and in no --admin-gid; a Forget of one key with only_if is open to every caller"
+        "{act} is an administrator's act: uid {uid} is not an --admin-uid ({admins}) and in \
+         no --admin-gid{instead}"
     )]
-    NotAdmin { uid: String, admins: String },
+    NotAdmin {
+        act: &'static str,
+        instead: &'static str,
+        uid: String,
+        admins: String,
+    },
 
     /// A request field failed validation; names the element and field.
     #[error(transparent)]

@@ -7,8 +7,9 @@
 //! This file holds the command line (clap) and hands each command to its module: `read`
 //! (get, scan, resolve, devices), `write` (put, forget), `views`, `stats`, `trtllm_file` and
 //! `flashinfer_store` (import, export), `bundle` and `bundle_export` (bundles: one file of
-//! entries and their artifacts, docs/bundles.md), `misses` (what replay found missing);
-//! `entry_output` prints entries.
+//! entries and their artifacts, docs/bundles.md), `misses` (what replay found missing), `du`
+//! and `prune` (what the cache holds by last use, and an administrator's expiry of what is
+//! unused, docs/lifecycle.md); `entry_output` prints entries.
 
 use std::path::PathBuf;
 
@@ -18,10 +19,12 @@ use tunecache_client::{key, proto, Client};
 
 mod bundle;
 mod bundle_export;
+mod du;
 mod entry_output;
 mod error_text;
 mod flashinfer_store;
 mod misses;
+mod prune;
 mod read;
 mod stats;
 mod trtllm_file;
@@ -57,7 +60,7 @@ struct Cli {
 }
 
 /// The commands: the cache's own, then bundles and replay's misses (issue 52), which connect
-/// to the daemon only when they need it.
+/// to the daemon only when they need it, and the lifecycle's (issue 51).
 #[derive(Subcommand)]
 enum TopCommand {
     #[command(flatten)]
@@ -71,6 +74,33 @@ enum TopCommand {
     /// The keys asked in replay that had no answer, per view (every view, or --view's): what
     /// staging must tune next. Needs a daemon that answers ListMisses.
     Misses,
+    /// What the node's cache holds per group: entries, their bytes (what memory and the
+    /// journal hold), the artifact bytes they name and how long ago they were last used
+    /// (today, 1-7 d, 7-30 d, 30-90 d, older), then the total and the daemon's retention and
+    /// bound (docs/lifecycle.md).
+    Du {
+        /// Group the entries by this field of their keys.
+        #[arg(long, value_enum, default_value = "namespace")]
+        by: du::GroupBy,
+    },
+    /// Expire now, on every node, the entries not used for more than DAYS days (each key is
+    /// forgotten while its result is still the one judged; a later Record brings it back).
+    /// Prints each key and the count. An administrator's act (root, the daemon's uid, its
+    /// --admin-uid / --admin-gid).
+    Prune {
+        /// Expire entries whose last use is more than DAYS days ago.
+        #[arg(long, value_name = "DAYS")]
+        unused_for: u32,
+        /// Only entries of this namespace.
+        #[arg(long)]
+        namespace: Option<String>,
+        /// Only entries of this Key.device.
+        #[arg(long)]
+        device: Option<String>,
+        /// List what would expire; expire nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Args)]
@@ -388,6 +418,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         TopCommand::Misses => {
             let client = daemon.connect().await?;
             return misses::print(&client, daemon.view.as_deref(), as_json).await;
+        }
+        TopCommand::Du { by } => {
+            let client = daemon.connect().await?;
+            return du::print(&client, by, as_json).await;
+        }
+        TopCommand::Prune {
+            unused_for,
+            namespace,
+            device,
+            dry_run,
+        } => {
+            let client = daemon.connect().await?;
+            let args = prune::PruneArgs {
+                unused_for_days: unused_for,
+                namespace,
+                device,
+                dry_run,
+            };
+            return prune::run(&client, args, as_json).await;
         }
     };
     let client = daemon.connect().await?;

@@ -246,10 +246,12 @@ impl TuneCacheService {
 }
 
 impl TuneCacheService {
-    /// PERMISSION_DENIED for an administrator's act (a scope Forget, EndView), naming who
-    /// may.
-    fn not_admin(&self, uid: Option<u32>) -> Status {
+    /// PERMISSION_DENIED for an administrator's act (a scope Forget, EndView, Prune),
+    /// naming it and who may.
+    fn not_admin(&self, act: &'static str, instead: &'static str, uid: Option<u32>) -> Status {
         Error::NotAdmin {
+            act,
+            instead,
             uid: uid.map_or_else(|| "unknown".to_owned(), |uid| uid.to_string()),
             admins: self.admins.uid_list(),
         }
@@ -410,7 +412,7 @@ impl TuneCache for TuneCacheService {
             return Err(InvalidField::new("name", "required (the view to end)").into());
         };
         if !admin {
-            return Err(self.not_admin(uid));
+            return Err(self.not_admin("EndView", "", uid));
         }
         let ended = self.views.end(&name).await;
         tracing::info!(view = %name, ?uid, ended = ?ended, "view ended by an operator (every uid's of that name)");
@@ -435,7 +437,11 @@ impl TuneCache for TuneCacheService {
             self.counters
                 .forgets_refused
                 .fetch_add(1, Ordering::Relaxed);
-            return Err(self.not_admin(uid));
+            return Err(self.not_admin(
+                "a scope Forget",
+                "; a Forget of one key with only_if is open to every caller",
+                uid,
+            ));
         }
         // Without credentials the access check has refused the call already.
         let budget_uid = uid.unwrap_or(u32::MAX);
@@ -504,7 +510,11 @@ impl TuneCache for TuneCacheService {
         request: Request<v1::PruneRequest>,
     ) -> Result<Response<v1::PruneResponse>, Status> {
         if !self.admins.allows_caller(&request).await {
-            return Err(self.not_admin(caller_uid(&request).into()));
+            return Err(self.not_admin(
+                "Prune",
+                "; `tunecache du` shows what is unused",
+                caller_uid(&request).into(),
+            ));
         }
         super::lifecycle::prune(&self.store, request.into_inner())
             .await

@@ -15,6 +15,7 @@ use tunecache_client::proto;
 
 pub mod blobs;
 pub mod daemon;
+pub mod faketime;
 pub mod raw_grpc;
 pub mod redis;
 pub mod shared_users;
@@ -23,6 +24,7 @@ pub mod slurm_jobs;
 pub mod wait;
 
 pub use daemon::{DaemonOptions, Kind, TestDaemon, FACT_LIMIT};
+pub use faketime::Faketime;
 pub use wait::{
     eventually, eventually_blocking, eventually_some, eventually_sync, wait, Lazy, Wait, POLL,
 };
@@ -189,30 +191,6 @@ pub fn require_tool(name: &str, env: Option<&str>) -> Option<PathBuf> {
         eprintln!("SKIPPED: {name} not found on PATH{hint}");
     }
     found
-}
-
-/// Where libfaketime is installed by Debian's `faketime` package.
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-
-/// The environment that runs a daemon process `offset_days` from now by its wall clock
-/// (libfaketime; its monotonic clock stays real, so timers behave). `None` (the test skipped)
-/// when libfaketime is missing outside CI; under CI a missing libfaketime fails the test.
-pub fn faketime_env(offset_days: i64) -> Option<Vec<(String, String)>> {
-    let library = std::env::var("TUNECACHE_LIBFAKETIME").unwrap_or_else(|_| LIBFAKETIME.into());
-    if !Path::new(&library).is_file() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "libfaketime is required under CI: apt-get install faketime (or set $TUNECACHE_LIBFAKETIME)"
-        );
-        eprintln!("SKIPPED: {library} not found (apt-get install faketime)");
-        return None;
-    }
-    Some(vec![
-        ("LD_PRELOAD".into(), library),
-        ("FAKETIME".into(), format!("{offset_days:+}d")),
-        ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
-        ("FAKETIME_DONT_RESET".into(), "1".into()),
-    ])
 }
 
 /// Whether the tests run as root (needed to act as another uid or chown to another group).

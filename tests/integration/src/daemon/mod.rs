@@ -21,7 +21,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tunecache_client::{proto, Client};
 
-use crate::{wait, Lazy};
+use crate::{wait, Faketime, Lazy};
 
 use in_process::InProcessDaemon;
 use process::ProcessDaemon;
@@ -50,8 +50,9 @@ pub struct DaemonOptions {
     /// RLIMIT_NOFILE (soft, hard) a daemon process starts with, set in the child only (the
     /// test process's own limit stays as it is); `None` inherits this process's. Process only.
     pub nofile: Option<(u64, u64)>,
-    /// Environment variables of a daemon process (e.g. [`crate::faketime_env`]).
-    pub env: Vec<(String, String)>,
+    /// The daemon process's wall clock off by this (libfaketime): what it records is dated
+    /// then. Process only.
+    pub faketime: Option<Faketime>,
 }
 
 impl DaemonOptions {
@@ -61,13 +62,14 @@ impl DaemonOptions {
             args: Vec::new(),
             state_dir: None,
             nofile: None,
-            env: Vec::new(),
+            faketime: None,
         }
     }
 
-    /// Sets environment variables on the daemon process. Process only.
-    pub fn envs(mut self, vars: Vec<(String, String)>) -> Self {
-        self.env.extend(vars);
+    /// Starts the daemon process with its wall clock off by `faketime` (see
+    /// [`DaemonOptions::faketime`]).
+    pub fn faketime(mut self, faketime: Faketime) -> Self {
+        self.faketime = Some(faketime);
         self
     }
 
@@ -122,16 +124,16 @@ impl DaemonOptions {
                 self.dir.join("daemon.log"),
                 self.args,
                 self.nofile,
-                self.env,
+                self.faketime,
             )),
             Kind::InProcess => {
                 assert!(
-                    self.env.is_empty(),
-                    "an environment of its own needs a daemon process: start it with .process()"
-                );
-                assert!(
                     self.nofile.is_none(),
                     "an fd limit of its own needs a daemon process: start it with .process()"
+                );
+                assert!(
+                    self.faketime.is_none(),
+                    "a clock of its own needs a daemon process: start it with .process()"
                 );
                 let config = config_from_flags(&socket, &state_dir, &self.args);
                 Runner::InProcess(Box::new(InProcessDaemon::start(config)))
@@ -341,20 +343,6 @@ impl TestDaemon {
             }
         }
         started.elapsed()
-    }
-
-    /// Sets environment variables for the daemon process's next start (e.g. another
-    /// [`crate::faketime_env`]). Process only.
-    pub fn set_env(&mut self, vars: Vec<(String, String)>) {
-        match &mut self.runner {
-            Runner::Process(daemon) => {
-                for (key, value) in vars {
-                    daemon.env.retain(|(k, _)| *k != key);
-                    daemon.env.push((key, value));
-                }
-            }
-            Runner::InProcess(_) => panic!("an environment needs a daemon process"),
-        }
     }
 
     /// Starts the daemon again with the same socket, state dir and flags (it must have

@@ -10,7 +10,7 @@ use std::time::Duration;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::bin;
+use crate::{bin, Faketime};
 
 /// A `tunecached` process; the socket and state directory are the [`super::TestDaemon`]'s.
 pub(super) struct ProcessDaemon {
@@ -20,8 +20,7 @@ pub(super) struct ProcessDaemon {
     pub(super) log_path: PathBuf,
     args: Vec<String>,
     nofile: Option<(u64, u64)>,
-    /// Environment variables set on the process (each start uses the ones set then).
-    pub(super) env: Vec<(String, String)>,
+    faketime: Option<Faketime>,
 }
 
 impl ProcessDaemon {
@@ -32,7 +31,7 @@ impl ProcessDaemon {
         log_path: PathBuf,
         args: Vec<String>,
         nofile: Option<(u64, u64)>,
-        env: Vec<(String, String)>,
+        faketime: Option<Faketime>,
     ) -> ProcessDaemon {
         let mut daemon = ProcessDaemon {
             child: None,
@@ -41,7 +40,7 @@ impl ProcessDaemon {
             log_path,
             args,
             nofile,
-            env,
+            faketime,
         };
         daemon.start();
         daemon
@@ -60,8 +59,10 @@ impl ProcessDaemon {
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .envs(self.env.iter().map(|(k, v)| (k, v)));
+            );
+        if let Some(faketime) = &self.faketime {
+            faketime.apply(&mut command);
+        }
         if let Some((soft, hard)) = self.nofile {
             use std::os::unix::process::CommandExt;
             let limit = libc::rlimit {

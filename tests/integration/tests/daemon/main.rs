@@ -14,6 +14,7 @@ mod forget_flood;
 mod grpcurl_doc;
 mod journal_faults;
 mod lifecycle;
+mod lifecycle_retention;
 mod ops;
 mod readme_doc;
 mod resolve;
