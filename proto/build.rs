@@ -13,6 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .type_attribute("tunecache.v1.StatsResponse", "#[derive(serde::Serialize)]")
         // The Python binding presents these answers as objects of their fields, by name.
         .type_attribute("tunecache.v1.Device", "#[derive(serde::Serialize)]")
+        .type_attribute("tunecache.v1.UsageGroup", "#[derive(serde::Serialize)]")
         .type_attribute(
             "tunecache.v1.SnapshotResponse",
             "#[derive(serde::Serialize)]",

@@ -160,6 +160,19 @@ impl Collector for StatsCollector {
                 Read::SignedGauge(read) => {
                     encode(&mut encoder, metric, ConstGauge::new(read(stats)))?
                 }
+                Read::GaugeFamily(read) => {
+                    let samples = read(stats);
+                    let gauge = ConstGauge::new(0i64);
+                    let mut family = encoder.encode_descriptor(
+                        metric.name,
+                        metric.help,
+                        None,
+                        gauge.metric_type(),
+                    )?;
+                    for (labels, value) in &samples {
+                        ConstGauge::new(*value).encode(family.encode_family(labels)?)?;
+                    }
+                }
             }
         }
         Ok(())

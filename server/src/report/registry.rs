@@ -43,7 +43,8 @@
 //! ```
 //!
 //! After `=>`, how the field is exported: `not_exported`; or `counter`, `gauge` (unsigned,
-//! saturating at `i64::MAX`) or `signed_gauge`, each `(place, "help")`, where `place` is the
+//! saturating at `i64::MAX`), `signed_gauge` or `gauge_family` (labelled samples, which its
+//! `via` reads from the whole Stats), each `(place, "help")`, where `place` is the
 //! row's place in the metrics text (the text is a contract with dashboards, pinned byte for
 //! byte in server/testdata/metrics.txt; a new row takes the next free place), then optionally
 //! `named "metric_name"` (the Stats field's name otherwise) and `via f`, a function of the
@@ -63,7 +64,13 @@ pub enum Read {
     Gauge(fn(&StatsResponse) -> u64),
     /// A gauge that may be negative (a -1 "never"/"off").
     SignedGauge(fn(&StatsResponse) -> i64),
+    /// A family of gauges, one per label set (e.g. per namespace), read from the whole
+    /// Stats: a repeated field's elements become its samples.
+    GaugeFamily(fn(&StatsResponse) -> Vec<(Labels, i64)>),
 }
+
+/// The labels of one sample of a `GaugeFamily`.
+pub type Labels = Vec<(&'static str, String)>;
 
 /// One row of the metrics text: its place in the text, the name (after the `tunecache_`
 /// prefix), its HELP line and how to read it.
@@ -326,6 +333,9 @@ macro_rules! stats_registry {
             },
         )
     };
+    (@read gauge_family $stat:ident $via:expr) => {
+        $crate::report::registry::Read::GaugeFamily($via)
+    };
     (@read signed_gauge $stat:ident $via:expr) => {
         $crate::report::registry::Read::SignedGauge(
             |s: &$crate::report::registry::StatsResponse| ($via)(&s.$stat),
@@ -424,6 +434,7 @@ mod tests {
             .map(|row| match row.read {
                 Read::Counter(read) | Read::Gauge(read) => read(&stats) as i64,
                 Read::SignedGauge(read) => read(&stats),
+                Read::GaugeFamily(read) => read(&stats).iter().map(|(_, value)| value).sum(),
             })
             .collect();
         assert_eq!(read, vec![7, 3, 1, 8]);

@@ -6,7 +6,7 @@ use tonic::Status;
 use tunecache_proto::v1;
 
 use crate::model::forget::{ForgetAsk, ForgetScope};
-use crate::store::lifecycle::{plan_prune, usage};
+use crate::store::expiry::{plan_prune, usage};
 use crate::store::{Store, UsageBy};
 
 /// Keys a Prune answer lists; the count covers the rest.

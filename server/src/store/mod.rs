@@ -23,9 +23,10 @@
 //! The parts: `admission` (the handle's write calls and the bounded write queue), `writer`
 //! (the thread and its effects), `plan` (its rules, a pure step), `upkeep` (compaction,
 //! repair, the journal's health), `open` (replay and start), `feed` (what the change feed
-//! tells), `scan` (Scan's chunked reads), `lifecycle` (last uses and expiry). This file holds the shared state and the reads.
+//! tells), `scan` (Scan's chunked reads), `lifecycle` (last uses and expiry) and `expiry` (its rules, pure). This file holds the shared state and the reads.
 
 mod admission;
+pub mod expiry;
 mod feed;
 pub mod lifecycle;
 mod open;
@@ -49,8 +50,8 @@ use crate::model::tombstones::Tombstones;
 pub use crate::wire::stored::{EntryMap, StoredEntry};
 
 pub use admission::DEFAULT_WRITE_QUEUE_BYTES;
+pub use expiry::{Expiring, Expiry, LifecycleSettings, Usage, UsageBy};
 pub use feed::{Change, ChangeListener, ForgetChange, RecordLease, Source, UseChange};
-pub use lifecycle::{Expiring, Expiry, LifecycleSettings, Usage, UsageBy};
 pub use plan::ApplyOutcome;
 use writer::WriteCommand;
 
@@ -142,6 +143,8 @@ struct Shared {
     lifecycle: ArcSwap<LifecycleSettings>,
     /// Entries whose last use a read raised, not yet journalled (`Store::touch`).
     pending_uses: Mutex<Vec<StoredEntry>>,
+    /// When, and what, the last sweep counted per namespace (`Store::namespace_usage`).
+    namespace_usage: ArcSwap<(i64, std::collections::BTreeMap<String, Usage>)>,
 }
 
 /// Cheap, cloneable handle to the cache.
@@ -232,6 +235,21 @@ crate::report::stats_registry! {
             write_queue_bytes = store.write_queue_bytes()
                 => gauge(39, "Bytes of Records waiting for the journal writer."),
             write_queue_limit_bytes = store.write_queue_limit_bytes() => not_exported,
+            namespace_usage = expiry::usage_groups(&store.namespace_usage().1)
+                => gauge_family(
+                    151,
+                    "Entries of each namespace by the age of their last use (as of the last sweep).",
+                    named "namespace_entries",
+                    via expiry::entries_by_namespace_and_age,
+                ),
+            // Its row is the bytes per namespace, read from `namespace_usage` beside it.
+            namespace_usage_at_unix_ms = store.namespace_usage().0
+                => gauge_family(
+                    152,
+                    "Bytes of each namespace's entries and of the artifacts they name (as of the last sweep).",
+                    named "namespace_bytes",
+                    via expiry::bytes_by_namespace,
+                ),
         }
     }
 }

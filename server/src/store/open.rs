@@ -135,6 +135,7 @@ impl Store {
             forget_retention_ms: AtomicI64::new(DEFAULT_FORGET_RETENTION.as_millis() as i64),
             lifecycle: Default::default(),
             pending_uses: Default::default(),
+            namespace_usage: Default::default(),
         });
         shared
             .counters

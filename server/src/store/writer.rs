@@ -21,7 +21,7 @@ use crate::model::forget::ForgetClock;
 use crate::model::lifecycle::Day;
 use crate::wire::stored::EntryMap;
 
-use super::lifecycle::{still_expires, Expiring};
+use super::expiry::{still_expires, Expiring};
 use super::plan::{
     plan_forgets, plan_group, ApplyOutcome, ForgetCommand, ForgetState, Incoming, Today, Write,
 };

@@ -302,6 +302,18 @@ mod tests {
             bundles_loaded: 1443,
             bundle_entries: 1444,
             artifact_fetches_bundle: 1445,
+            last_use_updates_written: 1446,
+            entries_expired: 1447,
+            entries_expired_by_bound: 1448,
+            entries_expired_on_arrival: 1449,
+            artifacts_unnamed_by_expiry: 1450,
+            namespace_usage: vec![tunecache_proto::v1::UsageGroup {
+                name: "trtllm".to_owned(),
+                entries: 1455,
+                entry_bytes: 1456,
+                artifact_bytes: 1457,
+                by_age: vec![1, 2, 3, 4, 5],
+            }],
             ..Default::default()
         }
     }
