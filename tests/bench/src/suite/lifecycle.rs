@@ -41,8 +41,43 @@ pub struct LifecycleOptions {
     pub artifact_kib: u64,
     #[arg(long, default_value_t = 30)]
     pub retain_days: u32,
+    /// Entries that expire at once in the Record-latency case (0: skip the case).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub expiring: usize,
     #[arg(skip)]
     pub command_line: String,
+}
+
+/// One-entry Record latency, with nothing else going on and while a sweep expires
+/// `expiring` entries, side by side in one run.
+#[derive(Debug, Serialize)]
+pub struct RecordsWhileExpiring {
+    pub expiring: usize,
+    pub sweep_ms: f64,
+    pub expired: u64,
+    pub idle: Latencies,
+    pub during_sweep: Latencies,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Latencies {
+    pub records: usize,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+}
+
+impl Latencies {
+    fn of(mut micros: Vec<f64>) -> Latencies {
+        micros.sort_by(f64::total_cmp);
+        let at = |q: f64| micros[((micros.len() - 1) as f64 * q) as usize];
+        Latencies {
+            records: micros.len(),
+            p50_us: at(0.5),
+            p99_us: at(0.99),
+            max_us: micros.last().copied().unwrap_or(0.0),
+        }
+    }
 }
 
 /// One simulated week, measured at its end.
@@ -70,6 +105,7 @@ pub struct LifecycleResults {
     pub weeks: Vec<Week>,
     /// The bound on versions held: retention / 7 + 2.
     pub versions_bound: f64,
+    pub records_while_expiring: Option<RecordsWhileExpiring>,
 }
 
 fn key(version: u32, i: usize) -> CacheKey {
@@ -106,12 +142,19 @@ pub fn run(options: &LifecycleOptions) -> Result<LifecycleResults> {
     let setup = Setup::new(&options.out_dir, None, "lifecycle")?;
     let state = setup.scratch.path().join("state");
     let weeks = setup.runtime.block_on(simulate(options, &state))?;
+    let records_while_expiring = if options.expiring > 0 {
+        let state = setup.scratch.path().join("expiring");
+        Some(setup.runtime.block_on(records_while_expiring(options, &state))?)
+    } else {
+        None
+    };
     let results = LifecycleResults {
         info: setup.info(&options.command_line),
         retain_days: options.retain_days,
         per_version: options.per_version,
         weeks,
         versions_bound: f64::from(options.retain_days) / 7.0 + 2.0,
+        records_while_expiring,
     };
     setup.write(&results, &table(&results))?;
     Ok(results)
@@ -206,6 +249,97 @@ async fn simulate(options: &LifecycleOptions, state: &std::path::Path) -> Result
     Ok(weeks)
 }
 
+/// Records of one entry, one after the other, for as long as `busy` says (at least `least`).
+async fn time_records(
+    store: &Store,
+    least: usize,
+    busy: impl Fn() -> bool,
+    first: usize,
+) -> Result<Vec<f64>> {
+    let mut micros = Vec::new();
+    let mut i = first;
+    while micros.len() < least || busy() {
+        let entry = (key(9999, i), result(9999, i % 100, &NO_ARTIFACTS, 0));
+        let started = std::time::Instant::now();
+        store.try_apply(vec![entry], None).await?;
+        micros.push(started.elapsed().as_secs_f64() * 1e6);
+        i += 1;
+    }
+    Ok(micros)
+}
+
+/// Options whose entries name no artifact (the Record-latency case's).
+const NO_ARTIFACTS: LifecycleOptions = LifecycleOptions {
+    out_dir: PathBuf::new(),
+    weeks: 0,
+    per_version: 0,
+    with_artifacts: 0,
+    artifact_kib: 0,
+    retain_days: 0,
+    expiring: 0,
+    command_line: String::new(),
+};
+
+/// `expiring` entries recorded on one day; Records timed alone; then, 31 days on, Records
+/// timed while one sweep expires them all.
+async fn records_while_expiring(
+    options: &LifecycleOptions,
+    state: &std::path::Path,
+) -> Result<RecordsWhileExpiring> {
+    let (guard, _) = Store::open(state, FsyncPolicy::Never)?;
+    let store = guard.store();
+    let start = tunecache_server::model::entry::unix_now_ms() / MS_PER_DAY * MS_PER_DAY;
+    let clock = Clock::manual(start);
+    store.set_lifecycle(LifecycleSettings {
+        retention: Retention::new(30, []),
+        max_entries: 0,
+        clock: clock.clone(),
+        ..LifecycleSettings::default()
+    });
+    progress(&format!("lifecycle: recording {} entries", options.expiring));
+    for first in (0..options.expiring).step_by(1000) {
+        let batch = (first..(first + 1000).min(options.expiring))
+            .map(|i| (key(0, i), result(0, i % 100, &NO_ARTIFACTS, clock.now_ms())))
+            .collect();
+        store.try_apply(batch, None).await?;
+    }
+    let idle = time_records(&store, 5000, || false, 0).await?;
+    clock.advance_days(31);
+    progress("lifecycle: sweeping while recording");
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sweeping = {
+        let (store, done) = (store.clone(), done.clone());
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let expired = store.sweep().await;
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            (expired, started.elapsed())
+        })
+    };
+    let during = time_records(
+        &store,
+        1,
+        || !done.load(std::sync::atomic::Ordering::Relaxed),
+        1_000_000,
+    )
+    .await?;
+    let (expired, took) = sweeping.await?;
+    let expired = expired?;
+    ensure!(
+        expired as usize >= options.expiring,
+        "the sweep expired {expired} of {} entries",
+        options.expiring
+    );
+    guard.shutdown();
+    Ok(RecordsWhileExpiring {
+        expiring: options.expiring,
+        sweep_ms: took.as_secs_f64() * 1e3,
+        expired,
+        idle: Latencies::of(idle),
+        during_sweep: Latencies::of(during),
+    })
+}
+
 fn table(results: &LifecycleResults) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
@@ -229,6 +363,20 @@ fn table(results: &LifecycleResults) -> String {
             week.distinct_reads_per_day,
             week.expired_total,
         );
+    }
+    if let Some(case) = &results.records_while_expiring {
+        let _ = writeln!(
+            out,
+            "\nOne-entry Records, one after the other, while one sweep expires {} entries ({} expired in {:.0} ms):\n\n| Records | count | p50 | p99 | max |\n|---|---:|---:|---:|---:|",
+            case.expiring, case.expired, case.sweep_ms
+        );
+        for (what, latencies) in [("alone", &case.idle), ("during the sweep", &case.during_sweep)] {
+            let _ = writeln!(
+                out,
+                "| {what} | {} | {:.0} µs | {:.0} µs | {:.0} µs |",
+                latencies.records, latencies.p50_us, latencies.p99_us, latencies.max_us
+            );
+        }
     }
     out
 }
