@@ -133,8 +133,9 @@ struct InFlight {
 
 /// State shared by the handle, the background task and the I/O thread.
 struct Shared {
-    /// Changes to this node's own contributions, counted by the store's change feed; a
-    /// publish with the count unchanged since the last one has nothing to write.
+    /// Changes to this node's own contributions, its local uses of keys and expiries, counted
+    /// by the store's change feed; a publish with the count unchanged since the last one has
+    /// nothing to write.
     own_changes: AtomicU64,
     /// Local uses of keys not yet published, and entries expiry dropped (`uses`).
     uses: uses::PendingUses,
