@@ -228,7 +228,9 @@ impl SnapshotHandle {
         let report: WriteReport = match written {
             Ok(report) => report,
             Err(error) => {
-                // Not published: they go out with the next segment.
+                // Not published: they go out with the next segment. The expired entries are
+                // not kept: at worst a compaction carries one, and every reader drops it on
+                // arrival as expired.
                 self.shared.uses.put_back(taken);
                 return Err(error);
             }
