@@ -23,6 +23,9 @@
 //!   settings to what to read, trust, publish and compact; `io` carries out what it decides.
 //! - `segments`: the version-2 names and the rule for what a reader takes next.
 //! - `format`: the bytes of a shared-directory file; `shared_file`: opening one safely.
+//! - `uses`: this node's uses of keys (its ranks' reads, repeated Records), told by the
+//!   change feed and published in the next segment's `used` list, so every node that holds
+//!   a key keeps it as long as any node uses it (`model::lifecycle`).
 //! - `blobs`: the artifact blobs under `v2/artifacts/`, published before the segments that
 //!   name them and fetched lazily as a tier of the artifact store.
 //! - `Unstarted`: the tier built from its settings, its blob fetching side ready for the
@@ -42,6 +45,7 @@ mod plan;
 pub mod segments;
 pub(crate) mod shared_file;
 mod stats;
+mod uses;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -129,9 +133,12 @@ struct InFlight {
 
 /// State shared by the handle, the background task and the I/O thread.
 struct Shared {
-    /// Changes to this node's own contributions, counted by the store's change feed; a
-    /// publish with the count unchanged since the last one has nothing to write.
+    /// Changes to this node's own contributions, its local uses of keys and expiries, counted
+    /// by the store's change feed; a publish with the count unchanged since the last one has
+    /// nothing to write.
     own_changes: AtomicU64,
+    /// Local uses of keys not yet published, and entries expiry dropped (`uses`).
+    uses: uses::PendingUses,
     settings: SnapshotSettings,
     /// The node's artifact store: the blobs a publish links in before its segment.
     artifacts: Arc<crate::artifacts::Artifacts>,
@@ -344,6 +351,7 @@ impl Unstarted {
         }
         let shared = Arc::new(Shared {
             own_changes: AtomicU64::new(0),
+            uses: uses::PendingUses::default(),
             settings,
             artifacts,
             counters: SnapshotCounters::default(),
@@ -478,8 +486,9 @@ impl SnapshotHandle {
 }
 
 /// The snapshot writer's subscription to the store's change feed: counts the changes to
-/// this node's own contributions (a Record, the tuner, or its own segment read back), so a
-/// publish knows without looking whether there is anything new to write.
+/// this node's own contributions (a Record, the tuner, or its own segment read back) and its
+/// local uses of keys, so a publish knows without looking whether there is anything new to
+/// write; keeps the uses for the next segment and the entries expiry dropped (`uses`).
 struct OwnChanges(std::sync::Weak<Shared>);
 
 impl crate::store::ChangeListener for OwnChanges {
@@ -495,6 +504,26 @@ impl crate::store::ChangeListener for OwnChanges {
     fn forgotten(&self, forgets: &[crate::store::ForgetChange]) {
         if let Some(shared) = self.0.upgrade() {
             if forgets.iter().any(|forget| forget.source == Source::Forget) {
+                shared.own_changes.fetch_add(1, Ordering::Release);
+            }
+        }
+    }
+
+    /// A use made here goes out in the next segment, even one with no new entry.
+    fn used(&self, uses: &[crate::store::UseChange]) {
+        if let Some(shared) = self.0.upgrade() {
+            if shared.uses.note(uses) {
+                shared.own_changes.fetch_add(1, Ordering::Release);
+            }
+        }
+    }
+
+    /// What expired stops counting as published, so no compaction carries it again; the
+    /// next pass's publish job takes them (and so they are not held long).
+    fn expired(&self, entries: &[crate::wire::stored::StoredEntry]) {
+        if let Some(shared) = self.0.upgrade() {
+            if !entries.is_empty() {
+                shared.uses.note_expired(entries);
                 shared.own_changes.fetch_add(1, Ordering::Release);
             }
         }

@@ -1,17 +1,20 @@
-//! One pass over the shared directory: read what is new and merge it through the merge rule,
-//! record the places merged through once the journal holds them, then publish this node's
-//! new contributions unless nothing changed.
+//! One pass over the shared directory: read what is new and merge it through the merge rule
+//! (each file's `used` list as learned entries), record the places merged through once the
+//! journal holds them, then publish this node's new contributions and uses unless nothing
+//! changed.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::io::{self, IoJob, WriteReport};
-use super::{segments, IoSlot, Operation, SnapshotHandle, Written, APPLY_BATCH};
+use super::{segments, uses, IoSlot, Operation, SnapshotHandle, Written, APPLY_BATCH};
 use crate::error::{Error, Result, TierError, TierResult};
 use crate::journal::FsyncPolicy;
+use crate::model::entry::Origin;
 use crate::store::Source;
 use crate::sync::lock;
+use crate::wire::stored::StoredEntry;
 
 impl SnapshotHandle {
     /// Load, then publish; counts the file bytes this pass read and wrote.
@@ -89,24 +92,17 @@ impl SnapshotHandle {
         for file in files {
             let merge_started = Instant::now();
             let total = file.entries.len();
-            let mut stored = 0;
-            let mut entries = file.entries.into_iter();
-            loop {
-                let batch: Vec<_> = entries.by_ref().take(APPLY_BATCH).collect();
-                if batch.is_empty() {
-                    break;
-                }
-                stored += self
-                    .store
-                    .apply_stored(batch, file.origin, Source::Snapshot)
-                    .await?
-                    .stored;
-            }
+            let stored = self.apply_batched(file.entries, file.origin).await?;
+            // Uses are another node's (or an earlier run's) reads: learned whoever wrote them,
+            // so they raise days and are never taken as this node's contributions.
+            let uses = file.used.len();
+            self.apply_batched(file.used, Origin::Learned).await?;
             tracing::info!(
                 file = %file.name,
                 node = %file.node,
                 entries = total,
                 stored,
+                uses,
                 read = ?read_elapsed,
                 merge = ?merge_started.elapsed(),
                 "merged from the shared directory"
@@ -121,6 +117,25 @@ impl SnapshotHandle {
         let _ = self.save_places(slot).await;
         slot.initial_load_done = true;
         Ok(())
+    }
+
+    /// Merges `entries` through the merge rule in batches of `APPLY_BATCH`; returns how many
+    /// the cache took.
+    async fn apply_batched(&self, entries: Vec<StoredEntry>, origin: Origin) -> Result<u64> {
+        let mut stored = 0;
+        let mut entries = entries.into_iter();
+        loop {
+            let batch: Vec<_> = entries.by_ref().take(APPLY_BATCH).collect();
+            if batch.is_empty() {
+                return Ok(stored);
+            }
+            stored += u64::from(
+                self.store
+                    .apply_stored(batch, origin, Source::Snapshot)
+                    .await?
+                    .stored,
+            );
+        }
     }
 
     /// Records in the state directory the places merged through (`io::merged`), once the
@@ -197,14 +212,29 @@ impl SnapshotHandle {
         let own = self.store.own_contributions();
         let own_tombstones = self.store.own_tombstones();
         let all_tombstones = self.store.tombstones();
-        let report: WriteReport = self
+        let taken = self.shared.uses.take();
+        let used = uses::current(&taken, &self.store.current());
+        let expired = self.shared.uses.take_expired();
+        let written = self
             .run_job(slot, Operation::Write, |reply| IoJob::Write {
                 own,
                 own_tombstones,
                 all_tombstones,
+                used,
+                expired,
                 reply,
             })
-            .await?;
+            .await;
+        let report: WriteReport = match written {
+            Ok(report) => report,
+            Err(error) => {
+                // Not published: they go out with the next segment. The expired entries are
+                // not kept: at worst a compaction carries one, and every reader drops it on
+                // arrival as expired.
+                self.shared.uses.put_back(taken);
+                return Err(error);
+            }
+        };
         slot.last_published_changes = Some(changes);
         self.shared
             .counters

@@ -1,4 +1,4 @@
-//! The shared directory's Stats fields (40–59, 170–171, 360–361, 400, 440), each declared once:
+//! The shared directory's Stats fields (40–59, 170–171, 360–361, 400, 440, 453), each declared once:
 //! what the tier counted, and what it is doing now. Filling them touches no filesystem.
 
 use std::sync::atomic::{AtomicI64, AtomicU64};
@@ -62,6 +62,11 @@ crate::report::stats_registry! {
         pub(super) peers_resumed: AtomicU64 as peer_nodes_resumed => counter(
             110,
             "Other nodes whose segments were read on at start from the place the state directory recorded.",
+        ),
+        /// Last uses of keys this node put in its segments' `used` lists.
+        pub(super) last_uses_published: AtomicU64 as snapshot_last_uses_published => counter(
+            148,
+            "Last uses of keys this node put in its shared-directory segments.",
         ),
         /// Blobs of `v2/artifacts/` no entry named, deleted by this node's sweeps.
         pub(super) blobs_collected: AtomicU64 as artifact_shared_dir_collections => counter(

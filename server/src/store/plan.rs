@@ -219,18 +219,19 @@ pub(crate) fn plan_group(
             }
             let (key, result) = incoming.views();
             let current = plan.map.get_view(&key);
-            // A write of this node's is a use today; a result from elsewhere brings the last
-            // use its source knew, checked like any value read from another node.
-            let day = if origin == Origin::Own {
+            // A write of this node's (a Record, its tuner) is a use today; a result from
+            // elsewhere brings the last use its source knew, checked like any value read from
+            // another node. So do this node's own segments read back at start: taking them as
+            // used today would revive, at every restart, what expired meanwhile.
+            let local_write = origin == Origin::Own && stamps_epoch;
+            let day = if local_write {
                 today.day
             } else {
                 plausible_day(incoming.last_use(), today.day)
             };
             let day = day.max(current.map_or(0, StoredEntry::last_use));
             let effective = effective_day(day, result.tuned_at_unix_ms, today.day);
-            if origin == Origin::Learned
-                && today.retention.expired(key.namespace, effective, today.day)
-            {
+            if !local_write && today.retention.expired(key.namespace, effective, today.day) {
                 outcome.unchanged += 1;
                 plan.expired_on_arrival += 1;
                 continue;

@@ -307,6 +307,7 @@ mod tests {
             entries_expired_by_bound: 1448,
             entries_expired_on_arrival: 1449,
             artifacts_unnamed_by_expiry: 1450,
+            snapshot_last_uses_published: 1453,
             namespace_usage: vec![tunecache_proto::v1::UsageGroup {
                 name: "trtllm".to_owned(),
                 entries: 1455,

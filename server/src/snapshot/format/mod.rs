@@ -5,6 +5,9 @@
 //!
 //! Writing (`write`) streams the cache map straight into the writer (no intermediate
 //! tree), in the map's sorted order, so the same content always gives the same entry bytes.
+//! Each entry carries the day its key was last used (`last_used_day`, left out when none is
+//! known), and a segment may list the uses its writer made of keys since its last segment
+//! (`used`: full entries, so a reader learns entry and day together).
 //! Reading (`read`) streams from a reader, validates each entry as it is parsed and keeps
 //! only valid ones, and checks the format name and version; readers ignore fields they do
 //! not know, so later minor additions stay readable. An entry a Record would refuse (a time
@@ -25,7 +28,9 @@ use crate::model::forget::{ForgetScope, RankScope, Tombstone};
 
 pub use mac::SharedKey;
 pub use read::{parse_snapshot, read_authenticated, read_snapshot, ParsedSnapshot};
-pub use write::{write_segment, write_segment_with_forgets, write_v1_snapshot};
+pub use write::{
+    write_segment, write_segment_with, write_v1_snapshot, SegmentEntries, SegmentExtras,
+};
 
 /// The `format` field of every snapshot file.
 pub const FORMAT_NAME: &str = "tunecache-snapshot";
@@ -320,5 +325,105 @@ mod tests {
         let stamps: Vec<u64> = parsed.tombstones.iter().map(|t| t.stamp).collect();
         assert_eq!(stamps, vec![now_stamp], "so is a stamp from the far future");
         assert_eq!(parsed.tombstones[0].scope.rank, RankScope::Every);
+    }
+
+    fn dated(map: &CacheMap, day_of: impl Fn(usize) -> u32) -> crate::wire::stored::EntryMap {
+        map.iter()
+            .enumerate()
+            .map(|(i, (key, result))| {
+                crate::wire::stored::StoredEntry::new(key, result).with_last_use(day_of(i))
+            })
+            .collect()
+    }
+
+    fn days(entries: &[crate::wire::stored::StoredEntry]) -> Vec<(String, u32)> {
+        entries
+            .iter()
+            .map(|e| (e.key().problem.to_owned(), e.last_use()))
+            .collect()
+    }
+
+    #[test]
+    fn entries_and_uses_carry_their_days_through_a_keyed_round_trip() {
+        let map = sample_map(20);
+        // Every third entry has no use known: its field is left out.
+        let entries = dated(&map, |i| if i % 3 == 0 { 0 } else { 20_000 + i as u32 });
+        let used = dated(&sample_map(3), |i| 20_100 + i as u32);
+        let key = SharedKey::new(b"0123456789abcdef-cluster-key").unwrap();
+        let extras = SegmentExtras {
+            used: Some(&used),
+            tombstones: &[],
+        };
+        let mut bytes = Vec::new();
+        write_segment_with(
+            &mut bytes,
+            "node-a",
+            (2, 2),
+            9,
+            &entries,
+            extras,
+            Some(&key),
+        )
+        .unwrap();
+        let document: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(document["used"].as_array().unwrap().len(), 3);
+        assert!(document["entries"][0].get("last_used_day").is_none());
+        assert_eq!(document["entries"][1]["last_used_day"], 20_001);
+
+        let parsed = read_authenticated(&bytes[..], Some(&key)).unwrap();
+        assert_eq!(parsed.invalid_entries, 0);
+        let expected: Vec<_> = entries.iter().cloned().collect();
+        assert_eq!(days(&parsed.entries), days(&expected));
+        assert_eq!(parsed.pairs(), map.into_iter().collect::<Vec<_>>());
+        let expected: Vec<_> = used.iter().cloned().collect();
+        assert_eq!(days(&parsed.used), days(&expected));
+        assert!(parsed
+            .used
+            .iter()
+            .zip(&expected)
+            .all(|(a, b)| a.same_entry(b)));
+
+        // The MAC covers the uses like the entries: a day changed inside `used` is refused.
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        let at = text.find(r#""last_used_day":20102"#).unwrap();
+        assert!(at > text.find(r#""used":"#).unwrap());
+        let tampered = text.replacen(r#""last_used_day":20102"#, r#""last_used_day":20109"#, 1);
+        assert!(matches!(
+            read_authenticated(tampered.as_bytes(), Some(&key)),
+            Err(Error::Unauthenticated(_))
+        ));
+
+        // Without uses or days, a segment is the bytes it always was.
+        let mut plain = Vec::new();
+        let no_days = dated(&sample_map(20), |_| 0);
+        write_segment(&mut plain, "node-a", (1, 1), 42, &no_days, None).unwrap();
+        assert_eq!(plain, written(&sample_map(20), 42));
+    }
+
+    #[test]
+    fn an_invalid_last_used_day_drops_only_its_entry() {
+        let entry = |problem: &str, day: &str| {
+            format!(
+                r#"{{"namespace":"n","op":"o","device":"d","problem":"{problem}","config":"{{}}","time_us":1.5,"last_used_day":{day}}}"#
+            )
+        };
+        let document = format!(
+            r#"{{"format":"tunecache-snapshot","version":2,"node":"a","first_seq":1,"last_seq":1,"entries":[{},{},{},{}],"used":[{},{},{}]}}"#,
+            entry("p1", "20000"),
+            entry("p2", "1.5"),
+            entry("p3", "-1"),
+            entry("p4", "\"today\""),
+            entry("u1", "20001"),
+            entry("u2", "4294967296"),
+            entry("u3", "null"),
+        );
+        let parsed = parse_snapshot(document.as_bytes()).unwrap();
+        assert_eq!(days(&parsed.entries), vec![("p1".into(), 20_000)]);
+        assert_eq!(days(&parsed.used), vec![("u1".into(), 20_001)]);
+        assert_eq!(parsed.invalid_entries, 5, "counted like any invalid entry");
+        // A segment of an older daemon lists no uses and no days.
+        let old = parse_snapshot(&written(&sample_map(2), 1)).unwrap();
+        assert!(old.used.is_empty());
+        assert!(old.entries.iter().all(|e| e.last_use() == 0));
     }
 }

@@ -45,6 +45,11 @@ struct EntryIn {
     forget_epoch: u64,
     #[serde(default)]
     artifacts: Vec<ArtifactIn>,
+    /// The day the writer last knew the key used (`model::lifecycle::Day`); absent: none
+    /// known. Anything but a `u32` makes the entry invalid; the store takes a day after
+    /// today as today.
+    #[serde(default)]
+    last_used_day: u32,
 }
 
 /// A snapshot read back: who wrote it, when, and its valid entries.
@@ -65,6 +70,9 @@ pub struct ParsedSnapshot {
     pub invalid_entries: usize,
     /// Tombstones of the writer's Forgets (version-2 segments since Forget existed).
     pub tombstones: Vec<Tombstone>,
+    /// Uses the writer made of keys (`used`), each a full entry with its day, validated like
+    /// `entries` (invalid ones counted in `invalid_entries` too): merged as learned entries.
+    pub used: Vec<StoredEntry>,
 }
 
 impl ParsedSnapshot {
@@ -176,6 +184,7 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
         let mut last_seq = None;
         let mut written_at_unix_ms = 0;
         let mut entries: Option<(Vec<StoredEntry>, usize)> = None;
+        let mut used: (Vec<StoredEntry>, usize) = (Vec::new(), 0);
         let mut tombstones = Vec::new();
         while let Some(field) = map.next_key::<String>()? {
             match field.as_str() {
@@ -185,14 +194,19 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
                 "first_seq" => first_seq = Some(map.next_value()?),
                 "last_seq" => last_seq = Some(map.next_value()?),
                 "written_at_unix_ms" => written_at_unix_ms = map.next_value()?,
-                "entries" => {
+                "entries" | "used" => {
                     if format.is_some() || version.is_some() {
                         if let Err(error) = check_format(format.as_deref(), version) {
                             *self.format_error = Some(error);
                             return Err(de::Error::custom("refused"));
                         }
                     }
-                    entries = Some(map.next_value_seed(EntriesSeed)?);
+                    let read = map.next_value_seed(EntriesSeed)?;
+                    if field == "used" {
+                        used = read;
+                    } else {
+                        entries = Some(read);
+                    }
                 }
                 "forgets" => {
                     let forgets: Vec<TombstoneJson> = map.next_value()?;
@@ -212,6 +226,7 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
         }
         let (entries, invalid_entries) =
             entries.ok_or_else(|| de::Error::missing_field("entries"))?;
+        let (used, invalid_used) = used;
         Ok(ParsedSnapshot {
             node,
             version: version.unwrap_or(FORMAT_VERSION),
@@ -219,13 +234,15 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
             last_seq,
             written_at_unix_ms,
             entries,
-            invalid_entries,
+            invalid_entries: invalid_entries + invalid_used,
             tombstones,
+            used,
         })
     }
 }
 
-/// The `entries` array: validated one by one, valid ones kept, invalid ones counted.
+/// The `entries` array (and `used`, laid out alike): validated one by one, valid ones kept,
+/// invalid ones counted.
 struct EntriesSeed;
 
 impl<'de> DeserializeSeed<'de> for EntriesSeed {
@@ -316,5 +333,5 @@ fn validated(entry: EntryIn) -> Option<StoredEntry> {
     };
     let key = validate::key("snapshot entry key", Some(key)).ok()?;
     let result = validate::learned_result("snapshot entry result", result).ok()?;
-    Some(StoredEntry::new(&key, &result))
+    Some(StoredEntry::new(&key, &result).with_last_use(entry.last_used_day))
 }

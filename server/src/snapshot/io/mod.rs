@@ -6,8 +6,8 @@
 //!   node gets its contributions back, and learns what it has already published);
 //!   version-1 whole-cache files of older daemons, re-read only when their version changes
 //!   (`read`).
-//! - Publish (`publish`): one new segment holding the own contributions not yet published,
-//!   by temp file and link; then, past the bound, compaction of this node's segments into
+//! - Publish (`publish`): one new segment holding the own contributions not yet published
+//!   and the local uses of keys since the last one (`used`), by temp file and link; then, past the bound, compaction of this node's segments into
 //!   one, linked in before the segments it replaces are removed. The blobs its entries name
 //!   go in before it (`publish_blobs`); one that cannot is reported and retried every pass.
 //! - `dir`: `v2/` checked before it is used (and made when missing), listings, stale temp
@@ -57,6 +57,10 @@ pub(super) enum IoJob {
         /// entries no longer count).
         own_tombstones: Arc<Tombstones>,
         all_tombstones: Arc<Tombstones>,
+        /// Local uses of keys since the last publish, as the cache holds the keys now.
+        used: EntryMap,
+        /// Entries expiry dropped since the last publish: no longer published.
+        expired: Vec<StoredEntry>,
         reply: tokio::sync::oneshot::Sender<Result<WriteReport>>,
     },
     /// Collect the shared directory's blobs that no entry of `entries` (the whole cache,
@@ -104,6 +108,8 @@ pub(super) struct LoadedFile {
     pub origin: Origin,
     pub entries: Vec<StoredEntry>,
     pub tombstones: Vec<Tombstone>,
+    /// The file's `used` list: merged as learned entries, whoever wrote it.
+    pub used: Vec<StoredEntry>,
     undo: Undo,
 }
 
@@ -185,10 +191,14 @@ impl IoWorker {
                     own,
                     own_tombstones,
                     all_tombstones,
+                    used,
+                    expired,
                     reply,
                 } => {
                     self.shared.begin(Operation::Write);
-                    let outcome = self.publish(&own, &own_tombstones, all_tombstones);
+                    self.own.expired(&expired);
+                    drop(expired);
+                    let outcome = self.publish(&own, &used, &own_tombstones, all_tombstones);
                     drop(own);
                     self.shared.end();
                     let _ = reply.send(outcome);

@@ -35,6 +35,7 @@ impl IoWorker {
         // Leftovers of an interrupted compaction hold nothing the compaction does not.
         let covered: HashSet<&SegmentName> = mine.covered().into_iter().collect();
         let mut read = OwnRead::default();
+        let mut used = Vec::new();
         for segment in mine.as_slice().iter().filter(|s| !covered.contains(s)) {
             let path = self.segment_dir().join(segment.file_name());
             let (version, parsed) = match self.read_segment(segment) {
@@ -47,6 +48,8 @@ impl IoWorker {
             };
             if let Some(parsed) = self.accept(&path, version, parsed, true) {
                 read.absorb(parsed.entries, parsed.tombstones);
+                // Uses are no contributions: merged as learned, never counted as published.
+                used.extend(parsed.used);
             }
         }
         let (own, entries, tombstones) = OwnSegments::first_load(&record, &mine, read);
@@ -55,7 +58,7 @@ impl IoWorker {
         // under this name, and past nobody else's.
         self.read_not_ours(&listed, report);
         self.write_own_record()?;
-        if !entries.is_empty() || !tombstones.is_empty() {
+        if !entries.is_empty() || !tombstones.is_empty() || !used.is_empty() {
             tracing::info!(
                 segments = self.own.segments.len(),
                 entries = self.own.published.len(),
@@ -67,6 +70,7 @@ impl IoWorker {
                 origin: Origin::Own,
                 entries,
                 tombstones,
+                used,
                 undo: Undo::OwnSegments,
             });
         }
@@ -152,6 +156,7 @@ impl IoWorker {
                     origin: Origin::Learned,
                     entries: parsed.entries,
                     tombstones: parsed.tombstones,
+                    used: parsed.used,
                     undo: Undo::NotOurs(name),
                 });
             }

@@ -132,6 +132,7 @@ impl IoWorker {
                     origin: Origin::Learned,
                     entries: parsed.entries,
                     tombstones: parsed.tombstones,
+                    used: parsed.used,
                     undo: Undo::Segment {
                         node: node.to_owned(),
                         read_through: before,

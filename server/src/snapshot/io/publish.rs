@@ -13,9 +13,9 @@ use std::time::{Instant, SystemTime};
 use crate::error::{Error, Result};
 use crate::fsx::atomic::{self, Durability, TempFile, TempOptions};
 use crate::model::entry::unix_now_ms;
-use crate::model::forget::Tombstone;
 use crate::model::tombstones::Tombstones;
 use crate::snapshot::format;
+use crate::snapshot::plan::publish::SegmentPlan;
 use crate::snapshot::plan::trust::{self, MissingDir, WrittenModes};
 use crate::snapshot::segments::{SegmentName, SEGMENT_TEMP_MARKER};
 use crate::wire::stored::EntryMap;
@@ -26,6 +26,7 @@ impl IoWorker {
     pub(super) fn publish(
         &mut self,
         own: &EntryMap,
+        used: &EntryMap,
         own_tombstones: &Tombstones,
         all_tombstones: Arc<Tombstones>,
     ) -> Result<WriteReport> {
@@ -40,7 +41,7 @@ impl IoWorker {
         let node = self.node().to_owned();
         let Some(plan) = self
             .own
-            .plan_publish(&node, own, own_tombstones, &self.not_ours)
+            .plan_publish(&node, own, used, own_tombstones, &self.not_ours)
         else {
             // No segment is due, but blobs may be: pending ones, or (first in a run) any
             // this node's contributions name that the shared directory lacks.
@@ -80,7 +81,7 @@ impl IoWorker {
             self.own.unreserve();
             return Err(error);
         }
-        let bytes = match self.write_segment(&plan.segment, &plan.entries, &plan.tombstones) {
+        let bytes = match self.write_segment(&plan) {
             Ok(bytes) => bytes,
             Err(error) => {
                 // Another user's file of that name is no other writer of this node: the next
@@ -116,11 +117,17 @@ impl IoWorker {
             }
         }
         let entries = plan.entries.len();
+        let uses = plan.used.len();
         self.own.written(plan);
+        self.shared
+            .counters
+            .last_uses_published
+            .fetch_add(uses as u64, Ordering::Relaxed);
         self.shared.wrote(&path);
         tracing::debug!(
             path = %path.display(),
             entries,
+            uses,
             bytes,
             elapsed = ?started.elapsed(),
             "segment written"
@@ -129,7 +136,7 @@ impl IoWorker {
             .own
             .compaction_due(self.shared.settings.compact_segments, &self.not_ours)
         {
-            self.compact();
+            self.compact(own);
         }
         Ok(WriteReport {
             path,
@@ -142,9 +149,10 @@ impl IoWorker {
     /// Folds this node's segments into one covering all their sequence numbers. The
     /// compacted segment is linked in before any old one is removed, so a reader always
     /// finds every sequence number it has not read in some segment.
-    fn compact(&mut self) {
+    /// It holds each entry with its last use as `own` (the own contributions) knows it now.
+    fn compact(&mut self, own: &EntryMap) {
         let node = self.node().to_owned();
-        let Some(plan) = self.own.plan_compaction(&node, &self.not_ours) else {
+        let Some(plan) = self.own.plan_compaction(&node, own, &self.not_ours) else {
             return;
         };
         if let Err(error) = self.write_own_record() {
@@ -152,7 +160,7 @@ impl IoWorker {
             self.own.compaction_unrecorded(&plan);
             return;
         }
-        if let Err(error) = self.write_segment(&plan.segment, &plan.entries, &plan.tombstones) {
+        if let Err(error) = self.write_segment(&plan) {
             tracing::debug!(%error, "compaction failed; the segments stay as they are");
             return;
         }
@@ -179,25 +187,25 @@ impl IoWorker {
     }
 
     /// Writes one segment by temp file and link; returns its bytes.
-    fn write_segment(
-        &self,
-        segment: &SegmentName,
-        entries: &EntryMap,
-        tombstones: &[Tombstone],
-    ) -> Result<u64> {
+    fn write_segment(&self, plan: &SegmentPlan) -> Result<u64> {
+        let segment = &plan.segment;
         let dir = self.segment_dir();
         self.check_segment_dir(Operation::Write)?;
         let key = self.shared.settings.key.clone();
         let temp_path = dir.join(temp_file_name(self.node()));
         let path = dir.join(segment.file_name());
         let write = |out: &mut dyn Write| {
-            format::write_segment_with_forgets(
+            let extras = format::SegmentExtras {
+                used: Some(&plan.used),
+                tombstones: &plan.tombstones,
+            };
+            format::write_segment_with(
                 out,
                 self.node(),
                 (segment.first, segment.last),
                 unix_now_ms(),
-                entries,
-                tombstones,
+                &plan.entries,
+                extras,
                 key.as_ref(),
             )
         };

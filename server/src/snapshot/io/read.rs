@@ -62,6 +62,7 @@ impl IoWorker {
             origin: Origin::Learned,
             entries: parsed.entries,
             tombstones: parsed.tombstones,
+            used: parsed.used,
             undo: Undo::V1(name.to_owned()),
         })
     }

@@ -1,20 +1,23 @@
 //! What a publish writes, and when and how this node's segments are compacted.
 //!
 //! A publish writes one new segment holding the own contributions and the tombstones of this
-//! node's Forgets that its segments do not hold yet, under the next sequence number. The name
+//! node's Forgets that its segments do not hold yet, and the uses this node made of keys
+//! since the last one (`used`), under the next sequence number; uses alone make a segment. The name
 //! is recorded (state directory) before the segment exists, so a crash between the two never
 //! leaves a segment of this node that its record does not know. Past the bound, the own
 //! segments are folded into one covering all their numbers, which is renamed in before the
 //! segments it replaces are removed; never while another writer uses this node's name or a
 //! segment this node did not write lies inside that range, since the compacted segment would
-//! hide it from readers.
+//! hide it from readers. A compaction holds what is published, each entry with its last use
+//! as the own contributions know it now, and no `used` list: uses were transient facts, and
+//! the days they raised go out with the entries of their owners' next compactions.
 
 use std::sync::Arc;
 
 use crate::model::forget::Tombstone;
 use crate::model::tombstones::Tombstones;
 use crate::snapshot::segments::SegmentName;
-use crate::wire::stored::EntryMap;
+use crate::wire::stored::{EntryMap, StoredEntry};
 
 use super::not_ours::NotOurs;
 use super::own::OwnSegments;
@@ -27,6 +30,8 @@ pub const COMPACT_MIN_ENTRIES: usize = 10_000;
 pub struct SegmentPlan {
     pub segment: SegmentName,
     pub entries: EntryMap,
+    /// Uses of keys made here (never in a compaction).
+    pub used: EntryMap,
     pub tombstones: Vec<Tombstone>,
 }
 
@@ -47,9 +52,20 @@ impl OwnSegments {
         self.pruned_with = Some(all);
     }
 
+    /// What expiry dropped no longer counts as published (a compaction leaves it out; a
+    /// later Record of the same result publishes it again).
+    pub fn expired(&mut self, entries: &[StoredEntry]) {
+        for entry in entries {
+            if self.published.contains(entry) {
+                self.published.remove(entry);
+            }
+        }
+    }
+
     /// The next segment: of `own` (the own contributions) and `own_tombstones` (the
-    /// tombstones of Forgets made here), what the segments do not hold yet; `None` when that
-    /// is nothing. Its name is taken: `segments` lists it and `next_seq` is past it, so the
+    /// tombstones of Forgets made here), what the segments do not hold yet, and `used` (uses
+    /// made here since the last segment) but for the keys whose entry it holds anyway (the
+    /// entry carries its day); `None` when that is nothing. Its name is taken: `segments` lists it and `next_seq` is past it, so the
     /// record written next knows it. Then exactly one of `unreserve`, `not_written` or
     /// `written`.
     ///
@@ -62,6 +78,7 @@ impl OwnSegments {
         &mut self,
         node: &str,
         own: &EntryMap,
+        used: &EntryMap,
         own_tombstones: &Tombstones,
         not_ours: &NotOurs,
     ) -> Option<SegmentPlan> {
@@ -74,7 +91,12 @@ impl OwnSegments {
             .iter()
             .filter(|tombstone| !self.published_tombstones.subsumes(tombstone))
             .collect();
-        if entries.is_empty() && tombstones.is_empty() {
+        let used: EntryMap = used
+            .iter()
+            .filter(|entry| !entries.contains(entry))
+            .cloned()
+            .collect();
+        if entries.is_empty() && tombstones.is_empty() && used.is_empty() {
             return None;
         }
         let first = self
@@ -86,6 +108,7 @@ impl OwnSegments {
         Some(SegmentPlan {
             segment,
             entries,
+            used,
             tombstones,
         })
     }
@@ -136,9 +159,16 @@ impl OwnSegments {
     }
 
     /// The compaction: one segment covering every number of the own segments, holding what
-    /// is published. Its name is taken (`segments` lists it) for the record written next;
-    /// then `compaction_unrecorded` or, once it is in place, `compacted`.
-    pub fn plan_compaction(&mut self, node: &str, not_ours: &NotOurs) -> Option<SegmentPlan> {
+    /// is published, each entry as `own` (the own contributions) holds it when it holds the
+    /// same result: the allocation whose day the store raises, so the compaction carries the
+    /// latest use this node knows. Its name is taken (`segments` lists it) for the record
+    /// written next; then `compaction_unrecorded` or, once it is in place, `compacted`.
+    pub fn plan_compaction(
+        &mut self,
+        node: &str,
+        own: &EntryMap,
+        not_ours: &NotOurs,
+    ) -> Option<SegmentPlan> {
         let (first, last) = self.range()?;
         let segment = SegmentName {
             node: node.to_owned(),
@@ -155,9 +185,20 @@ impl OwnSegments {
             self.segments.push(segment.clone());
             segment
         };
+        let entries = self
+            .published
+            .iter()
+            .map(|entry| {
+                own.get_view(&entry.key())
+                    .filter(|held| held.same_entry(entry))
+                    .unwrap_or(entry)
+                    .clone()
+            })
+            .collect();
         Some(SegmentPlan {
             segment,
-            entries: self.published.clone(),
+            entries,
+            used: EntryMap::new(),
             tombstones: self.published_tombstones.iter().collect(),
         })
     }
@@ -203,7 +244,7 @@ mod tests {
         let map: EntryMap = [entry("p1", 1.0), entry("p2", 1.0)].into_iter().collect();
         let none = Tombstones::default();
         let plan = own
-            .plan_publish("me", &map, &none, &NotOurs::default())
+            .plan_publish("me", &map, &EntryMap::new(), &none, &NotOurs::default())
             .unwrap();
         assert_eq!(plan.segment, seg(1, 1));
         assert_eq!(problems(&plan.entries), vec!["p1", "p2"]);
@@ -213,7 +254,7 @@ mod tests {
         assert_eq!(own.entries_in_segments, 2);
         // Nothing new: nothing to write, and no number taken.
         assert!(own
-            .plan_publish("me", &map, &none, &NotOurs::default())
+            .plan_publish("me", &map, &EntryMap::new(), &none, &NotOurs::default())
             .is_none());
         assert_eq!((own.next_seq, own.segments.len()), (2, 1));
 
@@ -222,7 +263,7 @@ mod tests {
         let mut forgets = Tombstones::default();
         forgets.insert(forget_all(7));
         let plan = own
-            .plan_publish("me", &map, &forgets, &NotOurs::default())
+            .plan_publish("me", &map, &EntryMap::new(), &forgets, &NotOurs::default())
             .unwrap();
         assert_eq!(plan.segment, seg(2, 2));
         assert_eq!(problems(&plan.entries), vec!["p2"]);
@@ -230,13 +271,13 @@ mod tests {
         own.written(plan);
         assert_eq!(own.entries_in_segments, 3);
         assert!(own
-            .plan_publish("me", &map, &forgets, &NotOurs::default())
+            .plan_publish("me", &map, &EntryMap::new(), &forgets, &NotOurs::default())
             .is_none());
         // A tombstone the published ones subsume is nothing new either.
         let mut older = Tombstones::default();
         older.insert(forget_all(5));
         assert!(own
-            .plan_publish("me", &map, &older, &NotOurs::default())
+            .plan_publish("me", &map, &EntryMap::new(), &older, &NotOurs::default())
             .is_none());
     }
 
@@ -264,27 +305,27 @@ mod tests {
         let mut own = loaded(4);
         own.segments = vec![seg(1, 3)];
         assert!(own
-            .plan_publish("me", &map, &none, &NotOurs::default())
+            .plan_publish("me", &map, &EntryMap::new(), &none, &NotOurs::default())
             .is_some());
         assert_eq!((own.next_seq, own.segments.len()), (5, 2));
         own.unreserve();
         assert_eq!((own.next_seq, own.segments.clone()), (4, vec![seg(1, 3)]));
 
         assert!(own
-            .plan_publish("me", &map, &none, &NotOurs::default())
+            .plan_publish("me", &map, &EntryMap::new(), &none, &NotOurs::default())
             .is_some());
         assert!(!own.not_written(false));
         assert_eq!((own.next_seq, own.segments.clone()), (4, vec![seg(1, 3)]));
         assert!(own.published.is_empty(), "nothing counts as published");
 
         assert!(own
-            .plan_publish("me", &map, &none, &NotOurs::default())
+            .plan_publish("me", &map, &EntryMap::new(), &none, &NotOurs::default())
             .is_some());
         assert!(own.not_written(true), "a new conflict");
         assert_eq!((own.next_seq, own.segments.clone()), (5, vec![seg(1, 3)]));
         assert!(own.name_conflict);
         let plan = own
-            .plan_publish("me", &map, &none, &NotOurs::default())
+            .plan_publish("me", &map, &EntryMap::new(), &none, &NotOurs::default())
             .unwrap();
         assert_eq!(plan.segment, seg(5, 5), "past the taken number");
         assert!(!own.not_written(true), "warned about once");
@@ -298,23 +339,33 @@ mod tests {
         let none = NotOurs::default();
         let mut own = loaded(2);
         own.segments = vec![seg(1, 1)];
-        let plan = own.plan_publish("me", &map, &forgets, &none).unwrap();
+        let plan = own
+            .plan_publish("me", &map, &EntryMap::new(), &forgets, &none)
+            .unwrap();
         own.written(plan);
-        assert!(own.plan_publish("me", &map, &forgets, &none).is_none());
+        assert!(own
+            .plan_publish("me", &map, &EntryMap::new(), &forgets, &none)
+            .is_none());
         // Its segments were deleted; the node's record started at 1.
         own.forget_vanished(&listing(&[]));
-        let plan = own.plan_publish("me", &map, &forgets, &none).unwrap();
+        let plan = own
+            .plan_publish("me", &map, &EntryMap::new(), &forgets, &none)
+            .unwrap();
         assert_eq!(plan.segment, seg(1, 3), "a fresh reader takes it at once");
         assert_eq!(problems(&plan.entries), vec!["p1"]);
         assert_eq!(plan.tombstones, vec![forget_all(7)], "the Forget again");
         // Not written: the next try covers the same numbers.
         own.not_written(false);
-        let plan = own.plan_publish("me", &map, &forgets, &none).unwrap();
+        let plan = own
+            .plan_publish("me", &map, &EntryMap::new(), &forgets, &none)
+            .unwrap();
         assert_eq!(plan.segment, seg(1, 3));
         own.written(plan);
         assert_eq!(own.republish_from, None);
         let map: EntryMap = [entry("p1", 1.0), entry("p2", 1.0)].into_iter().collect();
-        let plan = own.plan_publish("me", &map, &forgets, &none).unwrap();
+        let plan = own
+            .plan_publish("me", &map, &EntryMap::new(), &forgets, &none)
+            .unwrap();
         assert_eq!(plan.segment, seg(4, 4), "then one number per publish again");
 
         // A segment under this name it did not write lies in the range: not hidden.
@@ -323,14 +374,18 @@ mod tests {
         let mut own = loaded(3);
         own.segments = vec![seg(1, 1)];
         own.forget_vanished(&listing(&[]));
-        let plan = own.plan_publish("me", &map, &forgets, &inside).unwrap();
+        let plan = own
+            .plan_publish("me", &map, &EntryMap::new(), &forgets, &inside)
+            .unwrap();
         assert_eq!(plan.segment, seg(3, 3));
         // Nor over another writer of this name.
         let mut own = loaded(3);
         own.segments = vec![seg(1, 1)];
         own.forget_vanished(&listing(&[]));
         own.name_conflict = true;
-        let plan = own.plan_publish("me", &map, &forgets, &none).unwrap();
+        let plan = own
+            .plan_publish("me", &map, &EntryMap::new(), &forgets, &none)
+            .unwrap();
         assert_eq!(plan.segment, seg(3, 3));
     }
 
@@ -378,7 +433,9 @@ mod tests {
         own.published = [entry("p1", 1.0), entry("p2", 1.0)].into_iter().collect();
         own.published_tombstones.insert(forget_all(7));
         own.entries_in_segments = 9;
-        let plan = own.plan_compaction("me", &NotOurs::default()).unwrap();
+        let plan = own
+            .plan_compaction("me", &EntryMap::new(), &NotOurs::default())
+            .unwrap();
         assert_eq!(plan.segment, seg(1, 4));
         assert_eq!(problems(&plan.entries), vec!["p1", "p2"]);
         assert_eq!(plan.tombstones, vec![forget_all(7)]);
@@ -389,7 +446,9 @@ mod tests {
         own.compaction_unrecorded(&plan);
         assert_eq!(own.segments, vec![seg(2, 2), seg(1, 1), seg(3, 4)]);
 
-        let plan = own.plan_compaction("me", &NotOurs::default()).unwrap();
+        let plan = own
+            .plan_compaction("me", &EntryMap::new(), &NotOurs::default())
+            .unwrap();
         let mut replaced = own.compacted(&plan);
         replaced.sort();
         assert_eq!(replaced, vec![seg(1, 1), seg(2, 2), seg(3, 4)]);
@@ -397,7 +456,60 @@ mod tests {
         assert_eq!(own.entries_in_segments, 2);
         assert_eq!(own.next_seq, 5);
         assert!(OwnSegments::default()
-            .plan_compaction("me", &NotOurs::default())
+            .plan_compaction("me", &EntryMap::new(), &NotOurs::default())
             .is_none());
+    }
+
+    #[test]
+    fn uses_alone_make_a_segment_and_a_compaction_carries_days_but_no_uses() {
+        let mut own = loaded(1);
+        let p1 = entry("p1", 1.0);
+        let map: EntryMap = [p1.clone()].into_iter().collect();
+        let none = Tombstones::default();
+        let plan = own
+            .plan_publish("me", &map, &EntryMap::new(), &none, &NotOurs::default())
+            .unwrap();
+        own.written(plan);
+        // A key learned from elsewhere was read here, and so was p1: uses alone make a
+        // segment; the entry of a key a segment publishes carries its day itself.
+        let learned = entry("q1", 2.0).with_last_use(20_010);
+        let used: EntryMap = [learned, p1.clone()].into_iter().collect();
+        let plan = own
+            .plan_publish("me", &map, &used, &none, &NotOurs::default())
+            .unwrap();
+        assert_eq!(plan.segment, seg(2, 2));
+        assert!(plan.entries.is_empty());
+        assert_eq!(problems(&plan.used), vec!["p1", "q1"]);
+        own.written(plan);
+        assert_eq!(own.published.len(), 1, "uses are never published entries");
+        let faster = entry("p1", 0.5);
+        let map: EntryMap = [faster.clone()].into_iter().collect();
+        let used: EntryMap = [faster].into_iter().collect();
+        let plan = own
+            .plan_publish("me", &map, &used, &none, &NotOurs::default())
+            .unwrap();
+        assert_eq!(problems(&plan.entries), vec!["p1"]);
+        assert!(
+            plan.used.is_empty(),
+            "each key once: the entry carries the use"
+        );
+        own.written(plan);
+
+        // The store raised p1's day in its own copy (read back at start, say): a
+        // compaction holds the entry as the own contributions do, with that day.
+        let held = entry("p1", 0.5).with_last_use(20_020);
+        let own_map: EntryMap = [held].into_iter().collect();
+        let plan = own
+            .plan_compaction("me", &own_map, &NotOurs::default())
+            .unwrap();
+        assert_eq!(plan.segment, seg(1, 3));
+        assert!(plan.used.is_empty());
+        let days: Vec<u32> = plan.entries.iter().map(StoredEntry::last_use).collect();
+        assert_eq!(days, vec![20_020]);
+
+        // What expired is no longer published: a compaction leaves it out.
+        let expired: Vec<StoredEntry> = own.published.iter().cloned().collect();
+        own.expired(&expired);
+        assert!(own.published.is_empty());
     }
 }

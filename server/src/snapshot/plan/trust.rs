@@ -425,6 +425,7 @@ mod tests {
             entries: Vec::new(),
             invalid_entries: 0,
             tombstones: Vec::new(),
+            used: Vec::new(),
         }
     }
 

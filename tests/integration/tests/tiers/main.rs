@@ -11,6 +11,7 @@ mod cluster_checkpoint_trust;
 mod cluster_faults;
 mod cluster_hostile;
 mod cluster_startup;
+mod lifecycle_shared_dir;
 mod shared_dir_hostile;
 mod shared_dir_squatting;
 mod shared_dir_trust;
