@@ -380,6 +380,17 @@ pub struct Config {
     )]
     pub cluster_max_artifact_bytes: u64,
 
+    /// Most MiB this deployment's keys may take in Redis (docs/lifecycle.md): past it the
+    /// least recently used entries expire early, the same ones on every node. The streams'
+    /// share (--cluster-stream-max-len) is set aside first. 0: no bound.
+    #[arg(
+        long,
+        env = "TUNECACHE_CLUSTER_MAX_MIB",
+        default_value_t = 0,
+        value_name = "MIB"
+    )]
+    pub cluster_max_mib: u64,
+
     /// Largest request message read, in bytes: a larger one is refused RESOURCE_EXHAUSTED
     /// from its gRPC header, before any of it is buffered. The default holds a full batch of
     /// 10,000 entries averaging 6.7 KB; the entry limits' worst case (10,000 keys or entries

@@ -225,7 +225,7 @@ async fn serve(
     );
     // What no rank used within its retention expires before anything is served: a node back
     // after months serves none of what expired meanwhile (docs/lifecycle.md).
-    store.set_lifecycle(config.lifecycle_settings());
+    store.set_lifecycle(config.lifecycle_settings()?);
     let expired = store.sweep().await?;
     if expired > 0 {
         tracing::info!(

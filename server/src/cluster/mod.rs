@@ -22,6 +22,7 @@ mod forget;
 pub mod keys;
 mod lease;
 mod link;
+pub mod memory;
 mod places;
 mod publish;
 mod refusals;

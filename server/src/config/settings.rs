@@ -49,20 +49,37 @@ impl Config {
         }))
     }
 
-    /// The bundle tier's settings (`--bundle`, `--bundle-trust-key`, `--replay`).
-    /// How the store judges last use: retention, the bound, the system's clock.
-    pub(crate) fn lifecycle_settings(&self) -> crate::store::LifecycleSettings {
-        crate::store::LifecycleSettings {
+    /// How the store judges last use: retention, the bounds (entries; with the cluster tier,
+    /// the bytes its entries take in Redis), the system's clock.
+    pub(crate) fn lifecycle_settings(&self) -> crate::Result<crate::store::LifecycleSettings> {
+        let on_cluster = self
+            .cluster_url
+            .as_deref()
+            .is_some_and(|url| !url.is_empty());
+        let max_bytes = if on_cluster && self.cluster_max_mib > 0 {
+            crate::cluster::memory::entry_budget_bytes(
+                self.cluster_max_mib,
+                self.cluster_stream_max_len.max(1),
+            )
+            .map_err(crate::Error::ClusterConfig)?
+        } else {
+            0
+        };
+        Ok(crate::store::LifecycleSettings {
             retention: crate::model::lifecycle::Retention::new(
                 self.retain_days,
                 self.retain.iter().cloned(),
             ),
             max_entries: self.max_entries,
+            max_bytes,
+            overhead_bytes: crate::cluster::memory::ENTRY_OVERHEAD_BYTES,
+            counted_artifact_bytes: self.cluster_max_artifact_bytes,
             clock: crate::model::lifecycle::Clock::system(),
             flush_every: std::time::Duration::from_millis(self.lifecycle_flush_ms.max(10)),
-        }
+        })
     }
 
+    /// The bundle tier's settings (`--bundle`, `--bundle-trust-key`, `--replay`).
     pub(crate) fn bundle_settings(&self) -> crate::bundles::BundleSettings {
         crate::bundles::BundleSettings {
             files: self.bundle.clone(),

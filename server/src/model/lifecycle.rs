@@ -108,9 +108,11 @@ impl Retention {
     }
 }
 
-/// Which entries a bound on their number expires: all those last used before `before`, and
-/// the first `at_day` (in key order) of those last used on `before`. Every node holding the
-/// same entries with the same merged last uses cuts the same ones, so all converge.
+/// Which entries a bound expires: all those last used before `before`, and, of those last
+/// used on `before`, the first in key order until `at_day` of their weight is taken. A bound on
+/// the number of entries weighs each entry 1; a bound on bytes weighs each by its size. Every
+/// node holding the same entries with the same merged last uses cuts the same ones, so all
+/// converge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LruCut {
     pub before: Day,
@@ -121,33 +123,45 @@ impl LruCut {
     /// The cut that leaves `max` of the entries whose effective days are `days`, or `None`
     /// when they are within it.
     pub fn plan(days: impl Iterator<Item = Day>, max: u64) -> Option<LruCut> {
+        LruCut::plan_weighted(days.map(|day| (day, 1)), max)
+    }
+
+    /// The cut that leaves at most `max` of the total weight of the entries whose (effective
+    /// day, weight) are given, or `None` when they are within it.
+    pub fn plan_weighted(entries: impl Iterator<Item = (Day, u64)>, max: u64) -> Option<LruCut> {
         let mut per_day: BTreeMap<Day, u64> = BTreeMap::new();
         let mut total = 0u64;
-        for day in days {
-            *per_day.entry(day).or_default() += 1;
-            total += 1;
+        for (day, weight) in entries {
+            *per_day.entry(day).or_default() += weight;
+            total = total.saturating_add(weight);
         }
         let mut excess = total.checked_sub(max).filter(|excess| *excess > 0)?;
-        for (day, count) in per_day {
-            if count >= excess {
+        for (day, weight) in per_day {
+            if weight >= excess {
                 return Some(LruCut {
                     before: day,
                     at_day: excess,
                 });
             }
-            excess -= count;
+            excess -= weight;
         }
         None
     }
 
-    /// Walks entries in key order: whether the entry last used on `day` is cut. `taken_at_day`
-    /// counts the entries of day `before` cut so far.
+    /// Walks entries in key order: whether the entry last used on `day` is cut (weight 1).
+    /// `taken_at_day` counts what was cut so far of day `before`.
     pub fn cuts(&self, day: Day, taken_at_day: &mut u64) -> bool {
+        self.cuts_weighted(day, 1, taken_at_day)
+    }
+
+    /// `cuts`, for an entry of `weight`: of day `before`, entries are cut in key order until
+    /// the weight taken reaches `at_day`.
+    pub fn cuts_weighted(&self, day: Day, weight: u64, taken_at_day: &mut u64) -> bool {
         if day < self.before {
             return true;
         }
         if day == self.before && *taken_at_day < self.at_day {
-            *taken_at_day += 1;
+            *taken_at_day += weight;
             return true;
         }
         false
@@ -287,6 +301,24 @@ mod tests {
         let all = LruCut::plan(days.iter().copied(), 0).unwrap();
         let mut taken = 0;
         assert!(days.iter().all(|day| all.cuts(*day, &mut taken)));
+    }
+
+    #[test]
+    fn a_cut_by_weight_keeps_the_most_recently_used_within_the_bytes() {
+        // (day, bytes) in key order.
+        let entries = [(5, 100), (1, 50), (3, 70), (1, 60), (5, 10), (3, 40)];
+        // 330 bytes in all; 200 allowed: both day-1 entries (110) go, then day 3 in key order
+        // until 20 more are taken: the first (70).
+        let cut = LruCut::plan_weighted(entries.iter().copied(), 200).unwrap();
+        let mut taken = 0;
+        let kept: Vec<(Day, u64)> = entries
+            .iter()
+            .copied()
+            .filter(|(day, bytes)| !cut.cuts_weighted(*day, *bytes, &mut taken))
+            .collect();
+        assert_eq!(kept, vec![(5, 100), (5, 10), (3, 40)]);
+        assert!(kept.iter().map(|(_, bytes)| bytes).sum::<u64>() <= 200);
+        assert_eq!(LruCut::plan_weighted(entries.iter().copied(), 330), None);
     }
 
     #[test]

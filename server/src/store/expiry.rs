@@ -26,6 +26,14 @@ pub struct LifecycleSettings {
     pub retention: Retention,
     /// Most entries kept; past it the least recently used expire. 0: no bound.
     pub max_entries: u64,
+    /// Most bytes the entries may take in a tier that holds them all (Redis:
+    /// `--cluster-max-mib`), each entry weighed as its record plus `overhead_bytes`; past it
+    /// the least recently used expire. 0: no bound.
+    pub max_bytes: u64,
+    pub overhead_bytes: u64,
+    /// Artifacts up to this size count in an entry's weight too (Redis holds those:
+    /// `--cluster-max-artifact-bytes`); 0: none do.
+    pub counted_artifact_bytes: u64,
     pub clock: Clock,
     /// How often marked uses are journalled and told to the tiers (`USE_FLUSH_INTERVAL`;
     /// tests shorten it).
@@ -37,9 +45,27 @@ impl Default for LifecycleSettings {
         LifecycleSettings {
             retention: Retention::default(),
             max_entries: DEFAULT_MAX_ENTRIES,
+            max_bytes: 0,
+            overhead_bytes: 0,
+            counted_artifact_bytes: 0,
             clock: Clock::system(),
             flush_every: USE_FLUSH_INTERVAL,
         }
+    }
+}
+
+impl LifecycleSettings {
+    /// What `entry` weighs against `max_bytes`: its record, the overhead, and the artifacts
+    /// the tier holds (a blob two entries name counts for both: the bound errs low).
+    pub fn bytes_of(&self, entry: &StoredEntry) -> u64 {
+        let artifacts: u64 = entry
+            .result()
+            .artifacts
+            .iter()
+            .map(|artifact| artifact.size)
+            .filter(|size| *size <= self.counted_artifact_bytes)
+            .sum();
+        entry.record().len() as u64 + self.overhead_bytes + artifacts
     }
 }
 
@@ -48,7 +74,7 @@ impl Default for LifecycleSettings {
 pub enum Expiry {
     /// Unused for longer than its namespace's retention.
     Age,
-    /// Among the least recently used past `--max-entries`.
+    /// Among the least recently used past `--max-entries` or `--cluster-max-mib`.
     Bound,
 }
 
@@ -66,12 +92,12 @@ pub fn entry_day(entry: &StoredEntry, today: Day) -> Day {
 }
 
 /// Which entries of `map` expire on `today`: every one past its retention, then, of those
-/// left, the least recently used past `max_entries` (ties in key order, so every node
-/// holding the same entries and uses cuts the same ones). In key order.
+/// left, the least recently used past `max_entries`, then past `max_bytes` (ties in key
+/// order, so every node holding the same entries and uses cuts the same ones). In key order.
 pub fn plan_expiry(map: &EntryMap, settings: &LifecycleSettings, today: Day) -> Vec<Expiring> {
     let retention = &settings.retention;
     let mut expiring = Vec::new();
-    let mut live_days = Vec::with_capacity(map.len());
+    let (mut live, mut live_bytes) = (0u64, 0u64);
     for entry in map.iter() {
         let day = entry_day(entry, today);
         if retention.expired(entry.namespace(), day, today) {
@@ -81,31 +107,59 @@ pub fn plan_expiry(map: &EntryMap, settings: &LifecycleSettings, today: Day) -> 
                 why: Expiry::Age,
             });
         } else {
-            live_days.push(day);
+            live += 1;
+            live_bytes += settings.bytes_of(entry);
         }
     }
-    let cut = (settings.max_entries > 0)
-        .then(|| LruCut::plan(live_days.iter().copied(), settings.max_entries))
-        .flatten();
-    if let Some(cut) = cut {
+    let over_count = settings.max_entries > 0 && live > settings.max_entries;
+    let over_bytes = settings.max_bytes > 0 && live_bytes > settings.max_bytes;
+    if !(over_count || over_bytes) {
+        return expiring;
+    }
+    // The entries left, in key order: their day and size, and whether a bound cuts them.
+    let left: Vec<&StoredEntry> = map
+        .iter()
+        .filter(|entry| !retention.expired(entry.namespace(), entry_day(entry, today), today))
+        .collect();
+    let days: Vec<(Day, u64)> = left
+        .iter()
+        .map(|entry| (entry_day(entry, today), settings.bytes_of(entry)))
+        .collect();
+    let mut cut = vec![false; left.len()];
+    let bounds = [
+        (over_count, settings.max_entries, false),
+        (over_bytes, settings.max_bytes, true),
+    ];
+    for (over, max, by_bytes) in bounds {
+        if !over {
+            continue;
+        }
+        let weight = |bytes: u64| if by_bytes { bytes } else { 1 };
+        let remaining = days
+            .iter()
+            .zip(&cut)
+            .filter(|(_, cut)| !**cut)
+            .map(|((day, bytes), _)| (*day, weight(*bytes)));
+        let Some(lru) = LruCut::plan_weighted(remaining, max) else {
+            continue;
+        };
         let mut taken = 0;
-        let mut bound = Vec::new();
-        for entry in map.iter() {
-            let day = entry_day(entry, today);
-            if retention.expired(entry.namespace(), day, today) {
-                continue;
-            }
-            if cut.cuts(day, &mut taken) {
-                bound.push(Expiring {
-                    entry: entry.clone(),
-                    judged_day: day,
-                    why: Expiry::Bound,
-                });
+        for ((day, bytes), cut) in days.iter().zip(cut.iter_mut()) {
+            if !*cut && lru.cuts_weighted(*day, weight(*bytes), &mut taken) {
+                *cut = true;
             }
         }
-        expiring.extend(bound);
-        expiring.sort_by(|a, b| a.entry.cmp(&b.entry));
     }
+    for ((entry, (day, _)), cut) in left.iter().zip(&days).zip(&cut) {
+        if *cut {
+            expiring.push(Expiring {
+                entry: (*entry).clone(),
+                judged_day: *day,
+                why: Expiry::Bound,
+            });
+        }
+    }
+    expiring.sort_by(|a, b| a.entry.cmp(&b.entry));
     expiring
 }
 
@@ -274,7 +328,7 @@ mod tests {
             retention: Retention::new(retain, [("forever".to_owned(), 0)]),
             max_entries,
             clock: Clock::manual(i64::from(DAY) * MS_PER_DAY),
-            flush_every: USE_FLUSH_INTERVAL,
+            ..LifecycleSettings::default()
         }
     }
 
@@ -313,6 +367,35 @@ mod tests {
             .collect();
         // Two used today (p0, p5), two yesterday (p1, p6).
         assert_eq!(kept, [DAY, DAY - 1, DAY, DAY - 1]);
+    }
+
+    #[test]
+    fn the_byte_bound_keeps_the_most_recently_used_within_its_bytes() {
+        let mut map = EntryMap::new();
+        for i in 0..10u32 {
+            map.insert(entry("ns", &format!("p{i}"), DAY - i));
+        }
+        let one = LifecycleSettings::default().bytes_of(map.iter().next().unwrap());
+        let settings = LifecycleSettings {
+            max_bytes: 3 * (one + 100) + 50,
+            overhead_bytes: 100,
+            ..settings(0, 0)
+        };
+        let planned = plan_expiry(&map, &settings, DAY);
+        assert_eq!(planned.len(), 7);
+        assert!(planned.iter().all(|e| e.why == Expiry::Bound));
+        let kept: Vec<_> = map
+            .iter()
+            .filter(|e| !planned.iter().any(|p| p.entry.same_entry(e)))
+            .map(|e| e.last_use())
+            .collect();
+        assert_eq!(kept, [DAY, DAY - 1, DAY - 2]);
+        // Both bounds: the count cuts first, the bytes then cut what is left.
+        let both = LifecycleSettings {
+            max_entries: 2,
+            ..settings
+        };
+        assert_eq!(plan_expiry(&map, &both, DAY).len(), 8);
     }
 
     #[test]

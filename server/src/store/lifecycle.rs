@@ -156,22 +156,27 @@ impl Store {
     pub async fn expire(&self, expiring: Vec<Expiring>) -> Result<u64> {
         let mut expired = 0;
         let bound = expiring.iter().filter(|e| e.why == Expiry::Bound).count();
-        for batch in expiring.chunks(EXPIRY_BATCH) {
+        let batches = expiring.len().div_ceil(EXPIRY_BATCH);
+        for (n, batch) in expiring.chunks(EXPIRY_BATCH).enumerate() {
             let (reply, done) = oneshot::channel();
             self.writes
                 .send(WriteCommand::Expire {
                     expiring: batch.to_vec(),
+                    last: n + 1 == batches,
                     reply,
                 })
                 .map_err(|_| Error::WriterGone)?;
             expired += done.await.map_err(|_| Error::WriterGone)?;
         }
-        if bound > 0 && self.shared.logged.first("max entries") {
+        if bound > 0 && self.shared.logged.first("bound") {
+            let settings = self.lifecycle();
             tracing::warn!(
-                max_entries = self.lifecycle().max_entries,
+                max_entries = settings.max_entries,
+                max_bytes = settings.max_bytes,
                 expired = bound,
-                "the cache holds more than --max-entries: its least recently used entries \
-                 expire early (logged once; Stats counts them in entries_expired_by_bound)"
+                "the cache holds more than --max-entries, or its entries more bytes than \
+                 --cluster-max-mib leaves them: its least recently used entries expire early \
+                 (logged once; Stats counts them in entries_expired_by_bound)"
             );
         }
         let counters = &self.shared.counters;

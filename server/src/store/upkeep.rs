@@ -30,6 +30,9 @@ const TRIM_AFTER_BYTES: u64 = 8 * 1024 * 1024;
 /// How long the writer must have been idle after such a burst before it trims.
 const IDLE_BEFORE_TRIM: Duration = Duration::from_millis(200);
 
+/// How long after a sweep's last batch but one compaction still waits for the sweep's end.
+const SWEEP_QUIET: Duration = Duration::from_secs(10);
+
 /// Whether a journal of `len` bytes, `live_bytes` of them live, is due for a compaction.
 fn compaction_due(len: u64, live_bytes: u64, holds_damage: bool) -> bool {
     (len > MIN_COMPACT_BYTES && len > 2 * live_bytes) || holds_damage
@@ -66,7 +69,10 @@ impl Writer {
             self.live_bytes,
             self.journal.holds_damage(),
         );
-        if !due || Instant::now() < self.compact_not_before {
+        let sweeping = self
+            .sweep_batch_at
+            .is_some_and(|at| at.elapsed() < SWEEP_QUIET);
+        if !due || sweeping || Instant::now() < self.compact_not_before {
             return;
         }
         let map = self.shared.map.load_full();

@@ -57,8 +57,10 @@ pub(super) enum WriteCommand {
         reply: oneshot::Sender<Result<()>>,
     },
     /// A batch of a sweep (`Store::expire`): drop what still expires; answers how many.
+    /// `last`: the sweep's last batch.
     Expire {
         expiring: Vec<Expiring>,
+        last: bool,
         reply: oneshot::Sender<u64>,
     },
     /// Finish what is queued before this, then sync the journal (`Store::sync_journal`).
@@ -90,6 +92,9 @@ pub(super) struct Writer {
     pub(super) written_since_trim: u64,
     /// Stamps Forgets; moved past every stamp and epoch the node learns.
     pub(super) clock: ForgetClock,
+    /// When a sweep's last batch but one came (`WriteCommand::Expire`): compaction waits for
+    /// its end, or for a sweep that stopped sending (the daemon stopping) to be long gone.
+    pub(super) sweep_batch_at: Option<Instant>,
 }
 
 pub(super) fn run_writer(
@@ -110,6 +115,7 @@ pub(super) fn run_writer(
         write_failure: None,
         written_since_trim: 0,
         clock,
+        sweep_batch_at: None,
     };
     writer.note_health();
     loop {
@@ -162,10 +168,20 @@ pub(super) fn run_writer(
                     writer.flush_forgets(&mut forgets);
                     let _ = reply.send(writer.journal_uses(uses));
                 }
-                WriteCommand::Expire { expiring, reply } => {
+                WriteCommand::Expire {
+                    expiring,
+                    last,
+                    reply,
+                } => {
                     writer.flush_group(&mut group);
                     writer.flush_forgets(&mut forgets);
+                    // No compaction in the middle of a sweep: the journal would be rewritten
+                    // with what is about to go, holding Records up for the whole rewrite.
+                    writer.sweep_batch_at = (!last).then(Instant::now);
                     let _ = reply.send(writer.expire(expiring));
+                    if last {
+                        writer.compact_if_due();
+                    }
                 }
                 WriteCommand::Sync { reply } => {
                     writer.flush_group(&mut group);

@@ -144,7 +144,11 @@ pub fn run(options: &LifecycleOptions) -> Result<LifecycleResults> {
     let weeks = setup.runtime.block_on(simulate(options, &state))?;
     let records_while_expiring = if options.expiring > 0 {
         let state = setup.scratch.path().join("expiring");
-        Some(setup.runtime.block_on(records_while_expiring(options, &state))?)
+        Some(
+            setup
+                .runtime
+                .block_on(records_while_expiring(options, &state))?,
+        )
     } else {
         None
     };
@@ -296,7 +300,10 @@ async fn records_while_expiring(
         clock: clock.clone(),
         ..LifecycleSettings::default()
     });
-    progress(&format!("lifecycle: recording {} entries", options.expiring));
+    progress(&format!(
+        "lifecycle: recording {} entries",
+        options.expiring
+    ));
     for first in (0..options.expiring).step_by(1000) {
         let batch = (first..(first + 1000).min(options.expiring))
             .map(|i| (key(0, i), result(0, i % 100, &NO_ARTIFACTS, clock.now_ms())))
@@ -370,7 +377,10 @@ fn table(results: &LifecycleResults) -> String {
             "\nOne-entry Records, one after the other, while one sweep expires {} entries ({} expired in {:.0} ms):\n\n| Records | count | p50 | p99 | max |\n|---|---:|---:|---:|---:|",
             case.expiring, case.expired, case.sweep_ms
         );
-        for (what, latencies) in [("alone", &case.idle), ("during the sweep", &case.during_sweep)] {
+        for (what, latencies) in [
+            ("alone", &case.idle),
+            ("during the sweep", &case.during_sweep),
+        ] {
             let _ = writeln!(
                 out,
                 "| {what} | {} | {:.0} µs | {:.0} µs | {:.0} µs |",
