@@ -284,6 +284,9 @@ async fn serve(
         })??
     };
     let cluster = cluster.map(|cluster| cluster.start(store.clone(), artifacts.clone(), tasks));
+    // Marked uses journalled and told to the tiers, and the sweeps after the first: started
+    // once the tiers listen, so they hear of every use and expiry.
+    crate::store::lifecycle::start_upkeep(store.clone(), tasks);
     let coordinator = Coordinator::new(
         store.clone(),
         tuner.clone(),

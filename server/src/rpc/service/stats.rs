@@ -302,6 +302,8 @@ mod tests {
             bundles_loaded: 1443,
             bundle_entries: 1444,
             artifact_fetches_bundle: 1445,
+            cluster_last_use_commands: 1451,
+            cluster_entries_expired: 1452,
             ..Default::default()
         }
     }
