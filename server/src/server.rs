@@ -320,8 +320,6 @@ async fn serve(
     if let Some(bundles) = &bundles {
         crate::bundles::merge_into(bundles, &store).await?;
     }
-    // Reads' last uses journalled and told to the tiers, and expiry, from here on.
-    crate::store::lifecycle::start_upkeep(store.clone(), tasks);
     store.set_forget_retention(Duration::from_secs(
         u64::from(config.forget_retention_days) * 24 * 3600,
     ));
@@ -331,6 +329,9 @@ async fn serve(
     let snapshots = snapshots
         .map(|snapshots| snapshots.start(store.clone(), artifacts.clone(), tasks))
         .transpose()?;
+    // Marked uses journalled and told to the tiers, and the sweeps after the first: started
+    // once every tier listens, so each hears of every use and expiry.
+    crate::store::lifecycle::start_upkeep(store.clone(), tasks);
     // Every tier, in `tiers::TIER_ORDER`: what the daemon asks of each goes through this list.
     let tiers = Tiers::new(
         snapshots

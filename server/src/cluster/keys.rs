@@ -9,9 +9,11 @@
 //!   32 sortable hex digits, so a higher epoch sorts first; 16 digits, the time alone, were
 //!   written before Forget existed and read as epoch 0), `c` (config), `b`
 //!   (tuned_by), `a` (tuned_at, sortable hex), `s` (the shard sequence number it was last
-//!   written at);
+//!   written or touched at), `u` (the day its key was last used anywhere, `encode_day`;
+//!   absent when no node said, as daemons from before lifecycle wrote it);
 //! - cluster lease `<prefix>l:{sNN}<json K>`;
-//! - stream `<prefix>log:{sNN}`: one message per stored winner, carrying its `s`;
+//! - stream `<prefix>log:{sNN}`: one message per stored winner or raised `u` (`k`, the four
+//!   result fields, `u`, `n` the publishing node, `s`);
 //! - meta `<prefix>m:{sNN}`: `s` (last sequence number), `n` (entries), `x` (digest: the
 //!   XOR of every entry's `entry_digest`), which the audit compares with what a node holds;
 //! - tombstones `<prefix>forgets:{f}` (scope text → stamp) and their stream
@@ -22,6 +24,7 @@
 use crate::error::{TierError, TierResult};
 use crate::model::artifacts::ArtifactsView;
 use crate::model::entry::{CacheKey, TunedResult};
+use crate::model::lifecycle::Day;
 
 /// Shards of the key space: streams a node follows, digests the audit compares.
 pub const SHARDS: usize = 16;
@@ -212,6 +215,24 @@ pub fn entry_digest(entry_name: &str, fields: &[String; 4]) -> u64 {
     u64::from_be_bytes(first)
 }
 
+/// The `u` field: a day (`model::lifecycle::Day`, days since the Unix epoch) in decimal,
+/// no leading zero. The scripts compare it as a number (`tonumber`: a day is far below 2^53,
+/// so exactly), never as bytes. Left out of `entry_digest`: a use changes no result, so it
+/// must not make the audit think a node and Redis hold different entries.
+pub fn encode_day(day: Day) -> String {
+    day.to_string()
+}
+
+/// Reads `u` back, as strictly as it is written: 1 to 10 digits, no leading zero, at most
+/// `u32::MAX`. Whether the day is plausible (not after today) is the store's to judge.
+pub fn decode_day(text: &str) -> Option<Day> {
+    let canonical = !text.is_empty()
+        && text.len() <= 10
+        && text.bytes().all(|b| b.is_ascii_digit())
+        && (text == "0" || !text.starts_with('0'));
+    canonical.then(|| text.parse().ok()).flatten()
+}
+
 /// A shard's digest as the meta hash stores it.
 pub fn format_digest(digest: u64) -> String {
     format!("{digest:016x}")
@@ -377,6 +398,26 @@ mod tests {
                 let by_bytes = bytes(x).cmp(&bytes(y));
                 assert_eq!(by_bytes, rank_results(x, y), "{x:?} vs {y:?}");
             }
+        }
+    }
+
+    #[test]
+    fn days_read_back_only_in_the_form_written() {
+        for day in [0, 1, 20_000, u32::MAX] {
+            assert_eq!(decode_day(&encode_day(day)), Some(day));
+        }
+        for bad in [
+            "",
+            "01",
+            "-1",
+            "+5",
+            "1e3",
+            " 5",
+            "4294967296",
+            "12345678901",
+            "١",
+        ] {
+            assert_eq!(decode_day(bad), None, "{bad:?}");
         }
     }
 

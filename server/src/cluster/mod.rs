@@ -21,6 +21,7 @@ mod follow;
 mod forget;
 pub mod keys;
 mod lease;
+mod lifecycle;
 mod link;
 pub mod memory;
 mod places;
@@ -44,7 +45,8 @@ use redis::IntoConnectionInfo;
 use crate::artifacts::Artifacts;
 use crate::error::{TierError, TierResult};
 use crate::model::entry::{CacheKey, TunedResult};
-use crate::store::{Change, ChangeListener, Source, Store};
+use crate::model::lifecycle::Day;
+use crate::store::{Change, ChangeListener, Source, Store, StoredEntry, UseChange};
 use crate::tasks::Tasks;
 pub use stats::ClusterCounters;
 
@@ -267,6 +269,8 @@ pub struct Cluster {
     /// Artifact blobs in Redis (`blobs`).
     blobs: blobs::BlobTier,
     queue: PublishQueue,
+    /// Last uses to carry to Redis, expired entries to delete there (`lifecycle`).
+    lifecycle: lifecycle::LifecycleQueue,
     places: FollowerPlaces,
     tuning: Tuning,
     observed: Observed,
@@ -330,6 +334,7 @@ impl Unstarted {
                 republish_all: AtomicBool::new(false),
                 publishing: AtomicUsize::new(0),
             },
+            lifecycle: lifecycle::LifecycleQueue::new(settings.publish_queue),
             places: FollowerPlaces {
                 state_dir: settings.state_dir.clone(),
                 trusted: settings.places_trusted,
@@ -429,14 +434,20 @@ impl Cluster {
         crate::sync::lock(&self.queue.pending)
     }
 
-    /// Applies entries learned from Redis to the store without publishing them back.
-    pub(crate) async fn apply_learned(&self, entries: Vec<(CacheKey, TunedResult)>) -> u32 {
+    /// Applies entries learned from Redis, each with the last use Redis knew (`u`; 0: none),
+    /// to the store without publishing them back. Those already expired on arrival are
+    /// deleted from Redis too (`lifecycle`).
+    pub(crate) async fn apply_learned(&self, entries: Vec<(CacheKey, TunedResult, Day)>) -> u32 {
         if entries.is_empty() {
             return 0;
         }
+        self.expire_arrivals(&entries);
         // Learned, not this node's own contributions: snapshots do not republish them, and
         // the change feed tells this tier they came from it, so it does not either.
-        let outcome = self.store.apply_learned(entries, Source::Cluster).await;
+        let outcome = self
+            .store
+            .apply_learned_used(entries, Source::Cluster)
+            .await;
         match outcome {
             Ok(outcome) => {
                 self.counters
@@ -500,8 +511,8 @@ impl Cluster {
     }
 }
 
-/// The store's change feed into the publish queue. Runs on the writer thread: it only
-/// takes two short locks and never blocks on Redis.
+/// The store's change feed into the publish queue and the lifecycle's queues. Runs on the
+/// writer thread: it only takes short locks and never blocks on Redis.
 struct ChangeFeed(std::sync::Weak<Cluster>);
 
 impl ChangeListener for ChangeFeed {
@@ -546,5 +557,19 @@ impl ChangeListener for ChangeFeed {
         }
         drop(pending);
         cluster.queue.wake.notify_one();
+    }
+
+    /// This node's uses go to Redis; those a tier reported are there already.
+    fn used(&self, uses: &[UseChange]) {
+        if let Some(cluster) = self.0.upgrade() {
+            cluster.queue_uses(uses);
+        }
+    }
+
+    /// What this node's sweep expired is deleted from Redis, unless used elsewhere since.
+    fn expired(&self, entries: &[StoredEntry]) {
+        if let Some(cluster) = self.0.upgrade() {
+            cluster.queue_expired(entries);
+        }
     }
 }

@@ -4,7 +4,8 @@
 //! shard's stream in one atomic step, so a batch that timed out and is sent again can never
 //! leave a result stored but unannounced: Redis ran each script wholly or not at all, and a
 //! rerun finds its own result there and changes nothing. A result Redis already beats comes
-//! back and is learned here.
+//! back and is learned here. Between batches it drains the lifecycle's queues (`lifecycle`):
+//! last uses to carry, expired entries to delete.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use futures::future::join_all;
 use redis::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::keys::{encode_result, Layout};
+use super::keys::{encode_day, encode_result, Layout};
 use super::link::{Conn, BACKGROUND_TIMEOUT};
 use super::refusals::{self, ReadFrom};
 use super::values;
@@ -64,6 +65,14 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
                 continue;
             }
         }
+        if let Err(why) = super::lifecycle::drain(&cluster, &conn).await {
+            cluster.redis.link.failed(generation, &why);
+            wait_reconnect(&cluster, generation, &stop).await;
+            if stop.is_cancelled() {
+                return;
+            }
+            continue;
+        }
         let batch: Vec<(CacheKey, TunedResult)> = {
             let mut pending = cluster.lock_pending();
             let keys: Vec<CacheKey> = pending.entries.keys().take(BATCH).cloned().collect();
@@ -81,7 +90,7 @@ pub async fn run(cluster: Arc<Cluster>, stop: CancellationToken) {
         };
         if batch.is_empty() {
             let forgets_waiting = !crate::sync::lock(&cluster.queue.forgets).is_empty();
-            if forgets_waiting {
+            if forgets_waiting || !cluster.lifecycle.is_empty() {
                 continue;
             }
             tokio::select! {
@@ -184,8 +193,11 @@ async fn publish_batch(
     let layout: &Layout = &cluster.redis.layout;
     let node = cluster.node_id();
     let max_len = cluster.tuning.stream_max_len;
+    // Each result goes with its key's last use here: Redis keeps the later of it and its own.
+    let held = cluster.store.current();
     let merges = batch.iter().map(|(key, result)| {
         let mut conn = conn.clone();
+        let day = held.get(key).map_or(0, |entry| entry.last_use());
         let [t, c, b, a] = encode_result(result);
         let text = Layout::key_text(key);
         let shard = Layout::shard_of_text(&text);
@@ -201,7 +213,8 @@ async fn publish_batch(
             .arg(a)
             .arg(text)
             .arg(&node)
-            .arg(max_len);
+            .arg(max_len)
+            .arg(encode_day(day));
         async move { invocation.invoke_async::<Value>(&mut conn).await }
     });
     let replies = tokio::time::timeout(BACKGROUND_TIMEOUT, join_all(merges))
@@ -235,8 +248,10 @@ async fn publish_batch(
         match reply {
             Value::Int(1) => stored += 1,
             Value::Int(0) => already += 1,
-            Value::Array(fields) => match values::result_of_values(&fields) {
-                Ok(winner) => better_there.push((key.clone(), winner)),
+            Value::Array(fields) => match values::result_of_values(&fields)
+                .and_then(|winner| Ok((winner, values::day(fields.get(4))?)))
+            {
+                Ok((winner, day)) => better_there.push((key.clone(), winner, day)),
                 Err(why) => cluster.observed.refusals.refuse(
                     ReadFrom::Entries,
                     &layout.entry_of_text(&Layout::key_text(key)),

@@ -42,6 +42,17 @@ local function digest(t, c, b, a)
 end
 ";
 
+/// Reading `u` (`keys::encode_day`): a day as the scripts compare it. Anything else a careless
+/// writer left there counts as no day (0); a day is written back in the canonical form.
+const DAY: &str = r"
+local function day(text)
+  local n = tonumber(text or '')
+  if not n or n ~= n or n < 0 then return 0 end
+  return math.min(math.floor(n), 4294967295)
+end
+local function day_text(n) return string.format('%.0f', n) end
+";
+
 /// A key of another type than the layout says fails the script before it writes anything,
 /// naming the key (`refusals::wrong_typed_key`): a script that stopped half way (Redis does
 /// not roll back) could store a result and never announce it.
@@ -54,7 +65,7 @@ end
 ";
 
 /// KEYS: entry, lease, the shard's stream, the shard's meta. ARGV: t c b a, key text, node
-/// id, stream length kept.
+/// id, stream length kept, the result's last use on the node (`keys::encode_day`, 0: none).
 ///
 /// Storing and announcing are one step: if the result beats the stored one (the same total
 /// order as `merge.rs`), the script stores it, bumps the shard's sequence number, updates the
@@ -62,20 +73,25 @@ end
 /// shard's stream, and returns 1. A result equal to the stored one returns 0 and changes
 /// nothing: it was announced when it was stored, so a retry after a timeout (whose first try
 /// Redis did run) is a no-op, never a stored-but-unannounced result. A worse result returns
-/// the stored fields. Either way the key now has a result, so its cluster lease is deleted.
+/// the stored fields and the stored `u` ('' for none). Either way the key now has a result,
+/// so its cluster lease is deleted. A stored result keeps the later of the key's `u` and the
+/// day sent: the key's last use, whichever result answers it (uses travel by `TOUCH`).
 pub static MERGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{COMPARE}{TYPES}
+        "{COMPARE}{TYPES}{DAY}
 local bad = wrong(KEYS[1], 'hash') or wrong(KEYS[3], 'stream') or wrong(KEYS[4], 'hash')
 if bad then return redis.error_reply('WRONGTYPE ' .. bad) end
-local cur = redis.call('HMGET', KEYS[1], 't', 'c', 'b', 'a')
+local cur = redis.call('HMGET', KEYS[1], 't', 'c', 'b', 'a', 'u')
+local used = math.max(day(cur[5]), day(ARGV[8]))
 redis.call('DEL', KEYS[2])
 if cur[1] then
+  local stored_u = cur[5] or ''
   cur = {{cur[1], cur[2] or '', cur[3] or '', cur[4] or ''}}
   if not beats(ARGV, cur) then
     if cur[1] == ARGV[1] and cur[2] == ARGV[2] and cur[3] == ARGV[3] and cur[4] == ARGV[4] then
       return 0
     end
+    cur[5] = stored_u
     return cur
   end
 end
@@ -92,8 +108,13 @@ end
 local seq = redis.call('HINCRBY', KEYS[4], 's', 1)
 redis.call('HSET', KEYS[4], 'x', bit.tohex(hi, 8) .. bit.tohex(lo, 8))
 redis.call('HSET', KEYS[1], 't', ARGV[1], 'c', ARGV[2], 'b', ARGV[3], 'a', ARGV[4], 's', seq)
+if used > 0 then
+  redis.call('HSET', KEYS[1], 'u', day_text(used))
+else
+  redis.call('HDEL', KEYS[1], 'u')
+end
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 'k', ARGV[5], 't', ARGV[1],
-  'c', ARGV[2], 'b', ARGV[3], 'a', ARGV[4], 'n', ARGV[6], 's', seq)
+  'c', ARGV[2], 'b', ARGV[3], 'a', ARGV[4], 'u', day_text(used), 'n', ARGV[6], 's', seq)
 return 1
 "
     ))
@@ -145,6 +166,64 @@ local cur = redis.call('HMGET', KEYS[1], 't', 'c', 'b', 'a')
 if not cur[1] then return 0 end
 cur = {{cur[1], cur[2] or '', cur[3] or '', cur[4] or ''}}
 if cmp(string.sub(full_t(cur[1]), 1, 16), ARGV[1]) <= 0 then return 0 end
+redis.call('DEL', KEYS[1])
+local x = redis.call('HGET', KEYS[2], 'x') or '0000000000000000'
+local hi, lo = tonumber(string.sub(x, 1, 8), 16), tonumber(string.sub(x, 9, 16), 16)
+local ohi, olo = digest(cur[1], cur[2], cur[3], cur[4])
+hi, lo = bit.bxor(hi, ohi), bit.bxor(lo, olo)
+redis.call('HSET', KEYS[2], 'x', bit.tohex(hi, 8) .. bit.tohex(lo, 8))
+redis.call('HINCRBY', KEYS[2], 'n', -1)
+return 1
+"
+    ))
+});
+
+/// KEYS: entry, the shard's stream, the shard's meta. ARGV: a day (`keys::encode_day`), the
+/// key text, node id, stream length kept.
+///
+/// Carries a use: if the entry exists and its `u` is before the day, sets `u`, bumps the
+/// shard's sequence number (the entry's `s` with it, so a node reading the shard again after
+/// a gap sees it), and appends the entry, with its new `u`, to the shard's stream, so every
+/// follower applies the day (a result it holds already changes nothing else; daemons from
+/// before lifecycle read it as a repeat of a result they hold). Returns 1, else 0 (no entry,
+/// or a use as late known already: a retry changes nothing). The digest does not cover `u`.
+pub static TOUCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{TYPES}{DAY}
+local bad = wrong(KEYS[1], 'hash') or wrong(KEYS[2], 'stream') or wrong(KEYS[3], 'hash')
+if bad then return redis.error_reply('WRONGTYPE ' .. bad) end
+local cur = redis.call('HMGET', KEYS[1], 't', 'c', 'b', 'a', 'u')
+if not cur[1] then return 0 end
+if day(cur[5]) >= day(ARGV[1]) then return 0 end
+local seq = redis.call('HINCRBY', KEYS[3], 's', 1)
+redis.call('HSET', KEYS[1], 'u', ARGV[1], 's', seq)
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'k', ARGV[2], 't', cur[1],
+  'c', cur[2] or '', 'b', cur[3] or '', 'a', cur[4] or '', 'u', ARGV[1], 'n', ARGV[3], 's', seq)
+return 1
+"
+    ))
+});
+
+/// KEYS: entry, the shard's meta. ARGV: the day this node judged the entry by (its effective
+/// last use, `store::expiry::entry_day`), today, and the `a` prefix of the first instant
+/// after that day (`keys::encode_at`).
+///
+/// Deletes an entry expired by this node's rule, unless it was used or recorded after the
+/// day judged: its `u` (a day after today counting as today, so no careless writer keeps an
+/// entry for ever) or its `a` is later (another node touched it, or stored a new result,
+/// meanwhile: that was announced, and this node learns it back). Takes it out of the shard's
+/// count and digest as `FORGET_ENTRY` does. Returns 1 when deleted, else 0.
+pub static EXPIRE_ENTRY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{COMPARE}{TYPES}{DAY}
+local bad = wrong(KEYS[1], 'hash') or wrong(KEYS[2], 'hash')
+if bad then return redis.error_reply('WRONGTYPE ' .. bad) end
+local cur = redis.call('HMGET', KEYS[1], 't', 'c', 'b', 'a', 'u')
+if not cur[1] then return 0 end
+local judged = day(ARGV[1])
+if math.min(day(cur[5]), day(ARGV[2])) > judged then return 0 end
+cur = {{cur[1], cur[2] or '', cur[3] or '', cur[4] or ''}}
+if cmp(string.sub(cur[4], 1, 16), ARGV[3]) >= 0 then return 0 end
 redis.call('DEL', KEYS[1])
 local x = redis.call('HGET', KEYS[2], 'x') or '0000000000000000'
 local hi, lo = tonumber(string.sub(x, 1, 8), 16), tonumber(string.sub(x, 9, 16), 16)
@@ -329,7 +408,7 @@ return 0
 });
 
 /// How many scripts `load_all` loads.
-pub const COUNT: usize = 13;
+pub const COUNT: usize = 15;
 
 /// Loads every script, so the first call on a new connection is one round trip (EVALSHA),
 /// not three (EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA).
@@ -344,6 +423,8 @@ pub async fn load_all<C: redis::aio::ConnectionLike>(conn: &mut C) -> redis::Red
         &*FORGET,
         &*FORGET_ENTRY,
         &*FORGET_EXPIRE,
+        &*TOUCH,
+        &*EXPIRE_ENTRY,
         &*PIN,
         &*CHECKPOINT,
         &*CHECKPOINT_HEAD,

@@ -1,5 +1,5 @@
-//! The Redis tier's Stats fields (140–162, 184–185, 320–334, 420 and the blobs it keeps
-//! out of Redis), each declared once: what the tier counted, and its link's state now.
+//! The Redis tier's Stats fields (140–162, 184–185, 320–334, 420, 451–452 and the blobs it
+//! keeps out of Redis), each declared once: what the tier counted, and its link's state now.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -91,6 +91,14 @@ crate::report::stats_registry! {
             => counter(75, "This node's Forgets Redis stored and announced."),
         pub forgets_learned: AtomicU64 as cluster_forgets_learned
             => counter(76, "Tombstones read from Redis."),
+        /// Redis commands sent to carry last uses (`lifecycle`): about the distinct entries
+        /// this node's ranks used per day, never one per read.
+        pub last_use_commands: AtomicU64 as cluster_last_use_commands => counter(
+            149,
+            "Redis commands this node sent to carry last uses of entries (the touch script).",
+        ),
+        pub entries_expired: AtomicU64 as cluster_entries_expired
+            => counter(150, "Entries this node deleted from Redis because they expired."),
     }
 }
 

@@ -1,6 +1,9 @@
 //! Which tombstones expire from Redis (`forget::load_all` deletes those past the retention):
 //! judged by Redis's clock (`TIME`), never this node's, and none at all while the two clocks
 //! disagree by more than `MAX_CLOCK_SKEW_MS`; the skew is recorded for Stats and health.
+//! Past the bound the store's expiry pauses too (`Store::set_expiry_paused`): entries are
+//! judged by this node's days, and a node whose clock runs 100 days fast would otherwise
+//! expire, here and in Redis, what every other node still uses.
 
 use std::sync::atomic::Ordering;
 
@@ -55,14 +58,20 @@ impl Cluster {
             .clock_skew_ms
             .store(skew_ms, Ordering::Relaxed);
         let paused = matches!(expiry, Expiry::Paused { .. });
+        self.store.set_expiry_paused(paused.then(|| {
+            format!(
+                "this node's clock and redis's differ by {skew_ms} ms, more than \
+                 {MAX_CLOCK_SKEW_MS} ms (docs/cluster.md \"Clocks\")"
+            )
+        }));
         if self.observed.prune_paused.swap(paused, Ordering::Relaxed) != paused {
             if paused {
                 tracing::warn!(
                     skew_ms,
                     bound_ms = MAX_CLOCK_SKEW_MS,
                     "cluster tier: this node's clock and redis's differ by more than the bound; \
-                     expiring no tombstone from redis until they agree (Stats \
-                     cluster_clock_skew_ms, health NOT_SERVING)"
+                     expiring no tombstone and no entry, here or in redis, until they agree \
+                     (Stats cluster_clock_skew_ms and expiry_paused, health NOT_SERVING)"
                 );
             } else {
                 tracing::info!(

@@ -12,11 +12,12 @@ use std::collections::HashMap;
 use redis::Value;
 use tunecache_proto::v1;
 
-use super::keys::{decode_at_artifacts, decode_epoch_time, decode_stamp, Layout};
+use super::keys::{decode_at_artifacts, decode_day, decode_epoch_time, decode_stamp, Layout};
 use crate::error::{TierError, TierResult};
 use crate::model::artifacts::ArtifactsView;
 use crate::model::entry::{CacheKey, TunedResult};
 use crate::model::forget::{ForgetScope, RankScope, Tombstone};
+use crate::model::lifecycle::Day;
 use crate::model::validate::{self, MAX_KEY_FIELD_BYTES};
 
 /// The longest key text that can hold a valid key: four fields at their limit, each escaped
@@ -123,12 +124,33 @@ pub fn stream_entry(fields: &HashMap<String, Value>) -> TierResult<(CacheKey, Tu
     Ok((key, result))
 }
 
-/// An entry hash's `HMGET t c b a s` reply: the result, and the sequence number it was
-/// written at (0 when absent).
-pub fn entry_fields(values: &[Value]) -> TierResult<(TunedResult, u64)> {
-    if values.len() != 5 {
+/// A `u` field (`keys::encode_day`): 0 (none known) when absent, nil or empty, as daemons
+/// from before lifecycle left it; anything but a day in the form written is refused, with
+/// the entry it came with. A day after today is the store's to judge (`plausible_day`).
+pub fn day(value: Option<&Value>) -> TierResult<Day> {
+    match value {
+        None | Some(Value::Nil) => Ok(0),
+        Some(value) => {
+            let text = text(Some(value), "u")?;
+            if text.is_empty() {
+                return Ok(0);
+            }
+            decode_day(text).ok_or_else(|| TierError::refused("u: not a day in decimal"))
+        }
+    }
+}
+
+/// A stream message's last use (`u`; 0 in messages of daemons from before lifecycle).
+pub fn stream_day(fields: &HashMap<String, Value>) -> TierResult<Day> {
+    day(fields.get("u"))
+}
+
+/// An entry hash's `HMGET t c b a s u` reply: the result, the sequence number it was
+/// written at (0 when absent), and its last use (`day`).
+pub fn entry_fields(values: &[Value]) -> TierResult<(TunedResult, u64, Day)> {
+    if values.len() != 6 {
         return Err(TierError::refused(format!(
-            "{} fields, not 5",
+            "{} fields, not 6",
             values.len()
         )));
     }
@@ -139,7 +161,7 @@ pub fn entry_fields(values: &[Value]) -> TierResult<(TunedResult, u64)> {
             .parse()
             .map_err(|_| TierError::refused("s: not a sequence number"))?,
     };
-    Ok((result, seq))
+    Ok((result, seq, day(values.get(5))?))
 }
 
 /// A scope as the tombstone hash names it: a JSON array of its fields and its rank.
@@ -324,7 +346,22 @@ mod tests {
         assert_eq!(read, (key, result.clone()));
         let mut fields: Vec<Value> = encode_result(&result).into_iter().map(bulk).collect();
         fields.push(bulk("7"));
-        assert_eq!(entry_fields(&fields).unwrap(), (result, 7));
+        fields.push(bulk("20000"));
+        assert_eq!(entry_fields(&fields).unwrap(), (result.clone(), 7, 20_000));
+        // An entry written before lifecycle has no `u`: no day known.
+        fields[5] = Value::Nil;
+        assert_eq!(entry_fields(&fields).unwrap(), (result.clone(), 7, 0));
+        // A `u` no daemon writes refuses the entry, as any other field would.
+        for bad in ["-1", "1e3", "020000", "x", "99999999999"] {
+            fields[5] = bulk(bad);
+            assert!(entry_fields(&fields).is_err(), "{bad}");
+        }
+        let mut message = message(&text, encode_result(&result));
+        assert_eq!(stream_day(&message), Ok(0));
+        message.insert("u".into(), bulk("19999"));
+        assert_eq!(stream_day(&message), Ok(19_999));
+        message.insert("u".into(), Value::Int(5));
+        assert!(stream_day(&message).is_err());
     }
 
     #[test]
@@ -446,7 +483,7 @@ mod tests {
                 prop_assert_eq!(again, key);
                 prop_assert!(validate::learned_result("r", result.into()).is_ok());
             }
-            if let Ok((result, _)) = entry_fields(&values) {
+            if let Ok((result, _, _)) = entry_fields(&values) {
                 prop_assert!(validate::learned_result("r", result.into()).is_ok());
             }
             if let Ok(result) = result_of_values(&values) {

@@ -28,7 +28,8 @@ impl Coordinator {
         };
         let answer = match cluster.claim(key).await {
             Claim::Found(result) => {
-                cluster.apply_learned(vec![(key.clone(), result)]).await;
+                // No day known (0) counts as today: a rank resolves the key now.
+                cluster.apply_learned(vec![(key.clone(), result, 0)]).await;
                 (ClaimAnswer::Found, Duration::ZERO)
             }
             Claim::Acquired(lease) => (ClaimAnswer::Acquired(lease), Duration::ZERO),
@@ -142,7 +143,8 @@ async fn watch_remote(
         match cluster.claim(&key).await {
             Claim::HeldBy { retry_in: next, .. } => retry_in = next,
             Claim::Found(result) => {
-                cluster.apply_learned(vec![(key.clone(), result)]).await;
+                // No day known (0) counts as today: a rank resolves the key now.
+                cluster.apply_learned(vec![(key.clone(), result, 0)]).await;
                 coordinator.remote_found(&key);
                 return;
             }

@@ -112,9 +112,26 @@ impl Store {
         Ok(count)
     }
 
+    /// Pauses sweeps (`Some(why)`: Stats `expiry_paused` says why) or lets them run again.
+    /// The cluster tier pauses them while this node's clock is off from Redis's: a day
+    /// judged by a wrong clock would expire, here and in Redis, what other nodes still use.
+    pub fn set_expiry_paused(&self, why: Option<String>) {
+        *crate::sync::lock(&self.shared.counters.expiry_paused) = why.unwrap_or_default();
+    }
+
+    /// Why sweeps are paused; `None` while they run.
+    pub fn expiry_paused(&self) -> Option<String> {
+        let why = crate::sync::lock(&self.shared.counters.expiry_paused);
+        (!why.is_empty()).then(|| why.clone())
+    }
+
     /// Expires what is unused now (`plan_expiry`), in batches the writer takes between
-    /// writes, then counts what is left per namespace. Returns the entries expired.
+    /// writes, then counts what is left per namespace; none while paused
+    /// (`set_expiry_paused`). Returns the entries expired.
     pub async fn sweep(&self) -> Result<u64> {
+        if self.expiry_paused().is_some() {
+            return Ok(0);
+        }
         let map = self.current();
         let settings = self.lifecycle();
         let today = settings.clock.today();

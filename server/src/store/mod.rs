@@ -116,6 +116,9 @@ crate::report::stats_registry! {
         /// Entries from other nodes already expired when they arrived, dropped.
         pub entries_expired_on_arrival: AtomicU64
             => counter(146, "Entries from other nodes already expired when they arrived."),
+        /// Why no sweep expires anything now (the cluster tier found this node's clock off
+        /// from Redis's); empty while expiry runs (`Store::set_expiry_paused`).
+        pub expiry_paused: Mutex<String> => not_exported,
     }
 }
 

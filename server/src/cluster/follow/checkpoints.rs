@@ -186,7 +186,13 @@ impl Follower {
                 .filter(|(key, result)| result.forget_epoch >= tombstones.floor(&key.view()))
                 .collect();
             for batch in live.chunks(APPLY_BATCH) {
-                loaded += u64::from(self.cluster.apply_learned(batch.to_vec()).await);
+                // Checkpoints carry no last use: the entries count as used on arrival (the
+                // stream's tail after the checkpoint brings the uses since).
+                let batch = batch
+                    .iter()
+                    .map(|(key, result)| (key.clone(), result.clone(), 0))
+                    .collect();
+                loaded += u64::from(self.cluster.apply_learned(batch).await);
             }
             self.unconfirmed.brought_by(shard, decoded.digests);
             self.cluster

@@ -534,7 +534,10 @@ impl Follower {
                 {
                     self.cluster.name_taken_by(publisher.unwrap_or_default());
                 }
-                match values::stream_entry(&message.fields) {
+                let entry = values::stream_entry(&message.fields).and_then(|(key, result)| {
+                    Ok((key, result, values::stream_day(&message.fields)?))
+                });
+                match entry {
                     Ok(entry) => entries.push(entry),
                     Err(why) => {
                         self.cluster

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::error::TierError;
+use crate::model::lifecycle::Day;
 
 impl Follower {
     /// Reads `shards` again from their entries in Redis and applies what beats this node's
@@ -50,7 +51,9 @@ impl Follower {
                 let tombstones = self.cluster.store.tombstones();
                 let mut apply = Vec::new();
                 let mut forgotten = Vec::new();
-                for (key, result, seq, through) in entries {
+                let settings = self.cluster.store.lifecycle();
+                let today = settings.clock.today();
+                for (key, result, seq, through, day) in entries {
                     let floor = tombstones.floor(&key.view());
                     if result.forget_epoch < floor {
                         // Published before the Forget reached its node: neither learned
@@ -58,13 +61,21 @@ impl Follower {
                         forgotten.push((key, floor));
                         continue;
                     }
-                    if merge(current.get(&key).map(|e| e.to_pair().1).as_ref(), &result)
-                        == MergeOutcome::Replace
+                    let held = current.get(&key);
+                    if merge(held.map(|e| e.to_pair().1).as_ref(), &result) == MergeOutcome::Replace
                     {
-                        if through > 0 && seq <= through {
+                        // Expired on arrival is no repair: the store drops it, and the
+                        // tier deletes it from Redis (`apply_learned`).
+                        let expired = super::super::lifecycle::expired_on_arrival(
+                            &settings, held, &key, &result, day, today,
+                        );
+                        if through > 0 && seq <= through && expired.is_none() {
                             outcome.repaired += 1;
                         }
-                        apply.push((key.clone(), result.clone()));
+                        apply.push((key.clone(), result.clone(), day));
+                    } else if held.is_some_and(|held| day > held.last_use()) {
+                        // The same (or a worse) result, used later elsewhere: the day.
+                        apply.push((key.clone(), result.clone(), day));
                     }
                     if republish {
                         in_redis.insert(key, result);
@@ -140,14 +151,14 @@ impl Follower {
     }
 }
 
-/// Reads the named entries: (key, result, the sequence number it was written at, and the
-/// `known_through` handed in with its name). Each is checked like a Record's entry
-/// (`values::entry_fields`): a refused or wrong-typed one is skipped alone.
+/// Reads the named entries: (key, result, the sequence number it was written at, the
+/// `known_through` handed in with its name, and its last use, `u`). Each is checked like a
+/// Record's entry (`values::entry_fields`): a refused or wrong-typed one is skipped alone.
 async fn read_entries(
     cluster: &Cluster,
     conn: &Conn,
     names: &[(String, CacheKey, u64)],
-) -> Result<Vec<(CacheKey, TunedResult, u64, u64)>, Failure> {
+) -> Result<Vec<(CacheKey, TunedResult, u64, u64, Day)>, Failure> {
     let reads = names.iter().map(|(name, _, _)| {
         let mut conn = conn.clone();
         async move {
@@ -158,6 +169,7 @@ async fn read_entries(
                 .arg("b")
                 .arg("a")
                 .arg("s")
+                .arg("u")
                 .query_async::<Vec<Value>>(&mut conn)
                 .await
         }
@@ -177,7 +189,7 @@ async fn read_entries(
             continue; // deleted since the scan (a Forget)
         }
         match values::entry_fields(&fields) {
-            Ok((result, seq)) => entries.push((key.clone(), result, seq, *through)),
+            Ok((result, seq, day)) => entries.push((key.clone(), result, seq, *through, day)),
             Err(why) => cluster
                 .observed
                 .refusals

@@ -315,6 +315,8 @@ mod tests {
                 artifact_bytes: 1457,
                 by_age: vec![1, 2, 3, 4, 5],
             }],
+            cluster_last_use_commands: 1451,
+            cluster_entries_expired: 1452,
             ..Default::default()
         }
     }

@@ -469,6 +469,12 @@ async fn a_node_with_a_clock_100_days_fast_deletes_no_tombstone() {
         skewed.cluster_clock_skew_ms
     );
     assert!(skewed.cluster_prune_paused);
+    // Nor does it expire entries: its days are as wrong as its clock (issue 51).
+    assert!(
+        skewed.expiry_paused.contains("clock"),
+        "{:?}",
+        skewed.expiry_paused
+    );
     assert!(
         fast.log().contains("clock and redis's differ"),
         "{}",
@@ -477,6 +483,7 @@ async fn a_node_with_a_clock_100_days_fast_deletes_no_tombstone() {
     // A node whose clock agrees with Redis's pauses nothing.
     let fine = a.stats().await;
     assert!(!fine.cluster_prune_paused);
+    assert!(fine.expiry_paused.is_empty(), "{:?}", fine.expiry_paused);
     assert!(
         fine.cluster_clock_skew_ms.abs() < 60_000,
         "{}",

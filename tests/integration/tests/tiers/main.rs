@@ -1,5 +1,5 @@
 //! The tiers between nodes: the shared directory (segments, trust, many users) and the Redis
-//! cluster tier (faults, start-up, hostile writers, checkpoints).
+//! cluster tier (faults, start-up, hostile writers, checkpoints, last use and expiry).
 //!
 //! One test binary for these modules (each was its own binary): they share no process-wide
 //! state (no environment variable, rlimit or working directory is changed), so their tests
@@ -11,6 +11,7 @@ mod cluster_checkpoint_trust;
 mod cluster_faults;
 mod cluster_hostile;
 mod cluster_startup;
+mod lifecycle_redis;
 mod lifecycle_shared_dir;
 mod shared_dir_hostile;
 mod shared_dir_squatting;
