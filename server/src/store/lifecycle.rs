@@ -40,6 +40,8 @@ pub fn start_upkeep(store: Store, tasks: &Tasks) {
     tasks.spawn(async move {
         let mut swept_day = store.today();
         let mut next_sweep = tokio::time::Instant::now() + SWEEP_INTERVAL;
+        // Entries held after the last sweep: a bound is checked again only once more came.
+        let mut held_after_sweep = store.len();
         loop {
             tokio::select! {
                 () = stopping.cancelled() => break,
@@ -49,14 +51,30 @@ pub fn start_upkeep(store: Store, tasks: &Tasks) {
                 tracing::warn!(%error, "could not journal last uses; reads mark them again");
             }
             let today = store.today();
-            if today != swept_day || tokio::time::Instant::now() >= next_sweep {
+            // Entries learned since the last sweep (a tier's bootstrap after the sweep at
+            // start, a burst of new keys) may take the cache past a bound: cut it now. At most
+            // one walk of the cache per tick, and only while it grows.
+            if today != swept_day
+                || tokio::time::Instant::now() >= next_sweep
+                || (store.len() > held_after_sweep && store.maybe_past_a_bound())
+            {
                 swept_day = today;
                 next_sweep = tokio::time::Instant::now() + SWEEP_INTERVAL;
-                match store.sweep().await {
-                    Ok(0) => {}
-                    Ok(expired) => tracing::info!(expired, "expired entries no rank used"),
-                    Err(error) => tracing::warn!(%error, "expiry sweep failed; retried later"),
-                }
+                // What the sweep judged: entries that arrive while it runs are judged by the
+                // next one.
+                let judged = store.len();
+                let expired = match store.sweep().await {
+                    Ok(0) => 0,
+                    Ok(expired) => {
+                        tracing::info!(expired, "expired entries no rank used");
+                        expired
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "expiry sweep failed; retried later");
+                        0
+                    }
+                };
+                held_after_sweep = judged.saturating_sub(expired as usize);
             }
         }
         let _ = store.flush_uses().await;
@@ -71,6 +89,15 @@ impl Store {
 
     pub fn lifecycle(&self) -> Arc<LifecycleSettings> {
         self.shared.lifecycle.load_full()
+    }
+
+    /// Whether the cache may hold more than a bound allows, now that it holds more entries
+    /// than after the last sweep: past `--max-entries`, or, with `--cluster-max-mib`, maybe
+    /// past its bytes (only a walk can tell: the sweep then decides exactly). Never a walk.
+    pub fn maybe_past_a_bound(&self) -> bool {
+        let settings = self.lifecycle();
+        (settings.max_entries > 0 && self.len() as u64 > settings.max_entries)
+            || settings.max_bytes > 0
     }
 
     /// Today, by the store's clock.
@@ -136,7 +163,8 @@ impl Store {
         let settings = self.lifecycle();
         let today = settings.clock.today();
         let expires = settings.retention.expires_anything()
-            || (settings.max_entries > 0 && map.len() as u64 > settings.max_entries);
+            || (settings.max_entries > 0 && map.len() as u64 > settings.max_entries)
+            || settings.max_bytes > 0;
         let expired = if expires {
             let planned = tokio::task::spawn_blocking(move || plan_expiry(&map, &settings, today));
             match planned.await {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tunecache_client::proto;
 use tunecache_integration::redis::{cluster_node, free_port, wait_connected, Redis};
-use tunecache_integration::{entry, eventually_sync, test_key, TestDaemon};
+use tunecache_integration::{entry, eventually, eventually_sync, test_key, TestDaemon};
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -182,4 +182,102 @@ async fn a_use_crosses_redis_and_what_nobody_used_is_deleted_there() {
         "A dropped entries used today: {hits:?}"
     );
     assert_eq!(b.stats().await.cluster_entries_expired, 0);
+}
+
+/// Bytes Redis reports (`MEMORY USAGE`) for the deployment's entry hashes, and their number.
+fn entry_memory(redis: &Redis) -> (u64, u64) {
+    let script = r"
+local bytes, count = 0, 0
+for _, key in ipairs(redis.call('KEYS', 'tunecache:e:*')) do
+  bytes = bytes + redis.call('MEMORY', 'USAGE', key, 'SAMPLES', 0)
+  count = count + 1
+end
+return {bytes, count}
+";
+    let reply = redis.cli(&["EVAL", script, "0"]);
+    let mut numbers = reply
+        .lines()
+        .map(|line| line.trim().parse::<u64>().unwrap());
+    (numbers.next().unwrap(), numbers.next().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_cluster_max_mib_every_node_keeps_the_same_entries_within_the_bytes() {
+    if Redis::server().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let redis = Redis::start(dir.path(), free_port(), &[]);
+    // 2 MiB, less the streams' share at 10 messages each (35 KB): room for some 7,000
+    // entries of these keys, fewer than the 10,000 recorded.
+    let flags = [
+        "--retain-days",
+        "0",
+        "--cluster-max-mib",
+        "2",
+        "--cluster-stream-max-len",
+        "10",
+        "--lifecycle-flush-ms",
+        "100",
+    ];
+    let start = |name: &'static str| {
+        let (dir, url) = (dir.path().to_owned(), redis.url());
+        async move {
+            let node = cluster_node(&dir, name, &url, &flags).process().await;
+            wait_connected(&node).await;
+            node
+        }
+    };
+    let a = start("a").await;
+    let b = start("b").await;
+    let keys: Vec<proto::Key> = (0..10_000)
+        .map(|i| test_key("bounded", &format!("m={i:05},n=4096,k=4096")))
+        .collect();
+    for chunk in keys.chunks(1000) {
+        let entries = chunk
+            .iter()
+            .map(|key| entry(key.clone(), r#"{"tile":[128,128,64]}"#, 1.0, "a"))
+            .collect();
+        a.client().await.record(entries).await.unwrap();
+    }
+    // Past the bound, each node's next sweep cuts the same least recently used entries (the
+    // first node to cut one deletes it from Redis), while the Records still come in.
+    let (client_a, client_b) = (a.client().await, b.client().await);
+    eventually(
+        Duration::from_secs(60),
+        "both nodes and Redis within the bound",
+        || async {
+            let (sa, sb) = (
+                client_a.stats().await.unwrap(),
+                client_b.stats().await.unwrap(),
+            );
+            let in_redis = entry_memory(&redis).1;
+            sa.entries < 10_000 && sa.entries == sb.entries && in_redis == sa.entries
+        },
+    )
+    .await;
+    let (held_a, held_b) = (a.stats().await, b.stats().await);
+    let held = held_a.entries;
+    assert!(held > 5_000, "{held_a:?}");
+    // What went was cut by the bound, by one node or both (a node may never have held an
+    // entry the other cut and deleted from Redis first).
+    assert!(
+        held_a.entries_expired_by_bound + held_b.entries_expired_by_bound >= 10_000 - held,
+        "{held_a:?} {held_b:?}"
+    );
+    assert!(held_a.cluster_entries_expired + held_b.cluster_entries_expired > 0);
+    let (bytes, count) = entry_memory(&redis);
+    assert!(
+        bytes <= 2 * 1024 * 1024,
+        "{count} entry hashes take {bytes} bytes in Redis, over --cluster-max-mib"
+    );
+    // The same entries on both nodes: the most recently recorded (all on one day, so the
+    // last in key order).
+    let a_keys = a.client().await.scan("test", "").await.unwrap();
+    let b_keys = b.client().await.scan("test", "").await.unwrap();
+    assert_eq!(a_keys.len() as u64, held);
+    assert_eq!(a_keys, b_keys, "the same entries on both nodes");
+    let first_kept = a_keys[0].key.as_ref().map(|key| key.problem.clone());
+    let expected = format!("m={:05},n=4096,k=4096", 10_000 - held);
+    assert_eq!(first_kept, Some(expected));
 }
