@@ -104,6 +104,16 @@ class TuneCacheStub:
                 request_serializer=tunecache_dot_v1_dot_tunecache__pb2.ListMissesRequest.SerializeToString,
                 response_deserializer=tunecache_dot_v1_dot_tunecache__pb2.ListMissesResponse.FromString,
                 _registered_method=True)
+        self.Usage = channel.unary_unary(
+                '/tunecache.v1.TuneCache/Usage',
+                request_serializer=tunecache_dot_v1_dot_tunecache__pb2.UsageRequest.SerializeToString,
+                response_deserializer=tunecache_dot_v1_dot_tunecache__pb2.UsageResponse.FromString,
+                _registered_method=True)
+        self.Prune = channel.unary_unary(
+                '/tunecache.v1.TuneCache/Prune',
+                request_serializer=tunecache_dot_v1_dot_tunecache__pb2.PruneRequest.SerializeToString,
+                response_deserializer=tunecache_dot_v1_dot_tunecache__pb2.PruneResponse.FromString,
+                _registered_method=True)
 
 
 class TuneCacheServicer:
@@ -193,6 +203,18 @@ class TuneCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Usage(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Prune(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TuneCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -265,6 +287,16 @@ def add_TuneCacheServicer_to_server(servicer, server):
                     servicer.ListMisses,
                     request_deserializer=tunecache_dot_v1_dot_tunecache__pb2.ListMissesRequest.FromString,
                     response_serializer=tunecache_dot_v1_dot_tunecache__pb2.ListMissesResponse.SerializeToString,
+            ),
+            'Usage': grpc.unary_unary_rpc_method_handler(
+                    servicer.Usage,
+                    request_deserializer=tunecache_dot_v1_dot_tunecache__pb2.UsageRequest.FromString,
+                    response_serializer=tunecache_dot_v1_dot_tunecache__pb2.UsageResponse.SerializeToString,
+            ),
+            'Prune': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prune,
+                    request_deserializer=tunecache_dot_v1_dot_tunecache__pb2.PruneRequest.FromString,
+                    response_serializer=tunecache_dot_v1_dot_tunecache__pb2.PruneResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -645,6 +677,60 @@ class TuneCache:
             '/tunecache.v1.TuneCache/ListMisses',
             tunecache_dot_v1_dot_tunecache__pb2.ListMissesRequest.SerializeToString,
             tunecache_dot_v1_dot_tunecache__pb2.ListMissesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Usage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tunecache.v1.TuneCache/Usage',
+            tunecache_dot_v1_dot_tunecache__pb2.UsageRequest.SerializeToString,
+            tunecache_dot_v1_dot_tunecache__pb2.UsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prune(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tunecache.v1.TuneCache/Prune',
+            tunecache_dot_v1_dot_tunecache__pb2.PruneRequest.SerializeToString,
+            tunecache_dot_v1_dot_tunecache__pb2.PruneResponse.FromString,
             options,
             channel_credentials,
             insecure,
