@@ -99,25 +99,10 @@ pub(super) fn current(taken: &EntryMap, cache: &EntryMap) -> EntryMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::entry::{CacheKey, TunedResult};
+    use crate::model::testing;
 
     fn entry(problem: &str, time_us: f64) -> StoredEntry {
-        let key = CacheKey {
-            namespace: "n".into(),
-            op: "gemm".into(),
-            device: "d".into(),
-            problem: problem.into(),
-            rank: None,
-        };
-        let result = TunedResult {
-            config: format!("{{\"t\":{time_us}}}"),
-            time_us,
-            tuned_by: "me/rank0".into(),
-            tuned_at_unix_ms: 1,
-            forget_epoch: 0,
-            artifacts: Default::default(),
-        };
-        StoredEntry::new(&key, &result)
+        StoredEntry::new(&testing::key(problem), &testing::result(time_us))
     }
 
     fn use_of(entry: &StoredEntry, day: u32, source: Source) -> UseChange {
