@@ -43,10 +43,13 @@ pub fn library() -> PathBuf {
         })
 }
 
-/// A wall-clock offset in libfaketime's relative syntax: "-40d" (40 days ago), "+2h".
+/// A wall-clock offset in libfaketime's relative syntax: "-40d" (40 days ago), "+2h"; or a
+/// file holding one, read again on every clock call, so a running process's clock can be
+/// moved on (`Faketime::following`, `Faketime::set`).
 #[derive(Clone, Debug)]
 pub struct Faketime {
     offset: String,
+    file: Option<PathBuf>,
 }
 
 impl Faketime {
@@ -57,7 +60,28 @@ impl Faketime {
         );
         Faketime {
             offset: offset.to_owned(),
+            file: None,
         }
+    }
+
+    /// The offset `file` holds, whenever the process reads its clock: `set` moves every
+    /// process started with it at once. The file is written with no offset if missing.
+    pub fn following(file: &std::path::Path) -> Faketime {
+        if !file.exists() {
+            Faketime::set(file, 0);
+        }
+        Faketime {
+            offset: String::new(),
+            file: Some(file.to_path_buf()),
+        }
+    }
+
+    /// Moves the clocks that follow `file` to `days` days from now.
+    pub fn set(file: &std::path::Path, days: u32) {
+        // Written whole, then renamed: a reader never sees half an offset.
+        let temp = file.with_extension("tmp");
+        std::fs::write(&temp, format!("+{days}d\n")).expect("writing the faketime file");
+        std::fs::rename(&temp, file).expect("placing the faketime file");
     }
 
     /// `days` days before now.
@@ -73,9 +97,14 @@ impl Faketime {
             preload.push(":");
             preload.push(others);
         }
+        command.env("LD_PRELOAD", preload);
+        match &self.file {
+            Some(file) => command
+                .env("FAKETIME_TIMESTAMP_FILE", file)
+                .env("FAKETIME_NO_CACHE", "1"),
+            None => command.env("FAKETIME", &self.offset),
+        };
         command
-            .env("LD_PRELOAD", preload)
-            .env("FAKETIME", &self.offset)
             // Both names: libfaketime 0.9.8 and later read the first, older ones the second.
             .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
             .env("DONT_FAKE_MONOTONIC", "1");

@@ -136,7 +136,9 @@ impl OwnSegments {
     /// The segment is in place: what it holds is published.
     pub fn written(&mut self, plan: SegmentPlan) {
         self.republish_from = None;
-        self.entries_in_segments += plan.entries.len();
+        // Uses count as what the segments hold: all of them are garbage once read, and only a
+        // compaction takes them out of the directory.
+        self.entries_in_segments += plan.entries.len() + plan.used.len();
         for entry in plan.entries.iter() {
             self.published.insert(entry.clone());
         }
@@ -146,7 +148,8 @@ impl OwnSegments {
     }
 
     /// Whether the own segments are due for compaction: more of them than `max_segments`, or
-    /// at least `COMPACT_MIN_ENTRIES` entries in them and more than twice the live ones.
+    /// at least `COMPACT_MIN_ENTRIES` entries and uses in them and more than twice the live
+    /// entries.
     /// Never while another writer uses this node's name, or while a segment it did not
     /// write lies inside their range.
     pub fn compaction_due(&self, max_segments: usize, not_ours: &NotOurs) -> bool {
@@ -387,6 +390,22 @@ mod tests {
             .plan_publish("me", &map, &EntryMap::new(), &forgets, &none)
             .unwrap();
         assert_eq!(plan.segment, seg(3, 3));
+    }
+
+    #[test]
+    fn uses_count_toward_a_compaction_which_leaves_them_out() {
+        let mut own = loaded(1);
+        let none = Tombstones::default();
+        let used: EntryMap = (0..COMPACT_MIN_ENTRIES)
+            .map(|i| entry(&format!("u{i}"), 1.0))
+            .collect();
+        let plan = own
+            .plan_publish("me", &EntryMap::new(), &used, &none, &NotOurs::default())
+            .unwrap();
+        assert_eq!(plan.used.len(), COMPACT_MIN_ENTRIES);
+        own.written(plan);
+        // No entry of this node's is live: segments of uses alone are all garbage once read.
+        assert!(own.compaction_due(64, &NotOurs::default()));
     }
 
     #[test]

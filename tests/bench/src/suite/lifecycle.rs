@@ -44,6 +44,13 @@ pub struct LifecycleOptions {
     /// Entries that expire at once in the Record-latency case (0: skip the case).
     #[arg(long, default_value_t = 1_000_000)]
     pub expiring: usize,
+    /// Weeks of the real run: two daemon processes and a shared directory under libfaketime
+    /// (0: skip it).
+    #[arg(long, default_value_t = 12)]
+    pub real_weeks: u32,
+    /// Entries of each weekly version in the real run.
+    #[arg(long, default_value_t = 1000)]
+    pub real_per_version: usize,
     #[arg(skip)]
     pub command_line: String,
 }
@@ -106,6 +113,7 @@ pub struct LifecycleResults {
     /// The bound on versions held: retention / 7 + 2.
     pub versions_bound: f64,
     pub records_while_expiring: Option<RecordsWhileExpiring>,
+    pub real: Vec<super::lifecycle_real::RealWeek>,
 }
 
 fn key(version: u32, i: usize) -> CacheKey {
@@ -152,6 +160,18 @@ pub fn run(options: &LifecycleOptions) -> Result<LifecycleResults> {
     } else {
         None
     };
+    let real = if options.real_weeks > 0 {
+        let scratch = setup.scratch.path().join("real");
+        std::fs::create_dir_all(&scratch)?;
+        setup.runtime.block_on(super::lifecycle_real::run_real(
+            &scratch,
+            options.real_weeks,
+            options.real_per_version,
+            options.retain_days,
+        ))?
+    } else {
+        Vec::new()
+    };
     let results = LifecycleResults {
         info: setup.info(&options.command_line),
         retain_days: options.retain_days,
@@ -159,6 +179,7 @@ pub fn run(options: &LifecycleOptions) -> Result<LifecycleResults> {
         weeks,
         versions_bound: f64::from(options.retain_days) / 7.0 + 2.0,
         records_while_expiring,
+        real,
     };
     setup.write(&results, &table(&results))?;
     Ok(results)
@@ -281,6 +302,8 @@ const NO_ARTIFACTS: LifecycleOptions = LifecycleOptions {
     artifact_kib: 0,
     retain_days: 0,
     expiring: 0,
+    real_weeks: 0,
+    real_per_version: 0,
     command_line: String::new(),
 };
 
@@ -370,6 +393,27 @@ fn table(results: &LifecycleResults) -> String {
             week.distinct_reads_per_day,
             week.expired_total,
         );
+    }
+    if !results.real.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nThe real run: two daemon processes on one shared directory, their clocks moved a day at a time (libfaketime):\n\n| week | entries A | entries B | A's journal | shared dir | hit rate | last-use journal writes/day, both nodes (max) | uses put in segments/day, both nodes (max) | distinct keys read/day per node |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for week in &results.real {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.2} MiB | {:.2} MiB | {:.1}% | {} | {} | {} |",
+                week.week,
+                week.entries_a,
+                week.entries_b,
+                week.journal_bytes_a as f64 / 1048576.0,
+                week.shared_dir_bytes as f64 / 1048576.0,
+                week.hit_rate * 100.0,
+                week.last_use_writes_per_day_max,
+                week.segment_uses_per_day_max,
+                week.distinct_reads_per_day,
+            );
+        }
     }
     if let Some(case) = &results.records_while_expiring {
         let _ = writeln!(

@@ -13,6 +13,7 @@ pub mod cold_blob;
 pub mod flashinfer;
 mod forget_flood;
 pub mod lifecycle;
+mod lifecycle_real;
 pub mod lookup_load;
 mod micro;
 mod profile;
