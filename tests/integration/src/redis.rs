@@ -19,9 +19,6 @@ pub struct Redis {
     /// Its working directory (AOF/RDB files, log).
     pub dir: PathBuf,
     args: Vec<String>,
-    /// Its wall clock moved by libfaketime (`Redis::start_faketime`), so that nodes whose
-    /// clocks move with it find no skew.
-    faketime: Option<crate::Faketime>,
 }
 
 /// Ports handed out by [`free_port`] in this process (each with its cluster bus port), and
@@ -128,24 +125,7 @@ impl Redis {
         Redis::start_args(dir, port, args.iter().map(|s| (*s).to_owned()).collect())
     }
 
-    /// `start`, its wall clock moved by `faketime`.
-    pub fn start_faketime(dir: &Path, port: u16, faketime: crate::Faketime) -> Redis {
-        let args = ["--save", "", "--appendonly", "no"]
-            .map(str::to_owned)
-            .to_vec();
-        Redis::start_with(dir, port, args, Some(faketime))
-    }
-
     fn start_args(dir: &Path, port: u16, args: Vec<String>) -> Redis {
-        Redis::start_with(dir, port, args, None)
-    }
-
-    fn start_with(
-        dir: &Path,
-        port: u16,
-        args: Vec<String>,
-        faketime: Option<crate::Faketime>,
-    ) -> Redis {
         let dir = dir.join(format!("redis-{port}"));
         std::fs::create_dir_all(&dir).unwrap();
         let mut redis = Redis {
@@ -153,7 +133,6 @@ impl Redis {
             port,
             dir,
             args,
-            faketime,
         };
         redis.spawn();
         redis
@@ -166,19 +145,16 @@ impl Redis {
             .append(true)
             .open(self.dir.join("redis.log"))
             .unwrap();
-        let mut command = Command::new(server);
-        command
+        let child = Command::new(server)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--protected-mode", "no"])
             .arg("--dir")
             .arg(&self.dir)
             .args(&self.args)
             .stdout(log.try_clone().unwrap())
-            .stderr(log);
-        if let Some(faketime) = &self.faketime {
-            faketime.apply(&mut command);
-        }
-        let child = command.spawn().expect("start redis-server");
+            .stderr(log)
+            .spawn()
+            .expect("start redis-server");
         self.child = Some(child);
         self.wait_ready();
     }
