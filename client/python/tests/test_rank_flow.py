@@ -198,7 +198,13 @@ def test_lookup_scan_resolve_and_get_or_tune_read_in_the_view(daemon, monkeypatc
         assert {e.key.problem for chunk in client.scan(namespace="pytest-view") for e in chunk} >= {scanned.problem}
         assert client.resolve(resolved, wait_ms=0, can_tune=False).hit.config == first[0]
         assert client.get_or_tune(tuned, CountingTuner(), FALLBACK, wait_ms=0) == {"runner_id": 2, "tactic": [128, 64]}
-        (view,) = [v for v in client.list_views() if v.name == "job-1"]
+        # The lease holder's result is pinned by the view's own task, just after its Record.
+        deadline = time.monotonic() + 10
+        while True:
+            (view,) = [v for v in client.list_views() if v.name == "job-1"]
+            if view.pins >= 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
         assert view.pins >= 4
         # Record has no view: a better result is merged for everyone, but job-1 keeps its pins.
         client.record([{"key": k, "result": {"config": '{"tile": 32}', "time_us": 1.0}} for k in (looked_up, scanned, resolved)])
