@@ -27,7 +27,7 @@ use super::link::{Conn, BACKGROUND_TIMEOUT};
 use super::{refusals, scripts, Cluster};
 use crate::error::{TierError, TierResult};
 use crate::model::entry::{CacheKey, TunedResult};
-use crate::model::lifecycle::{effective_day, plausible_day, Day, MS_PER_DAY};
+use crate::model::lifecycle::{arriving_day, effective_day, Day, MS_PER_DAY};
 use crate::store::{LifecycleSettings, Source, StoredEntry, UseChange};
 
 /// Keys per batch: one round of scripts, all in flight at once (pipelined).
@@ -109,12 +109,11 @@ pub(super) fn expired_on_arrival(
     day: Day,
     today: Day,
 ) -> Option<Day> {
-    let day = plausible_day(day, today).max(held.map_or(0, StoredEntry::last_use));
-    let effective = effective_day(day, result.tuned_at_unix_ms, today);
+    let day = arriving_day(day, held.map_or(0, StoredEntry::last_use), today);
     settings
         .retention
-        .expired(&key.namespace, effective, today)
-        .then_some(effective)
+        .entry_expired(&key.namespace, day, result.tuned_at_unix_ms, today)
+        .then(|| effective_day(day, result.tuned_at_unix_ms, today))
 }
 
 impl Cluster {

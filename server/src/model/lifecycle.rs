@@ -46,6 +46,13 @@ pub fn plausible_day(day: Day, today: Day) -> Day {
     }
 }
 
+/// The last use an entry arriving from elsewhere holds: the day its source knew, checked
+/// (`plausible_day`), raised by the last use of what this node holds for the key. The writer
+/// stores it; a tier that must know whether the writer will drop the entry judges by it too.
+pub fn arriving_day(known: Day, held: Day, today: Day) -> Day {
+    plausible_day(known, today).max(held)
+}
+
 /// How long entries are kept after their last use: a default and per-namespace overrides
 /// (`--retain-days`, `--retain NS=DAYS`). 0 days keeps for ever.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,6 +98,22 @@ impl Retention {
     pub fn expired(&self, namespace: &str, effective: Day, today: Day) -> bool {
         let days = self.days_for(namespace);
         days > 0 && today.saturating_sub(effective) > days
+    }
+
+    /// Whether an entry of `namespace` last used on `last_use` and recorded at
+    /// `tuned_at_unix_ms` is expired on `today` (`effective_day`, then `expired`).
+    pub fn entry_expired(
+        &self,
+        namespace: &str,
+        last_use: Day,
+        tuned_at_unix_ms: i64,
+        today: Day,
+    ) -> bool {
+        self.expired(
+            namespace,
+            effective_day(last_use, tuned_at_unix_ms, today),
+            today,
+        )
     }
 
     /// Parses `NS=DAYS` (`--retain`).

@@ -119,11 +119,6 @@ impl Store {
         }
     }
 
-    /// Uses marked but not yet journalled.
-    pub fn pending_uses(&self) -> usize {
-        crate::sync::lock(&self.shared.pending_uses).len()
-    }
-
     /// Has the writer journal the uses marked so far and tell the feed; returns how many.
     pub async fn flush_uses(&self) -> Result<usize> {
         let uses = std::mem::take(&mut *crate::sync::lock(&self.shared.pending_uses));

@@ -21,7 +21,7 @@
 
 use crate::model::entry::{CacheKey, KeyView, Origin, ResultView, TunedResult};
 use crate::model::forget::{record_epoch, ForgetAsk, ForgetClock, Tombstone};
-use crate::model::lifecycle::{effective_day, plausible_day, Day, Retention};
+use crate::model::lifecycle::{arriving_day, Day, Retention};
 use crate::model::merge::{merge_views, MergeOutcome};
 use crate::model::tombstones::Tombstones;
 use crate::wire::stored::{EntryMap, StoredEntry};
@@ -224,14 +224,16 @@ pub(crate) fn plan_group(
             // another node. So do this node's own segments read back at start: taking them as
             // used today would revive, at every restart, what expired meanwhile.
             let local_write = origin == Origin::Own && stamps_epoch;
+            let held = current.map_or(0, StoredEntry::last_use);
             let day = if local_write {
-                today.day
+                today.day.max(held)
             } else {
-                plausible_day(incoming.last_use(), today.day)
+                arriving_day(incoming.last_use(), held, today.day)
             };
-            let day = day.max(current.map_or(0, StoredEntry::last_use));
-            let effective = effective_day(day, result.tuned_at_unix_ms, today.day);
-            if !local_write && today.retention.expired(key.namespace, effective, today.day) {
+            let retention = &today.retention;
+            if !local_write
+                && retention.entry_expired(key.namespace, day, result.tuned_at_unix_ms, today.day)
+            {
                 outcome.unchanged += 1;
                 plan.expired_on_arrival += 1;
                 continue;
