@@ -126,15 +126,15 @@ fn key(version: u32, i: usize) -> CacheKey {
     }
 }
 
-fn result(version: u32, i: usize, options: &LifecycleOptions, now_ms: i64) -> TunedResult {
-    let artifacts = if i < options.with_artifacts {
-        ArtifactList::from_wire(vec![tunecache_client::proto::Artifact {
+/// Entry `i` of `version`'s result, naming an artifact of `artifact_bytes` when given.
+fn result(version: u32, i: usize, artifact_bytes: Option<u64>, now_ms: i64) -> TunedResult {
+    let artifacts = match artifact_bytes {
+        Some(size) => ArtifactList::from_wire(vec![tunecache_client::proto::Artifact {
             name: "kernel.cubin".to_owned(),
             sha256: format!("{:064x}", u64::from(version) << 32 | i as u64),
-            size: options.artifact_kib * 1024,
-        }])
-    } else {
-        ArtifactList::default()
+            size,
+        }]),
+        None => ArtifactList::default(),
     };
     TunedResult {
         config: format!(r#"{{"tactic":{i},"tile":[128,128,64]}}"#),
@@ -206,7 +206,10 @@ async fn simulate(options: &LifecycleOptions, state: &std::path::Path) -> Result
     let mut weeks = Vec::new();
     for week in 0..options.weeks {
         let entries: Vec<(CacheKey, TunedResult)> = (0..options.per_version)
-            .map(|i| (key(week, i), result(week, i, options, clock.now_ms())))
+            .map(|i| {
+                let artifact = (i < options.with_artifacts).then_some(options.artifact_kib * 1024);
+                (key(week, i), result(week, i, artifact, clock.now_ms()))
+            })
             .collect();
         for batch in entries.chunks(1000) {
             store.try_apply(batch.to_vec(), None).await?;
@@ -284,7 +287,7 @@ async fn time_records(
     let mut micros = Vec::new();
     let mut i = first;
     while micros.len() < least || busy() {
-        let entry = (key(9999, i), result(9999, i % 100, &NO_ARTIFACTS, 0));
+        let entry = (key(9999, i), result(9999, i % 100, None, 0));
         let started = std::time::Instant::now();
         store.try_apply(vec![entry], None).await?;
         micros.push(started.elapsed().as_secs_f64() * 1e6);
@@ -292,20 +295,6 @@ async fn time_records(
     }
     Ok(micros)
 }
-
-/// Options whose entries name no artifact (the Record-latency case's).
-const NO_ARTIFACTS: LifecycleOptions = LifecycleOptions {
-    out_dir: PathBuf::new(),
-    weeks: 0,
-    per_version: 0,
-    with_artifacts: 0,
-    artifact_kib: 0,
-    retain_days: 0,
-    expiring: 0,
-    real_weeks: 0,
-    real_per_version: 0,
-    command_line: String::new(),
-};
 
 /// `expiring` entries recorded on one day; Records timed alone; then, 31 days on, Records
 /// timed while one sweep expires them all.
@@ -329,7 +318,7 @@ async fn records_while_expiring(
     ));
     for first in (0..options.expiring).step_by(1000) {
         let batch = (first..(first + 1000).min(options.expiring))
-            .map(|i| (key(0, i), result(0, i % 100, &NO_ARTIFACTS, clock.now_ms())))
+            .map(|i| (key(0, i), result(0, i % 100, None, clock.now_ms())))
             .collect();
         store.try_apply(batch, None).await?;
     }
