@@ -15,6 +15,7 @@
 //! - [`tuning`]: the rank flow with a Python `tune` callable;
 //! - [`trtllm`]: the TensorRT-LLM entry mapping for the drop-in;
 //! - [`flashinfer`]: FlashInfer's managed-store mapping for its drop-in;
+//! - [`inductor`]: PyTorch Inductor's cache-file mapping for its drop-in;
 //! - [`messages`] (Key, Result, Artifact), [`entry`] (Entry) and [`fields`] (arguments taken
 //!   duck-typed): the contract's data messages as Python objects; [`answers`]: Resolve's and
 //!   Record's answers and the other answers' [`answers::Message`];
@@ -32,6 +33,7 @@ mod entry;
 mod errors;
 mod fields;
 mod flashinfer;
+mod inductor;
 mod leases;
 mod logs;
 mod messages;
@@ -137,5 +139,14 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(flashinfer::flashinfer_env, module)?)?;
     module.add_function(wrap_pyfunction!(flashinfer::flashinfer_entries, module)?)?;
     module.add_function(wrap_pyfunction!(flashinfer::flashinfer_file_entry, module)?)?;
+    module.add_function(wrap_pyfunction!(inductor::inductor_device, module)?)?;
+    module.add_function(wrap_pyfunction!(inductor::inductor_gemm_key, module)?)?;
+    module.add_function(wrap_pyfunction!(inductor::inductor_timings_config, module)?)?;
+    module.add_function(wrap_pyfunction!(inductor::inductor_timings, module)?)?;
+    module.add_function(wrap_pyfunction!(inductor::inductor_time_us, module)?)?;
+    module.add_function(wrap_pyfunction!(
+        inductor::inductor_best_config_key,
+        module
+    )?)?;
     Ok(())
 }
