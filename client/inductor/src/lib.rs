@@ -38,15 +38,18 @@
 //! finds.
 //!
 //! Modules: [`key`] (keys both ways), [`timings`] (a group's config and time), [`store`] (a
-//! cache directory read and written), `pyjson` (JSON as Python's `json` reads and writes it).
+//! cache directory read, and what reading and writing share), [`export`] (one written),
+//! `pyjson` (JSON as Python's `json` reads and writes it).
 
+pub mod export;
 pub mod key;
-// Until the store module (next commit) reads and writes files with all of it.
-#[allow(dead_code)]
 mod pyjson;
+pub mod store;
 pub mod timings;
 
+pub use export::{export_cache_dir, ExportOutcome};
 pub use key::{best_config_key, device, gemm_key, gemm_problem};
+pub use store::{import_cache_dir, ImportOutcome, SkippedFile};
 pub use timings::{timings_config, timings_of, timings_time_us};
 
 /// `Key.namespace` of GEMM choice timings (`cache/<system_hash>`).
