@@ -5,8 +5,8 @@
 //! `get --artifacts-to DIR` writes a hit's files into DIR, each verified by its digest.
 //!
 //! This file holds the command line (clap) and hands each command to its module: `read`
-//! (get, scan, resolve, devices), `write` (put, forget), `views`, `stats`, `trtllm_file` and
-//! `flashinfer_store` (import, export), `bundle` and `bundle_export` (bundles: one file of
+//! (get, scan, resolve, devices), `write` (put, forget), `views`, `stats`, `trtllm_file`,
+//! `flashinfer_store` and `inductor_store` (import, export), `bundle` and `bundle_export` (bundles: one file of
 //! entries and their artifacts, docs/bundles.md), `misses` (what replay found missing), `du`
 //! and `prune` (what the cache holds by last use, and an administrator's expiry of what is
 //! unused, docs/lifecycle.md); `entry_output` prints entries.
@@ -23,6 +23,7 @@ mod du;
 mod entry_output;
 mod error_text;
 mod flashinfer_store;
+mod inductor_store;
 mod misses;
 mod prune;
 mod read;
@@ -235,9 +236,11 @@ enum Command {
         command: ViewCommand,
     },
     /// Record the entries of a tuning cache: `--format trtllm FILE` (TensorRT-LLM's
-    /// TLLM_AUTOTUNER_CACHE_PATH) or `flashinfer ROOT` (FlashInfer's managed autotune store,
-    /// every environment under ROOT/v2/). Invalid entries are skipped with reasons and the rest
-    /// stored; exits non-zero only when the cache cannot be read or nothing in it could be stored.
+    /// TLLM_AUTOTUNER_CACHE_PATH), `flashinfer ROOT` (FlashInfer's managed autotune store,
+    /// every environment under ROOT/v2/) or `inductor DIR` (PyTorch Inductor's
+    /// TORCHINDUCTOR_CACHE_DIR: the GEMM timings of DIR/cache/<system_hash> and every
+    /// DIR/*/*.best_config). Invalid entries are skipped with reasons and the rest stored; exits
+    /// non-zero only when the cache cannot be read or nothing in it could be stored.
     Import {
         #[arg(long, value_enum)]
         format: Option<CacheFormat>,
@@ -254,6 +257,9 @@ enum Command {
     /// FILE by rename; entries TensorRT-LLM's loader could not read back are skipped with the
     /// reason. `flashinfer ROOT`: FlashInfer's store layout under ROOT (manifest.json and one
     /// file per entry, as FlashInfer's publish writes them), every environment or `--env`'s.
+    /// `inductor DIR`: each system's timings merged into DIR/cache/<system_hash> (the file's
+    /// other timings kept, ours winning on the same choice) and each best config written to
+    /// its DIR/<dir>/<name>.best_config, as Inductor writes them.
     Export {
         #[arg(long, value_enum)]
         format: Option<CacheFormat>,
@@ -340,6 +346,8 @@ enum CacheFormat {
     Trtllm,
     /// FlashInfer's managed autotune store (autotune_v2), a directory.
     Flashinfer,
+    /// PyTorch Inductor's autotune cache (TORCHINDUCTOR_CACHE_DIR), a directory.
+    Inductor,
 }
 
 /// The format and path of `import`/`export`: `--format F PATH` or `F PATH`.
@@ -353,8 +361,9 @@ fn format_and_path(
     match (format, second) {
         (Some(format), None) => Ok((format, PathBuf::from(first))),
         (None, Some(path)) => {
-            let format = CacheFormat::from_str(&first, true)
-                .map_err(|_| anyhow::anyhow!("{first:?} is not a format (trtllm, flashinfer)"))?;
+            let format = CacheFormat::from_str(&first, true).map_err(|_| {
+                anyhow::anyhow!("{first:?} is not a format (trtllm, flashinfer, inductor)")
+            })?;
             Ok((format, PathBuf::from(path)))
         }
         (Some(_), Some(_)) => anyhow::bail!("give the format once: --format F PATH, or F PATH"),
@@ -518,6 +527,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 );
                 flashinfer_store::import(&client, &root, as_json).await?
             }
+            (CacheFormat::Inductor, dir) => {
+                anyhow::ensure!(
+                    device.is_none(),
+                    "--device is for trtllm files; Inductor's files name their systems"
+                );
+                inductor_store::import(&client, &dir, as_json).await?
+            }
         },
         Command::Export {
             format,
@@ -544,6 +560,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     "--device and --world-size are for trtllm files; choose an environment with --env"
                 );
                 flashinfer_store::export(&client, &root, env.as_deref(), as_json).await?
+            }
+            (CacheFormat::Inductor, dir) => {
+                anyhow::ensure!(
+                    device.is_none() && world_size.is_none() && env.is_none(),
+                    "--device and --world-size are for trtllm files, --env for flashinfer stores"
+                );
+                inductor_store::export(&client, &dir, as_json).await?
             }
         },
     }
