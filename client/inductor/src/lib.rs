@@ -24,10 +24,15 @@
 //! | Key field | timing group `cache[op][cache_key][precision]` ([`NAMESPACE`]) | best config ([`BEST_CONFIG_NAMESPACE`]) |
 //! |-----------|-----------------------------------------------------|------------------------------------------|
 //! | `op`      | `op` (`mm`, `addmm`, ...)                           | [`BEST_CONFIG_OP`]                       |
-//! | `device`  | `<device name>|system <system hash>`                | empty                                    |
-//! | `problem` | `<cache_key>|precision <precision>|choices <digest>` | `<dir>/<name>.best_config|configs <configs_hash>` |
+//! | `device`  | `<device name>\|system <system hash>`                | empty                                    |
+//! | `problem` | `<cache_key>\|precision <precision>\|choices <digest>` | `<dir>/<name>.best_config\|configs <configs_hash>` |
 //! | `config`  | `{choice_hash: timing_ms}`, compact, sorted         | the file's object, compact               |
 //! | `time_us` | the best finite timing, in µs                       | `time_taken_ms` * 1000                   |
+//!
+//! A best config's object keeps its members in the file's order (`json.dumps(data,
+//! separators=(",", ":"))`). Its `time_taken_ms` is how long Inductor took to tune the kernel,
+//! not how fast the kernel runs: the only time the file has, so among two configs for one key
+//! the merge rule keeps the one found quicker; a file without one is recorded with 0.
 //!
 //! The digest is over the group's own choice hashes (sorted, deduplicated): Inductor serves a
 //! lookup only when every choice it benchmarks has a timing in the group, so a group is one
