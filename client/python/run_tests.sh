@@ -5,7 +5,8 @@
 # client, triton), then pytest. The tests import the installed package, never the source tree.
 # Arguments are passed to pytest, except a first `--prepare` (make the venv ready, run no test) or
 # `--prepared` (run the tests in the venv as `--prepare` left it, installing nothing: a process
-# beside it may be using that venv). The daemon tests run when target/debug/tunecached (or
+# beside it may be using that venv), or `--prepare-torch` (make the venv and install only torch,
+# which .ci/run does beside the cargo build: its download and unpacking are not CPU work). The daemon tests run when target/debug/tunecached (or
 # $TUNECACHE_DAEMON_BIN) exists and are skipped, with the reason printed, when it does not; the
 # TensorRT-LLM mapping tests also need the CLI, target/debug/tunecache (or $TUNECACHE_CLI_BIN).
 # Under CI ($CI set) a missing binary fails those tests instead of skipping them.
@@ -19,6 +20,9 @@
 #   TUNECACHE_TRITON    the triton requirement the Triton cache-manager tests run against
 #                       (default: the version they were written for); "none" installs none and
 #                       those tests skip (outside CI)
+#   TUNECACHE_TORCH     "none" installs no torch and the Inductor drop-in tests skip (outside CI);
+#                       else torch 2.15.0 (with its CUDA libraries, which it needs to import even
+#                       on a CPU) from the package index, its wheel checked against its sha256
 #   TUNECACHE_FLASHINFER_WHEEL  FlashInfer's wheel (flashinfer-python 0.7.2.post1) to take the
 #                       FlashInfer drop-in tests' code from, instead of downloading it (pip
 #                       download --no-deps); either way checked against its sha256
@@ -31,7 +35,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 venv="${TUNECACHE_PY_VENV:-$here/.venv}"
 stage=all
-if [[ "${1:-}" == "--prepare" || "${1:-}" == "--prepared" ]]; then
+if [[ "${1:-}" == "--prepare" || "${1:-}" == "--prepared" || "${1:-}" == "--prepare-torch" ]]; then
     stage="${1#--}"
     shift
 fi
@@ -45,7 +49,36 @@ else
     python="$venv/bin/python"
 fi
 
+# torch for tests/test_inductor_dropin.py, whose tests run Inductor's own code: pinned by version and
+# by the digest of its wheel (CPython 3.11 on x86_64, CI's), downloaded, checked, then installed
+# with its dependencies (about 5 GB installed, once: a reused venv that has it skips all this).
+torch_version=2.15.0
+torch_wheel_sha256=48c2d861134c0b5697c7602cb5ffa68f62a2989fdcd1717e593356f67996ca1e
+install_torch() {
+    [[ "${TUNECACHE_TORCH:-}" == "none" ]] && return 0
+    if [[ "$("$python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null)" == "$torch_version" ]]; then
+        return 0
+    fi
+    local fetch
+    fetch="$(mktemp -d)"
+    "$python" -m pip download --quiet --disable-pip-version-check --no-deps "torch==$torch_version" --dest "$fetch"
+    local wheel_file=("$fetch"/torch-*.whl)
+    if ! echo "$torch_wheel_sha256  ${wheel_file[0]}" | sha256sum --check --quiet; then
+        echo "run_tests.sh: ${wheel_file[0]##*/} is not the pinned torch wheel (cp311 x86_64, sha256 $torch_wheel_sha256);" \
+            "set TUNECACHE_TORCH=none to run without the Inductor tests" >&2
+        rm -rf "$fetch"
+        return 1
+    fi
+    "$python" -m pip install --quiet --disable-pip-version-check "${wheel_file[0]}"
+    rm -rf "$fetch"
+}
+if [[ "$stage" == "prepare-torch" ]]; then
+    install_torch
+    exit 0
+fi
+
 if [[ "$stage" != "prepared" ]]; then
+    install_torch
     pip=("$python" -m pip install --quiet --disable-pip-version-check)
     wheel="${TUNECACHE_PY_WHEEL:-}"
     if [[ -z "$wheel" ]]; then

@@ -5,66 +5,38 @@
 //! there. The mapping is `tunecache-inductor`'s, the one the Python drop-in uses.
 
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use serde_json::{json, Value};
+use serde_json::json;
 use tunecache_client::Client;
 use tunecache_inductor as inductor;
 
-fn skipped_json(skipped: &[inductor::SkippedFile]) -> Vec<Value> {
-    skipped
-        .iter()
-        .map(|s| json!({"path": s.path, "reason": s.reason}))
-        .collect()
-}
+use crate::store_report::{self, Skipped};
 
-fn print_skipped(skipped: &[inductor::SkippedFile]) {
-    for file in skipped {
-        eprintln!("skipped {}: {}", file.path, file.reason);
-    }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| {
-            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+fn skipped_of(files: Vec<inductor::SkippedFile>) -> Vec<Skipped> {
+    files
+        .into_iter()
+        .map(|file| Skipped {
+            path: file.path,
+            reason: file.reason,
         })
+        .collect()
 }
 
 /// Imports every timing group and best config Inductor would serve; exits non-zero only when
 /// `dir` cannot be read or nothing in it could be stored.
 pub async fn import(client: &Client, dir: &Path, as_json: bool) -> anyhow::Result<()> {
-    let outcome = inductor::import_cache_dir(dir, "tunecache import inductor", now_ms())
-        .with_context(|| format!("reading {}", dir.display()))?;
-    let kept = client
-        .record_keeping_valid(outcome.entries)
-        .await
-        .context("record")?;
-    let mut skipped = outcome.skipped;
-    skipped.extend(kept.refused.iter().map(|refused| {
-        inductor::SkippedFile {
-            path: refused
-                .entry
-                .key
-                .as_ref()
-                .map(|key| key.problem.clone())
-                .unwrap_or_default(),
-            reason: format!("daemon refused it: {}", refused.status.message()),
-        }
-    }));
-    if as_json {
-        println!(
-            "{}",
-            json!({"timing_files": outcome.timing_files, "timings": outcome.timings,
-                   "best_configs": outcome.best_configs,
-                   "stored": kept.stored, "unchanged": kept.unchanged,
-                   "skipped": skipped_json(&skipped)})
-        );
-    } else {
-        print_skipped(&skipped);
-        println!(
+    let outcome =
+        inductor::import_cache_dir(dir, "tunecache import inductor", store_report::now_ms())
+            .with_context(|| format!("reading {}", dir.display()))?;
+    let mut skipped = skipped_of(outcome.skipped);
+    let kept = store_report::record(client, outcome.entries, &mut skipped).await?;
+    store_report::print(
+        as_json,
+        json!({"timing_files": outcome.timing_files, "timings": outcome.timings,
+               "best_configs": outcome.best_configs,
+               "stored": kept.stored, "unchanged": kept.unchanged}),
+        format!(
             "imported {} timing groups of {} system files and {} best configs ({} stored, {} unchanged), skipped {}",
             outcome.timings,
             outcome.timing_files,
@@ -72,8 +44,9 @@ pub async fn import(client: &Client, dir: &Path, as_json: bool) -> anyhow::Resul
             kept.stored,
             kept.unchanged,
             skipped.len()
-        );
-    }
+        ),
+        &skipped,
+    );
     if kept.stored + kept.unchanged == 0 && !skipped.is_empty() {
         anyhow::bail!("no entry of {} could be stored", dir.display());
     }
@@ -85,23 +58,20 @@ pub async fn export(client: &Client, dir: &Path, as_json: bool) -> anyhow::Resul
     let mut entries = client.scan(inductor::NAMESPACE, "").await?;
     entries.extend(client.scan(inductor::BEST_CONFIG_NAMESPACE, "").await?);
     let outcome = inductor::export_cache_dir(dir, &entries)?;
-    if as_json {
-        println!(
-            "{}",
-            json!({"timings": outcome.timings, "systems": outcome.systems,
-                   "best_configs": outcome.best_configs,
-                   "skipped": skipped_json(&outcome.skipped)})
-        );
-    } else {
-        print_skipped(&outcome.skipped);
-        println!(
+    let skipped = skipped_of(outcome.skipped);
+    store_report::print(
+        as_json,
+        json!({"timings": outcome.timings, "systems": outcome.systems,
+               "best_configs": outcome.best_configs}),
+        format!(
             "exported {} timing groups of {} systems and {} best configs to {}, skipped {}",
             outcome.timings,
             outcome.systems.len(),
             outcome.best_configs,
             dir.display(),
-            outcome.skipped.len()
-        );
-    }
+            skipped.len()
+        ),
+        &skipped,
+    );
     Ok(())
 }

@@ -6,8 +6,8 @@
 //!
 //! This file holds the command line (clap) and hands each command to its module: `read`
 //! (get, scan, resolve, devices), `write` (put, forget), `views`, `stats`, `trtllm_file`,
-//! `flashinfer_store` and `inductor_store` (import, export), `bundle` and `bundle_export` (bundles: one file of
-//! entries and their artifacts, docs/bundles.md), `misses` (what replay found missing), `du`
+//! `flashinfer_store` and `inductor_store` (import, export, which `store_report` reports),
+//! `bundle` and `bundle_export` (bundles: one file of entries and their artifacts, docs/bundles.md), `misses` (what replay found missing), `du`
 //! and `prune` (what the cache holds by last use, and an administrator's expiry of what is
 //! unused, docs/lifecycle.md); `entry_output` prints entries.
 
@@ -28,6 +28,7 @@ mod misses;
 mod prune;
 mod read;
 mod stats;
+mod store_report;
 mod trtllm_file;
 mod views;
 mod write;

@@ -8,12 +8,12 @@
 #
 # Spec (JSON, the one argument): shapes ([[in_features, out_features, batch], ...]), dropin
 # ("install" | "env" | "none"), barrier (optional: print "ready" once torch is imported, then
-# start when stdin closes), remote_fx (optional: compile without freezing, with the FX graph
-# remote cache on: the graph-cache test), counters (optional: print Inductor's counters), kernel
-# (optional, instead of shapes: {"filename", "configs_hash", "autotune_ms"}: a stand-in Triton
-# kernel's AutotuneCache, created, read and saved by Inductor's own class as its autotuner does,
-# with a sleep standing in for the GPU autotune; the report says whether this rank autotuned and
-# which config it got).
+# start when stdin closes), remote_fx (optional: compile without freezing, for the FX graph cache,
+# whose remote cache the drop-in turns on: the graph-cache test), counters (optional: print
+# Inductor's counters), kernel (optional, instead of shapes: {"filename", "configs_hash",
+# "autotune_ms"}: a stand-in Triton kernel's AutotuneCache, created, read and saved by Inductor's
+# own class as its autotuner does, with a sleep standing in for the GPU autotune; the report says
+# whether this rank autotuned and which config it got).
 from __future__ import annotations
 
 import json
@@ -75,10 +75,9 @@ def main() -> None:
 
     codecache.PersistentCache.lookup = counting_lookup
     inductor_config.max_autotune_gemm_backends = "CPP,ATEN"
-    if spec.get("remote_fx"):
-        inductor_config.fx_graph_remote_cache = True
-    else:
-        inductor_config.freezing = True
+    # Frozen weights are what the C++ GEMM template needs; an unfrozen graph is the FX graph cache's
+    # (freezing bypasses it), whose remote cache the drop-in turns on.
+    inductor_config.freezing = not spec.get("remote_fx")
     torch.manual_seed(0)
 
     if spec.get("barrier"):
