@@ -44,10 +44,14 @@ def kernel(spec: dict) -> dict:
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
+    # TUNECACHE_INDUCTOR=1's start-up hook has run by now, and install() runs next: neither may
+    # import torch (a rank that never compiles must not pay for it).
+    assert "torch" not in sys.modules, "the start-up hook imported torch"
     if spec.get("dropin") == "install":
         import tunecache.integrations.inductor as drop_in
 
         drop_in.install()
+        assert "torch" not in sys.modules, "install() imported torch"
     if "kernel" in spec:
         print(json.dumps(kernel(dict(spec["kernel"], barrier=spec.get("barrier")))), flush=True)
         return

@@ -21,8 +21,10 @@ from conftest import CLI_BIN_ENV, cli_binary, require_binary, running_daemon
 
 RANK_SCRIPT = Path(__file__).with_name("inductor_rank.py")
 RANK_TIMEOUT_S = 600
-# Three small Linears: their C++ kernels build once per test session (the warm directory), so a
-# test pays for benchmarks and compiles, not for g++ on every rank.
+# Three small Linears: their C++ kernels build once per test module (the warm directory, whose
+# copy every rank starts from), so a test pays for benchmarks and compiles, not for g++ on every
+# rank, nor for the headers and kernels any first compile builds (a cold directory costs a new
+# shape about 20 s of CPU, a warm one about 7).
 SHAPES = [[64, 32, 8], [96, 48, 8], [128, 64, 8]]
 NAMESPACE = "inductor"
 
@@ -121,11 +123,20 @@ def test_ranks_compiling_the_same_shapes_benchmark_each_once_and_agree(daemon, w
     assert fresh["rounds"] == 0
     assert bests(fresh) == answers[0]
 
+    # Exported, their file answers stock Inductor (no drop-in, no daemon) the same timings.
+    cli = require_binary(cli_binary(), "tunecache CLI", CLI_BIN_ENV, "-p tunecache-cli")
+    exported = cache_dir_from(warm_cache_dir, tmp_path / "exported")
+    subprocess.run([str(cli), "--socket", str(daemon.socket_path), "export", "inductor", str(exported)],
+                   check=True, capture_output=True, text=True)
+    stock = finish(start_rank(None, {"shapes": SHAPES, "dropin": "none"}, exported))
+    assert stock["rounds"] == 0
+    assert [lookup["timings"] for lookup in stock["lookups"]] == timings[0]
 
-def test_ranks_compiling_distinct_shapes_at_once_keep_every_timing(daemon, torch_installed, tmp_path):
+
+def test_ranks_compiling_distinct_shapes_at_once_keep_every_timing(daemon, warm_cache_dir, tmp_path):
     # Stock Inductor keeps these in one JSON file per system, read whole and written back whole
     # with no lock: ranks benchmarking at once drop each other's timings (2 of 8 kept, measured).
-    cache_dir = tmp_path / "inductor"
+    cache_dir = cache_dir_from(warm_cache_dir, tmp_path / "inductor")
     specs = [{"shapes": [[40 + 8 * rank, 24, 4], [40 + 8 * rank, 16, 4]], "barrier": True, "dropin": "install"}
              for rank in range(4)]
     ranks = run_at_once([lambda spec=spec: start_rank(daemon.socket_path, spec, cache_dir) for spec in specs])
@@ -153,15 +164,15 @@ def test_a_shape_benchmarked_on_one_node_is_not_benchmarked_on_another(two_clust
     assert bests(on_b) == bests(on_a)
 
 
-def test_a_compiled_graph_is_served_to_another_process_through_the_remote_cache(daemon, torch_installed, tmp_path):
+def test_a_compiled_graph_is_served_to_another_process_through_the_remote_cache(daemon, warm_cache_dir, tmp_path):
     spec = {"shapes": SHAPES[:1], "dropin": "install", "remote_fx": True, "counters": True}
-    first = finish(start_rank(daemon.socket_path, spec, tmp_path / "first"))
+    first = finish(start_rank(daemon.socket_path, spec, cache_dir_from(warm_cache_dir, tmp_path / "first")))
     assert first["counters"]["inductor"].get("fxgraph_cache_miss", 0) >= 1
     stored = daemon_entries(daemon, "inductor.remote")
     # The compiled graph is over the inline bound: an artifact, served only if its digest matches.
     assert [entry.key.op for entry in stored if entry.result.artifacts] == ["RemoteFxGraphCache"], stored
     # Another process, with a cache directory of its own: the graph comes from the daemon.
-    second = finish(start_rank(daemon.socket_path, spec, tmp_path / "second"))
+    second = finish(start_rank(daemon.socket_path, spec, cache_dir_from(warm_cache_dir, tmp_path / "second")))
     inductor = second["counters"]["inductor"]
     assert inductor.get("fxgraph_cache_hit", 0) >= 1 and inductor.get("fxgraph_cache_miss", 0) == 0, inductor
 
