@@ -3,8 +3,8 @@
 # turned on as the spec says (install(), TUNECACHE_INDUCTOR=1, or not at all), a frozen Linear
 # per shape compiled with mode="max-autotune" and run once, and, as JSON on its last stdout line,
 # the benchmark rounds Inductor ran (calls of the benchmark function PersistentCache.lookup was
-# handed), each lookup's winning choice and timings, Inductor's own cache counters, and the wall
-# time of the compiles.
+# handed), each lookup's winning choice and timings, Inductor's own cache counters, the wall
+# time of the compiles and when they ended (Unix seconds, for a benchmark's wall across ranks).
 #
 # Spec (JSON, the one argument): shapes ([[in_features, out_features, batch], ...]), dropin
 # ("install" | "env" | "none"), barrier (optional: print "ready" once torch is imported, then
@@ -101,6 +101,7 @@ def main() -> None:
         "rounds": len(rounds),
         "lookups": lookups,
         "seconds": elapsed,
+        "ended": time.time(),
         "lookup_class": type(codecache.PersistentCache).__name__,
         "dropin": getattr(patched, "_tunecache", False),
     }

@@ -1,7 +1,7 @@
-# Owns what the drop-in benchmark scripts (bitblas_load.py, flashinfer_tune.py) share: where the
-# workspace's binaries are (--bin-dir, else target/release, then target/debug), starting a
-# daemon and waiting until it answers Stats, mounting slowfs (a slow shared filesystem) when
-# /dev/fuse is there, and taking both down again. Each script keeps its modes, its ranks and
+# Owns what the drop-in benchmark scripts (bitblas_load.py, flashinfer_tune.py, inductor_tune.py)
+# share: where the workspace's binaries are (--bin-dir, else target/release, then target/debug),
+# starting a daemon and waiting until it answers Stats, mounting slowfs (a slow shared filesystem)
+# when /dev/fuse is there, and taking both down again. Each script keeps its modes, its ranks and
 # its report.
 from __future__ import annotations
 

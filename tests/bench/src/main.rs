@@ -246,6 +246,33 @@ enum Commands {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
+    /// Issue 58's PyTorch Inductor benchmark: R rank processes compile the same frozen Linears
+    /// (--shapes) with `torch.compile(mode="max-autotune")` on the CPU, side by side with one
+    /// rank alone, stock Inductor on one shared cache directory, stock with
+    /// `distributed_max_autotune_gemm` in a gloo process group (recorded as not run, with what
+    /// Inductor did, where it fails or distributes nothing), and the drop-in on a fresh daemon
+    /// (cold) and the same daemon again (warm); writes inductor.json and inductor.md. Runs
+    /// tests/bench/python/inductor_tune.py on --python (torch 2.15.0 and the package's wheel
+    /// installed; default client/python/.venv, made by client/python/run_tests.sh) with the
+    /// ranks of client/python/tests/inductor_rank.py.
+    Inductor {
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        #[arg(long)]
+        python: Option<PathBuf>,
+        #[arg(long, default_value_t = 8)]
+        ranks: usize,
+        /// JSON: [[in_features, out_features, batch], ...].
+        #[arg(long, default_value = suite::inductor::DEFAULT_SHAPES)]
+        shapes: String,
+        /// Runs of every mode, interleaved (medians are reported); each is minutes on 2 cores.
+        #[arg(long, default_value_t = 1)]
+        runs: usize,
+        /// A directory holding numpy, put on PYTHONPATH for the distributed mode only
+        /// (torch.distributed's all_gather_object needs it; without it Inductor fails there).
+        #[arg(long)]
+        numpy_dir: Option<PathBuf>,
+    },
     /// One rank of `artifacts` (started by it): connects, says `ready`, waits for a line on
     /// stdin, fetches or reads every blob of --list, answers one JSON line.
     #[command(hide = true)]
@@ -617,6 +644,29 @@ fn main() -> Result<()> {
                 command_line: std::env::args().collect::<Vec<_>>().join(" "),
             };
             suite::flashinfer::run(&options)?;
+            println!("{}", serde_json::json!({ "out": out }));
+        }
+        Commands::Inductor {
+            out,
+            python,
+            ranks,
+            shapes,
+            runs,
+            numpy_dir,
+        } => {
+            let options = suite::inductor::InductorOptions {
+                out_dir: out.clone(),
+                python: python.unwrap_or_else(|| {
+                    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                        .join("../../client/python/.venv/bin/python")
+                }),
+                ranks,
+                shapes,
+                runs,
+                numpy_dir,
+                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+            };
+            suite::inductor::run(&options)?;
             println!("{}", serde_json::json!({ "out": out }));
         }
         Commands::ArtifactsRank {

@@ -1,6 +1,6 @@
 //! Owns the tables of BENCHMARKS.md: each one is rendered from the raw output of the run that
 //! measured it (a `suite` results.json, a `micro` JSON, `cluster.json`, `multinode.json`,
-//! `segments.json`, `artifacts.json`, `bitblas.json`, `flashinfer.json`, `bundles.json`), so the report is regenerated, never hand-copied.
+//! `segments.json`, `artifacts.json`, `bitblas.json`, `flashinfer.json`, `inductor.json`, `bundles.json`), so the report is regenerated, never hand-copied.
 //!
 //! A table sits between two marker comments that name its kind and its source file (relative
 //! to the Markdown file):
@@ -29,6 +29,7 @@ mod bundles;
 mod cluster;
 mod flashinfer;
 mod format;
+mod inductor;
 mod micro;
 mod python;
 mod suite;
@@ -40,7 +41,7 @@ pub use self::blocks::{check, read_source, regenerate, update, Block, Outcome};
 pub use self::format::{bytes, ms, times};
 
 /// The kinds of table, with the source each reads.
-pub const KINDS: [(&str, &str); 18] = [
+pub const KINDS: [(&str, &str); 19] = [
     (
         "single-node",
         "suite results.json: the local-disk rows of the matrix",
@@ -89,6 +90,10 @@ pub const KINDS: [(&str, &str); 18] = [
         "flashinfer.json (`tunecache-bench flashinfer`): FlashInfer ranks tuning through autotune_v2",
     ),
     (
+        "inductor",
+        "inductor.json (`tunecache-bench inductor`): Inductor ranks compiling with max-autotune",
+    ),
+    (
         "bundles",
         "bundles.json (`tunecache-bench bundles`): bundle export, start-up and replayed misses",
     ),
@@ -114,6 +119,7 @@ pub fn render(kind: &str, source: &Value) -> Result<String> {
         "artifacts" => artifacts::artifacts(source),
         "bitblas" => bitblas::bitblas(source),
         "flashinfer" => flashinfer::flashinfer(source),
+        "inductor" => inductor::inductor(source),
         "bundles" => bundles::bundles(source),
         other => bail!(
             "unknown table kind {other:?}; known: {}",

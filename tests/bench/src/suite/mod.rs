@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod cold_blob;
 pub mod flashinfer;
 mod forget_flood;
+pub mod inductor;
 pub mod lifecycle;
 mod lifecycle_real;
 pub mod lookup_load;

@@ -1,9 +1,9 @@
-//! Owns what the drop-in benchmarks that run a Python script (`bitblas`, `flashinfer`) share:
-//! running the script on the package's interpreter with the workspace's binaries, reading the
-//! runs of each mode out of its JSON (`results`, one object per run with its `mode`), the wall
-//! times of a mode's runs, a goal judged as a ratio against a floor, and writing `<kind>.json`
-//! and `<kind>.md`. Each benchmark keeps only what is its own: its arguments, its per-mode
-//! figures and its goals.
+//! Owns what the drop-in benchmarks that run a Python script (`bitblas`, `flashinfer`, `inductor`)
+//! share: running the script on the package's interpreter with the workspace's binaries, reading
+//! the runs of each mode out of its JSON (`results`, one object per run with its `mode`), the wall
+//! times of a mode's runs, a goal judged as a ratio against a floor, and writing `<kind>.json` and
+//! `<kind>.md`. Each benchmark keeps only what is its own: its arguments, its per-mode figures and
+//! its goals.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
