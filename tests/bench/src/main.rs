@@ -484,7 +484,7 @@ fn main() -> Result<()> {
                 filesystems,
                 ranks,
                 new_entries,
-                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+                command_line: command_line(),
             };
             suite::run_suite(&options)?;
             println!("{}", serde_json::json!({ "out": out }));
@@ -519,7 +519,7 @@ fn main() -> Result<()> {
                 limit: Duration::try_from_secs_f64(limit_s)
                     .context("--limit-s must be a non-negative number of seconds")?,
             };
-            let command_line = std::env::args().collect::<Vec<_>>().join(" ");
+            let command_line = command_line();
             suite::startup::run_startup(&options, &command_line)?;
             println!("{}", serde_json::json!({ "out": out }));
         }
@@ -544,7 +544,7 @@ fn main() -> Result<()> {
                 limit: Duration::try_from_secs_f64(limit_s)
                     .context("--limit-s must be a non-negative number of seconds")?,
             };
-            let command_line = std::env::args().collect::<Vec<_>>().join(" ");
+            let command_line = command_line();
             suite::cluster::run_cluster(&options, &command_line)?;
             println!("{}", serde_json::json!({ "out": out }));
         }
@@ -569,7 +569,7 @@ fn main() -> Result<()> {
                 scan_runs,
                 cold_runs,
                 quick,
-                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+                command_line: command_line(),
             };
             suite::python_client::run(&options)?;
             println!("{}", serde_json::json!({ "out": out }));
@@ -591,7 +591,7 @@ fn main() -> Result<()> {
                 blobs,
                 blob_kib,
                 skip_fetch,
-                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+                command_line: command_line(),
             };
             suite::artifacts::run_artifacts(&options)?;
             println!("{}", serde_json::json!({ "out": out }));
@@ -607,16 +607,13 @@ fn main() -> Result<()> {
         } => {
             let options = suite::bitblas::BitblasOptions {
                 out_dir: out.clone(),
-                python: python.unwrap_or_else(|| {
-                    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                        .join("../../client/python/.venv/bin/python")
-                }),
+                python: python.unwrap_or_else(package_python),
                 ops,
                 file_mib,
                 ranks,
                 slowfs_ms,
                 runs,
-                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+                command_line: command_line(),
             };
             suite::bitblas::run(&options)?;
             println!("{}", serde_json::json!({ "out": out }));
@@ -632,16 +629,13 @@ fn main() -> Result<()> {
         } => {
             let options = suite::flashinfer::FlashinferOptions {
                 out_dir: out.clone(),
-                python: python.unwrap_or_else(|| {
-                    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                        .join("../../client/python/.venv/bin/python")
-                }),
+                python: python.unwrap_or_else(package_python),
                 ranks,
                 keys,
                 profile_ms,
                 slowfs_ms,
                 runs,
-                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+                command_line: command_line(),
             };
             suite::flashinfer::run(&options)?;
             println!("{}", serde_json::json!({ "out": out }));
@@ -656,15 +650,12 @@ fn main() -> Result<()> {
         } => {
             let options = suite::inductor::InductorOptions {
                 out_dir: out.clone(),
-                python: python.unwrap_or_else(|| {
-                    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                        .join("../../client/python/.venv/bin/python")
-                }),
+                python: python.unwrap_or_else(package_python),
                 ranks,
                 shapes,
                 runs,
                 numpy_dir,
-                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+                command_line: command_line(),
             };
             suite::inductor::run(&options)?;
             println!("{}", serde_json::json!({ "out": out }));
@@ -691,7 +682,7 @@ fn main() -> Result<()> {
                 blobs,
                 blob_kib,
                 rounds,
-                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+                command_line: command_line(),
             })?;
             println!("{}", serde_json::to_string_pretty(&results)?);
         }
@@ -710,22 +701,22 @@ fn main() -> Result<()> {
                 blobs,
                 blob_mib,
                 resolves,
-                command_line: std::env::args().collect::<Vec<_>>().join(" "),
+                command_line: command_line(),
             })?;
             println!("{}", serde_json::json!({ "out": out }));
         }
         Commands::LookupLoad(mut options) => {
-            options.command_line = std::env::args().collect::<Vec<_>>().join(" ");
+            options.command_line = command_line();
             suite::lookup_load::run(&options)?;
             println!("{}", serde_json::json!({ "out": options.out_dir }));
         }
         Commands::Lifecycle(mut options) => {
-            options.command_line = std::env::args().collect::<Vec<_>>().join(" ");
+            options.command_line = command_line();
             suite::lifecycle::run(&options)?;
             println!("{}", serde_json::json!({ "out": options.out_dir }));
         }
         Commands::Scale(mut options) => {
-            options.command_line = std::env::args().collect::<Vec<_>>().join(" ");
+            options.command_line = command_line();
             suite::scale::run(&options)?;
             println!("{}", serde_json::json!({ "out": options.out_dir }));
         }
@@ -836,4 +827,15 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// This process's command line, as a benchmark's output records it.
+fn command_line() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+/// The interpreter the Python drop-in benchmarks default to: client/python/run_tests.sh's venv,
+/// which has the package's wheel and the frameworks installed.
+fn package_python() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../client/python/.venv/bin/python")
 }
