@@ -263,15 +263,19 @@ impl NativeClient {
     /// Yields the matching entries chunk by chunk (a list of Entry per chunk), from the first
     /// iteration on; empty filters match everything. With `rank`, only the entries shared by
     /// all ranks and that rank's own (what a rank loads at start). In the client's view. The
-    /// deadline covers the whole stream.
-    #[pyo3(signature = (namespace=String::new(), device=String::new(), timeout=Some(DEFAULT_SCAN_TIMEOUT_S), rank=None))]
+    /// deadline covers the whole stream. With `lazy=True`, the Scan runs now and answers a
+    /// read-only mapping from key to Entry (`ScanView`) that keeps the bytes received and
+    /// decodes an entry when it is first read.
+    #[pyo3(signature = (namespace=String::new(), device=String::new(), timeout=Some(DEFAULT_SCAN_TIMEOUT_S), rank=None, lazy=false))]
     fn scan(
         slf: &Bound<'_, Self>,
         namespace: String,
         device: String,
         timeout: Option<f64>,
         rank: Option<u32>,
-    ) -> PyResult<Scan> {
+        lazy: bool,
+    ) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
         let filter = v1::ScanRequest {
             namespace,
             device,
@@ -279,7 +283,12 @@ impl NativeClient {
             // The client's view (scan_stream fills it in).
             view: String::new(),
         };
-        Ok(Scan::new(slf.clone().unbind(), filter, seconds(timeout)?))
+        let limit = seconds(timeout)?;
+        if lazy {
+            let view = crate::scan::scan_view(py, slf.get(), filter, limit)?;
+            return Ok(Py::new(py, view)?.into_any());
+        }
+        Ok(Py::new(py, Scan::new(slf.clone().unbind(), filter, limit))?.into_any())
     }
 
     /// The daemon's counters (the fields of tunecache.v1.StatsResponse as attributes).

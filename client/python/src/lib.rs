@@ -10,7 +10,7 @@
 //! - [`runtime`]: the one background thread per process, waiting with the GIL released,
 //!   Ctrl-C, fork;
 //! - [`client`]: the `Client` class and its calls; [`args`]: their arguments and defaults;
-//!   [`scan`]: a Scan's streamed chunks;
+//!   [`scan`]: a Scan's streamed chunks; [`scan_view`]: a lazy Scan's mapping;
 //! - [`leases`]: the split lease's and the batch Record's answers;
 //! - [`tuning`]: the rank flow with a Python `tune` callable;
 //! - [`trtllm`]: the TensorRT-LLM entry mapping for the drop-in;
@@ -39,6 +39,7 @@ mod logs;
 mod messages;
 mod runtime;
 mod scan;
+mod scan_view;
 mod trtllm;
 mod tuning;
 
@@ -117,6 +118,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<messages::Key>()?;
     module.add_class::<messages::TunedResult>()?;
     module.add_class::<entry::Entry>()?;
+    module.add_class::<scan_view::ScanView>()?;
     module.add_class::<messages::Artifact>()?;
     module.add(
         "DEFAULT_TIMEOUT_S",

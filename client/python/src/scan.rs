@@ -17,7 +17,8 @@ use tunecache_client::{proto as v1, ClientError};
 
 use crate::client::{entries_to_py, NativeClient};
 use crate::errors::client_error;
-use crate::runtime::{run_serving, Event};
+use crate::runtime::{run, run_serving, Event};
+use crate::scan_view::{ScanIndex, ScanView};
 
 /// The matching entries, chunk by chunk; the Scan runs on the first `next()`.
 #[pyclass(module = "tunecache._native", name = "Scan")]
@@ -128,4 +129,31 @@ fn scan(
     )?;
     streamed.map_err(|error| client_error(py, error))?;
     Ok(converted)
+}
+
+/// Runs the Scan `filter` to its end (within `limit`), keeping its chunks as received and
+/// indexing their keys on the runtime thread as they arrive: `Client.scan(..., lazy=True)`.
+pub fn scan_view(
+    py: Python<'_>,
+    client: &NativeClient,
+    filter: v1::ScanRequest,
+    limit: Option<Duration>,
+) -> PyResult<ScanView> {
+    let context = client.context(py)?;
+    let received = run(py, async move {
+        let receive_all = async {
+            let client = context.client(None).await?;
+            let mut stream = client.scan_encoded(filter).await?;
+            let mut index = ScanIndex::default();
+            while let Some(chunk) = stream.message().await? {
+                index.add_chunk(chunk).ok_or_else(|| {
+                    ClientError::Rpc(tonic::Status::internal("a Scan chunk does not decode"))
+                })?;
+            }
+            Ok(index)
+        };
+        within(limit, receive_all).await
+    })?;
+    let index = received.map_err(|error| client_error(py, error))?;
+    Ok(ScanView::new(index))
 }

@@ -178,6 +178,50 @@ def test_rank_scan_returns_shared_and_own_entries(daemon):
         assert {item.key.rank if item.key.HasField("rank") else None for item in loaded} == {None, 1}
 
 
+def test_a_lazy_scan_is_a_mapping_that_decodes_what_is_read(daemon):
+    # Over several chunks (the daemon streams 1,024 entries a chunk), with a rank's own entries.
+    namespace = f"pytest-lazy-{uuid.uuid4()}"
+    with daemon.client() as client:
+        batch = []
+        for index in range(2_500):
+            key = unique_key(namespace=namespace, problem=f'{{"i":{index}}}')
+            if index % 5 == 0:
+                key.rank = index % 3
+            batch.append(entry(key, json.dumps({"tile": index}), 1.0 + index))
+        assert client.record(batch).stored == len(batch)
+        eager = [item for chunk in client.scan(namespace=namespace, rank=1) for item in chunk]
+        view = client.scan(namespace=namespace, rank=1, lazy=True)
+        assert isinstance(view, tunecache.ScanView)
+        assert len(view) == len(eager) > 2_048
+        assert view.decoded == 0
+        # Found by a Key, a tuple or a dict; the entry is the one the eager Scan returns.
+        wanted = eager[1_500]
+        key = wanted.key
+        fields = (key.namespace, key.op, key.device, key.problem, key.rank if key.HasField("rank") else None)
+        assert key in view and fields in view
+        assert view[key].result.config == wanted.result.config
+        assert view[key] is view[fields], "an entry read twice is the same object"
+        assert view.decoded == 1
+        # What the Scan does not hold: another rank's own entry, an unknown key.
+        other_rank = next(item.key for item in batch if item.key.HasField("rank") and item.key.rank == 2)
+        assert other_rank not in view
+        assert view.get(other_rank) is None and view.get(other_rank, 7) == 7
+        with pytest.raises(KeyError):
+            view[unique_key(namespace=namespace)]
+        assert view.decoded == 1
+        # Iterating gives every key once; values() decodes all, as the eager Scan has them.
+        assert sorted(describe(k) for k in view) == sorted(describe(item.key) for item in eager)
+        assert [v.result.config for v in view.values()] == [item.result.config for item in eager]
+        assert view.decoded == len(eager)
+        assert dict((describe(k), v.result.time_us) for k, v in view.items()) == {
+            describe(item.key): item.result.time_us for item in eager
+        }
+
+
+def describe(key: tunecache.Key) -> tuple:
+    return (key.namespace, key.op, key.device, key.problem, key.rank if key.HasField("rank") else None)
+
+
 # Results the daemon refuses (validate.rs): a config that is not JSON to it (Python's json writes
 # NaN, which strict JSON has no word for) and a config over its 64 KiB limit.
 REFUSED_RESULTS = {

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Optional, Tuple, Union, overload
 
 DEFAULT_TIMEOUT_S: float
 DEFAULT_SCAN_TIMEOUT_S: float
@@ -130,6 +130,18 @@ class Scan(Iterator[list[Entry]]):
     def __iter__(self) -> Scan: ...
     def __next__(self) -> list[Entry]: ...
 
+class ScanView(Mapping[Union[KeyLike, tuple], Entry]):
+    @property
+    def decoded(self) -> int: ...
+    def __getitem__(self, key: Union[KeyLike, tuple]) -> Entry: ...
+    def __contains__(self, key: object) -> bool: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[Key]: ...
+    def get(self, key: Union[KeyLike, tuple], default: Any = None) -> Any: ...  # type: ignore[override]
+    def keys(self) -> list[Key]: ...  # type: ignore[override]
+    def values(self) -> list[Entry]: ...  # type: ignore[override]
+    def items(self) -> list[tuple[Key, Entry]]: ...  # type: ignore[override]
+
 class Client:
     socket_path: str
     view: str
@@ -147,13 +159,25 @@ class Client:
     def record(
         self, entries: Iterable[EntryLike], lease_id: str = "", timeout: Optional[float] = None
     ) -> RecordResponse: ...
+    @overload
     def scan(
         self,
         namespace: str = "",
         device: str = "",
         timeout: Optional[float] = 60.0,
         rank: Optional[int] = None,
+        lazy: Literal[False] = False,
     ) -> Scan: ...
+    @overload
+    def scan(
+        self,
+        namespace: str = "",
+        device: str = "",
+        timeout: Optional[float] = 60.0,
+        rank: Optional[int] = None,
+        *,
+        lazy: Literal[True],
+    ) -> ScanView: ...
     def stats(self, timeout: Optional[float] = None) -> Message: ...
     def devices(self, timeout: Optional[float] = None) -> list[Message]: ...
     def snapshot(self, timeout: Optional[float] = None) -> Message: ...

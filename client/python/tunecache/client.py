@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import collections.abc
 import json
 import logging
 import math
@@ -51,6 +52,9 @@ CHANNEL_OPTIONS = (("grpc.default_authority", "localhost"),)
 Key = _native.Key
 Result = _native.Result
 Entry = _native.Entry
+# Client.scan(..., lazy=True)'s answer: a read-only mapping from key to Entry.
+ScanView = _native.ScanView
+collections.abc.Mapping.register(ScanView)
 Artifact = _native.Artifact
 if TYPE_CHECKING:
     from tunecache._native import KeyLike

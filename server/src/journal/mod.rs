@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use crate::model::entry::{CacheKey, Origin, TunedResult};
 
 mod append;
+mod decode;
 mod frame;
 mod progress;
 mod replace;

@@ -6,18 +6,15 @@ use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read};
 use std::path::{Path, PathBuf};
 
-use prost::Message;
-use tunecache_proto::journal::v1::JournalBatch;
-
 use crate::error::{Error, Result};
 use crate::model::entry::{CacheKey, Origin, TunedResult};
 use crate::model::forget::Tombstone;
 use crate::model::lifecycle::Day;
 
-use super::frame::{
-    check_frame, last_use_from_record, next_intact_frame, tombstone_from_record, FrameCheck,
-    FrameLimits, HEADER_LEN,
-};
+use crate::wire::stored::{RecentVocabs, StoredEntry};
+
+use super::decode::decode_frame;
+use super::frame::{check_frame, next_intact_frame, FrameCheck, FrameLimits, HEADER_LEN};
 use super::replace::{place_new_journal, sync_dir, ReplaceError};
 use super::{file_id, journal_path, FsyncPolicy, Journal, ReplayProgress};
 
@@ -48,6 +45,10 @@ pub struct ReplayReport {
     /// Last uses journalled on their own (`JournalBatch.last_uses`), in the order written:
     /// the store raises its entries' to them (a maximum, so the order does not matter).
     pub last_uses: Vec<(CacheKey, Day, Origin)>,
+    /// The highest `forget_epoch` of any entry replayed: a key's winner has its key's highest
+    /// (the merge rule ranks epochs first), and what a tombstone drops is below its stamp, so
+    /// it is the highest the store holds, or below a tombstone's.
+    pub highest_epoch: u64,
 }
 
 /// Keeps the damaged journal as `journal.corrupt.<unix ms>`: a hard link first (exact, and
@@ -82,28 +83,37 @@ impl Journal {
     pub fn open(
         dir: &Path,
         fsync: FsyncPolicy,
-        apply: impl FnMut(CacheKey, TunedResult, Origin, Day),
+        mut apply: impl FnMut(CacheKey, TunedResult, Origin, Day),
     ) -> Result<(Journal, ReplayReport)> {
-        Journal::open_reporting(dir, fsync, &ReplayProgress::default(), apply)
+        Journal::open_reporting(
+            dir,
+            fsync,
+            &ReplayProgress::default(),
+            |entry, origin, day| {
+                let (key, result) = entry.to_pair();
+                apply(key, result, origin, day)
+            },
+        )
     }
 
-    /// `open`, counting its frames into `progress` as it replays them.
+    /// `open`, handing each entry in its stored form, and counting the frames into
+    /// `progress` as it replays them.
     pub fn open_reporting(
         dir: &Path,
         fsync: FsyncPolicy,
         progress: &ReplayProgress,
-        apply: impl FnMut(CacheKey, TunedResult, Origin, Day),
+        apply: impl FnMut(StoredEntry, Origin, Day),
     ) -> Result<(Journal, ReplayReport)> {
         Journal::open_with_limits(dir, fsync, FrameLimits::DEFAULT, progress, apply)
     }
 
-    /// `open`, with frames of `limits` (tests write many frames with little data).
+    /// `open_reporting`, with frames of `limits` (tests write many frames with little data).
     pub(super) fn open_with_limits(
         dir: &Path,
         fsync: FsyncPolicy,
         limits: FrameLimits,
         progress: &ReplayProgress,
-        mut apply: impl FnMut(CacheKey, TunedResult, Origin, Day),
+        apply: impl FnMut(StoredEntry, Origin, Day),
     ) -> Result<(Journal, ReplayReport)> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("creating state directory", dir, e))?;
         let dir_handle =
@@ -128,67 +138,10 @@ impl Journal {
         file.read_to_end(&mut buf)
             .map_err(|e| Error::io("reading journal", &path, e))?;
         progress.count_frames(&buf, limits);
-
-        let mut report = ReplayReport::default();
-        let mut pos = 0;
-        while pos < buf.len() {
-            let reason = match check_frame(&buf, pos, limits.max) {
-                FrameCheck::Intact { payload_end } => {
-                    match JournalBatch::decode(&buf[pos + HEADER_LEN..payload_end]) {
-                        Ok(batch) => {
-                            report.frames += 1;
-                            progress.frame_done();
-                            let own = batch.entries.into_iter().map(|e| (e, Origin::Own));
-                            let learned = batch.learned.into_iter().map(|e| (e, Origin::Learned));
-                            let days = batch.entry_days.into_iter().chain(std::iter::repeat(0));
-                            for ((entry, origin), day) in own.chain(learned).zip(days) {
-                                if let (Some(key), Some(result)) = (entry.key, entry.result) {
-                                    report.entries += 1;
-                                    apply(key.into(), result.into(), origin, day);
-                                }
-                            }
-                            report.last_uses.extend(
-                                batch.last_uses.into_iter().filter_map(last_use_from_record),
-                            );
-                            report
-                                .tombstones
-                                .extend(batch.forgets.into_iter().map(tombstone_from_record));
-                            pos = payload_end;
-                            continue;
-                        }
-                        Err(_) => "frame payload does not decode",
-                    }
-                }
-                FrameCheck::Incomplete => "incomplete frame",
-                FrameCheck::Damaged(reason) => reason,
-            };
-            match next_intact_frame(&buf, pos + 1, limits.max) {
-                Some(next) => {
-                    report.skipped.push(SkippedRange {
-                        offset: pos as u64,
-                        len: (next - pos) as u64,
-                        reason,
-                    });
-                    pos = next;
-                }
-                // Only a frame cut short by the end of the file is a torn write; anything
-                // else reaching the end (zeros, garbage) is damage and is kept.
-                None if matches!(check_frame(&buf, pos, limits.max), FrameCheck::Incomplete) => {
-                    report.torn_tail = Some((pos as u64, (buf.len() - pos) as u64));
-                    break;
-                }
-                None => {
-                    report.skipped.push(SkippedRange {
-                        offset: pos as u64,
-                        len: (buf.len() - pos) as u64,
-                        reason,
-                    });
-                    break;
-                }
-            }
-        }
+        let mut report = replay_frames(&buf, limits, progress, apply);
 
         let mut len = buf.len() as u64;
+        drop(buf);
         if let Some((offset, _)) = report.torn_tail {
             file.set_len(offset)
                 .map_err(|e| Error::io("truncating torn journal tail", &path, e))?;
@@ -206,6 +159,106 @@ impl Journal {
         journal.damaged = !report.skipped.is_empty();
         Ok((journal, report))
     }
+}
+
+/// Frames decoded ahead of the one being applied: enough to keep both threads busy, few
+/// enough that the decoded copies never hold much of a large journal (a frame is at most
+/// 16 MiB).
+const FRAMES_IN_FLIGHT: usize = 4;
+
+/// Replays the frames of `buf`: one thread reads and decodes them (the checksums, the
+/// entries' stored forms) while this one hands their entries to `apply`, so a large journal's
+/// start costs the slower of the two, not their sum. Without a second thread, both run here.
+fn replay_frames(
+    buf: &[u8],
+    limits: FrameLimits,
+    progress: &ReplayProgress,
+    mut apply: impl FnMut(StoredEntry, Origin, Day),
+) -> ReplayReport {
+    std::thread::scope(|scope| {
+        let (frames, decoded) = std::sync::mpsc::sync_channel::<DecodedEntries>(FRAMES_IN_FLIGHT);
+        let reader = std::thread::Builder::new()
+            .name("tunecache-replay".into())
+            .spawn_scoped(scope, move || {
+                read_frames(buf, limits, progress, |entries| {
+                    // The receiver stays until every frame is read.
+                    let _ = frames.send(entries);
+                })
+            });
+        let Ok(reader) = reader else {
+            return read_frames(buf, limits, progress, |entries| {
+                entries.into_iter().for_each(|(e, o, d)| apply(e, o, d))
+            });
+        };
+        for entries in decoded {
+            entries.into_iter().for_each(|(e, o, d)| apply(e, o, d));
+        }
+        reader
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+type DecodedEntries = Vec<(StoredEntry, Origin, Day)>;
+
+/// Reads every frame of `buf`, handing each one's entries to `entries` in the order written,
+/// and reports the rest (tombstones, last uses, damage).
+fn read_frames(
+    buf: &[u8],
+    limits: FrameLimits,
+    progress: &ReplayProgress,
+    mut entries: impl FnMut(DecodedEntries),
+) -> ReplayReport {
+    let mut report = ReplayReport::default();
+    let mut recent = RecentVocabs::default();
+    let mut pos = 0;
+    while pos < buf.len() {
+        let reason = match check_frame(buf, pos, limits.max) {
+            FrameCheck::Intact { payload_end } => {
+                match decode_frame(&buf[pos + HEADER_LEN..payload_end], &mut recent) {
+                    Some(frame) => {
+                        report.frames += 1;
+                        progress.frame_done();
+                        report.entries += frame.entries.len() as u64;
+                        report.highest_epoch = report.highest_epoch.max(frame.highest_epoch);
+                        entries(frame.entries);
+                        report.last_uses.extend(frame.last_uses);
+                        report.tombstones.extend(frame.tombstones);
+                        pos = payload_end;
+                        continue;
+                    }
+                    None => "frame payload does not decode",
+                }
+            }
+            FrameCheck::Incomplete => "incomplete frame",
+            FrameCheck::Damaged(reason) => reason,
+        };
+        match next_intact_frame(buf, pos + 1, limits.max) {
+            Some(next) => {
+                report.skipped.push(SkippedRange {
+                    offset: pos as u64,
+                    len: (next - pos) as u64,
+                    reason,
+                });
+                pos = next;
+            }
+            // Only a frame cut short by the end of the file is a torn write; anything
+            // else reaching the end (zeros, garbage) is damage and is kept.
+            None if matches!(check_frame(buf, pos, limits.max), FrameCheck::Incomplete) => {
+                report.torn_tail = Some((pos as u64, (buf.len() - pos) as u64));
+                break;
+            }
+            None => {
+                report.skipped.push(SkippedRange {
+                    offset: pos as u64,
+                    len: (buf.len() - pos) as u64,
+                    reason,
+                });
+                break;
+            }
+        }
+    }
+    report
 }
 
 #[cfg(test)]

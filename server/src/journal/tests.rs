@@ -154,7 +154,7 @@ proptest! {
         };
         {
             let (mut journal, _) =
-                Journal::open_with_limits(dir.path(), FsyncPolicy::Never, LIMITS, &Default::default(), |_, _, _, _| {})
+                Journal::open_with_limits(dir.path(), FsyncPolicy::Never, LIMITS, &Default::default(), |_, _, _| {})
                     .unwrap();
             for write in writes {
                 match write {
@@ -192,7 +192,8 @@ proptest! {
         prop_assert!(lengths.iter().all(|&len| len <= LIMITS.max), "{lengths:?}");
         let mut seen = Held::default();
         let (_, report) =
-            Journal::open_with_limits(dir.path(), FsyncPolicy::Never, LIMITS, &Default::default(), |k, r, o, _| {
+            Journal::open_with_limits(dir.path(), FsyncPolicy::Never, LIMITS, &Default::default(), |entry, o, _| {
+                let (k, r) = entry.to_pair();
                 seen.add_entry((k, r, o))
             })
             .unwrap();
@@ -211,7 +212,7 @@ fn a_record_bigger_than_a_frame_is_refused_and_nothing_is_written() {
         FsyncPolicy::Never,
         LIMITS,
         &Default::default(),
-        |_, _, _, _| {},
+        |_, _, _| {},
     )
     .unwrap();
     journal.append(&[entry(1)]).unwrap();

@@ -48,9 +48,18 @@ pub fn merge(current: Option<&TunedResult>, incoming: &TunedResult) -> MergeOutc
 
 /// `merge` on borrowed results: what the store uses against its wire-form entries.
 pub fn merge_views(current: Option<ResultView<'_>>, incoming: ResultView<'_>) -> MergeOutcome {
+    merge_read(current, || incoming)
+}
+
+/// `merge_views`, reading the incoming result only when there is a current one to beat: a
+/// journal's replay meets most keys once, and reading a stored result costs a parse.
+pub fn merge_read<'a>(
+    current: Option<ResultView<'_>>,
+    incoming: impl FnOnce() -> ResultView<'a>,
+) -> MergeOutcome {
     match current {
         None => MergeOutcome::Replace,
-        Some(current) if rank_views(incoming, current) == Ordering::Less => MergeOutcome::Replace,
+        Some(current) if rank_views(incoming(), current) == Ordering::Less => MergeOutcome::Replace,
         Some(_) => MergeOutcome::Keep,
     }
 }

@@ -56,31 +56,42 @@ impl Store {
             .clamp(1, Semaphore::MAX_PERMITS as u32);
         let mut map = EntryMap::new();
         let mut own = EntryMap::new();
+        // The cache's estimated journal bytes, kept as entries go in (a walk of the map after
+        // would read every entry again, out of order).
+        let mut live_bytes = 0u64;
         // Days are checked against the system's clock: a test's clock is set afterwards.
         let today = Clock::system().today();
-        let replayed =
-            Journal::open_reporting(state_dir, fsync, progress, |key, result, origin, day| {
-                // Checked as a day from elsewhere: one journalled before lifecycle existed
-                // starts its life today.
-                let day = plausible_day(day, today);
-                let merged = merge_into(&map, &own, &key.view(), result.view(), origin);
-                let current = map.get(&key);
-                let day = day.max(current.map_or(0, StoredEntry::last_use));
-                if !merged.in_cache {
-                    if let Some(current) = current {
-                        current.raise_last_use(day);
-                    }
+        let replayed = Journal::open_reporting(state_dir, fsync, progress, |entry, origin, day| {
+            // Checked as a day from elsewhere: one journalled before lifecycle existed
+            // starts its life today.
+            let day = plausible_day(day, today);
+            // Found by the entry itself: its interned vocabulary compares by pointer.
+            let current = map.get_entry(&entry);
+            // Replay only adds entries, and an own entry is added to the cache too unless
+            // the cache holds its key already: a key the cache lacks, own lacks as well.
+            let own_current = match (origin, current) {
+                (Origin::Own, Some(_)) => own.get_entry(&entry),
+                _ => None,
+            };
+            let merged = merge_into(current, own_current, || entry.result(), origin);
+            let day = day.max(current.map_or(0, StoredEntry::last_use));
+            if !merged.in_cache {
+                if let Some(current) = current {
+                    current.raise_last_use(day);
                 }
-                if merged.in_cache || merged.own {
-                    let entry = StoredEntry::new(&key, &result).with_last_use(day);
-                    if merged.own {
-                        own.insert(entry.clone());
-                    }
-                    if merged.in_cache {
-                        map.insert(entry);
-                    }
+            }
+            if merged.in_cache || merged.own {
+                let entry = entry.with_last_use(day);
+                if merged.own {
+                    own.insert(entry.clone());
                 }
-            });
+                if merged.in_cache {
+                    live_bytes += entry.encoded_len_estimate() as u64;
+                    live_bytes -= current.map_or(0, StoredEntry::encoded_len_estimate) as u64;
+                    map.insert(entry);
+                }
+            }
+        });
         let (mut journal, mut report) = replayed?;
         for (key, day, _) in std::mem::take(&mut report.last_uses) {
             let day = plausible_day(day, today);
@@ -99,11 +110,9 @@ impl Store {
             }
             tombstones.insert(tombstone);
         }
-        map.remove_dropped_by_any(&tombstones);
+        live_bytes -= map.remove_dropped_by_any(&tombstones);
         own.remove_dropped_by_any(&tombstones);
-        for entry in map.iter().chain(own.iter()) {
-            clock.observe(entry.result().forget_epoch);
-        }
+        clock.observe(report.highest_epoch);
         if !report.skipped.is_empty() {
             // Damage was skipped: write the journal clean so it is not met again. Best effort
             // (a full disk must not stop the start): the writer retries, and appends after the
@@ -116,11 +125,7 @@ impl Store {
                 );
             }
         }
-        let live_bytes = map
-            .iter()
-            .map(|entry| entry.encoded_len_estimate() as u64)
-            .sum::<u64>()
-            + tombstones.encoded_len_estimate() as u64;
+        let live_bytes = live_bytes + tombstones.encoded_len_estimate() as u64;
         let shared = Arc::new(Shared {
             map: ArcSwap::from_pointee(map),
             own: ArcSwap::from_pointee(own),

@@ -22,7 +22,7 @@
 use crate::model::entry::{CacheKey, KeyView, Origin, ResultView, TunedResult};
 use crate::model::forget::{record_epoch, ForgetAsk, ForgetClock, Tombstone};
 use crate::model::lifecycle::{arriving_day, Day, Retention};
-use crate::model::merge::{merge_views, MergeOutcome};
+use crate::model::merge::{merge_read, MergeOutcome};
 use crate::model::tombstones::Tombstones;
 use crate::wire::stored::{EntryMap, StoredEntry};
 
@@ -115,19 +115,20 @@ pub(crate) struct Merged {
     pub own: bool,
 }
 
-/// The one merge of an incoming result against the cache and the own contributions, as
-/// the writer and the journal's replay both apply it.
-pub(crate) fn merge_into(
-    map: &EntryMap,
-    own: &EntryMap,
-    key: &KeyView<'_>,
-    result: ResultView<'_>,
+/// The one merge of an incoming result against the key's entry in the cache (`current`) and
+/// in this node's own contributions (`own_current`, which only an own result is merged
+/// against), as the writer and the journal's replay both apply it. The caller looks each up
+/// once and uses it for everything else it needs of the key; `result` is read only when a
+/// held entry must be beaten.
+pub(crate) fn merge_into<'r>(
+    current: Option<&StoredEntry>,
+    own_current: Option<&StoredEntry>,
+    result: impl Fn() -> ResultView<'r>,
     origin: Origin,
 ) -> Merged {
     let own_replace = origin == Origin::Own
-        && merge_views(own.get_view(key).map(StoredEntry::result), result) == MergeOutcome::Replace;
-    let in_cache =
-        merge_views(map.get_view(key).map(StoredEntry::result), result) == MergeOutcome::Replace;
+        && merge_read(own_current.map(StoredEntry::result), &result) == MergeOutcome::Replace;
+    let in_cache = merge_read(current.map(StoredEntry::result), &result) == MergeOutcome::Replace;
     Merged {
         in_cache,
         own: own_replace,
@@ -201,13 +202,18 @@ pub(crate) fn plan_group(
         let mut outcome = ApplyOutcome::default();
         let stamps_epoch = matches!(source, Source::Record { .. } | Source::Tuner);
         for mut incoming in entries {
+            // The key's entries, each looked up once (the B-tree's walks were most of a
+            // merge's time): setting the epoch below changes the result, not the key.
+            let (key, _) = incoming.views();
+            let current = plan.map.get_view(&key);
+            let own_current = (origin == Origin::Own || stamps_epoch)
+                .then(|| own_next.get_view(&key))
+                .flatten();
             if stamps_epoch {
-                let (key, _) = incoming.views();
-                let held = |map: &EntryMap| {
-                    map.get_view(&key)
-                        .map_or(0, |entry| entry.result().forget_epoch)
+                let held = |entry: Option<&StoredEntry>| {
+                    entry.map_or(0, |entry| entry.result().forget_epoch)
                 };
-                let winner = held(&plan.map).max(held(&own_next));
+                let winner = held(current).max(held(own_current));
                 let epoch = record_epoch(tombstones.floor(&key), winner);
                 incoming.set_forget_epoch(epoch);
             } else {
@@ -218,7 +224,6 @@ pub(crate) fn plan_group(
                 }
             }
             let (key, result) = incoming.views();
-            let current = plan.map.get_view(&key);
             // A write of this node's (a Record, its tuner) is a use today; a result from
             // elsewhere brings the last use its source knew, checked like any value read from
             // another node. So do this node's own segments read back at start: taking them as
@@ -239,11 +244,9 @@ pub(crate) fn plan_group(
                 continue;
             }
             plan.highest_epoch = plan.highest_epoch.max(result.forget_epoch);
-            let merged = merge_into(&plan.map, &own_next, &key, result, origin);
-            let old_result_bytes = plan
-                .map
-                .get_view(&key)
-                .map(|entry| entry.result().encoded_len_estimate() as u64);
+            let merged = merge_into(current, own_current, || result, origin);
+            let old_result_bytes =
+                current.map(|entry| entry.result().encoded_len_estimate() as u64);
             let key_bytes = key.encoded_len_estimate() as u64;
             let result_bytes = result.encoded_len_estimate() as u64;
             plan.bytes_in += key_bytes + result_bytes;

@@ -116,15 +116,33 @@ pub(crate) fn take_delimited<'a>(buf: &mut &'a [u8]) -> Option<&'a [u8]> {
     take(buf, len)
 }
 
-pub(super) fn take_str<'a>(buf: &mut &'a [u8]) -> Option<&'a str> {
-    std::str::from_utf8(take_delimited(buf)?).ok()
+/// Takes a string field's bytes, checked as UTF-8 unless `TRUSTED`.
+pub(super) fn take_str<'a, const TRUSTED: bool>(buf: &mut &'a [u8]) -> Option<&'a str> {
+    let bytes = take_delimited(buf)?;
+    if TRUSTED {
+        debug_assert!(
+            std::str::from_utf8(bytes).is_ok(),
+            "a stored string is UTF-8"
+        );
+        // SAFETY: only a stored entry's own record is read TRUSTED (`parse_record`), and every
+        // such record is written once by `put_record` from `&str` values (`StoredEntry` has no
+        // other constructor and never changes its bytes), so its string fields are UTF-8.
+        // Checking them again was a tenth of a large journal's replay.
+        Some(unsafe { std::str::from_utf8_unchecked(bytes) })
+    } else {
+        std::str::from_utf8(bytes).ok()
+    }
 }
 
 /// Reads a `tunecache.v1.Key` message body as prost decodes it (a repeated field: the last
 /// value wins; `rank` truncated to 32 bits), as long as it holds only the declared fields in
 /// their declared wire types; `None` for anything else (an unknown field, a bad length,
 /// invalid UTF-8). The Lookup route reads request keys with it too (`lookup_request`).
-pub(crate) fn parse_key(mut body: &[u8]) -> Option<KeyView<'_>> {
+pub(crate) fn parse_key(body: &[u8]) -> Option<KeyView<'_>> {
+    parse_key_as::<false>(body)
+}
+
+fn parse_key_as<const TRUSTED: bool>(mut body: &[u8]) -> Option<KeyView<'_>> {
     let mut key = KeyView {
         namespace: "",
         op: "",
@@ -134,10 +152,10 @@ pub(crate) fn parse_key(mut body: &[u8]) -> Option<KeyView<'_>> {
     };
     while !body.is_empty() {
         match decode_key(&mut body).ok()? {
-            (1, WireType::LengthDelimited) => key.namespace = take_str(&mut body)?,
-            (2, WireType::LengthDelimited) => key.op = take_str(&mut body)?,
-            (3, WireType::LengthDelimited) => key.device = take_str(&mut body)?,
-            (4, WireType::LengthDelimited) => key.problem = take_str(&mut body)?,
+            (1, WireType::LengthDelimited) => key.namespace = take_str::<TRUSTED>(&mut body)?,
+            (2, WireType::LengthDelimited) => key.op = take_str::<TRUSTED>(&mut body)?,
+            (3, WireType::LengthDelimited) => key.device = take_str::<TRUSTED>(&mut body)?,
+            (4, WireType::LengthDelimited) => key.problem = take_str::<TRUSTED>(&mut body)?,
             (5, WireType::Varint) => key.rank = Some(decode_varint(&mut body).ok()? as u32),
             _ => return None,
         }
@@ -145,7 +163,7 @@ pub(crate) fn parse_key(mut body: &[u8]) -> Option<KeyView<'_>> {
     Some(key)
 }
 
-pub(super) fn parse_result(mut body: &[u8]) -> Option<ResultView<'_>> {
+fn parse_result<const TRUSTED: bool>(mut body: &[u8]) -> Option<ResultView<'_>> {
     let mut result = ResultView {
         config: "",
         time_us: 0.0,
@@ -161,11 +179,11 @@ pub(super) fn parse_result(mut body: &[u8]) -> Option<ResultView<'_>> {
             break;
         }
         match decode_key(&mut body).ok()? {
-            (1, WireType::LengthDelimited) => result.config = take_str(&mut body)?,
+            (1, WireType::LengthDelimited) => result.config = take_str::<TRUSTED>(&mut body)?,
             (2, WireType::SixtyFourBit) => {
                 result.time_us = f64::from_le_bytes(take(&mut body, 8)?.try_into().ok()?);
             }
-            (3, WireType::LengthDelimited) => result.tuned_by = take_str(&mut body)?,
+            (3, WireType::LengthDelimited) => result.tuned_by = take_str::<TRUSTED>(&mut body)?,
             (4, WireType::Varint) => {
                 result.tuned_at_unix_ms = decode_varint(&mut body).ok()? as i64
             }
@@ -176,19 +194,34 @@ pub(super) fn parse_result(mut body: &[u8]) -> Option<ResultView<'_>> {
     Some(result)
 }
 
-/// Reads a record written by `put_record`.
+/// Reads a stored entry's own record, which `put_record` wrote (its strings are not checked
+/// as UTF-8 again: see `take_str`). Nothing else may be read with it.
 pub(super) fn parse_record(mut record: &[u8]) -> Option<(KeyView<'_>, ResultView<'_>)> {
     if decode_key(&mut record).ok()? != (ENTRY_FIELD, WireType::LengthDelimited) {
         return None;
     }
-    let mut body = take_delimited(&mut record)?;
+    parse_entry_body_as::<true>(take_delimited(&mut record)?)
+}
+
+/// Reads a `tunecache.v1.Entry` message body holding a key and a result, each as
+/// `parse_key` reads a key; `None` for anything else (a missing key or result, an unknown
+/// field, invalid UTF-8): the caller then decodes it with prost.
+pub(crate) fn parse_entry_body(body: &[u8]) -> Option<(KeyView<'_>, ResultView<'_>)> {
+    parse_entry_body_as::<false>(body)
+}
+
+fn parse_entry_body_as<const TRUSTED: bool>(
+    mut body: &[u8],
+) -> Option<(KeyView<'_>, ResultView<'_>)> {
     let mut key = None;
     let mut result = None;
     while !body.is_empty() {
         match decode_key(&mut body).ok()? {
-            (1, WireType::LengthDelimited) => key = Some(parse_key(take_delimited(&mut body)?)?),
+            (1, WireType::LengthDelimited) => {
+                key = Some(parse_key_as::<TRUSTED>(take_delimited(&mut body)?)?)
+            }
             (2, WireType::LengthDelimited) => {
-                result = Some(parse_result(take_delimited(&mut body)?)?);
+                result = Some(parse_result::<TRUSTED>(take_delimited(&mut body)?)?);
             }
             _ => return None,
         }

@@ -47,7 +47,23 @@ impl StoredEntry {
     }
 
     pub fn from_views(key: &KeyView<'_>, result: &ResultView<'_>) -> StoredEntry {
-        let vocab = intern(key.namespace, key.op, key.device);
+        StoredEntry::with_vocab(key, result, intern(key.namespace, key.op, key.device))
+    }
+
+    /// `from_views` for a bulk reader, which interns through the vocabularies it met last.
+    pub fn from_views_in(
+        key: &KeyView<'_>,
+        result: &ResultView<'_>,
+        recent: &mut RecentVocabs,
+    ) -> StoredEntry {
+        StoredEntry::with_vocab(
+            key,
+            result,
+            recent.intern(key.namespace, key.op, key.device),
+        )
+    }
+
+    fn with_vocab(key: &KeyView<'_>, result: &ResultView<'_>, vocab: Arc<Vocab>) -> StoredEntry {
         let (record, problem_at) = SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             scratch.clear();

@@ -38,6 +38,11 @@ impl EntryMap {
         self.index.get_key_value(key).map(|(entry, ())| entry)
     }
 
+    /// The entry held for `entry`'s key: a lookup that compares vocabularies by pointer.
+    pub fn get_entry(&self, entry: &StoredEntry) -> Option<&StoredEntry> {
+        self.index.get_key_value(entry).map(|(held, ())| held)
+    }
+
     /// The entries of `keys` the map holds, in the order asked (misses left out): a Lookup.
     pub fn get_many<'k, I>(&self, keys: I) -> Vec<&StoredEntry>
     where
@@ -134,10 +139,10 @@ impl EntryMap {
         doomed
     }
 
-    /// Removes the entries any of `tombstones` drops; returns how many. One floor lookup per
-    /// entry: what replay does once, cheaper than a walk per tombstone when they outnumber
-    /// the entries.
-    pub fn remove_dropped_by_any(&mut self, tombstones: &Tombstones) -> usize {
+    /// Removes the entries any of `tombstones` drops; returns their estimated journal bytes
+    /// (`StoredEntry::encoded_len_estimate`). One floor lookup per entry: what replay does
+    /// once, cheaper than a walk per tombstone when they outnumber the entries.
+    pub fn remove_dropped_by_any(&mut self, tombstones: &Tombstones) -> u64 {
         if tombstones.is_empty() {
             return 0;
         }
@@ -150,7 +155,10 @@ impl EntryMap {
         for entry in &doomed {
             self.index.remove(entry);
         }
-        doomed.len()
+        doomed
+            .iter()
+            .map(|entry| entry.encoded_len_estimate() as u64)
+            .sum()
     }
 
     /// The entries in key order.

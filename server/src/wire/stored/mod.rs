@@ -18,9 +18,10 @@ mod entry;
 mod index;
 mod vocab;
 
-pub(crate) use codec::{parse_key, take_delimited};
+pub(crate) use codec::{parse_entry_body, parse_key, take_delimited};
 pub use entry::StoredEntry;
 pub use index::EntryMap;
+pub use vocab::RecentVocabs;
 
 #[cfg(test)]
 mod tests {

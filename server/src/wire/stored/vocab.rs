@@ -87,6 +87,37 @@ pub fn intern(namespace: &str, op: &str, device: &str) -> Arc<Vocab> {
     vocab
 }
 
+/// The vocabularies a bulk reader (the journal's replay) met last, checked before the
+/// interner: the entries of a frame mostly share a few, so most entries are interned by
+/// comparing three short strings, with no hash and no lock. Holding them keeps them from a
+/// sweep only while the reader lives.
+#[derive(Default)]
+pub struct RecentVocabs {
+    recent: Vec<Arc<Vocab>>,
+}
+
+/// How many a `RecentVocabs` holds: a frame rarely mixes more ops and devices than this.
+const RECENT_VOCABS: usize = 8;
+
+impl RecentVocabs {
+    /// The shared `Vocab` for these three values, as `intern` gives it.
+    pub fn intern(&mut self, namespace: &str, op: &str, device: &str) -> Arc<Vocab> {
+        let found = self
+            .recent
+            .iter()
+            .position(|v| v.cmp_strs(namespace, op, device) == Ordering::Equal);
+        if let Some(at) = found {
+            return Arc::clone(&self.recent[at]);
+        }
+        let vocab = intern(namespace, op, device);
+        if self.recent.len() == RECENT_VOCABS {
+            self.recent.remove(0);
+        }
+        self.recent.push(Arc::clone(&vocab));
+        vocab
+    }
+}
+
 impl Interner {
     /// The interned value equal to these three, if any.
     fn find(&self, hash: u64, namespace: &str, op: &str, device: &str) -> Option<&Arc<Vocab>> {
