@@ -161,7 +161,7 @@ mod tests {
                 op: format!("op{}", i % 3),
                 device: "dev".into(),
                 problem: format!("m={i}"),
-                rank: (i % 2 == 0).then_some(i),
+                rank: i.is_multiple_of(2).then_some(i),
             }),
             result: Some(v1::Result {
                 config: format!("{{\"tile\":{i}}}"),

@@ -99,6 +99,17 @@ pub struct PythonScan {
     /// One bare echo round trip from Python (health Check), median.
     #[serde(default)]
     pub echo_ms: f64,
+    /// The same Scan as `Client.scan(..., lazy=True)` (issue 54), medians in ms: the mapping
+    /// alone (transfer and key index), with a tenth of its entries read, with every one read.
+    /// `None` for a client without it.
+    pub lazy: Option<LazyScan>,
+}
+
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct LazyScan {
+    pub mapping_ms: f64,
+    pub read_tenth_ms: f64,
+    pub read_all_ms: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -366,8 +377,26 @@ socket, namespace, device, runs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys
 client = Client(socket, timeout=60)
 count, times = timed_scans(client, namespace, device, runs)
 wire_bytes, parse_ms, echo_ms = scan_floor(client, namespace, device, runs, count)
+lazy = None
+if "lazy" in (getattr(Client.scan, "__text_signature__", None) or ""):
+    tenth = [entry.key for chunk in client.scan(namespace, device) for entry in chunk][::10]
+    def lazy_scan(read):
+        view = client.scan(namespace, device, lazy=True)
+        assert len(view) == count
+        read(view)
+    def lazy_ms(read):
+        lazy_scan(read)
+        times = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            lazy_scan(read)
+            times.append((time.perf_counter() - started) * 1e3)
+        return statistics.median(times)
+    lazy = {"mapping_ms": lazy_ms(lambda view: None),
+            "read_tenth_ms": lazy_ms(lambda view: [view[key] for key in tenth]),
+            "read_all_ms": lazy_ms(lambda view: view.values())}
 print(json.dumps({"entries": count, "times_ms": times, "wire_bytes": wire_bytes,
-                  "parse_ms": parse_ms, "echo_ms": echo_ms}))
+                  "parse_ms": parse_ms, "echo_ms": echo_ms, "lazy": lazy}))
 "#;
 
 async fn measure_python_scan(options: &MicroOptions) -> Result<PythonScan> {
@@ -384,6 +413,7 @@ async fn measure_python_scan(options: &MicroOptions) -> Result<PythonScan> {
         wire_bytes: 0,
         parse_ms: 0.0,
         echo_ms: 0.0,
+        lazy: None,
     };
     if !python.exists() {
         return Ok(skipped(format!(
@@ -421,6 +451,7 @@ async fn measure_python_scan(options: &MicroOptions) -> Result<PythonScan> {
         wire_bytes: usize,
         parse_ms: f64,
         echo_ms: f64,
+        lazy: Option<LazyScan>,
     }
     let reported: Reported = serde_json::from_slice(&output.stdout).context("python report")?;
     let mut times = reported.times_ms;
@@ -436,6 +467,7 @@ async fn measure_python_scan(options: &MicroOptions) -> Result<PythonScan> {
         wire_bytes: reported.wire_bytes,
         parse_ms: reported.parse_ms,
         echo_ms: reported.echo_ms,
+        lazy: reported.lazy,
     })
 }
 
