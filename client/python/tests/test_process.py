@@ -100,7 +100,10 @@ def test_ctrl_c_interrupts_a_resolve_wait_within_100_ms(daemon):
         waiter = subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(
                 """
-                import json, sys, time, tunecache
+                import json, signal, sys, time, tunecache
+                # A shell starts a background job with SIGINT ignored, and Python keeps an
+                # ignored SIGINT ignored: this waiter is a foreground program's rank.
+                signal.signal(signal.SIGINT, signal.default_int_handler)
                 key = tunecache.Key(**json.loads(sys.argv[2]))
                 client = tunecache.Client(sys.argv[1])
                 print("waiting", flush=True)
