@@ -18,30 +18,40 @@ if [[ -z "${TUNECACHE_PY_WHEEL:-}" ]]; then
 fi
 cargo test --workspace --no-run
 
-# The Python client's tests against the real daemon, after the Rust tests (beside them, under a
-# 2-core CI's full load, its Ctrl-C test once waited past its 10 s bound). The venv is made
-# ready first: the benchmarks' quick suite runs Python ranks from it too.
+# The Python client's tests against the real daemon. The venv is made ready first: the
+# benchmarks' quick suite runs Python ranks from it too.
 client/python/run_tests.sh --prepare
 
 export TUNECACHE_DAEMON_BIN="$PWD/target/debug/tunecached" TUNECACHE_CLI_BIN="$PWD/target/debug/tunecache"
 
-# The Inductor drop-in's tests compile with real torch on the CPU (about two and a half minutes of
-# g++ and Inductor), while cargo test runs one test binary at a time and its tests mostly wait on
-# daemons: they run beside the Rust tests, their output kept until those end.
+# The Python tests run beside the Rust tests, which run one test binary at a time and mostly
+# wait on daemons: first the Inductor drop-in's (real torch compiling on the CPU, about three
+# minutes of g++ and Inductor), then the rest; their output is kept until the Rust tests end.
 inductor_log="$PWD/target/inductor-tests.log"
-client/python/run_tests.sh --prepared test_inductor_dropin.py >"$inductor_log" 2>&1 &
-inductor_tests=$!
+python_log="$PWD/target/python-tests.log"
+rm -f "$PWD/target/python-tests.status"
+(
+    inductor_status=0
+    client/python/run_tests.sh --prepared test_inductor_dropin.py >"$inductor_log" 2>&1 ||
+        inductor_status=$?
+    python_status=0
+    client/python/run_tests.sh --prepared --ignore=test_inductor_dropin.py >"$python_log" 2>&1 ||
+        python_status=$?
+    echo "$inductor_status $python_status" >"$PWD/target/python-tests.status"
+) &
+python_tests=$!
 
 # TUNECACHE_BIN_DIR: the binaries just built, so no test builds them again.
 rust_status=0
 TUNECACHE_BIN_DIR="$PWD/target/debug" cargo test --workspace --no-fail-fast -- \
     --test-threads "${TUNECACHE_TEST_THREADS:-4}" || rust_status=$?
-inductor_status=0
-wait "$inductor_tests" || inductor_status=$?
+wait "$python_tests" || true
+read -r inductor_status python_status <"$PWD/target/python-tests.status" ||
+    { inductor_status=1 python_status=1; }
 echo "=== Python client tests of the Inductor drop-in (run beside cargo test):"
 cat "$inductor_log"
-python_status=0
-client/python/run_tests.sh --prepared --ignore=test_inductor_dropin.py || python_status=$?
+echo "=== the other Python client tests (run beside cargo test, after the Inductor drop-in's):"
+cat "$python_log"
 echo "=== cargo test --workspace: exit $rust_status; Python client tests: exit $python_status;" \
     "of them the Inductor drop-in's: exit $inductor_status"
 ((rust_status == 0 && python_status == 0 && inductor_status == 0))
