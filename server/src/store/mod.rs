@@ -400,6 +400,59 @@ mod tests {
         assert_eq!(store.len(), 2);
     }
 
+    #[tokio::test]
+    async fn a_restart_counts_the_live_bytes_and_stamps_forgets_past_every_epoch_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let exact = |problem: &str| ForgetAsk {
+            scope: ForgetScope::exact(&pair(problem, 0.0).0),
+            only_if: None,
+        };
+        {
+            let (guard, _) = Store::open(dir.path(), FsyncPolicy::Never).unwrap();
+            let store = guard.store();
+            // Replaced results, a learned winner over an own one, a forgotten key, and a
+            // result recorded after a Forget (so it carries an epoch).
+            store.try_apply(vec![pair("a", 4.0)], None).await.unwrap();
+            store.try_apply(vec![pair("a", 3.0)], None).await.unwrap();
+            store
+                .apply_learned(vec![pair("a", 1.0), pair("b", 2.0)], Source::Cluster)
+                .await
+                .unwrap();
+            store.try_apply(vec![pair("c", 5.0)], None).await.unwrap();
+            store.forget(exact("c")).await.unwrap();
+            store.try_apply(vec![pair("d", 6.0)], None).await.unwrap();
+            store.forget(exact("d")).await.unwrap();
+            store.try_apply(vec![pair("d", 7.0)], None).await.unwrap();
+            assert!(store.get(&pair("d", 0.0).0).unwrap().forget_epoch > 0);
+            // From a node whose clock runs an hour ahead (within what is accepted): its epoch
+            // is above every tombstone this journal holds, and above this node's clock.
+            let (key, mut result) = pair("e", 8.0);
+            let hour_ahead = crate::model::entry::unix_now_ms() + 3_600_000;
+            result.forget_epoch = (hour_ahead as u64) << 16;
+            store
+                .apply_learned(vec![(key, result)], Source::Cluster)
+                .await
+                .unwrap();
+        }
+        let (guard, _) = Store::open(dir.path(), FsyncPolicy::Never).unwrap();
+        let store = guard.store();
+        assert_eq!(store.len(), 4, "a, b, d and e; c forgotten");
+        // What a walk of the cache counts: the replay kept it as entries went in.
+        let walked = store
+            .current()
+            .iter()
+            .map(|entry| entry.encoded_len_estimate() as u64)
+            .sum::<u64>()
+            + store.tombstones().encoded_len_estimate() as u64;
+        assert_eq!(
+            store.counters().journal_live_bytes.load(Ordering::Relaxed),
+            walked
+        );
+        // The clock starts past the highest epoch replayed: a Forget now drops e's result.
+        assert_eq!(store.forget(exact("e")).await.unwrap(), 1);
+        assert!(store.get(&pair("e", 0.0).0).is_none());
+    }
+
     fn lease(id: &str) -> RecordLease {
         RecordLease {
             id: id.to_owned(),
