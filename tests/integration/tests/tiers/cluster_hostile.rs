@@ -557,10 +557,15 @@ async fn a_wrong_typed_blob_key_is_listed_and_named_once() {
             .count();
         assert_eq!(named, 1, "named once:\n{log}");
     }
-    // Deleted: a writes the blob again and takes it off its list; b then fetches it.
+    // Deleted: a takes it off its list (it reads as nothing) and writes the blob again at its
+    // next renewal; b then fetches it.
     redis.cli(&["DEL", &blob]);
     a.wait_for_stats("the blob key off the list", |s| {
         !s.cluster_wrong_type_keys.contains(&blob)
+    })
+    .await;
+    eventually_sync(Duration::from_secs(10), "a writing the blob again", || {
+        redis.cli(&["TYPE", &blob]) == "string"
     })
     .await;
     let got = blobs::get_digest(&cb, &content.digest(), 0).await.unwrap();
